@@ -1,0 +1,45 @@
+# holdfast — build, run, test, package.
+SHELL := /bin/bash
+GO ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
+LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
+export CGO_ENABLED ?= 0
+
+.PHONY: all build run test test-short fmt-check vet tidy-check clean
+
+all: build
+
+## build: the holdfast binary in bin/
+build:
+	$(GO) build $(GOFLAGS_BUILD) -o bin/holdfast ./cmd/holdfast
+
+## run: build and run holdfast on the built-in defaults (store in ./holdfast-data)
+run: build
+	./bin/holdfast run
+
+## test: gofmt check, go vet, go mod tidy check, go test -race
+test: fmt-check vet tidy-check
+	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 12m ./...
+
+test-short: 
+	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+
+vet:
+	$(GO) vet ./...
+
+tidy-check:
+	@cp go.mod /tmp/holdfast-go.mod.orig; cp go.sum /tmp/holdfast-go.sum.orig; \
+	$(GO) mod tidy; \
+	if ! diff -q go.mod /tmp/holdfast-go.mod.orig >/dev/null || ! diff -q go.sum /tmp/holdfast-go.sum.orig >/dev/null; then \
+		diff -u /tmp/holdfast-go.mod.orig go.mod; \
+		cp /tmp/holdfast-go.mod.orig go.mod; cp /tmp/holdfast-go.sum.orig go.sum; \
+		echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; exit 1; fi
+
+clean:
+	rm -rf bin dist holdfast-data

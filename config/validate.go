@@ -1,0 +1,289 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// Validate checks every value and the relations between them and returns a
+// *ValidationError listing all problems, or nil.
+func (c *Config) Validate() error {
+	v := &validator{}
+	c.validate(v)
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+type validator struct{ problems []Problem }
+
+func (v *validator) add(key, value, format string, args ...any) {
+	v.problems = append(v.problems, Problem{Key: key, Value: value, Reason: fmt.Sprintf(format, args...)})
+}
+
+func q(s string) string { return strconv.Quote(s) }
+
+// size reports an unparsable size and returns whether it is usable.
+func (v *validator) size(key string, s Size) bool {
+	if s.bad != nil {
+		v.add(key, q(s.bad.text), "%v", s.bad.err)
+		return false
+	}
+	return true
+}
+
+func (v *validator) duration(key string, d Duration) bool {
+	if d.bad != nil {
+		v.add(key, q(d.bad.text), "%v", d.bad.err)
+		return false
+	}
+	return true
+}
+
+func (v *validator) oneOf(key, value string, allowed ...string) {
+	for _, a := range allowed {
+		if value == a {
+			return
+		}
+	}
+	v.add(key, q(value), "must be one of %s", strings.Join(allowed, ", "))
+}
+
+func (c *Config) validate(v *validator) {
+	s := c.Server
+	if s.Name == "" || strings.ContainsAny(s.Name, " \t\n") {
+		v.add("server.name", q(s.Name), "must be non-empty and contain no spaces")
+	}
+	if s.Host == "" || (net.ParseIP(s.Host) == nil && s.Host != "localhost") {
+		v.add("server.host", q(s.Host), "must be an IP address such as 127.0.0.1")
+	} else if !IsLoopback(s.Host) {
+		v.add("server.host", q(s.Host), "listening on a non-loopback address needs authentication, which this version of holdfast does not support yet: use 127.0.0.1")
+	}
+	if s.Port < -1 || s.Port > 65535 {
+		v.add("server.port", strconv.Itoa(s.Port), "must be 0-65535 (-1 picks a free port)")
+	}
+	if v.size("server.max_payload", s.MaxPayload) && (s.MaxPayload.Bytes <= 0 || s.MaxPayload.Bytes > 64<<20) {
+		v.add("server.max_payload", s.MaxPayload.String(), "must be between 1 byte and 64MiB")
+	}
+
+	js := c.JetStream
+	if js.StoreDir == "" {
+		v.add("jetstream.store_dir", `""`, "must be set: an empty store dir makes the server use a temporary directory")
+	}
+	if v.size("jetstream.max_memory_store", js.MaxMemoryStore) && js.MaxMemoryStore.Bytes <= 0 {
+		v.add("jetstream.max_memory_store", js.MaxMemoryStore.String(), "must be a positive size such as \"1GB\": unlimited would let the server take 75%% of RAM")
+	}
+	if v.size("jetstream.max_file_store", js.MaxFileStore) && js.MaxFileStore.Bytes <= 0 {
+		v.add("jetstream.max_file_store", js.MaxFileStore.String(), "must be a positive size such as \"10GB\": unlimited would let the server take 75%% of the free disk at each start")
+	}
+	if js.Sync != "always" {
+		if d, err := time.ParseDuration(js.Sync); err != nil || d <= 0 {
+			v.add("jetstream.sync", q(js.Sync), "must be \"always\" (fsync every write) or a positive interval such as \"2m\"")
+		}
+	}
+	v.oneOf("jetstream.on_data_loss", js.OnDataLoss, "warn", "refuse")
+	if js.Domain != "" && !validName(js.Domain) {
+		v.add("jetstream.domain", q(js.Domain), "must not contain spaces, '.', '*', '>' or path separators")
+	}
+	if js.EncryptionKeyFile != "" {
+		v.add("jetstream.encryption_key_file", q(js.EncryptionKeyFile), "encryption at rest is not supported by this version of holdfast yet: remove the key")
+	}
+
+	if v.duration("run.shutdown_timeout", c.Run.ShutdownTimeout) && c.Run.ShutdownTimeout.Duration <= 0 {
+		v.add("run.shutdown_timeout", c.Run.ShutdownTimeout.String(), "must be positive")
+	}
+
+	if c.HTTP.Listen != "" {
+		host, port, err := net.SplitHostPort(c.HTTP.Listen)
+		if err != nil {
+			v.add("http.listen", q(c.HTTP.Listen), "must be host:port such as 127.0.0.1:8222, or \"\" to disable")
+		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			v.add("http.listen", q(c.HTTP.Listen), "port must be 0-65535")
+		} else if !IsLoopback(host) {
+			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address needs authentication, which this version does not support yet: use 127.0.0.1")
+		}
+	}
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "text", "json")
+
+	c.validateStreams(v)
+	c.validateConsumers(v)
+}
+
+// IsLoopback reports whether host (an IP or "localhost") is a loopback
+// address. The unspecified addresses 0.0.0.0 and :: are not.
+func IsLoopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// validName matches the server's rule for stream, consumer and domain names.
+func validName(n string) bool {
+	return n != "" && !strings.ContainsAny(n, " \t\r\n.*>/\\") && len(n) <= 255
+}
+
+func (c *Config) validateStreams(v *validator) {
+	if len(c.Streams) == 0 {
+		v.add("streams", "", "no stream configured: add a [streams.NAME] table")
+	}
+	type owned struct{ stream, subject string }
+	var all []owned
+	for _, name := range c.StreamNames() {
+		sc := c.Streams[name]
+		key := "streams." + name
+		if !validName(name) {
+			v.add(key, "", "stream name must not contain spaces, '.', '*', '>' or path separators")
+		}
+		if len(sc.Subjects) == 0 {
+			v.add(key+".subjects", "[]", "at least one subject is required, such as [\"orders.*\"]")
+		}
+		for _, subj := range sc.Subjects {
+			if !server.IsValidSubject(subj) {
+				v.add(key+".subjects", q(subj), "not a valid NATS subject")
+				continue
+			}
+			if strings.HasPrefix(subj, "$") || strings.HasPrefix(subj, "dlq.") || subj == ">" {
+				v.add(key+".subjects", q(subj), "reserved: subjects starting with $ or dlq. belong to the server and to dead letters")
+				continue
+			}
+			for _, o := range all {
+				if server.SubjectsCollide(o.subject, subj) {
+					v.add(key+".subjects", q(subj), "overlaps %q of stream %s: a message may belong to one stream only", o.subject, o.stream)
+				}
+			}
+			all = append(all, owned{name, subj})
+		}
+		v.oneOf(key+".retention", sc.Retention, "limits", "interest", "workqueue")
+		v.oneOf(key+".discard", sc.Discard, "old", "new")
+		if sc.MaxMsgs < -1 || sc.MaxMsgs == 0 {
+			v.add(key+".max_msgs", strconv.FormatInt(sc.MaxMsgs, 10), "must be positive, or -1 for unlimited")
+		}
+		if v.size(key+".max_bytes", sc.MaxBytes) && sc.MaxBytes.Bytes == 0 {
+			v.add(key+".max_bytes", "0", "must be positive, or \"-1\" for unlimited")
+		}
+		if v.duration(key+".max_age", sc.MaxAge) && sc.MaxAge.Duration < 0 {
+			v.add(key+".max_age", sc.MaxAge.String(), "must not be negative (\"0s\" keeps messages forever)")
+		}
+		switch sc.Storage {
+		case "file":
+		case "memory":
+			if !sc.AllowMemory {
+				v.add(key+".storage", q(sc.Storage), "memory storage loses every message at restart: set allow_memory = true in this table to accept that")
+			}
+		default:
+			v.add(key+".storage", q(sc.Storage), "must be one of file, memory")
+		}
+		if sc.Replicas != 1 {
+			v.add(key+".replicas", strconv.Itoa(sc.Replicas), "must be 1: a single holdfast node is not a cluster")
+		}
+		if v.duration(key+".duplicate_window", sc.DuplicateWindow) && sc.DuplicateWindow.Duration < 0 {
+			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be negative")
+		} else if sc.MaxAge.Duration > 0 && sc.DuplicateWindow.Duration > sc.MaxAge.Duration {
+			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be longer than max_age (%s)", sc.MaxAge)
+		}
+	}
+}
+
+func (c *Config) validateConsumers(v *validator) {
+	for _, name := range c.ConsumerNames() {
+		cc := c.Consumers[name]
+		key := "consumers." + name
+		if !validName(name) {
+			v.add(key, "", "consumer name must not contain spaces, '.', '*', '>' or path separators")
+		}
+		sc, ok := c.Streams[cc.Stream]
+		switch {
+		case cc.Stream == "":
+			v.add(key+".stream", `""`, "must name the stream this consumer reads")
+		case !ok:
+			v.add(key+".stream", q(cc.Stream), "no such stream: configured streams are %s", strings.Join(c.StreamNames(), ", "))
+		}
+		if cc.FilterSubject != "" {
+			if !server.IsValidSubject(cc.FilterSubject) {
+				v.add(key+".filter_subject", q(cc.FilterSubject), "not a valid NATS subject")
+			} else if ok {
+				inStream := false
+				for _, s := range sc.Subjects {
+					if server.SubjectsCollide(s, cc.FilterSubject) {
+						inStream = true
+					}
+				}
+				if !inStream {
+					v.add(key+".filter_subject", q(cc.FilterSubject), "matches none of stream %s's subjects %v", cc.Stream, sc.Subjects)
+				}
+			}
+		}
+		if v.duration(key+".ack_wait", cc.AckWait) && cc.AckWait.Duration <= 0 {
+			v.add(key+".ack_wait", cc.AckWait.String(), "must be positive, such as \"30s\"")
+		}
+		if cc.MaxDeliver < 1 {
+			v.add(key+".max_deliver", strconv.Itoa(cc.MaxDeliver), "must be at least 1: holdfast never retries forever, failures go to the dead-letter stream")
+		}
+		for i, b := range cc.Backoff {
+			bk := fmt.Sprintf("%s.backoff[%d]", key, i)
+			if v.duration(bk, b) && b.Duration <= 0 {
+				v.add(bk, b.String(), "must be positive")
+			}
+		}
+		if cc.MaxAckPending < 1 {
+			v.add(key+".max_ack_pending", strconv.Itoa(cc.MaxAckPending), "must be at least 1")
+		}
+		if cc.Workers < 0 || cc.Workers > 1024 {
+			v.add(key+".workers", strconv.Itoa(cc.Workers), "must be between 0 (no in-process workers) and 1024")
+		} else if cc.MaxAckPending >= 1 && cc.Workers > cc.MaxAckPending {
+			v.add(key+".workers", strconv.Itoa(cc.Workers), "more than max_ack_pending (%d): the extra workers would never get a message", cc.MaxAckPending)
+		}
+		switch cc.Handler {
+		case "log", "go":
+		case "exec":
+			if len(cc.Exec.Command) == 0 || cc.Exec.Command[0] == "" {
+				v.add(key+".exec.command", "[]", "handler = \"exec\" needs a command, such as [\"/usr/local/bin/process-order\"]")
+			} else if !strings.HasPrefix(cc.Exec.Command[0], "/") {
+				v.add(key+".exec.command", q(cc.Exec.Command[0]), "must be an absolute path: the handler runs without a shell or PATH lookup")
+			}
+		case "http":
+			if cc.HTTP.URL == "" {
+				v.add(key+".http.url", `""`, "handler = \"http\" needs a url, such as \"http://127.0.0.1:8080/orders\"")
+			} else if !strings.HasPrefix(cc.HTTP.URL, "http://") && !strings.HasPrefix(cc.HTTP.URL, "https://") {
+				v.add(key+".http.url", q(cc.HTTP.URL), "must be an http:// or https:// URL")
+			}
+		default:
+			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http")
+		}
+		if v.duration(key+".exec.timeout", cc.Exec.Timeout) && cc.Exec.Timeout.Duration <= 0 {
+			v.add(key+".exec.timeout", cc.Exec.Timeout.String(), "must be positive")
+		}
+		if v.duration(key+".http.timeout", cc.HTTP.Timeout) && cc.HTTP.Timeout.Duration <= 0 {
+			v.add(key+".http.timeout", cc.HTTP.Timeout.String(), "must be positive")
+		}
+		if cc.DeadLetter != "" {
+			switch {
+			case !validName(cc.DeadLetter):
+				v.add(key+".dead_letter", q(cc.DeadLetter), "stream name must not contain spaces, '.', '*', '>' or path separators")
+			case c.Streams[cc.DeadLetter] != nil:
+				v.add(key+".dead_letter", q(cc.DeadLetter), "is a configured stream: dead-letter streams are created by holdfast, pick another name such as %q", cc.Stream+"_DLQ")
+			}
+		}
+	}
+}
+
+// DeadLetterStreams maps each dead-letter stream to the consumers that use
+// it; its subjects are dlq.<CONSUMER>.> for each of them.
+func (c *Config) DeadLetterStreams() map[string][]string {
+	out := map[string][]string{}
+	for _, name := range c.ConsumerNames() {
+		if dl := c.Consumers[name].DeadLetter; dl != "" {
+			out[dl] = append(out[dl], name)
+		}
+	}
+	return out
+}

@@ -1,0 +1,88 @@
+// Package pipeline runs in-process workers that hand each message of a
+// durable JetStream consumer to a Handler and acknowledge it only after the
+// handler succeeded; failures are retried with backoff and, in the end,
+// dead-lettered.
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Message is what a Handler sees of one delivery.
+type Message struct {
+	Subject  string
+	Stream   string
+	Consumer string
+	// Sequence is the message's stream sequence.
+	Sequence uint64
+	// Delivery is the delivery attempt, starting at 1.
+	Delivery uint64
+	// IdempotencyKey is the Nats-Msg-Id header when set, else "STREAM:seq".
+	// It is the same on every delivery of the message.
+	IdempotencyKey string
+	Header         nats.Header
+	Data           []byte
+	// Published is when the server stored the message.
+	Published time.Time
+}
+
+// Outcome is a handler's verdict on one message.
+type Outcome int
+
+const (
+	// Success acknowledges the message.
+	Success Outcome = iota
+	// Retry redelivers the message after the next backoff delay, or after
+	// Result.RetryAfter when the handler knows better (HTTP Retry-After).
+	Retry
+	// Permanent dead-letters the message at once.
+	Permanent
+)
+
+func (o Outcome) String() string {
+	switch o {
+	case Success:
+		return "success"
+	case Retry:
+		return "retry"
+	case Permanent:
+		return "permanent"
+	}
+	return fmt.Sprintf("Outcome(%d)", int(o))
+}
+
+// Result is what a Handler returns.
+type Result struct {
+	Outcome Outcome
+	// Reason says why a message failed; it goes to the log and, for dead
+	// letters, into the Holdfast-Error header.
+	Reason string
+	// RetryAfter, when positive, overrides the backoff delay for a Retry.
+	RetryAfter time.Duration
+}
+
+// Ok is the result of a handler that succeeded.
+func Ok() Result { return Result{Outcome: Success} }
+
+// RetryLater is a transient failure: the message is redelivered later.
+func RetryLater(reason string) Result { return Result{Outcome: Retry, Reason: reason} }
+
+// Fail is a permanent failure: the message is dead-lettered.
+func Fail(reason string) Result { return Result{Outcome: Permanent, Reason: reason} }
+
+// Handler processes one message. It must respect ctx: when ctx is done
+// (timeout or shutdown) it should stop and return; the worker then treats
+// the message as a retry. Handle is called from several goroutines at once.
+type Handler interface {
+	Handle(ctx context.Context, msg *Message) Result
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, msg *Message) Result
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, msg *Message) Result { return f(ctx, msg) }
