@@ -1,0 +1,54 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+)
+
+func checkCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "check",
+		Usage: "validate the config and the store dir without starting; lists every problem",
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usageError(errUnexpectedArgs(c))
+			}
+			cfg, source, err := config.Load(c.String("config"))
+			if source == "" {
+				source = "built-in defaults"
+			}
+			var problems []error
+			if err != nil {
+				problems = append(problems, err)
+			}
+			if cfg != nil && cfg.JetStream.StoreDir != "" {
+				res, serr := embedded.CheckStoreDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)
+				if serr != nil {
+					problems = append(problems, serr)
+				} else {
+					for _, w := range res.Warnings {
+						fmt.Fprintln(c.App.Writer, "warning: "+w)
+					}
+					if holder := embedded.LockHolder(res.Path); holder != "" {
+						fmt.Fprintf(c.App.Writer, "note: store dir %s is in use by %s; a second instance on it would be refused\n", res.Path, holder)
+					}
+				}
+			}
+			if len(problems) > 0 {
+				return runtimeError(fmt.Errorf("check failed (%s):\n%w", source, errors.Join(problems...)))
+			}
+			fmt.Fprintf(c.App.Writer, "ok: %s: %d stream(s), %d consumer(s), store dir %s\n",
+				source, len(cfg.Streams), len(cfg.Consumers), cfg.JetStream.StoreDir)
+			return nil
+		},
+	}
+}
+
+func errUnexpectedArgs(c *cli.Context) error {
+	return fmt.Errorf("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
+}

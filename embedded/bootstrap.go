@@ -1,0 +1,332 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// ErrDrift is the sentinel for a difference between the config and an
+// existing stream or consumer that the server cannot apply in place.
+var ErrDrift = errors.New("existing stream or consumer differs in a field that cannot be changed")
+
+// DriftError names a field the server cannot change on an existing stream
+// or consumer, and what the operator can do.
+type DriftError struct {
+	Kind, Name, Field string
+	Have, Want        string
+	Fix               string
+}
+
+func (e *DriftError) Error() string {
+	return fmt.Sprintf("%s %s: %s is %s on the server but the config says %s; the server cannot change it in place: %s",
+		e.Kind, e.Name, e.Field, e.Have, e.Want, e.Fix)
+}
+
+// Unwrap returns ErrDrift.
+func (e *DriftError) Unwrap() error { return ErrDrift }
+
+// Change is one field applied to an existing stream or consumer.
+type Change struct {
+	Field    string
+	Old, New string
+}
+
+// StreamSpec turns a configured stream into the server's stream config.
+func StreamSpec(name string, sc *config.StreamConfig) jetstream.StreamConfig {
+	c := jetstream.StreamConfig{
+		Name:              name,
+		Subjects:          slices.Clone(sc.Subjects),
+		MaxMsgs:           sc.MaxMsgs,
+		MaxBytes:          sc.MaxBytes.Bytes,
+		MaxAge:            sc.MaxAge.Duration,
+		Replicas:          sc.Replicas,
+		Duplicates:        sc.DuplicateWindow.Duration,
+		MaxMsgsPerSubject: -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        -1,
+	}
+	switch sc.Retention {
+	case "interest":
+		c.Retention = jetstream.InterestPolicy
+	case "workqueue":
+		c.Retention = jetstream.WorkQueuePolicy
+	default:
+		c.Retention = jetstream.LimitsPolicy
+	}
+	if sc.Discard == "new" {
+		c.Discard = jetstream.DiscardNew
+	}
+	if sc.Storage == "memory" {
+		c.Storage = jetstream.MemoryStorage
+	}
+	return c
+}
+
+// DeadLetterSpec is the stream that holds dead letters for the given
+// consumers: file storage, nothing ever removed by a limit (a full store
+// makes the dead-letter publish fail, and the original then stays).
+func DeadLetterSpec(name string, consumers []string) jetstream.StreamConfig {
+	subjects := make([]string, 0, len(consumers))
+	for _, c := range consumers {
+		subjects = append(subjects, DeadLetterSubjectPrefix+c+".>")
+	}
+	sort.Strings(subjects)
+	return jetstream.StreamConfig{
+		Name:              name,
+		Description:       "holdfast dead letters",
+		Subjects:          subjects,
+		Retention:         jetstream.LimitsPolicy,
+		Discard:           jetstream.DiscardNew,
+		Storage:           jetstream.FileStorage,
+		Replicas:          1,
+		MaxMsgs:           -1,
+		MaxBytes:          -1,
+		MaxMsgsPerSubject: -1,
+		MaxConsumers:      -1,
+		MaxMsgSize:        -1,
+		Duplicates:        2 * time.Minute,
+	}
+}
+
+// DeadLetterSubjectPrefix starts every dead-letter subject:
+// dlq.<CONSUMER>.<original subject>.
+const DeadLetterSubjectPrefix = "dlq."
+
+// ConsumerSpec turns a configured consumer into the server's durable pull
+// consumer config. The retry backoff stays with holdfast (NakWithDelay):
+// the server's BackOff would override ack_wait.
+func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       cc.AckWait.Duration,
+		MaxDeliver:    cc.MaxDeliver,
+		MaxAckPending: cc.MaxAckPending,
+		FilterSubject: cc.FilterSubject,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}
+
+// Bootstrap creates or updates every configured stream, dead-letter stream
+// and consumer. It is idempotent, never deletes anything, logs every field
+// it changes and stops at a difference the server cannot apply.
+func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
+	log = log.With("component", "bootstrap")
+	for _, name := range cfg.StreamNames() {
+		if err := ensureStream(ctx, js, StreamSpec(name, cfg.Streams[name]), false, log); err != nil {
+			return err
+		}
+	}
+	dls := cfg.DeadLetterStreams()
+	for _, name := range sortedNames(dls) {
+		if err := ensureStream(ctx, js, DeadLetterSpec(name, dls[name]), true, log); err != nil {
+			return err
+		}
+	}
+	for _, name := range cfg.ConsumerNames() {
+		cc := cfg.Consumers[name]
+		if err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func sortedNames[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, deadLetter bool, log *slog.Logger) error {
+	s, err := js.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, err := js.CreateStream(ctx, want); err != nil {
+			return fmt.Errorf("cannot create stream %s: %w", want.Name, err)
+		}
+		log.Info("stream created", "stream", want.Name, "subjects", want.Subjects, "retention", want.Retention.String(),
+			"storage", want.Storage.String(), "max_msgs", want.MaxMsgs, "max_bytes", want.MaxBytes, "max_age", want.MaxAge)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot read stream %s: %w", want.Name, err)
+	}
+	have := s.CachedInfo().Config
+	if deadLetter {
+		// Keep subjects of consumers no longer configured: their dead
+		// letters stay reachable.
+		for _, subj := range have.Subjects {
+			if !slices.Contains(want.Subjects, subj) {
+				want.Subjects = append(want.Subjects, subj)
+			}
+		}
+		sort.Strings(want.Subjects)
+	}
+	next, changes, err := diffStream(have, want)
+	if err != nil {
+		return err
+	}
+	if len(changes) == 0 {
+		log.Debug("stream up to date", "stream", want.Name)
+		return nil
+	}
+	if _, err := js.UpdateStream(ctx, next); err != nil {
+		return fmt.Errorf("cannot update stream %s (%s): %w", want.Name, describe(changes), err)
+	}
+	for _, c := range changes {
+		log.Info("stream updated", "stream", want.Name, "field", c.Field, "old", c.Old, "new", c.New)
+	}
+	return nil
+}
+
+// diffStream returns have with the managed fields of want applied, and the
+// changes. Fields holdfast does not manage (description, limits set by an
+// operator with the nats CLI) are kept.
+func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Change, error) {
+	drift := func(field, h, w, fix string) error {
+		return &DriftError{Kind: "stream", Name: want.Name, Field: field, Have: h, Want: w, Fix: fix}
+	}
+	if have.Retention != want.Retention {
+		return have, nil, drift("retention", have.Retention.String(), want.Retention.String(),
+			fmt.Sprintf("set streams.%s.retention back, or back up the stream (nats stream backup), delete it and restart holdfast to recreate it", want.Name))
+	}
+	if have.Storage != want.Storage {
+		return have, nil, drift("storage", have.Storage.String(), want.Storage.String(),
+			fmt.Sprintf("set streams.%s.storage back, or back up the stream (nats stream backup), delete it and restart holdfast to recreate it", want.Name))
+	}
+	next := have
+	var changes []Change
+	add := func(field string, old, new any) {
+		changes = append(changes, Change{Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(new)})
+	}
+	if !slices.Equal(have.Subjects, want.Subjects) {
+		add("subjects", have.Subjects, want.Subjects)
+		next.Subjects = want.Subjects
+	}
+	if have.Discard != want.Discard {
+		add("discard", have.Discard, want.Discard)
+		next.Discard = want.Discard
+	}
+	if have.MaxMsgs != want.MaxMsgs {
+		add("max_msgs", have.MaxMsgs, want.MaxMsgs)
+		next.MaxMsgs = want.MaxMsgs
+	}
+	if have.MaxBytes != want.MaxBytes {
+		add("max_bytes", have.MaxBytes, want.MaxBytes)
+		next.MaxBytes = want.MaxBytes
+	}
+	if have.MaxAge != want.MaxAge {
+		add("max_age", have.MaxAge, want.MaxAge)
+		next.MaxAge = want.MaxAge
+	}
+	if have.Replicas != want.Replicas {
+		add("replicas", have.Replicas, want.Replicas)
+		next.Replicas = want.Replicas
+	}
+	if have.Duplicates != want.Duplicates {
+		add("duplicate_window", have.Duplicates, want.Duplicates)
+		next.Duplicates = want.Duplicates
+	}
+	// An operator may have switched the stream to async persistence with
+	// the nats CLI; that silently voids jetstream.sync = "always".
+	if have.PersistMode != jetstream.DefaultPersistMode {
+		add("persist_mode", have.PersistMode, jetstream.DefaultPersistMode)
+		next.PersistMode = jetstream.DefaultPersistMode
+	}
+	return next, changes, nil
+}
+
+func describe(changes []Change) string {
+	var s string
+	for i, c := range changes {
+		if i > 0 {
+			s += ", "
+		}
+		s += fmt.Sprintf("%s %s → %s", c.Field, c.Old, c.New)
+	}
+	return s
+}
+
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, log *slog.Logger) error {
+	c, err := js.Consumer(ctx, stream, want.Durable)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		if _, err := js.CreateConsumer(ctx, stream, want); err != nil {
+			return fmt.Errorf("cannot create consumer %s on stream %s: %w", want.Durable, stream, err)
+		}
+		log.Info("consumer created", "consumer", want.Durable, "stream", stream, "ack_wait", want.AckWait,
+			"max_deliver", want.MaxDeliver, "max_ack_pending", want.MaxAckPending, "filter_subject", want.FilterSubject)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cannot read consumer %s on stream %s: %w", want.Durable, stream, err)
+	}
+	have := c.CachedInfo().Config
+	next, changes, err := diffConsumer(stream, have, want)
+	if err != nil {
+		return err
+	}
+	if len(changes) == 0 {
+		log.Debug("consumer up to date", "consumer", want.Durable)
+		return nil
+	}
+	if _, err := js.UpdateConsumer(ctx, stream, next); err != nil {
+		return fmt.Errorf("cannot update consumer %s (%s): %w", want.Durable, describe(changes), err)
+	}
+	for _, ch := range changes {
+		log.Info("consumer updated", "consumer", want.Durable, "field", ch.Field, "old", ch.Old, "new", ch.New)
+	}
+	return nil
+}
+
+func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream.ConsumerConfig, []Change, error) {
+	fix := fmt.Sprintf("set it back in [consumers.%s], or delete the consumer (nats consumer rm %s %s: its position is lost, the messages stay) and restart holdfast",
+		want.Durable, stream, want.Durable)
+	drift := func(field, h, w string) error {
+		return &DriftError{Kind: "consumer", Name: want.Durable, Field: field, Have: h, Want: w, Fix: fix}
+	}
+	if have.AckPolicy != want.AckPolicy {
+		return have, nil, drift("ack_policy", have.AckPolicy.String(), want.AckPolicy.String())
+	}
+	if have.DeliverPolicy != want.DeliverPolicy {
+		return have, nil, drift("deliver_policy", have.DeliverPolicy.String(), want.DeliverPolicy.String())
+	}
+	if len(have.BackOff) > 0 {
+		return have, nil, drift("backoff (server side)", fmt.Sprint(have.BackOff), "none (holdfast applies backoff itself)")
+	}
+	next := have
+	var changes []Change
+	add := func(field string, old, new any) {
+		changes = append(changes, Change{Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(new)})
+	}
+	if have.AckWait != want.AckWait {
+		add("ack_wait", have.AckWait, want.AckWait)
+		next.AckWait = want.AckWait
+	}
+	if have.MaxDeliver != want.MaxDeliver {
+		add("max_deliver", have.MaxDeliver, want.MaxDeliver)
+		next.MaxDeliver = want.MaxDeliver
+	}
+	if have.MaxAckPending != want.MaxAckPending {
+		add("max_ack_pending", have.MaxAckPending, want.MaxAckPending)
+		next.MaxAckPending = want.MaxAckPending
+	}
+	if have.FilterSubject != want.FilterSubject || len(have.FilterSubjects) > 0 {
+		add("filter_subject", have.FilterSubject+fmt.Sprint(have.FilterSubjects), want.FilterSubject)
+		next.FilterSubject = want.FilterSubject
+		next.FilterSubjects = nil
+	}
+	return next, changes, nil
+}

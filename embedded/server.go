@@ -1,0 +1,261 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// DefaultReadyTimeout bounds how long Open waits for the server to be
+// ready, which includes recovering every stream from disk.
+const DefaultReadyTimeout = 10 * time.Minute
+
+// Server is holdfast's embedded NATS server with JetStream on a validated,
+// locked store directory.
+type Server struct {
+	cfg  *config.Config
+	log  *slog.Logger
+	base *slog.Logger
+
+	// ReadyTimeout bounds start-up; DefaultReadyTimeout when zero.
+	ReadyTimeout time.Duration
+	// OnStatus, when set, is told what start-up is doing (for sd_notify STATUS=).
+	OnStatus func(string)
+
+	mu       sync.Mutex
+	store    *StoreDirCheck
+	lock     *StoreLock
+	ns       *server.Server
+	nc       *nats.Conn
+	js       jetstream.JetStream
+	ncClosed chan struct{}
+	closed   bool
+}
+
+// New returns a Server for cfg, which must have passed Validate.
+func New(cfg *config.Config, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{cfg: cfg, base: log, log: log.With("component", "embedded")}
+}
+
+// Options builds the nats-server options for cfg with the store at
+// storeDir. Signals are left to holdfast.
+func Options(cfg *config.Config, storeDir string) *server.Options {
+	js := cfg.JetStream
+	opts := &server.Options{
+		ServerName:             cfg.Server.Name,
+		Host:                   cfg.Server.Host,
+		Port:                   cfg.Server.Port,
+		MaxPayload:             int32(cfg.Server.MaxPayload.Bytes),
+		JetStream:              true,
+		StoreDir:               storeDir,
+		JetStreamMaxMemory:     js.MaxMemoryStore.Bytes,
+		JetStreamMaxStore:      js.MaxFileStore.Bytes,
+		JetStreamDomain:        js.Domain,
+		SyncAlways:             js.SyncAlways(),
+		NoSigs:                 true,
+		DisableJetStreamBanner: true,
+		Debug:                  cfg.Log.Level == "debug",
+	}
+	if !opts.SyncAlways {
+		opts.SyncInterval = js.SyncInterval()
+	}
+	return opts
+}
+
+// Open validates and locks the store dir, starts the server, waits until
+// it is ready, verifies JetStream runs on the file store in that directory,
+// and connects in-process. If a step fails, the steps before it are undone.
+func (s *Server) Open(ctx context.Context) (err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ns != nil {
+		return errors.New("embedded server already open")
+	}
+	defer func() {
+		if err != nil {
+			s.closeLocked()
+		}
+	}()
+
+	js := s.cfg.JetStream
+	s.store, err = CheckStoreDir(js.StoreDir, js.AllowTmpfs, js.MaxFileStore.Bytes)
+	if err != nil {
+		return err
+	}
+	for _, w := range s.store.Warnings {
+		s.log.Warn(w)
+	}
+	if s.lock, err = LockStoreDir(s.store.Path); err != nil {
+		return err
+	}
+	s.log.Info("store dir ready", "path", s.store.Path, "fs", s.store.FSType, "created", s.store.Created,
+		"free", humanBytes(s.store.Free), "max_file_store", humanBytes(js.MaxFileStore.Bytes),
+		"max_memory_store", humanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
+	if !js.SyncAlways() {
+		s.log.Warn("jetstream.sync is an interval: acknowledged messages written since the last sync are lost on power failure", "sync", js.Sync)
+	}
+
+	opts := Options(s.cfg, s.store.Path)
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return fmt.Errorf("cannot configure NATS server: %w", err)
+	}
+	logger := newServerLogger(s.base.With("component", "nats"))
+	ns.SetLoggerV2(logger, opts.Debug, false, false)
+	s.ns = ns
+	s.status("starting NATS server, recovering streams")
+	go ns.Start()
+
+	if err := s.waitReady(ctx, logger); err != nil {
+		return err
+	}
+	if err := s.verify(); err != nil {
+		return err
+	}
+	s.ncClosed = make(chan struct{})
+	closedCh := s.ncClosed
+	s.nc, err = nats.Connect("", nats.InProcessServer(ns), nats.Name("holdfast-internal"),
+		nats.MaxReconnects(-1), nats.DrainTimeout(10*time.Second),
+		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) }))
+	if err != nil {
+		return fmt.Errorf("cannot connect in-process: %w", err)
+	}
+	s.js, err = jetstream.New(s.nc)
+	if err != nil {
+		return fmt.Errorf("cannot open JetStream API: %w", err)
+	}
+	if _, err := s.js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("JetStream API does not answer: %w", err)
+	}
+	s.log.Info("NATS server ready", "name", opts.ServerName, "client_url", ns.ClientURL(), "version", server.VERSION)
+	return nil
+}
+
+func (s *Server) status(msg string) {
+	if s.OnStatus != nil {
+		s.OnStatus(msg)
+	}
+}
+
+// waitReady polls readiness until the server accepts connections, reports
+// a fatal error, or the context or the ready timeout ends.
+func (s *Server) waitReady(ctx context.Context, logger *serverLogger) error {
+	timeout := s.ReadyTimeout
+	if timeout == 0 {
+		timeout = DefaultReadyTimeout
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		select {
+		case err := <-logger.fatal:
+			return fmt.Errorf("NATS server failed to start: %w", err)
+		case <-ctx.Done():
+			return fmt.Errorf("start-up interrupted: %w", ctx.Err())
+		default:
+		}
+		if s.ns.ReadyForConnections(100 * time.Millisecond) {
+			// Start may report a late fatal error (after the listener
+			// is up) just before returning; give it no chance to pass.
+			select {
+			case err := <-logger.fatal:
+				return fmt.Errorf("NATS server failed to start: %w", err)
+			default:
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("NATS server not ready after %s", timeout)
+		}
+	}
+}
+
+// verify refuses a server that would run without a persistent JetStream
+// in the configured directory.
+func (s *Server) verify() error {
+	if !s.ns.JetStreamEnabled() {
+		return errors.New("JetStream is not enabled after start-up: refusing to run without persistence")
+	}
+	jc := s.ns.JetStreamConfig()
+	if jc == nil {
+		return errors.New("JetStream reports no configuration: refusing to run")
+	}
+	want := filepath.Join(s.store.Path, server.JetStreamStoreDir)
+	if filepath.Clean(jc.StoreDir) != want {
+		return fmt.Errorf("JetStream stores in %s, not in the configured %s: refusing to run", jc.StoreDir, want)
+	}
+	if jc.MaxStore <= 0 {
+		return fmt.Errorf("JetStream has no file storage (max store %d): refusing to run", jc.MaxStore)
+	}
+	if fi, err := os.Stat(want); err != nil || !fi.IsDir() {
+		return fmt.Errorf("JetStream store %s does not exist after start-up: refusing to run", want)
+	}
+	return nil
+}
+
+// Conn returns the in-process client connection.
+func (s *Server) Conn() *nats.Conn { return s.nc }
+
+// JetStream returns the JetStream API on the in-process connection.
+func (s *Server) JetStream() jetstream.JetStream { return s.js }
+
+// NATS returns the embedded server.
+func (s *Server) NATS() *server.Server { return s.ns }
+
+// StoreDir returns the absolute store directory.
+func (s *Server) StoreDir() string {
+	if s.store == nil {
+		return ""
+	}
+	return s.store.Path
+}
+
+// Close drains the in-process connection, shuts the server down, waits for
+// it and releases the store lock. It is idempotent.
+func (s *Server) Close(ctx context.Context) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closeLocked()
+}
+
+func (s *Server) closeLocked() error {
+	if s.closed {
+		return nil
+	}
+	s.closed = true
+	var errs []error
+	if s.nc != nil {
+		if err := s.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("drain in-process connection: %w", err))
+		}
+		select {
+		case <-s.ncClosed:
+		case <-time.After(15 * time.Second):
+			s.nc.Close()
+		}
+	}
+	if s.ns != nil {
+		s.ns.Shutdown()
+		s.ns.WaitForShutdown()
+		s.log.Info("NATS server stopped")
+	}
+	if s.lock != nil {
+		if err := s.lock.Unlock(); err != nil {
+			errs = append(errs, fmt.Errorf("unlock store dir: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}

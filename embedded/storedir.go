@@ -1,0 +1,284 @@
+// Package embedded owns holdfast's NATS server: its options, the store
+// directory (validated and locked before the server touches it), start-up
+// with readiness and verification, shutdown, and the bootstrap of streams
+// and consumers.
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrStoreDir is the sentinel every store directory refusal unwraps to.
+var ErrStoreDir = errors.New("store dir refused")
+
+// StoreDirError is one refusal of the store directory: the path, what is
+// wrong and how to fix it, as one line.
+type StoreDirError struct {
+	Path   string
+	Reason string
+	Fix    string
+	Err    error
+	// Holder names the process that holds the directory, for lock refusals.
+	Holder string
+}
+
+func (e *StoreDirError) Error() string {
+	msg := fmt.Sprintf("store dir %s: %s", e.Path, e.Reason)
+	if e.Err != nil {
+		msg += ": " + e.Err.Error()
+	}
+	if e.Fix != "" {
+		msg += " (" + e.Fix + ")"
+	}
+	return msg
+}
+
+// Unwrap returns ErrStoreDir and the cause.
+func (e *StoreDirError) Unwrap() []error { return []error{ErrStoreDir, e.Err} }
+
+// StoreDirCheck is what CheckStoreDir learned about a usable directory.
+type StoreDirCheck struct {
+	Path     string // absolute path
+	Created  bool   // the directory did not exist and was created
+	FSType   string // file system name, e.g. "ext4", "tmpfs"
+	Free     int64  // bytes available to an unprivileged writer
+	Warnings []string
+}
+
+// Magic numbers of memory-backed file systems (statfs f_type).
+const (
+	tmpfsMagic = 0x01021994
+	ramfsMagic = 0x858458f6
+)
+
+var fsNames = map[int64]string{
+	0xEF53:     "ext4",
+	0x58465342: "xfs",
+	0x9123683E: "btrfs",
+	0x794c7630: "overlayfs",
+	0x65735546: "fuse",
+	0x2fc12fc1: "zfs",
+	0xF2F52010: "f2fs",
+	0x6969:     "nfs",
+	tmpfsMagic: "tmpfs",
+	ramfsMagic: "ramfs",
+}
+
+// CheckStoreDir makes sure dir can hold a JetStream file store that
+// survives a reboot: it creates a missing directory (0750) and refuses a
+// path that is not a directory, is not writable (proved by creating,
+// writing, fsyncing, renaming and removing a probe file), or is on
+// tmpfs/ramfs unless allowTmpfs. It warns when free space is below
+// maxFileStore. It does not lock: see LockStoreDir.
+func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCheck, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, &StoreDirError{Path: dir, Reason: "cannot resolve path", Err: err}
+	}
+	res := &StoreDirCheck{Path: abs}
+	fi, err := os.Stat(abs)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(abs, 0o750); err != nil {
+			return nil, &StoreDirError{Path: abs, Reason: "missing and cannot be created", Err: unwrapPath(err),
+				Fix: "create it and give the holdfast user write access, or set jetstream.store_dir"}
+		}
+		res.Created = true
+	case err != nil:
+		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err),
+			Fix: "check the permissions of its parent directories"}
+	case !fi.IsDir():
+		return nil, &StoreDirError{Path: abs, Reason: "not a directory",
+			Fix: "move the file away or set jetstream.store_dir to a directory"}
+	}
+
+	var st unix.Statfs_t
+	if err := unix.Statfs(abs, &st); err != nil {
+		return nil, &StoreDirError{Path: abs, Reason: "cannot statfs", Err: err}
+	}
+	fsType := int64(st.Type)
+	res.FSType = fsNames[fsType]
+	if res.FSType == "" {
+		res.FSType = "0x" + strconv.FormatInt(fsType, 16)
+	}
+	res.Free = int64(st.Bavail) * int64(st.Bsize)
+	if fsType == tmpfsMagic || fsType == ramfsMagic {
+		if !allowTmpfs {
+			return nil, &StoreDirError{Path: abs, Reason: "is on " + res.FSType + ", which loses every message at reboot",
+				Fix: "put the store on a disk, or set jetstream.allow_tmpfs = true to accept the loss"}
+		}
+		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s is on %s: every message is lost at reboot (jetstream.allow_tmpfs = true)", abs, res.FSType))
+	}
+	if st.Flags&unix.ST_RDONLY != 0 {
+		return nil, &StoreDirError{Path: abs, Reason: "is on a read-only file system",
+			Fix: "remount it read-write or set jetstream.store_dir to a writable directory"}
+	}
+	if err := probeWrite(abs); err != nil {
+		return nil, &StoreDirError{Path: abs, Reason: "not writable", Err: err,
+			Fix: "give the user running holdfast write access (chown holdfast:holdfast), or set jetstream.store_dir"}
+	}
+	if maxFileStore > 0 && res.Free < maxFileStore {
+		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
+			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
+	}
+	return res, nil
+}
+
+// probeWrite proves the directory takes the operations the file store
+// needs: create, write, fsync, rename, remove.
+func probeWrite(dir string) error {
+	tmp := filepath.Join(dir, ".holdfast-probe."+strconv.Itoa(os.Getpid()))
+	final := tmp + ".renamed"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return unwrapPath(err)
+	}
+	_, werr := f.Write([]byte("holdfast write probe\n"))
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	if err := os.Rename(tmp, final); err != nil {
+		os.Remove(tmp)
+		return unwrapPath(err)
+	}
+	if err := os.Remove(final); err != nil {
+		return unwrapPath(err)
+	}
+	return nil
+}
+
+// unwrapPath drops the *PathError wrapper, whose path the message already names.
+func unwrapPath(err error) error {
+	var pe *os.PathError
+	if errors.As(err, &pe) {
+		return pe.Err
+	}
+	var le *os.LinkError
+	if errors.As(err, &le) {
+		return le.Err
+	}
+	return err
+}
+
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%dB", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f%ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// LockFileName is the lock file holdfast keeps in the store directory.
+const LockFileName = "holdfast.lock"
+
+// StoreLock is an exclusive lock on a store directory, held for the life
+// of the process (the kernel releases it if the process dies).
+type StoreLock struct {
+	f *os.File
+}
+
+// LockStoreDir takes an exclusive, non-blocking flock on dir/holdfast.lock
+// and records the holder's PID in it. A second holdfast on the same
+// directory is refused with a message that names the holder.
+func LockStoreDir(dir string) (*StoreLock, error) {
+	path := filepath.Join(dir, LockFileName)
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
+	if err != nil {
+		return nil, &StoreDirError{Path: dir, Reason: "cannot open lock file " + LockFileName, Err: unwrapPath(err),
+			Fix: "give the user running holdfast write access"}
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		holder := "another process"
+		if b, rerr := os.ReadFile(path); rerr == nil {
+			if pid := strings.TrimSpace(string(b)); pid != "" {
+				holder = "process " + pid
+			}
+		}
+		f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, &StoreDirError{Path: dir, Reason: "locked by " + holder + " (another holdfast is using it)", Holder: holder,
+				Fix: "stop the other instance (systemctl stop holdfast) or give this one its own jetstream.store_dir"}
+		}
+		return nil, &StoreDirError{Path: dir, Reason: "cannot lock", Err: err}
+	}
+	// A stock nats-server takes no lock on its store: look for any other
+	// process with files open under the directory.
+	if pid, comm := openedBy(dir); pid != 0 {
+		f.Close()
+		return nil, &StoreDirError{Path: dir, Reason: fmt.Sprintf("in use by process %d (%s), which has files open in it", pid, comm),
+			Holder: fmt.Sprintf("process %d (%s)", pid, comm),
+			Fix:    "stop that process or give holdfast its own jetstream.store_dir"}
+	}
+	if err := f.Truncate(0); err == nil {
+		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
+	}
+	return &StoreLock{f: f}, nil
+}
+
+// Unlock releases the lock. The lock file stays: removing it would race
+// with another process that opened it already.
+func (l *StoreLock) Unlock() error {
+	if l == nil || l.f == nil {
+		return nil
+	}
+	_ = l.f.Truncate(0)
+	err := l.f.Close() // closing the descriptor releases the flock
+	l.f = nil
+	return err
+}
+
+// openedBy returns a process other than this one that has a file open
+// under dir, as far as /proc lets this user see, or 0.
+func openedBy(dir string) (int, string) {
+	self := os.Getpid()
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	prefix := filepath.Clean(dir) + "/"
+	for _, p := range procs {
+		pid, err := strconv.Atoi(filepath.Base(p))
+		if err != nil || pid == self {
+			continue
+		}
+		fds, err := os.ReadDir(p + "/fd")
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			target, err := os.Readlink(p + "/fd/" + fd.Name())
+			if err == nil && strings.HasPrefix(target, prefix) {
+				comm, _ := os.ReadFile(p + "/comm")
+				return pid, strings.TrimSpace(string(comm))
+			}
+		}
+	}
+	return 0, ""
+}
+
+// LockHolder reports who holds the store lock ("process 1234"), or "" when
+// nobody does. It takes and releases the lock to find out.
+func LockHolder(dir string) string {
+	l, err := LockStoreDir(dir)
+	if err == nil {
+		l.Unlock()
+		return ""
+	}
+	var se *StoreDirError
+	if errors.As(err, &se) {
+		return se.Holder
+	}
+	return ""
+}
