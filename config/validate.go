@@ -243,7 +243,7 @@ func (c *Config) validateConsumers(v *validator) {
 			v.add(key+".workers", strconv.Itoa(cc.Workers), "more than max_ack_pending (%d): the extra workers would never get a message", cc.MaxAckPending)
 		}
 		switch cc.Handler {
-		case "log", "go":
+		case "log":
 		case "exec":
 			if len(cc.Exec.Command) == 0 || cc.Exec.Command[0] == "" {
 				v.add(key+".exec.command", "[]", "handler = \"exec\" needs a command, such as [\"/usr/local/bin/process-order\"]")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
 )
 
 // daemon wires the parts of `holdfast run` together: opened in order,
@@ -19,8 +20,9 @@ type daemon struct {
 	log    *slog.Logger
 	notify *notifier
 
-	srv    *embedded.Server
-	failed chan struct{}
+	srv     *embedded.Server
+	workers []*pipeline.Workers
+	failed  chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -42,6 +44,23 @@ func (d *daemon) Open(ctx context.Context) error {
 	d.notify.Status("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
+	}
+	for _, name := range d.cfg.ConsumerNames() {
+		cc := d.cfg.Consumers[name]
+		if cc.Workers == 0 {
+			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
+			continue
+		}
+		h, err := newHandler(name, cc, d.log)
+		if err != nil {
+			return err
+		}
+		w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), consumerOptions(name, cc, h), d.log)
+		w.ShutdownTimeout = d.cfg.Run.ShutdownTimeout.Duration
+		if err := w.Open(ctx); err != nil {
+			return err
+		}
+		d.workers = append(d.workers, w)
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
@@ -94,10 +113,58 @@ func (d *daemon) Close(ctx context.Context) error {
 		if d.stopWatch != nil {
 			d.stopWatch()
 		}
+		if len(d.workers) > 0 {
+			d.notify.Status("draining workers")
+			var wg sync.WaitGroup
+			for _, w := range d.workers {
+				wg.Add(1)
+				go func() { defer wg.Done(); _ = w.Close(ctx) }()
+			}
+			wg.Wait()
+		}
 		if d.srv != nil {
 			d.notify.Status("shutting down the NATS server")
 			d.closeErr = d.srv.Close(ctx)
 		}
 	})
 	return d.closeErr
+}
+
+// newHandler builds a consumer's configured handler.
+func newHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error) {
+	hlog := log.With("component", "handler")
+	switch cc.Handler {
+	case "log":
+		return pipeline.NewLogHandler(hlog), nil
+	case "exec":
+		h, err := pipeline.NewExecHandler(pipeline.ExecOptions{Command: cc.Exec.Command, Timeout: cc.Exec.Timeout.Duration}, hlog)
+		if err != nil {
+			return nil, fmt.Errorf("consumers.%s.exec: %w", name, err)
+		}
+		return h, nil
+	case "http":
+		h, err := pipeline.NewHTTPHandler(pipeline.HTTPOptions{URL: cc.HTTP.URL, Timeout: cc.HTTP.Timeout.Duration}, hlog)
+		if err != nil {
+			return nil, fmt.Errorf("consumers.%s.http: %w", name, err)
+		}
+		return h, nil
+	}
+	return nil, fmt.Errorf("consumers.%s.handler: unknown handler %q", name, cc.Handler)
+}
+
+func consumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions {
+	backoff := make([]time.Duration, len(cc.Backoff))
+	for i, b := range cc.Backoff {
+		backoff[i] = b.Duration
+	}
+	return pipeline.ConsumerOptions{
+		Stream:     cc.Stream,
+		Consumer:   name,
+		Workers:    cc.Workers,
+		AckWait:    cc.AckWait.Duration,
+		MaxDeliver: cc.MaxDeliver,
+		Backoff:    backoff,
+		DeadLetter: cc.DeadLetter,
+		Handler:    h,
+	}
 }
