@@ -1,0 +1,506 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// testEnv is a real embedded server on t.TempDir() with the ORDERS stream,
+// WORKER1 consumer and ORDERS_DLQ bootstrapped.
+type testEnv struct {
+	t   *testing.T
+	srv *embedded.Server
+	js  jetstream.JetStream
+	cfg *config.Config
+}
+
+func startEnv(t *testing.T, tweak func(*config.ConsumerConfig)) *testEnv {
+	t.Helper()
+	cfg := config.DefaultConfig()
+	cfg.Server.Port = -1
+	cfg.HTTP.Listen = ""
+	cfg.JetStream.StoreDir = t.TempDir()
+	cc := cfg.Consumers[config.DefaultConsumerName]
+	cc.AckWait = config.Dur(5 * time.Second)
+	cc.Backoff = []config.Duration{config.Dur(100 * time.Millisecond)}
+	if tweak != nil {
+		tweak(cc)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	srv := embedded.New(cfg, log)
+	ctx := context.Background()
+	if err := srv.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	if err := embedded.Bootstrap(ctx, srv.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	return &testEnv{t: t, srv: srv, js: srv.JetStream(), cfg: cfg}
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+func (e *testEnv) workers(h pipeline.Handler, n int) *pipeline.Workers {
+	e.t.Helper()
+	cc := e.cfg.Consumers[config.DefaultConsumerName]
+	var backoff []time.Duration
+	for _, b := range cc.Backoff {
+		backoff = append(backoff, b.Duration)
+	}
+	w := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
+		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
+		DeadLetter: cc.DeadLetter, Handler: h,
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.ShutdownTimeout = 2 * time.Second
+	if err := w.Open(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { w.Close(context.Background()) })
+	return w
+}
+
+func (e *testEnv) publish(subject, data string, hdr nats.Header) uint64 {
+	e.t.Helper()
+	m := nats.NewMsg(subject)
+	m.Data = []byte(data)
+	for k, v := range hdr {
+		m.Header[k] = v
+	}
+	ack, err := e.js.PublishMsg(context.Background(), m)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// checkFor polls f until it returns nil or the deadline passes.
+func checkFor(t *testing.T, total time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("condition not met after %s: %v", total, err)
+}
+
+func (e *testEnv) consumerInfo() *jetstream.ConsumerInfo {
+	e.t.Helper()
+	c, err := e.js.Consumer(context.Background(), "ORDERS", config.DefaultConsumerName)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info
+}
+
+func (e *testEnv) dlqCount() uint64 {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), "ORDERS_DLQ")
+	if err != nil {
+		return 0
+	}
+	info, err := s.Info(context.Background())
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+// recorder records every handler call.
+type recorder struct {
+	mu    sync.Mutex
+	calls []call
+}
+
+type call struct {
+	seq, delivery uint64
+	at            time.Time
+	msg           pipeline.Message
+}
+
+func (r *recorder) record(m *pipeline.Message) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, call{seq: m.Sequence, delivery: m.Delivery, at: time.Now(), msg: *m})
+}
+
+func (r *recorder) forSeq(seq uint64) []call {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []call
+	for _, c := range r.calls {
+		if c.seq == seq {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func TestSuccessAcks(t *testing.T) {
+	e := startEnv(t, nil)
+	rec := &recorder{}
+	w := e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Ok()
+	}), 4)
+	const n = 50
+	for i := 0; i < n; i++ {
+		e.publish("orders.created", fmt.Sprintf(`{"id":%d}`, i), nil)
+	}
+	checkFor(t, 10*time.Second, func() error {
+		if f := e.consumerInfo().AckFloor.Stream; f != n {
+			return fmt.Errorf("ack floor %d, want %d", f, n)
+		}
+		return nil
+	})
+	if got := w.Stats().Acked.Load(); got != n {
+		t.Fatalf("acked %d, want %d", got, n)
+	}
+	c := rec.forSeq(7)
+	if len(c) != 1 {
+		t.Fatalf("seq 7 handled %d times", len(c))
+	}
+	if c[0].msg.IdempotencyKey != "ORDERS:7" || c[0].msg.Subject != "orders.created" || c[0].msg.Delivery != 1 || c[0].msg.Stream != "ORDERS" {
+		t.Fatalf("message view: %+v", c[0].msg)
+	}
+	if e.dlqCount() != 0 {
+		t.Fatal("dead letters after success")
+	}
+}
+
+func TestIdempotencyKeyFromMsgID(t *testing.T) {
+	e := startEnv(t, nil)
+	got := make(chan string, 1)
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		got <- m.IdempotencyKey
+		return pipeline.Ok()
+	}), 1)
+	e.publish("orders.created", "x", nats.Header{nats.MsgIdHdr: []string{"order-42"}})
+	select {
+	case k := <-got:
+		if k != "order-42" {
+			t.Fatalf("idempotency key %q", k)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("handler not called")
+	}
+}
+
+func TestRetryBackoffThenSuccess(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) {
+		cc.Backoff = []config.Duration{config.Dur(300 * time.Millisecond), config.Dur(900 * time.Millisecond)}
+		cc.MaxDeliver = 5
+	})
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		if m.Delivery < 4 {
+			return pipeline.RetryLater("not yet")
+		}
+		return pipeline.Ok()
+	}), 2)
+	seq := e.publish("orders.created", "x", nil)
+	checkFor(t, 15*time.Second, func() error {
+		if f := e.consumerInfo().AckFloor.Stream; f != seq {
+			return fmt.Errorf("ack floor %d", f)
+		}
+		return nil
+	})
+	calls := rec.forSeq(seq)
+	if len(calls) != 4 {
+		t.Fatalf("%d deliveries, want 4", len(calls))
+	}
+	// Deliveries in order, each retry no earlier than its backoff delay
+	// (the last one repeats). Only lower bounds: the machine may be slow.
+	want := []time.Duration{300 * time.Millisecond, 900 * time.Millisecond, 900 * time.Millisecond}
+	for i := 1; i < len(calls); i++ {
+		if calls[i].delivery != uint64(i+1) {
+			t.Fatalf("delivery %d has attempt %d", i+1, calls[i].delivery)
+		}
+		gap := calls[i].at.Sub(calls[i-1].at)
+		if gap < want[i-1]*9/10 {
+			t.Fatalf("retry %d came after %s, before its backoff %s", i, gap, want[i-1])
+		}
+	}
+	if e.dlqCount() != 0 {
+		t.Fatal("dead-lettered a message that succeeded")
+	}
+}
+
+func (e *testEnv) dlqMsg(seq uint64) *jetstream.RawStreamMsg {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), "ORDERS_DLQ")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	m, err := s.GetMsg(context.Background(), seq)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return m
+}
+
+func TestPermanentGoesToDeadLetter(t *testing.T) {
+	e := startEnv(t, nil)
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Fail("schema violation: no id")
+	}), 1)
+	seq := e.publish("orders.created", `{"bad":true}`, nats.Header{"Trace": []string{"abc"}, nats.MsgIdHdr: []string{"m-1"}})
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	dl := e.dlqMsg(1)
+	if dl.Subject != "dlq.WORKER1.orders.created" || string(dl.Data) != `{"bad":true}` {
+		t.Fatalf("dead letter %s %q", dl.Subject, dl.Data)
+	}
+	want := map[string]string{
+		"Holdfast-Error":            "schema violation: no id",
+		"Holdfast-Original-Subject": "orders.created",
+		"Holdfast-Original-Seq":     strconv.FormatUint(seq, 10),
+		"Holdfast-Deliveries":       "1",
+		"Holdfast-Original-Msg-Id":  "m-1",
+		"Nats-Msg-Id":               "ORDERS:WORKER1:" + strconv.FormatUint(seq, 10),
+		"Trace":                     "abc",
+	}
+	for k, v := range want {
+		if got := dl.Header.Get(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	if _, err := time.Parse(time.RFC3339Nano, dl.Header.Get("Holdfast-Failed-At")); err != nil {
+		t.Errorf("Holdfast-Failed-At: %v", err)
+	}
+	// The original is terminated: acknowledged, never delivered again.
+	checkFor(t, 5*time.Second, func() error {
+		info := e.consumerInfo()
+		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
+			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
+		}
+		return nil
+	})
+	if n := len(rec.forSeq(seq)); n != 1 {
+		t.Fatalf("handled %d times", n)
+	}
+}
+
+func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 3 })
+	rec := &recorder{}
+	w := e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.RetryLater("downstream unavailable")
+	}), 2)
+	seq := e.publish("orders.created", "x", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	if n := len(rec.forSeq(seq)); n != 3 {
+		t.Fatalf("handled %d times, want max_deliver 3", n)
+	}
+	dl := e.dlqMsg(1)
+	if dl.Header.Get("Holdfast-Deliveries") != "3" {
+		t.Fatalf("deliveries header %q", dl.Header.Get("Holdfast-Deliveries"))
+	}
+	if w.Stats().DeadLettered.Load() != 1 || w.Stats().Retried.Load() != 2 {
+		t.Fatalf("stats dead-lettered %d retried %d", w.Stats().DeadLettered.Load(), w.Stats().Retried.Load())
+	}
+}
+
+func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		select {
+		case <-time.After(3500 * time.Millisecond): // 3.5× ack_wait
+		case <-ctx.Done():
+		}
+		return pipeline.Ok()
+	}), 2)
+	seq := e.publish("orders.created", "slow", nil)
+	checkFor(t, 15*time.Second, func() error {
+		if f := e.consumerInfo().AckFloor.Stream; f != seq {
+			return fmt.Errorf("ack floor %d", f)
+		}
+		return nil
+	})
+	if n := len(rec.forSeq(seq)); n != 1 {
+		t.Fatalf("slow message handled %d times: redelivered while running", n)
+	}
+}
+
+func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 10 })
+	ctx := context.Background()
+	// Take the dead-letter stream away: publishes to dlq.> get no answer.
+	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Fail("bad")
+	}), 1)
+	seq := e.publish("orders.created", "x", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if n := len(rec.forSeq(seq)); n < 2 {
+			return fmt.Errorf("delivered %d times, want a redelivery after the failed dead letter", n)
+		}
+		return nil
+	})
+	if info := e.consumerInfo(); info.AckFloor.Stream >= seq {
+		t.Fatal("original acknowledged although its dead letter was not stored")
+	}
+	// Bring the dead-letter stream back: the next delivery lands there.
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 15*time.Second, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+}
+
+func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) {
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(time.Second)
+	})
+	ctx := context.Background()
+	seq := e.publish("orders.created", "orphan", nil)
+	// A worker that takes the message and dies: fetched, never settled.
+	cons, err := e.js.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got int
+	for range batch.Messages() {
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("fetched %d", got)
+	}
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Ok()
+	}), 1)
+	checkFor(t, 15*time.Second, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	dl := e.dlqMsg(1)
+	if string(dl.Data) != "orphan" || dl.Header.Get("Holdfast-Original-Seq") != strconv.FormatUint(seq, 10) {
+		t.Fatalf("dead letter %q %v", dl.Data, dl.Header)
+	}
+	if len(rec.forSeq(seq)) != 0 {
+		t.Fatal("max-delivered message handed to a handler again")
+	}
+}
+
+func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+	started := make(chan uint64, 10)
+	var mu sync.Mutex
+	finished := map[uint64]bool{}
+	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		started <- m.Sequence
+		d := 200 * time.Millisecond
+		if string(m.Data) == "stuck" {
+			d = time.Hour
+		}
+		select {
+		case <-time.After(d):
+			mu.Lock()
+			finished[m.Sequence] = true
+			mu.Unlock()
+			return pipeline.Ok()
+		case <-ctx.Done():
+			return pipeline.RetryLater("cancelled")
+		}
+	})
+	w := e.workers(h, 2)
+	quick := e.publish("orders.created", "quick", nil)
+	stuck := e.publish("orders.created", "stuck", nil)
+	for i := 0; i < 2; i++ {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("handlers did not start")
+		}
+	}
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	if !finished[quick] || finished[stuck] {
+		t.Fatalf("finished %v", finished)
+	}
+	mu.Unlock()
+	info := e.consumerInfo()
+	if info.AckFloor.Stream != quick {
+		t.Fatalf("ack floor %d, want %d (quick acked, stuck returned)", info.AckFloor.Stream, quick)
+	}
+	// The stuck one was nak'ed without delay: a new worker gets it at once.
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Ok()
+	}), 1)
+	checkFor(t, 20*time.Second, func() error { // well below ack_wait (1m)
+		if len(rec.forSeq(stuck)) != 1 {
+			return errors.New("stuck message not redelivered after nak")
+		}
+		return nil
+	})
+	if len(rec.forSeq(quick)) != 0 {
+		t.Fatal("finished message redelivered")
+	}
+}
