@@ -151,8 +151,10 @@ func (c *Config) validateStreams(v *validator) {
 				v.add(key+".subjects", q(subj), "not a valid NATS subject")
 				continue
 			}
-			if strings.HasPrefix(subj, "$") || strings.HasPrefix(subj, "dlq.") || subj == ">" {
-				v.add(key+".subjects", q(subj), "reserved: subjects starting with $ or dlq. belong to the server and to dead letters")
+			// The server refuses a subject that overlaps its API ($JS.>),
+			// which every subject with a wildcard first token does.
+			if strings.HasPrefix(subj, "$") || strings.HasPrefix(subj, "dlq.") || server.SubjectsCollide(subj, "$JS.>") {
+				v.add(key+".subjects", q(subj), "reserved: subjects starting with $, dlq. or a wildcard overlap the server's API or the dead letters")
 				continue
 			}
 			for _, o := range all {
