@@ -268,6 +268,13 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		return nil, &ParseError{Source: source, Err: tomlError(err)}
 	}
 	var problems []string
+	// The decoder leaves a map alone when the TOML value is not a table,
+	// so `streams = 5` would silently mean the default streams.
+	for _, k := range []string{"streams", "consumers"} {
+		if typ := md.Type(k); typ != "" && typ != "Hash" {
+			problems = append(problems, fmt.Sprintf("line %d: %s: must be [%s.NAME] tables, not a TOML %s", keyLine(string(data), toml.Key{k}), k, k, typ))
+		}
+	}
 	for _, t := range unsupportedTables {
 		if md.IsDefined(t) {
 			problems = append(problems, fmt.Sprintf("[%s] is not supported by this version of holdfast: remove the table (holdfast will not run without settings it cannot honour)", t))
