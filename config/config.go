@@ -325,7 +325,7 @@ func keyLine(data string, key toml.Key) int {
 		t := strings.TrimSpace(line)
 		if strings.HasPrefix(t, "[") {
 			h := strings.Trim(strings.SplitN(t, "#", 2)[0], "[] \t")
-			table = strings.ReplaceAll(h, " ", "")
+			table = unquoteKey.Replace(h)
 			if table == want {
 				return i + 1
 			}
@@ -335,8 +335,7 @@ func keyLine(data string, key toml.Key) int {
 		if eq <= 0 || strings.HasPrefix(t, "#") {
 			continue
 		}
-		name := strings.ReplaceAll(strings.TrimSpace(t[:eq]), " ", "")
-		name = strings.Trim(name, "\"")
+		name := unquoteKey.Replace(t[:eq])
 		full := name
 		if table != "" {
 			full = table + "." + name
@@ -347,6 +346,10 @@ func keyLine(data string, key toml.Key) int {
 	}
 	return 0
 }
+
+// unquoteKey turns a written key such as `streams."ORDERS" . max_age` into
+// the dotted path toml.Key names it by.
+var unquoteKey = strings.NewReplacer(" ", "", "\t", "", `"`, "", "'", "")
 
 // tomlError shortens BurntSushi's errors to one line that keeps the line
 // number and key.
