@@ -3,8 +3,10 @@ package pipeline
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -195,4 +197,147 @@ func (w *Workers) deadLetterSeqOnce(adv maxDeliveriesAdvisory, reason string) er
 	w.log.Error("message dead-lettered after max_deliver without a verdict", "seq", m.Sequence, "subject", m.Subject,
 		"deliveries", adv.Deliveries, "dead_letter", w.opts.DeadLetter)
 	return nil
+}
+
+// HeaderReplayedFrom marks a message republished from a dead-letter
+// stream: "STREAM:seq" of the dead letter.
+const HeaderReplayedFrom = "Holdfast-Replayed-From"
+
+// DeadLetter is a stored dead letter, read back for inspection or replay.
+type DeadLetter struct {
+	Stream          string // the dead-letter stream
+	Seq             uint64 // its sequence there
+	Subject         string // dlq.<CONSUMER>.<original subject>
+	Consumer        string
+	OriginalSubject string
+	OriginalStream  string
+	OriginalSeq     uint64
+	Deliveries      uint64
+	FailedAt        time.Time
+	Error           string
+	Header          nats.Header
+	Data            []byte
+}
+
+// ParseDeadLetter reads the Holdfast-* headers of a stored dead letter.
+func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
+	h := raw.Header
+	if h == nil {
+		h = nats.Header{}
+	}
+	dl := DeadLetter{
+		Stream:          stream,
+		Seq:             raw.Sequence,
+		Subject:         raw.Subject,
+		OriginalSubject: h.Get(HeaderOriginalSubject),
+		OriginalStream:  h.Get(HeaderOriginalStream),
+		Error:           h.Get(HeaderError),
+		Header:          h,
+		Data:            raw.Data,
+	}
+	if rest, ok := strings.CutPrefix(raw.Subject, "dlq."); ok {
+		dl.Consumer, _, _ = strings.Cut(rest, ".")
+	}
+	dl.OriginalSeq, _ = strconv.ParseUint(h.Get(HeaderOriginalSeq), 10, 64)
+	dl.Deliveries, _ = strconv.ParseUint(h.Get(HeaderDeliveries), 10, 64)
+	dl.FailedAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderFailedAt))
+	return dl
+}
+
+// ListDeadLetters calls fn for every dead letter in stream, oldest first,
+// or only those of consumer when it is not "". It reads with an ordered
+// consumer, which leaves no state on the server.
+func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, fn func(DeadLetter) error) error {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	if info.State.Msgs == 0 {
+		return nil
+	}
+	occ := jetstream.OrderedConsumerConfig{}
+	if consumer != "" {
+		occ.FilterSubjects = []string{"dlq." + consumer + ".>"}
+	}
+	oc, err := s.OrderedConsumer(ctx, occ)
+	if err != nil {
+		return err
+	}
+	for {
+		msg, err := oc.Next(jetstream.FetchMaxWait(2 * time.Second))
+		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		md, err := msg.Metadata()
+		if err != nil {
+			return err
+		}
+		raw := &jetstream.RawStreamMsg{Subject: msg.Subject(), Sequence: md.Sequence.Stream, Header: msg.Headers(), Data: msg.Data(), Time: md.Timestamp}
+		if err := fn(ParseDeadLetter(stream, raw)); err != nil {
+			return err
+		}
+		if md.NumPending == 0 {
+			return nil
+		}
+	}
+}
+
+// GetDeadLetter reads one dead letter by sequence.
+func GetDeadLetter(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (DeadLetter, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	raw, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("dead letter %s #%d: %w", stream, seq, err)
+	}
+	return ParseDeadLetter(stream, raw), nil
+}
+
+// Replay republishes a dead letter to its original subject with PubAck,
+// and only then deletes it from the dead-letter stream. The replayed
+// message carries the original headers (minus Holdfast-*), a new
+// Nats-Msg-Id "DLQSTREAM:seq:replay" (so replaying twice within the
+// duplicate window stores it once) and Holdfast-Replayed-From.
+func Replay(ctx context.Context, js jetstream.JetStream, dl DeadLetter) (*jetstream.PubAck, error) {
+	if dl.OriginalSubject == "" {
+		return nil, fmt.Errorf("dead letter %s #%d has no %s header: not a holdfast dead letter", dl.Stream, dl.Seq, HeaderOriginalSubject)
+	}
+	out := nats.NewMsg(dl.OriginalSubject)
+	for k, vs := range dl.Header {
+		if strings.HasPrefix(k, "Holdfast-") || strings.HasPrefix(k, "Nats-") {
+			continue
+		}
+		out.Header[k] = vs
+	}
+	if id := dl.Header.Get(HeaderOriginalMsgID); id != "" {
+		out.Header.Set(HeaderOriginalMsgID, id)
+	}
+	from := dl.Stream + ":" + strconv.FormatUint(dl.Seq, 10)
+	out.Header.Set(HeaderReplayedFrom, from)
+	out.Header.Set(nats.MsgIdHdr, from+":replay")
+	out.Data = dl.Data
+	ack, err := js.PublishMsg(ctx, out)
+	if err != nil {
+		return nil, fmt.Errorf("replay %s to %s: %w", from, dl.OriginalSubject, err)
+	}
+	if dl.OriginalStream != "" && ack.Stream != dl.OriginalStream {
+		return ack, fmt.Errorf("replay %s: stored in stream %s, not in the original %s; the dead letter is kept", from, ack.Stream, dl.OriginalStream)
+	}
+	s, err := js.Stream(ctx, dl.Stream)
+	if err != nil {
+		return ack, err
+	}
+	if err := s.DeleteMsg(ctx, dl.Seq); err != nil {
+		return ack, fmt.Errorf("replayed %s but could not delete the dead letter: %w", from, err)
+	}
+	return ack, nil
 }

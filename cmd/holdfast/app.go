@@ -37,6 +37,8 @@ func newApp() *cli.App {
 			runCommand(),
 			checkCommand(),
 			configCommand(),
+			pubCommand(),
+			dlqCommand(),
 			versionCommand(),
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {

@@ -1,0 +1,249 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+var consumerFlag = &cli.StringFlag{Name: "consumer", Usage: "only the dead letters of this consumer"}
+
+func dlqCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "dlq",
+		Usage: "inspect dead letters and send them back to their original subject",
+		Subcommands: []*cli.Command{
+			{
+				Name:  "ls",
+				Usage: "list dead letters, oldest first",
+				Flags: []cli.Flag{serverFlag, consumerFlag},
+				Action: func(c *cli.Context) error {
+					cfg, nc, js, err := connect(c)
+					if err != nil {
+						return err
+					}
+					defer nc.Close()
+					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+					fmt.Fprintln(tw, "STREAM\tSEQ\tCONSUMER\tSUBJECT\tORIG SEQ\tDELIVERIES\tFAILED AT\tERROR")
+					n := 0
+					for _, s := range dlqStreams(cfg, c.String("consumer")) {
+						err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
+							n++
+							fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
+								dl.OriginalSeq, dl.Deliveries, dl.FailedAt.Format(time.RFC3339), oneLine(dl.Error, 80))
+							return nil
+						})
+						if err != nil {
+							return runtimeError(err)
+						}
+					}
+					tw.Flush()
+					fmt.Fprintf(c.App.Writer, "%d dead letter(s)\n", n)
+					return nil
+				},
+			},
+			{
+				Name:      "show",
+				Usage:     "print one dead letter with its headers and payload",
+				ArgsUsage: "SEQ",
+				Flags:     []cli.Flag{serverFlag, &cli.StringFlag{Name: "stream", Usage: "dead-letter stream (default: the only one configured)"}},
+				Action: func(c *cli.Context) error {
+					if c.NArg() != 1 {
+						return usageError(errors.New("usage: holdfast dlq show SEQ"))
+					}
+					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
+					if err != nil {
+						return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", c.Args().First()))
+					}
+					cfg, nc, js, err := connect(c)
+					if err != nil {
+						return err
+					}
+					defer nc.Close()
+					stream, err := pickDLQStream(cfg, c.String("stream"))
+					if err != nil {
+						return err
+					}
+					dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
+					if err != nil {
+						return runtimeError(err)
+					}
+					w := c.App.Writer
+					fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
+					keys := make([]string, 0, len(dl.Header))
+					for k := range dl.Header {
+						keys = append(keys, k)
+					}
+					sort.Strings(keys)
+					for _, k := range keys {
+						for _, v := range dl.Header[k] {
+							fmt.Fprintf(w, "  %s: %s\n", k, v)
+						}
+					}
+					fmt.Fprintf(w, "\n%s\n", dl.Data)
+					return nil
+				},
+			},
+			{
+				Name:      "replay",
+				Usage:     "republish dead letters to their original subject (with PubAck), then remove them",
+				ArgsUsage: "[SEQ...]",
+				Flags: []cli.Flag{serverFlag, consumerFlag,
+					&cli.StringFlag{Name: "stream", Usage: "dead-letter stream for SEQ arguments (default: the only one configured)"},
+					&cli.BoolFlag{Name: "all", Usage: "replay every dead letter (of --consumer, if given)"}},
+				Action: func(c *cli.Context) error {
+					if c.Bool("all") == (c.NArg() > 0) {
+						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
+					}
+					cfg, nc, js, err := connect(c)
+					if err != nil {
+						return err
+					}
+					defer nc.Close()
+					var todo []pipeline.DeadLetter
+					if c.Bool("all") {
+						for _, s := range dlqStreams(cfg, c.String("consumer")) {
+							err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
+								todo = append(todo, dl)
+								return nil
+							})
+							if err != nil {
+								return runtimeError(err)
+							}
+						}
+					} else {
+						stream, err := pickDLQStream(cfg, c.String("stream"))
+						if err != nil {
+							return err
+						}
+						for _, a := range c.Args().Slice() {
+							seq, err := strconv.ParseUint(a, 10, 64)
+							if err != nil {
+								return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", a))
+							}
+							dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
+							if err != nil {
+								return runtimeError(err)
+							}
+							todo = append(todo, dl)
+						}
+					}
+					progress := isTerminal(os.Stderr) && len(todo) > 20
+					var failed []error
+					for i, dl := range todo {
+						if _, err := pipeline.Replay(c.Context, js, dl); err != nil {
+							failed = append(failed, err)
+						}
+						if progress && (i%50 == 0 || i == len(todo)-1) {
+							fmt.Fprintf(os.Stderr, "\rreplayed %d/%d", i+1, len(todo))
+						}
+					}
+					if progress {
+						fmt.Fprintln(os.Stderr)
+					}
+					fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", len(todo)-len(failed), len(todo))
+					if len(failed) > 0 {
+						return runtimeError(errors.Join(failed...))
+					}
+					return nil
+				},
+			},
+			{
+				Name:  "purge",
+				Usage: "delete dead letters for good (needs --yes)",
+				Flags: []cli.Flag{serverFlag, consumerFlag, &cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"}},
+				Action: func(c *cli.Context) error {
+					cfg, nc, js, err := connect(c)
+					if err != nil {
+						return err
+					}
+					defer nc.Close()
+					streams := dlqStreams(cfg, c.String("consumer"))
+					if len(streams) == 0 {
+						return usageError(errors.New("no dead-letter stream configured for that consumer"))
+					}
+					if !c.Bool("yes") {
+						var names []string
+						for _, s := range streams {
+							names = append(names, s.stream)
+						}
+						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes", strings.Join(names, ", ")))
+					}
+					for _, s := range streams {
+						st, err := js.Stream(c.Context, s.stream)
+						if err != nil {
+							return runtimeError(err)
+						}
+						var opts []jetstream.StreamPurgeOpt
+						if s.consumer != "" {
+							opts = append(opts, jetstream.WithPurgeSubject("dlq."+s.consumer+".>"))
+						}
+						if err := st.Purge(c.Context, opts...); err != nil {
+							return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
+						}
+						fmt.Fprintf(c.App.Writer, "purged %s%s\n", s.stream, map[bool]string{true: " (consumer " + s.consumer + ")", false: ""}[s.consumer != ""])
+					}
+					return nil
+				},
+			},
+		},
+	}
+}
+
+type dlqTarget struct{ stream, consumer string }
+
+// dlqStreams lists the dead-letter streams to look at: all configured, or
+// the one of consumer (filtered to its subjects).
+func dlqStreams(cfg *config.Config, consumer string) []dlqTarget {
+	if consumer != "" {
+		cc := cfg.Consumers[consumer]
+		if cc == nil || cc.DeadLetter == "" {
+			return nil
+		}
+		return []dlqTarget{{cc.DeadLetter, consumer}}
+	}
+	var out []dlqTarget
+	dls := cfg.DeadLetterStreams()
+	for name := range dls {
+		out = append(out, dlqTarget{stream: name})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].stream < out[j].stream })
+	return out
+}
+
+func pickDLQStream(cfg *config.Config, stream string) (string, error) {
+	if stream != "" {
+		return stream, nil
+	}
+	dls := cfg.DeadLetterStreams()
+	if len(dls) == 1 {
+		for name := range dls {
+			return name, nil
+		}
+	}
+	var names []string
+	for name := range dls {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	return "", usageError(fmt.Errorf("%d dead-letter streams configured (%s): pick one with --stream", len(dls), strings.Join(names, ", ")))
+}
+
+func oneLine(s string, max int) string {
+	s = strings.Join(strings.Fields(s), " ")
+	if len(s) > max {
+		return s[:max-1] + "…"
+	}
+	return s
+}
