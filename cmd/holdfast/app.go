@@ -18,19 +18,54 @@ var (
 	commit  = ""
 )
 
-var configFlag = &cli.StringFlag{
-	Name:    "config",
-	Aliases: []string{"c"},
-	Usage:   "config file (default " + config.DefaultPath + " when it exists, else built-in defaults)",
-	EnvVars: []string{"HOLDFAST_CONFIG"},
+// newConfigFlag returns a --config flag. The app and every command that
+// reads the config get their own, so that both `holdfast --config FILE
+// check` and `holdfast check --config FILE` work (urfave/cli only parses a
+// flag where it is defined). Only the app's reads HOLDFAST_CONFIG, so that
+// a flag anywhere on the command line wins over the environment.
+func newConfigFlag(env bool) *cli.StringFlag {
+	f := &cli.StringFlag{
+		Name:    "config",
+		Aliases: []string{"c"},
+		Usage:   "config file (default " + config.DefaultPath + " when it exists, else built-in defaults)",
+	}
+	if env {
+		f.EnvVars = []string{"HOLDFAST_CONFIG"}
+	}
+	return f
+}
+
+// configPath is the --config given after the command, else before it,
+// else HOLDFAST_CONFIG, else "".
+func configPath(c *cli.Context) string {
+	for _, cc := range c.Lineage() {
+		if cc.IsSet("config") {
+			return cc.String("config")
+		}
+	}
+	return ""
+}
+
+// prepareCommands gives cmd and its subcommands the --config flag (unless
+// they do not read the config) and makes their usage errors exit with 2.
+func prepareCommands(cmds []*cli.Command) {
+	for _, cmd := range cmds {
+		if cmd.Name != "config" && cmd.Name != "version" {
+			cmd.Flags = append(cmd.Flags, newConfigFlag(false))
+		}
+		if cmd.OnUsageError == nil {
+			cmd.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return usageError(err) }
+		}
+		prepareCommands(cmd.Subcommands)
+	}
 }
 
 func newApp() *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:                 "holdfast",
 		Usage:                "durable messaging on an embedded NATS JetStream",
 		Version:              versionString(),
-		Flags:                []cli.Flag{configFlag},
+		Flags:                []cli.Flag{newConfigFlag(true)},
 		EnableBashCompletion: true,
 		HideVersion:          true,
 		Commands: []*cli.Command{
@@ -50,12 +85,14 @@ func newApp() *cli.App {
 		},
 		ExitErrHandler: func(*cli.Context, error) {}, // main prints and exits
 	}
+	prepareCommands(app.Commands)
+	return app
 }
 
 // loadConfig reads the config named by --config/HOLDFAST_CONFIG, or the
 // default path, or the built-in defaults. Config problems are usage errors.
 func loadConfig(c *cli.Context) (*config.Config, string, error) {
-	cfg, source, err := config.Load(c.String("config"))
+	cfg, source, err := config.Load(configPath(c))
 	if err != nil {
 		if errors.Is(err, config.ErrInvalidConfig) {
 			return nil, source, usageError(err)

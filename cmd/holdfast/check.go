@@ -18,7 +18,7 @@ func checkCommand() *cli.Command {
 			if c.NArg() > 0 {
 				return usageError(errUnexpectedArgs(c))
 			}
-			cfg, source, err := config.Load(c.String("config"))
+			cfg, source, err := config.Load(configPath(c))
 			if source == "" {
 				source = "built-in defaults"
 			}
