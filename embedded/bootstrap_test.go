@@ -1,0 +1,312 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// bootstrapped runs a server on cfg and bootstraps it.
+func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *logBuffer) {
+	t.Helper()
+	log, lb := testLogger(t)
+	s := runServerWithLog(t, cfg, log)
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatalf("Bootstrap: %v", err)
+	}
+	return s, lb
+}
+
+func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	st, err := js.Stream(testContext(t), name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := st.Info(testContext(t))
+	if err != nil {
+		t.Fatalf("stream %s info: %v", name, err)
+	}
+	return info
+}
+
+func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(testContext(t), stream, name)
+	if err != nil {
+		t.Fatalf("consumer %s on %s: %v", name, stream, err)
+	}
+	info, err := c.Info(testContext(t))
+	if err != nil {
+		t.Fatalf("consumer %s info: %v", name, err)
+	}
+	return info
+}
+
+func publish(t *testing.T, js jetstream.JetStream, subject string, n int) {
+	t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := js.Publish(testContext(t), subject, fmt.Appendf(nil, `{"id":"%d"}`, i)); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+}
+
+// bootstrapChanged reports whether Bootstrap logged that it created or
+// updated a stream or consumer.
+func bootstrapChanged(logs string) bool {
+	for _, m := range []string{`msg="stream created"`, `msg="stream updated"`, `msg="consumer created"`, `msg="consumer updated"`} {
+		if strings.Contains(logs, m) {
+			return true
+		}
+	}
+	return false
+}
+
+// The defaults are exactly the seed's JetStream setup, as the server
+// reports it.
+func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
+	t.Parallel()
+	s, _ := bootstrapped(t, testConfig(t))
+	js := s.JetStream()
+
+	sc := streamInfo(t, js, "ORDERS").Config
+	if !slices.Equal(sc.Subjects, []string{"orders.*"}) {
+		t.Errorf("ORDERS subjects = %q, want [orders.*]", sc.Subjects)
+	}
+	if sc.Retention != jetstream.LimitsPolicy {
+		t.Errorf("ORDERS retention = %s, want limits", sc.Retention)
+	}
+	if sc.MaxMsgs != 1_000_000 {
+		t.Errorf("ORDERS max_msgs = %d, want 1000000", sc.MaxMsgs)
+	}
+	if sc.MaxAge != 72*time.Hour {
+		t.Errorf("ORDERS max_age = %s, want 72h", sc.MaxAge)
+	}
+	if sc.Storage != jetstream.FileStorage {
+		t.Errorf("ORDERS storage = %s, want file", sc.Storage)
+	}
+	if sc.Discard != jetstream.DiscardOld {
+		t.Errorf("ORDERS discard = %s, want old", sc.Discard)
+	}
+	if sc.Replicas != 1 {
+		t.Errorf("ORDERS replicas = %d, want 1", sc.Replicas)
+	}
+	if sc.MaxBytes != -1 {
+		t.Errorf("ORDERS max_bytes = %d, want -1", sc.MaxBytes)
+	}
+
+	cc := consumerInfo(t, js, "ORDERS", "WORKER1").Config
+	if cc.Durable != "WORKER1" {
+		t.Errorf("WORKER1 durable name = %q, want WORKER1", cc.Durable)
+	}
+	if cc.AckPolicy != jetstream.AckExplicitPolicy {
+		t.Errorf("WORKER1 ack policy = %s, want explicit", cc.AckPolicy)
+	}
+	if cc.AckWait != 30*time.Second {
+		t.Errorf("WORKER1 ack_wait = %s, want 30s", cc.AckWait)
+	}
+	if cc.MaxDeliver != 5 {
+		t.Errorf("WORKER1 max_deliver = %d, want 5", cc.MaxDeliver)
+	}
+	if cc.DeliverSubject != "" {
+		t.Errorf("WORKER1 is a push consumer (deliver subject %q), want pull", cc.DeliverSubject)
+	}
+	if cc.FilterSubject != "" || len(cc.FilterSubjects) > 0 {
+		t.Errorf("WORKER1 filters %q %q, want all of ORDERS", cc.FilterSubject, cc.FilterSubjects)
+	}
+	if len(cc.BackOff) > 0 {
+		t.Errorf("WORKER1 has a server-side backoff %v: it would override ack_wait", cc.BackOff)
+	}
+
+	dl := streamInfo(t, js, "ORDERS_DLQ").Config
+	if !slices.Equal(dl.Subjects, []string{"dlq.WORKER1.>"}) {
+		t.Errorf("ORDERS_DLQ subjects = %q, want [dlq.WORKER1.>]", dl.Subjects)
+	}
+	if dl.Storage != jetstream.FileStorage {
+		t.Errorf("ORDERS_DLQ storage = %s, want file", dl.Storage)
+	}
+	if dl.Retention != jetstream.LimitsPolicy {
+		t.Errorf("ORDERS_DLQ retention = %s, want limits", dl.Retention)
+	}
+}
+
+func TestBootstrapTwiceIsNoOp(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	publish(t, js, "orders.created", 3)
+
+	orders := streamInfo(t, js, "ORDERS")
+	dlq := streamInfo(t, js, "ORDERS_DLQ")
+	worker := consumerInfo(t, js, "ORDERS", "WORKER1")
+
+	before := len(lb.String())
+	if err := Bootstrap(testContext(t), js, cfg, s.base); err != nil {
+		t.Fatalf("second Bootstrap: %v", err)
+	}
+	second := lb.String()[before:]
+	if bootstrapChanged(second) {
+		t.Errorf("second Bootstrap created or updated something:\n%s", second)
+	}
+
+	for _, c := range []struct {
+		name   string
+		before *jetstream.StreamInfo
+	}{{"ORDERS", orders}, {"ORDERS_DLQ", dlq}} {
+		after := streamInfo(t, js, c.name)
+		if !after.Created.Equal(c.before.Created) {
+			t.Errorf("%s created %s, before %s: recreated", c.name, after.Created, c.before.Created)
+		}
+		if !reflect.DeepEqual(after.Config, c.before.Config) {
+			t.Errorf("%s config changed:\nbefore %+v\nafter  %+v", c.name, c.before.Config, after.Config)
+		}
+	}
+	if got := streamInfo(t, js, "ORDERS").State.Msgs; got != 3 {
+		t.Errorf("ORDERS has %d messages after the second Bootstrap, want 3", got)
+	}
+	after := consumerInfo(t, js, "ORDERS", "WORKER1")
+	if !after.Created.Equal(worker.Created) {
+		t.Errorf("WORKER1 created %s, before %s: recreated", after.Created, worker.Created)
+	}
+	if !reflect.DeepEqual(after.Config, worker.Config) {
+		t.Errorf("WORKER1 config changed:\nbefore %+v\nafter  %+v", worker.Config, after.Config)
+	}
+	if after.NumPending != 3 {
+		t.Errorf("WORKER1 pending = %d, want 3 (its position must be kept)", after.NumPending)
+	}
+}
+
+func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	publish(t, js, "orders.created", 5)
+	streamCreated := streamInfo(t, js, "ORDERS").Created
+	consumerCreated := consumerInfo(t, js, "ORDERS", "WORKER1").Created
+
+	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
+	cfg.Consumers["WORKER1"].MaxDeliver = 7
+	before := len(lb.String())
+	if err := Bootstrap(testContext(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap with changed max_age and max_deliver: %v", err)
+	}
+
+	si := streamInfo(t, js, "ORDERS")
+	if si.Config.MaxAge != 24*time.Hour {
+		t.Errorf("ORDERS max_age = %s after update, want 24h", si.Config.MaxAge)
+	}
+	if !si.Created.Equal(streamCreated) {
+		t.Error("ORDERS was recreated instead of updated")
+	}
+	if si.State.Msgs != 5 {
+		t.Errorf("ORDERS has %d messages after the update, want 5", si.State.Msgs)
+	}
+	ci := consumerInfo(t, js, "ORDERS", "WORKER1")
+	if ci.Config.MaxDeliver != 7 {
+		t.Errorf("WORKER1 max_deliver = %d after update, want 7", ci.Config.MaxDeliver)
+	}
+	if !ci.Created.Equal(consumerCreated) {
+		t.Error("WORKER1 was recreated instead of updated")
+	}
+
+	// Each applied field is logged with its old and new value.
+	logged := lb.String()[before:]
+	for _, want := range []string{
+		`msg="stream updated" component=bootstrap stream=ORDERS field=max_age old=72h0m0s new=24h0m0s`,
+		`msg="consumer updated" component=bootstrap consumer=WORKER1 field=max_deliver old=5 new=7`,
+	} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("log does not contain %s:\n%s", want, logged)
+		}
+	}
+}
+
+func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field  string
+		change func(*config.StreamConfig)
+	}{
+		{"retention", func(sc *config.StreamConfig) { sc.Retention = "workqueue" }},
+		{"storage", func(sc *config.StreamConfig) { sc.Storage = "memory"; sc.AllowMemory = true }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t)
+			s, _ := bootstrapped(t, cfg)
+			js := s.JetStream()
+			publish(t, js, "orders.created", 10)
+			before := streamInfo(t, js, "ORDERS")
+
+			tc.change(cfg.Streams["ORDERS"])
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("changed config does not validate: %v", err)
+			}
+			err := Bootstrap(testContext(t), js, cfg, s.base)
+			if err == nil {
+				t.Fatalf("Bootstrap applied a %s change", tc.field)
+			}
+			if !errors.Is(err, ErrDrift) {
+				t.Errorf("error does not unwrap to ErrDrift: %v", err)
+			}
+			var de *DriftError
+			if !errors.As(err, &de) {
+				t.Fatalf("error is not a *DriftError: %v", err)
+			}
+			if de.Kind != "stream" || de.Name != "ORDERS" || de.Field != tc.field {
+				t.Errorf("drift names %s %s field %s, want stream ORDERS field %s", de.Kind, de.Name, de.Field, tc.field)
+			}
+			msg := err.Error()
+			t.Logf("drift: %s", msg)
+			if !strings.Contains(msg, tc.field) || !strings.Contains(msg, "streams.ORDERS."+tc.field) {
+				t.Errorf("error does not name the field and its key: %s", msg)
+			}
+
+			// Nothing was deleted or changed.
+			after := streamInfo(t, js, "ORDERS")
+			if after.State.Msgs != before.State.Msgs || after.State.Msgs != 10 {
+				t.Errorf("ORDERS has %d messages after the refused change, had %d", after.State.Msgs, before.State.Msgs)
+			}
+			if !after.Created.Equal(before.Created) || !reflect.DeepEqual(after.Config, before.Config) {
+				t.Errorf("ORDERS changed after the refused %s change:\nbefore %+v\nafter  %+v", tc.field, before.Config, after.Config)
+			}
+			consumerInfo(t, js, "ORDERS", "WORKER1")
+		})
+	}
+}
+
+// Data and streams survive a restart of the embedded server, and the
+// restarted server's bootstrap changes nothing.
+func TestBootstrapAfterRestartKeepsData(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, _ := bootstrapped(t, cfg)
+	publish(t, s.JetStream(), "orders.created", 20)
+	created := streamInfo(t, s.JetStream(), "ORDERS").Created
+	if err := s.Close(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, lb := bootstrapped(t, cfg)
+	si := streamInfo(t, s2.JetStream(), "ORDERS")
+	if si.State.Msgs != 20 || si.State.LastSeq != 20 {
+		t.Errorf("after restart ORDERS has %d messages (last seq %d), want 20", si.State.Msgs, si.State.LastSeq)
+	}
+	if !si.Created.Equal(created) {
+		t.Error("ORDERS was recreated at restart")
+	}
+	if logs := lb.String(); bootstrapChanged(logs) {
+		t.Errorf("bootstrap after restart created or updated something:\n%s", logs)
+	}
+}

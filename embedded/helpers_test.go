@@ -1,0 +1,129 @@
+package embedded
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// testConfig returns the built-in defaults (stream ORDERS, consumer
+// WORKER1) with the store in a fresh t.TempDir(), a random client port, no
+// HTTP listener and no in-process workers.
+func testConfig(t *testing.T) *config.Config {
+	t.Helper()
+	cfg := config.DefaultConfig()
+	cfg.Server.Name = "holdfast-test"
+	cfg.Server.Port = -1
+	cfg.JetStream.StoreDir = t.TempDir()
+	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
+	cfg.JetStream.MaxMemoryStore = config.Bytes(64 << 20)
+	cfg.HTTP.Listen = ""
+	for _, c := range cfg.Consumers {
+		c.Workers = 0
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("test config does not validate: %v", err)
+	}
+	return cfg
+}
+
+// logBuffer collects a test's log lines; they are printed only when the
+// test fails, so that server goroutines logging during shutdown never
+// call t.Log after the test has returned.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// testLogger returns a debug logger that writes into a buffer dumped on
+// failure.
+func testLogger(t *testing.T) (*slog.Logger, *logBuffer) {
+	t.Helper()
+	lb := &logBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", lb.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
+}
+
+// runServer opens an embedded server for cfg and closes it when the test
+// ends.
+func runServer(t *testing.T, cfg *config.Config) *Server {
+	t.Helper()
+	log, _ := testLogger(t)
+	return runServerWithLog(t, cfg, log)
+}
+
+func runServerWithLog(t *testing.T, cfg *config.Config, log *slog.Logger) *Server {
+	t.Helper()
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := s.Open(ctx); err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(context.Background()); err != nil {
+			t.Errorf("Close: %v", err)
+		}
+	})
+	return s
+}
+
+// openWithin runs Open in a goroutine and fails the test if it has not
+// returned within d: start-up failures must be errors, never hangs.
+func openWithin(t *testing.T, s *Server, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- s.Open(context.Background()) }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("Open did not return within %s", d)
+		return nil
+	}
+}
+
+// checkFor calls f until it returns nil or total has passed, sleeping
+// sleep between attempts, and fails the test with f's last error.
+func checkFor(t *testing.T, total, sleep time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(sleep)
+	}
+	t.Fatalf("condition not met after %s: %v", total, err)
+}
+
+// testContext returns a context that ends with the test or after a bound.
+func testContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}

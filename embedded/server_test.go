@@ -1,0 +1,205 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+func TestServerOpenVerifiesFileStore(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s := runServer(t, cfg)
+
+	want, err := filepath.Abs(cfg.JetStream.StoreDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.StoreDir() != want {
+		t.Errorf("StoreDir() = %q, want %q", s.StoreDir(), want)
+	}
+	if !s.NATS().JetStreamEnabled() {
+		t.Fatal("JetStream not enabled")
+	}
+	jc := s.NATS().JetStreamConfig()
+	if got := filepath.Clean(jc.StoreDir); got != filepath.Join(want, server.JetStreamStoreDir) {
+		t.Errorf("JetStream store dir = %q, want %q", got, filepath.Join(want, server.JetStreamStoreDir))
+	}
+	if jc.MaxStore != cfg.JetStream.MaxFileStore.Bytes {
+		t.Errorf("JetStream max store = %d, want %d", jc.MaxStore, cfg.JetStream.MaxFileStore.Bytes)
+	}
+	if !jc.SyncAlways {
+		t.Error("JetStream does not sync every write with sync = \"always\"")
+	}
+	if !s.Conn().IsConnected() {
+		t.Error("in-process connection is not connected")
+	}
+	if _, err := s.JetStream().AccountInfo(testContext(t)); err != nil {
+		t.Fatalf("AccountInfo: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(want, LockFileName)); err != nil {
+		t.Errorf("no lock file in the store dir: %v", err)
+	}
+}
+
+func TestServerSecondOnSameStoreIsRefused(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	first := runServer(t, cfg)
+
+	log, _ := testLogger(t)
+	second := New(cfg, log)
+	err := openWithin(t, second, 20*time.Second)
+	if err == nil {
+		second.Close(context.Background())
+		t.Fatal("second server on the same store dir opened")
+	}
+	if !errors.Is(err, ErrStoreDir) {
+		t.Errorf("error does not unwrap to ErrStoreDir: %v", err)
+	}
+	if !strings.Contains(err.Error(), "locked") || !strings.Contains(err.Error(), first.StoreDir()) {
+		t.Errorf("error does not say the store dir %s is locked: %v", first.StoreDir(), err)
+	}
+	if err := second.Close(context.Background()); err != nil {
+		t.Errorf("Close after a failed Open: %v", err)
+	}
+
+	// The refusal did not disturb the first server.
+	if _, err := first.JetStream().AccountInfo(testContext(t)); err != nil {
+		t.Fatalf("first server stopped answering: %v", err)
+	}
+	// Once the first is closed, the directory is free again.
+	if err := first.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	runServer(t, cfg)
+}
+
+// JetStream failing to enable is reported by the server through its
+// logger's Fatalf, after which it never becomes ready: Open must turn that
+// into an error instead of waiting for readiness.
+func TestServerJetStreamFailureIsAnError(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	// holdfast's own checks pass (the store dir is a writable directory),
+	// but the server cannot create its jetstream directory inside it.
+	blocker := filepath.Join(cfg.JetStream.StoreDir, server.JetStreamStoreDir)
+	if err := os.WriteFile(blocker, []byte("not a directory\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	log, lb := testLogger(t)
+	s := New(cfg, log) // default ReadyTimeout (minutes): only the fatal report can end Open in time
+	err := openWithin(t, s, 20*time.Second)
+	if err == nil {
+		s.Close(context.Background())
+		t.Fatal("Open succeeded although JetStream could not create its store")
+	}
+	t.Logf("JetStream failure: %v", err)
+	if !strings.Contains(err.Error(), "JetStream") {
+		t.Errorf("error does not mention JetStream: %v", err)
+	}
+	if strings.Contains(err.Error(), "not ready after") {
+		t.Errorf("Open waited for the ready timeout instead of returning the server's error: %v", err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Errorf("Close after a failed Open: %v", err)
+	}
+	// The store is not locked any more after the failure.
+	if err := os.Remove(blocker); err != nil {
+		t.Fatal(err)
+	}
+	if t.Failed() {
+		t.Logf("log:\n%s", lb.String())
+	}
+	runServer(t, cfg)
+}
+
+func TestServerPortInUseIsAnError(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	cfg := testConfig(t)
+	cfg.Server.Port = ln.Addr().(*net.TCPAddr).Port
+
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	err = openWithin(t, s, 20*time.Second)
+	if err == nil {
+		s.Close(context.Background())
+		t.Fatalf("Open succeeded on port %d, which is in use", cfg.Server.Port)
+	}
+	if strings.Contains(err.Error(), "not ready after") {
+		t.Errorf("Open waited for the ready timeout instead of returning the server's error: %v", err)
+	}
+	t.Logf("port in use: %v", err)
+	if err := s.Close(context.Background()); err != nil {
+		t.Errorf("Close after a failed Open: %v", err)
+	}
+	// The failed start released the store lock.
+	cfg.Server.Port = -1
+	runServer(t, cfg)
+}
+
+func TestServerCloseIsIdempotent(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	log, _ := testLogger(t)
+
+	never := New(cfg, log)
+	if err := never.Close(context.Background()); err != nil {
+		t.Errorf("Close of a server never opened: %v", err)
+	}
+
+	s := New(cfg, log)
+	if err := s.Open(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	ns := s.NATS()
+	for i := 0; i < 3; i++ {
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatalf("Close #%d: %v", i+1, err)
+		}
+	}
+	if ns.Running() {
+		t.Error("NATS server still running after Close")
+	}
+	if !s.Conn().IsClosed() {
+		t.Error("in-process connection still open after Close")
+	}
+	if holder := LockHolder(s.StoreDir()); holder != "" {
+		t.Errorf("store dir still locked by %s after Close", holder)
+	}
+}
+
+func TestServerOpenHonoursContext(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Open(ctx)
+	if err == nil {
+		s.Close(context.Background())
+		t.Fatal("Open with a cancelled context succeeded")
+	}
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Open with a cancelled context: %v, want context.Canceled", err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if holder := LockHolder(cfg.JetStream.StoreDir); holder != "" {
+		t.Errorf("store dir still locked by %s after a cancelled Open", holder)
+	}
+}
