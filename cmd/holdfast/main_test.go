@@ -1,0 +1,367 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Binaries built once by TestMain for the end-to-end tests.
+var (
+	holdfastBin string
+	natsBin     string
+	// e2eHome is HOME for every subprocess, so that no nats CLI context
+	// or other user setting of the machine leaks into the tests.
+	e2eHome string
+)
+
+func TestMain(m *testing.M) {
+	os.Exit(testMain(m))
+}
+
+func testMain(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "holdfast-e2e-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	holdfastBin = filepath.Join(dir, "holdfast")
+	natsBin = filepath.Join(dir, "nats")
+	e2eHome = filepath.Join(dir, "home")
+	if err := os.Mkdir(e2eHome, 0o700); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "cannot build the binaries for the end-to-end tests: go not in PATH")
+		return 1
+	}
+	builds := [][]string{
+		{"build", "-o", holdfastBin, "."},
+		{"build", "-o", natsBin, "github.com/nats-io/natscli/nats"},
+	}
+	errs := make([]error, len(builds))
+	var wg sync.WaitGroup
+	for i, args := range builds {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out, err := exec.Command(goBin, args...).CombinedOutput()
+			if err != nil {
+				errs[i] = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return m.Run()
+}
+
+// e2eEnv is the environment of every binary the tests run: the
+// test's own, without anything that changes holdfast's or the nats CLI's
+// behaviour (config path, systemd sockets, nats contexts).
+func e2eEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch {
+		case name == "HOLDFAST_CONFIG", name == "NOTIFY_SOCKET", name == "JOURNAL_STREAM",
+			name == "HOME", name == "XDG_CONFIG_HOME",
+			strings.HasPrefix(name, "WATCHDOG_"), strings.HasPrefix(name, "NATS_"):
+			continue
+		}
+		env = append(env, kv)
+	}
+	return append(env, "HOME="+e2eHome, "XDG_CONFIG_HOME="+filepath.Join(e2eHome, ".config"))
+}
+
+// e2eBuffer is a bytes.Buffer safe for a writer goroutine and readers.
+type e2eBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *e2eBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *e2eBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// e2eFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func e2eFreePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// e2eConfigTOML is a config for one holdfast on port with its store in
+// store: the seed's ORDERS and WORKER1, without workers (nothing consumes)
+// and without the HTTP listener. extra is appended verbatim.
+func e2eConfigTOML(store string, port int, extra string) string {
+	return fmt.Sprintf(`[server]
+name = "holdfast-e2e"
+host = "127.0.0.1"
+port = %d
+
+[jetstream]
+store_dir = %q
+max_file_store = "1GB"
+max_memory_store = "64MB"
+
+[http]
+listen = ""
+
+[streams.ORDERS]
+subjects = ["orders.*"]
+
+[consumers.WORKER1]
+stream = "ORDERS"
+workers = 0
+%s`, port, store, extra)
+}
+
+// e2eWriteConfig writes text to a config file in a fresh directory and
+// returns its path.
+func e2eWriteConfig(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "holdfast.toml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// e2eInstance is one holdfast config: a store dir, a port and a config file.
+type e2eInstance struct {
+	store string
+	port  int
+	cfg   string
+}
+
+func newE2EInstance(t *testing.T) *e2eInstance {
+	t.Helper()
+	in := &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, ""))
+	return in
+}
+
+func (in *e2eInstance) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", in.port) }
+
+// e2eResult is how a finished command ended.
+type e2eResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// runHoldfast runs the binary to completion with stdin (may be nil) and
+// returns its output and exit code.
+func runHoldfast(t *testing.T, stdin []byte, args ...string) e2eResult {
+	t.Helper()
+	return e2eRunBinary(t, holdfastBin, nil, stdin, args...)
+}
+
+// e2eRunBinary runs bin to completion with extra environment variables env
+// ("NAME=value") and stdin (both may be nil).
+func e2eRunBinary(t *testing.T, bin string, env []string, stdin []byte, args ...string) e2eResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(e2eEnv(), env...)
+	cmd.Dir = t.TempDir() // a default store dir lands here, not in the source tree
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := e2eResult{stdout: stdout.String(), stderr: stderr.String()}
+	var ee *exec.ExitError
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		t.Fatalf("%s %q did not finish in time\nstdout:\n%s\nstderr:\n%s", filepath.Base(bin), args, res.stdout, res.stderr)
+	case errors.As(err, &ee):
+		res.code = ee.ExitCode()
+	default:
+		t.Fatalf("%s %q: %v", filepath.Base(bin), args, err)
+	}
+	return res
+}
+
+// e2eProc is a running `holdfast run`.
+type e2eProc struct {
+	t      *testing.T
+	cmd    *exec.Cmd
+	stderr *e2eBuffer
+	done   chan struct{}
+	state  *os.ProcessState
+}
+
+// startHoldfast starts `holdfast run --config cfg` with stderr captured.
+// The process is killed when the test ends if it still runs, and its log
+// is printed if the test failed.
+func startHoldfast(t *testing.T, cfg string) *e2eProc {
+	t.Helper()
+	cmd := exec.Command(holdfastBin, "run", "--config", cfg)
+	cmd.Env = e2eEnv()
+	cmd.Dir = t.TempDir()
+	d := &e2eProc{t: t, cmd: cmd, stderr: &e2eBuffer{}, done: make(chan struct{})}
+	cmd.Stdout = d.stderr
+	cmd.Stderr = d.stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start holdfast: %v", err)
+	}
+	go func() {
+		_ = cmd.Wait()
+		d.state = cmd.ProcessState
+		close(d.done)
+	}()
+	t.Cleanup(func() {
+		if !d.exited() {
+			_ = cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("holdfast (pid %d) log:\n%s", cmd.Process.Pid, d.stderr.String())
+		}
+	})
+	return d
+}
+
+func (d *e2eProc) exited() bool {
+	select {
+	case <-d.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitReady waits until holdfast logs that it is ready, failing at once
+// if it exits instead.
+func (d *e2eProc) waitReady() {
+	d.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(d.stderr.String(), "holdfast ready") {
+		if d.exited() {
+			d.t.Fatalf("holdfast exited with %v before it was ready:\n%s", d.state, d.stderr.String())
+		}
+		if time.Now().After(deadline) {
+			d.t.Fatalf("holdfast not ready after 30s:\n%s", d.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// signal sends sig and waits for the process to exit; it returns the exit
+// code (-1 when killed by a signal).
+func (d *e2eProc) signal(sig syscall.Signal) int {
+	d.t.Helper()
+	if err := d.cmd.Process.Signal(sig); err != nil {
+		d.t.Fatalf("send %s: %v", sig, err)
+	}
+	return d.wait(30 * time.Second)
+}
+
+func (d *e2eProc) wait(timeout time.Duration) int {
+	d.t.Helper()
+	select {
+	case <-d.done:
+		return d.state.ExitCode()
+	case <-time.After(timeout):
+		d.t.Fatalf("holdfast did not exit within %s:\n%s", timeout, d.stderr.String())
+		return 0
+	}
+}
+
+// stop sends SIGTERM and requires a clean exit.
+func (d *e2eProc) stop() {
+	d.t.Helper()
+	if code := d.signal(syscall.SIGTERM); code != 0 {
+		d.t.Fatalf("holdfast exited with %d after SIGTERM, want 0:\n%s", code, d.stderr.String())
+	}
+	if !strings.Contains(d.stderr.String(), "holdfast stopped") {
+		d.t.Fatalf("holdfast did not log \"holdfast stopped\":\n%s", d.stderr.String())
+	}
+}
+
+// e2eConnect opens a TCP client connection to the instance, closed when the
+// test ends.
+func e2eConnect(t *testing.T, in *e2eInstance) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(in.url(), nats.Name("holdfast-e2e-test"), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("connect to %s: %v", in.url(), err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func e2eContext(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// e2eStreamState reads a stream's state from the server.
+func e2eStreamState(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamState {
+	t.Helper()
+	s, err := js.Stream(e2eContext(t), name)
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	info, err := s.Info(e2eContext(t))
+	if err != nil {
+		t.Fatalf("stream %s info: %v", name, err)
+	}
+	return info.State
+}
+
+// e2eCheckFor calls f until it returns nil or total has passed.
+func e2eCheckFor(t *testing.T, total, sleep time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(sleep)
+	}
+	t.Fatalf("condition not met after %s: %v", total, err)
+}
