@@ -107,6 +107,13 @@ type HTTPHandlerConfig struct {
 // HTTPConfig is the [http] table: metrics and health endpoints.
 type HTTPConfig struct {
 	Listen string `toml:"listen"`
+	// FailOnLoss makes /healthz answer 503 once messages were removed by
+	// retention before a consumer acknowledged them; otherwise such a loss
+	// is reported as "degraded" with 200.
+	FailOnLoss bool `toml:"fail_on_loss"`
+	// StallTimeout is how long a consumer with work to do may go without
+	// any delivery or acknowledgement before it counts as stalled.
+	StallTimeout Duration `toml:"stall_timeout"`
 }
 
 // LogConfig is the [log] table.
@@ -146,7 +153,7 @@ func DefaultConfig() *Config {
 		Run:       RunConfig{ShutdownTimeout: Dur(20 * time.Second)},
 		Streams:   map[string]*StreamConfig{DefaultStreamName: DefaultStream([]string{"orders.*"})},
 		Consumers: map[string]*ConsumerConfig{DefaultConsumerName: DefaultConsumer(DefaultStreamName)},
-		HTTP:      HTTPConfig{Listen: "127.0.0.1:8222"},
+		HTTP:      HTTPConfig{Listen: "127.0.0.1:8222", FailOnLoss: true, StallTimeout: Dur(5 * time.Minute)},
 		Log:       LogConfig{Level: "info", Format: "text"},
 	}
 }

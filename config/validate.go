@@ -109,6 +109,9 @@ func (c *Config) validate(v *validator) {
 			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address needs authentication, which this version does not support yet: use 127.0.0.1")
 		}
 	}
+	if v.duration("http.stall_timeout", c.HTTP.StallTimeout) && c.HTTP.StallTimeout.Duration <= 0 {
+		v.add("http.stall_timeout", c.HTTP.StallTimeout.String(), "must be positive, such as \"5m\"")
+	}
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 
