@@ -203,3 +203,35 @@ func TestServerOpenHonoursContext(t *testing.T) {
 		t.Errorf("store dir still locked by %s after a cancelled Open", holder)
 	}
 }
+
+func TestOptionsFromConfig(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Server.Port = 14222
+	cfg.JetStream.Domain = "edge"
+	opts := Options(cfg, "/var/lib/holdfast")
+	if !opts.JetStream || opts.StoreDir != "/var/lib/holdfast" {
+		t.Errorf("JetStream %v in %q, want enabled in /var/lib/holdfast", opts.JetStream, opts.StoreDir)
+	}
+	if !opts.NoSigs {
+		t.Error("the server handles signals itself: holdfast must own them")
+	}
+	if opts.Host != "127.0.0.1" || opts.Port != 14222 || opts.ServerName != "holdfast-test" {
+		t.Errorf("listener %s:%d name %q", opts.Host, opts.Port, opts.ServerName)
+	}
+	if opts.JetStreamMaxStore != 1<<30 || opts.JetStreamMaxMemory != 64<<20 {
+		t.Errorf("max store %d, max memory %d: both must be set from the config", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
+	}
+	if opts.JetStreamDomain != "edge" || opts.MaxPayload != 1<<20 {
+		t.Errorf("domain %q, max payload %d", opts.JetStreamDomain, opts.MaxPayload)
+	}
+	if !opts.SyncAlways {
+		t.Error(`sync = "always" did not set SyncAlways`)
+	}
+
+	cfg.JetStream.Sync = "2m"
+	opts = Options(cfg, "/var/lib/holdfast")
+	if opts.SyncAlways || opts.SyncInterval != 2*time.Minute {
+		t.Errorf(`sync = "2m": SyncAlways %v, SyncInterval %s`, opts.SyncAlways, opts.SyncInterval)
+	}
+}
