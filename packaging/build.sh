@@ -1,5 +1,6 @@
 #!/bin/sh
-# Builds the holdfast deb and rpm packages into dist/ (called by `make package`).
+# Builds the holdfast deb and rpm packages into dist/ (called by `make package`),
+# or into $HOLDFAST_DIST.
 #
 #   packaging/build.sh VERSION COMMIT [PKG_VERSION] ARCH...
 #
@@ -37,18 +38,19 @@ case $pkg_version in
 esac
 ldflags="-s -w -buildid= -X main.version=$version -X main.commit=$commit"
 
-mkdir -p dist
+dist=${HOLDFAST_DIST:-dist}
+mkdir -p "$dist"
 # Only this build's packages in dist/, so dist/holdfast_*.deb is unambiguous.
-rm -f dist/holdfast_*.deb dist/holdfast-*.rpm
+rm -f "$dist"/holdfast_*.deb "$dist"/holdfast-*.rpm
 
 # The packaged config is `holdfast config` output: build for this machine first.
-host=dist/build/host
+host=$dist/build/host
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$host/holdfast" ./cmd/holdfast
 "$host/holdfast" config --store-dir /var/lib/holdfast/jetstream >"$host/holdfast.toml.new"
 mv "$host/holdfast.toml.new" "$host/holdfast.toml"
 
 for arch in "$@"; do
-	dir=dist/build/$arch
+	dir=$dist/build/$arch
 	mkdir -p "$dir"
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch "$GO" build -trimpath -ldflags "$ldflags" \
 		-o "$dir/holdfast" ./cmd/holdfast
@@ -57,6 +59,6 @@ for arch in "$@"; do
 	for format in deb rpm; do
 		HOLDFAST_ARCH=$arch HOLDFAST_VERSION=$pkg_version HOLDFAST_BUILD_DIR=$dir \
 			"$GO" tool nfpm package --config packaging/nfpm.yaml \
-			--packager "$format" --target dist/
+			--packager "$format" --target "$dist/"
 	done
 done

@@ -1,0 +1,511 @@
+// Package packaging holds the static checks of the systemd unit and of the
+// deb and rpm packages built by packaging/build.sh (make package). The real
+// install under systemd is packaging/install-test.sh (make install-test).
+package packaging
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"debug/elf"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+const (
+	unitPath     = "../systemd/holdfast.service"
+	sysusersPath = "../systemd/holdfast.sysusers"
+	// maxExposure is the highest acceptable `systemd-analyze security` score.
+	maxExposure = 2.5
+	// packagedStoreDir is the store dir written into the packaged config.
+	packagedStoreDir = "/var/lib/holdfast/jetstream"
+)
+
+// needTool skips the test when a command-line tool is not installed. CI
+// (.ci/run) installs all of them, so there these tests never skip.
+func needTool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		t.Skipf("%s not installed (apt-get install %s); .ci/run installs it", name, pkg)
+	}
+	return p
+}
+
+func run(t *testing.T, name string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out.String())
+	}
+	return out.String()
+}
+
+// unitFile parses a systemd unit into section -> key -> values (in order).
+func unitFile(t *testing.T, path string) map[string]map[string][]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	u := map[string]map[string][]string{}
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+		case strings.HasPrefix(line, "["):
+			section = strings.Trim(line, "[]")
+			u[section] = map[string][]string{}
+		default:
+			k, v, ok := strings.Cut(line, "=")
+			if !ok {
+				t.Fatalf("%s: not key=value: %q", path, line)
+			}
+			u[section][k] = append(u[section][k], v)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// verifiableUnit writes the unit with /usr/bin/holdfast replaced by an
+// executable that exists here, so systemd-analyze can check the Exec lines.
+func verifiableUnit(t *testing.T) string {
+	t.Helper()
+	text, err := os.ReadFile(unitPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin, err := exec.LookPath("true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "holdfast.service")
+	text = bytes.ReplaceAll(text, []byte("/usr/bin/holdfast"), []byte(bin))
+	if err := os.WriteFile(path, text, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestUnitContract(t *testing.T) {
+	u := unitFile(t, unitPath)
+	svc := u["Service"]
+	want := map[string]string{
+		"Type":                    "notify",
+		"User":                    "holdfast",
+		"Group":                   "holdfast",
+		"ExecStartPre":            "/usr/bin/holdfast check",
+		"ExecStart":               "/usr/bin/holdfast run",
+		"ExecReload":              "/bin/kill -HUP $MAINPID",
+		"StateDirectory":          "holdfast",
+		"ConfigurationDirectory":  "holdfast",
+		"Restart":                 "on-failure",
+		"ProtectSystem":           "strict",
+		"ProtectHome":             "true",
+		"PrivateTmp":              "true",
+		"PrivateDevices":          "true",
+		"NoNewPrivileges":         "true",
+		"CapabilityBoundingSet":   "",
+		"MemoryDenyWriteExecute":  "true",
+		"UMask":                   "0077",
+		"RestrictAddressFamilies": "AF_INET AF_INET6 AF_UNIX",
+	}
+	for k, v := range want {
+		got := svc[k]
+		if len(got) != 1 || got[0] != v {
+			t.Errorf("[Service] %s = %q, want %q", k, got, v)
+		}
+	}
+	if got := u["Install"]["WantedBy"]; len(got) != 1 || got[0] != "multi-user.target" {
+		t.Errorf("[Install] WantedBy = %q, want multi-user.target", got)
+	}
+	if f := svc["SystemCallFilter"]; len(f) == 0 || f[0] != "@system-service" {
+		t.Errorf("SystemCallFilter = %q, want @system-service first", f)
+	}
+
+	sec := func(k string) time.Duration {
+		t.Helper()
+		v := svc[k]
+		if len(v) != 1 {
+			t.Fatalf("[Service] %s = %q, want one value", k, v)
+		}
+		d, err := time.ParseDuration(strings.ReplaceAll(strings.ReplaceAll(v[0], "min", "m"), " ", ""))
+		if err != nil {
+			t.Fatalf("[Service] %s = %q: %v", k, v[0], err)
+		}
+		return d
+	}
+	// The stop timeout must leave room for the drain plus closing the store.
+	drain := config.DefaultConfig().Run.ShutdownTimeout.Duration
+	if stop := sec("TimeoutStopSec"); stop < drain+10*time.Second {
+		t.Errorf("TimeoutStopSec = %v, want at least shutdown_timeout (%v) + 10s", stop, drain)
+	}
+	if start := sec("TimeoutStartSec"); start < 5*time.Minute {
+		t.Errorf("TimeoutStartSec = %v, want at least 5m for recovering a full store", start)
+	}
+	if wd := sec("WatchdogSec"); wd < 10*time.Second {
+		t.Errorf("WatchdogSec = %v, want at least 10s", wd)
+	}
+	if n, err := strconv.Atoi(strings.Join(svc["LimitNOFILE"], "")); err != nil || n < 4096 {
+		t.Errorf("LimitNOFILE = %q, want a number >= 4096", svc["LimitNOFILE"])
+	}
+}
+
+func TestUnitVerify(t *testing.T) {
+	sa := needTool(t, "systemd-analyze", "systemd")
+	out, err := exec.Command(sa, "verify", verifiableUnit(t)).CombinedOutput()
+	if err != nil || len(out) > 0 {
+		// verify exits 0 on unknown keys and the like: any output is a failure.
+		t.Fatalf("systemd-analyze verify: err=%v, output:\n%s", err, out)
+	}
+}
+
+func TestUnitSecurityScore(t *testing.T) {
+	sa := needTool(t, "systemd-analyze", "systemd")
+	// --threshold is on a 0-100 scale; the printed score on 0-10.
+	out := run(t, sa, "security", "--offline=true", "--no-pager",
+		fmt.Sprintf("--threshold=%d", int(maxExposure*10)), verifiableUnit(t))
+	m := regexp.MustCompile(`Overall exposure level for \S+: ([0-9.]+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no exposure level in:\n%s", out)
+	}
+	score, _ := strconv.ParseFloat(m[1], 64)
+	t.Logf("systemd-analyze security exposure: %.1f", score)
+	if score > maxExposure {
+		t.Fatalf("exposure %.1f > %.1f:\n%s", score, maxExposure, out)
+	}
+}
+
+// The preinstall script creates the user before the sysusers file is
+// unpacked, with the same line.
+func TestSysusersMatchesPreinstall(t *testing.T) {
+	su, err := os.ReadFile(sysusersPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(string(su), "\n") {
+		if strings.HasPrefix(l, "u ") {
+			line = l
+		}
+	}
+	if !strings.HasPrefix(line, "u holdfast ") {
+		t.Fatalf("%s: no 'u holdfast' line", sysusersPath)
+	}
+	pre, err := os.ReadFile("scripts/preinstall.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(pre), "'"+line+"'") {
+		t.Errorf("scripts/preinstall.sh does not create the user with %q", line)
+	}
+}
+
+// The maintainer scripts are plain POSIX sh, and systemctl is only used
+// behind the running-systemd guard.
+func TestMaintainerScripts(t *testing.T) {
+	shells := []string{"sh"}
+	if _, err := exec.LookPath("dash"); err == nil {
+		shells = append(shells, "dash")
+	}
+	for _, name := range []string{"preinstall.sh", "postinstall.sh", "preremove.sh", "postremove.sh"} {
+		path := filepath.Join("scripts", name)
+		text, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(text, []byte("#!/bin/sh\n")) {
+			t.Errorf("%s: want #!/bin/sh", path)
+		}
+		for _, sh := range shells {
+			if out, err := exec.Command(sh, "-n", path).CombinedOutput(); err != nil {
+				t.Errorf("%s -n %s: %v\n%s", sh, path, err, out)
+			}
+		}
+		guarded := false
+		for i, l := range strings.Split(string(text), "\n") {
+			l = strings.TrimSpace(l)
+			if strings.HasPrefix(l, "#") {
+				continue
+			}
+			if strings.Contains(l, "[ -d /run/systemd/system ]") {
+				guarded = true
+			}
+			if strings.Contains(l, "systemctl ") && !guarded {
+				t.Errorf("%s:%d: systemctl before the [ -d /run/systemd/system ] guard", path, i+1)
+			}
+		}
+	}
+}
+
+// built holds the packages of one build.sh run for this machine's architecture.
+type built struct {
+	dir, deb, rpm, arch string
+}
+
+var (
+	buildOnce sync.Once
+	buildOut  built
+	buildErr  error
+)
+
+const testPkgVersion = "1.2.3~test"
+
+func buildPackages(dist string) error {
+	cmd := exec.Command("./build.sh", "v1.2.3-test", "0000000", testPkgVersion, runtime.GOARCH)
+	cmd.Env = append(os.Environ(), "HOLDFAST_DIST="+dist)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("build.sh: %v\n%s", err, out)
+	}
+	return nil
+}
+
+// packages builds the deb and the rpm once per test binary.
+func packages(t *testing.T) built {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds the packages: skipped with -short")
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "holdfast-packaging-test")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		if buildErr = buildPackages(dir); buildErr != nil {
+			return
+		}
+		debs, _ := filepath.Glob(filepath.Join(dir, "holdfast_*.deb"))
+		rpms, _ := filepath.Glob(filepath.Join(dir, "holdfast-*.rpm"))
+		if len(debs) != 1 || len(rpms) != 1 {
+			buildErr = fmt.Errorf("want one deb and one rpm in %s, got %q %q", dir, debs, rpms)
+			return
+		}
+		buildOut = built{dir: dir, deb: debs[0], rpm: rpms[0], arch: runtime.GOARCH}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildOut
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildOut.dir != "" {
+		os.RemoveAll(buildOut.dir)
+	}
+	os.Exit(code)
+}
+
+// wantFiles are the packaged files: path -> mode, owner:group.
+var wantFiles = map[string][2]string{
+	"/usr/bin/holdfast":                        {"-rwxr-xr-x", "root:root"},
+	"/etc/holdfast":                            {"drwxr-x---", "root:holdfast"},
+	"/etc/holdfast/holdfast.toml":              {"-rw-r-----", "root:holdfast"},
+	"/usr/lib/systemd/system/holdfast.service": {"-rw-r--r--", "root:root"},
+	"/usr/lib/sysusers.d/holdfast.conf":        {"-rw-r--r--", "root:root"},
+}
+
+func TestDebContents(t *testing.T) {
+	needTool(t, "dpkg-deb", "dpkg")
+	p := packages(t)
+	if got, want := filepath.Base(p.deb), "holdfast_"+testPkgVersion+"-1_"+p.arch+".deb"; got != want {
+		t.Errorf("deb file name %s, want %s", got, want)
+	}
+
+	files := map[string][2]string{}
+	for _, l := range strings.Split(strings.TrimSpace(run(t, "dpkg-deb", "-c", p.deb)), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 6 {
+			t.Fatalf("dpkg-deb -c line: %q", l)
+		}
+		files[strings.TrimSuffix(strings.TrimPrefix(f[len(f)-1], "."), "/")] = [2]string{f[0], strings.ReplaceAll(f[1], "/", ":")}
+	}
+	for path, want := range wantFiles {
+		if got, ok := files[path]; !ok {
+			t.Errorf("deb lacks %s", path)
+		} else if got != want {
+			t.Errorf("deb %s: %v, want %v", path, got, want)
+		}
+	}
+	for _, path := range []string{"/usr/share/doc/holdfast/copyright", "/usr/share/doc/holdfast/changelog.Debian.gz", "/usr/share/lintian/overrides/holdfast"} {
+		if _, ok := files[path]; !ok {
+			t.Errorf("deb lacks %s", path)
+		}
+	}
+
+	info := run(t, "dpkg-deb", "-I", p.deb)
+	for _, want := range []string{
+		"Package: holdfast", "Version: " + testPkgVersion + "-1", "Architecture: " + p.arch,
+		"Maintainer: ", "Description: durable message appliance", "Section: ", "Homepage: ",
+		"preinst", "postinst", "prerm", "postrm", "conffiles",
+	} {
+		if !strings.Contains(info, want) {
+			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
+		}
+	}
+	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "" {
+		t.Errorf("Depends = %q, want none (static binary)", got)
+	}
+	ctrl := t.TempDir()
+	run(t, "dpkg-deb", "-e", p.deb, ctrl)
+	conffiles, err := os.ReadFile(filepath.Join(ctrl, "conffiles"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(string(conffiles)) != "/etc/holdfast/holdfast.toml" {
+		t.Errorf("conffiles = %q, want only /etc/holdfast/holdfast.toml", conffiles)
+	}
+	for script, src := range map[string]string{"preinst": "preinstall.sh", "postinst": "postinstall.sh", "prerm": "preremove.sh", "postrm": "postremove.sh"} {
+		got, _ := os.ReadFile(filepath.Join(ctrl, script))
+		want, _ := os.ReadFile(filepath.Join("scripts", src))
+		if !bytes.Equal(got, want) {
+			t.Errorf("deb %s is not scripts/%s", script, src)
+		}
+	}
+
+	// The packaged config is `holdfast config` output for the packaged store.
+	root := t.TempDir()
+	run(t, "dpkg-deb", "-x", p.deb, root)
+	gotConf, err := os.ReadFile(filepath.Join(root, "etc/holdfast/holdfast.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wantConf bytes.Buffer
+	if err := config.WriteDefault(&wantConf, packagedStoreDir); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotConf, wantConf.Bytes()) {
+		t.Errorf("packaged holdfast.toml is not the default config with store_dir %s", packagedStoreDir)
+	}
+	checkBinary(t, filepath.Join(root, "usr/bin/holdfast"))
+}
+
+// checkBinary: static (no ELF interpreter), stripped (no symbol table).
+func checkBinary(t *testing.T, path string) {
+	t.Helper()
+	f, err := elf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			t.Errorf("%s is dynamically linked", path)
+		}
+	}
+	if f.Section(".symtab") != nil {
+		t.Errorf("%s is not stripped (.symtab present)", path)
+	}
+}
+
+func TestDebLintian(t *testing.T) {
+	needTool(t, "lintian", "lintian")
+	p := packages(t)
+	// Every deliberate exception is in packaging/lintian-overrides, with its
+	// reason; anything else, even a warning, fails.
+	cmd := exec.Command("lintian", "--fail-on", "error,warning", p.deb)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("lintian: %v\n%s", err, out)
+	}
+	if s := strings.TrimSpace(strings.ReplaceAll(string(out), "running with root privileges is not recommended!", "")); s != "" {
+		t.Logf("lintian:\n%s", s)
+	}
+}
+
+func TestRPMContents(t *testing.T) {
+	needTool(t, "rpm", "rpm")
+	p := packages(t)
+	rpmArch := map[string]string{"amd64": "x86_64", "arm64": "aarch64"}[p.arch]
+	if got, want := filepath.Base(p.rpm), "holdfast-"+testPkgVersion+"-1."+rpmArch+".rpm"; got != want {
+		t.Errorf("rpm file name %s, want %s", got, want)
+	}
+	list := run(t, "rpm", "-qp", "--qf", `[%{FILENAMES} %{FILEMODES:perms} %{FILEUSERNAME}:%{FILEGROUPNAME} %{FILEFLAGS:fflags}\n]`, p.rpm)
+	files := map[string][]string{}
+	for _, l := range strings.Split(strings.TrimSpace(list), "\n") {
+		f := strings.Fields(l)
+		if len(f) < 3 || !strings.HasPrefix(f[0], "/") {
+			continue // rpm's own warnings
+		}
+		files[f[0]] = f[1:]
+	}
+	for path, want := range wantFiles {
+		got, ok := files[path]
+		if !ok {
+			t.Errorf("rpm lacks %s", path)
+			continue
+		}
+		if got[0] != want[0] || got[1] != want[1] {
+			t.Errorf("rpm %s: %v, want %v", path, got[:2], want)
+		}
+	}
+	if f := files["/etc/holdfast/holdfast.toml"]; len(f) < 3 || !strings.Contains(f[2], "c") || !strings.Contains(f[2], "n") {
+		t.Errorf("rpm holdfast.toml flags %v, want %%config(noreplace) (c, n)", f)
+	}
+	if _, ok := files["/usr/share/licenses/holdfast/copyright"]; !ok {
+		t.Error("rpm lacks its license file")
+	}
+	if got := run(t, "rpm", "-qpl", p.rpm); !strings.Contains(got, "/usr/bin/holdfast\n") {
+		t.Errorf("rpm -qpl lacks /usr/bin/holdfast:\n%s", got)
+	}
+
+	scripts := run(t, "rpm", "-qp", "--scripts", p.rpm)
+	for _, want := range []string{"preinstall scriptlet", "postinstall scriptlet", "preuninstall scriptlet", "postuninstall scriptlet"} {
+		if !strings.Contains(scripts, want) {
+			t.Errorf("rpm --scripts lacks %s:\n%s", want, scripts)
+		}
+	}
+	info := run(t, "rpm", "-qpi", p.rpm)
+	for _, want := range []string{"Name        : holdfast", "Version     : " + testPkgVersion, "Release     : 1", "Architecture: " + rpmArch, "durable message appliance"} {
+		if !strings.Contains(info, want) {
+			t.Errorf("rpm -qpi lacks %q:\n%s", want, info)
+		}
+	}
+	if changelog := run(t, "rpm", "-qp", "--changelog", p.rpm); !strings.Contains(changelog, "First packaged release") {
+		t.Errorf("rpm has no changelog:\n%s", changelog)
+	}
+}
+
+// The same commit gives byte-identical packages.
+func TestPackagesReproducible(t *testing.T) {
+	p := packages(t)
+	again := t.TempDir()
+	if err := buildPackages(again); err != nil {
+		t.Fatal(err)
+	}
+	for _, first := range []string{p.deb, p.rpm} {
+		second := filepath.Join(again, filepath.Base(first))
+		a, err := os.ReadFile(first)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sha256.Sum256(a) != sha256.Sum256(b) {
+			t.Errorf("%s differs between two builds of the same tree", filepath.Base(first))
+		}
+	}
+}
