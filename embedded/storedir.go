@@ -247,6 +247,13 @@ func (l *StoreLock) Unlock() error {
 func openedBy(dir string) (int, string) {
 	self := os.Getpid()
 	procs, _ := filepath.Glob("/proc/[0-9]*")
+	// /proc/PID/fd links are absolute and free of symlinks.
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
 	prefix := filepath.Clean(dir) + "/"
 	for _, p := range procs {
 		pid, err := strconv.Atoi(filepath.Base(p))
