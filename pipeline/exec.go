@@ -1,0 +1,404 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+)
+
+// DefaultStderrLimit is how much of a command's stderr the exec handler keeps
+// per message when ExecOptions.StderrLimit is zero.
+const DefaultStderrLimit = 64 << 10
+
+const (
+	// exitDataErr is EX_DATAERR from sysexits.h: the input data was
+	// incorrect. It is the one exit code that dead-letters a message.
+	exitDataErr = 65
+
+	// execWaitDelay bounds how long Wait keeps reading stdout and stderr
+	// after the command exited (or was killed) while something it started
+	// still holds them open.
+	execWaitDelay = 2 * time.Second
+
+	// stdoutDebugLimit is how much stdout is kept for the debug log.
+	stdoutDebugLimit = 4 << 10
+
+	// reasonLineLimit bounds the stderr line quoted in a Result's Reason,
+	// which ends up in a dead letter's Holdfast-Error header.
+	reasonLineLimit = 200
+
+	// headerEnvPrefix starts the environment variable of each message header.
+	headerEnvPrefix = "HOLDFAST_HEADER_"
+)
+
+// execMetadataVars are the variables the exec handler sets for every message.
+// The parent's own values of them are not passed on, so that a command never
+// sees stale metadata.
+var execMetadataVars = []string{
+	"HOLDFAST_SUBJECT",
+	"HOLDFAST_STREAM",
+	"HOLDFAST_CONSUMER",
+	"HOLDFAST_SEQ",
+	"HOLDFAST_DELIVERY",
+	"HOLDFAST_MSG_ID",
+}
+
+// ExecOptions configures an ExecHandler.
+type ExecOptions struct {
+	// Command is the program, as an absolute path, and its arguments. It is
+	// run directly, without a shell and without a PATH lookup.
+	Command []string
+	// Timeout bounds one run of the command; zero means only the context
+	// given to Handle bounds it.
+	Timeout time.Duration
+	// StderrLimit is how many bytes of stderr are kept per message (the
+	// last ones); zero means DefaultStderrLimit.
+	StderrLimit int
+}
+
+// ExecHandler is the "exec" handler: it runs a command per message, with the
+// payload on stdin and the metadata in the environment, and judges the
+// message by the exit status. It is safe for concurrent use.
+//
+// The environment is holdfast's own, minus any HOLDFAST_HEADER_* variables
+// and the metadata variables below, plus:
+//
+//	HOLDFAST_SUBJECT, HOLDFAST_STREAM, HOLDFAST_CONSUMER,
+//	HOLDFAST_SEQ (stream sequence), HOLDFAST_DELIVERY (attempt, from 1),
+//	HOLDFAST_MSG_ID (the idempotency key),
+//	HOLDFAST_HEADER_<NAME> for each message header.
+//
+// NAME is the header name upper-cased with every character other than A-Z,
+// 0-9 and _ replaced by _, so "X-Trace.Id" becomes HOLDFAST_HEADER_X_TRACE_ID.
+// Several values of a header, and headers whose names map to the same
+// variable, are joined with "," in the order of their sorted names.
+//
+// Exit status 0 succeeds. Exit status 65 (EX_DATAERR) fails the message
+// permanently. Any other exit status, death by a signal, the timeout and
+// cancellation of the context retry it. The command runs in its own process
+// group; on timeout or cancellation the whole group is killed with SIGKILL.
+// Processes that leave the group (setsid, setpgid) are not tracked.
+//
+// Stderr goes to the log line by line, at warn level, or info level when the
+// command succeeded. Stdout is discarded, unless the logger is enabled for
+// debug level: then its last 4 KiB are logged at debug level.
+type ExecHandler struct {
+	command     []string
+	timeout     time.Duration
+	timeoutErr  error
+	stderrLimit int
+	waitDelay   time.Duration
+	logger      *slog.Logger
+}
+
+// NewExecHandler checks cfg and returns an ExecHandler. The command must be
+// an absolute path to an executable file. A nil logger means slog.Default().
+func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) {
+	if len(cfg.Command) == 0 || cfg.Command[0] == "" {
+		return nil, errors.New("exec handler: no command given")
+	}
+	path := cfg.Command[0]
+	if !filepath.IsAbs(path) {
+		return nil, fmt.Errorf("exec handler: command %q is not an absolute path: it runs without a shell or PATH lookup", path)
+	}
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("exec handler: command %s: %w", path, err)
+	}
+	if fi.IsDir() {
+		return nil, fmt.Errorf("exec handler: command %s is a directory", path)
+	}
+	if fi.Mode()&0o111 == 0 {
+		return nil, fmt.Errorf("exec handler: command %s is not executable (mode %s)", path, fi.Mode())
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("exec handler: timeout %s is negative", cfg.Timeout)
+	}
+	if cfg.StderrLimit < 0 {
+		return nil, fmt.Errorf("exec handler: stderr limit %d is negative", cfg.StderrLimit)
+	}
+	limit := cfg.StderrLimit
+	if limit == 0 {
+		limit = DefaultStderrLimit
+	}
+	if logger == nil {
+		logger = slog.Default()
+	}
+	return &ExecHandler{
+		command:     slices.Clone(cfg.Command),
+		timeout:     cfg.Timeout,
+		timeoutErr:  fmt.Errorf("timed out after %s", cfg.Timeout),
+		stderrLimit: limit,
+		waitDelay:   execWaitDelay,
+		logger:      logger,
+	}, nil
+}
+
+// Handle runs the command for msg and waits for it to exit.
+func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
+	env, err := messageEnv(os.Environ(), msg)
+	if err != nil {
+		return Fail(err.Error())
+	}
+
+	runCtx := ctx
+	if h.timeout > 0 {
+		var cancel context.CancelFunc
+		runCtx, cancel = context.WithTimeoutCause(ctx, h.timeout, h.timeoutErr)
+		defer cancel()
+	}
+
+	cmd := exec.CommandContext(runCtx, h.command[0], h.command[1:]...)
+	cmd.Env = env
+	cmd.Stdin = bytes.NewReader(msg.Data)
+	stderr := &tailBuffer{limit: h.stderrLimit}
+	cmd.Stderr = stderr
+	var stdout *tailBuffer
+	if h.logger.Enabled(ctx, slog.LevelDebug) {
+		stdout = &tailBuffer{limit: stdoutDebugLimit}
+		cmd.Stdout = stdout
+	}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	cmd.Cancel = func() error { return killProcessGroup(cmd.Process.Pid) }
+	cmd.WaitDelay = h.waitDelay
+
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, syscall.E2BIG) {
+			return Fail(fmt.Sprintf("cannot start %s: the message's headers do not fit in the environment: %v", h.command[0], err))
+		}
+		// The program may be being replaced by a deployment; try again.
+		return RetryLater(fmt.Sprintf("cannot start %s: %v", h.command[0], err))
+	}
+	waitErr := cmd.Wait()
+	state := cmd.ProcessState
+	if state == nil {
+		return RetryLater(fmt.Sprintf("waiting for %s: %v", h.command[0], waitErr))
+	}
+	code := state.ExitCode()
+
+	level := slog.LevelWarn
+	if code == 0 {
+		level = slog.LevelInfo
+	}
+	h.logOutput(ctx, level, "handler stderr", msg, stderr)
+	if stdout != nil {
+		h.logOutput(ctx, slog.LevelDebug, "handler stdout", msg, stdout)
+	}
+	last := lastLine(stderr.Bytes())
+
+	switch {
+	case code == 0:
+		if errors.Is(waitErr, exec.ErrWaitDelay) {
+			h.logger.LogAttrs(ctx, slog.LevelWarn, "handler exited but left a process holding its stdout or stderr open",
+				slog.Uint64("seq", msg.Sequence),
+				slog.String("subject", msg.Subject),
+				slog.String("consumer", msg.Consumer),
+				slog.Duration("waited", h.waitDelay),
+			)
+		}
+		return Ok()
+	case code == exitDataErr:
+		return Fail(withLine("exit status 65 (EX_DATAERR)", last))
+	case runCtx.Err() != nil:
+		cause := context.Cause(runCtx)
+		reason := cause.Error()
+		if cause != h.timeoutErr {
+			reason = "stopped: " + reason
+		}
+		return RetryLater(withLine(reason+"; process group killed", last))
+	case code > 0:
+		return RetryLater(withLine("exit status "+strconv.Itoa(code), last))
+	}
+	if ws, ok := state.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return RetryLater(withLine("killed by signal "+ws.Signal().String(), last))
+	}
+	return RetryLater(withLine(state.String(), last))
+}
+
+// logOutput logs what a command wrote to stdout or stderr, one record a line.
+func (h *ExecHandler) logOutput(ctx context.Context, level slog.Level, text string, msg *Message, out *tailBuffer) {
+	if !h.logger.Enabled(ctx, level) {
+		return
+	}
+	attrs := func(extra slog.Attr) []slog.Attr {
+		return []slog.Attr{
+			slog.Uint64("seq", msg.Sequence),
+			slog.String("subject", msg.Subject),
+			slog.String("consumer", msg.Consumer),
+			extra,
+		}
+	}
+	if dropped := out.Dropped(); dropped > 0 {
+		h.logger.LogAttrs(ctx, level, text+" truncated", attrs(slog.Int64("dropped_bytes", dropped))...)
+	}
+	data := out.Bytes()
+	for len(data) > 0 {
+		line, rest, _ := bytes.Cut(data, []byte{'\n'})
+		data = rest
+		h.logger.LogAttrs(ctx, level, text, attrs(slog.String("line", string(bytes.TrimSuffix(line, []byte{'\r'}))))...)
+	}
+}
+
+// killProcessGroup sends SIGKILL to the process group pgid.
+func killProcessGroup(pgid int) error {
+	err := syscall.Kill(-pgid, syscall.SIGKILL)
+	if errors.Is(err, syscall.ESRCH) {
+		return os.ErrProcessDone
+	}
+	return err
+}
+
+// messageEnv returns parent without the variables the exec handler owns,
+// plus msg's metadata and headers.
+func messageEnv(parent []string, msg *Message) ([]string, error) {
+	env := make([]string, 0, len(parent)+len(execMetadataVars)+len(msg.Header))
+	for _, kv := range parent {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, headerEnvPrefix) || slices.Contains(execMetadataVars, name) {
+			continue
+		}
+		env = append(env, kv)
+	}
+	own := len(env)
+	env = append(env,
+		"HOLDFAST_SUBJECT="+msg.Subject,
+		"HOLDFAST_STREAM="+msg.Stream,
+		"HOLDFAST_CONSUMER="+msg.Consumer,
+		"HOLDFAST_SEQ="+strconv.FormatUint(msg.Sequence, 10),
+		"HOLDFAST_DELIVERY="+strconv.FormatUint(msg.Delivery, 10),
+		"HOLDFAST_MSG_ID="+idempotencyKey(msg),
+	)
+
+	names := make([]string, 0, len(msg.Header))
+	for name := range msg.Header {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var order []string
+	values := make(map[string][]string, len(names))
+	for _, name := range names {
+		if name == "" || len(msg.Header[name]) == 0 {
+			continue
+		}
+		v := headerEnvPrefix + headerEnvName(name)
+		if _, seen := values[v]; !seen {
+			order = append(order, v)
+		}
+		values[v] = append(values[v], msg.Header[name]...)
+	}
+	for _, v := range order {
+		env = append(env, v+"="+strings.Join(values[v], ","))
+	}
+
+	for _, kv := range env[own:] {
+		if strings.IndexByte(kv, 0) >= 0 {
+			name, _, _ := strings.Cut(kv, "=")
+			return nil, fmt.Errorf("%s would contain a NUL byte, which cannot be passed in the environment", name)
+		}
+	}
+	return env, nil
+}
+
+// headerEnvName maps a header name to the NAME of HOLDFAST_HEADER_<NAME>.
+func headerEnvName(header string) string {
+	var b strings.Builder
+	b.Grow(len(header))
+	for _, r := range header {
+		switch {
+		case r >= 'a' && r <= 'z':
+			b.WriteRune(r - 'a' + 'A')
+		case r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// tailBuffer is an io.Writer that keeps the last limit bytes written to it
+// and counts the ones it dropped. It holds at most 2*limit bytes.
+type tailBuffer struct {
+	limit   int
+	buf     []byte
+	dropped int64
+}
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	n := len(p)
+	if n >= b.limit {
+		b.dropped += int64(len(b.buf) + n - b.limit)
+		b.buf = append(b.buf[:0], p[n-b.limit:]...)
+		return n, nil
+	}
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > 2*b.limit {
+		drop := len(b.buf) - b.limit
+		b.dropped += int64(drop)
+		b.buf = b.buf[:copy(b.buf, b.buf[drop:])]
+	}
+	return n, nil
+}
+
+// Bytes returns the kept bytes, at most limit of them.
+func (b *tailBuffer) Bytes() []byte {
+	if len(b.buf) > b.limit {
+		return b.buf[len(b.buf)-b.limit:]
+	}
+	return b.buf
+}
+
+// Dropped returns how many bytes were written but not kept.
+func (b *tailBuffer) Dropped() int64 {
+	return b.dropped + int64(len(b.buf)-len(b.Bytes()))
+}
+
+// lastLine returns the last non-blank line of out, made fit for a Reason.
+func lastLine(out []byte) string {
+	out = bytes.TrimRight(out, " \t\r\n")
+	if i := bytes.LastIndexByte(out, '\n'); i >= 0 {
+		out = out[i+1:]
+	}
+	return oneLine(string(out), reasonLineLimit)
+}
+
+// withLine appends a quoted stderr line to a reason.
+func withLine(reason, line string) string {
+	if line == "" {
+		return reason
+	}
+	return reason + ": " + line
+}
+
+// oneLine makes s fit for a log attribute or a NATS header value: valid
+// UTF-8, control characters as spaces, trimmed, and at most limit bytes (cut
+// on a character boundary, marked with "...").
+func oneLine(s string, limit int) string {
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	s = strings.Map(func(r rune) rune {
+		if r < ' ' || r == 0x7f {
+			return ' '
+		}
+		return r
+	}, s)
+	s = strings.TrimSpace(s)
+	if len(s) <= limit {
+		return s
+	}
+	cut := limit
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
+}

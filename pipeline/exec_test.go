@@ -1,0 +1,660 @@
+package pipeline
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// helperArg marks a run of the test binary as the exec helper: the test
+// binary then acts as a handler command, see TestExecHelperProcess.
+const helperArg = "holdfast-exec-helper"
+
+// TestExecHelperProcess is not a test: run with "-- holdfast-exec-helper DIR"
+// it writes its stdin to DIR/stdin and its environment (as JSON) to DIR/env,
+// then exits 0.
+func TestExecHelperProcess(t *testing.T) {
+	args := flag.Args()
+	if len(args) != 2 || args[0] != helperArg {
+		return
+	}
+	dir := args[1]
+	stdin, err := io.ReadAll(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	env, err := json.Marshal(os.Environ())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "stdin"), stdin, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "env"), env, 0o600); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// shCommand is a Command that runs a shell script, with args as $1...
+// Tests that need no file of their own use it: writing an executable while
+// another goroutine forks can make exec fail with "text file busy".
+func shCommand(script string, args ...string) []string {
+	return append([]string{"/bin/sh", "-c", script, "handler"}, args...)
+}
+
+// writeScript writes an executable /bin/sh script and returns its path.
+func writeScript(t *testing.T, body string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "handler.sh")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// newExec returns an ExecHandler for opts, failing the test on error.
+func newExec(t *testing.T, opts ExecOptions, logger *slog.Logger) *ExecHandler {
+	t.Helper()
+	h, err := NewExecHandler(opts, logger)
+	if err != nil {
+		t.Fatalf("NewExecHandler(%q): %v", opts.Command, err)
+	}
+	return h
+}
+
+// waitFor polls cond until it returns nil or timeout passes.
+func waitFor(t *testing.T, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s: %v", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// readPID returns the pid a script wrote to path, or an error while the
+// file is missing or incomplete.
+func readPID(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	if !bytes.HasSuffix(b, []byte("\n")) {
+		return 0, fmt.Errorf("%s is incomplete: %q", path, b)
+	}
+	return strconv.Atoi(string(bytes.TrimSpace(b)))
+}
+
+// processGone reports whether pid no longer runs. A zombie counts as gone:
+// its parent was killed, and in a container nothing may reap it soon.
+func processGone(pid int) error {
+	err := syscall.Kill(pid, 0)
+	if errors.Is(err, syscall.ESRCH) {
+		return nil
+	}
+	stat, rerr := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if errors.Is(rerr, os.ErrNotExist) {
+		if _, err := os.Stat("/proc/self/stat"); err == nil {
+			return nil
+		}
+	}
+	if rerr == nil {
+		// The state follows the command name, which is in parentheses.
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+			if f := strings.Fields(string(stat[i+1:])); len(f) > 0 && (f[0] == "Z" || f[0] == "X") {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("process %d still runs (kill 0: %v)", pid, err)
+}
+
+// killAtCleanup makes sure a process a test started does not outlive it.
+func killAtCleanup(t *testing.T, pid int) {
+	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
+}
+
+func TestNewExecHandlerValidation(t *testing.T) {
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(plain, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	script := writeScript(t, "exit 0")
+
+	for _, tc := range []struct {
+		name string
+		opts ExecOptions
+		want string // in the error; "" means no error
+	}{
+		{"no command", ExecOptions{}, "no command"},
+		{"empty command", ExecOptions{Command: []string{""}}, "no command"},
+		{"relative path", ExecOptions{Command: []string{"process-order"}}, `"process-order" is not an absolute path`},
+		{"dot path", ExecOptions{Command: []string{"./process-order"}}, `"./process-order" is not an absolute path`},
+		{"missing", ExecOptions{Command: []string{filepath.Join(dir, "missing")}}, filepath.Join(dir, "missing")},
+		{"directory", ExecOptions{Command: []string{dir}}, dir + " is a directory"},
+		{"not executable", ExecOptions{Command: []string{plain}}, plain + " is not executable"},
+		{"negative timeout", ExecOptions{Command: []string{script}, Timeout: -time.Second}, "timeout -1s is negative"},
+		{"negative stderr limit", ExecOptions{Command: []string{script}, StderrLimit: -1}, "stderr limit -1 is negative"},
+		{"valid", ExecOptions{Command: []string{script, "--flag"}, Timeout: time.Second}, ""},
+		{"valid without timeout", ExecOptions{Command: []string{script}}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h, err := NewExecHandler(tc.opts, nil)
+			if tc.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error: %v", err)
+				}
+				if h.stderrLimit != DefaultStderrLimit {
+					t.Errorf("stderr limit = %d, want %d", h.stderrLimit, DefaultStderrLimit)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("no error, want one containing %q", tc.want)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %q does not contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestExecHandlerKeepsItsOwnCommand(t *testing.T) {
+	script := writeScript(t, `[ "$1" = keep ] || exit 1`)
+	cmd := []string{script, "keep"}
+	h := newExec(t, ExecOptions{Command: cmd}, nil)
+	cmd[1] = "changed"
+	if r := h.Handle(context.Background(), testMessage()); r.Outcome != Success {
+		t.Fatalf("result = %+v, want success", r)
+	}
+}
+
+func TestExecExitStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		script  string
+		want    Outcome
+		reasons []string // each must be in the reason
+	}{
+		{"exit 0", "exit 0", Success, nil},
+		{"exit 0 with stderr", "echo all fine >&2; exit 0", Success, nil},
+		{"exit 65", "echo 'parsing order' >&2; echo 'bad record: no sku' >&2; exit 65", Permanent,
+			[]string{"exit status 65", "EX_DATAERR", "bad record: no sku"}},
+		{"exit 65 without stderr", "exit 65", Permanent, []string{"exit status 65"}},
+		{"exit 1", "echo 'database unreachable' >&2; exit 1", Retry, []string{"exit status 1", "database unreachable"}},
+		{"exit 2", "exit 2", Retry, []string{"exit status 2"}},
+		{"exit 64", "exit 64", Retry, []string{"exit status 64"}},
+		{"exit 75", "exit 75", Retry, []string{"exit status 75"}},
+		{"killed by a signal", "echo dying >&2; kill -KILL $$", Retry, []string{"killed by signal killed", "dying"}},
+		{"terminated by a signal", "kill -TERM $$", Retry, []string{"killed by signal terminated"}},
+		{"control characters in stderr", `printf 'bad\tinput\033[31m red\r\n' >&2; exit 65`, Permanent, []string{"bad input [31m red"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			h := newExec(t, ExecOptions{Command: shCommand(tc.script), Timeout: time.Minute}, nil)
+			r := h.Handle(context.Background(), testMessage())
+			if r.Outcome != tc.want {
+				t.Fatalf("outcome = %s (%q), want %s", r.Outcome, r.Reason, tc.want)
+			}
+			if tc.want == Success && r != Ok() {
+				t.Errorf("result = %+v, want Ok()", r)
+			}
+			for _, want := range tc.reasons {
+				if !strings.Contains(r.Reason, want) {
+					t.Errorf("reason %q does not contain %q", r.Reason, want)
+				}
+			}
+			if strings.ContainsAny(r.Reason, "\r\n\x1b") {
+				t.Errorf("reason %q has control characters", r.Reason)
+			}
+			if r.RetryAfter != 0 {
+				t.Errorf("RetryAfter = %s, want 0", r.RetryAfter)
+			}
+		})
+	}
+}
+
+func TestExecStdinAndEnvironment(t *testing.T) {
+	// Set in holdfast's own environment: the first is passed on, the others
+	// are the handler's to set and must not leak into the command.
+	t.Setenv("HOLDFAST_TEST_INHERITED", "from parent")
+	t.Setenv("HOLDFAST_SUBJECT", "stale.subject")
+	t.Setenv("HOLDFAST_MSG_ID", "stale-id")
+	t.Setenv("HOLDFAST_HEADER_STALE", "stale header")
+
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	h := newExec(t, ExecOptions{
+		Command: []string{self, "-test.run=^TestExecHelperProcess$", "--", helperArg, dir},
+		Timeout: time.Minute,
+	}, nil)
+
+	// Binary data larger than a pipe buffer.
+	payload := make([]byte, 300<<10)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range payload {
+		payload[i] = byte(rng.UintN(256))
+	}
+	msg := &Message{
+		Subject:        "orders.created",
+		Stream:         "ORDERS",
+		Consumer:       "WORKER1",
+		Sequence:       18446744073709551615,
+		Delivery:       2,
+		IdempotencyKey: "order-42",
+		Header: nats.Header{
+			"Nats-Msg-Id":  {"order-42"},
+			"Content-Type": {"application/json"},
+			"x-trace.id":   {"abc"},
+			"X_Trace-Id":   {"def"}, // maps to the same variable as x-trace.id
+			"Multi":        {"a", "b", "c"},
+			"Ünïcode Näme": {"wert"},
+			"lower":        {"value with spaces, and = sign"},
+			"9lives":       {"cat"},
+			"Empty":        {""},
+		},
+		Data: payload,
+	}
+	if r := h.Handle(context.Background(), msg); r != Ok() {
+		t.Fatalf("result = %+v, want Ok", r)
+	}
+
+	gotStdin, err := os.ReadFile(filepath.Join(dir, "stdin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(gotStdin, payload) {
+		t.Errorf("stdin: got %d bytes, want the %d-byte payload", len(gotStdin), len(payload))
+	}
+
+	rawEnv, err := os.ReadFile(filepath.Join(dir, "env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var environ []string
+	if err := json.Unmarshal(rawEnv, &environ); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, kv := range environ {
+		k, v, _ := strings.Cut(kv, "=")
+		if _, dup := got[k]; dup {
+			t.Errorf("variable %s is set twice", k)
+		}
+		got[k] = v
+	}
+	want := map[string]string{
+		"HOLDFAST_TEST_INHERITED":      "from parent",
+		"HOLDFAST_SUBJECT":             "orders.created",
+		"HOLDFAST_STREAM":              "ORDERS",
+		"HOLDFAST_CONSUMER":            "WORKER1",
+		"HOLDFAST_SEQ":                 "18446744073709551615",
+		"HOLDFAST_DELIVERY":            "2",
+		"HOLDFAST_MSG_ID":              "order-42",
+		"HOLDFAST_HEADER_NATS_MSG_ID":  "order-42",
+		"HOLDFAST_HEADER_CONTENT_TYPE": "application/json",
+		// Sorted header names: "X_Trace-Id" < "x-trace.id".
+		"HOLDFAST_HEADER_X_TRACE_ID":   "def,abc",
+		"HOLDFAST_HEADER_MULTI":        "a,b,c",
+		"HOLDFAST_HEADER__N_CODE_N_ME": "wert",
+		"HOLDFAST_HEADER_LOWER":        "value with spaces, and = sign",
+		"HOLDFAST_HEADER_9LIVES":       "cat",
+		"HOLDFAST_HEADER_EMPTY":        "",
+	}
+	for k, v := range got {
+		if !strings.HasPrefix(k, "HOLDFAST_") {
+			continue
+		}
+		if w, ok := want[k]; !ok {
+			t.Errorf("unexpected %s=%q", k, v)
+		} else if v != w {
+			t.Errorf("%s = %q, want %q", k, v, w)
+		}
+	}
+	for k, v := range want {
+		if _, ok := got[k]; !ok {
+			t.Errorf("missing %s=%q", k, v)
+		}
+	}
+	// The rest of the parent's environment is passed on.
+	if path, ok := os.LookupEnv("PATH"); ok && got["PATH"] != path {
+		t.Errorf("PATH = %q, want the parent's %q", got["PATH"], path)
+	}
+}
+
+func TestExecIdempotencyKeyFallback(t *testing.T) {
+	script := `[ "$HOLDFAST_MSG_ID" = "ORDERS:42" ] || { echo "got $HOLDFAST_MSG_ID" >&2; exit 1; }`
+	h := newExec(t, ExecOptions{Command: shCommand(script)}, nil)
+	msg := testMessage()
+	msg.IdempotencyKey = ""
+	if r := h.Handle(context.Background(), msg); r != Ok() {
+		t.Fatalf("result = %+v, want Ok", r)
+	}
+}
+
+func TestExecHeaderWithNULFails(t *testing.T) {
+	h := newExec(t, ExecOptions{Command: shCommand("exit 0")}, nil)
+	msg := testMessage()
+	msg.Header.Set("X-Bad", "a\x00b")
+	r := h.Handle(context.Background(), msg)
+	if r.Outcome != Permanent || !strings.Contains(r.Reason, "HOLDFAST_HEADER_X_BAD") || !strings.Contains(r.Reason, "NUL") {
+		t.Fatalf("result = %+v, want a permanent failure naming HOLDFAST_HEADER_X_BAD", r)
+	}
+}
+
+func TestExecHeadersTooLargeForEnvironmentFail(t *testing.T) {
+	h := newExec(t, ExecOptions{Command: shCommand("exit 0")}, nil)
+	msg := testMessage()
+	// Linux refuses a single environment string over 128 KiB.
+	msg.Header.Set("X-Huge", strings.Repeat("h", 200<<10))
+	r := h.Handle(context.Background(), msg)
+	if r.Outcome != Permanent || !strings.Contains(r.Reason, "do not fit in the environment") {
+		t.Fatalf("result = %.200v, want a permanent failure", r)
+	}
+}
+
+func TestExecConcurrentMessages(t *testing.T) {
+	// Each run must see its own message: the payload is the sequence.
+	script := `[ "$(cat)" = "$HOLDFAST_SEQ" ] || exit 65`
+	h := newExec(t, ExecOptions{Command: shCommand(script), Timeout: time.Minute}, nil)
+	var wg sync.WaitGroup
+	results := make([]Result, 16)
+	for i := range results {
+		wg.Go(func() {
+			msg := testMessage()
+			msg.Sequence = uint64(i)
+			msg.Data = []byte(strconv.Itoa(i))
+			results[i] = h.Handle(context.Background(), msg)
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r != Ok() {
+			t.Errorf("message %d: %+v, want Ok", i, r)
+		}
+	}
+}
+
+func TestExecCommandThatIgnoresStdin(t *testing.T) {
+	h := newExec(t, ExecOptions{Command: shCommand("exit 0"), Timeout: time.Minute}, nil)
+	msg := testMessage()
+	msg.Data = bytes.Repeat([]byte("x"), 1<<20)
+	if r := h.Handle(context.Background(), msg); r != Ok() {
+		t.Fatalf("result = %+v, want Ok", r)
+	}
+}
+
+func TestExecStderrLogged(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		exit      int
+		wantLevel slog.Level
+	}{
+		{"failure logs at warn", 1, slog.LevelWarn},
+		{"data error logs at warn", 65, slog.LevelWarn},
+		{"success logs at info", 0, slog.LevelInfo},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			logger, logs := newTestLogger(t, slog.LevelInfo)
+			script := fmt.Sprintf(`printf 'first line\r\nsecond line\n\nlast, no newline' >&2; echo to stdout; exit %d`, tc.exit)
+			h := newExec(t, ExecOptions{Command: shCommand(script)}, logger)
+			h.Handle(context.Background(), testMessage())
+
+			entries := logs.Entries("handler stderr")
+			wantLines := []string{"first line", "second line", "", "last, no newline"}
+			if len(entries) != len(wantLines) {
+				t.Fatalf("got %d stderr records %v, want %d", len(entries), entries, len(wantLines))
+			}
+			for i, e := range entries {
+				if e.Attrs["line"] != wantLines[i] {
+					t.Errorf("line %d = %q, want %q", i, e.Attrs["line"], wantLines[i])
+				}
+				if e.Level != tc.wantLevel {
+					t.Errorf("line %d level = %s, want %s", i, e.Level, tc.wantLevel)
+				}
+				if e.Attrs["seq"] != "42" || e.Attrs["subject"] != "orders.created" || e.Attrs["consumer"] != "WORKER1" {
+					t.Errorf("line %d attrs = %v, want seq, subject and consumer", i, e.Attrs)
+				}
+			}
+			if n := len(logs.Entries("handler stdout")); n != 0 {
+				t.Errorf("stdout logged at info level (%d records)", n)
+			}
+		})
+	}
+}
+
+func TestExecStdoutLoggedAtDebug(t *testing.T) {
+	logger, logs := newTestLogger(t, slog.LevelDebug)
+	h := newExec(t, ExecOptions{Command: shCommand("echo processed order 42")}, logger)
+	if r := h.Handle(context.Background(), testMessage()); r != Ok() {
+		t.Fatalf("result = %+v, want Ok", r)
+	}
+	entries := logs.Entries("handler stdout")
+	if len(entries) != 1 || entries[0].Attrs["line"] != "processed order 42" || entries[0].Level != slog.LevelDebug {
+		t.Fatalf("stdout records = %v, want one debug line", entries)
+	}
+}
+
+func TestExecStderrBounded(t *testing.T) {
+	logger, logs := newTestLogger(t, slog.LevelInfo)
+	// About 100 KiB of noise, then the line that explains the failure.
+	script := `
+i=0
+while [ $i -lt 2000 ]; do
+	echo "noise line $i padding padding padding padding padding" >&2
+	i=$((i+1))
+done
+echo "final: upstream rejected the order" >&2
+exit 1`
+	const limit = 1024
+	h := newExec(t, ExecOptions{Command: shCommand(script), StderrLimit: limit}, logger)
+
+	r := h.Handle(context.Background(), testMessage())
+	if r.Outcome != Retry || !strings.HasSuffix(r.Reason, "final: upstream rejected the order") {
+		t.Fatalf("result = %+v, want a retry ending with the last stderr line", r)
+	}
+
+	truncated := logs.Entries("handler stderr truncated")
+	if len(truncated) != 1 {
+		t.Fatalf("got %d truncation records, want 1", len(truncated))
+	}
+	dropped, err := strconv.Atoi(truncated[0].Attrs["dropped_bytes"])
+	if err != nil || dropped < 90_000 {
+		t.Errorf("dropped_bytes = %q, want about 100 KB", truncated[0].Attrs["dropped_bytes"])
+	}
+	lines := logs.Entries("handler stderr")
+	total := 0
+	for _, e := range lines {
+		total += len(e.Attrs["line"]) + 1
+	}
+	if total > limit+1 {
+		t.Errorf("logged %d bytes of stderr, limit is %d", total, limit)
+	}
+	if n := len(lines); n == 0 || lines[n-1].Attrs["line"] != "final: upstream rejected the order" {
+		t.Errorf("last logged line is not the last line of stderr")
+	}
+	if total+dropped < 100_000 {
+		t.Errorf("kept %d + dropped %d bytes, want all of stderr accounted for", total, dropped)
+	}
+}
+
+func TestExecCancelKillsProcessGroup(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	script := `sleep 300 & echo $! > "$1"; wait`
+	h := newExec(t, ExecOptions{Command: shCommand(script, pidFile)}, nil)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan Result, 1)
+	go func() { done <- h.Handle(ctx, testMessage()) }()
+
+	var pid int
+	waitFor(t, 30*time.Second, func() (err error) {
+		pid, err = readPID(pidFile)
+		return err
+	})
+	killAtCleanup(t, pid)
+	cancel()
+
+	r := <-done
+	if r.Outcome != Retry || !strings.Contains(r.Reason, "stopped: context canceled") || !strings.Contains(r.Reason, "process group killed") {
+		t.Fatalf("result = %+v, want a retry saying it was stopped", r)
+	}
+	waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+}
+
+func TestExecTimeoutKillsProcessGroup(t *testing.T) {
+	// The grandchild must have started before the timeout hits for the test
+	// to mean anything; on a loaded machine, try again with more time.
+	timeout := 200 * time.Millisecond
+	for attempt := 0; ; attempt++ {
+		pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+		script := `sleep 300 & echo $! > "$1"; wait`
+		h := newExec(t, ExecOptions{Command: shCommand(script, pidFile), Timeout: timeout}, nil)
+
+		r := h.Handle(context.Background(), testMessage())
+		if r.Outcome != Retry || !strings.Contains(r.Reason, "timed out after "+timeout.String()) {
+			t.Fatalf("result = %+v, want a retry saying it timed out", r)
+		}
+		pid, err := readPID(pidFile)
+		if err != nil {
+			if attempt < 5 {
+				timeout *= 2
+				continue
+			}
+			t.Fatalf("the script never got to start its grandchild: %v", err)
+		}
+		killAtCleanup(t, pid)
+		waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+		return
+	}
+}
+
+func TestExecLeftoverProcessDoesNotHangWait(t *testing.T) {
+	logger, logs := newTestLogger(t, slog.LevelInfo)
+	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	// The grandchild inherits stderr and keeps it open after the script
+	// exits successfully.
+	script := `sleep 300 & echo $! > "$1"; exit 0`
+	h := newExec(t, ExecOptions{Command: shCommand(script, pidFile)}, logger)
+	h.waitDelay = 100 * time.Millisecond
+
+	r := h.Handle(context.Background(), testMessage())
+	if pid, err := readPID(pidFile); err == nil {
+		killAtCleanup(t, pid)
+	}
+	if r != Ok() {
+		t.Fatalf("result = %+v, want Ok", r)
+	}
+	if n := len(logs.Entries("handler exited but left a process holding its stdout or stderr open")); n != 1 {
+		t.Errorf("got %d warnings about the leftover process, want 1", n)
+	}
+}
+
+func TestExecCommandRemovedAfterStart(t *testing.T) {
+	script := writeScript(t, "exit 0")
+	h := newExec(t, ExecOptions{Command: []string{script}}, nil)
+	if err := os.Remove(script); err != nil {
+		t.Fatal(err)
+	}
+	r := h.Handle(context.Background(), testMessage())
+	if r.Outcome != Retry || !strings.Contains(r.Reason, "cannot start "+script) {
+		t.Fatalf("result = %+v, want a retry saying the command cannot start", r)
+	}
+}
+
+func TestHeaderEnvName(t *testing.T) {
+	for header, want := range map[string]string{
+		"Content-Type":  "CONTENT_TYPE",
+		"x-trace.id":    "X_TRACE_ID",
+		"already_OK_9":  "ALREADY_OK_9",
+		"a b":           "A_B",
+		"Ünïcode":       "_N_CODE",
+		"日本":            "__",
+		"=":             "_",
+		"\xff\xfe":      "__",
+		"Nats-Msg-Id":   "NATS_MSG_ID",
+		"with$dollar{}": "WITH_DOLLAR__",
+	} {
+		if got := headerEnvName(header); got != want {
+			t.Errorf("headerEnvName(%q) = %q, want %q", header, got, want)
+		}
+	}
+}
+
+func TestTailBuffer(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, limit := range []int{1, 7, 64, 1000} {
+		b := &tailBuffer{limit: limit}
+		var all []byte
+		for i := 0; i < 500; i++ {
+			p := make([]byte, rng.IntN(3*limit+2))
+			for j := range p {
+				p[j] = byte(rng.UintN(256))
+			}
+			n, err := b.Write(p)
+			if n != len(p) || err != nil {
+				t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(p))
+			}
+			all = append(all, p...)
+
+			want := all[max(0, len(all)-limit):]
+			if !bytes.Equal(b.Bytes(), want) {
+				t.Fatalf("limit %d, after %d bytes: kept bytes differ from the tail", limit, len(all))
+			}
+			if got := b.Dropped(); got != int64(len(all)-len(want)) {
+				t.Fatalf("limit %d: Dropped = %d, want %d", limit, got, len(all)-len(want))
+			}
+			if len(b.buf) > 2*limit {
+				t.Fatalf("limit %d: holds %d bytes", limit, len(b.buf))
+			}
+		}
+	}
+}
+
+func TestLastLine(t *testing.T) {
+	for in, want := range map[string]string{
+		"":                       "",
+		"\n\n":                   "",
+		"one":                    "one",
+		"one\ntwo\n":             "two",
+		"one\ntwo\r\n\n  \n":     "two",
+		"tab\there\n":            "tab here",
+		strings.Repeat("é", 150): strings.Repeat("é", 100) + "...",
+	} {
+		if got := lastLine([]byte(in)); got != want {
+			t.Errorf("lastLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
