@@ -43,3 +43,22 @@ tidy-check:
 
 clean:
 	rm -rf bin dist holdfast-data
+
+## ---------------------------------------------------------------------------
+## Packaging: systemd unit, deb and rpm (see packaging/ and systemd/).
+## Static checks of the unit and the packages run in `go test ./packaging/`,
+## which `make test` runs; the real install under systemd is `install-test`.
+## ---------------------------------------------------------------------------
+PKG_ARCHES ?= amd64 arm64
+# Empty: derived from VERSION by packaging/build.sh.
+PKG_VERSION ?=
+
+.PHONY: package install-test
+
+## package: deb and rpm for $(PKG_ARCHES) in dist/ (static, stripped, reproducible)
+package:
+	GO=$(GO) packaging/build.sh '$(VERSION)' '$(COMMIT)' '$(PKG_VERSION)' $(PKG_ARCHES)
+
+## install-test: install, restart, kill, upgrade and purge the packages under a real systemd in a container (root)
+install-test:
+	GO=$(GO) packaging/install-test.sh

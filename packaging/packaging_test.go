@@ -364,8 +364,9 @@ func TestDebContents(t *testing.T) {
 			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
 		}
 	}
-	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "" {
-		t.Errorf("Depends = %q, want none (static binary)", got)
+	// Static binary: the only dependency is /bin/kill for ExecReload.
+	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "procps" {
+		t.Errorf("Depends = %q, want procps", got)
 	}
 	ctrl := t.TempDir()
 	run(t, "dpkg-deb", "-e", p.deb, ctrl)
