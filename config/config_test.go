@@ -1,0 +1,985 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+)
+
+// mustParse parses text and fails the test on a parse error.
+func mustParse(t *testing.T, text string) *Config {
+	t.Helper()
+	cfg, err := Parse(strings.NewReader(text), "test.toml")
+	if err != nil {
+		t.Fatalf("Parse:\n%s\nerror: %v", text, err)
+	}
+	return cfg
+}
+
+// wantProblems checks that err is a *ValidationError that unwraps to
+// ErrInvalidConfig and that each fragment occurs in one of its problems.
+func wantProblems(t *testing.T, err error, fragments ...string) *ValidationError {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("Validate returned nil, want problems containing %q", fragments)
+	}
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("error %v (%T) is not a *ValidationError", err, err)
+	}
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("errors.Is(%v, ErrInvalidConfig) = false", err)
+	}
+	for _, f := range fragments {
+		found := false
+		for _, p := range ve.Problems {
+			if strings.Contains(p.String(), f) {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("no problem contains %q; got:\n%v", f, err)
+		}
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error text does not contain %q:\n%v", f, err)
+		}
+	}
+	return ve
+}
+
+// wantParseError checks that parsing text fails with a *ParseError whose
+// text contains every fragment.
+func wantParseError(t *testing.T, text string, fragments ...string) error {
+	t.Helper()
+	cfg, err := Parse(strings.NewReader(text), "test.toml")
+	if err == nil {
+		t.Fatalf("Parse accepted:\n%s\ngot %+v", text, cfg)
+	}
+	if cfg != nil {
+		t.Errorf("Parse returned a config along with error %v", err)
+	}
+	var pe *ParseError
+	if !errors.As(err, &pe) {
+		t.Fatalf("error %v (%T) is not a *ParseError", err, err)
+	}
+	if !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("errors.Is(%v, ErrInvalidConfig) = false", err)
+	}
+	if !strings.HasPrefix(err.Error(), "test.toml: ") {
+		t.Errorf("error %q does not start with the source name", err)
+	}
+	for _, f := range fragments {
+		if !strings.Contains(err.Error(), f) {
+			t.Errorf("error does not contain %q:\n%v", f, err)
+		}
+	}
+	return err
+}
+
+const (
+	streamS   = "[streams.S]\nsubjects = [\"s.*\"]\n"
+	consumerC = streamS + "[consumers.C]\nstream = \"S\"\n"
+)
+
+func TestDefaults(t *testing.T) {
+	cfg := mustParse(t, "")
+	if !reflect.DeepEqual(cfg, DefaultConfig()) {
+		t.Fatalf("empty file parsed to\n%+v\nwant DefaultConfig()\n%+v", cfg, DefaultConfig())
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("DefaultConfig does not validate: %v", err)
+	}
+	// A file with only comments and unrelated tables is the same.
+	cfg = mustParse(t, "# nothing here\n\n[log]\nlevel = \"info\"\n")
+	if !reflect.DeepEqual(cfg, DefaultConfig()) {
+		t.Fatalf("file without streams or consumers parsed to %+v, want DefaultConfig()", cfg)
+	}
+
+	// The seed's stream and consumer, exactly.
+	if got := cfg.StreamNames(); !reflect.DeepEqual(got, []string{"ORDERS"}) {
+		t.Fatalf("streams = %v, want [ORDERS]", got)
+	}
+	s := cfg.Streams["ORDERS"]
+	if !reflect.DeepEqual(s.Subjects, []string{"orders.*"}) || s.Retention != "limits" || s.MaxMsgs != 1_000_000 ||
+		s.MaxAge.Duration != 72*time.Hour || s.Storage != "file" || s.Discard != "old" || s.MaxBytes.Bytes != -1 ||
+		s.Replicas != 1 || s.AllowMemory {
+		t.Errorf("stream ORDERS = %+v", s)
+	}
+	if got := cfg.ConsumerNames(); !reflect.DeepEqual(got, []string{"WORKER1"}) {
+		t.Fatalf("consumers = %v, want [WORKER1]", got)
+	}
+	c := cfg.Consumers["WORKER1"]
+	if c.Stream != "ORDERS" || c.AckWait.Duration != 30*time.Second || c.MaxDeliver != 5 || c.FilterSubject != "" ||
+		c.Handler != "log" || c.DeadLetter != "ORDERS_DLQ" {
+		t.Errorf("consumer WORKER1 = %+v", c)
+	}
+
+	// The safe-by-default settings.
+	if cfg.Server.Host != "127.0.0.1" || cfg.Server.Port != 4222 || cfg.HTTP.Listen != "127.0.0.1:8222" {
+		t.Errorf("listeners: server %s:%d, http %q", cfg.Server.Host, cfg.Server.Port, cfg.HTTP.Listen)
+	}
+	if cfg.JetStream.StoreDir != DefaultStoreDir || !cfg.JetStream.SyncAlways() || cfg.JetStream.AllowTmpfs {
+		t.Errorf("jetstream = %+v", cfg.JetStream)
+	}
+	if cfg.Server.Name == "" {
+		t.Error("server.name defaults to empty, want the host name")
+	}
+	if got := cfg.DeadLetterStreams(); !reflect.DeepEqual(got, map[string][]string{"ORDERS_DLQ": {"WORKER1"}}) {
+		t.Errorf("DeadLetterStreams() = %v", got)
+	}
+}
+
+// DefaultConfig returns a fresh value each time: callers may modify it.
+func TestDefaultConfigIsFresh(t *testing.T) {
+	a := DefaultConfig()
+	a.Streams["ORDERS"].Subjects[0] = "changed"
+	a.Consumers["WORKER1"].Backoff[0] = Dur(time.Hour)
+	b := DefaultConfig()
+	if b.Streams["ORDERS"].Subjects[0] != "orders.*" || b.Consumers["WORKER1"].Backoff[0].Duration != time.Second {
+		t.Fatal("DefaultConfig shares state between calls")
+	}
+}
+
+// The streams and consumers in a file replace the built-in ORDERS and
+// WORKER1 as a whole: a file that declares any [streams.*] or
+// [consumers.*] table gets only what it declares.
+func TestStreamsInFileReplaceDefaults(t *testing.T) {
+	t.Run("only a stream", func(t *testing.T) {
+		cfg := mustParse(t, "[streams.X]\nsubjects = [\"x.>\"]\n")
+		if got := cfg.StreamNames(); !reflect.DeepEqual(got, []string{"X"}) {
+			t.Errorf("streams = %v, want [X]: ORDERS is dropped", got)
+		}
+		if len(cfg.Consumers) != 0 {
+			t.Errorf("consumers = %v, want none: WORKER1 is dropped with ORDERS", cfg.ConsumerNames())
+		}
+		// Every key the table omits starts from DefaultStream.
+		want := DefaultStream([]string{"x.>"})
+		if !reflect.DeepEqual(cfg.Streams["X"], want) {
+			t.Errorf("stream X = %+v, want %+v", cfg.Streams["X"], want)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("a stream without consumers: %v", err)
+		}
+	})
+	t.Run("only a consumer", func(t *testing.T) {
+		// The consumer alone drops ORDERS too, so its stream is missing.
+		cfg := mustParse(t, "[consumers.C]\nstream = \"ORDERS\"\n")
+		if len(cfg.Streams) != 0 {
+			t.Errorf("streams = %v, want none", cfg.StreamNames())
+		}
+		want := DefaultConsumer("ORDERS")
+		if !reflect.DeepEqual(cfg.Consumers["C"], want) {
+			t.Errorf("consumer C = %+v, want %+v", cfg.Consumers["C"], want)
+		}
+		wantProblems(t, cfg.Validate(), "streams: no stream configured", `consumers.C.stream = "ORDERS": no such stream`)
+	})
+	t.Run("several", func(t *testing.T) {
+		cfg := mustParse(t, `
+[streams.A]
+subjects = ["a.*"]
+[streams.B]
+subjects = ["b.*", "bb.>"]
+[consumers.A1]
+stream = "A"
+[consumers.A2]
+stream = "A"
+filter_subject = "a.x"
+dead_letter = "A_DLQ"
+[consumers.B1]
+stream = "B"
+`)
+		if got := cfg.StreamNames(); !reflect.DeepEqual(got, []string{"A", "B"}) {
+			t.Errorf("streams = %v", got)
+		}
+		if got := cfg.ConsumerNames(); !reflect.DeepEqual(got, []string{"A1", "A2", "B1"}) {
+			t.Errorf("consumers = %v", got)
+		}
+		// dead_letter defaults to the consumer's own stream + _DLQ.
+		if got := cfg.Consumers["B1"].DeadLetter; got != "B_DLQ" {
+			t.Errorf("B1 dead_letter = %q, want B_DLQ", got)
+		}
+		want := map[string][]string{"A_DLQ": {"A1", "A2"}, "B_DLQ": {"B1"}}
+		if got := cfg.DeadLetterStreams(); !reflect.DeepEqual(got, want) {
+			t.Errorf("DeadLetterStreams() = %v, want %v", got, want)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("other tables keep the defaults", func(t *testing.T) {
+		cfg := mustParse(t, "[server]\nport = 4333\n[jetstream]\nstore_dir = \"/srv/js\"\n")
+		if got := cfg.StreamNames(); !reflect.DeepEqual(got, []string{"ORDERS"}) {
+			t.Errorf("streams = %v, want [ORDERS]", got)
+		}
+		if got := cfg.ConsumerNames(); !reflect.DeepEqual(got, []string{"WORKER1"}) {
+			t.Errorf("consumers = %v, want [WORKER1]", got)
+		}
+		if cfg.Server.Port != 4333 || cfg.JetStream.StoreDir != "/srv/js" || cfg.Server.Host != "127.0.0.1" {
+			t.Errorf("server %+v jetstream %+v", cfg.Server, cfg.JetStream)
+		}
+	})
+}
+
+// TestValidValues sets each key to accepted values and reads them back.
+func TestValidValues(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		got  func(*Config) any
+		want any
+	}{
+		{"server.name", "[server]\nname = \"edge-01\"", func(c *Config) any { return c.Server.Name }, "edge-01"},
+		{"server.host ipv4", "[server]\nhost = \"127.0.0.1\"", func(c *Config) any { return c.Server.Host }, "127.0.0.1"},
+		{"server.host other loopback", "[server]\nhost = \"127.0.0.5\"", func(c *Config) any { return c.Server.Host }, "127.0.0.5"},
+		{"server.host ipv6", "[server]\nhost = \"::1\"", func(c *Config) any { return c.Server.Host }, "::1"},
+		{"server.host localhost", "[server]\nhost = \"localhost\"", func(c *Config) any { return c.Server.Host }, "localhost"},
+		{"server.port", "[server]\nport = 4333", func(c *Config) any { return c.Server.Port }, 4333},
+		{"server.port 0", "[server]\nport = 0", func(c *Config) any { return c.Server.Port }, 0},
+		{"server.port -1", "[server]\nport = -1", func(c *Config) any { return c.Server.Port }, -1},
+		{"server.port max", "[server]\nport = 65535", func(c *Config) any { return c.Server.Port }, 65535},
+		{"server.max_payload string", "[server]\nmax_payload = \"8MB\"", func(c *Config) any { return c.Server.MaxPayload.Bytes }, int64(8 << 20)},
+		{"server.max_payload int", "[server]\nmax_payload = 1024", func(c *Config) any { return c.Server.MaxPayload.Bytes }, int64(1024)},
+		{"server.max_payload max", "[server]\nmax_payload = \"64MiB\"", func(c *Config) any { return c.Server.MaxPayload.Bytes }, int64(64 << 20)},
+		{"server.max_payload 1", "[server]\nmax_payload = 1", func(c *Config) any { return c.Server.MaxPayload.Bytes }, int64(1)},
+
+		{"jetstream.store_dir absolute", "[jetstream]\nstore_dir = \"/var/lib/holdfast/jetstream\"", func(c *Config) any { return c.JetStream.StoreDir }, "/var/lib/holdfast/jetstream"},
+		{"jetstream.store_dir relative", "[jetstream]\nstore_dir = \"data\"", func(c *Config) any { return c.JetStream.StoreDir }, "data"},
+		{"jetstream.max_memory_store", "[jetstream]\nmax_memory_store = \"2GB\"", func(c *Config) any { return c.JetStream.MaxMemoryStore.Bytes }, int64(2 << 30)},
+		{"jetstream.max_memory_store int", "[jetstream]\nmax_memory_store = 1048576", func(c *Config) any { return c.JetStream.MaxMemoryStore.Bytes }, int64(1 << 20)},
+		{"jetstream.max_file_store", "[jetstream]\nmax_file_store = \"500GiB\"", func(c *Config) any { return c.JetStream.MaxFileStore.Bytes }, int64(500 << 30)},
+		{"jetstream.max_file_store int", "[jetstream]\nmax_file_store = 4096", func(c *Config) any { return c.JetStream.MaxFileStore.Bytes }, int64(4096)},
+		{"jetstream.sync always", "[jetstream]\nsync = \"always\"", func(c *Config) any { return c.JetStream.SyncAlways() }, true},
+		{"jetstream.sync interval", "[jetstream]\nsync = \"2m\"", func(c *Config) any {
+			return []any{c.JetStream.SyncAlways(), c.JetStream.SyncInterval()}
+		}, []any{false, 2 * time.Minute}},
+		{"jetstream.allow_tmpfs", "[jetstream]\nallow_tmpfs = true", func(c *Config) any { return c.JetStream.AllowTmpfs }, true},
+		{"jetstream.encryption_key_file empty", "[jetstream]\nencryption_key_file = \"\"", func(c *Config) any { return c.JetStream.EncryptionKeyFile }, ""},
+		{"jetstream.domain", "[jetstream]\ndomain = \"hub\"", func(c *Config) any { return c.JetStream.Domain }, "hub"},
+		{"jetstream.on_data_loss refuse", "[jetstream]\non_data_loss = \"refuse\"", func(c *Config) any { return c.JetStream.OnDataLoss }, "refuse"},
+		{"jetstream.on_data_loss warn", "[jetstream]\non_data_loss = \"warn\"", func(c *Config) any { return c.JetStream.OnDataLoss }, "warn"},
+
+		{"run.shutdown_timeout", "[run]\nshutdown_timeout = \"1m\"", func(c *Config) any { return c.Run.ShutdownTimeout.Duration }, time.Minute},
+
+		{"streams.subjects", "[streams.S]\nsubjects = [\"s.*\", \"t.>\", \"u\"]", func(c *Config) any { return c.Streams["S"].Subjects }, []string{"s.*", "t.>", "u"}},
+		{"streams.retention interest", streamS + "retention = \"interest\"", func(c *Config) any { return c.Streams["S"].Retention }, "interest"},
+		{"streams.retention workqueue", streamS + "retention = \"workqueue\"", func(c *Config) any { return c.Streams["S"].Retention }, "workqueue"},
+		{"streams.retention limits", streamS + "retention = \"limits\"", func(c *Config) any { return c.Streams["S"].Retention }, "limits"},
+		{"streams.discard new", streamS + "discard = \"new\"", func(c *Config) any { return c.Streams["S"].Discard }, "new"},
+		{"streams.discard old", streamS + "discard = \"old\"", func(c *Config) any { return c.Streams["S"].Discard }, "old"},
+		{"streams.max_msgs", streamS + "max_msgs = 5", func(c *Config) any { return c.Streams["S"].MaxMsgs }, int64(5)},
+		{"streams.max_msgs unlimited", streamS + "max_msgs = -1", func(c *Config) any { return c.Streams["S"].MaxMsgs }, int64(-1)},
+		{"streams.max_bytes", streamS + "max_bytes = \"1GB\"", func(c *Config) any { return c.Streams["S"].MaxBytes.Bytes }, int64(1 << 30)},
+		{"streams.max_bytes int", streamS + "max_bytes = 4096", func(c *Config) any { return c.Streams["S"].MaxBytes.Bytes }, int64(4096)},
+		{"streams.max_bytes unlimited", streamS + "max_bytes = -1", func(c *Config) any { return c.Streams["S"].MaxBytes.Bytes }, int64(-1)},
+		{"streams.max_age", streamS + "max_age = \"24h\"", func(c *Config) any { return c.Streams["S"].MaxAge.Duration }, 24 * time.Hour},
+		{"streams.max_age forever", streamS + "max_age = \"0s\"", func(c *Config) any { return c.Streams["S"].MaxAge.Duration }, time.Duration(0)},
+		{"streams.storage file", streamS + "storage = \"file\"", func(c *Config) any { return c.Streams["S"].Storage }, "file"},
+		{"streams.storage memory allowed", streamS + "storage = \"memory\"\nallow_memory = true", func(c *Config) any {
+			return []any{c.Streams["S"].Storage, c.Streams["S"].AllowMemory}
+		}, []any{"memory", true}},
+		{"streams.allow_memory with file", streamS + "allow_memory = true", func(c *Config) any { return c.Streams["S"].AllowMemory }, true},
+		{"streams.replicas", streamS + "replicas = 1", func(c *Config) any { return c.Streams["S"].Replicas }, 1},
+		{"streams.duplicate_window", streamS + "duplicate_window = \"1m\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Minute},
+		{"streams.duplicate_window 0", streamS + "duplicate_window = \"0s\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Duration(0)},
+		{"streams.duplicate_window = max_age", streamS + "max_age = \"1h\"\nduplicate_window = \"1h\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Hour},
+		{"streams.duplicate_window with max_age forever", streamS + "max_age = \"0s\"\nduplicate_window = \"1000h\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, 1000 * time.Hour},
+
+		{"consumers.stream", consumerC, func(c *Config) any { return c.Consumers["C"].Stream }, "S"},
+		{"consumers.filter_subject", consumerC + "filter_subject = \"s.x\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "s.x"},
+		{"consumers.filter_subject wildcard", consumerC + "filter_subject = \"s.*\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "s.*"},
+		{"consumers.ack_wait", consumerC + "ack_wait = \"1m\"", func(c *Config) any { return c.Consumers["C"].AckWait.Duration }, time.Minute},
+		{"consumers.max_deliver", consumerC + "max_deliver = 10", func(c *Config) any { return c.Consumers["C"].MaxDeliver }, 10},
+		{"consumers.max_deliver 1", consumerC + "max_deliver = 1", func(c *Config) any { return c.Consumers["C"].MaxDeliver }, 1},
+		{"consumers.backoff", consumerC + "backoff = [\"1s\", \"2m\"]", func(c *Config) any { return c.Consumers["C"].Backoff }, []Duration{Dur(time.Second), Dur(2 * time.Minute)}},
+		{"consumers.backoff empty", consumerC + "backoff = []", func(c *Config) any { return len(c.Consumers["C"].Backoff) }, 0},
+		{"consumers.max_ack_pending", consumerC + "max_ack_pending = 50", func(c *Config) any { return c.Consumers["C"].MaxAckPending }, 50},
+		{"consumers.workers", consumerC + "workers = 16", func(c *Config) any { return c.Consumers["C"].Workers }, 16},
+		{"consumers.workers 0", consumerC + "workers = 0", func(c *Config) any { return c.Consumers["C"].Workers }, 0},
+		{"consumers.workers = max_ack_pending", consumerC + "workers = 8\nmax_ack_pending = 8", func(c *Config) any { return c.Consumers["C"].Workers }, 8},
+		{"consumers.handler log", consumerC + "handler = \"log\"", func(c *Config) any { return c.Consumers["C"].Handler }, "log"},
+		{"consumers.handler exec", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"/usr/local/bin/process-order\", \"--strict\"]\ntimeout = \"5s\"",
+			func(c *Config) any {
+				return []any{c.Consumers["C"].Handler, c.Consumers["C"].Exec.Command, c.Consumers["C"].Exec.Timeout.Duration}
+			},
+			[]any{"exec", []string{"/usr/local/bin/process-order", "--strict"}, 5 * time.Second}},
+		{"consumers.handler http", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http://127.0.0.1:8080/orders\"\ntimeout = \"3s\"",
+			func(c *Config) any {
+				return []any{c.Consumers["C"].Handler, c.Consumers["C"].HTTP.URL, c.Consumers["C"].HTTP.Timeout.Duration}
+			},
+			[]any{"http", "http://127.0.0.1:8080/orders", 3 * time.Second}},
+		{"consumers.http https", consumerC + "handler = \"http\"\nhttp = { url = \"https://example.com/x\" }", func(c *Config) any { return c.Consumers["C"].HTTP.URL }, "https://example.com/x"},
+		{"consumers.exec set while handler is log", consumerC + "[consumers.C.exec]\ncommand = [\"relative\"]", func(c *Config) any { return c.Consumers["C"].Exec.Command }, []string{"relative"}},
+		{"consumers.dead_letter", consumerC + "dead_letter = \"FAILED\"", func(c *Config) any { return c.Consumers["C"].DeadLetter }, "FAILED"},
+		{"consumers.dead_letter disabled", consumerC + "dead_letter = \"\"", func(c *Config) any {
+			return []any{c.Consumers["C"].DeadLetter, len(c.DeadLetterStreams())}
+		}, []any{"", 0}},
+
+		{"http.listen", "[http]\nlisten = \"127.0.0.1:9000\"", func(c *Config) any { return c.HTTP.Listen }, "127.0.0.1:9000"},
+		{"http.listen ipv6", "[http]\nlisten = \"[::1]:9000\"", func(c *Config) any { return c.HTTP.Listen }, "[::1]:9000"},
+		{"http.listen localhost port 0", "[http]\nlisten = \"localhost:0\"", func(c *Config) any { return c.HTTP.Listen }, "localhost:0"},
+		{"http.listen disabled", "[http]\nlisten = \"\"", func(c *Config) any { return c.HTTP.Listen }, ""},
+
+		{"log.level debug", "[log]\nlevel = \"debug\"", func(c *Config) any { return c.Log.Level }, "debug"},
+		{"log.level warn", "[log]\nlevel = \"warn\"", func(c *Config) any { return c.Log.Level }, "warn"},
+		{"log.level error", "[log]\nlevel = \"error\"", func(c *Config) any { return c.Log.Level }, "error"},
+		{"log.format json", "[log]\nformat = \"json\"", func(c *Config) any { return c.Log.Format }, "json"},
+		{"log.format text", "[log]\nformat = \"text\"", func(c *Config) any { return c.Log.Format }, "text"},
+
+		{"dotted keys", "server.port = 5000\nlog.level = \"debug\"", func(c *Config) any { return []any{c.Server.Port, c.Log.Level} }, []any{5000, "debug"}},
+		{"inline stream table", "streams = { S = { subjects = [\"s.*\"] } }", func(c *Config) any { return c.StreamNames() }, []string{"S"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := mustParse(t, tt.toml+"\n")
+			if err := cfg.Validate(); err != nil {
+				t.Fatalf("%s\nValidate: %v", tt.toml, err)
+			}
+			if got := tt.got(cfg); !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("%s\ngot %#v, want %#v", tt.toml, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestInvalidValues sets each key to values Validate refuses; the problem
+// names the key path and the bad value.
+func TestInvalidValues(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want string // "key = value" as it appears in the problem, or more
+	}{
+		{"server.name empty", "[server]\nname = \"\"", `server.name = ""`},
+		{"server.name space", "[server]\nname = \"edge 01\"", `server.name = "edge 01"`},
+		{"server.host unspecified", "[server]\nhost = \"0.0.0.0\"", `server.host = "0.0.0.0": listening on a non-loopback address needs authentication`},
+		{"server.host ipv6 unspecified", "[server]\nhost = \"::\"", `server.host = "::": listening on a non-loopback address`},
+		{"server.host public", "[server]\nhost = \"192.0.2.10\"", `server.host = "192.0.2.10": listening on a non-loopback`},
+		{"server.host name", "[server]\nhost = \"example.com\"", `server.host = "example.com": must be an IP address`},
+		{"server.host empty", "[server]\nhost = \"\"", `server.host = "": must be an IP address`},
+		{"server.port high", "[server]\nport = 70000", "server.port = 70000: must be 0-65535"},
+		{"server.port negative", "[server]\nport = -2", "server.port = -2: must be 0-65535"},
+		{"server.max_payload 0", "[server]\nmax_payload = 0", "server.max_payload = 0: must be between 1 byte and 64MiB"},
+		{"server.max_payload unlimited", "[server]\nmax_payload = \"-1\"", "server.max_payload = -1: must be between"},
+		{"server.max_payload too big", "[server]\nmax_payload = \"65MiB\"", "server.max_payload = 65MiB: must be between 1 byte and 64MiB"},
+		{"server.max_payload unit", "[server]\nmax_payload = \"1XB\"", `server.max_payload = "1XB": unknown size unit`},
+
+		{"jetstream.store_dir empty", "[jetstream]\nstore_dir = \"\"", `jetstream.store_dir = "": must be set`},
+		{"jetstream.max_memory_store unlimited", "[jetstream]\nmax_memory_store = \"-1\"", "jetstream.max_memory_store = -1: must be a positive size"},
+		{"jetstream.max_memory_store 0", "[jetstream]\nmax_memory_store = 0", "jetstream.max_memory_store = 0: must be a positive size"},
+		{"jetstream.max_memory_store garbage", "[jetstream]\nmax_memory_store = \"lots\"", `jetstream.max_memory_store = "lots": unknown size unit`},
+		{"jetstream.max_file_store unlimited", "[jetstream]\nmax_file_store = -1", "jetstream.max_file_store = -1: must be a positive size"},
+		{"jetstream.max_file_store 0", "[jetstream]\nmax_file_store = \"0GB\"", "jetstream.max_file_store = 0: must be a positive size"},
+		{"jetstream.max_file_store negative", "[jetstream]\nmax_file_store = \"-10GB\"", `jetstream.max_file_store = "-10GB": negative size`},
+		{"jetstream.sync word", "[jetstream]\nsync = \"sometimes\"", `jetstream.sync = "sometimes": must be "always"`},
+		{"jetstream.sync zero", "[jetstream]\nsync = \"0s\"", `jetstream.sync = "0s": must be "always"`},
+		{"jetstream.sync negative", "[jetstream]\nsync = \"-1m\"", `jetstream.sync = "-1m"`},
+		{"jetstream.sync empty", "[jetstream]\nsync = \"\"", `jetstream.sync = ""`},
+		{"jetstream.encryption_key_file", "[jetstream]\nencryption_key_file = \"/etc/holdfast/key\"", `jetstream.encryption_key_file = "/etc/holdfast/key": encryption at rest is not supported`},
+		{"jetstream.domain dot", "[jetstream]\ndomain = \"a.b\"", `jetstream.domain = "a.b"`},
+		{"jetstream.domain space", "[jetstream]\ndomain = \"a b\"", `jetstream.domain = "a b"`},
+		{"jetstream.on_data_loss", "[jetstream]\non_data_loss = \"ignore\"", `jetstream.on_data_loss = "ignore": must be one of warn, refuse`},
+
+		{"run.shutdown_timeout 0", "[run]\nshutdown_timeout = \"0s\"", "run.shutdown_timeout = 0s: must be positive"},
+		{"run.shutdown_timeout negative", "[run]\nshutdown_timeout = \"-1s\"", "run.shutdown_timeout = -1s: must be positive"},
+		{"run.shutdown_timeout garbage", "[run]\nshutdown_timeout = \"abc\"", `run.shutdown_timeout = "abc": not a duration`},
+		{"run.shutdown_timeout int", "[run]\nshutdown_timeout = 20", `run.shutdown_timeout = "20": a duration must be a string`},
+
+		{"streams name", "[streams.\"a.b\"]\nsubjects = [\"s\"]", "streams.a.b: stream name must not contain"},
+		{"streams name space", "[streams.\"a b\"]\nsubjects = [\"s\"]", "streams.a b: stream name must not contain"},
+		{"streams.subjects empty", "[streams.S]\nsubjects = []", "streams.S.subjects = []: at least one subject"},
+		{"streams.subjects missing", "[streams.S]\nmax_msgs = 5", "streams.S.subjects = []: at least one subject"},
+		{"streams.subjects invalid", "[streams.S]\nsubjects = [\"a..b\"]", `streams.S.subjects = "a..b": not a valid NATS subject`},
+		{"streams.subjects space", "[streams.S]\nsubjects = [\"a b\"]", `streams.S.subjects = "a b": not a valid NATS subject`},
+		{"streams.subjects all", "[streams.S]\nsubjects = [\">\"]", `streams.S.subjects = ">": reserved`},
+		{"streams.subjects $JS", "[streams.S]\nsubjects = [\"$JS.API.>\"]", `streams.S.subjects = "$JS.API.>": reserved`},
+		{"streams.subjects $SYS", "[streams.S]\nsubjects = [\"$SYS.x\"]", `streams.S.subjects = "$SYS.x": reserved`},
+		{"streams.subjects dlq", "[streams.S]\nsubjects = [\"dlq.WORKER1.>\"]", `streams.S.subjects = "dlq.WORKER1.>": reserved`},
+		{"streams.subjects duplicate", "[streams.S]\nsubjects = [\"a\", \"a\"]", `streams.S.subjects = "a": overlaps "a" of stream S`},
+		{"streams.subjects self overlap", "[streams.S]\nsubjects = [\"a.*\", \"a.b\"]", `streams.S.subjects = "a.b": overlaps "a.*" of stream S`},
+		{"streams.retention", streamS + "retention = \"forever\"", `streams.S.retention = "forever": must be one of limits, interest, workqueue`},
+		{"streams.discard", streamS + "discard = \"oldest\"", `streams.S.discard = "oldest": must be one of old, new`},
+		{"streams.max_msgs 0", streamS + "max_msgs = 0", "streams.S.max_msgs = 0: must be positive, or -1"},
+		{"streams.max_msgs -2", streamS + "max_msgs = -2", "streams.S.max_msgs = -2: must be positive, or -1"},
+		{"streams.max_bytes 0", streamS + "max_bytes = 0", "streams.S.max_bytes = 0: must be positive"},
+		{"streams.max_bytes unit", streamS + "max_bytes = \"5 bytes\"", `streams.S.max_bytes = "5 bytes": unknown size unit`},
+		{"streams.max_age negative", streamS + "max_age = \"-1h\"", "streams.S.max_age = -1h0m0s: must not be negative"},
+		{"streams.max_age garbage", streamS + "max_age = \"3d\"", `streams.S.max_age = "3d": not a duration`},
+		{"streams.storage", streamS + "storage = \"disk\"", `streams.S.storage = "disk": must be one of file, memory`},
+		{"streams.storage memory", streamS + "storage = \"memory\"", `streams.S.storage = "memory": memory storage loses every message at restart: set allow_memory = true`},
+		{"streams.storage memory not allowed", streamS + "storage = \"memory\"\nallow_memory = false", `streams.S.storage = "memory": memory storage`},
+		{"streams.replicas 3", streamS + "replicas = 3", "streams.S.replicas = 3: must be 1"},
+		{"streams.replicas 0", streamS + "replicas = 0", "streams.S.replicas = 0: must be 1"},
+		{"streams.duplicate_window negative", streamS + "duplicate_window = \"-1s\"", "streams.S.duplicate_window = -1s: must not be negative"},
+		{"streams.duplicate_window garbage", streamS + "duplicate_window = \"x\"", `streams.S.duplicate_window = "x": not a duration`},
+		{"streams.duplicate_window beyond max_age", streamS + "max_age = \"1h\"\nduplicate_window = \"2h\"", "streams.S.duplicate_window = 2h0m0s: must not be longer than max_age (1h0m0s)"},
+
+		{"consumers name", streamS + "[consumers.\"c.1\"]\nstream = \"S\"", "consumers.c.1: consumer name must not contain"},
+		{"consumers.stream empty", streamS + "[consumers.C]\nstream = \"\"", `consumers.C.stream = "": must name the stream`},
+		{"consumers.stream missing", streamS + "[consumers.C]\nack_wait = \"1s\"", `consumers.C.stream = "": must name the stream`},
+		{"consumers.stream unknown", streamS + "[consumers.C]\nstream = \"NOPE\"", `consumers.C.stream = "NOPE": no such stream: configured streams are S`},
+		{"consumers.filter_subject invalid", consumerC + "filter_subject = \"s..x\"", `consumers.C.filter_subject = "s..x": not a valid NATS subject`},
+		{"consumers.filter_subject outside stream", consumerC + "filter_subject = \"other.x\"", `consumers.C.filter_subject = "other.x": matches none of stream S's subjects`},
+		{"consumers.ack_wait 0", consumerC + "ack_wait = \"0s\"", "consumers.C.ack_wait = 0s: must be positive"},
+		{"consumers.ack_wait negative", consumerC + "ack_wait = \"-5s\"", "consumers.C.ack_wait = -5s: must be positive"},
+		{"consumers.ack_wait garbage", consumerC + "ack_wait = \"soon\"", `consumers.C.ack_wait = "soon": not a duration`},
+		{"consumers.ack_wait int", consumerC + "ack_wait = 30", `consumers.C.ack_wait = "30": a duration must be a string`},
+		{"consumers.max_deliver 0", consumerC + "max_deliver = 0", "consumers.C.max_deliver = 0: must be at least 1"},
+		{"consumers.max_deliver -1", consumerC + "max_deliver = -1", "consumers.C.max_deliver = -1: must be at least 1: holdfast never retries forever"},
+		{"consumers.backoff 0", consumerC + "backoff = [\"1s\", \"0s\"]", "consumers.C.backoff[1] = 0s: must be positive"},
+		{"consumers.backoff garbage", consumerC + "backoff = [\"x\"]", `consumers.C.backoff[0] = "x": not a duration`},
+		{"consumers.backoff int", consumerC + "backoff = [5]", `consumers.C.backoff[0] = "5": a duration must be a string`},
+		{"consumers.max_ack_pending 0", consumerC + "max_ack_pending = 0\nworkers = 0", "consumers.C.max_ack_pending = 0: must be at least 1"},
+		{"consumers.workers negative", consumerC + "workers = -1", "consumers.C.workers = -1: must be between 0"},
+		{"consumers.workers too many", consumerC + "workers = 1025\nmax_ack_pending = 2000", "consumers.C.workers = 1025: must be between 0 (no in-process workers) and 1024"},
+		{"consumers.workers > max_ack_pending", consumerC + "workers = 8\nmax_ack_pending = 4", "consumers.C.workers = 8: more than max_ack_pending (4)"},
+		{"consumers.handler", consumerC + "handler = \"shell\"", `consumers.C.handler = "shell": must be one of log, exec, http`},
+		{"consumers.handler empty", consumerC + "handler = \"\"", `consumers.C.handler = "": must be one of`},
+		{"consumers.exec without command", consumerC + "handler = \"exec\"", `consumers.C.exec.command = []: handler = "exec" needs a command`},
+		{"consumers.exec empty command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = []", `consumers.C.exec.command = []: handler = "exec" needs a command`},
+		{"consumers.exec empty program", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"\", \"x\"]", `consumers.C.exec.command = []: handler = "exec" needs a command`},
+		{"consumers.exec relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"process-order\"]", `consumers.C.exec.command = "process-order": must be an absolute path`},
+		{"consumers.exec dot-relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"./bin/p\"]", `consumers.C.exec.command = "./bin/p": must be an absolute path`},
+		{"consumers.exec.timeout 0", consumerC + "[consumers.C.exec]\ntimeout = \"0s\"", "consumers.C.exec.timeout = 0s: must be positive"},
+		{"consumers.exec.timeout garbage", consumerC + "[consumers.C.exec]\ntimeout = \"long\"", `consumers.C.exec.timeout = "long": not a duration`},
+		{"consumers.http without url", consumerC + "handler = \"http\"", `consumers.C.http.url = "": handler = "http" needs a url`},
+		{"consumers.http bad scheme", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"ftp://127.0.0.1/x\"", `consumers.C.http.url = "ftp://127.0.0.1/x": must be an http:// or https:// URL`},
+		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be positive"},
+		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be positive"},
+		{"consumers.dead_letter configured stream", consumerC + "dead_letter = \"S\"", `consumers.C.dead_letter = "S": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ"`},
+		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
+
+		{"http.listen non-loopback", "[http]\nlisten = \"0.0.0.0:8222\"", `http.listen = "0.0.0.0:8222": monitoring on a non-loopback address`},
+		{"http.listen all interfaces", "[http]\nlisten = \":8222\"", `http.listen = ":8222": monitoring on a non-loopback address`},
+		{"http.listen no port", "[http]\nlisten = \"127.0.0.1\"", `http.listen = "127.0.0.1": must be host:port`},
+		{"http.listen port range", "[http]\nlisten = \"127.0.0.1:99999\"", `http.listen = "127.0.0.1:99999": port must be 0-65535`},
+		{"http.listen port name", "[http]\nlisten = \"127.0.0.1:http\"", `http.listen = "127.0.0.1:http": port must be 0-65535`},
+
+		{"log.level", "[log]\nlevel = \"trace\"", `log.level = "trace": must be one of debug, info, warn, error`},
+		{"log.level case", "[log]\nlevel = \"INFO\"", `log.level = "INFO": must be one of`},
+		{"log.format", "[log]\nformat = \"xml\"", `log.format = "xml": must be one of text, json`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := mustParse(t, tt.toml+"\n")
+			wantProblems(t, cfg.Validate(), tt.want)
+		})
+	}
+}
+
+// TestWrongTypes: a value of the wrong TOML type is a parse error that
+// names the key and the line.
+func TestWrongTypes(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want []string
+	}{
+		{"server.port string", "[server]\nport = \"4222\"", []string{"line 2", "server.port", "string"}},
+		{"server.name int", "[server]\nname = 5", []string{"line 2", "server.name"}},
+		{"server.host array", "\n[server]\nhost = [\"127.0.0.1\"]", []string{"line 3", "server.host"}},
+		{"jetstream.allow_tmpfs string", "[jetstream]\nallow_tmpfs = \"yes\"", []string{"line 2", "jetstream.allow_tmpfs"}},
+		{"jetstream.sync bool", "[jetstream]\nsync = true", []string{"line 2", "jetstream.sync"}},
+		{"log.level int", "[log]\nlevel = 3", []string{"line 2", "log.level"}},
+		{"http.listen int", "[http]\nlisten = 8222", []string{"line 2", "http.listen"}},
+		{"server not a table", "server = 5", []string{"line 1", "server"}},
+		{"streams.subjects string", "[streams.S]\nsubjects = \"s.*\"", []string{"line 2", "streams.S.subjects"}},
+		{"streams.max_msgs string", streamS + "max_msgs = \"1000\"", []string{"line 3", "streams.S.max_msgs"}},
+		{"streams.allow_memory string", streamS + "allow_memory = \"true\"", []string{"line 3", "streams.S.allow_memory"}},
+		{"streams.replicas float", streamS + "replicas = 1.0", []string{"line 3", "streams.S.replicas"}},
+		{"stream not a table", "[streams]\nS = 5", []string{"line 2", "streams.S"}},
+		{"consumers.stream int", streamS + "[consumers.C]\nstream = 5", []string{"line 4", "consumers.C.stream"}},
+		{"consumers.max_deliver string", consumerC + "max_deliver = \"5\"", []string{"line 5", "consumers.C.max_deliver"}},
+		{"consumers.workers bool", consumerC + "workers = true", []string{"line 5", "consumers.C.workers"}},
+		{"consumers.backoff string", consumerC + "backoff = \"1s\"", []string{"line 5", "consumers.C.backoff"}},
+		{"consumers.exec not a table", consumerC + "exec = 5", []string{"line 5", "consumers.C.exec"}},
+		{"consumers.exec.command string", consumerC + "[consumers.C.exec]\ncommand = \"/bin/true\"", []string{"line 6", "consumers.C.exec.command"}},
+		{"consumers.http.url int", consumerC + "[consumers.C.http]\nurl = 80", []string{"line 6", "consumers.C.http.url"}},
+		{"integer overflow", "[server]\nport = 99999999999999999999", []string{"line 2", "server.port", "99999999999999999999"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantParseError(t, tt.toml+"\n", tt.want...)
+		})
+	}
+}
+
+func TestUnknownKeys(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want []string // fragments: the key path and its line
+	}{
+		{"top level", "# comment\nbogus = 1\n", []string{"line 2: bogus: unknown key"}},
+		{"top-level table", "[log]\nlevel = \"info\"\n\n[metrics]\nlisten = \"x\"\n", []string{"line 4: metrics: unknown key", "line 5: metrics.listen: unknown key"}},
+		{"in server", "[server]\nhost = \"127.0.0.1\"\nlisten = \"x\"\n", []string{"line 3: server.listen: unknown key"}},
+		{"misspelt jetstream key", "[jetstream]\n\nstoredir = \"/x\"\n", []string{"line 3: jetstream.storedir: unknown key"}},
+		{"in run", "[run]\nshutdown = \"5s\"\n", []string{"line 2: run.shutdown: unknown key"}},
+		{"in a stream", "[streams.ORDERS]\nsubjects = [\"orders.*\"]\nmax_age = \"1h\"\nmaxage = \"2h\"\n", []string{"line 4: streams.ORDERS.maxage: unknown key"}},
+		{"in a consumer", consumerC + "ackwait = \"1s\"\n", []string{"line 5: consumers.C.ackwait: unknown key"}},
+		{"in consumers.X.exec", consumerC + "[consumers.C.exec]\ncommand = [\"/bin/true\"]\nargs = [\"x\"]\n", []string{"line 7: consumers.C.exec.args: unknown key"}},
+		{"in consumers.X.http", consumerC + "[consumers.C.http]\nmethod = \"PUT\"\n", []string{"line 6: consumers.C.http.method: unknown key"}},
+		{"in http", "[http]\nport = 1\n", []string{"line 2: http.port: unknown key"}},
+		{"in log", "[log]\nlevel = \"info\"\ncolor = true\n", []string{"line 3: log.color: unknown key"}},
+		{"dotted key", "\nserver.bogus = 1\n", []string{"line 2: server.bogus: unknown key"}},
+		{"quoted table name", "[streams.\"S\"]\nsubjects = [\"s.*\"]\nfoo = 1\n", []string{"line 3: streams.S.foo: unknown key"}},
+		{"several at once", "a = 1\n[server]\nb = 2\n[streams.S]\nsubjects = [\"s\"]\nc = 3\n", []string{
+			"line 1: a: unknown key", "line 3: server.b: unknown key", "line 6: streams.S.c: unknown key"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := wantParseError(t, tt.toml, tt.want...)
+			if !strings.Contains(err.Error(), "`holdfast config` prints every valid key") {
+				t.Errorf("error does not say where to find valid keys: %v", err)
+			}
+		})
+	}
+}
+
+// A wrongly typed [streams] or [consumers] value must not be ignored in
+// favour of the defaults.
+func TestStreamsAndConsumersMustBeTables(t *testing.T) {
+	for _, text := range []string{
+		"streams = 5\n",
+		"streams = []\n",
+		"streams = \"ORDERS\"\n",
+		"consumers = 5\n",
+		"consumers = \"WORKER1\"\n",
+		"consumers = [\"WORKER1\"]\n",
+		"[[streams]]\nsubjects = [\"a\"]\n",
+	} {
+		t.Run(text, func(t *testing.T) {
+			key := strings.TrimLeft(strings.Fields(text)[0], "[")
+			key = strings.TrimRight(key, "]")
+			wantParseError(t, text, "line 1", key)
+		})
+	}
+}
+
+func TestSyntaxErrorCarriesLine(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		line string
+	}{
+		{"double equals", "[server]\nport = = 1\n", "line 2"},
+		// The parser notices the missing ']' at the newline, and counts it
+		// on the next line.
+		{"unclosed header", "[log]\nlevel = \"info\"\n[server\nport = 1\n", "line 4"},
+		{"unterminated string", "\n\n\n[log]\nlevel = \"info\n", "line 5"},
+		{"bare value", "[jetstream]\nstore_dir = /var/lib\n", "line 2"},
+		{"duplicate key", "[server]\nport = 1\nport = 2\n", "line 3"},
+		{"duplicate table", "[server]\n[log]\n[server]\n", "line 3"},
+		{"invalid escape", "[jetstream]\nstore_dir = \"C:\\data\"\n", "line 2"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			wantParseError(t, tt.toml, tt.line)
+		})
+	}
+}
+
+func TestUnsupportedTables(t *testing.T) {
+	for _, table := range []string{"auth", "tls", "cluster", "leafnodes"} {
+		t.Run(table, func(t *testing.T) {
+			wantParseError(t, "["+table+"]\n", "["+table+"] is not supported by this version of holdfast")
+			wantParseError(t, "["+table+"]\nfoo = \"bar\"\n", "["+table+"] is not supported")
+		})
+	}
+	t.Run("all four", func(t *testing.T) {
+		wantParseError(t, "[auth]\n[tls]\n[cluster]\n[leafnodes]\n",
+			"[auth] is not", "[tls] is not", "[cluster] is not", "[leafnodes] is not")
+	})
+	t.Run("allow_anonymous does not open the door", func(t *testing.T) {
+		wantParseError(t, "[server]\nhost = \"0.0.0.0\"\nallow_anonymous = true\n", "server.allow_anonymous: unknown key")
+	})
+}
+
+// One input with three problems lists all three.
+func TestValidationCollectsEveryProblem(t *testing.T) {
+	cfg := mustParse(t, `
+[server]
+host = "0.0.0.0"
+[streams.S]
+subjects = ["s.*"]
+max_age = "forever"
+[consumers.C]
+stream = "S"
+max_deliver = 0
+`)
+	err := cfg.Validate()
+	ve := wantProblems(t, err,
+		`server.host = "0.0.0.0"`,
+		`streams.S.max_age = "forever"`,
+		"consumers.C.max_deliver = 0")
+	if len(ve.Problems) != 3 {
+		t.Errorf("got %d problems, want 3:\n%v", len(ve.Problems), err)
+	}
+	if !strings.HasPrefix(err.Error(), "config: 3 problem(s):\n  ") {
+		t.Errorf("error text %q does not start with the count", err)
+	}
+	if n := strings.Count(err.Error(), "\n  "); n != 3 {
+		t.Errorf("error lists %d lines, want 3:\n%v", n, err)
+	}
+	// Validate is a pure function of the config.
+	if again := cfg.Validate(); again.Error() != err.Error() {
+		t.Errorf("second Validate differs:\n%v\n%v", again, err)
+	}
+}
+
+func TestOverlappingSubjects(t *testing.T) {
+	tests := []struct {
+		name   string
+		a, b   string // subjects of streams A and B
+		ok     bool
+		wantIn string
+	}{
+		{"wildcard vs full wildcard", `"orders.*"`, `"orders.>"`, false, `streams.B.subjects = "orders.>": overlaps "orders.*" of stream A`},
+		{"literal vs wildcard", `"a.b"`, `"a.*"`, false, `streams.B.subjects = "a.*": overlaps "a.b" of stream A`},
+		{"same literal", `"a.b"`, `"a.b"`, false, `streams.B.subjects = "a.b": overlaps "a.b" of stream A`},
+		{"inner wildcard", `"orders.*.created"`, `"orders.>"`, false, `streams.B.subjects = "orders.>": overlaps "orders.*.created" of stream A`},
+		{"second subject", `"x", "a.>"`, `"y", "a.b.c"`, false, `streams.B.subjects = "a.b.c": overlaps "a.>" of stream A`},
+		{"different tokens", `"orders.*"`, `"invoices.*"`, true, ""},
+		{"different depth", `"a.*"`, `"a.b.c"`, true, ""},
+		{"literal and longer", `"a"`, `"a.b"`, true, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := mustParse(t, "[streams.A]\nsubjects = ["+tt.a+"]\n[streams.B]\nsubjects = ["+tt.b+"]\n")
+			err := cfg.Validate()
+			if tt.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			ve := wantProblems(t, err, tt.wantIn)
+			if len(ve.Problems) != 1 {
+				t.Errorf("want exactly one problem, got:\n%v", err)
+			}
+		})
+	}
+}
+
+// A stream's subjects must not overlap what the server or holdfast's own
+// dead-letter streams use, even through wildcards: the server would refuse
+// the stream at start-up although `holdfast check` said the file was fine.
+// Each verdict is checked against a real JetStream server too.
+func TestSubjectsOverlappingReservedSpace(t *testing.T) {
+	tests := []struct {
+		subject string
+		ok      bool
+		strict  bool // refused by holdfast though the server would take it
+	}{
+		{"*.>", false, false},           // $JS.API.> and dlq.WORKER1.>
+		{"*.*", false, false},           // $JS.API
+		{"*.WORKER1.>", false, false},   // dlq.WORKER1.>
+		{"*.*.*", false, false},         // $JS.API.INFO, dlq.WORKER1.x
+		{"*.created", false, false},     // $JS.created
+		{"*.OTHER.>", false, false},     // $JS.OTHER.x
+		{"$JS.EVENT.x", false, true},    // $ is reserved as a whole, even the server's exception
+		{"$SYS.x", false, false},        // the system account's API
+		{"dlq.WORKER1.x", false, false}, // dlq. prefix
+		{"orders.>", true, false},       // a literal first token
+		{"events.*.>", true, false},     // a literal first token
+		{"*", true, false},              // one token: no API subject has one
+		{"dlq", true, false},            // the bare word is not a dead-letter subject
+	}
+	js := startJetStream(t)
+	dlq := &nats.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"dlq.WORKER1.>"}}
+	if _, err := js.AddStream(dlq); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range tests {
+		t.Run(tt.subject, func(t *testing.T) {
+			cfg := mustParse(t, "[streams.ORDERS]\nsubjects = [\""+tt.subject+"\"]\n[consumers.WORKER1]\nstream = \"ORDERS\"\n")
+			err := cfg.Validate()
+			if tt.ok {
+				if err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				wantProblems(t, err, `streams.ORDERS.subjects = "`+tt.subject+`": reserved`)
+			}
+			_, serr := js.AddStream(&nats.StreamConfig{Name: "ORDERS", Subjects: []string{tt.subject}})
+			if serr == nil {
+				if err := js.DeleteStream("ORDERS"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if (serr == nil) != (tt.ok || tt.strict) {
+				t.Errorf("Validate says ok=%v, the server says %v", tt.ok, serr)
+			}
+		})
+	}
+}
+
+// startJetStream runs a JetStream server on a temporary directory, with no
+// listener, and returns an in-process JetStream context.
+func startJetStream(t *testing.T) nats.JetStreamContext {
+	t.Helper()
+	ns, err := server.NewServer(&server.Options{DontListen: true, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	t.Cleanup(func() {
+		ns.Shutdown()
+		ns.WaitForShutdown()
+	})
+	if !ns.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(ns))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := nc.JetStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+func TestMemoryStorage(t *testing.T) {
+	cfg := mustParse(t, streamS+"storage = \"memory\"\n")
+	wantProblems(t, cfg.Validate(), `streams.S.storage = "memory"`, "allow_memory = true")
+	cfg = mustParse(t, streamS+"storage = \"memory\"\nallow_memory = true\n")
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("memory storage with allow_memory = true: %v", err)
+	}
+	// allow_memory is per stream: it does not carry over to another.
+	cfg = mustParse(t, streamS+"storage = \"memory\"\nallow_memory = true\n[streams.T]\nsubjects = [\"t\"]\nstorage = \"memory\"\n")
+	ve := wantProblems(t, cfg.Validate(), `streams.T.storage = "memory"`)
+	if len(ve.Problems) != 1 {
+		t.Errorf("want only stream T refused, got:\n%v", ve)
+	}
+}
+
+func TestNoStreams(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Streams = nil
+	cfg.Consumers = nil
+	wantProblems(t, cfg.Validate(), "streams: no stream configured")
+}
+
+func TestErrorsUnwrapToSentinel(t *testing.T) {
+	_, perr := Parse(strings.NewReader("bogus = 1\n"), "a.toml")
+	verr := mustParse(t, "[log]\nlevel = \"loud\"\n").Validate()
+	for _, err := range []error{perr, verr} {
+		if !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("errors.Is(%v, ErrInvalidConfig) = false", err)
+		}
+	}
+	var pe *ParseError
+	if !errors.As(perr, &pe) || pe.Source != "a.toml" {
+		t.Errorf("parse error %#v", perr)
+	}
+	var ve *ValidationError
+	if !errors.As(verr, &ve) {
+		t.Errorf("validation error %#v", verr)
+	}
+	// An error from Parse about the TOML syntax also keeps the
+	// underlying error reachable.
+	_, serr := Parse(strings.NewReader("x = = 1"), "")
+	if !errors.Is(serr, ErrInvalidConfig) || !strings.HasPrefix(serr.Error(), "config: ") {
+		t.Errorf("syntax error %v", serr)
+	}
+	if errors.Unwrap(serr) != nil {
+		t.Errorf("ParseError unwraps to several errors, errors.Unwrap should be nil")
+	}
+	if !errors.Is(&ParseError{Err: os.ErrClosed}, os.ErrClosed) {
+		t.Error("ParseError does not unwrap to its cause")
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, os.ErrDeadlineExceeded }
+
+func TestParseReadError(t *testing.T) {
+	_, err := Parse(failingReader{}, "slow.toml")
+	if !errors.Is(err, os.ErrDeadlineExceeded) || !strings.Contains(err.Error(), "slow.toml") {
+		t.Fatalf("Parse(failing reader) = %v", err)
+	}
+}
+
+func TestWriteDefaultRoundTrip(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteDefault(&buf, DefaultStoreDir); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	cfg := mustParse(t, text)
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("the default file does not validate: %v", err)
+	}
+	if !reflect.DeepEqual(cfg, DefaultConfig()) {
+		t.Fatalf("the default file parses to\n%+v\nwant DefaultConfig()\n%+v", cfg, DefaultConfig())
+	}
+	for _, want := range []string{"[server]", "[jetstream]", "[run]", "[streams.ORDERS]", "[consumers.WORKER1]",
+		"[consumers.WORKER1.exec]", "[consumers.WORKER1.http]", "[http]", "[log]"} {
+		if !strings.Contains(text, "\n"+want) {
+			t.Errorf("the default file has no %s table", want)
+		}
+	}
+
+	for _, dir := range []string{
+		"/var/lib/holdfast/jetstream",
+		"relative/dir",
+		"/srv/with space/js",
+		`/srv/quote"d`,
+		`C:\holdfast\data`,
+		"/srv/ünïcode/日本",
+		"/srv/tab\there",
+	} {
+		t.Run(dir, func(t *testing.T) {
+			var buf bytes.Buffer
+			if err := WriteDefault(&buf, dir); err != nil {
+				t.Fatal(err)
+			}
+			cfg := mustParse(t, buf.String())
+			want := DefaultConfig()
+			want.JetStream.StoreDir = dir
+			if !reflect.DeepEqual(cfg, want) {
+				t.Errorf("store dir %q: parsed %+v, want %+v", dir, cfg.JetStream, want.JetStream)
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+}
+
+func TestWriteDefaultRefusesInvalidUTF8(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteDefault(&buf, "/srv/\xff"); err == nil {
+		t.Fatalf("WriteDefault wrote a store dir that is not UTF-8:\n%s", buf.String())
+	}
+}
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, os.ErrClosed }
+
+func TestWriteDefaultWriteError(t *testing.T) {
+	if err := WriteDefault(failingWriter{}, DefaultStoreDir); !errors.Is(err, os.ErrClosed) {
+		t.Fatalf("WriteDefault to a failing writer = %v, want its error", err)
+	}
+}
+
+// Every key of the structs appears in the commented default file, so that
+// `holdfast config` documents them all.
+func TestDefaultFileMentionsEveryKey(t *testing.T) {
+	var buf bytes.Buffer
+	if err := WriteDefault(&buf, DefaultStoreDir); err != nil {
+		t.Fatal(err)
+	}
+	text := buf.String()
+	for _, v := range []any{ServerConfig{}, JetStreamConfig{}, RunConfig{}, StreamConfig{}, ConsumerConfig{}, ExecConfig{}, HTTPHandlerConfig{}, HTTPConfig{}, LogConfig{}} {
+		typ := reflect.TypeOf(v)
+		for i := range typ.NumField() {
+			tag := typ.Field(i).Tag.Get("toml")
+			if tag == "" || tag == "-" {
+				continue
+			}
+			if !strings.Contains(text, tag+" = ") && !strings.Contains(text, "."+tag+"]") {
+				t.Errorf("%s.%s (%s) is not in the default file", typ.Name(), typ.Field(i).Name, tag)
+			}
+		}
+	}
+}
+
+func TestLoad(t *testing.T) {
+	t.Run("no path and no default file", func(t *testing.T) {
+		if _, err := os.Stat(DefaultPath); err == nil {
+			t.Skipf("%s exists on this machine", DefaultPath)
+		}
+		cfg, source, err := Load("")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if source != "" {
+			t.Errorf("source = %q, want \"\" for built-in defaults", source)
+		}
+		if !reflect.DeepEqual(cfg, DefaultConfig()) {
+			t.Errorf("Load(\"\") = %+v, want DefaultConfig()", cfg)
+		}
+	})
+	t.Run("missing explicit path", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "nope.toml")
+		cfg, source, err := Load(path)
+		if err == nil {
+			t.Fatalf("Load(%s) = %+v, want an error", path, cfg)
+		}
+		if !errors.Is(err, os.ErrNotExist) || !strings.Contains(err.Error(), path) {
+			t.Errorf("error %v does not name %s as missing", err, path)
+		}
+		if source != path {
+			t.Errorf("source = %q, want %q", source, path)
+		}
+	})
+	t.Run("a directory", func(t *testing.T) {
+		dir := t.TempDir()
+		if _, _, err := Load(dir); err == nil {
+			t.Fatalf("Load(%s) of a directory succeeded", dir)
+		}
+	})
+	t.Run("valid file", func(t *testing.T) {
+		path := writeFile(t, "[server]\nport = 4999\n")
+		cfg, source, err := Load(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if source != path || cfg.Server.Port != 4999 {
+			t.Errorf("Load = port %d, source %q", cfg.Server.Port, source)
+		}
+	})
+	t.Run("invalid value", func(t *testing.T) {
+		path := writeFile(t, "[log]\nlevel = \"loud\"\n")
+		_, _, err := Load(path)
+		wantProblems(t, err, `log.level = "loud"`)
+		if !strings.HasPrefix(err.Error(), path+": 1 problem(s)") {
+			t.Errorf("error %q does not start with the file name", err)
+		}
+	})
+	t.Run("syntax error", func(t *testing.T) {
+		path := writeFile(t, "[log]\nlevel = \n")
+		_, _, err := Load(path)
+		var pe *ParseError
+		if !errors.As(err, &pe) || !errors.Is(err, ErrInvalidConfig) {
+			t.Fatalf("Load = %v, want a *ParseError", err)
+		}
+		if !strings.HasPrefix(err.Error(), path+": line 2") {
+			t.Errorf("error %q does not start with file and line", err)
+		}
+	})
+}
+
+func writeFile(t *testing.T, text string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "holdfast.toml")
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestIsLoopback(t *testing.T) {
+	for host, want := range map[string]bool{
+		"127.0.0.1": true, "127.1.2.3": true, "::1": true, "localhost": true,
+		"0.0.0.0": false, "::": false, "10.0.0.1": false, "": false, "example.com": false, "LOCALHOST": false,
+	} {
+		if got := IsLoopback(host); got != want {
+			t.Errorf("IsLoopback(%q) = %v, want %v", host, got, want)
+		}
+	}
+}

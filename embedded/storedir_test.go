@@ -1,0 +1,722 @@
+package embedded
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The store dir tests run against real conditions: real mounts (tmpfs,
+// ramfs, read-only binds), a real unprivileged user, real processes that
+// hold the lock or have files open. Tests usually run as root, for whom
+// permission bits prove nothing.
+
+// storeHelperEnv selects what TestStoreDirHelperProcess does when the test
+// binary is re-executed as a subprocess; storeHelperDirEnv names the dir.
+const (
+	storeHelperEnv    = "HOLDFAST_TEST_STOREDIR_HELPER"
+	storeHelperDirEnv = "HOLDFAST_TEST_STOREDIR"
+)
+
+// TestStoreDirHelperProcess is not a test: it is the body of the
+// subprocesses the store dir tests start by re-executing the test binary.
+// It does nothing in a normal run.
+//
+//	check: run CheckStoreDir and print its result
+//	lock:  take the store lock, print "ready", hold it until stdin closes
+//	open:  open a file under the dir, print "ready", keep it open until stdin closes
+func TestStoreDirHelperProcess(t *testing.T) {
+	mode := os.Getenv(storeHelperEnv)
+	if mode == "" {
+		return
+	}
+	dir := os.Getenv(storeHelperDirEnv)
+	switch mode {
+	case "check":
+		if _, err := CheckStoreDir(dir, false, 0); err != nil {
+			fmt.Println("error:", err)
+		} else {
+			fmt.Println("ok")
+		}
+	case "lock":
+		l, err := LockStoreDir(dir)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		_ = l.Unlock()
+	case "open":
+		f, err := os.Create(filepath.Join(dir, "00000001.blk"))
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		fmt.Println("ready")
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		_ = f.Close()
+	default:
+		fmt.Println("unknown helper mode", mode)
+		os.Exit(2)
+	}
+	os.Exit(0)
+}
+
+// storeHelperCmd returns a command that re-executes binary (the test binary
+// or a copy of it) as TestStoreDirHelperProcess in the given mode.
+func storeHelperCmd(t *testing.T, binary, mode, dir string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(binary, "-test.run=^TestStoreDirHelperProcess$", "-test.count=1")
+	cmd.Env = append(os.Environ(), storeHelperEnv+"="+mode, storeHelperDirEnv+"="+dir)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// startStoreHelper starts a helper that holds something in dir until the
+// test ends, and returns once it printed "ready".
+func startStoreHelper(t *testing.T, mode, dir string) *exec.Cmd {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := storeHelperCmd(t, self, mode, dir)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line := make(chan string, 1)
+	go func() {
+		s, _ := bufio.NewReader(stdout).ReadString('\n')
+		line <- strings.TrimSpace(s)
+		_, _ = io.Copy(io.Discard, stdout)
+	}()
+	select {
+	case s := <-line:
+		if s != "ready" {
+			t.Fatalf("helper %s: %q", mode, s)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("helper %s not ready after 30s", mode)
+	}
+	return cmd
+}
+
+// pollUntil calls f until it returns nil or total has passed, and fails the
+// test with f's last error.
+func pollUntil(t *testing.T, total time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not true after %s: %v", total, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// wantStoreDirError checks that err is a one-line *StoreDirError for path
+// that unwraps to ErrStoreDir and contains every fragment.
+func wantStoreDirError(t *testing.T, err error, path string, fragments ...string) *StoreDirError {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("store dir %s accepted, want a refusal containing %q", path, fragments)
+	}
+	var se *StoreDirError
+	if !errors.As(err, &se) {
+		t.Fatalf("error %v (%T) is not a *StoreDirError", err, err)
+	}
+	if !errors.Is(err, ErrStoreDir) {
+		t.Errorf("errors.Is(%v, ErrStoreDir) = false", err)
+	}
+	msg := err.Error()
+	if !strings.HasPrefix(msg, "store dir "+path+": ") {
+		t.Errorf("refusal %q does not start with the path %s", msg, path)
+	}
+	if strings.Contains(msg, "\n") {
+		t.Errorf("refusal is not one line: %q", msg)
+	}
+	for _, f := range fragments {
+		if !strings.Contains(msg, f) {
+			t.Errorf("refusal %q does not contain %q", msg, f)
+		}
+	}
+	return se
+}
+
+// mountFS mounts a file system of type fstype on dir and unmounts it when
+// the test ends. It skips the test when mounting is not permitted.
+func mountFS(t *testing.T, fstype, dir string, flags uintptr, data string) {
+	t.Helper()
+	if err := unix.Mount(fstype, dir, fstype, flags, data); err != nil {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+			t.Skipf("cannot mount %s on %s: %v (needs root or CAP_SYS_ADMIN)", fstype, dir, err)
+		}
+		t.Fatalf("mount %s on %s: %v", fstype, dir, err)
+	}
+	t.Cleanup(func() { unmount(t, dir) })
+}
+
+// bindReadOnly makes dir a read-only bind mount of itself until the test
+// ends.
+func bindReadOnly(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Mount(dir, dir, "", unix.MS_BIND, ""); err != nil {
+		if errors.Is(err, unix.EPERM) || errors.Is(err, unix.EACCES) {
+			t.Skipf("cannot bind-mount %s: %v (needs root or CAP_SYS_ADMIN)", dir, err)
+		}
+		t.Fatalf("bind mount %s: %v", dir, err)
+	}
+	t.Cleanup(func() { unmount(t, dir) })
+	if err := unix.Mount("", dir, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+		t.Fatalf("remount %s read-only: %v", dir, err)
+	}
+}
+
+func unmount(t *testing.T, dir string) {
+	t.Helper()
+	if err := unix.Unmount(dir, 0); err != nil {
+		t.Errorf("unmount %s: %v (detaching it)", dir, err)
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+	}
+}
+
+// umask reads the process umask without changing it.
+func umask(t *testing.T) os.FileMode {
+	t.Helper()
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Umask:"); ok {
+			n, err := strconv.ParseUint(strings.TrimSpace(v), 8, 32)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return os.FileMode(n)
+		}
+	}
+	t.Fatal("no Umask in /proc/self/status")
+	return 0
+}
+
+func TestCheckStoreDirCreatesMissingDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "var", "lib", "holdfast")
+	res, err := CheckStoreDir(dir, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Created || res.Path != dir {
+		t.Errorf("result %+v, want Created and Path %s", res, dir)
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := 0o750 &^ umask(t); !fi.IsDir() || fi.Mode().Perm() != want {
+		t.Errorf("created %s with mode %v, want a directory with %v", dir, fi.Mode(), want)
+	}
+	// The write probe leaves nothing behind.
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("dir not empty after the check: %v", entries)
+	}
+
+	// The second time it exists.
+	res, err = CheckStoreDir(dir, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Created {
+		t.Error("Created on an existing dir")
+	}
+}
+
+func TestCheckStoreDirExisting(t *testing.T) {
+	dir := t.TempDir()
+	res, err := CheckStoreDir(dir, false, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		t.Fatal(err)
+	}
+	if res.Created || res.Free <= 0 || res.FSType == "" || res.FSType == "tmpfs" {
+		t.Errorf("result %+v", res)
+	}
+	if len(res.Warnings) != 0 {
+		t.Errorf("warnings for a 1-byte max_file_store: %v", res.Warnings)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+		t.Errorf("dir not empty after the check: %v", entries)
+	}
+}
+
+func TestCheckStoreDirRelativePath(t *testing.T) {
+	parent := t.TempDir()
+	t.Chdir(parent)
+	res, err := CheckStoreDir("holdfast-data", false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(parent, "holdfast-data")
+	if res.Path != want || !res.Created {
+		t.Errorf("Path %q Created %v, want %s created", res.Path, res.Created, want)
+	}
+}
+
+func TestCheckStoreDirNotADirectory(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "store")
+	if err := os.WriteFile(path, []byte("not a dir"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := CheckStoreDir(path, false, 0)
+	wantStoreDirError(t, err, path, "not a directory", "jetstream.store_dir")
+	// The file is left alone.
+	if b, _ := os.ReadFile(path); string(b) != "not a dir" {
+		t.Errorf("file changed to %q", b)
+	}
+
+	// A file in the way of a parent directory.
+	_, err = CheckStoreDir(filepath.Join(path, "sub"), false, 0)
+	wantStoreDirError(t, err, filepath.Join(path, "sub"), "not a directory")
+}
+
+func TestCheckStoreDirReadOnlyMount(t *testing.T) {
+	t.Run("read-only bind mount", func(t *testing.T) {
+		dir := t.TempDir()
+		bindReadOnly(t, dir)
+		if err := os.WriteFile(filepath.Join(dir, "x"), nil, 0o600); err == nil {
+			t.Fatal("the read-only mount takes writes")
+		}
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "read-only file system", "remount it read-write")
+	})
+	t.Run("missing under a read-only mount", func(t *testing.T) {
+		parent := t.TempDir()
+		bindReadOnly(t, parent)
+		dir := filepath.Join(parent, "store")
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "missing and cannot be created", "read-only file system")
+	})
+	t.Run("read-only tmpfs even when tmpfs is allowed", func(t *testing.T) {
+		dir := t.TempDir()
+		mountFS(t, "tmpfs", dir, unix.MS_RDONLY, "size=1m")
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "tmpfs")
+		_, err = CheckStoreDir(dir, true, 0)
+		wantStoreDirError(t, err, dir, "read-only file system")
+	})
+}
+
+// TestCheckStoreDirNotWritable runs the check as an unprivileged user,
+// for whom a root-owned 0755 directory is really not writable.
+func TestCheckStoreDirNotWritable(t *testing.T) {
+	dir := t.TempDir()
+	if os.Geteuid() != 0 {
+		// Without root the permission bits are the real thing.
+		if err := os.Chmod(dir, 0o555); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(dir, 0o755) })
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "not writable", "permission denied")
+		return
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no unprivileged user to run the check as: %v", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+
+	// nobody must be able to reach the dir and run a copy of the test
+	// binary (the original may sit in a private build directory).
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binary := filepath.Join(dir, "embedded.test")
+	copyFile(t, binary)
+
+	run := func(t *testing.T, store string) string {
+		t.Helper()
+		cmd := storeHelperCmd(t, binary, "check", store)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("helper as %s: %v\n%s", nobody.Username, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	t.Run("existing dir", func(t *testing.T) {
+		store := filepath.Join(dir, "store")
+		if err := os.Mkdir(store, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		out := run(t, store)
+		want := "error: store dir " + store + ": not writable: permission denied"
+		if !strings.HasPrefix(out, want) || !strings.Contains(out, "chown holdfast:holdfast") {
+			t.Errorf("check as nobody printed %q, want %q and the fix", out, want)
+		}
+	})
+	t.Run("missing dir in an unwritable parent", func(t *testing.T) {
+		store := filepath.Join(dir, "missing", "store")
+		out := run(t, store)
+		want := "error: store dir " + store + ": missing and cannot be created: permission denied"
+		if !strings.HasPrefix(out, want) {
+			t.Errorf("check as nobody printed %q, want %q", out, want)
+		}
+		if _, err := os.Stat(store); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("store created anyway: %v", err)
+		}
+	})
+	t.Run("owned by the user", func(t *testing.T) {
+		store := filepath.Join(dir, "owned")
+		if err := os.Mkdir(store, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(store, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+		if out := run(t, store); out != "ok" {
+			t.Errorf("check as nobody on its own dir printed %q, want ok", out)
+		}
+	})
+}
+
+// copyFile copies the running test binary to dst, mode 0755.
+func copyFile(t *testing.T, dst string) {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := os.Open(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		t.Fatal(err)
+	}
+	if err := out.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCheckStoreDirTmpfs(t *testing.T) {
+	for _, fstype := range []string{"tmpfs", "ramfs"} {
+		t.Run(fstype, func(t *testing.T) {
+			dir := t.TempDir()
+			data := "size=16m"
+			if fstype == "ramfs" {
+				data = ""
+			}
+			mountFS(t, fstype, dir, 0, data)
+			_, err := CheckStoreDir(dir, false, 0)
+			wantStoreDirError(t, err, dir, "is on "+fstype, "loses every message at reboot", "jetstream.allow_tmpfs = true")
+
+			res, err := CheckStoreDir(dir, true, 0)
+			if err != nil {
+				t.Fatalf("allow_tmpfs = true: %v", err)
+			}
+			if res.FSType != fstype {
+				t.Errorf("FSType = %q, want %q", res.FSType, fstype)
+			}
+			if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], fstype) || !strings.Contains(res.Warnings[0], "allow_tmpfs") {
+				t.Errorf("warnings %q, want one that names %s and allow_tmpfs", res.Warnings, fstype)
+			}
+		})
+	}
+	t.Run("missing dir created on tmpfs is still refused", func(t *testing.T) {
+		mnt := t.TempDir()
+		mountFS(t, "tmpfs", mnt, 0, "size=1m")
+		dir := filepath.Join(mnt, "store")
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "tmpfs")
+	})
+}
+
+func TestCheckStoreDirLowFreeSpace(t *testing.T) {
+	t.Run("disk", func(t *testing.T) {
+		dir := t.TempDir()
+		res, err := CheckStoreDir(dir, false, math.MaxInt64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "less than jetstream.max_file_store") || !strings.Contains(res.Warnings[0], dir) {
+			t.Errorf("warnings %q, want one about free space", res.Warnings)
+		}
+	})
+	t.Run("small tmpfs", func(t *testing.T) {
+		dir := t.TempDir()
+		mountFS(t, "tmpfs", dir, 0, "size=16m")
+		res, err := CheckStoreDir(dir, true, 1<<30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Free <= 0 || res.Free > 16<<20 {
+			t.Errorf("Free = %d on a 16MiB tmpfs", res.Free)
+		}
+		var found bool
+		for _, w := range res.Warnings {
+			if strings.Contains(w, "less than jetstream.max_file_store (1.0GiB)") {
+				found = true
+			}
+		}
+		if !found {
+			t.Errorf("warnings %q, want one about free space below 1.0GiB", res.Warnings)
+		}
+		// Enough room: no free space warning.
+		res, err = CheckStoreDir(dir, true, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Warnings) != 1 {
+			t.Errorf("warnings %q, want only the tmpfs one", res.Warnings)
+		}
+	})
+}
+
+func TestLockStoreDirTwiceInOneProcess(t *testing.T) {
+	dir := t.TempDir()
+	l, err := LockStoreDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := strconv.Itoa(os.Getpid())
+	if b, _ := os.ReadFile(filepath.Join(dir, LockFileName)); strings.TrimSpace(string(b)) != pid {
+		t.Errorf("lock file holds %q, want %s", b, pid)
+	}
+
+	// flock is per open file description: a second open in this process
+	// is refused like another process would be.
+	_, err = LockStoreDir(dir)
+	se := wantStoreDirError(t, err, dir, "locked by process "+pid, "another holdfast is using it", "stop the other instance")
+	if se.Holder != "process "+pid {
+		t.Errorf("Holder = %q", se.Holder)
+	}
+	if got := LockHolder(dir); got != "process "+pid {
+		t.Errorf("LockHolder = %q, want process %s", got, pid)
+	}
+
+	if err := l.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Unlock(); err != nil {
+		t.Errorf("second Unlock: %v", err)
+	}
+	var nilLock *StoreLock
+	if err := nilLock.Unlock(); err != nil {
+		t.Errorf("Unlock on nil: %v", err)
+	}
+	if got := LockHolder(dir); got != "" {
+		t.Errorf("LockHolder after Unlock = %q, want \"\"", got)
+	}
+	l, err = LockStoreDir(dir)
+	if err != nil {
+		t.Fatalf("lock after Unlock: %v", err)
+	}
+	l.Unlock()
+}
+
+func TestLockStoreDirHeldByAnotherProcess(t *testing.T) {
+	dir := t.TempDir()
+	child := startStoreHelper(t, "lock", dir)
+	pid := strconv.Itoa(child.Process.Pid)
+
+	_, err := LockStoreDir(dir)
+	se := wantStoreDirError(t, err, dir, "locked by process "+pid)
+	if se.Holder != "process "+pid {
+		t.Errorf("Holder = %q, want process %s", se.Holder, pid)
+	}
+	if got := LockHolder(dir); got != "process "+pid {
+		t.Errorf("LockHolder = %q, want process %s", got, pid)
+	}
+
+	// The kernel drops the lock when its holder dies, even by SIGKILL;
+	// the PID left in the file does not block the next holdfast.
+	if err := child.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = child.Wait()
+	pollUntil(t, 10*time.Second, func() error {
+		l, err := LockStoreDir(dir)
+		if err != nil {
+			return err
+		}
+		return l.Unlock()
+	})
+	if got := LockHolder(dir); got != "" {
+		t.Errorf("LockHolder after the holder died = %q", got)
+	}
+}
+
+// A stock nats-server takes no lock: LockStoreDir also refuses a directory
+// in which another process has files open.
+func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
+	t.Run("sleep with a store file as stdin", func(t *testing.T) {
+		dir := t.TempDir()
+		sub := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS", "msgs")
+		if err := os.MkdirAll(sub, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Create(filepath.Join(sub, "1.blk"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		sleep := exec.Command("sleep", "60")
+		sleep.Stdin = f
+		if err := sleep.Start(); err != nil {
+			t.Skipf("cannot start sleep: %v", err)
+		}
+		t.Cleanup(func() {
+			_ = sleep.Process.Kill()
+			_ = sleep.Wait()
+		})
+		pid := strconv.Itoa(sleep.Process.Pid)
+
+		_, err = LockStoreDir(dir)
+		se := wantStoreDirError(t, err, dir, "in use by process "+pid+" (sleep)", "which has files open in it", "stop that process")
+		if se.Holder != "process "+pid+" (sleep)" {
+			t.Errorf("Holder = %q", se.Holder)
+		}
+		if got := LockHolder(dir); got != se.Holder {
+			t.Errorf("LockHolder = %q, want %q", got, se.Holder)
+		}
+		// The refusal did not keep the lock.
+		if err := sleep.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		_ = sleep.Wait()
+		l, err := LockStoreDir(dir)
+		if err != nil {
+			t.Fatalf("lock after the other process exited: %v", err)
+		}
+		l.Unlock()
+	})
+	t.Run("re-executed test binary", func(t *testing.T) {
+		dir := t.TempDir()
+		child := startStoreHelper(t, "open", dir)
+		_, err := LockStoreDir(dir)
+		wantStoreDirError(t, err, dir, fmt.Sprintf("in use by process %d", child.Process.Pid))
+	})
+	t.Run("a sibling directory is not the store", func(t *testing.T) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "store")
+		other := filepath.Join(parent, "store-other")
+		for _, d := range []string{dir, other} {
+			if err := os.Mkdir(d, 0o750); err != nil {
+				t.Fatal(err)
+			}
+		}
+		startStoreHelper(t, "open", other)
+		l, err := LockStoreDir(dir)
+		if err != nil {
+			t.Fatalf("a process with files in %s blocks %s: %v", other, dir, err)
+		}
+		l.Unlock()
+	})
+	t.Run("through a symlink", func(t *testing.T) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "disk")
+		if err := os.Mkdir(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		link := filepath.Join(parent, "store")
+		if err := os.Symlink(dir, link); err != nil {
+			t.Fatal(err)
+		}
+		child := startStoreHelper(t, "open", dir)
+		_, err := LockStoreDir(link)
+		wantStoreDirError(t, err, link, fmt.Sprintf("in use by process %d", child.Process.Pid))
+	})
+	t.Run("relative path", func(t *testing.T) {
+		parent := t.TempDir()
+		dir := filepath.Join(parent, "store")
+		if err := os.Mkdir(dir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		child := startStoreHelper(t, "open", dir)
+		t.Chdir(parent)
+		_, err := LockStoreDir("store")
+		wantStoreDirError(t, err, "store", fmt.Sprintf("in use by process %d", child.Process.Pid))
+	})
+}
+
+func TestLockStoreDirMissingDir(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "missing")
+	_, err := LockStoreDir(dir)
+	wantStoreDirError(t, err, dir, "cannot open lock file "+LockFileName, "no such file or directory")
+	if got := LockHolder(dir); got != "" {
+		t.Errorf("LockHolder of a missing dir = %q", got)
+	}
+}
+
+func TestStoreDirErrorFormat(t *testing.T) {
+	tests := []struct {
+		err  *StoreDirError
+		want string
+	}{
+		{&StoreDirError{Path: "/d", Reason: "not a directory"}, "store dir /d: not a directory"},
+		{&StoreDirError{Path: "/d", Reason: "not writable", Err: unix.EACCES, Fix: "chown it"}, "store dir /d: not writable: permission denied (chown it)"},
+		{&StoreDirError{Path: "/d", Reason: "locked", Fix: "stop it"}, "store dir /d: locked (stop it)"},
+	}
+	for _, tt := range tests {
+		if got := tt.err.Error(); got != tt.want {
+			t.Errorf("Error() = %q, want %q", got, tt.want)
+		}
+		if !errors.Is(tt.err, ErrStoreDir) {
+			t.Errorf("%q does not unwrap to ErrStoreDir", tt.err)
+		}
+	}
+	if !errors.Is(tests[1].err, unix.EACCES) {
+		t.Error("StoreDirError does not unwrap to its cause")
+	}
+}
+
+func TestHumanBytes(t *testing.T) {
+	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 1536: "1.5KiB", 10 << 30: "10.0GiB", math.MaxInt64: "8.0EiB"} {
+		if got := humanBytes(n); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
