@@ -326,6 +326,8 @@ func TestValidValues(t *testing.T) {
 		{"http.listen ipv6", "[http]\nlisten = \"[::1]:9000\"", func(c *Config) any { return c.HTTP.Listen }, "[::1]:9000"},
 		{"http.listen localhost port 0", "[http]\nlisten = \"localhost:0\"", func(c *Config) any { return c.HTTP.Listen }, "localhost:0"},
 		{"http.listen disabled", "[http]\nlisten = \"\"", func(c *Config) any { return c.HTTP.Listen }, ""},
+		{"http.fail_on_loss", "[http]\nfail_on_loss = false", func(c *Config) any { return c.HTTP.FailOnLoss }, false},
+		{"http.stall_timeout", "[http]\nstall_timeout = \"90s\"", func(c *Config) any { return c.HTTP.StallTimeout.Duration }, 90 * time.Second},
 
 		{"log.level debug", "[log]\nlevel = \"debug\"", func(c *Config) any { return c.Log.Level }, "debug"},
 		{"log.level warn", "[log]\nlevel = \"warn\"", func(c *Config) any { return c.Log.Level }, "warn"},
@@ -462,6 +464,10 @@ func TestInvalidValues(t *testing.T) {
 		{"http.listen port range", "[http]\nlisten = \"127.0.0.1:99999\"", `http.listen = "127.0.0.1:99999": port must be 0-65535`},
 		{"http.listen port name", "[http]\nlisten = \"127.0.0.1:http\"", `http.listen = "127.0.0.1:http": port must be 0-65535`},
 
+		{"http.stall_timeout 0", "[http]\nstall_timeout = \"0s\"", "http.stall_timeout = 0s: must be positive"},
+		{"http.stall_timeout garbage", "[http]\nstall_timeout = \"5\"", `http.stall_timeout = "5": not a duration`},
+		{"http.stall_timeout int", "[http]\nstall_timeout = 300", `http.stall_timeout = "300": a duration must be a string`},
+
 		{"log.level", "[log]\nlevel = \"trace\"", `log.level = "trace": must be one of debug, info, warn, error`},
 		{"log.level case", "[log]\nlevel = \"INFO\"", `log.level = "INFO": must be one of`},
 		{"log.format", "[log]\nformat = \"xml\"", `log.format = "xml": must be one of text, json`},
@@ -489,6 +495,7 @@ func TestWrongTypes(t *testing.T) {
 		{"jetstream.sync bool", "[jetstream]\nsync = true", []string{"line 2", "jetstream.sync"}},
 		{"log.level int", "[log]\nlevel = 3", []string{"line 2", "log.level"}},
 		{"http.listen int", "[http]\nlisten = 8222", []string{"line 2", "http.listen"}},
+		{"http.fail_on_loss string", "[http]\nfail_on_loss = \"yes\"", []string{"line 2", "http.fail_on_loss"}},
 		{"server not a table", "server = 5", []string{"line 1", "server"}},
 		{"streams.subjects string", "[streams.S]\nsubjects = \"s.*\"", []string{"line 2", "streams.S.subjects"}},
 		{"streams.max_msgs string", streamS + "max_msgs = \"1000\"", []string{"line 3", "streams.S.max_msgs"}},
