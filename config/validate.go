@@ -65,8 +65,8 @@ func (c *Config) validate(v *validator) {
 	} else if !IsLoopback(s.Host) {
 		v.add("server.host", q(s.Host), "listening on a non-loopback address needs authentication, which this version of holdfast does not support yet: use 127.0.0.1")
 	}
-	if s.Port < -1 || s.Port > 65535 {
-		v.add("server.port", strconv.Itoa(s.Port), "must be 0-65535 (-1 picks a free port)")
+	if s.Port < -1 || s.Port == 0 || s.Port > 65535 {
+		v.add("server.port", strconv.Itoa(s.Port), "must be 1-65535, or -1 for a free port (nats-server would take 0 as 4222)")
 	}
 	if v.size("server.max_payload", s.MaxPayload) && (s.MaxPayload.Bytes <= 0 || s.MaxPayload.Bytes > 64<<20) {
 		v.add("server.max_payload", s.MaxPayload.String(), "must be between 1 byte and 64MiB")
