@@ -11,6 +11,8 @@
 #   a unit that never becomes ready is reported as failed (the check can fail)
 #   purge deletes /var/lib/holdfast
 #   rpm -i --nodeps -> active, publish, rpm -e stops it
+# Before booting, it installs the deb into the root as a chroot (no running
+# systemd, as in an image build): that must work and enable the service.
 # On any failure it prints the unit's journal. Needs root, debootstrap,
 # systemd-nspawn (systemd-container), nsenter and network access to the
 # Debian archive the first time.
@@ -81,6 +83,20 @@ cp "$work"/v1/holdfast_*.deb "$root/root/pkgs/v1.deb"
 cp "$work"/v2/holdfast_*.deb "$root/root/pkgs/v2.deb"
 cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
 install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
+
+# --- chroot (image build): no systemd running, the install must not fail --
+log "dpkg -i in a chroot (no running systemd)"
+mount --bind /proc "$root/proc"
+chroot_rc=0
+chroot "$root" dpkg -i /root/pkgs/v1.deb >"$work/chroot.log" 2>&1 || chroot_rc=$?
+if [ "$chroot_rc" = 0 ]; then
+	[ -L "$root/etc/systemd/system/multi-user.target.wants/holdfast.service" ] ||
+		chroot_rc=enable
+	chroot "$root" dpkg --purge holdfast >>"$work/chroot.log" 2>&1 || chroot_rc=purge
+fi
+umount "$root/proc"
+[ "$chroot_rc" = 0 ] || { cat "$work/chroot.log"; die "chroot install: $chroot_rc"; }
+log "chroot: installed and enabled for the next boot, then purged"
 
 # --- boot -----------------------------------------------------------------
 # descends_from PID ANCESTOR: whether ANCESTOR is PID's parent, grandparent, ...

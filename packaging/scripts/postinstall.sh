@@ -3,8 +3,9 @@
 #   deb: configure [old-version] | abort-upgrade | abort-remove | abort-deconfigure
 #   rpm: 1 (install) | 2+ (upgrade)
 # Install: enable and start the service. Upgrade: restart it if it runs.
-# systemctl is only called when systemd runs, so that installing into a
-# chroot or an image build works.
+# systemctl only talks to systemd when it runs ([ -d /run/systemd/system ]);
+# in a chroot or an image build the service is only enabled, and a failure
+# there is ignored, so that the install never fails for it.
 set -e
 
 removed_marker=/var/lib/holdfast/.package-removed
@@ -41,6 +42,10 @@ if [ -d /run/systemd/system ]; then
 			echo "holdfast: the service did not restart; see: journalctl -u holdfast" >&2
 		fi
 	fi
+elif [ "$action" = install ] && command -v systemctl >/dev/null 2>&1; then
+	# No running systemd (chroot, image build): only create the enablement
+	# symlink, so that the service starts when the image boots.
+	systemctl --no-reload enable holdfast.service >/dev/null 2>&1 || true
 fi
 
 exit 0
