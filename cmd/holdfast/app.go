@@ -74,6 +74,7 @@ func newApp() *cli.App {
 			configCommand(),
 			pubCommand(),
 			dlqCommand(),
+			benchCommand(),
 			versionCommand(),
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {

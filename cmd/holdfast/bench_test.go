@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestBenchJSON runs `holdfast bench --json` end to end on a small count
+// and checks that every field of its report is present and non-zero. It
+// asserts no speed.
+func TestBenchJSON(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole pipeline: skipped with -short")
+	}
+	// Not runHoldfast: on a loaded machine the run may take longer than
+	// its 30s limit.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, holdfastBin, "bench", "--msgs", "2000", "--exec-msgs", "100",
+		"--sync", "2m", "--workers", "2", "--dir", t.TempDir(), "--json")
+	cmd.Env = e2eEnv()
+	cmd.Dir = t.TempDir()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("holdfast bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+
+	var raw map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	checkNonZero(t, "", raw)
+
+	// Every section and figure is there, with the schema the docs describe.
+	var rep benchReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Params.Msgs != 2000 || rep.Params.Size != 128 || rep.Params.Workers != 2 || rep.Params.ExecMsgs != 100 {
+		t.Errorf("params = %+v", rep.Params)
+	}
+	if rep.Machine.CPUs < 1 || !strings.HasPrefix(rep.Machine.GoVersion, "go") || rep.Machine.StoreFS == "" {
+		t.Errorf("machine = %+v", rep.Machine)
+	}
+	if len(rep.Runs) != 1 || rep.Runs[0].Sync != "2m" {
+		t.Fatalf("runs = %+v, want one with sync 2m", rep.Runs)
+	}
+	want := []string{"publish async", "publish sync", "consume (noop)", "e2e noop", "e2e exec", "e2e http"}
+	figs := rep.Runs[0].Figures
+	if len(figs) != len(want) {
+		t.Fatalf("figures = %+v, want %q", figs, want)
+	}
+	for i, f := range figs {
+		if f.Name != want[i] {
+			t.Errorf("figure %d is %q, want %q", i, f.Name, want[i])
+		}
+		n := 2000
+		if f.Name == "e2e exec" {
+			n = 100
+		}
+		if f.Msgs != n || f.Bytes != int64(n)*128 {
+			t.Errorf("%s: msgs %d bytes %d, want %d and %d", f.Name, f.Msgs, f.Bytes, n, n*128)
+		}
+		if f.Name != "consume (noop)" && f.Latency == nil {
+			t.Errorf("%s: no latency", f.Name)
+		}
+		if l := f.Latency; l != nil && !(l.P50 <= l.P90 && l.P90 <= l.P99 && l.P99 <= l.Max) {
+			t.Errorf("%s: percentiles out of order: %+v", f.Name, *l)
+		}
+	}
+}
+
+// checkNonZero fails for every null, zero, empty or false value under v.
+func checkNonZero(t *testing.T, path string, v any) {
+	t.Helper()
+	switch v := v.(type) {
+	case map[string]any:
+		if len(v) == 0 {
+			t.Errorf("%s: empty object", path)
+		}
+		for k, x := range v {
+			checkNonZero(t, path+"."+k, x)
+		}
+	case []any:
+		if len(v) == 0 {
+			t.Errorf("%s: empty list", path)
+		}
+		for i, x := range v {
+			checkNonZero(t, fmt.Sprintf("%s[%d]", path, i), x)
+		}
+	case float64:
+		if v == 0 {
+			t.Errorf("%s: zero", path)
+		}
+	case string:
+		if v == "" {
+			t.Errorf("%s: empty", path)
+		}
+	case bool:
+		if !v {
+			t.Errorf("%s: false", path)
+		}
+	default:
+		t.Errorf("%s: %v", path, v)
+	}
+}
+
+func TestBenchUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"bench", "--msgs", "0"},
+		{"bench", "--size", "4B"},
+		{"bench", "--sync", "sometimes"},
+		{"bench", "--handlers", "noop,smtp"},
+		{"bench", "extra"},
+	} {
+		res := runHoldfast(t, nil, args...)
+		if res.code != 2 || !strings.Contains(res.stderr, "Error:") {
+			t.Errorf("holdfast %q: exit %d, stderr %q; want 2 and an error", args, res.code, res.stderr)
+		}
+	}
+}
