@@ -32,6 +32,12 @@ type Server struct {
 	ReadyTimeout time.Duration
 	// OnStatus, when set, is told what start-up is doing (for sd_notify STATUS=).
 	OnStatus func(string)
+	// AcceptDataLoss makes Open go on after a data loss even with
+	// jetstream.on_data_loss = "refuse" (for a --accept-data-loss flag).
+	AcceptDataLoss bool
+	// StateInterval is how often the stream positions are recorded for
+	// the start-up data-loss check; DefaultStateInterval when zero.
+	StateInterval time.Duration
 
 	mu       sync.Mutex
 	store    *StoreDirCheck
@@ -41,6 +47,11 @@ type Server struct {
 	js       jetstream.JetStream
 	ncClosed chan struct{}
 	closed   bool
+
+	losses     []DataLoss
+	stopRecord context.CancelFunc
+	recordDone chan struct{}
+	recordMu   sync.Mutex // serializes writes of the state file
 }
 
 // New returns a Server for cfg, which must have passed Validate.
@@ -141,6 +152,11 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if _, err := s.js.AccountInfo(ctx); err != nil {
 		return fmt.Errorf("JetStream API does not answer: %w", err)
 	}
+	// Before anything (the bootstrap) can create a vanished stream anew.
+	if err := s.checkDataLoss(ctx); err != nil {
+		return err
+	}
+	s.startRecorder()
 	s.log.Info("NATS server ready", "name", opts.ServerName, "client_url", ns.ClientURL(), "version", server.VERSION)
 	return nil
 }
@@ -237,6 +253,14 @@ func (s *Server) closeLocked() error {
 	}
 	s.closed = true
 	var errs []error
+	if s.stopRecord != nil {
+		s.stopRecord()
+		<-s.recordDone
+		// The last positions, for the next start's data-loss check.
+		if err := s.recordState(context.Background()); err != nil {
+			s.log.Warn("cannot record stream positions at shutdown; the next start compares with the last periodic record", "err", err)
+		}
+	}
 	if s.nc != nil {
 		if err := s.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			errs = append(errs, fmt.Errorf("drain in-process connection: %w", err))

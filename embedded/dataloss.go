@@ -1,0 +1,431 @@
+package embedded
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The server itself restarts "ready" after losing a stream to a power cut
+// (its meta file and message blocks were never synced with a sync
+// interval): it logs one warning and the stream is gone, or shorter, and
+// a bootstrap would silently create it anew with sequences from 1.
+// holdfast therefore records, durably, what every file stream held and
+// where every consumer stood, and compares at the next start, before the
+// bootstrap.
+
+// StateFileName is the file in the store dir where holdfast records each
+// stream's last sequence and each consumer's ack floor. Removing it makes
+// the next start accept whatever the store holds.
+const StateFileName = "holdfast-state.json"
+
+// OrphanDirName is the directory in the store dir where the data directory
+// of a vanished stream is moved before the stream is created anew.
+const OrphanDirName = "holdfast-orphans"
+
+// DefaultStateInterval is how often a running holdfast records the state.
+// Acknowledged messages stored after the last record and lost with a sync
+// interval are detected only when they take the stream's definition
+// with them; the record is also written at once when a stream or a
+// consumer is created, updated or deleted, and at Close.
+const DefaultStateInterval = time.Second
+
+// ErrDataLoss is the sentinel a start-up refused for lost data unwraps to.
+var ErrDataLoss = errors.New("data loss detected at start-up")
+
+// StoreState is what holdfast recorded about the streams and consumers on
+// the file store.
+type StoreState struct {
+	Version int       `json:"version"`
+	Written time.Time `json:"written"`
+	// Streams by name: only streams with file storage.
+	Streams map[string]StreamRecord `json:"streams"`
+	// Consumers by "STREAM/CONSUMER": durable consumers of those streams.
+	Consumers map[string]ConsumerRecord `json:"consumers"`
+}
+
+// StreamRecord is one stream's position when the state was recorded.
+type StreamRecord struct {
+	Created  time.Time `json:"created"`
+	FirstSeq uint64    `json:"first_seq"`
+	LastSeq  uint64    `json:"last_seq"`
+	Msgs     uint64    `json:"msgs"`
+}
+
+// ConsumerRecord is one durable consumer's position.
+type ConsumerRecord struct {
+	Stream   string `json:"stream"`
+	Name     string `json:"name"`
+	AckFloor uint64 `json:"ack_floor"` // stream sequence
+}
+
+// DataLoss is one difference between the recorded state and the store.
+type DataLoss struct {
+	Stream   string
+	Consumer string // set for a consumer that vanished or went backwards
+	// Vanished: the stream (or consumer) is not on the server any more.
+	Vanished bool
+	// RecordedLast and FoundLast are the stream's last sequences (for a
+	// consumer: its ack floors) recorded and found now.
+	RecordedLast, FoundLast uint64
+	// Messages is how many acknowledged messages are gone at least
+	// (RecordedLast - FoundLast, or RecordedLast for a vanished stream).
+	Messages uint64
+	// MovedTo is where the orphaned data directory of a vanished stream
+	// was moved, if it was.
+	MovedTo string
+}
+
+// Lost reports whether a stream lost data: it vanished, or acknowledged
+// messages are gone. A consumer that lost its position only redelivers.
+func (d DataLoss) Lost() bool { return d.Consumer == "" && (d.Vanished || d.Messages > 0) }
+
+func (d DataLoss) String() string {
+	if d.Consumer != "" {
+		if d.Vanished {
+			return fmt.Sprintf("consumer %s on stream %s vanished (its ack floor was %d): it is created anew and the stream's messages are delivered again", d.Consumer, d.Stream, d.RecordedLast)
+		}
+		return fmt.Sprintf("consumer %s on stream %s went back from ack floor %d to %d: %d messages are delivered again", d.Consumer, d.Stream, d.RecordedLast, d.FoundLast, d.RecordedLast-d.FoundLast)
+	}
+	var s string
+	if d.Vanished {
+		s = fmt.Sprintf("stream %s vanished with every message it held (it was recorded at last sequence %d; messages stored after that record are gone too)", d.Stream, d.RecordedLast)
+	} else {
+		s = fmt.Sprintf("stream %s went backwards: last sequence %d recorded, %d found, at least %d acknowledged messages (sequences %d-%d) are lost",
+			d.Stream, d.RecordedLast, d.FoundLast, d.Messages, d.FoundLast+1, d.RecordedLast)
+	}
+	if d.MovedTo != "" {
+		s += "; its data directory was moved to " + d.MovedTo
+	}
+	return s
+}
+
+// DataLossError refuses a start-up (jetstream.on_data_loss = "refuse")
+// and says how to accept the loss.
+type DataLossError struct {
+	Losses    []DataLoss
+	StateFile string
+}
+
+func (e *DataLossError) Error() string {
+	var parts []string
+	for _, l := range e.Losses {
+		if l.Lost() {
+			parts = append(parts, l.String())
+		}
+	}
+	return fmt.Sprintf("%s (jetstream.on_data_loss = \"refuse\"): %s; the store may have lost writes that were not synced (power cut with a jetstream.sync interval, or a damaged disk). "+
+		"Inspect the store, restore a backup if you have one, then accept the loss: start once with jetstream.on_data_loss = \"warn\", or remove %s",
+		ErrDataLoss, strings.Join(parts, "; "), e.StateFile)
+}
+
+// Unwrap returns ErrDataLoss.
+func (e *DataLossError) Unwrap() error { return ErrDataLoss }
+
+// ReadStoreState reads the recorded state in dir; it returns nil and no
+// error when nothing was recorded yet.
+func ReadStoreState(dir string) (*StoreState, error) {
+	path := filepath.Join(dir, StateFileName)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot read %s: %w", path, err)
+	}
+	var st StoreState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("cannot parse %s (remove it to start afresh): %w", path, err)
+	}
+	return &st, nil
+}
+
+// WriteStoreState records st in dir atomically and durably: a temp file,
+// written and fsynced, renamed over the old one, and the directory
+// fsynced, so a power cut leaves the old or the new state, never a part.
+func WriteStoreState(dir string, st *StoreState) error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(dir, StateFileName)
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	if err != nil {
+		return fmt.Errorf("cannot record state: %w", err)
+	}
+	_, werr := f.Write(append(b, '\n'))
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("cannot record state in %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("cannot record state: %w", err)
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("cannot sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
+// CollectStoreState reads the position of every file stream and of its
+// durable consumers from the server.
+func CollectStoreState(ctx context.Context, js jetstream.JetStream) (*StoreState, error) {
+	st := &StoreState{Version: 1, Written: time.Now().UTC(),
+		Streams: map[string]StreamRecord{}, Consumers: map[string]ConsumerRecord{}}
+	streams := js.ListStreams(ctx)
+	for info := range streams.Info() {
+		if info.Config.Storage != jetstream.FileStorage {
+			continue
+		}
+		st.Streams[info.Config.Name] = StreamRecord{Created: info.Created.UTC(),
+			FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, Msgs: info.State.Msgs}
+	}
+	if err := streams.Err(); err != nil {
+		return nil, fmt.Errorf("cannot list streams: %w", err)
+	}
+	for name := range st.Streams {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			if errors.Is(err, jetstream.ErrStreamNotFound) {
+				delete(st.Streams, name) // deleted meanwhile
+				continue
+			}
+			return nil, fmt.Errorf("cannot read stream %s: %w", name, err)
+		}
+		consumers := s.ListConsumers(ctx)
+		for ci := range consumers.Info() {
+			if ci.Config.Durable == "" {
+				continue
+			}
+			st.Consumers[name+"/"+ci.Name] = ConsumerRecord{Stream: name, Name: ci.Name, AckFloor: ci.AckFloor.Stream}
+		}
+		if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+			return nil, fmt.Errorf("cannot list consumers of stream %s: %w", name, err)
+		}
+	}
+	return st, nil
+}
+
+// CompareStoreState lists what the store lost against what was recorded:
+// streams that vanished or whose last sequence went backwards (or that
+// were created anew), and consumers that vanished or went backwards.
+func CompareStoreState(recorded, now *StoreState) []DataLoss {
+	if recorded == nil {
+		return nil
+	}
+	var losses []DataLoss
+	for _, name := range sortedNames(recorded.Streams) {
+		rec := recorded.Streams[name]
+		cur, ok := now.Streams[name]
+		switch {
+		case !ok:
+			losses = append(losses, DataLoss{Stream: name, Vanished: true, RecordedLast: rec.LastSeq, Messages: rec.LastSeq})
+			continue
+		case cur.LastSeq < rec.LastSeq:
+			losses = append(losses, DataLoss{Stream: name, RecordedLast: rec.LastSeq, FoundLast: cur.LastSeq, Messages: rec.LastSeq - cur.LastSeq})
+			continue
+		}
+	}
+	for _, key := range sortedNames(recorded.Consumers) {
+		rec := recorded.Consumers[key]
+		if _, ok := now.Streams[rec.Stream]; !ok {
+			continue // the stream's loss is reported
+		}
+		cur, ok := now.Consumers[key]
+		switch {
+		case !ok:
+			losses = append(losses, DataLoss{Stream: rec.Stream, Consumer: rec.Name, Vanished: true, RecordedLast: rec.AckFloor})
+		case cur.AckFloor < rec.AckFloor:
+			losses = append(losses, DataLoss{Stream: rec.Stream, Consumer: rec.Name, RecordedLast: rec.AckFloor, FoundLast: cur.AckFloor})
+		}
+	}
+	return losses
+}
+
+// moveOrphan moves the data directory a vanished stream left in the store
+// (the server could not load it) out of the server's way, so that the
+// bootstrap does not create the stream over it. It returns where it went,
+// or "" when there was nothing to move.
+func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
+	dirs, _ := filepath.Glob(filepath.Join(storeDir, "jetstream", "*", "streams", stream))
+	var moved []string
+	for _, dir := range dirs {
+		account := filepath.Base(filepath.Dir(filepath.Dir(dir)))
+		destDir := filepath.Join(storeDir, OrphanDirName)
+		if err := os.MkdirAll(destDir, 0o750); err != nil {
+			return "", err
+		}
+		dest := filepath.Join(destDir, fmt.Sprintf("%s.%s.%s", account, stream, now.UTC().Format("20060102T150405Z")))
+		if err := os.Rename(dir, dest); err != nil {
+			return "", fmt.Errorf("cannot move the data directory of vanished stream %s aside: %w", stream, err)
+		}
+		if err := syncDir(filepath.Dir(dir)); err != nil {
+			return "", err
+		}
+		if err := syncDir(destDir); err != nil {
+			return "", err
+		}
+		moved = append(moved, dest)
+	}
+	sort.Strings(moved)
+	return strings.Join(moved, ", "), nil
+}
+
+// DataLosses returns what the start-up check found missing (nil when
+// nothing): for /healthz, metrics and status.
+func (s *Server) DataLosses() []DataLoss {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]DataLoss(nil), s.losses...)
+}
+
+// checkDataLoss compares the recorded state with the store just opened.
+// Every loss is logged; with on_data_loss = "refuse" (and no
+// AcceptDataLoss) a lost acknowledged message stops start-up, otherwise
+// the data directory of a vanished stream is moved aside so the bootstrap
+// can create the stream anew.
+func (s *Server) checkDataLoss(ctx context.Context) error {
+	dir := s.store.Path
+	recorded, err := ReadStoreState(dir)
+	if err != nil {
+		return err
+	}
+	if recorded == nil {
+		return nil
+	}
+	now, err := CollectStoreState(ctx, s.js)
+	if err != nil {
+		return fmt.Errorf("cannot check the store for data loss: %w", err)
+	}
+	losses := CompareStoreState(recorded, now)
+	if len(losses) == 0 {
+		return nil
+	}
+	refuse := s.cfg.JetStream.OnDataLoss == "refuse" && !s.AcceptDataLoss
+	lost := false
+	for _, l := range losses {
+		lost = lost || l.Lost()
+	}
+	if refuse && lost {
+		for _, l := range losses {
+			s.log.Error("data loss: "+l.String(), "stream", l.Stream, "on_data_loss", "refuse")
+		}
+		return &DataLossError{Losses: losses, StateFile: filepath.Join(dir, StateFileName)}
+	}
+	at := time.Now()
+	for i, l := range losses {
+		if l.Vanished && l.Consumer == "" {
+			moved, err := moveOrphan(dir, l.Stream, at)
+			if err != nil {
+				return err
+			}
+			losses[i].MovedTo = moved
+			l = losses[i]
+		}
+		if l.Lost() {
+			s.log.Error("data loss: "+l.String(), "stream", l.Stream, "lost_messages", l.Messages,
+				"recorded_last_seq", l.RecordedLast, "found_last_seq", l.FoundLast,
+				"on_data_loss", s.cfg.JetStream.OnDataLoss, "recorded_at", recorded.Written)
+		} else {
+			s.log.Warn("store state lost: "+l.String(), "stream", l.Stream, "consumer", l.Consumer, "recorded_at", recorded.Written)
+		}
+	}
+	s.losses = losses
+	return nil
+}
+
+// startRecorder records the store state every StateInterval until Close.
+func (s *Server) startRecorder() {
+	interval := s.StateInterval
+	if interval <= 0 {
+		interval = DefaultStateInterval
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.stopRecord = cancel
+	s.recordDone = make(chan struct{})
+	// Streams and consumers created, updated or deleted (the bootstrap,
+	// an operator with the nats CLI) are recorded at once.
+	changed := make(chan struct{}, 1)
+	var subs []*nats.Subscription
+	for _, subj := range []string{"$JS.EVENT.ADVISORY.STREAM.*.*", "$JS.EVENT.ADVISORY.CONSUMER.CREATED.>", "$JS.EVENT.ADVISORY.CONSUMER.DELETED.>"} {
+		sub, err := s.nc.Subscribe(subj, func(*nats.Msg) {
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		})
+		if err != nil {
+			s.log.Warn("cannot follow stream changes; recording positions every interval only", "err", err)
+			continue
+		}
+		subs = append(subs, sub)
+	}
+	go func() {
+		defer close(s.recordDone)
+		defer func() {
+			for _, sub := range subs {
+				_ = sub.Unsubscribe()
+			}
+		}()
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			case <-t.C:
+			}
+			if err := s.recordState(ctx); err != nil && ctx.Err() == nil {
+				s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
+			}
+		}
+	}()
+}
+
+// RecordState records the positions of every file stream and consumer
+// now, for the next start's data-loss check. Call it after the bootstrap;
+// a running server also records them every StateInterval and at Close.
+func (s *Server) RecordState(ctx context.Context) error {
+	s.mu.Lock()
+	ok := s.js != nil && !s.closed
+	s.mu.Unlock()
+	if !ok {
+		return errors.New("embedded server not open")
+	}
+	return s.recordState(ctx)
+}
+
+func (s *Server) recordState(ctx context.Context) error {
+	s.recordMu.Lock()
+	defer s.recordMu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := CollectStoreState(ctx, s.js)
+	if err != nil {
+		return err
+	}
+	return WriteStoreState(s.store.Path, st)
+}

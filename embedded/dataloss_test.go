@@ -1,0 +1,283 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// lossServer opens a server on cfg, bootstraps it and publishes n
+// messages to ORDERS. It does not close it.
+func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *logBuffer) {
+	t.Helper()
+	log, lb := testLogger(t)
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	if err := s.Open(testContext(t)); err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatalf("Bootstrap: %v", err)
+	}
+	for range n {
+		if _, err := s.JetStream().Publish(testContext(t), "orders.created", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s, lb
+}
+
+// reopen opens a second server on the same config and returns Open's error.
+func reopen(t *testing.T, cfg *config.Config, accept bool) (*Server, *logBuffer, error) {
+	t.Helper()
+	log, lb := testLogger(t)
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	s.AcceptDataLoss = accept
+	err := s.Open(testContext(t))
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	return s, lb, err
+}
+
+func closeServer(t *testing.T, s *Server) {
+	t.Helper()
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+}
+
+// bumpRecorded raises the recorded last sequence of a stream, as if the
+// store had lost that many messages since.
+func bumpRecorded(t *testing.T, dir, stream string, by uint64) {
+	t.Helper()
+	st, err := ReadStoreState(dir)
+	if err != nil || st == nil {
+		t.Fatalf("no recorded state (%v)", err)
+	}
+	rec := st.Streams[stream]
+	rec.LastSeq += by
+	st.Streams[stream] = rec
+	if err := WriteStoreState(dir, st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCleanRestartReportsNoLoss(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 5)
+	// An operator purge keeps the last sequence: no loss either.
+	str, err := s.JetStream().Stream(testContext(t), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := str.Purge(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	closeServer(t, s)
+	st, err := ReadStoreState(cfg.JetStream.StoreDir)
+	if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 5 || st.Consumers["ORDERS/WORKER1"].Name != "WORKER1" {
+		t.Fatalf("recorded state at Close = %+v, %v; want ORDERS at last seq 5 and WORKER1", st, err)
+	}
+	cfg.JetStream.OnDataLoss = "refuse"
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("clean restart refused: %v", err)
+	}
+	if l := s2.DataLosses(); len(l) != 0 || strings.Contains(lb.String(), "data loss") {
+		t.Errorf("clean restart reported losses %v", l)
+	}
+}
+
+func TestStreamGoneBackwardsWarns(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 3)
+	closeServer(t, s)
+	bumpRecorded(t, cfg.JetStream.StoreDir, "ORDERS", 7)
+
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("on_data_loss = warn refused to start: %v", err)
+	}
+	losses := s2.DataLosses()
+	if len(losses) != 1 || losses[0].Stream != "ORDERS" || losses[0].Messages != 7 || losses[0].FoundLast != 3 || !losses[0].Lost() {
+		t.Fatalf("losses = %+v, want ORDERS 10 → 3, 7 lost", losses)
+	}
+	if !strings.Contains(lb.String(), "data loss: stream ORDERS went backwards") || !strings.Contains(lb.String(), "level=ERROR") {
+		t.Errorf("the loss is not logged as an error:\n%s", lb.String())
+	}
+	// Once warned, the state is recorded anew at Close: the next start
+	// is clean.
+	closeServer(t, s2)
+	s3, _, err := reopen(t, cfg, false)
+	if err != nil || len(s3.DataLosses()) != 0 {
+		t.Errorf("start after the warning: %v, losses %v", err, s3.DataLosses())
+	}
+}
+
+func TestStreamGoneBackwardsRefuses(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 3)
+	closeServer(t, s)
+	bumpRecorded(t, cfg.JetStream.StoreDir, "ORDERS", 7)
+	cfg.JetStream.OnDataLoss = "refuse"
+
+	_, _, err := reopen(t, cfg, false)
+	var dle *DataLossError
+	if !errors.Is(err, ErrDataLoss) || !errors.As(err, &dle) {
+		t.Fatalf("Open = %v, want a DataLossError", err)
+	}
+	for _, want := range []string{"stream ORDERS went backwards", "10 recorded, 3 found", "on_data_loss = \"warn\"", StateFileName} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error does not say %q: %v", want, err)
+		}
+	}
+	// Refused again, until accepted: the record is untouched.
+	if _, _, err := reopen(t, cfg, false); !errors.Is(err, ErrDataLoss) {
+		t.Fatalf("second start = %v, want refused again", err)
+	}
+	s3, _, err := reopen(t, cfg, true)
+	if err != nil || len(s3.DataLosses()) != 1 {
+		t.Fatalf("start with AcceptDataLoss: %v, losses %v", err, s3.DataLosses())
+	}
+}
+
+// A power cut with a sync interval leaves the stream's meta file empty:
+// the server then starts without the stream. holdfast reports it and
+// moves the orphaned directory aside before the bootstrap creates the
+// stream anew.
+func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 4)
+	closeServer(t, s)
+	dir := cfg.JetStream.StoreDir
+	streamDir := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS")
+	if err := os.Truncate(filepath.Join(streamDir, "meta.inf"), 0); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	losses := s2.DataLosses()
+	if len(losses) != 1 || !losses[0].Vanished || losses[0].Messages != 4 || losses[0].MovedTo == "" {
+		t.Fatalf("losses = %+v, want ORDERS vanished with 4 messages, moved aside", losses)
+	}
+	moved := losses[0].MovedTo
+	if !strings.HasPrefix(moved, filepath.Join(dir, OrphanDirName)) {
+		t.Errorf("moved to %s, want under %s", moved, OrphanDirName)
+	}
+	if _, err := os.Stat(filepath.Join(moved, "msgs")); err != nil {
+		t.Errorf("orphaned messages not kept: %v", err)
+	}
+	if _, err := os.Stat(streamDir); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("orphaned dir still in the server's way: %v", err)
+	}
+	if !strings.Contains(lb.String(), "stream ORDERS vanished") || !strings.Contains(lb.String(), moved) {
+		t.Errorf("log does not name the vanished stream and where its data went:\n%s", lb.String())
+	}
+	log, _ := testLogger(t)
+	if err := Bootstrap(testContext(t), s2.JetStream(), cfg, log); err != nil {
+		t.Fatalf("Bootstrap after the loss: %v", err)
+	}
+}
+
+func TestVanishedStreamRefusedKeepsItsDirectory(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 2)
+	closeServer(t, s)
+	streamDir := filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS")
+	if err := os.Truncate(filepath.Join(streamDir, "meta.inf"), 0); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.OnDataLoss = "refuse"
+	_, _, err := reopen(t, cfg, false)
+	if !errors.Is(err, ErrDataLoss) || !strings.Contains(err.Error(), "stream ORDERS vanished") {
+		t.Fatalf("Open = %v, want refused for the vanished ORDERS", err)
+	}
+	if _, err := os.Stat(streamDir); err != nil {
+		t.Errorf("refused start moved or removed the stream dir: %v", err)
+	}
+}
+
+// A consumer that lost its position redelivers: reported, never refused.
+func TestConsumerGoneBackwardsOnlyWarns(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 1)
+	closeServer(t, s)
+	st, _ := ReadStoreState(cfg.JetStream.StoreDir)
+	c := st.Consumers["ORDERS/WORKER1"]
+	c.AckFloor = 1
+	st.Consumers["ORDERS/WORKER1"] = c
+	if err := WriteStoreState(cfg.JetStream.StoreDir, st); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.OnDataLoss = "refuse"
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("refused for a consumer position: %v", err)
+	}
+	if l := s2.DataLosses(); len(l) != 1 || l[0].Consumer != "WORKER1" || l[0].Lost() {
+		t.Errorf("losses = %+v", l)
+	}
+	if !strings.Contains(lb.String(), "consumer WORKER1 on stream ORDERS went back") {
+		t.Errorf("not logged:\n%s", lb.String())
+	}
+}
+
+func TestStoreStateFile(t *testing.T) {
+	dir := t.TempDir()
+	if st, err := ReadStoreState(dir); st != nil || err != nil {
+		t.Fatalf("empty dir: %v, %v", st, err)
+	}
+	want := &StoreState{Version: 1, Streams: map[string]StreamRecord{"A": {LastSeq: 9}}}
+	if err := WriteStoreState(dir, want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadStoreState(dir)
+	if err != nil || got.Streams["A"].LastSeq != 9 {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, StateFileName+".tmp")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("temp file left behind")
+	}
+	if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte("{garbage"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadStoreState(dir); err == nil || !strings.Contains(err.Error(), "remove it") {
+		t.Errorf("corrupt state file: %v, want an error saying to remove it", err)
+	}
+}
+
+func TestRecorderRecordsWhileRunning(t *testing.T) {
+	cfg := testConfig(t)
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	s.StateInterval = 50 * time.Millisecond
+	if err := s.Open(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.JetStream().Publish(testContext(t), "orders.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		if err != nil {
+			return err
+		}
+		if st == nil || st.Streams["ORDERS"].LastSeq != 1 {
+			return errors.New("ORDERS at seq 1 not recorded yet")
+		}
+		return nil
+	})
+}
