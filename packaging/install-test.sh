@@ -10,7 +10,8 @@
 #   remove stops and disables, keeps data; reinstall enables and starts -> N
 #   a unit that never becomes ready is reported as failed (the check can fail)
 #   purge deletes /var/lib/holdfast
-#   rpm -i --nodeps -> active, publish, rpm -e stops it
+#   rpm -i --nodeps -> active, publish, restart -> N, rpm -U keeps a modified
+#   config and restarts it -> N, rpm -e stops it and keeps the data
 # Before booting, it installs the deb into the root as a chroot (no running
 # systemd, as in an image build): that must work and enable the service.
 # On any failure it prints the unit's journal. Needs root, debootstrap,
@@ -82,6 +83,7 @@ mkdir -p "$root/root/pkgs"
 cp "$work"/v1/holdfast_*.deb "$root/root/pkgs/v1.deb"
 cp "$work"/v2/holdfast_*.deb "$root/root/pkgs/v2.deb"
 cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
+cp "$work"/v2/holdfast-*.rpm "$root/root/pkgs/v2.rpm"
 install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
 
 # --- chroot (image build): no systemd running, the install must not fail --
@@ -272,6 +274,15 @@ publish "$N" || die "rpm: publish"
 in_ct systemctl restart holdfast.service
 wait_active 60 || die "rpm: not active after restart"
 expect_msgs "rpm: after publishing and restart" "$N"
+in_ct sed -i 's/^level = "info"/level = "debug"/' /etc/holdfast/holdfast.toml
+pid=$(prop MainPID)
+in_ct rpm -U --nodeps /root/pkgs/v2.rpm >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -U"; }
+[ "$(in_ct rpm -q --qf '%{VERSION}' holdfast)" = "$v2" ] || die "rpm: version after upgrade"
+in_ct grep -q '^level = "debug"' /etc/holdfast/holdfast.toml || die "rpm -U replaced the modified config"
+wait_active 60 || die "rpm: not active after upgrade"
+[ "$(prop MainPID)" != "$pid" ] || die "rpm -U did not restart the service"
+[ "$(in_ct systemctl is-enabled holdfast.service)" = enabled ] || die "rpm: not enabled after upgrade"
+expect_msgs "rpm: after rpm -U (modified config kept, service restarted)" "$N"
 in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e"; }
 s=$(in_ct systemctl is-active holdfast.service || true)
 [ "$s" != active ] || die "rpm: still active after rpm -e"
