@@ -34,6 +34,8 @@ type Config struct {
 	Consumers map[string]*ConsumerConfig `toml:"-"`
 	HTTP      HTTPConfig                 `toml:"http"`
 	Log       LogConfig                  `toml:"log"`
+	Auth      AuthConfig                 `toml:"auth"`
+	TLS       TLSConfig                  `toml:"tls"`
 }
 
 // ServerConfig is the [server] table: the embedded NATS server's identity
@@ -43,6 +45,14 @@ type ServerConfig struct {
 	Host       string `toml:"host"`
 	Port       int    `toml:"port"`
 	MaxPayload Size   `toml:"max_payload"`
+	// AllowAnonymous lets a non-loopback host run without [auth]: anyone
+	// who can reach the port may publish, read and delete streams.
+	AllowAnonymous bool `toml:"allow_anonymous"`
+	// MaxConnections limits client connections (the in-process one counts).
+	MaxConnections int `toml:"max_connections"`
+	// MaxSubscriptions limits subscriptions per client connection; 0 is
+	// unlimited.
+	MaxSubscriptions int `toml:"max_subscriptions"`
 }
 
 // JetStreamConfig is the [jetstream] table: the persistent store.
@@ -53,8 +63,12 @@ type JetStreamConfig struct {
 	Sync              string `toml:"sync"`
 	AllowTmpfs        bool   `toml:"allow_tmpfs"`
 	EncryptionKeyFile string `toml:"encryption_key_file"`
-	Domain            string `toml:"domain"`
-	OnDataLoss        string `toml:"on_data_loss"`
+	// EncryptionCipher is "chacha" (ChaCha20-Poly1305) or "aes" (AES-GCM).
+	EncryptionCipher string `toml:"encryption_cipher"`
+	// EncryptionOldKeyFile holds the previous key during a key rotation.
+	EncryptionOldKeyFile string `toml:"encryption_old_key_file"`
+	Domain               string `toml:"domain"`
+	OnDataLoss           string `toml:"on_data_loss"`
 }
 
 // RunConfig is the [run] table: daemon behaviour.
@@ -142,19 +156,24 @@ func DefaultConfig() *Config {
 			Host:       "127.0.0.1",
 			Port:       4222,
 			MaxPayload: Bytes(1 << 20),
+			// An edge host serves a handful of publishers and the CLI.
+			MaxConnections:   1024,
+			MaxSubscriptions: 10_000,
 		},
 		JetStream: JetStreamConfig{
-			StoreDir:       DefaultStoreDir,
-			MaxMemoryStore: Bytes(1 << 30),
-			MaxFileStore:   Bytes(10 << 30),
-			Sync:           "always",
-			OnDataLoss:     "warn",
+			StoreDir:         DefaultStoreDir,
+			MaxMemoryStore:   Bytes(1 << 30),
+			MaxFileStore:     Bytes(10 << 30),
+			Sync:             "always",
+			OnDataLoss:       "warn",
+			EncryptionCipher: "chacha",
 		},
 		Run:       RunConfig{ShutdownTimeout: Dur(20 * time.Second)},
 		Streams:   map[string]*StreamConfig{DefaultStreamName: DefaultStream([]string{"orders.*"})},
 		Consumers: map[string]*ConsumerConfig{DefaultConsumerName: DefaultConsumer(DefaultStreamName)},
 		HTTP:      HTTPConfig{Listen: "127.0.0.1:8222", FailOnLoss: true, StallTimeout: Dur(5 * time.Minute)},
 		Log:       LogConfig{Level: "info", Format: "text"},
+		TLS:       TLSConfig{MinVersion: "1.2"},
 	}
 }
 
@@ -255,9 +274,9 @@ type fileLayout struct {
 }
 
 // unsupportedTables are SPEC tables this build does not implement yet;
-// rather than ignore them (and, say, run without the authentication the
-// operator asked for), Parse refuses them.
-var unsupportedTables = []string{"auth", "tls", "cluster", "leafnodes"}
+// rather than ignore them (and, say, run as one node when the operator
+// asked for a cluster), Parse refuses them.
+var unsupportedTables = []string{"cluster", "leafnodes"}
 
 // Parse reads TOML from r on top of DefaultConfig. source names the file in
 // errors. Streams and consumers in the file replace the default ORDERS and

@@ -360,7 +360,7 @@ func TestInvalidValues(t *testing.T) {
 	}{
 		{"server.name empty", "[server]\nname = \"\"", `server.name = ""`},
 		{"server.name space", "[server]\nname = \"edge 01\"", `server.name = "edge 01"`},
-		{"server.host unspecified", "[server]\nhost = \"0.0.0.0\"", `server.host = "0.0.0.0": listening on a non-loopback address needs authentication`},
+		{"server.host unspecified", "[server]\nhost = \"0.0.0.0\"", `server.host = "0.0.0.0": listening on a non-loopback address needs authentication: add an [auth] table`},
 		{"server.host ipv6 unspecified", "[server]\nhost = \"::\"", `server.host = "::": listening on a non-loopback address`},
 		{"server.host public", "[server]\nhost = \"192.0.2.10\"", `server.host = "192.0.2.10": listening on a non-loopback`},
 		{"server.host name", "[server]\nhost = \"example.com\"", `server.host = "example.com": must be an IP address`},
@@ -384,7 +384,6 @@ func TestInvalidValues(t *testing.T) {
 		{"jetstream.sync zero", "[jetstream]\nsync = \"0s\"", `jetstream.sync = "0s": must be "always"`},
 		{"jetstream.sync negative", "[jetstream]\nsync = \"-1m\"", `jetstream.sync = "-1m"`},
 		{"jetstream.sync empty", "[jetstream]\nsync = \"\"", `jetstream.sync = ""`},
-		{"jetstream.encryption_key_file", "[jetstream]\nencryption_key_file = \"/etc/holdfast/key\"", `jetstream.encryption_key_file = "/etc/holdfast/key": encryption at rest is not supported`},
 		{"jetstream.domain dot", "[jetstream]\ndomain = \"a.b\"", `jetstream.domain = "a.b"`},
 		{"jetstream.domain space", "[jetstream]\ndomain = \"a b\"", `jetstream.domain = "a b"`},
 		{"jetstream.on_data_loss", "[jetstream]\non_data_loss = \"ignore\"", `jetstream.on_data_loss = "ignore": must be one of warn, refuse`},
@@ -594,22 +593,17 @@ func TestSyntaxErrorCarriesLine(t *testing.T) {
 }
 
 func TestUnsupportedTables(t *testing.T) {
-	for _, table := range []string{"auth", "tls", "cluster", "leafnodes"} {
+	for _, table := range []string{"cluster", "leafnodes"} {
 		t.Run(table, func(t *testing.T) {
 			wantParseError(t, "["+table+"]\n", "["+table+"] is not supported by this version of holdfast")
 			wantParseError(t, "["+table+"]\nfoo = \"bar\"\n", "["+table+"] is not supported")
 		})
 	}
-	t.Run("all four", func(t *testing.T) {
-		wantParseError(t, "[auth]\n[tls]\n[cluster]\n[leafnodes]\n",
-			"[auth] is not", "[tls] is not", "[cluster] is not", "[leafnodes] is not")
-	})
-	t.Run("allow_anonymous does not open the door", func(t *testing.T) {
-		wantParseError(t, "[server]\nhost = \"0.0.0.0\"\nallow_anonymous = true\n", "server.allow_anonymous: unknown key")
+	t.Run("both", func(t *testing.T) {
+		wantParseError(t, "[auth]\n[tls]\n[cluster]\n[leafnodes]\n", "[cluster] is not", "[leafnodes] is not")
 	})
 }
 
-// One input with three problems lists all three.
 func TestValidationCollectsEveryProblem(t *testing.T) {
 	cfg := mustParse(t, `
 [server]

@@ -62,8 +62,8 @@ func (c *Config) validate(v *validator) {
 	}
 	if s.Host == "" || (net.ParseIP(s.Host) == nil && s.Host != "localhost") {
 		v.add("server.host", q(s.Host), "must be an IP address such as 127.0.0.1")
-	} else if !IsLoopback(s.Host) {
-		v.add("server.host", q(s.Host), "listening on a non-loopback address needs authentication, which this version of holdfast does not support yet: use 127.0.0.1")
+	} else if !IsLoopback(s.Host) && !c.Auth.Enabled() && !s.AllowAnonymous {
+		v.add("server.host", q(s.Host), "listening on a non-loopback address %s", anonymousReason)
 	}
 	if s.Port < -1 || s.Port == 0 || s.Port > 65535 {
 		v.add("server.port", strconv.Itoa(s.Port), "must be 1-65535, or -1 for a free port (nats-server would take 0 as 4222)")
@@ -91,22 +91,19 @@ func (c *Config) validate(v *validator) {
 	if js.Domain != "" && !validName(js.Domain) {
 		v.add("jetstream.domain", q(js.Domain), "must not contain spaces, '.', '*', '>' or path separators")
 	}
-	if js.EncryptionKeyFile != "" {
-		v.add("jetstream.encryption_key_file", q(js.EncryptionKeyFile), "encryption at rest is not supported by this version of holdfast yet: remove the key")
-	}
 
 	if v.duration("run.shutdown_timeout", c.Run.ShutdownTimeout) && c.Run.ShutdownTimeout.Duration <= 0 {
 		v.add("run.shutdown_timeout", c.Run.ShutdownTimeout.String(), "must be positive")
 	}
 
 	if c.HTTP.Listen != "" {
-		host, port, err := net.SplitHostPort(c.HTTP.Listen)
+		host, port, err := splitListen(c.HTTP.Listen)
 		if err != nil {
 			v.add("http.listen", q(c.HTTP.Listen), "must be host:port such as 127.0.0.1:8222, or \"\" to disable")
 		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
 			v.add("http.listen", q(c.HTTP.Listen), "port must be 0-65535")
-		} else if !IsLoopback(host) {
-			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address needs authentication, which this version does not support yet: use 127.0.0.1")
+		} else if !IsLoopback(host) && !c.Auth.Enabled() && !s.AllowAnonymous {
+			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address %s", anonymousReason)
 		}
 	}
 	if v.duration("http.stall_timeout", c.HTTP.StallTimeout) && c.HTTP.StallTimeout.Duration <= 0 {
@@ -115,8 +112,14 @@ func (c *Config) validate(v *validator) {
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 
+	c.validateSecurity(v)
 	c.validateStreams(v)
 	c.validateConsumers(v)
+}
+
+// splitListen splits a host:port listen address.
+func splitListen(listen string) (host, port string, err error) {
+	return net.SplitHostPort(listen)
 }
 
 // IsLoopback reports whether host (an IP or "localhost") is a loopback
