@@ -190,7 +190,9 @@ func TestLoadSecrets(t *testing.T) {
 	}{
 		{"token file readable by others", func(c *Config) { c.Auth.TokenFile = writeModeFile(t, dir, "t2", "0123456789abcdef0123", 0o604) },
 			[]string{"auth.token_file", "mode 0604", "refusing", "chmod 600"}},
-		{"key file readable by group", func(c *Config) { c.JetStream.EncryptionKeyFile = writeModeFile(t, dir, "k2", strings.Repeat("k", 40), 0o640) },
+		{"key file readable by group", func(c *Config) {
+			c.JetStream.EncryptionKeyFile = writeModeFile(t, dir, "k2", strings.Repeat("k", 40), 0o640)
+		},
 			[]string{"jetstream.encryption_key_file", "mode 0640", "its group or others"}},
 		{"short key", func(c *Config) { c.JetStream.EncryptionKeyFile = writeModeFile(t, dir, "k3", "short", 0o600) },
 			[]string{"jetstream.encryption_key_file", "too short"}},
