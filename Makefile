@@ -62,3 +62,34 @@ package:
 ## install-test: install, restart, kill, upgrade and purge the packages under a real systemd in a container (root)
 install-test:
 	GO=$(GO) packaging/install-test.sh
+
+## ---------------------------------------------------------------------------
+## Durability: long runs of the power-loss and kill -9 harnesses, and every
+## fuzz target. Short versions of all three run in `make test`. The power-loss
+## harness mounts lazyfs (FUSE): it needs root and /dev/fuse (Debian: fuse3).
+## Figures and what they mean: docs/durability.md.
+## ---------------------------------------------------------------------------
+POWERLOSS_CYCLES ?= 100
+CHAOS_CYCLES ?= 300
+FUZZTIME ?= 30s
+
+.PHONY: powerloss chaos fuzz
+
+## powerloss: $(POWERLOSS_CYCLES) simulated power cuts with sync "always" (0 lost) and "2m" (loss measured)
+powerloss:
+	set -o pipefail; CGO_ENABLED=1 HOLDFAST_POWERLOSS_CYCLES=$(POWERLOSS_CYCLES) \
+	$(GO) test -count=1 -timeout 4h -run 'TestPowerLoss' -v ./cmd/holdfast/ 2>&1 | tee $${TMPDIR:-/tmp}/holdfast-powerloss.log | grep -E '^(powerloss:|--- |ok|FAIL|PASS)'
+
+## chaos: $(CHAOS_CYCLES) kill -9 cycles under load, in bootstrap and in shutdown
+chaos:
+	set -o pipefail; CGO_ENABLED=1 HOLDFAST_CHAOS_CYCLES=$(CHAOS_CYCLES) \
+	$(GO) test -count=1 -timeout 4h -run 'TestChaosKill9' -v ./cmd/holdfast/ 2>&1 | tee $${TMPDIR:-/tmp}/holdfast-chaos.log | grep -E '^(chaos:|--- |ok|FAIL|PASS)'
+
+## fuzz: every Fuzz target of every package for $(FUZZTIME) each
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "== $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
