@@ -1,0 +1,123 @@
+package pipeline
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Health states, from best to worst.
+const (
+	// HealthOK: JetStream runs on the file store, every stream and
+	// consumer exists, the workers run and no consumer is stalled.
+	HealthOK = "ok"
+	// HealthDegraded: all of the above, but retention removed messages
+	// before a consumer acknowledged them.
+	HealthDegraded = "degraded"
+	// HealthUnhealthy: something in the HealthOK list is not true.
+	HealthUnhealthy = "unhealthy"
+)
+
+// Health is the verdict of a check: what /healthz answers.
+type Health struct {
+	Status string `json:"status"`
+	// Reason is the first problem, for a one-line alert.
+	Reason   string   `json:"reason,omitempty"`
+	Problems []string `json:"problems,omitempty"`
+	// Warnings do not change Status: backlogs close to a stream limit.
+	Warnings []string `json:"warnings,omitempty"`
+	// LostToRetention maps "STREAM/CONSUMER" to the messages it lost since
+	// start, for consumers that lost any.
+	LostToRetention map[string]uint64 `json:"lost_to_retention,omitempty"`
+	// FailOnLoss says whether a loss makes the status code 503.
+	FailOnLoss bool `json:"-"`
+}
+
+// HTTPStatus is the status code /healthz answers with.
+func (h Health) HTTPStatus() int {
+	switch h.Status {
+	case HealthOK:
+		return http.StatusOK
+	case HealthDegraded:
+		if !h.FailOnLoss {
+			return http.StatusOK
+		}
+	}
+	return http.StatusServiceUnavailable
+}
+
+// Health returns the verdict of the latest check; it is unhealthy before
+// the first check and when checks stopped coming.
+func (m *Monitor) Health() Health {
+	r := m.Report()
+	if r == nil {
+		return Health{Status: HealthUnhealthy, Reason: "starting: no check has run yet", Problems: []string{"starting: no check has run yet"}, FailOnLoss: m.opts.FailOnLoss}
+	}
+	h := r.Health
+	h.FailOnLoss = m.opts.FailOnLoss
+	// A check that hangs (the JetStream API does not answer) must not
+	// leave the last good verdict standing.
+	if age := time.Since(r.Time); age > 3*m.opts.Interval+10*time.Second {
+		p := fmt.Sprintf("the last check finished %s ago: the JetStream API may be stuck", age.Round(time.Second))
+		h.Problems = append([]string{p}, h.Problems...)
+		h.Reason = p
+		h.Status = HealthUnhealthy
+	}
+	return h
+}
+
+// evaluate turns a Report into a Health verdict.
+func (m *Monitor) evaluate(r *Report) Health {
+	h := Health{Status: HealthOK, FailOnLoss: m.opts.FailOnLoss}
+	problem := func(format string, args ...any) {
+		h.Problems = append(h.Problems, fmt.Sprintf(format, args...))
+	}
+	if !r.JetStream.Enabled {
+		problem("JetStream does not answer: %s", r.JetStream.Error)
+	}
+	if r.JetStream.ServerCheckError != "" {
+		problem("%s", r.JetStream.ServerCheckError)
+	}
+	for _, s := range r.Streams {
+		if !s.Exists {
+			problem("stream %s: %s", s.Name, s.Error)
+		}
+	}
+	for _, c := range r.Consumers {
+		switch {
+		case !c.Exists:
+			problem("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
+		case c.Workers.Configured > 0 && !c.Workers.Running:
+			problem("consumer %s: its %d workers are not running", c.Name, c.Workers.Configured)
+		case c.Stalled:
+			problem("consumer %s on stream %s is stalled: no delivery or acknowledgement for %s with %d pending and %d of max %d awaiting ack",
+				c.Name, c.Stream, c.IdleFor.Round(time.Second), c.Pending, c.AckPending, c.MaxAckPending)
+		}
+		h.Warnings = append(h.Warnings, c.Warnings...)
+	}
+	unhealthy := len(h.Problems) > 0
+	for _, c := range r.Consumers {
+		if c.LostToRetention == 0 {
+			continue
+		}
+		if h.LostToRetention == nil {
+			h.LostToRetention = map[string]uint64{}
+		}
+		h.LostToRetention[c.Stream+"/"+c.Name] = c.LostToRetention
+		msg := fmt.Sprintf("consumer %s on stream %s lost %d message(s) to retention since start", c.Name, c.Stream, c.LostToRetention)
+		if ll := c.LastLoss; ll != nil {
+			msg += fmt.Sprintf(" (last: %d, seq %d..%d, %s, at %s)", ll.Count, ll.FirstSeq, ll.LastSeq, ll.Cause, ll.Time.UTC().Format(time.RFC3339))
+		}
+		problem("%s", msg)
+	}
+	switch {
+	case unhealthy:
+		h.Status = HealthUnhealthy
+	case len(h.Problems) > 0:
+		h.Status = HealthDegraded
+	}
+	if len(h.Problems) > 0 {
+		h.Reason = h.Problems[0]
+	}
+	return h
+}

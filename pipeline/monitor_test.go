@@ -1,0 +1,571 @@
+package pipeline_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// monitorEnv is an embedded server on t.TempDir() with the streams and
+// consumers of cfg bootstrapped, and a log that tests can read.
+type monitorEnv struct {
+	t   *testing.T
+	cfg *config.Config
+	srv *embedded.Server
+	js  jetstream.JetStream
+	log *lockedBuffer
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// newMonitorEnv starts a server with the stream ORDERS (orders.*) and the
+// consumer WORKER1 as tweaked by tweak.
+func newMonitorEnv(t *testing.T, tweak func(*config.Config)) *monitorEnv {
+	t.Helper()
+	cfg := config.DefaultConfig()
+	cfg.Server.Port = -1
+	cfg.HTTP.Listen = ""
+	cfg.JetStream.StoreDir = t.TempDir()
+	cc := cfg.Consumers[config.DefaultConsumerName]
+	cc.Workers = 0
+	cc.Backoff = []config.Duration{config.Dur(50 * time.Millisecond)}
+	if tweak != nil {
+		tweak(cfg)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	buf := &lockedBuffer{}
+	log := slog.New(slog.NewTextHandler(buf, nil))
+	srv := embedded.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := srv.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close(context.Background()) })
+	if err := embedded.Bootstrap(context.Background(), srv.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", buf.String())
+		}
+	})
+	return &monitorEnv{t: t, cfg: cfg, srv: srv, js: srv.JetStream(), log: buf}
+}
+
+// monitor starts a Monitor on every configured consumer, with workers
+// where given.
+func (e *monitorEnv) monitor(opts pipeline.MonitorOptions, workers map[string]*pipeline.Workers) *pipeline.Monitor {
+	e.t.Helper()
+	opts.Streams = e.cfg.StreamNames()
+	for _, name := range e.cfg.ConsumerNames() {
+		cc := e.cfg.Consumers[name]
+		opts.Consumers = append(opts.Consumers, pipeline.MonitoredConsumer{
+			Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, Workers: workers[name], DeadLetter: cc.DeadLetter,
+		})
+	}
+	if opts.Interval == 0 {
+		opts.Interval = 20 * time.Millisecond
+	}
+	m := pipeline.NewMonitor(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(e.log, nil)))
+	if err := m.Open(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { m.Close(context.Background()) })
+	return m
+}
+
+func (e *monitorEnv) publish(subject string, n int) {
+	e.t.Helper()
+	for i := 0; i < n; i++ {
+		if _, err := e.js.Publish(context.Background(), subject, []byte(fmt.Sprintf("%s-%d", subject, i))); err != nil {
+			e.t.Fatalf("publish %d to %s: %v", i, subject, err)
+		}
+	}
+}
+
+func consumerStatus(t *testing.T, r *pipeline.Report, name string) pipeline.ConsumerStatus {
+	t.Helper()
+	for _, c := range r.Consumers {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no consumer %s in the report", name)
+	return pipeline.ConsumerStatus{}
+}
+
+// waitFor polls f until it returns nil or the deadline passes.
+func waitFor(t *testing.T, total time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("condition not met after %s: %v", total, err)
+}
+
+// waitLost waits until the consumer's loss count is want, and checks that
+// it stays there for a few more checks.
+func waitLost(t *testing.T, m *pipeline.Monitor, consumer string, want uint64) pipeline.ConsumerStatus {
+	t.Helper()
+	var cs pipeline.ConsumerStatus
+	waitFor(t, 10*time.Second, func() error {
+		cs = consumerStatus(t, m.CheckNow(context.Background()), consumer)
+		if cs.LostToRetention != want {
+			return fmt.Errorf("lost to retention = %d, want %d", cs.LostToRetention, want)
+		}
+		return nil
+	})
+	for i := 0; i < 5; i++ {
+		time.Sleep(25 * time.Millisecond)
+		if cs = consumerStatus(t, m.CheckNow(context.Background()), consumer); cs.LostToRetention != want {
+			t.Fatalf("lost to retention moved on to %d, want it to stay %d", cs.LostToRetention, want)
+		}
+	}
+	return cs
+}
+
+func TestMonitorCountsRetentionLossExactly(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cfg.Streams["ORDERS"].MaxMsgs = 10
+		cfg.Consumers["WORKER1"].MaxAckPending = 5
+	})
+	m := e.monitor(pipeline.MonitorOptions{FailOnLoss: true}, nil)
+	if h := m.Health(); h.Status != pipeline.HealthOK || h.HTTPStatus() != http.StatusOK {
+		t.Fatalf("health before any message = %+v, want ok", h)
+	}
+
+	// Nothing consumes: 25 messages into a stream that keeps 10.
+	e.publish("orders.created", 25)
+	cs := waitLost(t, m, "WORKER1", 15)
+	if cs.LastLoss == nil || cs.LastLoss.LastSeq != 15 || cs.LastLoss.Cause != "max_msgs" {
+		t.Errorf("last loss = %+v, want up to seq 15 caused by max_msgs", cs.LastLoss)
+	}
+	h := m.Health()
+	if h.Status != pipeline.HealthDegraded || h.HTTPStatus() != http.StatusServiceUnavailable {
+		t.Errorf("health after a loss = %s (%d), want degraded with 503 (fail_on_loss)", h.Status, h.HTTPStatus())
+	}
+	if h.LostToRetention["ORDERS/WORKER1"] != 15 || !strings.Contains(h.Reason, "lost 15 message(s)") {
+		t.Errorf("health does not report 15 lost: %+v", h)
+	}
+	if !strings.Contains(e.log.String(), "consumer=WORKER1") || !strings.Contains(e.log.String(), "lost_total=15") {
+		t.Errorf("no log line with the loss:\n%s", e.log.String())
+	}
+	if len(cs.Warnings) == 0 || cs.BacklogRatio["max_msgs"] != 1 {
+		t.Errorf("no max_msgs warning with the backlog at the limit: %+v", cs)
+	}
+
+	// Delivered and unacknowledged messages are lost too (the server's
+	// advisory), acknowledged ones are not: fetch 16, 17, 18 and ack 17.
+	c, err := e.js.Consumer(context.Background(), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []jetstream.Msg
+	for msg := range batch.Messages() {
+		got = append(got, msg)
+	}
+	if len(got) != 3 {
+		t.Fatalf("fetched %d messages, want 3", len(got))
+	}
+	if err := got[1].DoubleAck(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	m.CheckNow(context.Background())
+	// 12 more remove 16..27: 16 and 18 were pending, 19..27 not delivered.
+	e.publish("orders.created", 12)
+	waitLost(t, m, "WORKER1", 15+2+9)
+
+	// The consumer catches up: no further loss.
+	batch, err = c.Fetch(10, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for msg := range batch.Messages() {
+		if err := msg.DoubleAck(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.publish("orders.created", 5)
+	waitLost(t, m, "WORKER1", 26)
+
+	// Without fail_on_loss a loss is degraded with 200. The consumer is
+	// at seq 38 of 33..42: 20 more remove 33..52, of which 38..52 unread.
+	m2 := e.monitor(pipeline.MonitorOptions{}, nil)
+	e.publish("orders.created", 20)
+	waitLost(t, m2, "WORKER1", 15)
+	if h := m2.Health(); h.Status != pipeline.HealthDegraded || h.HTTPStatus() != http.StatusOK {
+		t.Errorf("health without fail_on_loss = %s (%d), want degraded with 200", h.Status, h.HTTPStatus())
+	}
+}
+
+// A consumer that reads part of its stream loses only its own messages.
+func TestMonitorCountsFilteredConsumerLoss(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cfg.Streams["ORDERS"].MaxMsgs = 10
+		cfg.Consumers["WORKER1"].FilterSubject = "orders.eu"
+	})
+	m := e.monitor(pipeline.MonitorOptions{Interval: time.Hour}, nil)
+	// 15 eu and 15 us, interleaved, with a check between publishes (as
+	// when the publish rate is below max_msgs per check interval): 20
+	// removed, 10 of them eu.
+	for i := 0; i < 15; i++ {
+		e.publish("orders.eu", 1)
+		m.CheckNow(context.Background())
+		e.publish("orders.us", 1)
+		m.CheckNow(context.Background())
+	}
+	waitLost(t, m, "WORKER1", 10)
+	// Stream: eu,us x5 (21..30). 2 eu then 4 us remove 21..26: eu 21, 23, 25.
+	e.publish("orders.eu", 2)
+	m.CheckNow(context.Background())
+	e.publish("orders.us", 4)
+	waitLost(t, m, "WORKER1", 10+3)
+
+	// A consumer that has read everything of its filter loses nothing
+	// when other subjects fill the stream.
+	c, err := e.js.Consumer(context.Background(), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(20, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for msg := range batch.Messages() {
+		n++
+		if err := msg.DoubleAck(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n != 4 {
+		t.Fatalf("fetched %d eu messages, want 4 (27, 29, 31, 32)", n)
+	}
+	for i := 0; i < 30; i++ {
+		e.publish("orders.us", 1)
+		m.CheckNow(context.Background())
+	}
+	waitLost(t, m, "WORKER1", 13)
+}
+
+func TestMonitorDiscardNewRefusesInsteadOfLosing(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cfg.Streams["ORDERS"].MaxMsgs = 10
+		cfg.Streams["ORDERS"].Discard = "new"
+	})
+	m := e.monitor(pipeline.MonitorOptions{FailOnLoss: true}, nil)
+	e.publish("orders.created", 10)
+	refused := 0
+	for i := 0; i < 5; i++ {
+		if _, err := e.js.Publish(context.Background(), "orders.created", []byte("over")); err != nil {
+			refused++
+		}
+	}
+	if refused != 5 {
+		t.Fatalf("%d of 5 publishes over max_msgs refused, want all", refused)
+	}
+	cs := waitLost(t, m, "WORKER1", 0)
+	if h := m.Health(); h.Status != pipeline.HealthOK {
+		t.Errorf("health with a full discard=new stream = %+v, want ok", h)
+	}
+	if len(cs.Warnings) == 0 || !strings.Contains(cs.Warnings[0], "refused") {
+		t.Errorf("no warning that publishes will be refused: %+v", cs.Warnings)
+	}
+}
+
+func TestMonitorHealthMissingConsumerAndStream(t *testing.T) {
+	e := newMonitorEnv(t, nil)
+	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	if h := m.Health(); h.Status != pipeline.HealthOK {
+		t.Fatalf("health = %+v, want ok", h)
+	}
+	if err := e.js.DeleteConsumer(context.Background(), "ORDERS", "WORKER1"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		h := m.Health()
+		if h.HTTPStatus() != http.StatusServiceUnavailable || !strings.Contains(h.Reason, "consumer WORKER1 on stream ORDERS: consumer does not exist") {
+			return fmt.Errorf("health = %+v", h)
+		}
+		return nil
+	})
+	if err := e.js.DeleteStream(context.Background(), "ORDERS_DLQ"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, func() error {
+		h := m.Health()
+		if !strings.Contains(strings.Join(h.Problems, "\n"), "stream ORDERS_DLQ: stream does not exist") {
+			return fmt.Errorf("health = %+v", h)
+		}
+		return nil
+	})
+}
+
+func TestMonitorHealthServerCheck(t *testing.T) {
+	e := newMonitorEnv(t, nil)
+	var fail sync.Mutex
+	failing := false
+	m := e.monitor(pipeline.MonitorOptions{Check: func() error {
+		fail.Lock()
+		defer fail.Unlock()
+		if failing {
+			return errors.New("JetStream is disabled")
+		}
+		return nil
+	}}, nil)
+	fail.Lock()
+	failing = true
+	fail.Unlock()
+	waitFor(t, 5*time.Second, func() error {
+		if h := m.Health(); h.Reason != "JetStream is disabled" {
+			return fmt.Errorf("health = %+v", h)
+		}
+		return nil
+	})
+}
+
+// Workers whose handler hangs stall the consumer; health recovers when
+// it returns.
+func TestMonitorDetectsStalledWorkers(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 2
+		cc.MaxAckPending = 2
+	})
+	release := make(chan struct{})
+	var once sync.Once
+	t.Cleanup(func() { once.Do(func() { close(release) }) })
+	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+		return pipeline.Ok()
+	})
+	w := e.startWorkers(h, 2)
+	m := e.monitor(pipeline.MonitorOptions{StallTimeout: 300 * time.Millisecond}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.publish("orders.created", 5)
+	waitFor(t, 10*time.Second, func() error {
+		hl := m.Health()
+		if hl.HTTPStatus() != http.StatusServiceUnavailable || !strings.Contains(hl.Reason, "consumer WORKER1 on stream ORDERS is stalled") {
+			return fmt.Errorf("health = %+v", hl)
+		}
+		return nil
+	})
+	if cs := consumerStatus(t, m.Report(), "WORKER1"); !cs.Stalled || cs.AckPending != 2 {
+		t.Errorf("consumer status = %+v, want stalled with 2 awaiting ack", cs)
+	}
+	once.Do(func() { close(release) })
+	waitFor(t, 10*time.Second, func() error {
+		if hl := m.Health(); hl.Status != pipeline.HealthOK {
+			return fmt.Errorf("health = %+v", hl)
+		}
+		return nil
+	})
+}
+
+func (e *monitorEnv) startWorkers(h pipeline.Handler, n int) *pipeline.Workers {
+	e.t.Helper()
+	cc := e.cfg.Consumers["WORKER1"]
+	return e.startWorkersWith(pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "WORKER1", Workers: n, AckWait: cc.AckWait.Duration,
+		MaxDeliver: cc.MaxDeliver, Backoff: []time.Duration{50 * time.Millisecond}, DeadLetter: cc.DeadLetter, Handler: h,
+	})
+}
+
+func (e *monitorEnv) startWorkersWith(opts pipeline.ConsumerOptions) *pipeline.Workers {
+	e.t.Helper()
+	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.ShutdownTimeout = 2 * time.Second
+	if err := w.Open(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { w.Close(context.Background()) })
+	return w
+}
+
+// scrape reads the metrics with the Prometheus text parser.
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.LegacyValidation)
+	families, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("metrics do not parse: %v", err)
+	}
+	return families
+}
+
+// sample returns the sum of the values of the metric's series with the
+// given labels, and whether there is one. Histograms give their sample
+// count.
+func sample(families map[string]*dto.MetricFamily, name string, labels map[string]string) (float64, bool) {
+	f := families[name]
+	if f == nil {
+		return 0, false
+	}
+	var sum float64
+	found := false
+next:
+	for _, m := range f.GetMetric() {
+		for k, v := range labels {
+			found := false
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == k && lp.GetValue() == v {
+					found = true
+				}
+			}
+			if !found {
+				continue next
+			}
+		}
+		found = true
+		switch {
+		case m.Counter != nil:
+			sum += m.Counter.GetValue()
+		case m.Gauge != nil:
+			sum += m.Gauge.GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return sum, found
+}
+
+// The metrics move as messages are processed, retried and dead-lettered.
+func TestMetricsCountProcessing(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 2
+		cc.MaxDeliver = 3
+	})
+	metrics := pipeline.NewMetrics("test", "2.15.2")
+	// "fail" always fails (retried, then dead-lettered on delivery 3),
+	// "bad" fails permanently, anything else succeeds.
+	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+		switch msg.Subject {
+		case "orders.fail":
+			return pipeline.RetryLater("always failing")
+		case "orders.bad":
+			return pipeline.Fail("malformed")
+		}
+		return pipeline.Ok()
+	})
+	cc := e.cfg.Consumers["WORKER1"]
+	w := e.startWorkersWith(pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "WORKER1", Workers: 2, AckWait: cc.AckWait.Duration, MaxDeliver: 3,
+		Backoff: []time.Duration{20 * time.Millisecond}, DeadLetter: cc.DeadLetter, Handler: h,
+		OnResult: metrics.ObserveResult("ORDERS"),
+	})
+	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
+	metrics.SetMonitor(m)
+	ts := httptest.NewServer(metrics.Handler())
+	defer ts.Close()
+
+	labels := map[string]string{"stream": "ORDERS", "consumer": "WORKER1"}
+	before := scrape(t, ts.URL)
+	for _, name := range []string{"holdfast_messages_processed_total", "holdfast_messages_acked_total", "holdfast_messages_retried_total",
+		"holdfast_messages_dead_lettered_total", "holdfast_messages_lost_to_retention_total"} {
+		if v, ok := sample(before, name, labels); !ok || v != 0 {
+			t.Errorf("%s = %v (present %v) before any message, want 0", name, v, ok)
+		}
+		if f := before[name]; f == nil || f.GetType() != dto.MetricType_COUNTER {
+			t.Errorf("%s is not a counter", name)
+		}
+	}
+	for _, name := range []string{"process_cpu_seconds_total", "go_goroutines", "holdfast_build_info",
+		"holdfast_stream_messages", "holdfast_consumer_pending_messages", "holdfast_jetstream_storage_used_bytes"} {
+		if before[name] == nil {
+			t.Errorf("no %s", name)
+		}
+	}
+
+	e.publish("orders.ok", 5)
+	e.publish("orders.fail", 1)
+	e.publish("orders.bad", 1)
+	waitFor(t, 15*time.Second, func() error {
+		m.CheckNow(context.Background())
+		f := scrape(t, ts.URL)
+		want := map[string]float64{
+			"holdfast_messages_processed_total":      5 + 3 + 1,
+			"holdfast_messages_acked_total":          5,
+			"holdfast_messages_retried_total":        2,
+			"holdfast_messages_dead_lettered_total":  2,
+			"holdfast_handler_duration_seconds":      9,
+			"holdfast_stream_messages":               7,
+			"holdfast_consumer_ack_pending_messages": 0,
+			"holdfast_consumer_pending_messages":     0,
+			"holdfast_handlers_in_flight":            0,
+		}
+		var bad []string
+		for name, v := range want {
+			l := labels
+			if name == "holdfast_stream_messages" {
+				l = map[string]string{"stream": "ORDERS"}
+			}
+			if got, ok := sample(f, name, l); !ok || got != v {
+				bad = append(bad, fmt.Sprintf("%s = %v (present %v), want %v", name, got, ok, v))
+			}
+		}
+		if got, _ := sample(f, "holdfast_stream_messages", map[string]string{"stream": "ORDERS_DLQ"}); got != 2 {
+			bad = append(bad, fmt.Sprintf("ORDERS_DLQ holds %v messages, want 2", got))
+		}
+		if got, _ := sample(f, "holdfast_handler_duration_seconds", map[string]string{"consumer": "WORKER1", "outcome": "retry"}); got != 3 {
+			bad = append(bad, fmt.Sprintf("%v handler durations with outcome retry, want 3", got))
+		}
+		if len(bad) > 0 {
+			return errors.New(strings.Join(bad, "; "))
+		}
+		return nil
+	})
+}
