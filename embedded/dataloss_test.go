@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/holdfast-io/holdfast/config"
 )
 
@@ -280,4 +282,90 @@ func TestRecorderRecordsWhileRunning(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A damaged message block (bytes cut off or overwritten while holdfast was
+// stopped) never starts silently: the server recovers what it can and
+// holdfast reports what is gone.
+func TestCorruptMessageBlockIsReported(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		corrupt func(t *testing.T, blk string)
+	}{
+		{"truncated", func(t *testing.T, blk string) {
+			fi, err := os.Stat(blk)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(blk, fi.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"overwritten", func(t *testing.T, blk string) {
+			f, err := os.OpenFile(blk, os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			fi, _ := f.Stat()
+			junk := make([]byte, fi.Size()/2)
+			for i := range junk {
+				junk[i] = 0xA5
+			}
+			if _, err := f.WriteAt(junk, fi.Size()/2); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"removed", func(t *testing.T, blk string) {
+			if err := os.Remove(blk); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			s, _ := lossServer(t, cfg, 20)
+			closeServer(t, s)
+			blks, _ := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS", "msgs", "*.blk"))
+			if len(blks) == 0 {
+				t.Fatal("no message block")
+			}
+			tc.corrupt(t, blks[len(blks)-1])
+			// The server's index would describe the block as it was.
+			_ = os.Remove(filepath.Join(filepath.Dir(blks[0]), "index.db"))
+
+			s2, lb, err := reopen(t, cfg, false)
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			info, err := corruptStreamState(t, s2, "ORDERS")
+			if err != nil {
+				t.Fatalf("stream ORDERS after the damage: %v", err)
+			}
+			t.Logf("after %s block: %d messages, last seq %d; losses %v", tc.name, info.Msgs, info.LastSeq, s2.DataLosses())
+			if info.Msgs == 20 {
+				return // the server recovered everything
+			}
+			losses := s2.DataLosses()
+			if len(losses) != 1 || losses[0].Stream != "ORDERS" || !losses[0].Lost() || losses[0].FoundLast != info.LastSeq {
+				t.Errorf("stream left with %d of 20 messages (last seq %d), losses reported %v", info.Msgs, info.LastSeq, losses)
+			}
+			if !strings.Contains(lb.String(), "data loss: stream ORDERS") {
+				t.Errorf("loss not logged:\n%s", lb.String())
+			}
+		})
+	}
+}
+
+func corruptStreamState(t *testing.T, s *Server, name string) (jetstream.StreamState, error) {
+	t.Helper()
+	str, err := s.JetStream().Stream(testContext(t), name)
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	info, err := str.Info(testContext(t))
+	if err != nil {
+		return jetstream.StreamState{}, err
+	}
+	return info.State, nil
 }
