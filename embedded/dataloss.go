@@ -277,7 +277,15 @@ func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
 		if err := os.MkdirAll(destDir, 0o750); err != nil {
 			return "", err
 		}
-		dest := filepath.Join(destDir, fmt.Sprintf("%s.%s.%s", account, stream, now.UTC().Format("20060102T150405Z")))
+		// Losses can follow each other within a second: never reuse a name.
+		base := filepath.Join(destDir, fmt.Sprintf("%s.%s.%s", account, stream, now.UTC().Format("20060102T150405Z")))
+		dest := base
+		for i := 1; ; i++ {
+			if _, err := os.Lstat(dest); errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			dest = fmt.Sprintf("%s.%d", base, i)
+		}
 		if err := os.Rename(dir, dest); err != nil {
 			return "", fmt.Errorf("cannot move the data directory of vanished stream %s aside: %w", stream, err)
 		}

@@ -369,3 +369,29 @@ func corruptStreamState(t *testing.T, s *Server, name string) (jetstream.StreamS
 	}
 	return info.State, nil
 }
+
+// Two losses of the same stream within a second keep both directories.
+func TestOrphanNamesNeverCollide(t *testing.T) {
+	dir := t.TempDir()
+	at := time.Now()
+	var moved []string
+	for range 3 {
+		streamDir := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS")
+		if err := os.MkdirAll(streamDir, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		to, err := moveOrphan(dir, "ORDERS", at)
+		if err != nil {
+			t.Fatalf("moveOrphan: %v", err)
+		}
+		moved = append(moved, to)
+	}
+	if moved[0] == moved[1] || moved[1] == moved[2] || moved[0] == moved[2] {
+		t.Fatalf("orphan dirs reused a name: %v", moved)
+	}
+	for _, m := range moved {
+		if _, err := os.Stat(m); err != nil {
+			t.Error(err)
+		}
+	}
+}
