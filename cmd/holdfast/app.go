@@ -74,6 +74,7 @@ func newApp() *cli.App {
 			configCommand(),
 			pubCommand(),
 			dlqCommand(),
+			statusCommand(),
 			benchCommand(),
 			versionCommand(),
 		},

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/pipeline"
@@ -20,9 +23,13 @@ type daemon struct {
 	log    *slog.Logger
 	notify *notifier
 
-	srv     *embedded.Server
-	workers []*pipeline.Workers
-	failed  chan struct{}
+	http      *httpServer
+	metrics   *pipeline.Metrics
+	srv       *embedded.Server
+	workers   []*pipeline.Workers
+	monitor   *pipeline.Monitor
+	statusSub *nats.Subscription
+	failed    chan struct{}
 
 	closeOnce sync.Once
 	closeErr  error
@@ -33,38 +40,77 @@ func newDaemon(cfg *config.Config, log *slog.Logger, n *notifier) *daemon {
 	return &daemon{cfg: cfg, log: log, notify: n, failed: make(chan struct{})}
 }
 
-// Open starts the embedded server, bootstraps streams and consumers, and
-// starts the workers.
+// Open starts the HTTP listener (503 until ready), the embedded server,
+// bootstraps streams and consumers, starts the workers, the monitor and
+// the status responder.
 func (d *daemon) Open(ctx context.Context) error {
+	d.metrics = pipeline.NewMetrics(versionString(), server.VERSION)
+	if d.cfg.HTTP.Listen != "" {
+		d.http = newHTTPServer(d.cfg.HTTP.Listen, d.metrics, d.log)
+		if err := d.http.Open(ctx); err != nil {
+			return err
+		}
+	}
 	d.srv = embedded.New(d.cfg, d.log)
 	d.srv.OnStatus = d.notify.Status
 	if err := d.srv.Open(ctx); err != nil {
 		return err
 	}
+	d.http.setNATS(d.srv.NATS())
 	d.notify.Status("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
 	}
+	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
+		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter}
 		if cc.Workers == 0 {
 			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
+			monitored = append(monitored, mc)
 			continue
 		}
 		h, err := newHandler(name, cc, d.log)
 		if err != nil {
 			return err
 		}
-		w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), consumerOptions(name, cc, h), d.log)
+		opts := consumerOptions(name, cc, h)
+		opts.OnResult = d.metrics.ObserveResult(cc.Stream)
+		w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
 		w.ShutdownTimeout = d.cfg.Run.ShutdownTimeout.Duration
 		if err := w.Open(ctx); err != nil {
 			return err
 		}
 		d.workers = append(d.workers, w)
+		mc.Workers = w
+		monitored = append(monitored, mc)
 	}
+	d.monitor = pipeline.NewMonitor(d.srv.JetStream(), d.srv.Conn(), pipeline.MonitorOptions{
+		Streams:          d.cfg.StreamNames(),
+		Consumers:        monitored,
+		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
+		FailOnLoss:       d.cfg.HTTP.FailOnLoss,
+		Check:            jetStreamCheck(d.srv),
+		FileStoreLimit:   d.cfg.JetStream.MaxFileStore.Bytes,
+		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
+	}, d.log)
+	if err := d.monitor.Open(ctx); err != nil {
+		return err
+	}
+	d.metrics.SetMonitor(d.monitor)
+	d.http.setMonitor(d.monitor)
+	var err error
+	if d.statusSub, err = serveStatus(d); err != nil {
+		return err
+	}
+	d.http.setPhase(phaseReady)
+
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
+	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "sync", d.cfg.JetStream.Sync,
+		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
+		"consumers", d.cfg.ConsumerNames(), "workers", len(d.workers))
 	return nil
 }
 
@@ -110,8 +156,15 @@ func (d *daemon) Healthy(ctx context.Context) error {
 // Close stops everything in reverse order of Open. It is idempotent.
 func (d *daemon) Close(ctx context.Context) error {
 	d.closeOnce.Do(func() {
+		d.http.setPhase(phaseStopping)
 		if d.stopWatch != nil {
 			d.stopWatch()
+		}
+		if d.statusSub != nil {
+			_ = d.statusSub.Unsubscribe()
+		}
+		if d.monitor != nil {
+			_ = d.monitor.Close(ctx)
 		}
 		if len(d.workers) > 0 {
 			d.notify.Status("draining workers")
@@ -122,10 +175,13 @@ func (d *daemon) Close(ctx context.Context) error {
 			}
 			wg.Wait()
 		}
+		var errs []error
 		if d.srv != nil {
 			d.notify.Status("shutting down the NATS server")
-			d.closeErr = d.srv.Close(ctx)
+			errs = append(errs, d.srv.Close(ctx))
 		}
+		errs = append(errs, d.http.Close(ctx))
+		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr
 }

@@ -1,0 +1,233 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// Phases of the daemon, as /readyz reports them.
+const (
+	phaseStarting = "starting"
+	phaseReady    = "ready"
+	phaseStopping = "stopping"
+)
+
+// natsMonitorPrefix is where the embedded server's own monitoring
+// endpoints are served, so that NATS dashboards and
+// prometheus-nats-exporter (pointed at http://LISTEN/nats) work.
+const natsMonitorPrefix = "/nats/"
+
+// httpServer serves [http] listen: /metrics, /healthz, /readyz and the
+// embedded NATS server's monitoring under /nats/. It starts before the
+// NATS server (answering 503 while the store is recovered) and stops
+// after it.
+type httpServer struct {
+	addr    string
+	metrics *pipeline.Metrics
+	log     *slog.Logger
+
+	mu    sync.Mutex
+	ns    *server.Server
+	mon   *pipeline.Monitor
+	phase string
+
+	ln   net.Listener
+	srv  *http.Server
+	done chan struct{}
+	once sync.Once
+}
+
+func newHTTPServer(addr string, metrics *pipeline.Metrics, log *slog.Logger) *httpServer {
+	return &httpServer{addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting}
+}
+
+// Open listens and starts serving.
+func (h *httpServer) Open(ctx context.Context) error {
+	ln, err := net.Listen("tcp", h.addr)
+	if err != nil {
+		return fmt.Errorf("http.listen %s: %w", h.addr, err)
+	}
+	h.ln = ln
+	h.srv = &http.Server{
+		Handler:           h.routes(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
+	}
+	h.done = make(chan struct{})
+	go func() {
+		defer close(h.done)
+		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			h.log.Error("http server stopped", "err", err)
+		}
+	}()
+	h.log.Info("serving metrics and health", "listen", ln.Addr().String(),
+		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{varz,jsz,connz,subsz,accstatz,leafz,healthz}")
+	return nil
+}
+
+// Addr is the address it listens on (with the port picked for ":0").
+func (h *httpServer) Addr() string {
+	if h == nil || h.ln == nil {
+		return ""
+	}
+	return h.ln.Addr().String()
+}
+
+// Close stops serving, letting requests in progress finish for a while.
+// It is idempotent and does nothing on a nil server.
+func (h *httpServer) Close(ctx context.Context) error {
+	if h == nil || h.srv == nil {
+		return nil
+	}
+	var err error
+	h.once.Do(func() {
+		sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if err = h.srv.Shutdown(sctx); err != nil {
+			_ = h.srv.Close()
+		}
+		<-h.done
+	})
+	return err
+}
+
+func (h *httpServer) setNATS(ns *server.Server) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.ns = ns
+}
+
+func (h *httpServer) setMonitor(mon *pipeline.Monitor) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.mon = mon
+}
+
+func (h *httpServer) setPhase(phase string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.phase = phase
+}
+
+func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.ns, h.mon, h.phase
+}
+
+func (h *httpServer) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", h.metrics.Handler())
+	mux.HandleFunc("GET /healthz", h.healthz)
+	mux.HandleFunc("GET /readyz", h.readyz)
+	nats := map[string]func(*server.Server) http.HandlerFunc{
+		"varz":     func(s *server.Server) http.HandlerFunc { return s.HandleVarz },
+		"jsz":      func(s *server.Server) http.HandlerFunc { return s.HandleJsz },
+		"connz":    func(s *server.Server) http.HandlerFunc { return s.HandleConnz },
+		"subsz":    func(s *server.Server) http.HandlerFunc { return s.HandleSubsz },
+		"accstatz": func(s *server.Server) http.HandlerFunc { return s.HandleAccountStatz },
+		"leafz":    func(s *server.Server) http.HandlerFunc { return s.HandleLeafz },
+		"healthz":  func(s *server.Server) http.HandlerFunc { return s.HandleHealthz },
+	}
+	for name, handler := range nats {
+		mux.HandleFunc("GET "+natsMonitorPrefix+name, func(w http.ResponseWriter, r *http.Request) {
+			ns, _, _ := h.state()
+			if ns == nil || !ns.Running() {
+				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "the NATS server is not running"})
+				return
+			}
+			handler(ns)(w, r)
+		})
+	}
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		fmt.Fprintf(w, "holdfast %s\n\n/metrics  Prometheus metrics\n/healthz  200 when healthy, 503 with a JSON reason\n/readyz   200 once start-up is complete\n", versionString())
+		for _, name := range []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz"} {
+			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
+		}
+	})
+	return mux
+}
+
+// healthz answers 200 {"status":"ok"} when holdfast is healthy and 503
+// with the reasons otherwise (200 "degraded" for a retention loss when
+// fail_on_loss is off).
+func (h *httpServer) healthz(w http.ResponseWriter, r *http.Request) {
+	_, mon, phase := h.state()
+	if mon == nil || phase != phaseReady {
+		reason := phase + ": not serving yet"
+		if phase == phaseStopping {
+			reason = "stopping"
+		}
+		writeJSON(w, http.StatusServiceUnavailable, pipeline.Health{Status: pipeline.HealthUnhealthy, Reason: reason, Problems: []string{reason}})
+		return
+	}
+	health := mon.Health()
+	writeJSON(w, health.HTTPStatus(), health)
+}
+
+// readyz answers 200 once the streams and consumers are bootstrapped and
+// the workers started, and 503 before that and while stopping.
+func (h *httpServer) readyz(w http.ResponseWriter, r *http.Request) {
+	_, _, phase := h.state()
+	code := http.StatusServiceUnavailable
+	if phase == phaseReady {
+		code = http.StatusOK
+	}
+	writeJSON(w, code, map[string]string{"status": phase})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+}
+
+// jetStreamCheck verifies, at every monitor check, what start-up
+// verified: the server runs with JetStream on the file store in the
+// configured directory.
+func jetStreamCheck(srv *embedded.Server) func() error {
+	return func() error {
+		ns := srv.NATS()
+		if ns == nil || !ns.Running() {
+			return errors.New("the NATS server is not running")
+		}
+		if !ns.JetStreamEnabled() {
+			return errors.New("JetStream is disabled")
+		}
+		jc := ns.JetStreamConfig()
+		if jc == nil || jc.MaxStore <= 0 {
+			return errors.New("JetStream has no file storage")
+		}
+		if want := filepath.Join(srv.StoreDir(), server.JetStreamStoreDir); filepath.Clean(jc.StoreDir) != want {
+			return fmt.Errorf("JetStream stores in %s, not in %s", jc.StoreDir, want)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,549 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// statusSubject is where the running holdfast answers `holdfast status`
+// with a statusReply in JSON: what only the daemon knows (losses to
+// retention, workers, health). Any NATS client may ask:
+//
+//	nats request '$HOLDFAST.STATUS' ''
+const statusSubject = "$HOLDFAST.STATUS"
+
+// statusReply is the daemon's answer on statusSubject.
+type statusReply struct {
+	Version    string           `json:"version"`
+	NATSServer string           `json:"nats_server"`
+	ServerName string           `json:"server_name"`
+	PID        int              `json:"pid"`
+	Started    time.Time        `json:"started"`
+	StoreDir   string           `json:"store_dir"`
+	Sync       string           `json:"sync"`
+	Domain     string           `json:"domain,omitempty"`
+	HTTPListen string           `json:"http_listen,omitempty"`
+	FailOnLoss bool             `json:"fail_on_loss"`
+	Health     pipeline.Health  `json:"health"`
+	Report     *pipeline.Report `json:"report"`
+}
+
+// serveStatus answers statusSubject on the daemon's in-process connection
+// with a fresh check.
+func serveStatus(d *daemon) (*nats.Subscription, error) {
+	started := time.Now()
+	sub, err := d.srv.Conn().Subscribe(statusSubject, func(m *nats.Msg) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		reply := statusReply{
+			Version:    versionString(),
+			NATSServer: server.VERSION,
+			ServerName: d.cfg.Server.Name,
+			PID:        os.Getpid(),
+			Started:    started,
+			StoreDir:   d.srv.StoreDir(),
+			Sync:       d.cfg.JetStream.Sync,
+			Domain:     d.cfg.JetStream.Domain,
+			HTTPListen: d.http.Addr(),
+			FailOnLoss: d.cfg.HTTP.FailOnLoss,
+			Report:     d.monitor.CheckNow(ctx),
+		}
+		reply.Health = d.monitor.Health()
+		data, err := json.Marshal(reply)
+		if err != nil {
+			d.log.Error("cannot encode status", "err", err)
+			return
+		}
+		if err := m.Respond(data); err != nil {
+			d.log.Warn("cannot answer status request", "err", err)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve %s: %w", statusSubject, err)
+	}
+	return sub, nil
+}
+
+// statusOutput is what `holdfast status --json` prints.
+type statusOutput struct {
+	// Healthy is true when the daemon answered and reports "ok"; the
+	// exit code is 0 then, else 1.
+	Healthy   bool             `json:"healthy"`
+	URL       string           `json:"url"`
+	Daemon    *daemonOutput    `json:"daemon"`
+	Health    *pipeline.Health `json:"health"`
+	Problems  []string         `json:"problems,omitempty"`
+	JetStream jetStreamOutput  `json:"jetstream"`
+	Streams   []streamOutput   `json:"streams"`
+	Consumers []consumerOutput `json:"consumers"`
+}
+
+type daemonOutput struct {
+	Version    string    `json:"version"`
+	NATSServer string    `json:"nats_server"`
+	ServerName string    `json:"server_name"`
+	PID        int       `json:"pid"`
+	Started    time.Time `json:"started"`
+	HTTPListen string    `json:"http_listen,omitempty"`
+	FailOnLoss bool      `json:"fail_on_loss"`
+}
+
+type jetStreamOutput struct {
+	Enabled   bool         `json:"enabled"`
+	Error     string       `json:"error,omitempty"`
+	StoreDir  string       `json:"store_dir,omitempty"`
+	Sync      string       `json:"sync,omitempty"`
+	Domain    string       `json:"domain,omitempty"`
+	File      storageUsage `json:"file"`
+	Memory    storageUsage `json:"memory"`
+	Streams   int          `json:"streams"`
+	Consumers int          `json:"consumers"`
+}
+
+type storageUsage struct {
+	Used     uint64 `json:"used"`
+	Reserved uint64 `json:"reserved"`
+	// Limit is -1 when unknown or unlimited.
+	Limit int64 `json:"limit"`
+}
+
+type streamOutput struct {
+	Name       string    `json:"name"`
+	Exists     bool      `json:"exists"`
+	Error      string    `json:"error,omitempty"`
+	DeadLetter bool      `json:"dead_letter"`
+	Subjects   []string  `json:"subjects,omitempty"`
+	Messages   uint64    `json:"messages"`
+	Bytes      uint64    `json:"bytes"`
+	FirstSeq   uint64    `json:"first_seq"`
+	LastSeq    uint64    `json:"last_seq"`
+	FirstTime  time.Time `json:"first_time,omitzero"`
+	LastTime   time.Time `json:"last_time,omitzero"`
+	Retention  string    `json:"retention,omitempty"`
+	Discard    string    `json:"discard,omitempty"`
+	Storage    string    `json:"storage,omitempty"`
+	// Limits: -1 (max_msgs, max_bytes) or 0 (max_age) when unlimited.
+	MaxMsgs       int64   `json:"max_msgs"`
+	MaxBytes      int64   `json:"max_bytes"`
+	MaxAgeSeconds float64 `json:"max_age_seconds"`
+	// Ratios to each limit that is set: messages, bytes, and the age of
+	// the first message.
+	LimitRatio map[string]float64 `json:"limit_ratio,omitempty"`
+}
+
+type consumerOutput struct {
+	Name          string `json:"name"`
+	Stream        string `json:"stream"`
+	Exists        bool   `json:"exists"`
+	Error         string `json:"error,omitempty"`
+	FilterSubject string `json:"filter_subject,omitempty"`
+	Pending       uint64 `json:"pending"`
+	AckPending    uint64 `json:"ack_pending"`
+	Redelivered   uint64 `json:"redelivered"`
+	MaxAckPending int    `json:"max_ack_pending"`
+	DeliveredSeq  uint64 `json:"delivered_stream_seq"`
+	AckFloorSeq   uint64 `json:"ack_floor_stream_seq"`
+	// DeadLetters is the number of its dead letters stored in
+	// DeadLetterStream now; null without a dead-letter stream.
+	DeadLetterStream string  `json:"dead_letter_stream,omitempty"`
+	DeadLetters      *uint64 `json:"dead_letters"`
+	// LostToRetention and the fields below come from the daemon; null
+	// when it did not answer.
+	LostToRetention *uint64                `json:"lost_to_retention"`
+	LastLoss        *pipeline.LossEvent    `json:"last_loss,omitempty"`
+	Stalled         bool                   `json:"stalled"`
+	BacklogRatio    map[string]float64     `json:"backlog_ratio,omitempty"`
+	Warnings        []string               `json:"warnings,omitempty"`
+	Workers         *pipeline.WorkerStatus `json:"workers"`
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "status",
+		Usage: "show JetStream, streams, consumers and workers of the running holdfast; exit 1 when it is not healthy",
+		Description: "Connects to the running holdfast as a NATS client, reads JetStream, every stream and consumer,\n" +
+			"and asks the daemon (on " + statusSubject + ") for what only it knows: losses to retention,\n" +
+			"workers and health. Exit 0 when healthy, 1 when degraded or unreachable.",
+		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON instead of tables"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usageError(errUnexpectedArgs(c))
+			}
+			cfg, nc, js, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			out := collectStatus(c.Context, cfg, nc, js)
+			out.URL = nc.ConnectedUrlRedacted()
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				enc.SetEscapeHTML(false)
+				if err := enc.Encode(out); err != nil {
+					return runtimeError(err)
+				}
+			} else {
+				printStatus(c.App.Writer, out)
+			}
+			if !out.Healthy {
+				return &exitError{code: 1, err: errors.New("holdfast is not healthy" + reasonSuffix(out))}
+			}
+			return nil
+		},
+	}
+}
+
+func reasonSuffix(out *statusOutput) string {
+	if out.Health != nil && out.Health.Reason != "" {
+		return ": " + out.Health.Reason
+	}
+	if len(out.Problems) > 0 {
+		return ": " + out.Problems[0]
+	}
+	return ""
+}
+
+// collectStatus reads JetStream as any client would and merges what the
+// daemon reports.
+func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js jetstream.JetStream) *statusOutput {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	out := &statusOutput{}
+
+	var reply *statusReply
+	msg, err := nc.RequestWithContext(ctx, statusSubject, nil)
+	if err == nil {
+		reply = &statusReply{}
+		if err = json.Unmarshal(msg.Data, reply); err != nil {
+			reply = nil
+		}
+	}
+	if reply == nil {
+		out.Problems = append(out.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", statusSubject, err))
+	} else {
+		out.Daemon = &daemonOutput{Version: reply.Version, NATSServer: reply.NATSServer, ServerName: reply.ServerName,
+			PID: reply.PID, Started: reply.Started, HTTPListen: reply.HTTPListen, FailOnLoss: reply.FailOnLoss}
+		h := reply.Health
+		out.Health = &h
+		out.JetStream.StoreDir = reply.StoreDir
+		out.JetStream.Sync = reply.Sync
+		out.JetStream.Domain = reply.Domain
+	}
+
+	out.JetStream.File.Limit, out.JetStream.Memory.Limit = -1, -1
+	if ai, err := js.AccountInfo(ctx); err != nil {
+		out.JetStream.Error = err.Error()
+		out.Problems = append(out.Problems, "JetStream: "+err.Error())
+	} else {
+		out.JetStream.Enabled = true
+		out.JetStream.File = storageUsage{Used: ai.Store, Reserved: ai.ReservedStore, Limit: ai.Limits.MaxStore}
+		out.JetStream.Memory = storageUsage{Used: ai.Memory, Reserved: ai.ReservedMemory, Limit: ai.Limits.MaxMemory}
+		out.JetStream.Streams, out.JetStream.Consumers = ai.Streams, ai.Consumers
+	}
+	if reply != nil && reply.Report != nil {
+		// The account is unlimited on a single server; the server's own
+		// limits are the ones that matter.
+		if l := reply.Report.JetStream.FileLimit; l > 0 && out.JetStream.File.Limit <= 0 {
+			out.JetStream.File.Limit = l
+		}
+		if l := reply.Report.JetStream.MemoryLimit; l > 0 && out.JetStream.Memory.Limit <= 0 {
+			out.JetStream.Memory.Limit = l
+		}
+	}
+
+	// What to show: what the daemon watches, else the local config.
+	type consumerRef struct{ stream, name, deadLetter string }
+	var streams []string
+	var consumers []consumerRef
+	daemonConsumers := map[string]pipeline.ConsumerStatus{}
+	if reply != nil && reply.Report != nil {
+		for _, s := range reply.Report.Streams {
+			streams = append(streams, s.Name)
+		}
+		for _, c := range reply.Report.Consumers {
+			consumers = append(consumers, consumerRef{c.Stream, c.Name, c.DeadLetter})
+			daemonConsumers[c.Stream+"/"+c.Name] = c
+		}
+	} else {
+		streams = cfg.StreamNames()
+		for _, dl := range slices.Sorted(maps.Keys(cfg.DeadLetterStreams())) {
+			streams = append(streams, dl)
+		}
+		for _, name := range cfg.ConsumerNames() {
+			cc := cfg.Consumers[name]
+			consumers = append(consumers, consumerRef{cc.Stream, name, cc.DeadLetter})
+		}
+	}
+	deadLetterStreams := map[string]bool{}
+	for _, c := range consumers {
+		if c.deadLetter != "" {
+			deadLetterStreams[c.deadLetter] = true
+		}
+	}
+
+	now := time.Now()
+	for _, name := range streams {
+		so := streamOutput{Name: name, DeadLetter: deadLetterStreams[name], MaxMsgs: -1, MaxBytes: -1}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			so.Error = notFound(err, "stream does not exist")
+			out.Problems = append(out.Problems, fmt.Sprintf("stream %s: %s", name, so.Error))
+			out.Streams = append(out.Streams, so)
+			continue
+		}
+		si := s.CachedInfo()
+		so.Exists = true
+		so.Subjects = si.Config.Subjects
+		so.Messages, so.Bytes = si.State.Msgs, si.State.Bytes
+		so.FirstSeq, so.LastSeq = si.State.FirstSeq, si.State.LastSeq
+		so.FirstTime, so.LastTime = si.State.FirstTime, si.State.LastTime
+		so.Retention, so.Discard, so.Storage = pipeline.StreamPolicies(si.Config)
+		so.MaxMsgs, so.MaxBytes, so.MaxAgeSeconds = si.Config.MaxMsgs, si.Config.MaxBytes, si.Config.MaxAge.Seconds()
+		so.LimitRatio = map[string]float64{}
+		if si.Config.MaxMsgs > 0 {
+			so.LimitRatio["max_msgs"] = float64(si.State.Msgs) / float64(si.Config.MaxMsgs)
+		}
+		if si.Config.MaxBytes > 0 {
+			so.LimitRatio["max_bytes"] = float64(si.State.Bytes) / float64(si.Config.MaxBytes)
+		}
+		if si.Config.MaxAge > 0 && si.State.Msgs > 0 {
+			so.LimitRatio["max_age"] = float64(now.Sub(si.State.FirstTime)) / float64(si.Config.MaxAge)
+		}
+		if len(so.LimitRatio) == 0 {
+			so.LimitRatio = nil
+		}
+		out.Streams = append(out.Streams, so)
+	}
+
+	for _, ref := range consumers {
+		co := consumerOutput{Name: ref.name, Stream: ref.stream, DeadLetterStream: ref.deadLetter}
+		if c, err := js.Consumer(ctx, ref.stream, ref.name); err != nil {
+			co.Error = notFound(err, "consumer does not exist")
+			out.Problems = append(out.Problems, fmt.Sprintf("consumer %s on stream %s: %s", ref.name, ref.stream, co.Error))
+		} else {
+			ci := c.CachedInfo()
+			co.Exists = true
+			co.FilterSubject = ci.Config.FilterSubject
+			co.Pending = ci.NumPending
+			co.AckPending = uint64(max(ci.NumAckPending, 0))
+			co.Redelivered = uint64(max(ci.NumRedelivered, 0))
+			co.MaxAckPending = ci.Config.MaxAckPending
+			co.DeliveredSeq = ci.Delivered.Stream
+			co.AckFloorSeq = ci.AckFloor.Stream
+		}
+		if ref.deadLetter != "" {
+			if n, err := countDeadLetters(ctx, js, ref.deadLetter, ref.name); err == nil {
+				co.DeadLetters = &n
+			} else {
+				out.Problems = append(out.Problems, fmt.Sprintf("dead letters of %s in %s: %v", ref.name, ref.deadLetter, err))
+			}
+		}
+		if dc, ok := daemonConsumers[ref.stream+"/"+ref.name]; ok {
+			lost := dc.LostToRetention
+			co.LostToRetention = &lost
+			co.LastLoss = dc.LastLoss
+			co.Stalled = dc.Stalled
+			co.BacklogRatio = dc.BacklogRatio
+			co.Warnings = dc.Warnings
+			ws := dc.Workers
+			co.Workers = &ws
+		}
+		out.Consumers = append(out.Consumers, co)
+	}
+
+	out.Healthy = reply != nil && reply.Health.Status == pipeline.HealthOK && len(out.Problems) == 0
+	return out
+}
+
+func notFound(err error, text string) string {
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return text
+	}
+	return err.Error()
+}
+
+// countDeadLetters counts a consumer's dead letters (subjects
+// dlq.<CONSUMER>.>) stored in a dead-letter stream.
+func countDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string) (uint64, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return 0, err
+	}
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(pipeline.DeadLetterSubject(consumer, ">")))
+	if err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n, nil
+}
+
+// printStatus prints the compact human view.
+func printStatus(w io.Writer, out *statusOutput) {
+	verdict := "OK"
+	switch {
+	case out.Health == nil:
+		verdict = "UNKNOWN (daemon does not answer)"
+	case !out.Healthy:
+		verdict = strings.ToUpper(out.Health.Status)
+		if out.Health.Status == pipeline.HealthOK {
+			verdict = "DEGRADED"
+		}
+	}
+	if d := out.Daemon; d != nil {
+		fmt.Fprintf(w, "holdfast on %s at %s: %s\n  %s, pid %d, up %s\n", d.ServerName, out.URL, verdict,
+			d.Version, d.PID, time.Since(d.Started).Round(time.Second))
+	} else {
+		fmt.Fprintf(w, "holdfast at %s: %s\n", out.URL, verdict)
+	}
+
+	js := out.JetStream
+	fmt.Fprintln(w)
+	if !js.Enabled {
+		fmt.Fprintf(w, "JetStream  NOT AVAILABLE: %s\n", js.Error)
+	} else {
+		fmt.Fprintf(w, "JetStream  enabled, store %s, sync %s\n", orDash(js.StoreDir), orDash(js.Sync))
+		fmt.Fprintf(w, "  file     %s\n", usageText(js.File))
+		fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
+	}
+
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS")
+	for _, s := range out.Streams {
+		if !s.Exists {
+			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\n", s.Name, s.Error)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s))
+	}
+	tw.Flush()
+
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tACK PENDING\tREDELIVERED\tDEAD LETTERS\tLOST\tWORKERS")
+	for _, c := range out.Consumers {
+		if !c.Exists {
+			fmt.Fprintf(tw, "%s\t%s\tMISSING: %s\t\t\t\t\t\n", c.Name, c.Stream, c.Error)
+			continue
+		}
+		dead, lost, workers := "-", "?", "?"
+		if c.DeadLetters != nil {
+			dead = fmt.Sprint(*c.DeadLetters)
+		}
+		if c.LostToRetention != nil {
+			lost = fmt.Sprint(*c.LostToRetention)
+		}
+		if ws := c.Workers; ws != nil {
+			switch {
+			case ws.Configured == 0:
+				workers = "none"
+			case !ws.Running:
+				workers = fmt.Sprintf("%d NOT RUNNING", ws.Configured)
+			default:
+				workers = fmt.Sprintf("%d (%d busy; %d processed, %d acked, %d retried, %d dead-lettered)",
+					ws.Configured, ws.InFlight, ws.Processed, ws.Acked, ws.Retried, ws.DeadLettered)
+			}
+			if c.Stalled {
+				workers += " STALLED"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d\t%d\t%s\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.MaxAckPending,
+			c.Redelivered, dead, lost, workers)
+	}
+	tw.Flush()
+
+	var problems, warnings []string
+	if out.Health != nil {
+		problems = append(problems, out.Health.Problems...)
+		warnings = out.Health.Warnings
+	}
+	problems = append(problems, out.Problems...)
+	if len(problems) > 0 {
+		fmt.Fprintln(w, "\nProblems:")
+		for _, p := range problems {
+			fmt.Fprintf(w, "  - %s\n", p)
+		}
+	}
+	if len(warnings) > 0 {
+		fmt.Fprintln(w, "\nWarnings:")
+		for _, p := range warnings {
+			fmt.Fprintf(w, "  - %s\n", p)
+		}
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func usageText(u storageUsage) string {
+	s := formatBytes(int64(u.Used)) + " used"
+	if u.Limit > 0 {
+		s += fmt.Sprintf(" of %s (%.0f%%)", formatBytes(u.Limit), 100*float64(u.Used)/float64(u.Limit))
+	}
+	if u.Reserved > 0 {
+		s += ", " + formatBytes(int64(u.Reserved)) + " reserved"
+	}
+	return s
+}
+
+func limitsText(s streamOutput) string {
+	var parts []string
+	pct := func(k string) string {
+		if r, ok := s.LimitRatio[k]; ok {
+			return fmt.Sprintf(" (%.0f%%)", 100*r)
+		}
+		return ""
+	}
+	if s.MaxMsgs > 0 {
+		parts = append(parts, fmt.Sprintf("max_msgs %d%s", s.MaxMsgs, pct("max_msgs")))
+	}
+	if s.MaxBytes > 0 {
+		parts = append(parts, fmt.Sprintf("max_bytes %s%s", formatBytes(s.MaxBytes), pct("max_bytes")))
+	}
+	if s.MaxAgeSeconds > 0 {
+		parts = append(parts, fmt.Sprintf("max_age %s%s", time.Duration(s.MaxAgeSeconds*float64(time.Second)), pct("max_age")))
+	}
+	if len(parts) == 0 {
+		parts = append(parts, "unlimited")
+	}
+	return strings.Join(parts, ", ") + ", discard " + s.Discard
+}
+
+// formatBytes prints a size with binary units, as the config accepts.
+func formatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
