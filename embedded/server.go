@@ -80,6 +80,8 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		NoSigs:                 true,
 		DisableJetStreamBanner: true,
 		Debug:                  cfg.Log.Level == "debug",
+		MaxConn:                cfg.Server.MaxConnections,
+		MaxSubs:                cfg.Server.MaxSubscriptions,
 	}
 	if !opts.SyncAlways {
 		opts.SyncInterval = js.SyncInterval()
@@ -121,6 +123,22 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 
 	opts := Options(s.cfg, s.store.Path)
+	secrets, err := s.cfg.LoadSecrets()
+	if err != nil {
+		return err
+	}
+	id, err := newIdentity()
+	if err != nil {
+		return err
+	}
+	authRequired, err := configureSecurity(opts, s.cfg, secrets, id)
+	if err != nil {
+		return err
+	}
+	if secrets.EncryptionKey != "" {
+		s.log.Info("store encrypted at rest", "cipher", opts.JetStreamCipher.String(), "key_file", js.EncryptionKeyFile,
+			"old_key_file", js.EncryptionOldKeyFile)
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("cannot configure NATS server: %w", err)
@@ -139,9 +157,13 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 	s.ncClosed = make(chan struct{})
 	closedCh := s.ncClosed
-	s.nc, err = nats.Connect("", nats.InProcessServer(ns), nats.Name("holdfast-internal"),
-		nats.MaxReconnects(-1), nats.DrainTimeout(10*time.Second),
-		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) }))
+	connOpts := []nats.Option{nats.InProcessServer(ns), nats.Name("holdfast-internal"),
+		nats.MaxReconnects(-1), nats.DrainTimeout(10 * time.Second),
+		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) })}
+	if authRequired {
+		connOpts = append(connOpts, nats.UserInfo(id.user, id.password))
+	}
+	s.nc, err = nats.Connect("", connOpts...)
 	if err != nil {
 		return fmt.Errorf("cannot connect in-process: %w", err)
 	}
@@ -153,6 +175,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return fmt.Errorf("JetStream API does not answer: %w", err)
 	}
 	// Before anything (the bootstrap) can create a vanished stream anew.
+	if err := s.checkEncryptedStreams(ctx); err != nil {
+		return err
+	}
 	if err := s.checkDataLoss(ctx); err != nil {
 		return err
 	}

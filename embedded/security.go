@@ -1,0 +1,232 @@
+package embedded
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// internalIdentity is the credential of holdfast's own in-process
+// connection. It is generated at every start, lives only in memory, and is
+// never logged or written.
+type internalIdentity struct {
+	user     string
+	password string
+}
+
+// newIdentity is replaced by tests that need to see the password.
+var newIdentity = newInternalIdentity
+
+func newInternalIdentity() (internalIdentity, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return internalIdentity{}, fmt.Errorf("cannot generate the internal identity: %w", err)
+	}
+	return internalIdentity{user: config.InternalUser, password: base64.RawURLEncoding.EncodeToString(b)}, nil
+}
+
+// String keeps the password out of any accidental %v.
+func (id internalIdentity) String() string { return id.user }
+
+// InternalPermissions are what the in-process connection needs, and no
+// more: the JetStream API (bootstrap, fetching, dead-letter reading), acks,
+// dead letters (dlq.>), replies to its own requests (_INBOX.>), the
+// JetStream advisories (max deliveries and terminations for the workers and
+// the monitor, stream and consumer changes for the store-state recorder),
+// and the status subject it answers (replies go to the asker's inbox
+// through the response permission).
+func InternalPermissions() *server.Permissions {
+	return &server.Permissions{
+		Publish: &server.SubjectPermission{
+			Allow: []string{"$JS.API.>", "$JS.ACK.>", DeadLetterSubjectPrefix + ">"},
+		},
+		Subscribe: &server.SubjectPermission{
+			Allow: []string{
+				"_INBOX.>",
+				"$JS.EVENT.ADVISORY.>",
+				"$HOLDFAST.>",
+			},
+		},
+		Response: &server.ResponsePermission{MaxMsgs: 1},
+	}
+}
+
+// userPermissions maps a [auth.users.NAME] table onto the server's
+// permissions; nil when the user may do everything.
+func userPermissions(u *config.UserConfig) *server.Permissions {
+	if len(u.PublishAllow)+len(u.PublishDeny)+len(u.SubscribeAllow)+len(u.SubscribeDeny) == 0 && !u.AllowResponses {
+		return nil
+	}
+	p := &server.Permissions{}
+	if len(u.PublishAllow)+len(u.PublishDeny) > 0 {
+		p.Publish = &server.SubjectPermission{Allow: u.PublishAllow, Deny: u.PublishDeny}
+	}
+	if len(u.SubscribeAllow)+len(u.SubscribeDeny) > 0 {
+		p.Subscribe = &server.SubjectPermission{Allow: u.SubscribeAllow, Deny: u.SubscribeDeny}
+	}
+	if u.AllowResponses {
+		p.Response = &server.ResponsePermission{MaxMsgs: 1}
+	}
+	return p
+}
+
+// configureSecurity applies [auth], [tls] and the encryption key to opts. It reports whether clients must authenticate (and so the
+// in-process connection must use id).
+func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) (auth bool, err error) {
+	if a := cfg.Auth; a.Enabled() {
+		auth = true
+		internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
+		if a.TokenMode() {
+			// The server cannot mix a token with users, and the internal
+			// identity is a user: authenticate both here instead.
+			opts.CustomClientAuthentication = &tokenAuth{token: sec.Token, internal: internal}
+		} else {
+			opts.Users = []*server.User{internal}
+			for _, name := range a.UserNames() {
+				u := a.Users[name]
+				perms := userPermissions(u)
+				if u.Nkey != "" {
+					opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: perms})
+					continue
+				}
+				hash, ok := sec.Passwords[name]
+				if !ok || !config.IsBcrypt(hash) {
+					return false, fmt.Errorf("auth.users.%s: no bcrypt password hash", name)
+				}
+				opts.Users = append(opts.Users, &server.User{Username: name, Password: hash, Permissions: perms})
+			}
+		}
+	}
+
+	if t := cfg.TLS; t.Enabled() {
+		minVersion := uint16(tls.VersionTLS12)
+		if t.MinVersion == "1.3" {
+			minVersion = tls.VersionTLS13
+		}
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+			CertFile: t.CertFile, KeyFile: t.KeyFile, CaFile: t.CAFile,
+			Verify: t.Verify, MinVersion: minVersion,
+		})
+		if err != nil {
+			return false, fmt.Errorf("tls: %w", err)
+		}
+		opts.TLS = true
+		opts.TLSConfig = tc
+		opts.TLSVerify = t.Verify
+		opts.TLSCaCert = t.CAFile
+		opts.TLSCert = t.CertFile
+		opts.TLSKey = t.KeyFile
+		opts.TLSTimeout = 2
+	}
+
+	if sec.EncryptionKey != "" {
+		opts.JetStreamKey = sec.EncryptionKey
+		opts.JetStreamOldKey = sec.OldEncryptionKey
+		opts.JetStreamCipher = server.ChaCha
+		if cfg.JetStream.EncryptionCipher == "aes" {
+			opts.JetStreamCipher = server.AES
+		}
+	}
+	return auth, nil
+}
+
+// tokenAuth authenticates clients against the [auth] token, and the
+// in-process connection against its internal identity.
+type tokenAuth struct {
+	token    string
+	internal *server.User
+}
+
+// Check implements server.Authentication.
+func (a *tokenAuth) Check(c server.ClientAuthentication) bool {
+	o := c.GetOpts()
+	if o == nil {
+		return false
+	}
+	if o.Username != "" || o.Nkey != "" || o.JWT != "" {
+		if o.Username == a.internal.Username && o.Nkey == "" && o.JWT == "" &&
+			subtle.ConstantTimeCompare([]byte(o.Password), []byte(a.internal.Password)) == 1 {
+			c.RegisterUser(&server.User{Username: a.internal.Username, Permissions: a.internal.Permissions})
+			return true
+		}
+		return false
+	}
+	if o.Token == "" || !matchToken(a.token, o.Token) {
+		return false
+	}
+	c.RegisterUser(&server.User{Username: "token"})
+	return true
+}
+
+// matchToken compares a presented token with the configured one, which
+// may be a bcrypt hash.
+func matchToken(configured, presented string) bool {
+	if strings.HasPrefix(configured, "$2") {
+		return bcrypt.CompareHashAndPassword([]byte(configured), []byte(presented)) == nil
+	}
+	return subtle.ConstantTimeCompare([]byte(configured), []byte(presented)) == 1
+}
+
+// ErrEncryptionKey is returned by Open when the store holds streams that
+// the configured key (or the lack of one) cannot open.
+var ErrEncryptionKey = errors.New("encryption key does not open the store")
+
+// checkEncryptedStreams refuses to go on when a stream directory in the
+// store holds an encrypted stream the server could not load: with a wrong
+// or missing key the server skips such a stream with a warning, and the
+// bootstrap would then create an empty stream in its place. Nothing on
+// disk has been changed when it returns an error.
+func (s *Server) checkEncryptedStreams(ctx context.Context) error {
+	dir := filepath.Join(s.store.Path, server.JetStreamStoreDir, server.DEFAULT_GLOBAL_ACCOUNT, "streams")
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("cannot list the streams in %s: %w", dir, err)
+	}
+	loaded := map[string]bool{}
+	names := s.js.StreamNames(ctx)
+	for n := range names.Name() {
+		loaded[n] = true
+	}
+	if err := names.Err(); err != nil {
+		return fmt.Errorf("cannot list the loaded streams: %w", err)
+	}
+	keyFile := s.cfg.JetStream.EncryptionKeyFile
+	var unreadable []string
+	for _, e := range entries {
+		if !e.IsDir() || loaded[e.Name()] {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "meta.key")); err != nil && keyFile == "" {
+			continue // not encrypted: the data-loss check deals with it
+		}
+		unreadable = append(unreadable, e.Name())
+	}
+	if len(unreadable) == 0 {
+		return nil
+	}
+	sort.Strings(unreadable)
+	list := strings.Join(unreadable, ", ")
+	if keyFile == "" {
+		return fmt.Errorf("%w: stream(s) %s in %s are encrypted, but jetstream.encryption_key_file is not set: "+
+			"set it to the file holding the key the store was written with; nothing was changed on disk", ErrEncryptionKey, list, dir)
+	}
+	return fmt.Errorf("%w: stream(s) %s in %s cannot be decrypted with the key in %s: it is not the key the store was written with "+
+		"(when rotating, put the previous key in jetstream.encryption_old_key_file); nothing was changed on disk", ErrEncryptionKey, list, dir, keyFile)
+}

@@ -1,0 +1,611 @@
+package embedded
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/testcert"
+)
+
+func bcryptHash(t *testing.T, password string) string {
+	t.Helper()
+	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
+// captureIdentity makes the next servers' internal passwords visible to
+// the test (never to the logs).
+func captureIdentity(t *testing.T) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	orig := newIdentity
+	newIdentity = func() (internalIdentity, error) {
+		id, err := orig()
+		mu.Lock()
+		seen = append(seen, id.password)
+		mu.Unlock()
+		return id, err
+	}
+	t.Cleanup(func() { newIdentity = orig })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+}
+
+// asyncErrors collects a client's asynchronous errors (permission
+// violations arrive this way).
+type asyncErrors struct {
+	mu   sync.Mutex
+	errs []error
+}
+
+func (a *asyncErrors) handler(_ *nats.Conn, _ *nats.Subscription, err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.errs = append(a.errs, err)
+}
+
+func (a *asyncErrors) has(fragment string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.errs {
+		if strings.Contains(e.Error(), fragment) {
+			return nil
+		}
+	}
+	return fmt.Errorf("no async error contains %q (got %v)", fragment, a.errs)
+}
+
+func bootstrap(t *testing.T, s *Server, cfg *config.Config) {
+	t.Helper()
+	log, _ := testLogger(t)
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatalf("bootstrap over the internal connection: %v", err)
+	}
+}
+
+// The internal connection must be able to do all a worker does: fetch,
+// ack, dead-letter, follow advisories, answer status requests.
+// pub publishes the test message (the internal connection may not
+// publish to the streams' subjects when [auth] is configured).
+func checkInternalConnection(t *testing.T, s *Server, pub jetstream.JetStream) {
+	t.Helper()
+	if pub == nil {
+		pub = s.JetStream()
+	}
+	ctx := testContext(t)
+	js := s.JetStream()
+	nc := s.Conn()
+	adv, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, err := nc.Subscribe("$HOLDFAST.STATUS", func(m *nats.Msg) { _ = m.Respond([]byte("ok")) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer status.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.LastError(); err != nil {
+		t.Fatalf("internal connection: %v", err)
+	}
+	_ = adv.Unsubscribe()
+	if _, err := pub.Publish(ctx, "orders.internal", []byte("x")); err != nil {
+		t.Fatalf("publish: %v", err)
+	}
+	cons, err := js.Consumer(ctx, "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(10, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatalf("ack: %v", err)
+		}
+		n++
+	}
+	if n == 0 {
+		t.Fatalf("internal fetch got nothing: %v", batch.Error())
+	}
+	dl := nats.NewMsg(DeadLetterSubjectPrefix + "WORKER1.orders.internal")
+	dl.Data = []byte("dead")
+	if _, err := js.PublishMsg(ctx, dl); err != nil {
+		t.Fatalf("dead letter: %v", err)
+	}
+	if err := nc.LastError(); err != nil {
+		t.Fatalf("internal connection: %v", err)
+	}
+}
+
+func TestAuthUsersPermissions(t *testing.T) {
+	t.Parallel()
+	passwords := captureIdentity(t)
+	cfg := testConfig(t)
+	hashFile := filepath.Join(t.TempDir(), "reader.hash")
+	if err := os.WriteFile(hashFile, []byte(bcryptHash(t, "reader-password")+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kp, _ := nkeys.CreateUser()
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	cfg.Auth.Users = map[string]*config.UserConfig{
+		"app":    {Password: bcryptHash(t, "app-password"), PublishAllow: []string{"orders.>"}, SubscribeAllow: []string{"_INBOX.>"}},
+		"reader": {PasswordFile: hashFile, PublishAllow: []string{"$JS.API.STREAM.INFO.>", "$JS.API.STREAM.MSG.GET.>"}, SubscribeAllow: []string{"_INBOX.>"}},
+		"nk":     {Nkey: pub},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log, logs := testLogger(t)
+	s := runServerWithLog(t, cfg, log)
+	bootstrap(t, s, cfg)
+	url := s.NATS().ClientURL()
+	ctx := testContext(t)
+
+	t.Run("anonymous refused", func(t *testing.T) {
+		if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Fatal("an unauthenticated client connected")
+		} else if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+			t.Errorf("error %v, want an authorization violation", err)
+		}
+	})
+	t.Run("wrong password refused", func(t *testing.T) {
+		if nc, err := nats.Connect(url, nats.UserInfo("app", "nope"), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Fatal("a wrong password connected")
+		}
+	})
+	t.Run("the internal user is not reachable from outside without its password", func(t *testing.T) {
+		if nc, err := nats.Connect(url, nats.UserInfo(config.InternalUser, ""), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Fatal("connected as the internal user with an empty password")
+		}
+	})
+
+	t.Run("app limited to orders.>", func(t *testing.T) {
+		errs := &asyncErrors{}
+		nc, err := nats.Connect(url, nats.UserInfo("app", "app-password"), nats.ErrorHandler(errs.handler))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		ack, err := js.Publish(ctx, "orders.created", []byte("allowed"))
+		if err != nil {
+			t.Fatalf("publish to orders.created: %v", err)
+		}
+		if ack.Stream != "ORDERS" {
+			t.Errorf("stored in %s", ack.Stream)
+		}
+		if err := nc.Publish("payments.created", []byte("denied")); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			return errs.has(`Permissions Violation for Publish to "payments.created"`)
+		})
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := js.Stream(short, "ORDERS"); err == nil {
+			t.Error("app read the stream's info through the JetStream API")
+		}
+		req := fmt.Sprintf(`{"seq":%d}`, ack.Sequence)
+		if m, err := nc.Request("$JS.API.STREAM.MSG.GET.ORDERS", []byte(req), 2*time.Second); err == nil {
+			t.Errorf("app read a message through the JetStream API: %s", m.Data)
+		}
+		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			return errs.has(`Permissions Violation for Publish to "$JS.API.STREAM.MSG.GET.ORDERS"`)
+		})
+		if _, err := nc.SubscribeSync("orders.>"); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			return errs.has(`Permissions Violation for Subscription to "orders.>"`)
+		})
+	})
+
+	t.Run("reader may read the stream", func(t *testing.T) {
+		nc, err := nats.Connect(url, nats.UserInfo("reader", "reader-password"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		st, err := js.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatalf("stream info: %v", err)
+		}
+		m, err := st.GetMsg(ctx, st.CachedInfo().State.FirstSeq)
+		if err != nil {
+			t.Fatalf("get message: %v", err)
+		}
+		if string(m.Data) != "allowed" {
+			t.Errorf("read %q", m.Data)
+		}
+	})
+
+	t.Run("nkey user", func(t *testing.T) {
+		nc, err := nats.Connect(url, nats.Nkey(pub, func(nonce []byte) ([]byte, error) {
+			kp, err := nkeys.FromSeed(seed)
+			if err != nil {
+				return nil, err
+			}
+			return kp.Sign(nonce)
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		if _, err := js.Stream(ctx, "ORDERS"); err != nil {
+			t.Errorf("an unrestricted nkey user cannot read: %v", err)
+		}
+		// The internal connection answers requests (holdfast status).
+		sub, err := s.Conn().Subscribe("$HOLDFAST.STATUS", func(m *nats.Msg) { _ = m.Respond([]byte("status")) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sub.Unsubscribe()
+		_ = s.Conn().Flush()
+		if m, err := nc.Request("$HOLDFAST.STATUS", nil, 5*time.Second); err != nil || string(m.Data) != "status" {
+			t.Errorf("status request over the internal identity: %v, %v", m, err)
+		}
+	})
+
+	t.Run("internal connection keeps working", func(t *testing.T) {
+		nc, err := nats.Connect(url, nats.UserInfo("app", "app-password"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		checkInternalConnection(t, s, js)
+	})
+	t.Run("internal connection may not publish to the streams", func(t *testing.T) {
+		short, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		if _, err := s.JetStream().Publish(short, "orders.internal", []byte("x")); err == nil {
+			t.Error("the internal identity published to orders.internal")
+		}
+	})
+
+	t.Run("internal password never logged or stored", func(t *testing.T) {
+		pw := passwords()
+		if len(pw) == 0 || len(pw[len(pw)-1]) < 40 {
+			t.Fatalf("no internal password captured: %q", pw)
+		}
+		secret := pw[len(pw)-1]
+		if strings.Contains(logs.String(), secret) {
+			t.Error("the internal password is in the log")
+		}
+		if !strings.Contains(logs.String(), "NATS server ready") {
+			t.Error("no log captured")
+		}
+		if f := grepTree(t, s.StoreDir(), []byte(secret)); f != "" {
+			t.Errorf("the internal password is in %s", f)
+		}
+	})
+}
+
+// grepTree returns the first file under dir that contains needle.
+func grepTree(t *testing.T, dir string, needle []byte) string {
+	t.Helper()
+	found := ""
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || found != "" {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, needle) {
+			found = p
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return found
+}
+
+func TestAuthToken(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Auth.TokenFile = tokenFile
+	s := runServer(t, cfg)
+	bootstrap(t, s, cfg)
+	url := s.NATS().ClientURL()
+	for name, opt := range map[string]nats.Option{
+		"no token":    nats.Name("anonymous"),
+		"wrong token": nats.Token("0123456789abcdef-wrong"),
+		"a user":      nats.UserInfo("app", "0123456789abcdef-token"),
+		"internal":    nats.UserInfo(config.InternalUser, "0123456789abcdef-token"),
+	} {
+		if nc, err := nats.Connect(url, opt, nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Errorf("%s: connected", name)
+		}
+	}
+	nc, err := nats.Connect(url, nats.Token("0123456789abcdef-token"))
+	if err != nil {
+		t.Fatalf("token: %v", err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	if _, err := js.Publish(testContext(t), "orders.token", []byte("x")); err != nil {
+		t.Fatalf("publish with the token: %v", err)
+	}
+	checkInternalConnection(t, s, js)
+
+	// A bcrypt-hashed token in the config works too.
+	if !matchToken(bcryptHash(t, "0123456789abcdef-token"), "0123456789abcdef-token") || matchToken(bcryptHash(t, "a"), "b") {
+		t.Error("bcrypt token comparison")
+	}
+}
+
+func TestSecretFileReadableByOthersRefusesStart(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Chmod(tokenFile, 0o644)
+	cfg.Auth.TokenFile = tokenFile
+	log, _ := testLogger(t)
+	err := openWithin(t, New(cfg, log), 20*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "auth.token_file") || !strings.Contains(err.Error(), "mode 0644") {
+		t.Fatalf("Open = %v, want a refusal naming auth.token_file and its mode", err)
+	}
+}
+
+func TestTLS(t *testing.T) {
+	t.Parallel()
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("server certificate", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, MinVersion: "1.2"}
+		s := runServer(t, cfg)
+		bootstrap(t, s, cfg)
+		url := s.NATS().ClientURL()
+		if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Error("a client without the CA connected")
+		} else if !strings.Contains(err.Error(), "certificate") {
+			t.Errorf("error %v, want a certificate error", err)
+		}
+		if nc, err := nats.Connect(url, nats.RootCAs(certs.OtherCA), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Error("a client trusting another CA connected")
+		}
+		nc, err := nats.Connect(url, nats.RootCAs(certs.CA))
+		if err != nil {
+			t.Fatalf("a client with the CA: %v", err)
+		}
+		defer nc.Close()
+		if !nc.TLSRequired() {
+			t.Error("connection not TLS")
+		}
+		js, _ := jetstream.New(nc)
+		if _, err := js.Publish(testContext(t), "orders.tls", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		checkInternalConnection(t, s, nil)
+	})
+	t.Run("verify client certificates", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, CAFile: certs.CA, Verify: true, MinVersion: "1.3"}
+		s := runServer(t, cfg)
+		bootstrap(t, s, cfg)
+		url := s.NATS().ClientURL()
+		if nc, err := nats.Connect(url, nats.RootCAs(certs.CA), nats.MaxReconnects(0)); err == nil {
+			nc.Close()
+			t.Error("a client without a certificate connected")
+		}
+		nc, err := nats.Connect(url, nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey))
+		if err != nil {
+			t.Fatalf("a client with a certificate: %v", err)
+		}
+		defer nc.Close()
+		js, _ := jetstream.New(nc)
+		if _, err := js.Publish(testContext(t), "orders.mtls", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		checkInternalConnection(t, s, nil)
+	})
+}
+
+// treeDigest hashes every file's path and content under dir.
+func treeDigest(t *testing.T, dir string) string {
+	t.Helper()
+	var lines []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == LockFileName {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		lines = append(lines, fmt.Sprintf("%s %x", strings.TrimPrefix(p, dir), sha256.Sum256(b)))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+func writeKey(t *testing.T, dir, name, key string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(key+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestEncryptionAtRest(t *testing.T) {
+	t.Parallel()
+	const canary = "PLAINTEXT-CANARY-4f1c2a"
+	keys := t.TempDir()
+	key := writeKey(t, keys, "key", strings.Repeat("0123456789", 5))
+	cfg := testConfig(t)
+	cfg.JetStream.EncryptionKeyFile = key
+
+	open := func(cfg *config.Config) (*Server, error) {
+		log, _ := testLogger(t)
+		s := New(cfg, log)
+		s.ReadyTimeout = 30 * time.Second
+		return s, openWithin(t, s, 30*time.Second)
+	}
+	s, err := open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootstrap(t, s, cfg)
+	ctx := testContext(t)
+	for i := range 50 {
+		if _, err := s.JetStream().Publish(ctx, "orders.secret", []byte(fmt.Sprintf("%s-%d", canary, i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f := grepTree(t, cfg.JetStream.StoreDir, []byte(canary)); f != "" {
+		t.Fatalf("payload found in clear text in %s", f)
+	}
+	before := treeDigest(t, cfg.JetStream.StoreDir)
+
+	readBack := func(t *testing.T, cfg *config.Config) {
+		t.Helper()
+		s, err := open(cfg)
+		if err != nil {
+			t.Fatalf("restart: %v", err)
+		}
+		defer s.Close(context.Background())
+		st, err := s.JetStream().Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := st.CachedInfo().State.Msgs; n != 50 {
+			t.Fatalf("%d messages after restart, want 50", n)
+		}
+		m, err := st.GetMsg(ctx, 50)
+		if err != nil || string(m.Data) != canary+"-49" {
+			t.Fatalf("message 50 = %v, %v", m, err)
+		}
+	}
+
+	t.Run("same key reads", func(t *testing.T) { readBack(t, cfg) })
+	before = treeDigest(t, cfg.JetStream.StoreDir)
+
+	for name, change := range map[string]func(c *config.Config){
+		"wrong key": func(c *config.Config) {
+			c.JetStream.EncryptionKeyFile = writeKey(t, keys, "wrong", strings.Repeat("x", 40))
+		},
+		"missing key": func(c *config.Config) { c.JetStream.EncryptionKeyFile = "" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			bad := *cfg
+			change(&bad)
+			s, err := open(&bad)
+			if err == nil {
+				s.Close(context.Background())
+				t.Fatal("started with a key that does not open the store")
+			}
+			if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "ORDERS") || !strings.Contains(err.Error(), "nothing was changed on disk") {
+				t.Errorf("error %v does not say which stream and that the key is the problem", err)
+			}
+			if after := treeDigest(t, cfg.JetStream.StoreDir); after != before {
+				t.Errorf("the store changed:\nbefore\n%s\nafter\n%s", before, after)
+			}
+		})
+	}
+	t.Run("right key after refusals", func(t *testing.T) { readBack(t, cfg) })
+
+	t.Run("rotation with the old key", func(t *testing.T) {
+		rotated := *cfg
+		rotated.JetStream.EncryptionKeyFile = writeKey(t, keys, "new", strings.Repeat("n", 48))
+		rotated.JetStream.EncryptionOldKeyFile = key
+		readBack(t, &rotated)
+		rotated.JetStream.EncryptionOldKeyFile = ""
+		readBack(t, &rotated)
+		if _, err := open(cfg); !errors.Is(err, ErrEncryptionKey) {
+			t.Errorf("the old key still opens the store after rotation: %v", err)
+		}
+	})
+}
+
+func TestEncryptionControl(t *testing.T) {
+	t.Parallel()
+	// Without a key the payload is in the store in clear text: the grep
+	// in TestEncryptionAtRest would find it.
+	cfg := testConfig(t)
+	s := runServer(t, cfg)
+	bootstrap(t, s, cfg)
+	if _, err := s.JetStream().Publish(testContext(t), "orders.plain", []byte("PLAINTEXT-CONTROL-77")); err != nil {
+		t.Fatal(err)
+	}
+	if f := grepTree(t, cfg.JetStream.StoreDir, []byte("PLAINTEXT-CONTROL-77")); f == "" {
+		t.Fatal("the control payload is not in the store: the grep proves nothing")
+	}
+}
+
+func TestOptionsLimits(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Server.MaxConnections = 7
+	cfg.Server.MaxSubscriptions = 9
+	opts := Options(cfg, t.TempDir())
+	if opts.MaxConn != 7 || opts.MaxSubs != 9 {
+		t.Errorf("MaxConn %d MaxSubs %d, want 7 and 9", opts.MaxConn, opts.MaxSubs)
+	}
+	def := Options(config.DefaultConfig(), t.TempDir())
+	if def.MaxConn != 1024 || def.MaxSubs != 10_000 || def.Host != "127.0.0.1" || len(def.Users) != 0 || def.TLSConfig != nil {
+		t.Errorf("default options: MaxConn %d MaxSubs %d Host %s", def.MaxConn, def.MaxSubs, def.Host)
+	}
+}
