@@ -569,3 +569,32 @@ func TestMetricsCountProcessing(t *testing.T) {
 		return nil
 	})
 }
+
+// max_age: a warning when the oldest unacknowledged message passes 80% of
+// it, and a loss with cause max_age when it expires.
+func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		s := cfg.Streams["ORDERS"]
+		s.MaxAge = config.Dur(2 * time.Second)
+		s.DuplicateWindow = config.Dur(time.Second)
+	})
+	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	e.publish("orders.created", 3)
+	waitFor(t, 10*time.Second, func() error {
+		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
+		if cs.BacklogRatio["max_age"] < 0.8 || len(cs.Warnings) == 0 || !strings.Contains(cs.Warnings[0], "will expire unprocessed") {
+			return fmt.Errorf("no max_age warning: %+v", cs)
+		}
+		return nil
+	})
+	cs := waitLost(t, m, "WORKER1", 3)
+	if cs.LastLoss == nil || cs.LastLoss.Cause != "max_age" || cs.LastLoss.FirstSeq != 1 || cs.LastLoss.LastSeq != 3 {
+		t.Errorf("last loss = %+v, want seq 1..3 by max_age", cs.LastLoss)
+	}
+	if len(cs.Warnings) != 0 {
+		t.Errorf("warnings remain with nothing left to process: %q", cs.Warnings)
+	}
+	if !strings.Contains(e.log.String(), "limit=max_age") || !strings.Contains(e.log.String(), "back below the warning level") {
+		t.Errorf("the max_age warning was not logged, or its end:\n%s", e.log.String())
+	}
+}
