@@ -33,7 +33,7 @@ type powerLossResult struct {
 }
 
 func (r powerLossResult) String() string {
-	return fmt.Sprintf("sync=%s: %d power cuts, %d messages acknowledged, %d lost; stream gone after %d cut(s), consumer gone after %d, holdfast reported the loss at %d start(s); %d unsynced bytes dropped",
+	return fmt.Sprintf("sync=%s: %d power cuts, %d messages acknowledged, %d lost; stream missing at %d restart(s), consumer missing at %d (after the bootstrap); holdfast reported a data loss at %d start(s); %d unsynced bytes dropped by the cuts",
 		r.sync, r.cycles, r.acked, r.lost, r.streamVanished, r.consumerMissing, r.lossReported, r.droppedBytes)
 }
 
