@@ -520,7 +520,7 @@ func workerStatus(mc MonitoredConsumer) WorkerStatus {
 	ws := WorkerStatus{Configured: mc.WantWorkers}
 	if w := mc.Workers; w != nil {
 		st := w.Stats()
-		ws.Running = true
+		ws.Running = w.Running()
 		ws.InFlight = st.InFlight.Load()
 		ws.Processed = st.Processed.Load()
 		ws.Acked = st.Acked.Load()

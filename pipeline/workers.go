@@ -71,6 +71,7 @@ type Workers struct {
 	advisory *nats.Subscription
 
 	stopping      atomic.Bool
+	alive         atomic.Int32 // worker goroutines running
 	runCtx        context.Context
 	cancelRun     context.CancelFunc
 	handlerCtx    context.Context
@@ -100,6 +101,12 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 // Stats returns the live counters.
 func (w *Workers) Stats() *Stats { return &w.stats }
 
+// Running reports whether every worker goroutine is alive and the
+// workers are not shutting down.
+func (w *Workers) Running() bool {
+	return !w.stopping.Load() && int(w.alive.Load()) == w.opts.Workers
+}
+
 // Options returns the options the workers run with.
 func (w *Workers) Options() ConsumerOptions { return w.opts }
 
@@ -128,6 +135,7 @@ func (w *Workers) Open(ctx context.Context) error {
 	}
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
+		w.alive.Add(1)
 		go w.work()
 	}
 	w.log.Info("workers started", "workers", w.opts.Workers, "dead_letter", w.opts.DeadLetter)
@@ -170,6 +178,7 @@ func (w *Workers) restart(old jetstream.MessagesContext) {
 }
 
 func (w *Workers) work() {
+	defer w.alive.Add(-1)
 	defer w.wg.Done()
 	for {
 		it := w.iterator()
