@@ -50,8 +50,14 @@ func configPath(c *cli.Context) string {
 // they do not read the config) and makes their usage errors exit with 2.
 func prepareCommands(cmds []*cli.Command) {
 	for _, cmd := range cmds {
-		if cmd.Name != "config" && cmd.Name != "version" {
+		if cmd.Name != "config" && cmd.Name != "version" && cmd.Name != "passwd" {
 			cmd.Flags = append(cmd.Flags, newConfigFlag(false))
+		}
+		for _, f := range cmd.Flags {
+			if f == serverFlag {
+				cmd.Flags = append(cmd.Flags, clientFlags()...)
+				break
+			}
 		}
 		if cmd.OnUsageError == nil {
 			cmd.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return usageError(err) }
@@ -76,6 +82,7 @@ func newApp() *cli.App {
 			dlqCommand(),
 			statusCommand(),
 			benchCommand(),
+			passwdCommand(),
 			versionCommand(),
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {

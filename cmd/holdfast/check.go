@@ -19,12 +19,21 @@ func checkCommand() *cli.Command {
 				return usageError(errUnexpectedArgs(c))
 			}
 			cfg, source, err := config.Load(configPath(c))
+			file := source
 			if source == "" {
 				source = "built-in defaults"
 			}
 			var problems []error
 			if err != nil {
 				problems = append(problems, err)
+			}
+			if cfg != nil {
+				for _, w := range cfg.SecurityWarnings(file) {
+					fmt.Fprintln(c.App.Writer, "warning: "+w)
+				}
+				if _, serr := cfg.LoadSecrets(); serr != nil {
+					problems = append(problems, serr)
+				}
 			}
 			if cfg != nil && cfg.JetStream.StoreDir != "" {
 				res, serr := embedded.CheckStoreDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -41,9 +44,14 @@ func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, e
 	if url == "" {
 		url = clientURL(cfg)
 	}
-	nc, err := nats.Connect(url, nats.Name("holdfast-cli"), nats.Timeout(5*time.Second))
+	opts, err := clientOptions(c, cfg)
 	if err != nil {
-		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (is it running? see systemctl status holdfast)", url, err))
+		return nil, nil, nil, err
+	}
+	opts = append(opts, nats.Name("holdfast-cli"), nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(err)))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -57,4 +65,95 @@ func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, e
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// clientFlags are the credential and TLS flags of every command that
+// connects to the running holdfast (those with --server).
+func clientFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "user", Usage: "user name from [auth.users.NAME]", EnvVars: []string{"HOLDFAST_USER"}},
+		&cli.StringFlag{Name: "password", Usage: "the user's password (prefer HOLDFAST_PASSWORD: a flag shows in ps)", EnvVars: []string{"HOLDFAST_PASSWORD"}},
+		&cli.StringFlag{Name: "token", Usage: "the [auth] token (default: read from auth.token_file when readable)", EnvVars: []string{"HOLDFAST_TOKEN"}},
+		&cli.StringFlag{Name: "creds", Usage: "file with an nkey seed (SU...) or a NATS .creds file", EnvVars: []string{"HOLDFAST_CREDS"}},
+		&cli.StringFlag{Name: "tls-ca", Usage: "CA file to check the server's certificate (default: [tls] ca_file)", EnvVars: []string{"HOLDFAST_TLS_CA"}},
+		&cli.StringFlag{Name: "tls-cert", Usage: "client certificate, for [tls] verify = true", EnvVars: []string{"HOLDFAST_TLS_CERT"}},
+		&cli.StringFlag{Name: "tls-key", Usage: "client certificate's private key", EnvVars: []string{"HOLDFAST_TLS_KEY"}},
+	}
+}
+
+// clientOptions builds the connection options from the flags and, where
+// they are silent, from the config: TLS with its CA, and the token from
+// auth.token_file when this user may read it.
+func clientOptions(c *cli.Context, cfg *config.Config) ([]nats.Option, error) {
+	var opts []nats.Option
+	ca := c.String("tls-ca")
+	if ca == "" {
+		ca = cfg.TLS.CAFile
+	}
+	cert, key := c.String("tls-cert"), c.String("tls-key")
+	if (cert == "") != (key == "") {
+		return nil, usageError(errors.New("--tls-cert and --tls-key go together"))
+	}
+	if cfg.TLS.Enabled() || ca != "" || cert != "" {
+		opts = append(opts, nats.Secure(&tls.Config{MinVersion: tls.VersionTLS12}))
+		if ca != "" {
+			opts = append(opts, nats.RootCAs(ca))
+		}
+		if cert != "" {
+			opts = append(opts, nats.ClientCert(cert, key))
+		}
+	}
+	user, password, token, creds := c.String("user"), c.String("password"), c.String("token"), c.String("creds")
+	n := 0
+	for _, set := range []bool{user != "", token != "", creds != ""} {
+		if set {
+			n++
+		}
+	}
+	if n > 1 {
+		return nil, usageError(errors.New("use one of --user/--password, --token or --creds"))
+	}
+	switch {
+	case user != "":
+		opts = append(opts, nats.UserInfo(user, password))
+	case token != "":
+		opts = append(opts, nats.Token(token))
+	case creds != "":
+		b, err := os.ReadFile(creds)
+		if err != nil {
+			return nil, usageError(fmt.Errorf("--creds: %w", err))
+		}
+		if strings.Contains(string(b), "BEGIN NATS USER JWT") {
+			opts = append(opts, nats.UserCredentials(creds))
+		} else {
+			o, err := nats.NkeyOptionFromSeed(creds)
+			if err != nil {
+				return nil, usageError(fmt.Errorf("--creds %s: neither a .creds file nor an nkey seed: %w", creds, err))
+			}
+			opts = append(opts, o)
+		}
+	case cfg.Auth.Token != "" && !config.IsBcrypt(cfg.Auth.Token):
+		opts = append(opts, nats.Token(cfg.Auth.Token))
+	case cfg.Auth.TokenFile != "":
+		if b, err := os.ReadFile(cfg.Auth.TokenFile); err == nil {
+			if t := strings.TrimSpace(string(b)); !config.IsBcrypt(t) {
+				opts = append(opts, nats.Token(t))
+			}
+		}
+	}
+	return opts, nil
+}
+
+// connectHint says what to try after a failed connection.
+func connectHint(err error) string {
+	msg := strings.ToLower(err.Error())
+	switch {
+	case strings.Contains(msg, "authorization"):
+		return "the server requires credentials: pass --user with HOLDFAST_PASSWORD, --token or --creds"
+	case strings.Contains(msg, "certificate") || strings.Contains(msg, "x509"):
+		return "TLS: pass the server's CA with --tls-ca (or set [tls] ca_file), and for verify = true a client certificate with --tls-cert/--tls-key"
+	case strings.Contains(msg, "tls"):
+		return "TLS problem: see [tls] in the config and --tls-ca/--tls-cert/--tls-key"
+	}
+	return "is it running? see systemctl status holdfast"
 }

@@ -23,6 +23,10 @@ func runCommand() *cli.Command {
 				return err
 			}
 			log := newLogger(os.Stderr, cfg.Log)
+			// Repeated at every start, so that nobody forgets them.
+			for _, w := range cfg.SecurityWarnings(source) {
+				log.Warn(w, "component", "security")
+			}
 			if source == "" {
 				source = "built-in defaults"
 			}
