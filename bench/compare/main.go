@@ -1,0 +1,495 @@
+// Command compare measures a stock nats-server v2.15.2 with the nats CLI's
+// `nats bench` and `holdfast bench` on the same machine, with the same
+// message size and count, and prints a markdown table with the ratios
+// holdfast/stock. It is what `make bench-compare` runs.
+//
+// It builds nats-server and the nats CLI from the module cache (the
+// versions go.mod pins) and holdfast from this tree, runs everything on
+// 127.0.0.1 with the stores under -dir, and removes them afterwards.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+var (
+	msgs    = flag.Int("msgs", 20000, "messages per figure")
+	size    = flag.Int("size", 128, "payload size in bytes")
+	workers = flag.Int("workers", 4, "holdfast workers")
+	syncs   = flag.String("sync", "always,2m", "sync modes: always and/or an interval (stock: sync_interval)")
+	dir     = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
+	out     = flag.String("out", "", "also write the markdown report to this file")
+	idle    = flag.Duration("idle", 10*time.Second, "how long each server sits idle before its RSS is read")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(1)
+	}
+}
+
+type env struct {
+	work                   string
+	natsServer, nats, hold string
+	home                   string
+}
+
+func run() error {
+	parent := *dir
+	if parent == "" {
+		parent, _ = os.Getwd()
+	}
+	work, err := os.MkdirTemp(parent, ".bench-compare-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	e := &env{work: work, natsServer: filepath.Join(work, "nats-server"), nats: filepath.Join(work, "nats"),
+		hold: filepath.Join(work, "holdfast"), home: filepath.Join(work, "home")}
+	if err := os.Mkdir(e.home, 0o700); err != nil {
+		return err
+	}
+	logf("building nats-server, nats and holdfast in %s", work)
+	for _, b := range [][]string{
+		{"build", "-o", e.natsServer, "github.com/nats-io/nats-server/v2"},
+		{"build", "-o", e.nats, "github.com/nats-io/natscli/nats"},
+		{"build", "-trimpath", "-o", e.hold, "./cmd/holdfast"},
+	} {
+		if o, err := exec.Command("go", b...).CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %v\n%s", strings.Join(b, " "), err, o)
+		}
+	}
+	version, _ := exec.Command(e.natsServer, "--version").Output()
+	natsVersion, _ := exec.Command(e.nats, "--version").CombinedOutput()
+
+	var rep bytes.Buffer
+	fmt.Fprintf(&rep, "Measured by `make bench-compare` (%s): %d messages of %d bytes, 1 publisher, holdfast with %d workers.\n\n",
+		time.Now().UTC().Format("2006-01-02"), *msgs, *size, *workers)
+	fmt.Fprintf(&rep, "Stock: %s, nats CLI %s; both on 127.0.0.1, stores in %s.\n\n",
+		strings.TrimSpace(string(version)), strings.TrimSpace(string(natsVersion)), parent)
+	fmt.Fprintln(&rep, "| sync | figure | stock msgs/s | holdfast msgs/s | holdfast/stock |")
+	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
+	var rss bytes.Buffer
+	var machine string
+	for _, mode := range strings.Split(*syncs, ",") {
+		mode = strings.TrimSpace(mode)
+		logf("sync %s: stock nats-server + nats bench", mode)
+		st, err := e.stock(mode)
+		if err != nil {
+			return fmt.Errorf("stock, sync %s: %w", mode, err)
+		}
+		logf("sync %s: holdfast bench", mode)
+		hf, m, err := e.holdfastBench(mode)
+		if err != nil {
+			return fmt.Errorf("holdfast bench, sync %s: %w", mode, err)
+		}
+		machine = m
+		row := func(name string, stock, hold float64) {
+			fmt.Fprintf(&rep, "| %s | %s | %s | %s | %s |\n", mode, name, num(stock), num(hold), ratio(hold, stock))
+		}
+		row("publish async (window 500)", st.pubAsync, hf["publish async"])
+		row("publish sync", st.pubSync, hf["publish sync"])
+		row("consume, explicit ack (stock: Ack, holdfast: DoubleAck, no-op handler)", st.consume, hf["consume (noop)"])
+		row("consume, explicit DoubleAck (both)", st.consumeDouble, hf["consume (noop)"])
+		row("end to end, no-op handler (holdfast) vs stock consume with Ack", st.consume, hf["e2e noop"])
+		for _, h := range []string{"exec", "http"} {
+			if v, ok := hf["e2e "+h]; ok {
+				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, num(v))
+			}
+		}
+
+		logf("sync %s: idle RSS with the same data", mode)
+		stockRSS, stockRestart, err := e.stockRSS(mode)
+		if err != nil {
+			return fmt.Errorf("stock RSS: %w", err)
+		}
+		holdRSS, holdRestart, err := e.holdfastRSS(mode)
+		if err != nil {
+			return fmt.Errorf("holdfast RSS: %w", err)
+		}
+		fmt.Fprintf(&rss, "| %s | after load | %.1f | %.1f | %+.1f |\n", mode, mib(stockRSS), mib(holdRSS), mib(holdRSS-stockRSS))
+		fmt.Fprintf(&rss, "| %s | after restart | %.1f | %.1f | %+.1f |\n", mode, mib(stockRestart), mib(holdRestart), mib(holdRestart-stockRestart))
+	}
+	fmt.Fprintf(&rep, "\nIdle RSS (MiB), each holding the same %d messages with one durable consumer that acked them all, after %s idle:\n\n", 2**msgs, *idle)
+	fmt.Fprintln(&rep, "| sync | when | stock | holdfast | holdfast − stock |")
+	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
+	rep.Write(rss.Bytes())
+	fmt.Fprintf(&rep, "\nMachine: %s\n", machine)
+	os.Stdout.Write(rep.Bytes())
+	if *out != "" {
+		return os.WriteFile(*out, rep.Bytes(), 0o644)
+	}
+	return nil
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench-compare: "+format+"\n", args...)
+}
+
+func num(v float64) string {
+	if v == 0 {
+		return "–"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
+}
+
+func ratio(a, b float64) string {
+	if a == 0 || b == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+func mib(b int64) float64 { return float64(b) / (1 << 20) }
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+// proc is a running server.
+type proc struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan struct{}
+}
+
+func (e *env) start(bin string, args []string, url string) (*proc, error) {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "HOME="+e.home)
+	logFile, err := os.OpenFile(filepath.Join(e.work, filepath.Base(bin)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, url: url, done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		nc, err := nats.Connect(url, nats.Timeout(time.Second))
+		if err == nil {
+			js, _ := jetstream.New(nc)
+			_, err = js.AccountInfo(context.Background())
+			nc.Close()
+			if err == nil {
+				return p, nil
+			}
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited at start-up: see %s", bin, logFile.Name())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("%s not ready after a minute: %v", bin, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// rss reads VmRSS after the idle period.
+func (p *proc) rss() (int64, error) {
+	time.Sleep(*idle)
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+func (e *env) stockConfig(mode, store string, port int) (string, error) {
+	sync := ""
+	if mode == "always" {
+		sync = "sync_interval: always"
+	} else if mode != "" {
+		sync = "sync_interval: " + mode
+	}
+	text := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  max_file_store: 10GB\n  max_memory_store: 1GB\n  %s\n}\n", port, store, sync)
+	path := filepath.Join(e.work, "nats-server.conf")
+	return path, os.WriteFile(path, []byte(text), 0o644)
+}
+
+func (e *env) startStock(mode, store string) (*proc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	conf, err := e.stockConfig(mode, store, port)
+	if err != nil {
+		return nil, err
+	}
+	return e.start(e.natsServer, []string{"-c", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port))
+}
+
+// natsBench runs `nats bench` with --csv and returns the msgs/s of its
+// first result row.
+func (e *env) natsBench(url string, args ...string) (float64, error) {
+	csvPath := filepath.Join(e.work, "bench.csv")
+	_ = os.Remove(csvPath)
+	full := append([]string{"-s", url, "bench"}, args...)
+	full = append(full, "--msgs", strconv.Itoa(*msgs), "--size", strconv.Itoa(*size), "--no-progress", "--csv", csvPath)
+	cmd := exec.Command(e.nats, full...)
+	cmd.Env = append(os.Environ(), "HOME="+e.home)
+	if o, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("nats %s: %v\n%s", strings.Join(full, " "), err, o)
+	}
+	f, err := os.Open(csvPath)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	r := csv.NewReader(f)
+	r.FieldsPerRecord = -1
+	rows, err := r.ReadAll()
+	if err != nil {
+		return 0, err
+	}
+	if len(rows) < 2 || len(rows[1]) < 5 {
+		return 0, fmt.Errorf("nats bench %s: unexpected CSV %q", args[0], rows)
+	}
+	return strconv.ParseFloat(rows[1][4], 64)
+}
+
+type stockFigures struct{ pubAsync, pubSync, consume, consumeDouble float64 }
+
+// stock runs nats bench against a fresh stock server: async and sync
+// publish (2×msgs stored), then a durable pull consumer with explicit acks
+// reads msgs with Ack and the next msgs with DoubleAck.
+func (e *env) stock(mode string) (st stockFigures, err error) {
+	store := filepath.Join(e.work, "stock-"+mode)
+	defer os.RemoveAll(store)
+	p, err := e.startStock(mode, store)
+	if err != nil {
+		return st, err
+	}
+	defer p.stop()
+	if st.pubAsync, err = e.natsBench(p.url, "js", "pub", "async", "bench.data", "--create", "--batch", "500"); err != nil {
+		return st, err
+	}
+	if st.pubSync, err = e.natsBench(p.url, "js", "pub", "sync", "bench.data"); err != nil {
+		return st, err
+	}
+	if st.consume, err = e.natsBench(p.url, "js", "consume", "--acks", "explicit"); err != nil {
+		return st, err
+	}
+	st.consumeDouble, err = e.natsBench(p.url, "js", "consume", "--acks", "explicit", "--doubleack")
+	return st, err
+}
+
+func (e *env) holdfastBench(mode string) (map[string]float64, string, error) {
+	cmd := exec.Command(e.hold, "bench", "--msgs", strconv.Itoa(*msgs), "--size", strconv.Itoa(*size),
+		"--workers", strconv.Itoa(*workers), "--sync", mode, "--dir", e.work, "--json")
+	cmd.Env = append(os.Environ(), "HOME="+e.home)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	o, err := cmd.Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("%v\n%s", err, stderr.String())
+	}
+	var rep struct {
+		Machine struct {
+			CPUs      int    `json:"cpus"`
+			Kernel    string `json:"kernel"`
+			GoVersion string `json:"go_version"`
+			StoreFS   string `json:"store_fs"`
+		} `json:"machine"`
+		Runs []struct {
+			Figures []struct {
+				Name       string  `json:"name"`
+				MsgsPerSec float64 `json:"msgs_per_sec"`
+			} `json:"figures"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal(o, &rep); err != nil {
+		return nil, "", err
+	}
+	figs := map[string]float64{}
+	for _, r := range rep.Runs {
+		for _, f := range r.Figures {
+			figs[f.Name] = f.MsgsPerSec
+		}
+	}
+	m := rep.Machine
+	return figs, fmt.Sprintf("%d CPUs, %s, %s, store on %s", m.CPUs, m.Kernel, m.GoVersion, m.StoreFS), nil
+}
+
+// stockRSS fills a stock server with 2×msgs, consumes them all with
+// explicit acks, and reads its idle RSS, then again after a restart.
+func (e *env) stockRSS(mode string) (load, restart int64, err error) {
+	store := filepath.Join(e.work, "stock-rss-"+mode)
+	defer os.RemoveAll(store)
+	p, err := e.startStock(mode, store)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := e.fill(p.url, true); err != nil {
+		p.stop()
+		return 0, 0, err
+	}
+	for range 2 {
+		if _, err := e.natsBench(p.url, "js", "consume", "--acks", "explicit"); err != nil {
+			p.stop()
+			return 0, 0, err
+		}
+	}
+	load, err = p.rss()
+	p.stop()
+	if err != nil {
+		return 0, 0, err
+	}
+	if p, err = e.startStock(mode, store); err != nil {
+		return 0, 0, err
+	}
+	defer p.stop()
+	restart, err = p.rss()
+	return load, restart, err
+}
+
+func (e *env) fill(url string, create bool) error {
+	args := []string{"js", "pub", "async", "bench.data"}
+	if create {
+		args = append(args, "--create")
+	}
+	if _, err := e.natsBench(url, args...); err != nil {
+		return err
+	}
+	_, err := e.natsBench(url, "js", "pub", "sync", "bench.data")
+	return err
+}
+
+// holdfastRSS runs `holdfast run` with the stream benchstream and a
+// consumer whose workers ack everything (log handler, log level warn),
+// publishes the same messages with nats bench, waits until all are acked
+// and reads its idle RSS, then again after a restart.
+func (e *env) holdfastRSS(mode string) (load, restart int64, err error) {
+	store := filepath.Join(e.work, "holdfast-rss-"+mode)
+	defer os.RemoveAll(store)
+	port, err := freePort()
+	if err != nil {
+		return 0, 0, err
+	}
+	conf := filepath.Join(e.work, "holdfast.toml")
+	text := fmt.Sprintf(`[server]
+host = "127.0.0.1"
+port = %d
+[jetstream]
+store_dir = %q
+sync = %q
+[http]
+listen = ""
+[log]
+level = "warn"
+[streams.benchstream]
+subjects = ["bench.data"]
+max_msgs = -1
+max_age = "0s"
+[consumers.WORKER]
+stream = "benchstream"
+workers = %d
+handler = "log"
+`, port, store, mode, *workers)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return 0, 0, err
+	}
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	args := []string{"run", "--config", conf}
+	p, err := e.start(e.hold, args, url)
+	if err != nil {
+		return 0, 0, err
+	}
+	if err := e.fill(url, false); err != nil {
+		p.stop()
+		return 0, 0, err
+	}
+	if err := waitAcked(url, "benchstream", "WORKER", uint64(2**msgs)); err != nil {
+		p.stop()
+		return 0, 0, err
+	}
+	load, err = p.rss()
+	p.stop()
+	if err != nil {
+		return 0, 0, err
+	}
+	if p, err = e.start(e.hold, args, url); err != nil {
+		return 0, 0, err
+	}
+	defer p.stop()
+	restart, err = p.rss()
+	return load, restart, err
+}
+
+func waitAcked(url, stream, consumer string, n uint64) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(5 * time.Minute)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := js.Consumer(ctx, stream, consumer)
+		var ci *jetstream.ConsumerInfo
+		if err == nil {
+			ci, err = c.Info(ctx)
+		}
+		cancel()
+		if err == nil && ci.AckFloor.Stream >= n {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("consumer %s did not ack %d messages in 5 minutes (%v)", consumer, n, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
