@@ -93,3 +93,24 @@ fuzz:
 			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
 		done; \
 	done
+
+## ---------------------------------------------------------------------------
+## Benchmarks (see docs/performance.md). Not part of `make test`, which runs
+## each Go benchmark once (TestBenchmarksRunOnce) and `holdfast bench --json`.
+## ---------------------------------------------------------------------------
+BENCH_MSGS ?= 20000
+BENCH_SIZE ?= 128
+BENCH_WORKERS ?= 4
+BENCH_SYNC ?= always,2m
+
+.PHONY: bench bench-compare
+
+## bench: Go benchmarks of the pipeline's hot paths, and holdfast bench
+bench: build
+	$(GO) test -run '^$$' -bench . -benchmem ./pipeline/
+	./bin/holdfast bench --msgs $(BENCH_MSGS) --size $(BENCH_SIZE) --workers $(BENCH_WORKERS) --sync $(BENCH_SYNC)
+
+## bench-compare: stock nats-server v2.15.2 + nats bench vs holdfast bench, with ratios (writes dist/bench-compare.md)
+bench-compare:
+	@mkdir -p dist
+	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync $(BENCH_SYNC) -out dist/bench-compare.md
