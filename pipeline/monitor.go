@@ -133,6 +133,17 @@ func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log 
 	return m
 }
 
+// SetWorkers replaces the workers the Monitor reports for a consumer, after
+// a reload restarted them (w nil: the consumer has no workers now).
+func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
+		t.mc.WantWorkers = want
+		t.mc.Workers = w
+	}
+}
+
 // Options returns the options the Monitor runs with.
 func (m *Monitor) Options() MonitorOptions { return m.opts }
 

@@ -40,6 +40,9 @@ type ConsumerOptions struct {
 	Handler    Handler
 	// OnResult, when set, is called after each handled message (metrics).
 	OnResult func(consumer string, res Result, took time.Duration)
+	// Stats, when set, receives the counters, so that workers replaced at
+	// a reload keep counting where the old ones stopped.
+	Stats *Stats
 }
 
 // Stats counts what a consumer's workers did since they started.
@@ -59,7 +62,7 @@ type Workers struct {
 	opts ConsumerOptions
 	log  *slog.Logger
 
-	stats Stats
+	stats *Stats
 
 	// ShutdownTimeout is how long Close lets in-flight handlers finish
 	// before cancelling them.
@@ -89,7 +92,12 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 	if log == nil {
 		log = slog.Default()
 	}
+	stats := opts.Stats
+	if stats == nil {
+		stats = &Stats{}
+	}
 	return &Workers{
+		stats:           stats,
 		js:              js,
 		nc:              nc,
 		opts:            opts,
@@ -99,7 +107,7 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 }
 
 // Stats returns the live counters.
-func (w *Workers) Stats() *Stats { return &w.stats }
+func (w *Workers) Stats() *Stats { return w.stats }
 
 // Running reports whether every worker goroutine is alive and the
 // workers are not shutting down.

@@ -113,9 +113,11 @@ func loadConfig(c *cli.Context) (*config.Config, string, error) {
 
 // newLogger builds the process logger: stderr, text or JSON, and without
 // timestamps under systemd (the journal adds its own).
-func newLogger(w io.Writer, lc config.LogConfig) *slog.Logger {
-	var level slog.Level
-	_ = level.UnmarshalText([]byte(lc.Level))
+func newLogger(w io.Writer, lc config.LogConfig) (*slog.Logger, *slog.LevelVar) {
+	level := new(slog.LevelVar)
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(lc.Level))
+	level.Set(l)
 	opts := &slog.HandlerOptions{Level: level}
 	if os.Getenv("JOURNAL_STREAM") != "" {
 		opts.ReplaceAttr = func(groups []string, a slog.Attr) slog.Attr {
@@ -126,7 +128,7 @@ func newLogger(w io.Writer, lc config.LogConfig) *slog.Logger {
 		}
 	}
 	if lc.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), level
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), level
 }

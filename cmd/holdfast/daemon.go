@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -19,8 +21,9 @@ import (
 // daemon wires the parts of `holdfast run` together: opened in order,
 // closed in reverse.
 type daemon struct {
-	cfg    *config.Config
+	cfg    *config.Config // what runs; replaced (never mutated) by Reload
 	log    *slog.Logger
+	level  *slog.LevelVar
 	notify *notifier
 
 	http      *httpServer
@@ -36,8 +39,8 @@ type daemon struct {
 	stopWatch context.CancelFunc
 }
 
-func newDaemon(cfg *config.Config, log *slog.Logger, n *notifier) *daemon {
-	return &daemon{cfg: cfg, log: log, notify: n, failed: make(chan struct{})}
+func newDaemon(cfg *config.Config, log *slog.Logger, level *slog.LevelVar, n *notifier) *daemon {
+	return &daemon{cfg: cfg, log: log, level: level, notify: n, failed: make(chan struct{})}
 }
 
 // Open starts the HTTP listener (503 until ready), the embedded server,
@@ -70,15 +73,8 @@ func (d *daemon) Open(ctx context.Context) error {
 			monitored = append(monitored, mc)
 			continue
 		}
-		h, err := newHandler(name, cc, d.log)
+		w, err := d.openWorkers(ctx, d.cfg, name, nil)
 		if err != nil {
-			return err
-		}
-		opts := consumerOptions(name, cc, h)
-		opts.OnResult = d.metrics.ObserveResult(cc.Stream)
-		w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
-		w.ShutdownTimeout = d.cfg.Run.ShutdownTimeout.Duration
-		if err := w.Open(ctx); err != nil {
 			return err
 		}
 		d.workers = append(d.workers, w)
@@ -184,6 +180,116 @@ func (d *daemon) Close(ctx context.Context) error {
 		d.closeErr = errors.Join(errs...)
 	})
 	return d.closeErr
+}
+
+// openWorkers starts the workers of consumer name as cfg describes them,
+// counting into stats (nil: new counters).
+func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name string, stats *pipeline.Stats) (*pipeline.Workers, error) {
+	cc := cfg.Consumers[name]
+	h, err := newHandler(name, cc, d.log)
+	if err != nil {
+		return nil, err
+	}
+	opts := consumerOptions(name, cc, h)
+	opts.OnResult = d.metrics.ObserveResult(cc.Stream)
+	opts.Stats = stats
+	w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
+	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
+	if err := w.Open(ctx); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// Reload applies what can change while running — log level, stream and
+// consumer limits, and each consumer's workers and handler — and logs
+// what needs a restart. It never stops the daemon: a change that fails
+// is logged and the previous setting keeps running. Reload runs on the
+// signal loop, never concurrently with Open or Close.
+func (d *daemon) Reload(ctx context.Context, next *config.Config) {
+	cur := d.cfg
+	applied := *cur
+	var restart []string
+	for _, s := range []struct {
+		key       string
+		old, next any
+	}{
+		{"[server]", cur.Server, next.Server},
+		{"[jetstream]", cur.JetStream, next.JetStream},
+		{"[http]", cur.HTTP, next.HTTP},
+		{"[auth]", cur.Auth, next.Auth},
+		{"[tls]", cur.TLS, next.TLS},
+		{"log.format", cur.Log.Format, next.Log.Format},
+	} {
+		if !reflect.DeepEqual(s.old, s.next) {
+			restart = append(restart, s.key)
+		}
+	}
+	if cur.Log.Level != next.Log.Level {
+		var lv slog.Level
+		_ = lv.UnmarshalText([]byte(next.Log.Level))
+		d.level.Set(lv)
+		applied.Log.Level = next.Log.Level
+		d.log.Info("reload: log level changed", "old", cur.Log.Level, "new", next.Log.Level)
+	}
+	applied.Run = next.Run
+
+	if !slices.Equal(cur.StreamNames(), next.StreamNames()) || !slices.Equal(cur.ConsumerNames(), next.ConsumerNames()) {
+		restart = append(restart, "adding or removing streams or consumers")
+	} else if !reflect.DeepEqual(cur.Streams, next.Streams) || !reflect.DeepEqual(cur.Consumers, next.Consumers) {
+		trial := applied
+		trial.Streams, trial.Consumers = next.Streams, next.Consumers
+		if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
+			d.log.Error("reload: streams and consumers not changed", "err", err)
+		} else {
+			applied = trial
+			for _, name := range next.ConsumerNames() {
+				d.reloadWorkers(ctx, &applied, cur.Consumers[name], name)
+			}
+		}
+	}
+	d.cfg = &applied
+	if len(restart) > 0 {
+		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
+	}
+	d.log.Info("reload done")
+}
+
+// reloadWorkers restarts a consumer's workers when what they run with
+// changed. The old workers drain first (up to shutdown_timeout); the new
+// ones keep their counters.
+func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *config.ConsumerConfig, name string) {
+	cc := cfg.Consumers[name]
+	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
+		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
+		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && cfg.Run == d.cfg.Run
+	if same {
+		return
+	}
+	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
+	var stats *pipeline.Stats
+	if cc.Workers > 0 {
+		if _, err := newHandler(name, cc, d.log); err != nil {
+			d.log.Error("reload: workers keep their previous handler", "consumer", name, "err", err)
+			return
+		}
+	}
+	if i >= 0 {
+		stats = d.workers[i].Stats()
+		_ = d.workers[i].Close(ctx)
+		d.workers = slices.Delete(d.workers, i, i+1)
+	}
+	var w *pipeline.Workers
+	if cc.Workers > 0 {
+		var err error
+		if w, err = d.openWorkers(ctx, cfg, name, stats); err != nil {
+			d.log.Error("reload: cannot start workers: the consumer has none until the next restart", "consumer", name, "err", err)
+		} else {
+			d.workers = append(d.workers, w)
+		}
+	}
+	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
+	d.log.Info("reload: workers restarted", "consumer", name, "workers", cc.Workers, "handler", cc.Handler)
 }
 
 // newHandler builds a consumer's configured handler.

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
 	sd "github.com/coreos/go-systemd/v22/daemon"
+	"golang.org/x/sys/unix"
 )
 
 // notifier speaks systemd's sd_notify protocol. Without NOTIFY_SOCKET
@@ -27,6 +29,21 @@ func (n *notifier) Status(msg string) { n.send("STATUS=" + msg) }
 
 // Ready tells systemd start-up is complete.
 func (n *notifier) Ready(status string) { n.send(sd.SdNotifyReady + "\n" + "STATUS=" + status) }
+
+// Reloading tells systemd a reload began; Ready ends it.
+func (n *notifier) Reloading() {
+	n.send(fmt.Sprintf("%s\nMONOTONIC_USEC=%d\nSTATUS=reloading the config", sd.SdNotifyReloading, monotonicUsec()))
+}
+
+// monotonicUsec is CLOCK_MONOTONIC in microseconds, which systemd wants
+// with RELOADING=1.
+func monotonicUsec() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0
+	}
+	return ts.Nano() / 1000
+}
 
 // Stopping tells systemd a shutdown began.
 func (n *notifier) Stopping() {

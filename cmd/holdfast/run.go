@@ -22,7 +22,7 @@ func runCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			log := newLogger(os.Stderr, cfg.Log)
+			log, level := newLogger(os.Stderr, cfg.Log)
 			// Repeated at every start, so that nobody forgets them.
 			for _, w := range cfg.SecurityWarnings(source) {
 				log.Warn(w, "component", "security")
@@ -39,7 +39,7 @@ func runCommand() *cli.Command {
 			defer signal.Stop(sigs)
 
 			n := newNotifier(log)
-			d := newDaemon(cfg, log, n)
+			d := newDaemon(cfg, log, level, n)
 			ctx, cancel := context.WithCancel(c.Context)
 			defer cancel()
 			opened := make(chan error, 1)
@@ -77,7 +77,13 @@ func runCommand() *cli.Command {
 				select {
 				case sig := <-sigs:
 					if sig == syscall.SIGHUP {
-						log.Warn("SIGHUP: reload is not supported by this version; restart holdfast to apply config changes")
+						n.Reloading()
+						if next, _, err := loadConfig(c); err != nil {
+							log.Error("reload refused: the config has problems; still running the previous one", "err", err)
+						} else {
+							d.Reload(ctx, next)
+						}
+						n.Ready(d.Status())
 						continue
 					}
 					log.Info("shutting down", "signal", sig.String())

@@ -49,20 +49,21 @@ type statusReply struct {
 // with a fresh check.
 func serveStatus(d *daemon) (*nats.Subscription, error) {
 	started := time.Now()
+	cfg := d.cfg // its server, jetstream and http sections never change at reload
 	sub, err := d.srv.Conn().Subscribe(statusSubject, func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		reply := statusReply{
 			Version:    versionString(),
 			NATSServer: server.VERSION,
-			ServerName: d.cfg.Server.Name,
+			ServerName: cfg.Server.Name,
 			PID:        os.Getpid(),
 			Started:    started,
 			StoreDir:   d.srv.StoreDir(),
-			Sync:       d.cfg.JetStream.Sync,
-			Domain:     d.cfg.JetStream.Domain,
+			Sync:       cfg.JetStream.Sync,
+			Domain:     cfg.JetStream.Domain,
 			HTTPListen: d.http.Addr(),
-			FailOnLoss: d.cfg.HTTP.FailOnLoss,
+			FailOnLoss: cfg.HTTP.FailOnLoss,
 			Report:     d.monitor.CheckNow(ctx),
 		}
 		reply.Health = d.monitor.Health()
