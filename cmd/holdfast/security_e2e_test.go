@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
@@ -259,5 +260,62 @@ func TestPasswdRefusesWeakInput(t *testing.T) {
 	}
 	if res := runHoldfast(t, []byte("long-enough-password\n"), "passwd", "--cost", "4"); res.code != 2 {
 		t.Errorf("--cost 4: exit %d", res.code)
+	}
+}
+
+// With a token_file the CLI finds the token itself; other clients need it.
+func TestTokenFromConfigFile(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("e2e-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, fmt.Sprintf("[auth]\ntoken_file = %q\n", token)))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	if nc, err := nats.Connect(in.url(), nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("connected without the token")
+	}
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "orders.token", "x"); res.code != 0 {
+		t.Errorf("pub with the config's token_file: exit %d\n%s", res.code, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "--token", "wrong-token-0123456789", "orders.token", "x"); res.code != 1 || !strings.Contains(res.stderr, "credentials") {
+		t.Errorf("pub with a wrong --token: exit %d\n%s", res.code, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "dlq", "ls", "--config", in.cfg); res.code != 0 {
+		t.Errorf("dlq ls with the config's token_file: exit %d\n%s", res.code, res.stderr)
+	}
+	if code := d.signal(syscall.SIGTERM); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+}
+
+// --creds takes an nkey seed file.
+func TestCredsNkeySeed(t *testing.T) {
+	t.Parallel()
+	kp, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := kp.PublicKey()
+	seed, _ := kp.Seed()
+	seedFile := filepath.Join(t.TempDir(), "ops.nk")
+	if err := os.WriteFile(seedFile, seed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, fmt.Sprintf("[auth.users.ops]\nnkey = %q\n", pub)))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "orders.nkey", "x"); res.code != 1 {
+		t.Errorf("pub without credentials: exit %d", res.code)
+	}
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "--creds", seedFile, "orders.nkey", "x"); res.code != 0 {
+		t.Errorf("pub --creds SEED: exit %d\n%s", res.code, res.stderr)
+	}
+	if code := d.signal(syscall.SIGTERM); code != 0 {
+		t.Errorf("exit %d", code)
 	}
 }
