@@ -213,7 +213,7 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 		if !e.IsDir() || loaded[e.Name()] {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(dir, e.Name(), "meta.key")); err != nil && keyFile == "" {
+		if _, err := os.Stat(filepath.Join(dir, e.Name(), "meta.key")); err != nil {
 			continue // not encrypted: the data-loss check deals with it
 		}
 		unreadable = append(unreadable, e.Name())

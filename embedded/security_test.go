@@ -609,3 +609,43 @@ func TestOptionsLimits(t *testing.T) {
 		t.Errorf("default options: MaxConn %d MaxSubs %d Host %s", def.MaxConn, def.MaxSubs, def.Host)
 	}
 }
+
+// A key added to an existing unencrypted store: the server encrypts the
+// streams at that start, and they stay readable.
+func TestEncryptionAddedToPlainStore(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s := runServer(t, cfg)
+	bootstrap(t, s, cfg)
+	if _, err := s.JetStream().Publish(testContext(t), "orders.before", []byte("PLAIN-BEFORE-KEY")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	s2 := runServer(t, cfg)
+	st, err := s2.JetStream().Stream(testContext(t), "ORDERS")
+	if err != nil {
+		t.Fatalf("the unencrypted stream is gone after adding a key: %v", err)
+	}
+	if n := st.CachedInfo().State.Msgs; n != 1 {
+		t.Errorf("%d messages, want 1", n)
+	}
+	if _, err := s2.JetStream().Publish(testContext(t), "orders.after", []byte("PLAIN-AFTER-KEY")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The server converts the existing stream when it starts with a key.
+	for _, p := range []string{"PLAIN-BEFORE-KEY", "PLAIN-AFTER-KEY"} {
+		if f := grepTree(t, cfg.JetStream.StoreDir, []byte(p)); f != "" {
+			t.Errorf("%s in clear text in %s", p, f)
+		}
+	}
+	s3 := runServer(t, cfg)
+	if st, err := s3.JetStream().Stream(testContext(t), "ORDERS"); err != nil || st.CachedInfo().State.Msgs != 2 {
+		t.Errorf("after conversion: %v", err)
+	}
+}
