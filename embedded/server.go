@@ -123,6 +123,11 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 
 	opts := Options(s.cfg, s.store.Path)
+	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {
+		s.log.Warn("jetstream.max_file_store lowered to what the disk can hold: publishes get an error when the store is full, and work again once messages are removed",
+			"max_file_store", humanBytes(opts.JetStreamMaxStore), "limit", humanBytes(limit), "free", humanBytes(s.store.Free))
+		opts.JetStreamMaxStore = limit
+	}
 	secrets, err := s.cfg.LoadSecrets()
 	if err != nil {
 		return err

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The disk-full tests run holdfast with its store on a small ext4 file
+// system (a loop-mounted image file): they need root, loop devices and
+// mkfs.ext4 (Debian: e2fsprogs), and skip with the reason otherwise.
+
+// mountExt4 makes an ext4 file system of sizeMB in an image file, mounts it
+// and returns the mount point; it is unmounted when the test ends.
+func mountExt4(t *testing.T, sizeMB int) string {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a loop device")
+	}
+	mkfs, err := exec.LookPath("mkfs.ext4")
+	if err != nil {
+		t.Skip("mkfs.ext4 not installed (Debian: apt-get install e2fsprogs)")
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "disk.img")
+	mnt := filepath.Join(dir, "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Truncate(int64(sizeMB) << 20); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	// -m 0: no blocks reserved for root, so root sees the same space as
+	// the holdfast user would.
+	if out, err := exec.Command(mkfs, "-q", "-F", "-m", "0", img).CombinedOutput(); err != nil {
+		t.Fatalf("mkfs.ext4: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("mount", "-o", "loop", img, mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot loop-mount an ext4 image here: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		for i := 0; ; i++ {
+			out, err := exec.Command("umount", mnt).CombinedOutput()
+			if err == nil {
+				return
+			}
+			if i == 50 {
+				t.Errorf("umount %s: %v\n%s", mnt, err, out)
+				_ = exec.Command("umount", "-l", mnt).Run()
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	return mnt
+}
+
+// diskFullConfig is a config with the store on mnt and a max_file_store
+// far larger than the disk.
+func diskFullConfig(t *testing.T, mnt string, port int) string {
+	t.Helper()
+	return e2eWriteConfig(t, strings.Replace(e2eConfigTOML(filepath.Join(mnt, "store"), port, ""),
+		`max_file_store = "1GB"`, `max_file_store = "10GB"`, 1))
+}
+
+// diskFullPayload is the body of every message: large, so that the disk
+// fills after a few hundred publishes.
+var diskFullPayload = strings.Repeat("x", 32<<10)
+
+// publishUntilFull publishes one message at a time with a unique
+// Nats-Msg-Id until a publish fails, recording every PubAck in acks. It
+// returns the error of the failed publish and how long it took.
+func publishUntilFull(t *testing.T, js jetstream.JetStream, prefix string, acks *ackLog) (error, time.Duration) {
+	t.Helper()
+	for i := 0; i < 100000; i++ {
+		id := fmt.Sprintf("%s-%06d", prefix, i)
+		msg := &nats.Msg{Subject: "orders.created", Data: []byte(diskFullPayload), Header: nats.Header{}}
+		msg.Header.Set(nats.MsgIdHdr, id)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		ack, err := js.PublishMsg(ctx, msg)
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			return err, took
+		}
+		acks.add(id, ack.Sequence)
+	}
+	t.Fatal("the disk never filled")
+	return nil, 0
+}
+
+// storedMsgIDs reads the Nats-Msg-Id of every message in stream ORDERS.
+func storedMsgIDs(t *testing.T, js jetstream.JetStream) map[string]bool {
+	t.Helper()
+	ctx := e2eContext(t)
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatalf("stream ORDERS: %v", err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string]bool{}
+	if info.State.Msgs == 0 {
+		return ids
+	}
+	oc, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for uint64(len(ids)) < info.State.Msgs {
+		m, err := oc.Next(jetstream.FetchMaxWait(5 * time.Second))
+		if err != nil {
+			t.Fatalf("read stream ORDERS after %d of %d messages: %v", len(ids), info.State.Msgs, err)
+		}
+		ids[m.Headers().Get(nats.MsgIdHdr)] = true
+		if md, err := m.Metadata(); err == nil && md.NumPending == 0 {
+			break
+		}
+	}
+	return ids
+}
+
+// checkAllAcked fails the test if a message acks recorded is missing.
+func checkAllAcked(t *testing.T, js jetstream.JetStream, acks *ackLog, when string) {
+	t.Helper()
+	have := storedMsgIDs(t, js)
+	lost := 0
+	for _, id := range acks.ids() {
+		if !have[id] {
+			lost++
+		}
+	}
+	if lost > 0 {
+		t.Fatalf("%s: %d of %d acknowledged messages lost", when, lost, acks.len())
+	}
+}
+
+// requireStoreFullError checks that a publish to a full store failed with
+// a JetStream error, not a timeout or a lost connection.
+func requireStoreFullError(t *testing.T, err error, took time.Duration, when string) {
+	t.Helper()
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) {
+		t.Fatalf("%s: publish failed with %v after %s, want a JetStream error (no PubAck, no timeout)", when, err, took)
+	}
+	t.Logf("%s: publish refused after %s: JetStream error %d: %s", when, took, apiErr.ErrorCode, apiErr.Description)
+}
+
+// TestDiskFull fills holdfast's store on a small ext4 file system: once
+// full, every publish gets an error (not a timeout, not a false PubAck),
+// holdfast keeps running, every acknowledged message survives a SIGTERM
+// restart and a kill -9, and after a purge publishing works again without
+// a restart.
+func TestDiskFull(t *testing.T) {
+	mnt := mountExt4(t, 40)
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
+	in.cfg = diskFullConfig(t, mnt, in.port)
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	if !strings.Contains(p.stderr.String(), "max_file_store lowered") {
+		t.Errorf("no warning that max_file_store was lowered to what the disk holds:\n%s", p.stderr.String())
+	}
+	_, js := e2eConnect(t, in)
+	acks := newAckLog()
+	err, took := publishUntilFull(t, js, "fill", acks)
+	t.Logf("store full after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
+	if acks.len() < 100 {
+		t.Fatalf("only %d messages fit on a 40 MB disk", acks.len())
+	}
+	requireStoreFullError(t, err, took, "first publish to a full store")
+	// Small messages are refused too, every time, and promptly enough to
+	// be an answer (a timeout would take the full 10s).
+	for i := range 3 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		_, err := js.Publish(ctx, "orders.created", []byte(fmt.Sprintf("small-%d", i)))
+		cancel()
+		if err == nil {
+			t.Fatal("a publish to a full store was acknowledged")
+		}
+		requireStoreFullError(t, err, time.Since(start), "small publish to a full store")
+	}
+	if p.exited() {
+		t.Fatalf("holdfast exited when the store filled: %v", p.state)
+	}
+	if _, err := js.AccountInfo(e2eContext(t)); err != nil {
+		t.Fatalf("JetStream does not answer with a full store: %v", err)
+	}
+	checkAllAcked(t, js, acks, "store full")
+
+	// SIGTERM and start again: everything acknowledged is there, and the
+	// store is still full.
+	p.stop()
+	p = startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js = e2eConnect(t, in)
+	checkAllAcked(t, js, acks, "after SIGTERM and restart")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	start := time.Now()
+	_, err = js.Publish(ctx, "orders.created", diskFullPayloadBytes())
+	cancel()
+	if err == nil {
+		t.Fatal("a publish to a full store was acknowledged after a restart")
+	}
+	requireStoreFullError(t, err, time.Since(start), "after restart")
+
+	// kill -9 and start again.
+	p.signal(syscall.SIGKILL)
+	p = startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js = e2eConnect(t, in)
+	checkAllAcked(t, js, acks, "after kill -9 and restart")
+
+	// Free space the way an operator would (nats stream purge), and
+	// publishing works again without a restart.
+	purge := e2eRunBinary(t, natsBin, nil, nil, "--server", in.url(), "stream", "purge", "ORDERS", "--force")
+	if purge.code != 0 {
+		t.Fatalf("nats stream purge: %d\n%s%s", purge.code, purge.stdout, purge.stderr)
+	}
+	e2eCheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.Publish(ctx, "orders.created", diskFullPayloadBytes())
+		return err
+	})
+	again := newAckLog()
+	err, took = publishUntilFull(t, js, "refill", again)
+	requireStoreFullError(t, err, took, "second fill")
+	t.Logf("after the purge %d more messages fit", again.len())
+	if again.len() < acks.len()/2 {
+		t.Errorf("after a purge only %d messages fit, against %d before", again.len(), acks.len())
+	}
+	checkAllAcked(t, js, again, "second fill")
+	p.stop()
+}
+
+func diskFullPayloadBytes() []byte { return []byte(diskFullPayload) }
