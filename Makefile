@@ -34,12 +34,7 @@ vet:
 	$(GO) vet ./...
 
 tidy-check:
-	@cp go.mod /tmp/holdfast-go.mod.orig; cp go.sum /tmp/holdfast-go.sum.orig; \
-	$(GO) mod tidy; \
-	if ! diff -q go.mod /tmp/holdfast-go.mod.orig >/dev/null || ! diff -q go.sum /tmp/holdfast-go.sum.orig >/dev/null; then \
-		diff -u /tmp/holdfast-go.mod.orig go.mod; \
-		cp /tmp/holdfast-go.mod.orig go.mod; cp /tmp/holdfast-go.sum.orig go.sum; \
-		echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; exit 1; fi
+	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; exit 1; }
 
 clean:
 	rm -rf bin dist holdfast-data

@@ -46,7 +46,7 @@ rm -f "$dist"/holdfast_*.deb "$dist"/holdfast-*.rpm
 # The packaged config is `holdfast config` output: build for this machine first.
 host=$dist/build/host
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$host/holdfast" ./cmd/holdfast
-"$host/holdfast" config --store-dir /var/lib/holdfast/jetstream >"$host/holdfast.toml.new"
+"$host/holdfast" config --store-dir /var/lib/holdfast >"$host/holdfast.toml.new"
 mv "$host/holdfast.toml.new" "$host/holdfast.toml"
 
 for arch in "$@"; do

@@ -29,7 +29,7 @@ const (
 	// maxExposure is the highest acceptable `systemd-analyze security` score.
 	maxExposure = 2.5
 	// packagedStoreDir is the store dir written into the packaged config.
-	packagedStoreDir = "/var/lib/holdfast/jetstream"
+	packagedStoreDir = "/var/lib/holdfast"
 )
 
 // needTool skips the test when a command-line tool is not installed. CI
