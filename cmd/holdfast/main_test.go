@@ -232,8 +232,15 @@ type e2eProc struct {
 // is printed if the test failed.
 func startHoldfast(t *testing.T, cfg string) *e2eProc {
 	t.Helper()
+	return startHoldfastEnv(t, cfg)
+}
+
+// startHoldfastEnv is startHoldfast with extra environment variables
+// ("NAME=value").
+func startHoldfastEnv(t *testing.T, cfg string, env ...string) *e2eProc {
+	t.Helper()
 	cmd := exec.Command(holdfastBin, "run", "--config", cfg)
-	cmd.Env = e2eEnv()
+	cmd.Env = append(e2eEnv(), env...)
 	cmd.Dir = t.TempDir()
 	d := &e2eProc{t: t, cmd: cmd, stderr: &e2eBuffer{}, done: make(chan struct{})}
 	cmd.Stdout = d.stderr
