@@ -29,6 +29,7 @@ type daemon struct {
 	http      *httpServer
 	metrics   *pipeline.Metrics
 	srv       *embedded.Server
+	workersMu sync.Mutex // guards workers: Healthy reads it from the watchdog
 	workers   []*pipeline.Workers
 	monitor   *pipeline.Monitor
 	statusSub *nats.Subscription
@@ -77,7 +78,7 @@ func (d *daemon) Open(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		d.workers = append(d.workers, w)
+		d.setWorkers(append(d.workers, w))
 		mc.Workers = w
 		monitored = append(monitored, mc)
 	}
@@ -127,6 +128,13 @@ func (d *daemon) watchServer(ctx context.Context) {
 	}
 }
 
+// setWorkers replaces the list of running workers.
+func (d *daemon) setWorkers(ws []*pipeline.Workers) {
+	d.workersMu.Lock()
+	defer d.workersMu.Unlock()
+	d.workers = ws
+}
+
 // Failed is closed when the server stopped without being asked to.
 func (d *daemon) Failed() <-chan struct{} { return d.failed }
 
@@ -135,8 +143,11 @@ func (d *daemon) Status() string {
 	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(d.cfg.Streams), len(d.cfg.Consumers), d.srv.StoreDir())
 }
 
-// Healthy reports whether the server answers on the in-process connection
-// (a JetStream API round trip), for the systemd watchdog.
+// Healthy is the systemd watchdog's probe: the server answers a
+// JetStream API round trip on the in-process connection, the monitor's
+// checks keep coming, every consumer's workers run and none is stalled.
+// Only being stuck fails it — not a retention loss or a consumer deleted by
+// hand, which a restart would not mend.
 func (d *daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
@@ -145,6 +156,29 @@ func (d *daemon) Healthy(ctx context.Context) error {
 	defer cancel()
 	if _, err := d.srv.JetStream().AccountInfo(ctx); err != nil {
 		return fmt.Errorf("JetStream does not answer: %w", err)
+	}
+	d.workersMu.Lock()
+	workers := slices.Clone(d.workers)
+	d.workersMu.Unlock()
+	for _, w := range workers {
+		if !w.Running() {
+			return fmt.Errorf("workers of consumer %s are not running", w.Options().Consumer)
+		}
+	}
+	if d.monitor == nil {
+		return nil
+	}
+	r := d.monitor.Report()
+	if r == nil {
+		return nil // the first check has not finished yet
+	}
+	if age := time.Since(r.Time); age > time.Minute {
+		return fmt.Errorf("the monitor's last check finished %s ago", age.Round(time.Second))
+	}
+	for _, c := range r.Consumers {
+		if c.Stalled {
+			return fmt.Errorf("consumer %s on stream %s is stalled", c.Name, c.Stream)
+		}
 	}
 	return nil
 }
@@ -275,9 +309,10 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		}
 	}
 	if i >= 0 {
-		stats = d.workers[i].Stats()
-		_ = d.workers[i].Close(ctx)
-		d.workers = slices.Delete(d.workers, i, i+1)
+		old := d.workers[i]
+		stats = old.Stats()
+		d.setWorkers(slices.Delete(slices.Clone(d.workers), i, i+1))
+		_ = old.Close(ctx)
 	}
 	var w *pipeline.Workers
 	if cc.Workers > 0 {
@@ -285,7 +320,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		if w, err = d.openWorkers(ctx, cfg, name, stats); err != nil {
 			d.log.Error("reload: cannot start workers: the consumer has none until the next restart", "consumer", name, "err", err)
 		} else {
-			d.workers = append(d.workers, w)
+			d.setWorkers(append(slices.Clone(d.workers), w))
 		}
 	}
 	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
