@@ -128,7 +128,7 @@ func (w *Workers) Open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(w.opts.Workers))
+	it, err := cons.Messages(w.pullOptions()...)
 	if err != nil {
 		return fmt.Errorf("consumer %s: cannot start pulling: %w", w.opts.Consumer, err)
 	}
@@ -148,6 +148,22 @@ func (w *Workers) Open(ctx context.Context) error {
 	}
 	w.log.Info("workers started", "workers", w.opts.Workers, "dead_letter", w.opts.DeadLetter)
 	return nil
+}
+
+// pullExpiry bounds each pull request. On the in-process connection a pull
+// request is sometimes not served although messages are pending (seen
+// here with nats.go v1.55.0 and nats-server v2.15.2, never over TCP); the
+// client only notices when the request expires (30s by default) and then
+// pulls again. A short expiry bounds that stall to a few seconds.
+const pullExpiry = 5 * time.Second
+
+// pullOptions buffers at most one message per worker, so that a buffered
+// message cannot outlive ack_wait before a handler sees it.
+func (w *Workers) pullOptions() []jetstream.PullMessagesOpt {
+	return []jetstream.PullMessagesOpt{
+		jetstream.PullMaxMessages(w.opts.Workers),
+		jetstream.PullExpiry(pullExpiry),
+	}
 }
 
 func (w *Workers) iterator() jetstream.MessagesContext {
@@ -176,7 +192,7 @@ func (w *Workers) restart(old jetstream.MessagesContext) {
 		w.log.Error("consumer unavailable: workers idle until it is back", "err", err)
 		return
 	}
-	it, err := cons.Messages(jetstream.PullMaxMessages(w.opts.Workers))
+	it, err := cons.Messages(w.pullOptions()...)
 	if err != nil {
 		w.log.Error("cannot resume pulling", "err", err)
 		return
