@@ -96,6 +96,9 @@ func (m *Monitor) evaluate(r *Report) Health {
 		h.Warnings = append(h.Warnings, c.Warnings...)
 	}
 	unhealthy := len(h.Problems) > 0
+	for _, l := range m.opts.StartupLosses {
+		problem("found at start-up: %s", l)
+	}
 	for _, c := range r.Consumers {
 		if c.LostToRetention == 0 {
 			continue

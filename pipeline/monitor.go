@@ -60,6 +60,11 @@ type MonitorOptions struct {
 	// limits, reported next to the usage (the account's own limits are
 	// unlimited on a single server).
 	FileStoreLimit, MemoryStoreLimit int64
+	// StartupLosses describes acknowledged messages found lost when the
+	// store was opened (a power cut with a sync interval, a damaged
+	// block). Like a retention loss they make the health degraded until
+	// the next start.
+	StartupLosses []string
 }
 
 // Monitor watches the JetStream state behind holdfast: that every stream

@@ -598,3 +598,27 @@ func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
 		t.Errorf("the max_age warning was not logged, or its end:\n%s", e.log.String())
 	}
 }
+
+// A loss found when the store was opened makes the health degraded, with
+// the description, and 503 only with fail_on_loss.
+func TestMonitorHealthStartupLoss(t *testing.T) {
+	e := newMonitorEnv(t, nil)
+	loss := "stream ORDERS went backwards: last sequence 20 recorded, 10 found"
+	for _, failOnLoss := range []bool{true, false} {
+		m := e.monitor(pipeline.MonitorOptions{StartupLosses: []string{loss}, FailOnLoss: failOnLoss}, nil)
+		waitFor(t, 5*time.Second, func() error {
+			h := m.Health()
+			if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, loss) {
+				return fmt.Errorf("health = %+v", h)
+			}
+			want := http.StatusOK
+			if failOnLoss {
+				want = http.StatusServiceUnavailable
+			}
+			if h.HTTPStatus() != want {
+				return fmt.Errorf("fail_on_loss %v: status %d, want %d", failOnLoss, h.HTTPStatus(), want)
+			}
+			return nil
+		})
+	}
+}

@@ -88,8 +88,9 @@ func (d *daemon) Open(ctx context.Context) error {
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
 		FailOnLoss:       d.cfg.HTTP.FailOnLoss,
 		Check:            jetStreamCheck(d.srv),
-		FileStoreLimit:   d.cfg.JetStream.MaxFileStore.Bytes,
+		FileStoreLimit:   fileStoreLimit(d.srv, d.cfg),
 		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
+		StartupLosses:    startupLosses(d.srv),
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -126,6 +127,27 @@ func (d *daemon) watchServer(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// fileStoreLimit is the file store limit the server runs with: the
+// configured one, or less when the disk could not hold it.
+func fileStoreLimit(srv *embedded.Server, cfg *config.Config) int64 {
+	if jc := srv.NATS().JetStreamConfig(); jc != nil && jc.MaxStore > 0 {
+		return jc.MaxStore
+	}
+	return cfg.JetStream.MaxFileStore.Bytes
+}
+
+// startupLosses describes the acknowledged messages the store had lost
+// when it was opened.
+func startupLosses(srv *embedded.Server) []string {
+	var out []string
+	for _, l := range srv.DataLosses() {
+		if l.Lost() {
+			out = append(out, l.String())
+		}
+	}
+	return out
 }
 
 // setWorkers replaces the list of running workers.
