@@ -261,6 +261,14 @@ func (s *Server) JetStream() jetstream.JetStream { return s.js }
 // NATS returns the embedded server.
 func (s *Server) NATS() *server.Server { return s.ns }
 
+// StoreFSType names the file system the store is on ("ext4", ...).
+func (s *Server) StoreFSType() string {
+	if s.store == nil {
+		return ""
+	}
+	return s.store.FSType
+}
+
 // StoreDir returns the absolute store directory.
 func (s *Server) StoreDir() string {
 	if s.store == nil {

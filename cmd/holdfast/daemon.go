@@ -106,7 +106,7 @@ func (d *daemon) Open(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
-	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "sync", d.cfg.JetStream.Sync,
+	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
 		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
 		"consumers", d.cfg.ConsumerNames(), "workers", len(d.workers))
 	return nil

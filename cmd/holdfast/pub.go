@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 )
 
@@ -20,6 +22,7 @@ func pubCommand() *cli.Command {
 			serverFlag,
 			&cli.StringFlag{Name: "id", Usage: "Nats-Msg-Id: a second publish with the same id within the stream's duplicate_window is stored once"},
 			&cli.StringSliceFlag{Name: "header", Aliases: []string{"H"}, Usage: "header as Name:Value (repeatable)"},
+			&cli.IntFlag{Name: "count", Value: 1, Usage: "publish the message N times (with --id, the ids are ID-1 ... ID-N); progress on a terminal"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() < 1 || c.NArg() > 2 {
@@ -43,24 +46,108 @@ func pubCommand() *cli.Command {
 				}
 				msg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 			}
-			if id := c.String("id"); id != "" {
-				msg.Header.Set(nats.MsgIdHdr, id)
+			count := c.Int("count")
+			if count < 1 {
+				return usageError(fmt.Errorf("--count %d: must be at least 1", count))
 			}
 			_, nc, js, err := connect(c)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
-			ack, err := js.PublishMsg(c.Context, msg)
-			if err != nil {
-				return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, err))
+			if count == 1 {
+				if id := c.String("id"); id != "" {
+					msg.Header.Set(nats.MsgIdHdr, id)
+				}
+				ack, err := js.PublishMsg(c.Context, msg)
+				if err != nil {
+					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, err))
+				}
+				dup := ""
+				if ack.Duplicate {
+					dup = " (duplicate: already stored, not stored again)"
+				}
+				fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
+				return nil
 			}
-			dup := ""
-			if ack.Duplicate {
-				dup = " (duplicate: already stored, not stored again)"
-			}
-			fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
-			return nil
+			return publishMany(c, js, msg, c.String("id"), count)
 		},
 	}
+}
+
+// publishMany publishes msg count times, at most pubWindow awaiting their
+// PubAck at once, and reports what was stored. It stops at the first
+// failure: every message reported stored got its PubAck.
+func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int) error {
+	const pubWindow = 256
+	progress := isTerminal(os.Stderr)
+	var stored, dups int
+	var first, last uint64
+	var stream string
+	pending := make([]jetstream.PubAckFuture, 0, pubWindow)
+	settle := func() error {
+		for _, f := range pending {
+			select {
+			case ack := <-f.Ok():
+				if ack.Duplicate {
+					dups++
+					continue
+				}
+				stored++
+				stream = ack.Stream
+				if first == 0 {
+					first = ack.Sequence
+				}
+				last = max(last, ack.Sequence)
+			case err := <-f.Err():
+				return err
+			case <-c.Context.Done():
+				return c.Context.Err()
+			}
+		}
+		pending = pending[:0]
+		if progress {
+			fmt.Fprintf(os.Stderr, "\rpublished %d/%d", stored+dups, count)
+		}
+		return nil
+	}
+	for i := 1; i <= count; i++ {
+		m := nats.NewMsg(msg.Subject)
+		m.Data = msg.Data
+		for k, v := range msg.Header {
+			m.Header[k] = v
+		}
+		if id != "" {
+			m.Header.Set(nats.MsgIdHdr, id+"-"+strconv.Itoa(i))
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err == nil {
+			pending = append(pending, f)
+		}
+		if err == nil && len(pending) < pubWindow && i < count {
+			continue
+		}
+		if serr := settle(); err == nil {
+			err = serr
+		}
+		if err != nil {
+			if progress {
+				fmt.Fprintln(os.Stderr)
+			}
+			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, err))
+		}
+	}
+	if progress {
+		fmt.Fprintln(os.Stderr)
+	}
+	if stored > 0 {
+		fmt.Fprintf(c.App.Writer, "stored %d message(s) in %s as seq %d..%d", stored, stream, first, last)
+	} else {
+		fmt.Fprint(c.App.Writer, "stored 0 messages")
+	}
+	if dups > 0 {
+		fmt.Fprintf(c.App.Writer, ", %d duplicate(s) not stored again", dups)
+	}
+	fmt.Fprintln(c.App.Writer)
+	return nil
 }

@@ -1,0 +1,36 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// `holdfast pub --count N` stores N messages with PubAck; with --id the
+// ids are ID-1..ID-N, so running it twice stores nothing new.
+func TestPubCount(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	first := runHoldfast(t, nil, "pub", "--config", in.cfg, "--count", "600", "--id", "batch", "orders.created", "x")
+	if first.code != 0 || !strings.Contains(first.stdout, "stored 600 message(s) in ORDERS as seq 1..600") {
+		t.Fatalf("pub --count 600: exit %d\n%s%s", first.code, first.stdout, first.stderr)
+	}
+	again := runHoldfast(t, nil, "pub", "--config", in.cfg, "--count", "600", "--id", "batch", "orders.created", "x")
+	if again.code != 0 || !strings.Contains(again.stdout, "stored 0 messages, 600 duplicate(s) not stored again") {
+		t.Fatalf("pub --count 600 again: exit %d\n%s%s", again.code, again.stdout, again.stderr)
+	}
+	_, js := e2eConnect(t, in)
+	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != 600 {
+		t.Fatalf("ORDERS holds %d messages, want 600", st.Msgs)
+	}
+	bad := runHoldfast(t, nil, "pub", "--config", in.cfg, "--count", "0", "orders.created", "x")
+	if bad.code != 2 || !strings.Contains(bad.stderr, "--count") {
+		t.Fatalf("pub --count 0: exit %d\n%s", bad.code, bad.stderr)
+	}
+	outside := runHoldfast(t, nil, "pub", "--config", in.cfg, "--count", "3", "payments.created", "x")
+	if outside.code != 1 || !strings.Contains(outside.stderr, "failed after 0 stored") {
+		t.Fatalf("pub --count to a subject no stream takes: exit %d\n%s%s", outside.code, outside.stdout, outside.stderr)
+	}
+	d.stop()
+}
