@@ -154,8 +154,9 @@ func (w *Workers) Open(ctx context.Context) error {
 // request is sometimes not served although messages are pending (seen
 // here with nats.go v1.55.0 and nats-server v2.15.2, never over TCP); the
 // client only notices when the request expires (30s by default) and then
-// pulls again. A short expiry bounds that stall to a few seconds.
-const pullExpiry = 5 * time.Second
+// pulls again. A short expiry bounds that stall to about two seconds, for
+// one small pull request every two seconds when the consumer is idle.
+const pullExpiry = 2 * time.Second
 
 // pullOptions buffers at most one message per worker, so that a buffered
 // message cannot outlive ack_wait before a handler sees it.
