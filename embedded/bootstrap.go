@@ -41,7 +41,12 @@ type Change struct {
 }
 
 // StreamSpec turns a configured stream into the server's stream config.
-func StreamSpec(name string, sc *config.StreamConfig) jetstream.StreamConfig {
+//
+// maxMsgSize is server.max_payload: the server itself accepts
+// DeadLetterHeadroom more (see Options), so that a message of the largest
+// allowed size still fits in its dead letter with the Holdfast-* headers
+// added; configured streams refuse anything larger than max_payload.
+func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstream.StreamConfig {
 	c := jetstream.StreamConfig{
 		Name:              name,
 		Subjects:          slices.Clone(sc.Subjects),
@@ -52,7 +57,7 @@ func StreamSpec(name string, sc *config.StreamConfig) jetstream.StreamConfig {
 		Duplicates:        sc.DuplicateWindow.Duration,
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
-		MaxMsgSize:        -1,
+		MaxMsgSize:        maxMsgSize,
 	}
 	switch sc.Retention {
 	case "interest":
@@ -97,6 +102,11 @@ func DeadLetterSpec(name string, consumers []string) jetstream.StreamConfig {
 	}
 }
 
+// DeadLetterHeadroom is what the server accepts beyond server.max_payload:
+// room for the headers a dead letter adds (Holdfast-Error is bounded by
+// the handlers to a few hundred bytes).
+const DeadLetterHeadroom = 8 << 10
+
 // DeadLetterSubjectPrefix starts every dead-letter subject:
 // dlq.<CONSUMER>.<original subject>.
 const DeadLetterSubjectPrefix = "dlq."
@@ -123,7 +133,7 @@ func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConf
 func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	log = log.With("component", "bootstrap")
 	for _, name := range cfg.StreamNames() {
-		if err := ensureStream(ctx, js, StreamSpec(name, cfg.Streams[name]), false, log); err != nil {
+		if err := ensureStream(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
 			return err
 		}
 	}
@@ -235,6 +245,10 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 	if have.Replicas != want.Replicas {
 		add("replicas", have.Replicas, want.Replicas)
 		next.Replicas = want.Replicas
+	}
+	if have.MaxMsgSize != want.MaxMsgSize {
+		add("max_msg_size", have.MaxMsgSize, want.MaxMsgSize)
+		next.MaxMsgSize = want.MaxMsgSize
 	}
 	if have.Duplicates != want.Duplicates {
 		add("duplicate_window", have.Duplicates, want.Duplicates)

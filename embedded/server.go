@@ -70,7 +70,7 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		ServerName:             cfg.Server.Name,
 		Host:                   cfg.Server.Host,
 		Port:                   cfg.Server.Port,
-		MaxPayload:             int32(cfg.Server.MaxPayload.Bytes),
+		MaxPayload:             int32(cfg.Server.MaxPayload.Bytes + DeadLetterHeadroom),
 		JetStream:              true,
 		StoreDir:               storeDir,
 		JetStreamMaxMemory:     js.MaxMemoryStore.Bytes,

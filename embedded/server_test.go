@@ -222,7 +222,7 @@ func TestOptionsFromConfig(t *testing.T) {
 	if opts.JetStreamMaxStore != 1<<30 || opts.JetStreamMaxMemory != 64<<20 {
 		t.Errorf("max store %d, max memory %d: both must be set from the config", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
 	}
-	if opts.JetStreamDomain != "edge" || opts.MaxPayload != 1<<20 {
+	if opts.JetStreamDomain != "edge" || opts.MaxPayload != 1<<20+DeadLetterHeadroom {
 		t.Errorf("domain %q, max payload %d", opts.JetStreamDomain, opts.MaxPayload)
 	}
 	if !opts.SyncAlways {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -505,5 +506,33 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 	})
 	if len(rec.forSeq(quick)) != 0 {
 		t.Fatal("finished message redelivered")
+	}
+}
+
+// A message of the largest size max_payload allows still fits in its dead
+// letter (the server accepts headroom for the Holdfast-* headers), and a
+// larger one is refused at publish by the stream.
+func TestLargestMessageCanBeDeadLettered(t *testing.T) {
+	e := startEnv(t, nil)
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		return pipeline.Fail(strings.Repeat("a long reason ", 10))
+	}), 1)
+	max := int(e.cfg.Server.MaxPayload.Bytes)
+	hdr := nats.Header{"Trace": []string{"t-1"}}
+	hdrLen := len("NATS/1.0\r\nTrace: t-1\r\n\r\n")
+	seq := e.publish("orders.created", strings.Repeat("x", max-hdrLen), hdr)
+	checkFor(t, 15*time.Second, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	if dl := e.dlqMsg(1); len(dl.Data) != max-hdrLen || dl.Header.Get("Holdfast-Original-Seq") != strconv.FormatUint(seq, 10) {
+		t.Fatalf("dead letter of %d bytes for seq %s", len(dl.Data), dl.Header.Get("Holdfast-Original-Seq"))
+	}
+	m := nats.NewMsg("orders.created")
+	m.Data = []byte(strings.Repeat("x", max+1))
+	if _, err := e.js.PublishMsg(context.Background(), m); err == nil {
+		t.Fatal("a message over max_payload was stored")
 	}
 }
