@@ -407,7 +407,7 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 		return st
 	}
 	before := s.CachedInfo()
-	fillStream(&st, before)
+	FillStream(&st, before)
 
 	for _, t := range consumers {
 		r.Consumers = append(r.Consumers, m.checkConsumer(ctx, s, before, t, now))
@@ -415,7 +415,8 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 	return st
 }
 
-func fillStream(st *StreamStatus, si *jetstream.StreamInfo) {
+// FillStream sets st from a stream's info: existence, state and limits.
+func FillStream(st *StreamStatus, si *jetstream.StreamInfo) {
 	st.Exists = true
 	st.Subjects = slices.Clone(si.Config.Subjects)
 	st.Messages = si.State.Msgs

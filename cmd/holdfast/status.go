@@ -126,23 +126,8 @@ type storageUsage struct {
 }
 
 type streamOutput struct {
-	Name       string    `json:"name"`
-	Exists     bool      `json:"exists"`
-	Error      string    `json:"error,omitempty"`
-	DeadLetter bool      `json:"dead_letter"`
-	Subjects   []string  `json:"subjects,omitempty"`
-	Messages   uint64    `json:"messages"`
-	Bytes      uint64    `json:"bytes"`
-	FirstSeq   uint64    `json:"first_seq"`
-	LastSeq    uint64    `json:"last_seq"`
-	FirstTime  time.Time `json:"first_time,omitzero"`
-	LastTime   time.Time `json:"last_time,omitzero"`
-	Retention  string    `json:"retention,omitempty"`
-	Discard    string    `json:"discard,omitempty"`
-	Storage    string    `json:"storage,omitempty"`
-	// Limits: -1 (max_msgs, max_bytes) or 0 (max_age) when unlimited.
-	MaxMsgs       int64   `json:"max_msgs"`
-	MaxBytes      int64   `json:"max_bytes"`
+	pipeline.StreamStatus
+	DeadLetter    bool    `json:"dead_letter"`
 	MaxAgeSeconds float64 `json:"max_age_seconds"`
 	// Ratios to each limit that is set: messages, bytes, and the age of
 	// the first message.
@@ -302,7 +287,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 
 	now := time.Now()
 	for _, name := range streams {
-		so := streamOutput{Name: name, DeadLetter: deadLetterStreams[name], MaxMsgs: -1, MaxBytes: -1}
+		so := streamOutput{StreamStatus: pipeline.StreamStatus{Name: name, MaxMsgs: -1, MaxBytes: -1}, DeadLetter: deadLetterStreams[name]}
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			so.Error = notFound(err, "stream does not exist")
@@ -311,13 +296,8 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			continue
 		}
 		si := s.CachedInfo()
-		so.Exists = true
-		so.Subjects = si.Config.Subjects
-		so.Messages, so.Bytes = si.State.Msgs, si.State.Bytes
-		so.FirstSeq, so.LastSeq = si.State.FirstSeq, si.State.LastSeq
-		so.FirstTime, so.LastTime = si.State.FirstTime, si.State.LastTime
-		so.Retention, so.Discard, so.Storage = pipeline.StreamPolicies(si.Config)
-		so.MaxMsgs, so.MaxBytes, so.MaxAgeSeconds = si.Config.MaxMsgs, si.Config.MaxBytes, si.Config.MaxAge.Seconds()
+		pipeline.FillStream(&so.StreamStatus, si)
+		so.MaxAgeSeconds = si.Config.MaxAge.Seconds()
 		so.LimitRatio = map[string]float64{}
 		if si.Config.MaxMsgs > 0 {
 			so.LimitRatio["max_msgs"] = float64(si.State.Msgs) / float64(si.Config.MaxMsgs)
