@@ -270,23 +270,10 @@ func (w *Workers) process(msg jetstream.Msg) {
 // handle calls the handler, keeping the message alive with in-progress
 // acks while it runs and turning a panic into a retry.
 func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
-	done := make(chan struct{})
-	defer close(done)
 	if w.opts.AckWait > 0 {
-		go func() {
-			t := time.NewTicker(w.opts.AckWait / 2)
-			defer t.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-t.C:
-					if err := msg.InProgress(); err != nil {
-						w.log.Warn("in-progress ack failed", "seq", m.Sequence, "err", err)
-					}
-				}
-			}
-		}()
+		defer keepAlive(msg, w.opts.AckWait/2, func(err error) {
+			w.log.Warn("in-progress ack failed", "seq", m.Sequence, "err", err)
+		})()
 	}
 	defer func() {
 		if r := recover(); r != nil {
@@ -295,6 +282,33 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 		}
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
+}
+
+// keepAlive sends an in-progress ack every interval until the returned
+// stop is called: one timer, and nothing at all for a handler faster than
+// interval.
+func keepAlive(msg jetstream.Msg, interval time.Duration, onErr func(error)) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(interval, func() {
+		if err := msg.InProgress(); err != nil {
+			onErr(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(interval)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // settle acks, naks or dead-letters a handled message.
