@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -103,9 +102,7 @@ func newApp() *cli.App {
 func loadConfig(c *cli.Context) (*config.Config, string, error) {
 	cfg, source, err := config.Load(configPath(c))
 	if err != nil {
-		if errors.Is(err, config.ErrInvalidConfig) {
-			return nil, source, usageError(err)
-		}
+		// A config with problems, or a --config that cannot be read.
 		return nil, source, usageError(err)
 	}
 	return cfg, source, nil
