@@ -9,8 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -311,7 +312,7 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		out.Streams = map[string]*StreamConfig{}
 		out.Consumers = map[string]*ConsumerConfig{}
 	}
-	for _, name := range sortedKeys(layout.Streams) {
+	for _, name := range slices.Sorted(maps.Keys(layout.Streams)) {
 		sc := DefaultStream(nil)
 		if err := md.PrimitiveDecode(layout.Streams[name], sc); err != nil {
 			problems = append(problems, fmt.Sprintf("streams.%s: %v", name, tomlError(err)))
@@ -319,7 +320,7 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		}
 		out.Streams[name] = sc
 	}
-	for _, name := range sortedKeys(layout.Consumers) {
+	for _, name := range slices.Sorted(maps.Keys(layout.Consumers)) {
 		prim := layout.Consumers[name]
 		var probe struct {
 			Stream string `toml:"stream"`
@@ -422,20 +423,11 @@ func Load(path string) (cfg *Config, source string, err error) {
 	return cfg, path, nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // StreamNames returns the configured stream names, sorted.
-func (c *Config) StreamNames() []string { return sortedKeys(c.Streams) }
+func (c *Config) StreamNames() []string { return slices.Sorted(maps.Keys(c.Streams)) }
 
 // ConsumerNames returns the configured consumer names, sorted.
-func (c *Config) ConsumerNames() []string { return sortedKeys(c.Consumers) }
+func (c *Config) ConsumerNames() []string { return slices.Sorted(maps.Keys(c.Consumers)) }
 
 // SyncAlways reports whether the store fsyncs every write.
 func (c *JetStreamConfig) SyncAlways() bool { return c.Sync == "always" }

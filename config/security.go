@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -79,7 +81,7 @@ func (a *AuthConfig) Enabled() bool {
 func (a *AuthConfig) TokenMode() bool { return a.Token != "" || a.TokenFile != "" }
 
 // UserNames returns the configured user names, sorted.
-func (a *AuthConfig) UserNames() []string { return sortedKeys(a.Users) }
+func (a *AuthConfig) UserNames() []string { return slices.Sorted(maps.Keys(a.Users)) }
 
 // Enabled reports whether [tls] turns TLS on for the client port.
 func (t *TLSConfig) Enabled() bool { return t.CertFile != "" || t.KeyFile != "" }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"time"
@@ -138,7 +139,7 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 		}
 	}
 	dls := cfg.DeadLetterStreams()
-	for _, name := range sortedNames(dls) {
+	for _, name := range slices.Sorted(maps.Keys(dls)) {
 		if err := ensureStream(ctx, js, DeadLetterSpec(name, dls[name]), true, log); err != nil {
 			return err
 		}
@@ -150,15 +151,6 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 		}
 	}
 	return nil
-}
-
-func sortedNames[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, deadLetter bool, log *slog.Logger) error {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -236,7 +238,7 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 		return nil
 	}
 	var losses []DataLoss
-	for _, name := range sortedNames(recorded.Streams) {
+	for _, name := range slices.Sorted(maps.Keys(recorded.Streams)) {
 		rec := recorded.Streams[name]
 		cur, ok := now.Streams[name]
 		switch {
@@ -248,7 +250,7 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 			continue
 		}
 	}
-	for _, key := range sortedNames(recorded.Consumers) {
+	for _, key := range slices.Sorted(maps.Keys(recorded.Consumers)) {
 		rec := recorded.Consumers[key]
 		if _, ok := now.Streams[rec.Stream]; !ok {
 			continue // the stream's loss is reported
