@@ -211,48 +211,34 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 	}
 	next := have
 	var changes []Change
-	add := func(field string, old, new any) {
-		changes = append(changes, Change{Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(new)})
-	}
 	if !slices.Equal(have.Subjects, want.Subjects) {
-		add("subjects", have.Subjects, want.Subjects)
+		record(&changes, "subjects", have.Subjects, want.Subjects)
 		next.Subjects = want.Subjects
 	}
-	if have.Discard != want.Discard {
-		add("discard", have.Discard, want.Discard)
-		next.Discard = want.Discard
-	}
-	if have.MaxMsgs != want.MaxMsgs {
-		add("max_msgs", have.MaxMsgs, want.MaxMsgs)
-		next.MaxMsgs = want.MaxMsgs
-	}
-	if have.MaxBytes != want.MaxBytes {
-		add("max_bytes", have.MaxBytes, want.MaxBytes)
-		next.MaxBytes = want.MaxBytes
-	}
-	if have.MaxAge != want.MaxAge {
-		add("max_age", have.MaxAge, want.MaxAge)
-		next.MaxAge = want.MaxAge
-	}
-	if have.Replicas != want.Replicas {
-		add("replicas", have.Replicas, want.Replicas)
-		next.Replicas = want.Replicas
-	}
-	if have.MaxMsgSize != want.MaxMsgSize {
-		add("max_msg_size", have.MaxMsgSize, want.MaxMsgSize)
-		next.MaxMsgSize = want.MaxMsgSize
-	}
-	if have.Duplicates != want.Duplicates {
-		add("duplicate_window", have.Duplicates, want.Duplicates)
-		next.Duplicates = want.Duplicates
-	}
+	set(&changes, "discard", &next.Discard, want.Discard)
+	set(&changes, "max_msgs", &next.MaxMsgs, want.MaxMsgs)
+	set(&changes, "max_bytes", &next.MaxBytes, want.MaxBytes)
+	set(&changes, "max_age", &next.MaxAge, want.MaxAge)
+	set(&changes, "replicas", &next.Replicas, want.Replicas)
+	set(&changes, "max_msg_size", &next.MaxMsgSize, want.MaxMsgSize)
+	set(&changes, "duplicate_window", &next.Duplicates, want.Duplicates)
 	// An operator may have switched the stream to async persistence with
 	// the nats CLI; that silently voids jetstream.sync = "always".
-	if have.PersistMode != jetstream.DefaultPersistMode {
-		add("persist_mode", have.PersistMode, jetstream.DefaultPersistMode)
-		next.PersistMode = jetstream.DefaultPersistMode
-	}
+	set(&changes, "persist_mode", &next.PersistMode, jetstream.DefaultPersistMode)
 	return next, changes, nil
+}
+
+// set makes *field want, recording the change, when they differ.
+func set[T comparable](changes *[]Change, name string, field *T, want T) {
+	if *field != want {
+		record(changes, name, *field, want)
+		*field = want
+	}
+}
+
+// record notes that field changes from old to new.
+func record(changes *[]Change, field string, old, new any) {
+	*changes = append(*changes, Change{Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(new)})
 }
 
 func describe(changes []Change) string {
@@ -314,23 +300,11 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 	}
 	next := have
 	var changes []Change
-	add := func(field string, old, new any) {
-		changes = append(changes, Change{Field: field, Old: fmt.Sprint(old), New: fmt.Sprint(new)})
-	}
-	if have.AckWait != want.AckWait {
-		add("ack_wait", have.AckWait, want.AckWait)
-		next.AckWait = want.AckWait
-	}
-	if have.MaxDeliver != want.MaxDeliver {
-		add("max_deliver", have.MaxDeliver, want.MaxDeliver)
-		next.MaxDeliver = want.MaxDeliver
-	}
-	if have.MaxAckPending != want.MaxAckPending {
-		add("max_ack_pending", have.MaxAckPending, want.MaxAckPending)
-		next.MaxAckPending = want.MaxAckPending
-	}
+	set(&changes, "ack_wait", &next.AckWait, want.AckWait)
+	set(&changes, "max_deliver", &next.MaxDeliver, want.MaxDeliver)
+	set(&changes, "max_ack_pending", &next.MaxAckPending, want.MaxAckPending)
 	if have.FilterSubject != want.FilterSubject || len(have.FilterSubjects) > 0 {
-		add("filter_subject", have.FilterSubject+fmt.Sprint(have.FilterSubjects), want.FilterSubject)
+		record(&changes, "filter_subject", have.FilterSubject+fmt.Sprint(have.FilterSubjects), want.FilterSubject)
 		next.FilterSubject = want.FilterSubject
 		next.FilterSubjects = nil
 	}
