@@ -530,6 +530,32 @@ func benchConnect(url string, i int) (*nats.Conn, error) {
 	return nc, nil
 }
 
+// benchPublishers opens n publisher connections to url; closeAll closes
+// them (also the ones opened before an error).
+func benchPublishers(url string, n int, opts ...jetstream.JetStreamOpt) (conns []jetstream.JetStream, closeAll func(), err error) {
+	var ncs []*nats.Conn
+	closeAll = func() {
+		for _, nc := range ncs {
+			nc.Close()
+		}
+	}
+	for i := 0; i < n; i++ {
+		nc, err := benchConnect(url, i)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		ncs = append(ncs, nc)
+		js, err := jetstream.New(nc, opts...)
+		if err != nil {
+			closeAll()
+			return nil, nil, err
+		}
+		conns = append(conns, js)
+	}
+	return conns, closeAll, nil
+}
+
 // pubRecord is one published message: when it was sent and where it was
 // stored.
 type pubRecord struct {
@@ -544,20 +570,14 @@ func (b *bencher) publishAsync(ctx context.Context, url, subject string, n int, 
 	p := b.params
 	per := splitCount(n, p.Publishers)
 	recs := make([][]pubRecord, p.Publishers)
-	conns := make([]jetstream.JetStream, p.Publishers)
-	for i := range conns {
-		nc, err := benchConnect(url, i)
-		if err != nil {
-			return benchFigure{}, err
-		}
-		defer nc.Close()
-		js, err := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(p.Window))
-		if err != nil {
-			return benchFigure{}, err
-		}
-		conns[i] = js
+	for i := range recs {
 		recs[i] = make([]pubRecord, per[i])
 	}
+	conns, closeConns, err := benchPublishers(url, p.Publishers, jetstream.WithPublishAsyncMaxPending(p.Window))
+	if err != nil {
+		return benchFigure{}, err
+	}
+	defer closeConns()
 	var done atomic.Int64
 	b.progress.set(name, &done, n)
 	errs := make([]error, p.Publishers)
@@ -642,17 +662,11 @@ func (b *bencher) publishSync(ctx context.Context, url, subject string, n int) (
 	per := splitCount(n, p.Publishers)
 	lats := make([][]time.Duration, p.Publishers)
 	errs := make([]error, p.Publishers)
-	conns := make([]jetstream.JetStream, p.Publishers)
-	for i := range conns {
-		nc, err := benchConnect(url, i)
-		if err != nil {
-			return benchFigure{}, err
-		}
-		defer nc.Close()
-		if conns[i], err = jetstream.New(nc); err != nil {
-			return benchFigure{}, err
-		}
+	conns, closeConns, err := benchPublishers(url, p.Publishers)
+	if err != nil {
+		return benchFigure{}, err
 	}
+	defer closeConns()
 	var done atomic.Int64
 	b.progress.set("publish sync", &done, n)
 	var wg sync.WaitGroup
