@@ -388,22 +388,7 @@ func TestExecConcurrentMessages(t *testing.T) {
 	// Each run must see its own message: the payload is the sequence.
 	script := `[ "$(cat)" = "$HOLDFAST_SEQ" ] || exit 65`
 	h := newExec(t, ExecOptions{Command: shCommand(script), Timeout: time.Minute}, nil)
-	var wg sync.WaitGroup
-	results := make([]Result, 16)
-	for i := range results {
-		wg.Go(func() {
-			msg := testMessage()
-			msg.Sequence = uint64(i)
-			msg.Data = []byte(strconv.Itoa(i))
-			results[i] = h.Handle(context.Background(), msg)
-		})
-	}
-	wg.Wait()
-	for i, r := range results {
-		if r != Ok() {
-			t.Errorf("message %d: %+v, want Ok", i, r)
-		}
-	}
+	handleConcurrently(t, h, 16)
 }
 
 func TestExecCommandThatIgnoresStdin(t *testing.T) {
@@ -655,6 +640,29 @@ func TestLastLine(t *testing.T) {
 	} {
 		if got := lastLine([]byte(in)); got != want {
 			t.Errorf("lastLine(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// handleConcurrently hands n messages to h at once, message i with
+// sequence i and payload "i", and requires every one to succeed: each
+// call must see its own message.
+func handleConcurrently(t *testing.T, h Handler, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]Result, n)
+	for i := range results {
+		wg.Go(func() {
+			msg := testMessage()
+			msg.Sequence = uint64(i)
+			msg.Data = []byte(strconv.Itoa(i))
+			results[i] = h.Handle(context.Background(), msg)
+		})
+	}
+	wg.Wait()
+	for i, r := range results {
+		if r != Ok() {
+			t.Errorf("message %d: %+v, want Ok", i, r)
 		}
 	}
 }

@@ -434,22 +434,7 @@ func TestHTTPConcurrentMessages(t *testing.T) {
 	t.Cleanup(srv.Close)
 	h := newHTTP(t, HTTPOptions{URL: srv.URL, Timeout: time.Minute}, nil)
 
-	var wg sync.WaitGroup
-	results := make([]Result, 32)
-	for i := range results {
-		wg.Go(func() {
-			msg := testMessage()
-			msg.Sequence = uint64(i)
-			msg.Data = []byte(strconv.Itoa(i))
-			results[i] = h.Handle(context.Background(), msg)
-		})
-	}
-	wg.Wait()
-	for i, r := range results {
-		if r != Ok() {
-			t.Errorf("message %d: %+v, want Ok", i, r)
-		}
-	}
+	handleConcurrently(t, h, 32)
 }
 
 func TestHTTPReusesConnections(t *testing.T) {
