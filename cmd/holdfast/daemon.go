@@ -289,6 +289,9 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		d.log.Info("reload: log level changed", "old", cur.Log.Level, "new", next.Log.Level)
 	}
 	applied.Run = next.Run
+	for _, w := range d.workers {
+		w.ShutdownTimeout = next.Run.ShutdownTimeout.Duration // read only by Close, on this goroutine
+	}
 
 	if !slices.Equal(cur.StreamNames(), next.StreamNames()) || !slices.Equal(cur.ConsumerNames(), next.ConsumerNames()) {
 		restart = append(restart, "adding or removing streams or consumers")
@@ -318,7 +321,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	cc := cfg.Consumers[name]
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
-		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && cfg.Run == d.cfg.Run
+		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter
 	if same {
 		return
 	}
