@@ -227,6 +227,9 @@ func pickDLQStream(cfg *config.Config, stream string) (string, error) {
 		return stream, nil
 	}
 	dls := cfg.DeadLetterStreams()
+	if len(dls) == 0 {
+		return "", usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to show or replay"))
+	}
 	if len(dls) == 1 {
 		for name := range dls {
 			return name, nil
