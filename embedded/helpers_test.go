@@ -75,7 +75,13 @@ func runServer(t *testing.T, cfg *config.Config) *Server {
 
 func runServerWithLog(t *testing.T, cfg *config.Config, log *slog.Logger) *Server {
 	t.Helper()
-	s := New(cfg, log)
+	return openServer(t, New(cfg, log))
+}
+
+// openServer opens s (made by New, maybe adjusted by the test) and closes
+// it when the test ends.
+func openServer(t *testing.T, s *Server) *Server {
+	t.Helper()
 	s.ReadyTimeout = 30 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

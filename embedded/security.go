@@ -28,9 +28,6 @@ type internalIdentity struct {
 	password string
 }
 
-// newIdentity is replaced by tests that need to see the password.
-var newIdentity = newInternalIdentity
-
 func newInternalIdentity() (internalIdentity, error) {
 	b := make([]byte, 32)
 	if _, err := rand.Read(b); err != nil {

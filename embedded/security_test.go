@@ -33,21 +33,16 @@ func bcryptHash(t *testing.T, password string) string {
 	return string(h)
 }
 
-// captureIdentity makes the next servers' internal passwords visible to
-// the test (never to the logs).
-func captureIdentity(t *testing.T) func() []string {
-	t.Helper()
+// captureIdentity makes s's internal password visible to the test (never
+// to the logs); call it before s is opened.
+func captureIdentity(s *Server) func() []string {
 	var mu sync.Mutex
 	var seen []string
-	orig := newIdentity
-	newIdentity = func() (internalIdentity, error) {
-		id, err := orig()
+	s.seeIdentity = func(password string) {
 		mu.Lock()
-		seen = append(seen, id.password)
-		mu.Unlock()
-		return id, err
+		defer mu.Unlock()
+		seen = append(seen, password)
 	}
-	t.Cleanup(func() { newIdentity = orig })
 	return func() []string {
 		mu.Lock()
 		defer mu.Unlock()
@@ -148,7 +143,6 @@ func checkInternalConnection(t *testing.T, s *Server, pub jetstream.JetStream) {
 
 func TestAuthUsersPermissions(t *testing.T) {
 	t.Parallel()
-	passwords := captureIdentity(t)
 	cfg := testConfig(t)
 	hashFile := filepath.Join(t.TempDir(), "reader.hash")
 	if err := os.WriteFile(hashFile, []byte(bcryptHash(t, "reader-password")+"\n"), 0o600); err != nil {
@@ -166,7 +160,9 @@ func TestAuthUsersPermissions(t *testing.T) {
 		t.Fatal(err)
 	}
 	log, logs := testLogger(t)
-	s := runServerWithLog(t, cfg, log)
+	s := New(cfg, log)
+	passwords := captureIdentity(s)
+	openServer(t, s)
 	bootstrap(t, s, cfg)
 	url := s.NATS().ClientURL()
 	ctx := testContext(t)

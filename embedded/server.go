@@ -32,6 +32,9 @@ type Server struct {
 	ReadyTimeout time.Duration
 	// OnStatus, when set, is told what start-up is doing (for sd_notify STATUS=).
 	OnStatus func(string)
+	// seeIdentity, set only by this package's tests, is given the
+	// internal password, which nothing else ever sees.
+	seeIdentity func(password string)
 	// AcceptDataLoss makes Open go on after a data loss even with
 	// jetstream.on_data_loss = "refuse" (for a --accept-data-loss flag).
 	AcceptDataLoss bool
@@ -132,9 +135,12 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	id, err := newIdentity()
+	id, err := newInternalIdentity()
 	if err != nil {
 		return err
+	}
+	if s.seeIdentity != nil {
+		s.seeIdentity(id.password)
 	}
 	authRequired, err := configureSecurity(opts, s.cfg, secrets, id)
 	if err != nil {
