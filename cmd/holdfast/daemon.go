@@ -33,7 +33,9 @@ type daemon struct {
 	workers   []*pipeline.Workers
 	monitor   *pipeline.Monitor
 	statusSub *nats.Subscription
-	failed    chan struct{}
+	failed    chan struct{} // closed by fail
+	failOnce  sync.Once
+	failErr   error
 
 	closeOnce sync.Once
 	closeErr  error
@@ -122,7 +124,7 @@ func (d *daemon) watchServer(ctx context.Context) {
 			return
 		case <-t.C:
 			if !d.srv.NATS().Running() {
-				close(d.failed)
+				d.fail(errors.New("NATS server stopped unexpectedly"))
 				return
 			}
 		}
@@ -157,8 +159,28 @@ func (d *daemon) setWorkers(ws []*pipeline.Workers) {
 	d.workers = ws
 }
 
-// Failed is closed when the server stopped without being asked to.
+// fail records why the daemon cannot go on serving and closes Failed.
+// The first reason wins.
+func (d *daemon) fail(err error) {
+	d.failOnce.Do(func() {
+		d.failErr = err
+		close(d.failed)
+	})
+}
+
+// Failed is closed when the daemon cannot go on serving (the server
+// stopped without being asked to, the store dir vanished); Err says why.
 func (d *daemon) Failed() <-chan struct{} { return d.failed }
+
+// Err is the reason Failed was closed, nil before.
+func (d *daemon) Err() error {
+	select {
+	case <-d.failed:
+		return d.failErr
+	default:
+		return nil
+	}
+}
 
 // Status is a one-line summary for systemd's STATUS=.
 func (d *daemon) Status() string {
@@ -337,6 +359,8 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		old := d.workers[i]
 		stats = old.Stats()
 		d.setWorkers(slices.Delete(slices.Clone(d.workers), i, i+1))
+		d.log.Info("reload: draining the consumer's workers before restarting them", "consumer", name,
+			"in_flight", stats.InFlight.Load(), "shutdown_timeout", old.ShutdownTimeout)
 		_ = old.Close(ctx)
 	}
 	var w *pipeline.Workers

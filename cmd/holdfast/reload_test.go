@@ -85,3 +85,113 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	waitLine("B three")
 	p.stop()
 }
+
+// TestStopNotLostBehindReloads: a SIGTERM sent while a reload waits for
+// slow handlers, behind a burst of further SIGHUPs, still stops holdfast.
+// The signal channel used to hold four signals, and Go drops what does
+// not fit: the stop request was lost and holdfast ran on.
+func TestStopNotLostBehindReloads(t *testing.T) {
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	slow := e2eScript(t, fmt.Sprintf("echo x >> %q\nsleep 8\n", started))
+	fast := e2eScript(t, "cat >/dev/null\n")
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, slow, "")
+	base, err := os.ReadFile(in.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The reload below drains the old workers for up to shutdown_timeout:
+	// long enough that every signal arrives while it waits.
+	text := strings.Replace(string(base), `shutdown_timeout = "2s"`, `shutdown_timeout = "20s"`, 1)
+	if err := os.WriteFile(in.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	for i := range 4 {
+		if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := len(e2eLines(t, started)); n < 4 {
+			return fmt.Errorf("%d handlers started", n)
+		}
+		return nil
+	})
+	if err := os.WriteFile(in.cfg, []byte(strings.Replace(text, slow, fast, 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	send := func(sig syscall.Signal) {
+		t.Helper()
+		if err := p.cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(syscall.SIGHUP)
+	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "reload: draining") {
+			return fmt.Errorf("the reload is not draining the old workers yet")
+		}
+		return nil
+	})
+	for range 6 {
+		send(syscall.SIGHUP)
+		time.Sleep(20 * time.Millisecond)
+	}
+	send(syscall.SIGTERM)
+	if code := p.wait(60 * time.Second); code != 0 {
+		t.Fatalf("exit code %d after SIGTERM, want 0:\n%s", code, p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), "shutting down") {
+		t.Fatalf("no \"shutting down\" in the log:\n%s", p.stderr.String())
+	}
+}
+
+// TestSecondSignalExitsAtOnce: while a graceful shutdown waits for a
+// handler, a second SIGTERM exits at once with code 1.
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	dir := t.TempDir()
+	started := filepath.Join(dir, "started")
+	stuck := e2eScript(t, fmt.Sprintf("echo x >> %q\nsleep 120\n", started))
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, stuck, "")
+	base, err := os.ReadFile(in.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := strings.Replace(string(base), `shutdown_timeout = "2s"`, `shutdown_timeout = "5m"`, 1)
+	if err := os.WriteFile(in.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if len(e2eLines(t, started)) == 0 {
+			return fmt.Errorf("handler not started")
+		}
+		return nil
+	})
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "shutting down") {
+			return fmt.Errorf("not shutting down yet")
+		}
+		return nil
+	})
+	// Well within the 5m shutdown_timeout the first signal granted.
+	if code := p.signal(syscall.SIGTERM); code != 1 {
+		t.Fatalf("exit code %d after a second SIGTERM, want 1:\n%s", code, p.stderr.String())
+	}
+	if !strings.Contains(p.stderr.String(), "second signal") {
+		t.Fatalf("no \"second signal\" in the log:\n%s", p.stderr.String())
+	}
+}

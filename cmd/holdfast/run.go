@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
-	"errors"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/urfave/cli/v2"
@@ -32,16 +32,32 @@ func runCommand() *cli.Command {
 			}
 			log.Info("starting holdfast", "version", versionString(), "config", source, "pid", os.Getpid())
 
-			// holdfast owns the signals: the first SIGTERM/SIGINT starts a
-			// graceful shutdown, a second one exits at once.
-			sigs := make(chan os.Signal, 4)
-			signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
-			defer signal.Stop(sigs)
+			// holdfast owns the signals. A stop request (TERM/INT) has its
+			// own channel and goroutine, so that no number of reloads can
+			// crowd it out: the first one cancels ctx (start-up, a reload in
+			// progress and the serve loop all see it), a second one exits at
+			// once. SIGHUPs are coalesced: the channel holds one, and a
+			// pending reload reads the latest file anyway.
+			stopSigs := make(chan os.Signal, 2)
+			signal.Notify(stopSigs, syscall.SIGTERM, syscall.SIGINT)
+			defer signal.Stop(stopSigs)
+			hups := make(chan os.Signal, 1)
+			signal.Notify(hups, syscall.SIGHUP)
+			defer signal.Stop(hups)
 
 			n := newNotifier(log)
 			d := newDaemon(cfg, log, level, n)
 			ctx, cancel := context.WithCancel(c.Context)
 			defer cancel()
+			var stopSig atomic.Value // the os.Signal that asked to stop
+			go func() {
+				sig := <-stopSigs
+				stopSig.Store(sig)
+				cancel()
+				sig = <-stopSigs
+				log.Error("second signal: exiting at once", "signal", sig.String())
+				os.Exit(1)
+			}()
 			opened := make(chan error, 1)
 			go func() { opened <- d.Open(ctx) }()
 
@@ -58,13 +74,20 @@ func runCommand() *cli.Command {
 						return runtimeError(err)
 					}
 					break starting
-				case sig := <-sigs:
-					if sig == syscall.SIGHUP {
-						log.Warn("SIGHUP during start-up: ignored")
-						continue
+				case <-hups:
+					log.Warn("SIGHUP during start-up: ignored")
+				case <-ctx.Done():
+					// Open sees ctx too and returns; wait for it above.
+					if sig, ok := stopSig.Load().(os.Signal); ok {
+						log.Info("signal during start-up: stopping", "signal", sig.String())
 					}
-					log.Info("signal during start-up: stopping", "signal", sig.String())
-					cancel()
+					err := <-opened
+					_ = d.Close(context.Background())
+					if err == nil || ctx.Err() != nil {
+						log.Info("start-up interrupted by signal")
+						return nil
+					}
+					return runtimeError(err)
 				}
 			}
 			n.Ready(d.Status())
@@ -75,21 +98,29 @@ func runCommand() *cli.Command {
 		serving:
 			for {
 				select {
-				case sig := <-sigs:
-					if sig == syscall.SIGHUP {
-						n.Reloading()
-						if next, _, err := loadConfig(c); err != nil {
-							log.Error("reload refused: the config has problems; still running the previous one", "err", err)
-						} else {
-							d.Reload(ctx, next)
-						}
-						n.Ready(d.Status())
-						continue
+				case <-hups:
+					if ctx.Err() != nil {
+						continue // a stop request won the race: no reload now
 					}
-					log.Info("shutting down", "signal", sig.String())
+					n.Reloading()
+					if next, _, err := loadConfig(c); err != nil {
+						log.Error("reload refused: the config has problems; still running the previous one", "err", err)
+					} else {
+						d.Reload(ctx, next)
+					}
+					if ctx.Err() == nil {
+						n.Ready(d.Status())
+					}
+				case <-ctx.Done():
+					sig, _ := stopSig.Load().(os.Signal)
+					name := "context cancelled"
+					if sig != nil {
+						name = sig.String()
+					}
+					log.Info("shutting down", "signal", name)
 					break serving
 				case <-d.Failed():
-					runErr = runtimeError(errors.New("NATS server stopped unexpectedly"))
+					runErr = runtimeError(d.Err())
 					log.Error(runErr.Error())
 					break serving
 				}
@@ -97,27 +128,14 @@ func runCommand() *cli.Command {
 
 			n.Stopping()
 			cancel()
-			closed := make(chan error, 1)
-			go func() { closed <- d.Close(context.Background()) }()
-			for {
-				select {
-				case err := <-closed:
-					if err != nil {
-						log.Error("shutdown", "err", err)
-						if runErr == nil {
-							runErr = runtimeError(err)
-						}
-					}
-					log.Info("holdfast stopped")
-					return runErr
-				case sig := <-sigs:
-					if sig == syscall.SIGHUP {
-						continue
-					}
-					log.Error("second signal: exiting at once", "signal", sig.String())
-					os.Exit(1)
+			if err := d.Close(context.Background()); err != nil {
+				log.Error("shutdown", "err", err)
+				if runErr == nil {
+					runErr = runtimeError(err)
 				}
 			}
+			log.Info("holdfast stopped")
+			return runErr
 		},
 	}
 }
