@@ -437,5 +437,9 @@ func (s *Server) recordState(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Never into a directory that took the store's place.
+	if err := s.CheckStore(); err != nil {
+		return err
+	}
 	return WriteStoreState(s.store.Path, st)
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -50,6 +51,9 @@ type Server struct {
 	js       jetstream.JetStream
 	ncClosed chan struct{}
 	closed   bool
+
+	identity *storeIdentity // what the store was at Open, for CheckStore
+	lost     atomic.Bool    // WatchStore found the store lost
 
 	losses     []DataLoss
 	stopRecord context.CancelFunc
@@ -164,6 +168,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return err
 	}
 	if err := s.verify(); err != nil {
+		return err
+	}
+	if err := s.recordStoreIdentity(); err != nil {
 		return err
 	}
 	s.ncClosed = make(chan struct{})
@@ -300,8 +307,11 @@ func (s *Server) closeLocked() error {
 	if s.stopRecord != nil {
 		s.stopRecord()
 		<-s.recordDone
-		// The last positions, for the next start's data-loss check.
-		if err := s.recordState(context.Background()); err != nil {
+		// The last positions, for the next start's data-loss check —
+		// unless the store was lost: its path may be another directory.
+		if s.lost.Load() {
+			s.log.Warn("stream positions not recorded at shutdown: the store directory was lost")
+		} else if err := s.recordState(context.Background()); err != nil {
 			s.log.Warn("cannot record stream positions at shutdown; the next start compares with the last periodic record", "err", err)
 		}
 	}

@@ -108,6 +108,11 @@ func (d *daemon) Open(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
+	go d.srv.WatchStore(wctx, 0, func(err error) {
+		d.fail(fmt.Errorf("%w: holdfast stopped so that nothing more is acknowledged into files nobody will read; "+
+			"what the store held is gone with it. Put the directory back (restore a backup) before starting holdfast again, "+
+			"or start it to begin with an empty store", err))
+	})
 	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
 		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
 		"consumers", d.cfg.ConsumerNames(), "workers", len(d.workers))
@@ -195,6 +200,9 @@ func (d *daemon) Status() string {
 func (d *daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
+	}
+	if err := d.srv.CheckStore(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

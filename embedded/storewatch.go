@@ -1,0 +1,200 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"golang.org/x/sys/unix"
+)
+
+// ErrStoreLost means the store directory the server opened is no longer
+// the one at its path: deleted, moved away or replaced while running, or
+// no longer writable. The server keeps writing into the files it holds
+// open, which nothing will ever read again, so nothing more may be
+// acknowledged.
+var ErrStoreLost = errors.New("store directory lost while running")
+
+// DefaultStoreCheckInterval is how often WatchStore compares the store
+// directory with the one the server opened.
+const DefaultStoreCheckInterval = time.Second
+
+// storeIdentity is what the store looked like when the server opened it:
+// the device and inode of the store directory, of JetStream's directory
+// in it and of the lock file holdfast holds.
+type storeIdentity struct {
+	paths []string
+	ids   []fileID
+}
+
+type fileID struct{ dev, ino uint64 }
+
+func idOf(fi os.FileInfo) (fileID, bool) {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fileID{}, false
+	}
+	return fileID{dev: uint64(st.Dev), ino: st.Ino}, true
+}
+
+// recordStoreIdentity notes the identity of the store once the server
+// runs on it. The lock file's identity comes from the descriptor holdfast
+// holds, so a lock file replaced before this call is caught as well.
+func (s *Server) recordStoreIdentity() error {
+	id := &storeIdentity{}
+	for _, p := range []string{s.store.Path, filepath.Join(s.store.Path, server.JetStreamStoreDir)} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("cannot stat %s: %w", p, err)
+		}
+		fid, ok := idOf(fi)
+		if !ok {
+			return nil // not a Unix file system: nothing to compare
+		}
+		id.paths, id.ids = append(id.paths, p), append(id.ids, fid)
+	}
+	if s.lock != nil && s.lock.f != nil {
+		fi, err := s.lock.f.Stat()
+		if err != nil {
+			return fmt.Errorf("cannot stat lock file: %w", err)
+		}
+		if fid, ok := idOf(fi); ok {
+			id.paths, id.ids = append(id.paths, filepath.Join(s.store.Path, LockFileName)), append(id.ids, fid)
+		}
+	}
+	s.identity = id
+	return nil
+}
+
+// CheckStore reports, wrapping ErrStoreLost, when the store directory,
+// JetStream's directory in it or the lock file is no longer at its path
+// with the identity it had when the server opened it, or when the store
+// can no longer be written (file system read-only, permission gone). It
+// only reads metadata: nothing is written.
+func (s *Server) CheckStore() error {
+	id := s.identity
+	if id == nil {
+		return nil
+	}
+	for i, p := range id.paths {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("%w: %s is gone (%v)", ErrStoreLost, p, errors.Unwrap(err))
+		}
+		if now, ok := idOf(fi); ok && now != id.ids[i] {
+			return fmt.Errorf("%w: %s was replaced by another file or directory (device/inode %d/%d, was %d/%d)",
+				ErrStoreLost, p, now.dev, now.ino, id.ids[i].dev, id.ids[i].ino)
+		}
+	}
+	var st unix.Statfs_t
+	if err := unix.Statfs(s.store.Path, &st); err == nil && st.Flags&unix.ST_RDONLY != 0 {
+		return fmt.Errorf("%w: the file system of %s is read-only now", ErrStoreLost, s.store.Path)
+	}
+	js := filepath.Join(s.store.Path, server.JetStreamStoreDir)
+	if err := unix.Access(js, unix.W_OK|unix.X_OK); err != nil {
+		return fmt.Errorf("%w: %s is not writable any more (%v)", ErrStoreLost, js, err)
+	}
+	return nil
+}
+
+// WatchStore checks the store until ctx ends: at once when inotify
+// reports that an entry of the store directory was deleted or moved (or
+// the directory itself, or JetStream's directory in it), and every
+// interval (DefaultStoreCheckInterval when zero) in any case. At the first
+// failed check it stops JetStream at once — publishes get no PubAck from
+// then on, so nothing more is acknowledged into files that are gone —
+// stops recording stream positions (the path may now be another
+// directory) and calls onLost with the reason, once.
+func (s *Server) WatchStore(ctx context.Context, interval time.Duration, onLost func(error)) {
+	if interval <= 0 {
+		interval = DefaultStoreCheckInterval
+	}
+	changed := make(chan struct{}, 1)
+	if stop, err := s.notifyStoreChanges(changed); err != nil {
+		s.log.Warn("cannot watch the store directory with inotify: checking it every interval only", "interval", interval, "err", err)
+	} else {
+		defer stop()
+	}
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-changed:
+		}
+		err := s.CheckStore()
+		if err == nil {
+			continue
+		}
+		s.storeLost(err)
+		onLost(err)
+		return
+	}
+}
+
+// notifyStoreChanges sends on changed (without blocking) whenever inotify
+// reports a deletion, move or attribute change of the store directory,
+// of an entry in it or of JetStream's directory. stop ends it.
+func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err error) {
+	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
+	if err != nil {
+		return nil, err
+	}
+	watches := []struct {
+		path string
+		mask uint32
+	}{
+		{s.store.Path, unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM},
+		{filepath.Join(s.store.Path, server.JetStreamStoreDir), unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB},
+	}
+	for _, w := range watches {
+		if _, err := unix.InotifyAddWatch(fd, w.path, w.mask); err != nil {
+			unix.Close(fd)
+			return nil, fmt.Errorf("inotify watch on %s: %w", w.path, err)
+		}
+	}
+	// A non-blocking descriptor in an *os.File uses the runtime's poller:
+	// Close wakes the Read below.
+	f := os.NewFile(uintptr(fd), "inotify")
+	go func() {
+		buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
+		for {
+			if _, err := f.Read(buf); err != nil {
+				return
+			}
+			select {
+			case changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return func() { _ = f.Close() }, nil
+}
+
+// storeLost stops JetStream and the position recorder after the store was
+// lost. Safe to call more than once.
+func (s *Server) storeLost(err error) {
+	if !s.lost.CompareAndSwap(false, true) {
+		return
+	}
+	s.log.Error("the store directory changed under the running server: JetStream stopped, no publish is acknowledged any more",
+		"err", err)
+	if s.stopRecord != nil {
+		s.stopRecord()
+	}
+	if s.ns != nil {
+		if err := s.ns.ShutdownJetStream(); err != nil {
+			s.log.Warn("stopping JetStream after the store was lost", "err", err)
+		}
+	}
+}
+
+// StoreLost reports whether WatchStore found the store lost.
+func (s *Server) StoreLost() bool { return s.lost.Load() }

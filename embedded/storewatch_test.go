@@ -1,0 +1,91 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// TestCheckStore: each way the store can change under a running server is
+// reported as ErrStoreLost, naming the path; an untouched store is not.
+func TestCheckStore(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lose func(t *testing.T, store string) string // returns the path the error must name
+	}{
+		{"lock file replaced", func(t *testing.T, store string) string {
+			p := filepath.Join(store, LockFileName)
+			mustDo(t, os.Remove(p))
+			mustDo(t, os.WriteFile(p, nil, 0o640))
+			return p
+		}},
+		{"jetstream dir moved", func(t *testing.T, store string) string {
+			p := filepath.Join(store, server.JetStreamStoreDir)
+			mustDo(t, os.Rename(p, p+".moved"))
+			return p
+		}},
+		{"store dir replaced", func(t *testing.T, store string) string {
+			mustDo(t, os.Rename(store, store+".old"))
+			mustDo(t, os.Mkdir(store, 0o750))
+			return store
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := runServer(t, testConfig(t))
+			if err := s.CheckStore(); err != nil {
+				t.Fatalf("untouched store: %v", err)
+			}
+			path := tc.lose(t, s.StoreDir())
+			err := s.CheckStore()
+			if !errors.Is(err, ErrStoreLost) {
+				t.Fatalf("CheckStore = %v, want ErrStoreLost", err)
+			}
+			if !strings.Contains(err.Error(), path) {
+				t.Fatalf("error %q does not name %s", err, path)
+			}
+		})
+	}
+}
+
+// TestWatchStoreStopsJetStream: once the store is lost, JetStream stops
+// (no more PubAcks) and onLost is called once with the reason.
+func TestWatchStoreStopsJetStream(t *testing.T) {
+	s := runServer(t, testConfig(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lost := make(chan error, 2)
+	go s.WatchStore(ctx, 100*time.Millisecond, func(err error) { lost <- err })
+	mustDo(t, os.RemoveAll(s.StoreDir()))
+	select {
+	case err := <-lost:
+		if !errors.Is(err, ErrStoreLost) {
+			t.Fatalf("onLost(%v), want ErrStoreLost", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the deleted store was not noticed")
+	}
+	if s.NATS().JetStreamEnabled() {
+		t.Fatal("JetStream still enabled after the store was lost")
+	}
+	if !s.StoreLost() {
+		t.Fatal("StoreLost() = false")
+	}
+	pctx, pcancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer pcancel()
+	if _, err := s.JetStream().Publish(pctx, "orders.created", []byte("x")); err == nil {
+		t.Fatal("a publish was acknowledged after the store was lost")
+	}
+}
+
+func mustDo(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
