@@ -2,7 +2,6 @@ package pipeline
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -43,6 +42,10 @@ type ConsumerOptions struct {
 	// Stats, when set, receives the counters, so that workers replaced at
 	// a reload keep counting where the old ones stopped.
 	Stats *Stats
+	// Prefetch is how many messages are pulled ahead of the handlers,
+	// beyond one per worker. Each is kept alive with in-progress acks from
+	// its receipt, so it cannot outlive ack_wait while it waits.
+	Prefetch int
 }
 
 // Stats counts what a consumer's workers did since they started.
@@ -70,8 +73,11 @@ type Workers struct {
 
 	mu       sync.Mutex
 	cons     jetstream.Consumer
-	it       jetstream.MessagesContext
 	advisory *nats.Subscription
+
+	queue       chan delivery // received messages waiting for a worker
+	slots       chan struct{} // one token per message the workers may hold
+	fetcherDone chan struct{}
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -109,17 +115,25 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 // Stats returns the live counters.
 func (w *Workers) Stats() *Stats { return w.stats }
 
-// Running reports whether every worker goroutine is alive and the
-// workers are not shutting down.
+// Running reports whether every worker goroutine and the fetcher are
+// alive and the workers are not shutting down.
 func (w *Workers) Running() bool {
-	return !w.stopping.Load() && int(w.alive.Load()) == w.opts.Workers
+	if w.stopping.Load() || int(w.alive.Load()) != w.opts.Workers || w.fetcherDone == nil {
+		return false
+	}
+	select {
+	case <-w.fetcherDone:
+		return false
+	default:
+		return true
+	}
 }
 
 // Options returns the options the workers run with.
 func (w *Workers) Options() ConsumerOptions { return w.opts }
 
 // Open looks up the durable consumer, subscribes to its max-deliveries
-// advisories and starts the workers.
+// advisories and starts the fetcher and the workers.
 func (w *Workers) Open(ctx context.Context) error {
 	if w.opts.Handler == nil {
 		return fmt.Errorf("consumer %s: no handler", w.opts.Consumer)
@@ -128,107 +142,164 @@ func (w *Workers) Open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
 	}
-	it, err := cons.Messages(w.pullOptions()...)
-	if err != nil {
-		return fmt.Errorf("consumer %s: cannot start pulling: %w", w.opts.Consumer, err)
-	}
-	w.cons, w.it = cons, it
+	w.cons = cons
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
 	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
 	subj := fmt.Sprintf("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.%s.%s", w.opts.Stream, w.opts.Consumer)
 	w.advisory, err = w.nc.Subscribe(subj, w.onMaxDeliveries)
 	if err != nil {
-		it.Stop()
 		return fmt.Errorf("consumer %s: cannot subscribe to max-deliveries advisories: %w", w.opts.Consumer, err)
 	}
+	capacity := w.capacity()
+	w.queue = make(chan delivery, capacity)
+	w.slots = make(chan struct{}, capacity)
+	for range capacity {
+		w.slots <- struct{}{}
+	}
+	w.fetcherDone = make(chan struct{})
+	go w.fetch()
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
 		w.alive.Add(1)
 		go w.work()
 	}
-	w.log.Info("workers started", "workers", w.opts.Workers, "dead_letter", w.opts.DeadLetter)
+	w.log.Info("workers started", "workers", w.opts.Workers, "prefetch", capacity-w.opts.Workers, "dead_letter", w.opts.DeadLetter)
 	return nil
 }
 
-// nextWait bounds each wait for a message. nats.go (v1.55.0) decides
-// whether to send the next pull request only when Next is called or a
-// message arrives, and skips it while the previous request is still being
-// written; if that was the last message due, nothing re-checks and the
-// workers wait until the pull request expires (30s), although the server
-// holds messages for them. Seen under load on the in-process connection
-// (about 2 runs in 5 of 20,000 messages); returning from Next every
-// nextWait makes the check run again. Idle, it costs a timer per worker.
-const nextWait = 250 * time.Millisecond
+// fetchWait bounds each pull request: an idle consumer sends one such
+// request per fetchWait, and Close waits at most that long for the last
+// one to end.
+const fetchWait = time.Second
 
-// pullOptions buffers at most one message per worker, so that a buffered
-// message cannot outlive ack_wait before a handler sees it.
-func (w *Workers) pullOptions() []jetstream.PullMessagesOpt {
-	return []jetstream.PullMessagesOpt{jetstream.PullMaxMessages(w.opts.Workers)}
+// capacity is how many messages the workers hold at once: one per worker
+// plus the prefetch. Every one of them has its ack-wait clock covered
+// from the moment it is received (see fetch).
+func (w *Workers) capacity() int {
+	return w.opts.Workers + max(w.opts.Prefetch, 0)
 }
 
-func (w *Workers) iterator() jetstream.MessagesContext {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.it
+// delivery is a message received from the server, with the in-progress
+// acks that keep it alive until it is settled.
+type delivery struct {
+	msg       jetstream.Msg
+	stopAlive func()
 }
 
-// restart replaces an iterator that closed without being asked to (the
-// consumer was deleted, the connection dropped), once per failure.
-func (w *Workers) restart(old jetstream.MessagesContext) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.it != old || w.stopping.Load() {
-		return
-	}
-	select {
-	case <-w.runCtx.Done():
-		return
-	case <-time.After(time.Second):
-	}
-	ctx, cancel := context.WithTimeout(w.runCtx, 5*time.Second)
-	defer cancel()
-	cons, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
-	if err != nil {
-		w.log.Error("consumer unavailable: workers idle until it is back", "err", err)
-		return
-	}
-	it, err := cons.Messages(w.pullOptions()...)
-	if err != nil {
-		w.log.Error("cannot resume pulling", "err", err)
-		return
-	}
-	w.cons, w.it = cons, it
-	w.log.Warn("message iterator restarted")
-}
-
-func (w *Workers) work() {
-	defer w.alive.Add(-1)
-	defer w.wg.Done()
+// fetch pulls as many messages as there are free slots, and starts each
+// message's in-progress acks the moment it is received — whether a
+// handler takes it at once or it waits in the queue behind slow handlers —
+// so that no message can outlive ack_wait in holdfast's hands and be
+// delivered a second time while the first is still being handled. Pull
+// requests are for free slots only: nothing is buffered where holdfast
+// cannot see it.
+func (w *Workers) fetch() {
+	defer close(w.fetcherDone)
+	defer close(w.queue)
+	failures := 0
 	for {
-		it := w.iterator()
-		msg, err := it.Next(jetstream.NextMaxWait(nextWait))
-		if errors.Is(err, nats.ErrTimeout) {
-			continue // nothing yet; see nextWait
+		select {
+		case <-w.slots:
+		case <-w.runCtx.Done():
+			return
 		}
-		if err != nil {
-			if w.stopping.Load() {
-				return
+		n := 1
+	more:
+		for n < cap(w.slots) {
+			select {
+			case <-w.slots:
+				n++
+			default:
+				break more
 			}
-			if errors.Is(err, jetstream.ErrMsgIteratorClosed) {
-				w.restart(it)
-				continue
-			}
-			w.log.Warn("pull failed", "err", err)
+		}
+		got, err := w.fetchBatch(n)
+		for range n - got {
+			w.slots <- struct{}{}
+		}
+		if w.runCtx.Err() != nil {
+			return
+		}
+		if err == nil {
+			failures = 0
 			continue
 		}
+		failures++
+		if failures == 1 || failures%60 == 0 {
+			w.log.Error("cannot pull messages: workers idle until the consumer answers again", "err", err, "attempts", failures)
+		}
+		select {
+		case <-w.runCtx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		w.refreshConsumer()
+	}
+}
+
+// fetchBatch sends one pull request for n messages and queues what
+// arrives; it returns how many it queued.
+func (w *Workers) fetchBatch(n int) (int, error) {
+	batch, err := w.consumer().Fetch(n, jetstream.FetchMaxWait(fetchWait))
+	if err != nil {
+		return 0, err
+	}
+	got := 0
+	for msg := range batch.Messages() {
 		if w.stopping.Load() {
-			// Buffered after the drain began: give it back at once.
+			// Arrived after the drain began: give it back at once.
 			if err := msg.Nak(); err != nil {
 				w.log.Warn("nak of undelivered message failed; it is redelivered after ack_wait", "err", err)
 			}
 			continue
 		}
-		w.process(msg)
+		d := delivery{msg: msg, stopAlive: func() {}}
+		if w.opts.AckWait > 0 {
+			d.stopAlive = keepAlive(msg, w.opts.AckWait/2, func(err error) {
+				w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
+			})
+		}
+		got++
+		w.queue <- d // never blocks: a slot was taken for it
+	}
+	return got, batch.Error()
+}
+
+func (w *Workers) consumer() jetstream.Consumer {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cons
+}
+
+// refreshConsumer looks the durable consumer up again after pulls failed
+// (it was deleted and recreated, the connection dropped).
+func (w *Workers) refreshConsumer() {
+	ctx, cancel := context.WithTimeout(w.runCtx, 5*time.Second)
+	defer cancel()
+	cons, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	w.cons = cons
+	w.mu.Unlock()
+}
+
+func (w *Workers) work() {
+	defer w.alive.Add(-1)
+	defer w.wg.Done()
+	for d := range w.queue {
+		if w.stopping.Load() {
+			// Queued when the drain began: give it back at once.
+			d.stopAlive()
+			if err := d.msg.Nak(); err != nil {
+				w.log.Warn("nak of undelivered message failed; it is redelivered after ack_wait", "err", err)
+			}
+		} else {
+			w.process(d.msg)
+			d.stopAlive()
+		}
+		w.slots <- struct{}{}
 	}
 }
 
@@ -267,14 +338,10 @@ func (w *Workers) process(msg jetstream.Msg) {
 	w.settle(msg, m, res)
 }
 
-// handle calls the handler, keeping the message alive with in-progress
-// acks while it runs and turning a panic into a retry.
+// handle calls the handler, turning a panic into a retry. The message is
+// kept alive with in-progress acks from its receipt until it is settled
+// (see fetch).
 func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
-	if w.opts.AckWait > 0 {
-		defer keepAlive(msg, w.opts.AckWait/2, func(err error) {
-			w.log.Warn("in-progress ack failed", "seq", m.Sequence, "err", err)
-		})()
-	}
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
@@ -388,11 +455,8 @@ func (w *Workers) Close(ctx context.Context) error {
 			_ = w.advisory.Unsubscribe()
 		}
 		w.cancelRun()
-		if it := w.iterator(); it != nil {
-			it.Drain()
-		}
 		done := make(chan struct{})
-		go func() { w.wg.Wait(); close(done) }()
+		go func() { w.wg.Wait(); <-w.fetcherDone; close(done) }()
 		timer := time.NewTimer(w.ShutdownTimeout)
 		defer timer.Stop()
 		select {

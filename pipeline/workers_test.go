@@ -66,16 +66,26 @@ func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return le
 
 func (e *testEnv) workers(h pipeline.Handler, n int) *pipeline.Workers {
 	e.t.Helper()
+	return e.workersWith(h, n, nil)
+}
+
+// workersWith is workers with the options changed by tweak (may be nil).
+func (e *testEnv) workersWith(h pipeline.Handler, n int, tweak func(*pipeline.ConsumerOptions)) *pipeline.Workers {
+	e.t.Helper()
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	var backoff []time.Duration
 	for _, b := range cc.Backoff {
 		backoff = append(backoff, b.Duration)
 	}
-	w := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
+	opts := pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
 		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
 		DeadLetter: cc.DeadLetter, Handler: h,
-	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	}
+	if tweak != nil {
+		tweak(&opts)
+	}
+	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	w.ShutdownTimeout = 2 * time.Second
 	if err := w.Open(context.Background()); err != nil {
 		e.t.Fatal(err)
@@ -369,6 +379,59 @@ func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 	})
 	if n := len(rec.forSeq(seq)); n != 1 {
 		t.Fatalf("slow message handled %d times: redelivered while running", n)
+	}
+}
+
+// TestQueuedMessagesNotRedelivered: messages waiting behind slow handlers
+// are kept alive from their receipt, so none is handled twice. With
+// ack_wait 3s, 4 workers and a 2s handler, 9 of 40 messages used to be
+// handled twice (in-progress acks began ack_wait/2 after the handler
+// started, and a message pulled ahead had waited longer than that). With a
+// deep prefetch a message waits several ack_waits in the queue.
+func TestQueuedMessagesNotRedelivered(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		msgs, prefetch int
+	}{
+		{"pull ahead one per worker", 40, 0},
+		{"deep prefetch", 24, 12},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(3 * time.Second) })
+			rec := &recorder{}
+			var seqs []uint64
+			for i := range tc.msgs {
+				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+			}
+			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+				rec.record(m)
+				select {
+				case <-time.After(2 * time.Second):
+				case <-ctx.Done():
+				}
+				return pipeline.Ok()
+			}), 4, func(o *pipeline.ConsumerOptions) { o.Prefetch = tc.prefetch })
+			last := seqs[len(seqs)-1]
+			checkFor(t, 2*time.Minute, func() error {
+				if f := e.consumerInfo().AckFloor.Stream; f != last {
+					return fmt.Errorf("ack floor %d of %d", f, last)
+				}
+				return nil
+			})
+			var twice []uint64
+			for _, seq := range seqs {
+				if n := len(rec.forSeq(seq)); n != 1 {
+					twice = append(twice, seq)
+				}
+			}
+			if len(twice) > 0 {
+				t.Fatalf("%d of %d messages handled more than once: %v", len(twice), len(seqs), twice)
+			}
+			if n := e.consumerInfo().NumRedelivered; n != 0 {
+				t.Fatalf("server redelivered %d messages", n)
+			}
+		})
 	}
 }
 
