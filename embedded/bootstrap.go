@@ -139,6 +139,9 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 		}
 	}
 	dls := cfg.DeadLetterStreams()
+	if err := releaseMovedDeadLetters(ctx, js, dls, log); err != nil {
+		return err
+	}
 	for _, name := range slices.Sorted(maps.Keys(dls)) {
 		if err := ensureStream(ctx, js, DeadLetterSpec(name, dls[name]), true, log); err != nil {
 			return err
@@ -148,6 +151,51 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 		cc := cfg.Consumers[name]
 		if err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// releaseMovedDeadLetters handles a consumer whose dead_letter moved to
+// another stream: the stream that holds its dead-letter subject
+// (dlq.<CONSUMER>.>) today gives that subject up, so that the new
+// dead-letter stream can take it. Nothing is deleted: the dead letters
+// already there stay in the old stream (logged, with where to find them).
+// Without this, creating the new stream failed on overlapping subjects and
+// holdfast could not start.
+func releaseMovedDeadLetters(ctx context.Context, js jetstream.JetStream, dls map[string][]string, log *slog.Logger) error {
+	for _, target := range slices.Sorted(maps.Keys(dls)) {
+		for _, consumer := range dls[target] {
+			subj := DeadLetterSubjectPrefix + consumer + ".>"
+			names := js.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
+			var owners []string
+			for n := range names.Name() {
+				if n != target {
+					owners = append(owners, n)
+				}
+			}
+			if err := names.Err(); err != nil {
+				return fmt.Errorf("cannot look up the stream holding %s: %w", subj, err)
+			}
+			for _, owner := range owners {
+				s, err := js.Stream(ctx, owner)
+				if err != nil {
+					return fmt.Errorf("cannot read stream %s: %w", owner, err)
+				}
+				info := s.CachedInfo()
+				if !slices.Contains(info.Config.Subjects, subj) {
+					return fmt.Errorf("stream %s has subjects %v, which overlap %s, the dead-letter subject of consumer %s: "+
+						"change that stream's subjects so that they leave %s to holdfast", owner, info.Config.Subjects, subj, consumer, subj)
+				}
+				next := info.Config
+				next.Subjects = slices.DeleteFunc(slices.Clone(next.Subjects), func(x string) bool { return x == subj })
+				if _, err := js.UpdateStream(ctx, next); err != nil {
+					return fmt.Errorf("cannot release %s from stream %s for the new dead-letter stream %s: %w", subj, owner, target, err)
+				}
+				log.Warn("dead letters of the consumer moved to another stream: the old stream keeps its dead letters but takes no new ones",
+					"consumer", consumer, "old", owner, "new", target, "subject", subj, "messages_in_old_stream", info.State.Msgs,
+					"hint", fmt.Sprintf("nats stream view %s; delete it once handled", owner))
+			}
 		}
 	}
 	return nil

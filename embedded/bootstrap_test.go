@@ -310,3 +310,58 @@ func TestBootstrapAfterRestartKeepsData(t *testing.T) {
 		t.Errorf("bootstrap after restart created or updated something:\n%s", logs)
 	}
 }
+
+// TestBootstrapMovesDeadLetterStream: changing a consumer's dead_letter to
+// another stream used to stop start-up ("subjects overlap with an existing
+// stream"). The old stream gives up the consumer's dead-letter subject and
+// keeps its dead letters; the new one takes the subject.
+func TestBootstrapMovesDeadLetterStream(t *testing.T) {
+	for _, shared := range []bool{false, true} {
+		t.Run(fmt.Sprintf("old stream shared=%v", shared), func(t *testing.T) {
+			cfg := testConfig(t)
+			if shared {
+				// Another consumer keeps using the old dead-letter stream.
+				other := *cfg.Consumers[config.DefaultConsumerName]
+				other.Workers = 0
+				cfg.Consumers["OTHER"] = &other
+			}
+			s, _ := bootstrapped(t, cfg)
+			js := s.JetStream()
+			publish(t, js, "dlq.WORKER1.orders.created", 2)
+
+			cfg.Consumers[config.DefaultConsumerName].DeadLetter = "NEW_DLQ"
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			log, lb := testLogger(t)
+			if err := Bootstrap(testContext(t), js, cfg, log); err != nil {
+				t.Fatalf("Bootstrap after moving dead_letter: %v", err)
+			}
+			if !strings.Contains(lb.String(), "dead letters of the consumer moved") {
+				t.Fatalf("the move was not logged:\n%s", lb.String())
+			}
+			old := streamInfo(t, js, "ORDERS_DLQ")
+			if old.State.Msgs != 2 {
+				t.Fatalf("old dead-letter stream has %d messages, want its 2 kept", old.State.Msgs)
+			}
+			if slices.Contains(old.Config.Subjects, "dlq.WORKER1.>") {
+				t.Fatalf("old dead-letter stream still has dlq.WORKER1.>: %v", old.Config.Subjects)
+			}
+			if shared && !slices.Contains(old.Config.Subjects, "dlq.OTHER.>") {
+				t.Fatalf("old dead-letter stream lost the other consumer's subject: %v", old.Config.Subjects)
+			}
+			publish(t, js, "dlq.WORKER1.orders.created", 1)
+			if n := streamInfo(t, js, "NEW_DLQ").State.Msgs; n != 1 {
+				t.Fatalf("new dead-letter stream has %d messages, want 1", n)
+			}
+			// And again: nothing left to change.
+			log, lb = testLogger(t)
+			if err := Bootstrap(testContext(t), js, cfg, log); err != nil {
+				t.Fatal(err)
+			}
+			if bootstrapChanged(lb.String()) || strings.Contains(lb.String(), "moved") {
+				t.Fatalf("second bootstrap changed something:\n%s", lb.String())
+			}
+		})
+	}
+}

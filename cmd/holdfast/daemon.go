@@ -327,7 +327,7 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		restart = append(restart, "adding or removing streams or consumers")
 	} else if !reflect.DeepEqual(cur.Streams, next.Streams) || !reflect.DeepEqual(cur.Consumers, next.Consumers) {
 		trial := applied
-		trial.Streams, trial.Consumers = next.Streams, next.Consumers
+		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
 		if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
 			d.log.Error("reload: streams and consumers not changed", "err", err)
 		} else {
@@ -342,6 +342,24 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
 	}
 	d.log.Info("reload done")
+}
+
+// movesKept returns next's consumers, except that a consumer moved to
+// another stream keeps its current settings, all of them (and the move is
+// added to restart): its durable, workers, monitoring and dead letters
+// all hang on the stream, and a restart moves them together. Applying
+// half of it at run time would leave the new stream's messages waiting
+// unseen.
+func movesKept(cur, next *config.Config, restart *[]string) map[string]*config.ConsumerConfig {
+	out := make(map[string]*config.ConsumerConfig, len(next.Consumers))
+	for name, cc := range next.Consumers {
+		if old := cur.Consumers[name]; old != nil && old.Stream != cc.Stream {
+			*restart = append(*restart, fmt.Sprintf("consumers.%s.stream (%s -> %s)", name, old.Stream, cc.Stream))
+			cc = old
+		}
+		out[name] = cc
+	}
+	return out
 }
 
 // reloadWorkers restarts a consumer's workers when what they run with

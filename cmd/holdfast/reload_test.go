@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -194,4 +195,75 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "second signal") {
 		t.Fatalf("no \"second signal\" in the log:\n%s", p.stderr.String())
 	}
+}
+
+// TestReloadConsumerMovedToAnotherStream: a SIGHUP that moves a consumer
+// to another stream used to be ignored without a word (the durable was
+// created on the new stream, the workers kept pulling the old one). It is
+// named as needing a restart, nothing of it is half-applied, and the
+// restart moves the consumer.
+func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "processed")
+	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_STREAM $(cat)\" >> %q\n", out))
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, script, "")
+	base, err := os.ReadFile(in.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	twoStreams := strings.Replace(string(base), "[consumers.WORKER1]", "[streams.OTHER]\nsubjects = [\"other.*\"]\n\n[consumers.WORKER1]", 1)
+	if err := os.WriteFile(in.cfg, []byte(twoStreams), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+
+	moved := strings.Replace(twoStreams, "stream = \"ORDERS\"", "stream = \"OTHER\"", 1)
+	if moved == twoStreams {
+		t.Fatal("config template changed: no stream = \"ORDERS\" line")
+	}
+	if err := os.WriteFile(in.cfg, []byte(moved), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "reload done") {
+			return fmt.Errorf("reload not done")
+		}
+		return nil
+	})
+	if !strings.Contains(p.stderr.String(), "consumers.WORKER1.stream (ORDERS -> OTHER)") {
+		t.Fatalf("the reload does not say that moving WORKER1 needs a restart:\n%s", p.stderr.String())
+	}
+	if _, err := js.Consumer(e2eContext(t), "OTHER", "WORKER1"); err == nil {
+		t.Fatal("the reload created WORKER1 on OTHER, half-applying the move")
+	}
+	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !slices.Contains(e2eLines(t, out), "ORDERS one") {
+			return fmt.Errorf("ORDERS message not processed until the restart")
+		}
+		return nil
+	})
+	p.stop()
+
+	p = startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js = e2eConnect(t, in)
+	if _, err := js.Publish(e2eContext(t), "other.created", []byte("two")); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !slices.Contains(e2eLines(t, out), "OTHER two") {
+			return fmt.Errorf("OTHER message not processed after the restart: %v", e2eLines(t, out))
+		}
+		return nil
+	})
+	p.stop()
 }
