@@ -31,6 +31,10 @@ type daemon struct {
 	srv       *embedded.Server
 	workersMu sync.Mutex // guards workers: Healthy reads it from the watchdog
 	workers   []*pipeline.Workers
+	// stats are each consumer's counters, kept for the life of the
+	// process: workers replaced or stopped at a reload (workers 4 -> 0 ->
+	// 4) count on where they left off.
+	stats     map[string]*pipeline.Stats
 	monitor   *pipeline.Monitor
 	statusSub *nats.Subscription
 	failed    chan struct{} // closed by fail
@@ -76,7 +80,7 @@ func (d *daemon) Open(ctx context.Context) error {
 			monitored = append(monitored, mc)
 			continue
 		}
-		w, err := d.openWorkers(ctx, d.cfg, name, nil)
+		w, err := d.openWorkers(ctx, d.cfg, name)
 		if err != nil {
 			return err
 		}
@@ -269,16 +273,22 @@ func (d *daemon) Close(ctx context.Context) error {
 }
 
 // openWorkers starts the workers of consumer name as cfg describes them,
-// counting into stats (nil: new counters).
-func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name string, stats *pipeline.Stats) (*pipeline.Workers, error) {
+// counting on in the consumer's counters.
+func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
 	h, err := newHandler(name, cc, d.log)
 	if err != nil {
 		return nil, err
 	}
+	if d.stats == nil {
+		d.stats = make(map[string]*pipeline.Stats)
+	}
+	if d.stats[name] == nil {
+		d.stats[name] = &pipeline.Stats{}
+	}
 	opts := consumerOptions(name, cc, h)
 	opts.OnResult = d.metrics.ObserveResult(cc.Stream)
-	opts.Stats = stats
+	opts.Stats = d.stats[name]
 	w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
 	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
 	if err := w.Open(ctx); err != nil {
@@ -374,7 +384,6 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		return
 	}
 	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
-	var stats *pipeline.Stats
 	if cc.Workers > 0 {
 		if _, err := newHandler(name, cc, d.log); err != nil {
 			d.log.Error("reload: workers keep their previous handler", "consumer", name, "err", err)
@@ -383,16 +392,15 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	}
 	if i >= 0 {
 		old := d.workers[i]
-		stats = old.Stats()
 		d.setWorkers(slices.Delete(slices.Clone(d.workers), i, i+1))
 		d.log.Info("reload: draining the consumer's workers before restarting them", "consumer", name,
-			"in_flight", stats.InFlight.Load(), "shutdown_timeout", old.ShutdownTimeout)
+			"in_flight", old.Stats().InFlight.Load(), "shutdown_timeout", old.ShutdownTimeout)
 		_ = old.Close(ctx)
 	}
 	var w *pipeline.Workers
 	if cc.Workers > 0 {
 		var err error
-		if w, err = d.openWorkers(ctx, cfg, name, stats); err != nil {
+		if w, err = d.openWorkers(ctx, cfg, name); err != nil {
 			d.log.Error("reload: cannot start workers: the consumer has none until the next restart", "consumer", name, "err", err)
 		} else {
 			d.setWorkers(append(slices.Clone(d.workers), w))

@@ -267,3 +267,65 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	})
 	p.stop()
 }
+
+// TestReloadCountersCarryOnThroughZeroWorkers: a consumer's counters carry
+// on when a reload stops its workers (workers = 0) and another starts them
+// again; they used to start from zero.
+func TestReloadCountersCarryOnThroughZeroWorkers(t *testing.T) {
+	o := newOpsInstance(t, "", "", "workers = 4\nhandler = \"log\"\n", "")
+	base, err := os.ReadFile(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	processed := func() uint64 {
+		out, _ := o.status(t)
+		c := findConsumer(t, out, "WORKER1")
+		if c.Workers == nil {
+			return 0
+		}
+		return c.Workers.Processed
+	}
+	publishN := func(n int) {
+		t.Helper()
+		for i := range n {
+			if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitProcessed := func(want uint64) {
+		t.Helper()
+		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+			if n := processed(); n != want {
+				return fmt.Errorf("processed %d, want %d", n, want)
+			}
+			return nil
+		})
+	}
+	reload := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(o.cfg, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := strings.Count(p.stderr.String(), "reload done")
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if strings.Count(p.stderr.String(), "reload done") == before {
+				return fmt.Errorf("reload not done")
+			}
+			return nil
+		})
+	}
+	publishN(5)
+	waitProcessed(5)
+	reload(strings.Replace(string(base), "workers = 4", "workers = 0", 1))
+	reload(string(base))
+	publishN(5)
+	waitProcessed(10)
+	p.stop()
+}
