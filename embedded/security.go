@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -62,11 +63,48 @@ func InternalPermissions() *server.Permissions {
 	}
 }
 
+// AnonymousUser is the identity of clients that connect without
+// credentials when no [auth] is configured (the server's no_auth_user).
+const AnonymousUser = "anonymous"
+
+// Subjects only holdfast's own identity may use, whatever the config:
+// nobody else may publish JetStream advisories (a forged max-deliveries
+// advisory would have a message dead-lettered) or subscribe to holdfast's
+// internal subjects (a rogue responder could answer `holdfast status`).
+// Requests to $HOLDFAST.STATUS.<server> stay allowed to everyone.
+var (
+	reservedPublish   = []string{"$JS.EVENT.>"}
+	reservedSubscribe = []string{"$HOLDFAST.>"}
+)
+
+// withReserved returns p with the reserved subjects denied (p may be nil,
+// meaning everything else is allowed).
+func withReserved(p *server.Permissions) *server.Permissions {
+	out := &server.Permissions{}
+	if p != nil {
+		c := *p
+		out = &c
+	}
+	pub := &server.SubjectPermission{}
+	if out.Publish != nil {
+		*pub = *out.Publish
+	}
+	pub.Deny = append(slices.Clone(pub.Deny), reservedPublish...)
+	out.Publish = pub
+	sub := &server.SubjectPermission{}
+	if out.Subscribe != nil {
+		*sub = *out.Subscribe
+	}
+	sub.Deny = append(slices.Clone(sub.Deny), reservedSubscribe...)
+	out.Subscribe = sub
+	return out
+}
+
 // userPermissions maps a [auth.users.NAME] table onto the server's
-// permissions; nil when the user may do everything.
+// permissions, with the reserved subjects denied.
 func userPermissions(u *config.UserConfig) *server.Permissions {
 	if len(u.PublishAllow)+len(u.PublishDeny)+len(u.SubscribeAllow)+len(u.SubscribeDeny) == 0 && !u.AllowResponses {
-		return nil
+		return withReserved(nil)
 	}
 	p := &server.Permissions{}
 	if len(u.PublishAllow)+len(u.PublishDeny) > 0 {
@@ -78,15 +116,24 @@ func userPermissions(u *config.UserConfig) *server.Permissions {
 	if u.AllowResponses {
 		p.Response = &server.ResponsePermission{MaxMsgs: 1}
 	}
-	return p
+	return withReserved(p)
 }
 
-// configureSecurity applies [auth], [tls] and the encryption key to opts. It reports whether clients must authenticate (and so the
-// in-process connection must use id).
-func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) (auth bool, err error) {
-	if a := cfg.Auth; a.Enabled() {
-		auth = true
-		internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
+// configureSecurity applies [auth], [tls] and the encryption key to opts.
+// The in-process connection always authenticates as id. Without [auth],
+// clients that present no credentials are AnonymousUser (the server's
+// no_auth_user): allowed everything but the reserved subjects.
+func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) error {
+	internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
+	if a := cfg.Auth; !a.Enabled() {
+		// Without [auth] every local client may do everything but the
+		// reserved subjects; holdfast's own identity keeps no limits
+		// either (Go code built around the packages publishes on it).
+		unlimited := &server.User{Username: id.user, Password: id.password}
+		anonymous := &server.User{Username: AnonymousUser, Permissions: withReserved(nil)}
+		opts.Users = []*server.User{unlimited, anonymous}
+		opts.NoAuthUser = AnonymousUser
+	} else {
 		if a.TokenMode() {
 			// The server cannot mix a token with users, and the internal
 			// identity is a user: authenticate both here instead.
@@ -102,7 +149,7 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 				}
 				hash, ok := sec.Passwords[name]
 				if !ok || !config.IsBcrypt(hash) {
-					return false, fmt.Errorf("auth.users.%s: no bcrypt password hash", name)
+					return fmt.Errorf("auth.users.%s: no bcrypt password hash", name)
 				}
 				opts.Users = append(opts.Users, &server.User{Username: name, Password: hash, Permissions: perms})
 			}
@@ -119,7 +166,7 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 			Verify: t.Verify, MinVersion: minVersion,
 		})
 		if err != nil {
-			return false, fmt.Errorf("tls: %w", err)
+			return fmt.Errorf("tls: %w", err)
 		}
 		opts.TLS = true
 		opts.TLSConfig = tc
@@ -138,7 +185,7 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 			opts.JetStreamCipher = server.AES
 		}
 	}
-	return auth, nil
+	return nil
 }
 
 // tokenAuth authenticates clients against the [auth] token, and the
@@ -165,7 +212,7 @@ func (a *tokenAuth) Check(c server.ClientAuthentication) bool {
 	if o.Token == "" || !matchToken(a.token, o.Token) {
 		return false
 	}
-	c.RegisterUser(&server.User{Username: "token"})
+	c.RegisterUser(&server.User{Username: "token", Permissions: withReserved(nil)})
 	return true
 }
 

@@ -645,3 +645,89 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 		t.Errorf("after conversion: %v", err)
 	}
 }
+
+// TestReservedSubjects: whatever the [auth] mode, clients other than
+// holdfast's own identity can neither publish JetStream advisories (a
+// forged MAX_DELIVERIES advisory made holdfast dead-letter a message that
+// had succeeded) nor subscribe to $HOLDFAST.> (a rogue responder answered
+// `holdfast status`). Without [auth] anything else still works without
+// credentials, as before.
+func TestReservedSubjects(t *testing.T) {
+	t.Parallel()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(*config.Config)
+		opt   nats.Option
+	}{
+		{"no auth", func(*config.Config) {}, nats.Name("anonymous")},
+		{"user without permissions", func(c *config.Config) {
+			c.Auth.Users = map[string]*config.UserConfig{"ops": {Password: bcryptHash(t, "ops-password")}}
+		}, nats.UserInfo("ops", "ops-password")},
+		{"token", func(c *config.Config) { c.Auth.TokenFile = tokenFile }, nats.Token("0123456789abcdef-token")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			tc.setup(cfg)
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := runServer(t, cfg)
+			bootstrap(t, s, cfg)
+			ctx := testContext(t)
+
+			// What holdfast itself listens to.
+			adv, err := s.Conn().SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Conn().Flush(); err != nil {
+				t.Fatal(err)
+			}
+
+			errs := make(chan error, 10)
+			nc, err := nats.Connect(s.NATS().ClientURL(), tc.opt, nats.MaxReconnects(0),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			if _, err := js.Publish(ctx, "orders.created", []byte("x")); err != nil {
+				t.Fatalf("ordinary publish refused: %v", err)
+			}
+
+			if err := nc.Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1", []byte(`{"stream_seq":1}`)); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			if m, err := adv.NextMsg(time.Second); err == nil {
+				t.Fatalf("a client forged an advisory: %s", m.Data)
+			}
+			select {
+			case err := <-errs:
+				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for publish") {
+					t.Fatalf("forged advisory: %v, want a publish permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no permissions violation for the forged advisory")
+			}
+
+			if _, err := nc.Subscribe("$HOLDFAST.STATUS.holdfast-test", func(*nats.Msg) {}); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			select {
+			case err := <-errs:
+				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for subscription") {
+					t.Fatalf("subscribe to $HOLDFAST.>: %v, want a permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("a client subscribed to $HOLDFAST.> without a permissions violation")
+			}
+		})
+	}
+}

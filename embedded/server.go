@@ -50,6 +50,7 @@ type Server struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	ncClosed chan struct{}
+	started  chan struct{} // closed when ns.Start returned
 	closed   bool
 
 	identity *storeIdentity // what the store was at Open, for CheckStore
@@ -146,8 +147,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if s.seeIdentity != nil {
 		s.seeIdentity(id.password)
 	}
-	authRequired, err := configureSecurity(opts, s.cfg, secrets, id)
-	if err != nil {
+	if err := configureSecurity(opts, s.cfg, secrets, id); err != nil {
 		return err
 	}
 	if secrets.EncryptionKey != "" {
@@ -162,7 +162,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	ns.SetLoggerV2(logger, opts.Debug, false, false)
 	s.ns = ns
 	s.status("starting NATS server, recovering streams")
-	go ns.Start()
+	started := make(chan struct{})
+	s.started = started
+	go func() { defer close(started); ns.Start() }()
 
 	if err := s.waitReady(ctx, logger); err != nil {
 		return err
@@ -178,9 +180,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	connOpts := []nats.Option{nats.InProcessServer(ns), nats.Name("holdfast-internal"),
 		nats.MaxReconnects(-1), nats.DrainTimeout(10 * time.Second),
 		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) })}
-	if authRequired {
-		connOpts = append(connOpts, nats.UserInfo(id.user, id.password))
-	}
+	connOpts = append(connOpts, nats.UserInfo(id.user, id.password))
 	s.nc, err = nats.Connect("", connOpts...)
 	if err != nil {
 		return fmt.Errorf("cannot connect in-process: %w", err)
@@ -326,6 +326,12 @@ func (s *Server) closeLocked() error {
 		}
 	}
 	if s.ns != nil {
+		// Start must have returned first: a Shutdown that overtakes it
+		// leaves Start creating the store's directories afterwards.
+		select {
+		case <-s.started:
+		case <-time.After(DefaultReadyTimeout):
+		}
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
 		s.log.Info("NATS server stopped")

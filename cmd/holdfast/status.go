@@ -22,12 +22,29 @@ import (
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
-// statusSubject is where the running holdfast answers `holdfast status`
-// with a statusReply in JSON: what only the daemon knows (losses to
-// retention, workers, health). Any NATS client may ask:
+// statusSubjectPrefix starts the subject where the running holdfast
+// answers `holdfast status` with a statusReply in JSON: what only the
+// daemon knows (losses to retention, workers, health). The subject ends
+// with the server's name, so that in a cluster or across a leafnode each
+// node answers for itself; any NATS client may ask:
 //
-//	nats request '$HOLDFAST.STATUS' ''
-const statusSubject = "$HOLDFAST.STATUS"
+//	nats request '$HOLDFAST.STATUS.edge-01' ''
+//
+// Only holdfast's own identity may subscribe to $HOLDFAST.> (see
+// embedded's reserved subjects), so nobody else can answer.
+const statusSubjectPrefix = "$HOLDFAST.STATUS."
+
+// statusSubject is the status subject of the server named name: its name
+// as one subject token (characters a token cannot hold become '_').
+func statusSubject(name string) string {
+	token := strings.Map(func(r rune) rune {
+		if r <= ' ' || r == '.' || r == '*' || r == '>' || r == 0x7f {
+			return '_'
+		}
+		return r
+	}, name)
+	return statusSubjectPrefix + token
+}
 
 // statusReply is the daemon's answer on statusSubject.
 type statusReply struct {
@@ -50,7 +67,8 @@ type statusReply struct {
 func serveStatus(d *daemon) (*nats.Subscription, error) {
 	started := time.Now()
 	cfg := d.cfg // its server, jetstream and http sections never change at reload
-	sub, err := d.srv.Conn().Subscribe(statusSubject, func(m *nats.Msg) {
+	subject := statusSubject(cfg.Server.Name)
+	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		reply := statusReply{
@@ -77,7 +95,7 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 		}
 	})
 	if err != nil {
-		return nil, fmt.Errorf("cannot serve %s: %w", statusSubject, err)
+		return nil, fmt.Errorf("cannot serve %s: %w", subject, err)
 	}
 	return sub, nil
 }
@@ -165,7 +183,7 @@ func statusCommand() *cli.Command {
 		Name:  "status",
 		Usage: "show JetStream, streams, consumers and workers of the running holdfast; exit 1 when it is not healthy",
 		Description: "Connects to the running holdfast as a NATS client, reads JetStream, every stream and consumer,\n" +
-			"and asks the daemon (on " + statusSubject + ") for what only it knows: losses to retention,\n" +
+			"and asks the daemon it is connected to (on " + statusSubjectPrefix + "<server name>) for what only it knows: losses to retention,\n" +
 			"workers and health. Exit 0 when healthy, 1 when degraded or unreachable.",
 		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON instead of tables"}},
 		Action: func(c *cli.Context) error {
@@ -215,7 +233,14 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	out := &statusOutput{}
 
 	var reply *statusReply
-	msg, err := nc.RequestWithContext(ctx, statusSubject, nil)
+	// The server this client is connected to answers, not another node of
+	// a cluster or a leafnode network.
+	name := nc.ConnectedServerName()
+	if name == "" {
+		name = cfg.Server.Name
+	}
+	subject := statusSubject(name)
+	msg, err := nc.RequestWithContext(ctx, subject, nil)
 	if err == nil {
 		reply = &statusReply{}
 		if err = json.Unmarshal(msg.Data, reply); err != nil {
@@ -223,7 +248,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		}
 	}
 	if reply == nil {
-		out.Problems = append(out.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", statusSubject, err))
+		out.Problems = append(out.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", subject, err))
 	} else {
 		out.Daemon = &daemonOutput{Version: reply.Version, NATSServer: reply.NATSServer, ServerName: reply.ServerName,
 			PID: reply.PID, Started: reply.Started, HTTPListen: reply.HTTPListen, FailOnLoss: reply.FailOnLoss}
