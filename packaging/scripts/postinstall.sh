@@ -9,7 +9,7 @@
 # debhelper's dh_installsystemd does: an admin's "systemctl disable" survives
 # remove + reinstall, policy-rc.d (exit 101: do not start) is honoured, and
 # purge removes exactly the symlinks made here.
-# Elsewhere (rpm) plain systemctl. The rpm enables the service on install
+# The rpm uses plain systemctl (also where deb-systemd-helper exists). The rpm enables the service on install
 # deliberately instead of applying the preset policy: holdfast is an appliance
 # and distributions' default presets ("disable *") would leave it off after
 # every install; to keep it off, mask it first (systemctl mask holdfast).
@@ -23,8 +23,10 @@ set -e
 unit=holdfast.service
 removed_marker=/var/lib/holdfast/.package-removed
 
+deb=
 case "$1" in
 configure)
+	deb=1
 	action=upgrade
 	# A reinstall after "dpkg --remove" (config files kept) passes the old
 	# version too, but the service was stopped then: start it as on install.
@@ -32,7 +34,7 @@ configure)
 		action=install
 	fi
 	;;
-abort-*) action=upgrade ;;
+abort-*) deb=1 action=upgrade ;;
 1) action=install ;;
 [2-9] | [1-9][0-9]*) action=upgrade ;;
 *) exit 0 ;;
@@ -50,7 +52,7 @@ if [ -n "$systemd_running" ]; then
 	fi
 fi
 
-if command -v deb-systemd-helper >/dev/null 2>&1; then
+if [ -n "$deb" ] && command -v deb-systemd-helper >/dev/null 2>&1; then
 	# Only removes the mask that postremove set on "remove", never an admin's.
 	deb-systemd-helper unmask "$unit" >/dev/null 2>&1 || true
 	# True on a first install; false when the admin disabled it before a

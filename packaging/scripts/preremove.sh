@@ -19,14 +19,21 @@ remove | 0) ;;
 *) exit 0 ;;
 esac
 
+# deb: with deb-systemd-helper (always on Debian: init-system-helpers is
+# essential); rpm, or a deb without it: plain systemctl.
+dsh=
+if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null 2>&1; then
+	dsh=1
+fi
+
 if [ -d /run/systemd/system ]; then
-	if command -v deb-systemd-invoke >/dev/null 2>&1; then
+	if [ -n "$dsh" ]; then
 		deb-systemd-invoke stop "$unit" >/dev/null || true
 	else
 		systemctl stop "$unit" || true
 	fi
 fi
-if ! command -v deb-systemd-helper >/dev/null 2>&1 && command -v systemctl >/dev/null 2>&1; then
+if [ -z "$dsh" ] && command -v systemctl >/dev/null 2>&1; then
 	systemctl --no-reload disable "$unit" >/dev/null 2>&1 || true
 fi
 
