@@ -99,16 +99,19 @@ install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
 # own state, the backups useradd keeps of /etc/passwd and friends); the
 # records of deb-systemd-helper are listed on their own.
 file_list='
-	find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \
-		-o -path /var/tmp -o -path /var/log -o -path /var/cache -o -path /var/lib/apt \
-		-o -path /var/lib/dpkg -o -path /var/lib/systemd -o -path /root -o -path /var/lib/rpm \) -prune -o -print |
-		grep -v -x -E "/etc/(passwd|group|shadow|gshadow|subuid|subgid)-|/etc/ld\.so\.cache" | sort
-	find /var/lib/systemd -path "*deb-systemd-helper*" ! -type d 2>/dev/null | sort
+	export LC_ALL=C
+	{
+		find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \
+			-o -path /var/tmp -o -path /var/log -o -path /var/cache -o -path /var/lib/apt \
+			-o -path /var/lib/dpkg -o -path /var/lib/systemd -o -path /root -o -path /var/lib/rpm \) -prune -o -print |
+			grep -v -x -E "/etc/(passwd|group|shadow|gshadow|subuid|subgid)-|/etc/ld\.so\.cache"
+		find /var/lib/systemd -path "*deb-systemd-helper*" ! -type d 2>/dev/null
+	} | sort
 '
 # purge_left WHEN BEFORE AFTER: fails when AFTER has files BEFORE had not.
 purge_left() {
 	local left
-	left=$(comm -13 "$2" "$3")
+	left=$(LC_ALL=C comm -13 "$2" "$3")
 	[ -z "$left" ] || die "$1: purge left files on the system:"$'\n'"$left"
 }
 
