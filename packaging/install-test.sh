@@ -6,17 +6,24 @@
 # with systemd-nspawn, and drives it with nsenter:
 #   deb install -> active (Type=notify), verify, user, config mode/owner
 #   publish N with acks -> restart -> N -> kill -9 -> systemd restarts it -> N
+#   a reload with a broken config fails and keeps the service running
 #   upgrade keeps a modified conffile and restarts the service -> N
-#   remove stops and disables, keeps data; reinstall enables and starts -> N
+#   remove stops it, keeps data; reinstall enables and starts -> N; an
+#   admin's disable survives remove + reinstall
 #   a unit that never becomes ready is reported as failed (the check can fail)
-#   purge deletes /var/lib/holdfast
+#   systemctl stop while exec handlers run: they finish and are acked
+#   purge deletes /var/lib/holdfast and leaves no file behind
+#   a masked unit: the install succeeds and does not start it
+#   policy-rc.d exit 101: the install succeeds and does not start it
 #   rpm -i --nodeps -> active, publish, restart -> N, rpm -U keeps a modified
-#   config and restarts it -> N, rpm -e stops it and keeps the data
+#   config and restarts it -> N, rpm -e stops and disables it, keeps the data
 # Before booting, it installs the deb into the root as a chroot (no running
-# systemd, as in an image build): that must work and enable the service.
+# systemd, as in an image build): that must work and enable the service,
+# and purge must leave no file behind; then piuparts (when installed) checks
+# install and purge of the deb in a copy of the same root.
 # On any failure it prints the unit's journal. Needs root, debootstrap,
 # systemd-nspawn (systemd-container), nsenter and network access to the
-# Debian archive the first time.
+# Debian archive the first time (and for piuparts, which runs apt-get update).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -86,19 +93,58 @@ cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
 cp "$work"/v2/holdfast-*.rpm "$root/root/pkgs/v2.rpm"
 install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
 
+# $file_list (a script): every file and directory of the system the package may touch,
+# as piuparts compares them before install and after purge. Left out: what
+# the system changes by itself (logs, caches, apt and dpkg state, systemd's
+# own state, the backups useradd keeps of /etc/passwd and friends); the
+# records of deb-systemd-helper are listed on their own.
+file_list='
+	export LC_ALL=C
+	{
+		find / -xdev \( -path /proc -o -path /sys -o -path /dev -o -path /run -o -path /tmp \
+			-o -path /var/tmp -o -path /var/log -o -path /var/cache -o -path /var/lib/apt \
+			-o -path /var/lib/dpkg -o -path /var/lib/systemd -o -path /root -o -path /var/lib/rpm \) -prune -o -print |
+			grep -v -x -E "/etc/(passwd|group|shadow|gshadow|subuid|subgid)-|/etc/ld\.so\.cache"
+		find /var/lib/systemd -path "*deb-systemd-helper*" ! -type d 2>/dev/null
+	} | sort
+'
+# purge_left WHEN BEFORE AFTER: fails when AFTER has files BEFORE had not.
+purge_left() {
+	local left
+	left=$(LC_ALL=C comm -13 "$2" "$3")
+	[ -z "$left" ] || die "$1: purge left files on the system:"$'\n'"$left"
+}
+
 # --- chroot (image build): no systemd running, the install must not fail --
 log "dpkg -i in a chroot (no running systemd)"
 mount --bind /proc "$root/proc"
 chroot_rc=0
+chroot "$root" sh -c "$file_list" >"$work/files.before"
 chroot "$root" dpkg -i /root/pkgs/v1.deb >"$work/chroot.log" 2>&1 || chroot_rc=$?
 if [ "$chroot_rc" = 0 ]; then
 	[ -L "$root/etc/systemd/system/multi-user.target.wants/holdfast.service" ] ||
 		chroot_rc=enable
 	chroot "$root" dpkg --purge holdfast >>"$work/chroot.log" 2>&1 || chroot_rc=purge
 fi
+chroot "$root" sh -c "$file_list" >"$work/files.after"
 umount "$root/proc"
 [ "$chroot_rc" = 0 ] || { cat "$work/chroot.log"; die "chroot install: $chroot_rc"; }
-log "chroot: installed and enabled for the next boot, then purged"
+purge_left "chroot" "$work/files.before" "$work/files.after"
+log "chroot: installed and enabled for the next boot, then purged without a trace"
+
+# --- piuparts: install and purge in a copy of the root, no systemd running --
+if command -v piuparts >/dev/null 2>&1; then
+	log "piuparts (install, purge) on v1.deb"
+	piuparts --existing-chroot="$rootfs" --distribution=bookworm --mirror="$MIRROR" \
+		--keep-sources-list --no-upgrade-test --tmpdir="$work" \
+		"$work"/v1/holdfast_*.deb >"$work/piuparts.log" 2>&1 ||
+		{ grep -v 'by /usr merge' "$work/piuparts.log" | tail -40; die "piuparts"; }
+	log "piuparts: $(grep -o 'PASS: .*' "$work/piuparts.log" | tr '\n' ' ')"
+elif [ -n "${HOLDFAST_REQUIRE_PIUPARTS:-}" ]; then
+	die "piuparts not installed (apt-get install piuparts)"
+else
+	log "piuparts not installed (apt-get install piuparts): skipped; the purge check above covers its file check"
+fi
 
 # --- boot -----------------------------------------------------------------
 # descends_from PID ANCESTOR: whether ANCESTOR is PID's parent, grandparent, ...
@@ -179,6 +225,7 @@ expect_msgs() {
 }
 
 # --- deb: install ---------------------------------------------------------
+in_ct sh -c "$file_list" >"$work/files.before"
 log "apt install ./v1.deb"
 in_ct apt-get install -y -q /root/pkgs/v1.deb >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "apt install"; }
 wait_active 60 || die "not active after install"
@@ -213,6 +260,19 @@ expect_msgs "after kill -9 and restart by systemd (NRestarts $(prop NRestarts))"
 publish "$N" || die "publish after kill"
 expect_msgs "after publishing again" $((2 * N))
 
+# --- a reload with a broken config fails and changes nothing --------------
+pid=$(prop MainPID)
+in_ct cp /etc/holdfast/holdfast.toml /root/holdfast.toml.good
+in_ct sh -c 'echo "this is not toml" >>/etc/holdfast/holdfast.toml'
+if in_ct systemctl reload holdfast.service >"$work/reload.log" 2>&1; then
+	die "systemctl reload with a broken config succeeded"
+fi
+in_ct cp /root/holdfast.toml.good /etc/holdfast/holdfast.toml
+[ "$(prop ActiveState)" = active ] && [ "$(prop MainPID)" = "$pid" ] ||
+	die "a failed reload changed the service: $(prop ActiveState), pid $(prop MainPID) (was $pid)"
+in_ct systemctl reload holdfast.service || die "reload with the good config"
+log "reload: a broken config is refused (systemctl reload fails), the service keeps running"
+
 # --- upgrade keeps a modified conffile ------------------------------------
 in_ct sed -i 's/^level = "info"/level = "debug"/' /etc/holdfast/holdfast.toml
 in_ct grep -q '^level = "debug"' /etc/holdfast/holdfast.toml || die "could not modify the config"
@@ -234,12 +294,23 @@ s=$(in_ct systemctl is-active holdfast.service || true)
 [ "$(in_ct systemctl is-enabled holdfast.service 2>/dev/null || true)" != enabled ] || die "still enabled after remove"
 in_ct test -d /var/lib/holdfast/jetstream || die "remove deleted the data"
 in_ct test -f /etc/holdfast/holdfast.toml || die "remove deleted the conffile"
-log "removed: stopped ($s), disabled, data and config kept"
+log "removed: stopped ($s), not enabled ($(in_ct systemctl is-enabled holdfast.service 2>/dev/null || true)), data and config kept"
 in_ct apt-get install -y -q -o Dpkg::Options::=--force-confold /root/pkgs/v2.deb >"$work/apt.log" 2>&1 ||
 	{ cat "$work/apt.log"; die "reinstall"; }
 wait_active 60 || die "not active after reinstall"
 [ "$(in_ct systemctl is-enabled holdfast.service)" = enabled ] || die "not enabled after reinstall"
 expect_msgs "after reinstall" $((2 * N))
+
+in_ct systemctl disable --now holdfast.service >/dev/null 2>&1
+in_ct apt-get remove -y -q holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "remove (disabled)"; }
+in_ct apt-get install -y -q -o Dpkg::Options::=--force-confold /root/pkgs/v2.deb >"$work/apt.log" 2>&1 ||
+	{ cat "$work/apt.log"; die "reinstall (disabled)"; }
+s=$(in_ct systemctl is-enabled holdfast.service || true)
+[ "$s" = disabled ] || die "an admin's disable was lost across remove + reinstall: $s"
+[ "$(prop ActiveState)" != active ] || die "a disabled service was started by the reinstall"
+in_ct systemctl enable --now holdfast.service >/dev/null 2>&1 || die "enable --now"
+wait_active 60 || die "not active after enable --now"
+log "an admin's disable survives remove + reinstall"
 
 # --- negative check: a unit that never becomes ready is a failure ---------
 in_ct mkdir -p /run/systemd/system/holdfast.service.d
@@ -256,6 +327,45 @@ in_ct systemctl reset-failed holdfast.service
 in_ct systemctl start holdfast.service || die "start after the negative check"
 wait_active 60 || die "not active after the negative check"
 
+# --- systemctl stop while exec handlers run: they finish ------------------
+# Each handler takes a few seconds; a stop must let them finish (up to
+# shutdown_timeout) and ack, not kill them with holdfast (KillMode).
+cat >"$root/usr/local/bin/slow-handler" <<'HANDLER'
+#!/bin/sh
+set -e
+: >"/var/lib/holdfast/handler/$HOLDFAST_SEQ.started"
+sleep 3
+: >"/var/lib/holdfast/handler/$HOLDFAST_SEQ.done"
+HANDLER
+chmod 0755 "$root/usr/local/bin/slow-handler"
+in_ct install -d -o holdfast -g holdfast -m 0750 /var/lib/holdfast/handler
+in_ct sed -i -e 's|^handler = "log"|handler = "exec"|' \
+	-e 's|^\[consumers\.WORKER1\.exec\].*|&\ncommand = ["/usr/local/bin/slow-handler"]|' /etc/holdfast/holdfast.toml
+in_ct systemctl restart holdfast.service || die "restart with the exec handler"
+wait_active 60 || die "not active with the exec handler"
+handlers=3
+nats_ pub -J -q --count "$handlers" orders.slow "slow {{Count}}" >/dev/null || die "publish for the exec handlers"
+count() { in_ct find /var/lib/holdfast/handler -name "*.$1" | wc -l; }
+deadline=$((SECONDS + 60))
+until [ "$(count started)" -ge "$handlers" ]; do
+	[ $SECONDS -lt $deadline ] || die "the exec handlers did not start: $(count started) of $handlers"
+	sleep 0.2
+done
+since=$(in_ct date '+%Y-%m-%d %H:%M:%S')
+stop_started=$SECONDS
+in_ct systemctl stop holdfast.service || die "stop during exec"
+stop_took=$((SECONDS - stop_started))
+done_=$(count done)
+stopped=$(in_ct journalctl --no-pager -u holdfast.service --since "$since" -o cat | grep -E 'workers stopped|handler failed' || true)
+[ "$done_" = "$handlers" ] ||
+	die "systemctl stop interrupted the exec handlers: $done_ of $handlers finished; log:"$'\n'"$stopped"
+echo "$stopped" | grep -q 'workers stopped.*acked=[1-9]' ||
+	die "no acks for the finished handlers in the log:"$'\n'"$stopped"
+! echo "$stopped" | grep -q 'handler failed' || die "a handler failed during stop:"$'\n'"$stopped"
+log "stop during exec: $handlers of $handlers handlers finished and were acked (stop took ${stop_took}s)"
+in_ct systemctl start holdfast.service || die "start after the stop during exec"
+wait_active 60 || die "not active after the stop during exec"
+
 # --- purge ----------------------------------------------------------------
 log "dpkg --purge holdfast"
 in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge"; }
@@ -263,7 +373,35 @@ s=$(in_ct systemctl is-active holdfast.service || true)
 [ "$s" != active ] || die "still active after purge"
 ! in_ct test -e /var/lib/holdfast || die "purge left /var/lib/holdfast"
 ! in_ct test -e /etc/holdfast/holdfast.toml || die "purge left the config"
-log "purged: stopped, /var/lib/holdfast and /etc/holdfast gone"
+rm -f "$root/usr/local/bin/slow-handler"
+in_ct sh -c "$file_list" >"$work/files.after"
+purge_left "booted" "$work/files.before" "$work/files.after"
+log "purged: stopped, /var/lib/holdfast and /etc/holdfast gone, no file left behind"
+
+# --- a masked unit: the install succeeds and leaves it alone --------------
+in_ct systemctl mask holdfast.service >/dev/null 2>&1
+log "apt install ./v1.deb with holdfast.service masked"
+in_ct apt-get install -y -q /root/pkgs/v1.deb >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "install with a masked unit"; }
+[ "$(in_ct dpkg-query -W -f '${Status}' holdfast)" = "install ok installed" ] ||
+	die "masked: package state $(in_ct dpkg-query -W -f '${Status}' holdfast)"
+[ "$(in_ct systemctl is-enabled holdfast.service || true)" = masked ] || die "masked: the mask was removed"
+[ "$(prop ActiveState)" != active ] || die "masked: the service was started"
+in_ct systemctl unmask holdfast.service >/dev/null 2>&1
+in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge after masked"; }
+log "masked unit: installed (configured), still masked, not started"
+
+# --- policy-rc.d 101: the install succeeds and does not start it ----------
+in_ct sh -c 'printf "#!/bin/sh\nexit 101\n" >/usr/sbin/policy-rc.d && chmod 0755 /usr/sbin/policy-rc.d'
+log "apt install ./v1.deb with policy-rc.d exit 101"
+in_ct apt-get install -y -q /root/pkgs/v1.deb >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "install with policy-rc.d"; }
+in_ct rm -f /usr/sbin/policy-rc.d
+[ "$(in_ct dpkg-query -W -f '${Status}' holdfast)" = "install ok installed" ] || die "policy-rc.d: not configured"
+[ "$(prop ActiveState)" != active ] || die "policy-rc.d forbade the start, but the service was started"
+[ "$(in_ct systemctl is-enabled holdfast.service)" = enabled ] || die "policy-rc.d: not enabled"
+in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge after policy-rc.d"; }
+in_ct sh -c "$file_list" >"$work/files.after"
+purge_left "masked and policy-rc.d" "$work/files.before" "$work/files.after"
+log "policy-rc.d 101: installed and enabled, not started; purged without a trace"
 
 # --- rpm ------------------------------------------------------------------
 log "rpm -i --nodeps v1.rpm"
@@ -286,5 +424,15 @@ expect_msgs "rpm: after rpm -U (modified config kept, service restarted)" "$N"
 in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e"; }
 s=$(in_ct systemctl is-active holdfast.service || true)
 [ "$s" != active ] || die "rpm: still active after rpm -e"
+! in_ct test -e /etc/systemd/system/multi-user.target.wants/holdfast.service || die "rpm -e left the service enabled"
 in_ct test -d /var/lib/holdfast/jetstream || die "rpm -e deleted the data"
-log "rpm: installed, active, restarted without loss, erased (stopped, data kept)"
+log "rpm: installed, active, restarted without loss, erased (stopped, disabled, data kept)"
+
+# --- rpm: a masked unit does not fail the install -------------------------
+in_ct rm -rf /var/lib/holdfast /etc/holdfast
+in_ct systemctl mask holdfast.service >/dev/null 2>&1
+in_ct rpm -i --nodeps /root/pkgs/v1.rpm >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -i with a masked unit"; }
+[ "$(prop ActiveState)" != active ] || die "rpm: a masked unit was started"
+in_ct systemctl unmask holdfast.service >/dev/null 2>&1
+in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after masked"; }
+log "rpm: a masked unit is installed, not started"

@@ -116,7 +116,7 @@ func TestUnitContract(t *testing.T) {
 		"Group":                   "holdfast",
 		"ExecStartPre":            "/usr/bin/holdfast check",
 		"ExecStart":               "/usr/bin/holdfast run",
-		"ExecReload":              "/bin/kill -HUP $MAINPID",
+		"KillMode":                "mixed",
 		"StateDirectory":          "holdfast",
 		"ConfigurationDirectory":  "holdfast",
 		"Restart":                 "on-failure",
@@ -138,6 +138,11 @@ func TestUnitContract(t *testing.T) {
 	}
 	if got := u["Install"]["WantedBy"]; len(got) != 1 || got[0] != "multi-user.target" {
 		t.Errorf("[Install] WantedBy = %q, want multi-user.target", got)
+	}
+	// A reload checks the file first, so that a broken config fails
+	// `systemctl reload` instead of being reported as reloaded.
+	if got := svc["ExecReload"]; len(got) != 2 || got[0] != "/usr/bin/holdfast check" || got[1] != "/bin/kill -HUP $MAINPID" {
+		t.Errorf("[Service] ExecReload = %q, want holdfast check, then kill -HUP", got)
 	}
 	if f := svc["SystemCallFilter"]; len(f) == 0 || f[0] != "@system-service" {
 		t.Errorf("SystemCallFilter = %q, want @system-service first", f)
@@ -254,7 +259,59 @@ func TestMaintainerScripts(t *testing.T) {
 			if strings.Contains(l, "systemctl ") && !guarded {
 				t.Errorf("%s:%d: systemctl before the [ -d /run/systemd/system ] guard", path, i+1)
 			}
+			// Under set -e a failing enable (masked unit), daemon-reload or
+			// start must not fail the install: each call is tested or
+			// followed by || true.
+			if mayFail.MatchString(l) && !strings.Contains(l, "|| true") &&
+				!strings.HasPrefix(l, "if ") && !strings.HasPrefix(l, "elif ") && !strings.Contains(l, "|| rc=") {
+				t.Errorf("%s:%d: %q can fail the install (a masked unit, no systemd): test it or add || true", path, i+1, l)
+			}
 		}
+	}
+}
+
+var mayFail = regexp.MustCompile(`(^|[;&|] *)(systemctl|deb-systemd-helper|deb-systemd-invoke|\$invoke) `)
+
+// fakeTools puts stand-ins for the named commands in a directory that logs
+// each call's arguments to the file log, and returns the directory.
+func fakeTools(t *testing.T, log string, names ...string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, n := range names {
+		script := "#!/bin/sh\necho \"" + n + " $*\" >>" + log + "\nexit 0\n"
+		if err := os.WriteFile(filepath.Join(dir, n), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// Removal in a chroot or an image build (no systemd running) must still
+// delete the enablement symlink, or purge leaves it behind (piuparts:
+// "Package purging left files on system"). Without deb-systemd-helper (rpm)
+// preremove disables the unit with systemctl --no-reload; with it (Debian),
+// postremove's purge does.
+func TestPreremoveDisablesWithoutRunningSystemd(t *testing.T) {
+	for _, arg := range []string{"0", "remove"} {
+		log := filepath.Join(t.TempDir(), "calls")
+		cmd := exec.Command("/bin/sh", "scripts/preremove.sh", arg)
+		// Only the fake systemctl on PATH: no deb-systemd-helper, as on
+		// an rpm system.
+		cmd.Env = []string{"PATH=" + fakeTools(t, log, "systemctl")}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("preremove.sh %s: %v\n%s", arg, err, out)
+		}
+		calls, _ := os.ReadFile(log)
+		if !strings.Contains(string(calls), "systemctl --no-reload disable holdfast.service\n") {
+			t.Errorf("preremove.sh %s did not run systemctl --no-reload disable holdfast.service; calls:\n%s", arg, calls)
+		}
+	}
+	post, err := os.ReadFile("scripts/postremove.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(post), `deb-systemd-helper purge "$unit"`) {
+		t.Error("scripts/postremove.sh does not run deb-systemd-helper purge on purge")
 	}
 }
 
@@ -271,10 +328,17 @@ var (
 
 const testPkgVersion = "1.2.3~test"
 
+var buildArgs = []string{"./build.sh", "v1.2.3-test", "0000000", testPkgVersion, runtime.GOARCH}
+
+// buildEnv: a fixed mtime, so that a commit made while the tests run changes
+// nothing.
+func buildEnv(dist string) []string {
+	return append(os.Environ(), "HOLDFAST_DIST="+dist, "SOURCE_DATE_EPOCH=1700000000")
+}
+
 func buildPackages(dist string) error {
-	cmd := exec.Command("./build.sh", "v1.2.3-test", "0000000", testPkgVersion, runtime.GOARCH)
-	// A fixed mtime, so that a commit made while the tests run changes nothing.
-	cmd.Env = append(os.Environ(), "HOLDFAST_DIST="+dist, "SOURCE_DATE_EPOCH=1700000000")
+	cmd := exec.Command(buildArgs[0], buildArgs[1:]...)
+	cmd.Env = buildEnv(dist)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("build.sh: %v\n%s", err, out)
 	}
@@ -320,11 +384,13 @@ func TestMain(m *testing.M) {
 
 // wantFiles are the packaged files: path -> mode, owner:group.
 var wantFiles = map[string][2]string{
-	"/usr/bin/holdfast":                        {"-rwxr-xr-x", "root:root"},
-	"/etc/holdfast":                            {"drwxr-x---", "root:holdfast"},
-	"/etc/holdfast/holdfast.toml":              {"-rw-r-----", "root:holdfast"},
-	"/usr/lib/systemd/system/holdfast.service": {"-rw-r--r--", "root:root"},
-	"/usr/lib/sysusers.d/holdfast.conf":        {"-rw-r--r--", "root:root"},
+	"/usr/bin/holdfast":                                   {"-rwxr-xr-x", "root:root"},
+	"/etc/holdfast":                                       {"drwxr-x---", "root:holdfast"},
+	"/etc/holdfast/holdfast.toml":                         {"-rw-r-----", "root:holdfast"},
+	"/usr/lib/systemd/system/holdfast.service":            {"-rw-r--r--", "root:root"},
+	"/usr/lib/sysusers.d/holdfast.conf":                   {"-rw-r--r--", "root:root"},
+	"/usr/share/man/man1/holdfast.1.gz":                   {"-rw-r--r--", "root:root"},
+	"/usr/share/doc/holdfast/examples/handler-needs.conf": {"-rw-r--r--", "root:root"},
 }
 
 func TestDebContents(t *testing.T) {
@@ -349,7 +415,7 @@ func TestDebContents(t *testing.T) {
 			t.Errorf("deb %s: %v, want %v", path, got, want)
 		}
 	}
-	for _, path := range []string{"/usr/share/doc/holdfast/copyright", "/usr/share/doc/holdfast/changelog.Debian.gz", "/usr/share/lintian/overrides/holdfast"} {
+	for _, path := range []string{"/usr/share/doc/holdfast/copyright", "/usr/share/doc/holdfast/changelog.Debian.gz", "/usr/share/lintian/overrides/holdfast", "/usr/share/doc/holdfast/third-party-licenses"} {
 		if _, ok := files[path]; !ok {
 			t.Errorf("deb lacks %s", path)
 		}
@@ -368,6 +434,11 @@ func TestDebContents(t *testing.T) {
 	// Static binary: the only dependency is /bin/kill for ExecReload.
 	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "procps" {
 		t.Errorf("Depends = %q, want procps", got)
+	}
+	// preinst runs useradd (passwd, not essential) when systemd-sysusers is
+	// missing, before the package is unpacked.
+	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Pre-Depends")); got != "passwd" {
+		t.Errorf("Pre-Depends = %q, want passwd", got)
 	}
 	ctrl := t.TempDir()
 	run(t, "dpkg-deb", "-e", p.deb, ctrl)
@@ -465,8 +536,15 @@ func TestRPMContents(t *testing.T) {
 	if f := files["/etc/holdfast/holdfast.toml"]; len(f) < 3 || !strings.Contains(f[2], "c") || !strings.Contains(f[2], "n") {
 		t.Errorf("rpm holdfast.toml flags %v, want %%config(noreplace) (c, n)", f)
 	}
-	if _, ok := files["/usr/share/licenses/holdfast/copyright"]; !ok {
-		t.Error("rpm lacks its license file")
+	for _, lic := range []string{"/usr/share/licenses/holdfast/copyright", "/usr/share/licenses/holdfast/third-party-licenses"} {
+		if f, ok := files[lic]; !ok || len(f) < 3 || !strings.Contains(f[2], "l") {
+			t.Errorf("rpm %s: %v, want a %%license file", lic, f)
+		}
+	}
+	// %pre creates the user with systemd-sysusers or else useradd: without
+	// either it fails and the install aborts.
+	if req := run(t, "rpm", "-qp", "--requires", p.rpm); !strings.Contains(req, "(systemd or shadow-utils)\n") {
+		t.Errorf("rpm requires, want (systemd or shadow-utils):\n%s", req)
 	}
 	if got := run(t, "rpm", "-qpl", p.rpm); !strings.Contains(got, "/usr/bin/holdfast\n") {
 		t.Errorf("rpm -qpl lacks /usr/bin/holdfast:\n%s", got)
@@ -484,24 +562,48 @@ func TestRPMContents(t *testing.T) {
 			t.Errorf("rpm -qpi lacks %q:\n%s", want, info)
 		}
 	}
-	if changelog := run(t, "rpm", "-qp", "--changelog", p.rpm); !strings.Contains(changelog, "First packaged release") {
+	changelog := run(t, "rpm", "-qp", "--changelog", p.rpm)
+	if !strings.Contains(changelog, "First packaged release") {
 		t.Errorf("rpm has no changelog:\n%s", changelog)
+	}
+	// The newest entry names the package's version-release.
+	if first, _, _ := strings.Cut(changelog, "\n"); !strings.HasSuffix(first, " - "+testPkgVersion+"-1") {
+		t.Errorf("rpm changelog's newest entry %q, want it for %s-1", first, testPkgVersion)
+	}
+	if strings.Contains(changelog, "purge") {
+		t.Errorf("rpm changelog mentions purge, which rpm has not:\n%s", changelog)
 	}
 }
 
-// The same tree gives byte-identical packages. The binary is rebuilt each
-// time; should it differ, the tree was edited in between (go build with
-// -trimpath is reproducible), so the pair is built again.
+// The same tree gives byte-identical packages, also on another machine: the
+// second build runs under another host name (a UTS namespace). The binary is
+// rebuilt each time; should it differ, the tree was edited in between (go
+// build with -trimpath is reproducible), so the pair is built again.
 func TestPackagesReproducible(t *testing.T) {
 	p := packages(t)
+	unshare := needTool(t, "unshare", "util-linux")
 	names := []string{filepath.Base(p.deb), filepath.Base(p.rpm)}
 	binary := filepath.Join("build", p.arch, "holdfast")
+	host, _ := os.Hostname()
+	other := "reproducible-test-" + strconv.Itoa(os.Getpid())
 	for attempt := 1; ; attempt++ {
 		one, two := t.TempDir(), t.TempDir()
-		for _, dir := range []string{one, two} {
-			if err := buildPackages(dir); err != nil {
-				t.Fatal(err)
+		if err := buildPackages(one); err != nil {
+			t.Fatal(err)
+		}
+		args := []string{"--uts"}
+		if os.Geteuid() != 0 {
+			args = []string{"--user", "--map-root-user", "--uts"}
+		}
+		args = append(args, "/bin/sh", "-c", `hostname "$0" && [ "$(hostname)" = "$0" ] && exec "$@"`, other)
+		args = append(args, buildArgs...)
+		cmd := exec.Command(unshare, args...)
+		cmd.Env = buildEnv(two)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			if os.Geteuid() != 0 {
+				t.Skipf("cannot build under another host name without root: %v\n%s", err, out)
 			}
+			t.Fatalf("build.sh under host name %s: %v\n%s", other, err, out)
 		}
 		if !sameFile(t, filepath.Join(one, binary), filepath.Join(two, binary)) {
 			if attempt < 3 {
@@ -512,7 +614,7 @@ func TestPackagesReproducible(t *testing.T) {
 		}
 		for _, name := range names {
 			if !sameFile(t, filepath.Join(one, name), filepath.Join(two, name)) {
-				t.Errorf("%s differs between two builds of the same tree", name)
+				t.Errorf("%s differs between a build on %s and one on %s", name, host, other)
 			}
 		}
 		return
@@ -530,4 +632,235 @@ func sameFile(t *testing.T, a, b string) bool {
 		t.Fatal(err)
 	}
 	return sha256.Sum256(da) == sha256.Sum256(db)
+}
+
+// The binary is statically linked: the licence and notice texts of every
+// module in it (go version -m) and of the Go standard library travel with
+// it, in the deb's doc dir and the rpm's licence dir.
+func TestThirdPartyLicenses(t *testing.T) {
+	needTool(t, "dpkg-deb", "dpkg")
+	p := packages(t)
+	root := t.TempDir()
+	run(t, "dpkg-deb", "-x", p.deb, root)
+	bin := filepath.Join(root, "usr/bin/holdfast")
+	text, err := os.ReadFile(filepath.Join(root, "usr/share/doc/holdfast/third-party-licenses"))
+	if err != nil {
+		t.Fatalf("deb: %v", err)
+	}
+	entries := licenceEntries(string(text))
+
+	goBin := os.Getenv("GO")
+	if goBin == "" {
+		goBin = "go"
+	}
+	want := map[string]bool{}
+	for _, l := range strings.Split(run(t, goBin, "version", "-m", bin), "\n") {
+		f := strings.Fields(l)
+		switch {
+		case len(f) == 2 && strings.HasSuffix(f[0], ":"):
+			want["std "+f[1]] = true // "path: go1.x.y"
+		case len(f) >= 3 && f[0] == "dep":
+			want[f[1]+" "+f[2]] = true
+		case len(f) >= 3 && f[0] == "=>":
+			t.Errorf("replaced module in the binary, %q: the notices name the replacement's version", l)
+		}
+	}
+	if len(want) < 5 {
+		t.Fatalf("go version -m %s lists only %v", bin, want)
+	}
+	for mod := range want {
+		files, ok := entries[mod]
+		if !ok {
+			t.Errorf("third-party-licenses has no entry for %s", mod)
+		} else if files == 0 {
+			t.Errorf("third-party-licenses: %s has no licence text", mod)
+		}
+	}
+	for mod := range entries {
+		if !want[mod] {
+			t.Errorf("third-party-licenses names %s, which is not in the binary", mod)
+		}
+	}
+	if strings.Contains(string(text), "Licence: see below") {
+		t.Logf("a licence was not recognised (summary only): %s", regexp.MustCompile(`Module: .*\nLicence: see below`).FindAllString(string(text), -1))
+	}
+
+	// The rpm ships the same file as a %license.
+	if _, err := exec.LookPath("rpm2archive"); err == nil {
+		out, err := exec.Command("sh", "-c", `rpm2archive -n <"$0" | tar -xOf - ./usr/share/licenses/holdfast/third-party-licenses`, p.rpm).Output()
+		if err != nil {
+			t.Fatalf("rpm: %v", err)
+		}
+		if !bytes.Equal(out, text) {
+			t.Error("the rpm's third-party-licenses differs from the deb's")
+		}
+	}
+}
+
+// licenceEntries maps "module version" to the number of files quoted for it.
+func licenceEntries(text string) map[string]int {
+	entries := map[string]int{}
+	cur := ""
+	for _, l := range strings.Split(text, "\n") {
+		if m, ok := strings.CutPrefix(l, "Module: "); ok {
+			cur = m
+			entries[cur] = 0
+		} else if cur != "" && strings.HasPrefix(l, "--- "+cur+": ") {
+			entries[cur]++
+		}
+	}
+	return entries
+}
+
+// holdfast(1) is generated from the command definitions: every command
+// `holdfast help` lists is in it, and lintian's no-manual-page is not
+// overridden any more.
+func TestManPage(t *testing.T) {
+	needTool(t, "dpkg-deb", "dpkg")
+	p := packages(t)
+	root := t.TempDir()
+	run(t, "dpkg-deb", "-x", p.deb, root)
+	gz, err := os.ReadFile(filepath.Join(root, "usr/share/man/man1/holdfast.1.gz"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("gzip", "-dc")
+	cmd.Stdin = bytes.NewReader(gz)
+	page, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("gzip -dc holdfast.1.gz: %v", err)
+	}
+	if !bytes.HasPrefix(page, []byte(".nh\n.TH holdfast 1")) && !bytes.Contains(page, []byte(".TH holdfast 1")) {
+		t.Errorf("holdfast.1 has no .TH holdfast 1 header:\n%.300s", page)
+	}
+	help := run(t, filepath.Join(root, "usr/bin/holdfast"), "help")
+	_, cmds, _ := strings.Cut(help, "COMMANDS:")
+	cmds, _, _ = strings.Cut(cmds, "GLOBAL OPTIONS:")
+	n := 0
+	for _, l := range strings.Split(cmds, "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0] == "help," {
+			continue
+		}
+		name := strings.TrimSuffix(f[0], ",")
+		n++
+		if !regexp.MustCompile(`(?m)^(\.SH |\.TP\n|\.PP\n|# |\\fB)?` + regexp.QuoteMeta(name) + `\b`).Match(page) {
+			t.Errorf("holdfast.1 lacks the command %q", name)
+		}
+	}
+	if n < 5 {
+		t.Fatalf("found only %d commands in holdfast help:\n%s", n, help)
+	}
+	over, err := os.ReadFile("lintian-overrides")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(over, []byte("no-manual-page")) {
+		t.Error("lintian-overrides still overrides no-manual-page")
+	}
+}
+
+func TestRPMLint(t *testing.T) {
+	needTool(t, "rpmlint", "rpmlint")
+	p := packages(t)
+	// Every deliberate exception is a filter in rpmlint.toml, with its
+	// reason; anything else, even a warning, fails.
+	out, err := exec.Command("rpmlint", "-c", "rpmlint.toml", p.rpm).CombinedOutput()
+	if err != nil || !regexp.MustCompile(`\b0 errors, 0 warnings\b`).Match(out) {
+		t.Fatalf("rpmlint: %v\n%s", err, out)
+	}
+}
+
+// Package versions: untagged builds sort by commit time, not by hash, and a
+// tree with uncommitted changes is not packaged.
+func TestPackageVersion(t *testing.T) {
+	version := func(v, commit string, at int64) (string, error) {
+		out, err := exec.Command("./version.sh", v, commit, strconv.FormatInt(at, 10)).CombinedOutput()
+		return strings.TrimSpace(string(out)), err
+	}
+	day := time.Date(2026, 11, 30, 9, 0, 0, 0, time.UTC).Unix()
+	for _, c := range []struct {
+		describe, commit string
+		want             string
+	}{
+		{"v1.2.3", "abc1234", "1.2.3"},
+		{"v1.2.3-rc1", "abc1234", "1.2.3~rc1"},
+		{"v1.2.3-4-gabc1234", "abc1234", "1.2.3+4.gabc1234"},
+		{"abc1234", "abc1234", "0.0.0~git20261130.090000.abc1234"},
+	} {
+		got, err := version(c.describe, c.commit, day)
+		if err != nil || got != c.want {
+			t.Errorf("version.sh %s = %q, %v; want %q", c.describe, got, err, c.want)
+		}
+	}
+	for _, dirty := range []string{"abc1234-dirty", "v1.2.3-dirty", "v1.2.3-4-gabc1234-dirty"} {
+		if got, err := version(dirty, "abc1234", day); err == nil || !strings.Contains(got, "uncommitted changes") {
+			t.Errorf("version.sh %s = %q, %v; want it refused for uncommitted changes", dirty, got, err)
+		}
+	}
+
+	// Two snapshots of one day whose hashes sort the other way round, and
+	// the first release: each sorts after the one before, for dpkg and rpm.
+	older, err := version("fffffff", "fffffff", day)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newer, err := version("0000000", "0000000", day+3600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ordered := []string{older, newer, "0.1.0~rc1", "0.1.0", "0.1.0+3.g0000000"}
+	for i := 1; i < len(ordered); i++ {
+		a, b := ordered[i-1], ordered[i]
+		if _, err := exec.LookPath("dpkg"); err == nil {
+			if err := exec.Command("dpkg", "--compare-versions", a, "lt", b).Run(); err != nil {
+				t.Errorf("dpkg: %s is not older than %s", a, b)
+			}
+		}
+		if _, err := exec.LookPath("rpm"); err == nil {
+			out := run(t, "rpm", "--eval", fmt.Sprintf(`%%{lua: print(rpm.vercmp("%s", "%s"))}`, a, b))
+			if strings.TrimSpace(out) != "-1" {
+				t.Errorf("rpm: vercmp(%s, %s) = %s, want -1", a, b, strings.TrimSpace(out))
+			}
+		}
+	}
+}
+
+// The drop-in example changes nothing as shipped, and every setting in it
+// is one systemd knows (all uncommented, on top of the unit).
+func TestHandlerNeedsExample(t *testing.T) {
+	const path = "../systemd/handler-needs.conf"
+	text, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var settings []string
+	for _, l := range strings.Split(string(text), "\n") {
+		l = strings.TrimSpace(l)
+		switch {
+		case l == "" || l == "[Service]":
+		case strings.HasPrefix(l, "#") && regexp.MustCompile(`^#[A-Z][A-Za-z]+=`).MatchString(l):
+			settings = append(settings, strings.TrimPrefix(l, "#"))
+		case strings.HasPrefix(l, "#"):
+		default:
+			t.Errorf("%s: %q is not commented out: the example would change the service as shipped", path, l)
+		}
+	}
+	if len(settings) < 8 {
+		t.Fatalf("%s: only %d settings", path, len(settings))
+	}
+	sa := needTool(t, "systemd-analyze", "systemd")
+	unit := verifiableUnit(t)
+	u, err := os.ReadFile(unit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// [Service] is the last section but [Install]: put the settings before it.
+	withAll := strings.Replace(string(u), "\n[Install]", "\n"+strings.Join(settings, "\n")+"\n\n[Install]", 1)
+	if err := os.WriteFile(unit, []byte(withAll), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(sa, "verify", unit).CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("systemd-analyze verify with every setting of %s: err=%v, output:\n%s", path, err, out)
+	}
 }

@@ -83,6 +83,7 @@ func newApp() *cli.App {
 			benchCommand(),
 			passwdCommand(),
 			versionCommand(),
+			manCommand(),
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
 			return usageError(err)
