@@ -42,10 +42,12 @@ type Config struct {
 // ServerConfig is the [server] table: the embedded NATS server's identity
 // and client listener.
 type ServerConfig struct {
-	Name       string `toml:"name"`
-	Host       string `toml:"host"`
-	Port       int    `toml:"port"`
-	MaxPayload Size   `toml:"max_payload"`
+	Name string `toml:"name"`
+	Host string `toml:"host"`
+	// Port is the client port, 1-65535. A program that embeds holdfast may
+	// set -1 for a free port; Load refuses it in a config file.
+	Port       int  `toml:"port"`
+	MaxPayload Size `toml:"max_payload"`
 	// AllowAnonymous lets a non-loopback host run without [auth]: anyone
 	// who can reach the port may publish, read and delete streams.
 	AllowAnonymous bool `toml:"allow_anonymous"`
@@ -284,9 +286,12 @@ var unsupportedTables = []string{"cluster", "leafnodes"}
 // WORKER1; each table starts from DefaultStream/DefaultConsumer. Parse does
 // not validate values: call Validate.
 func Parse(r io.Reader, source string) (*Config, error) {
-	data, err := io.ReadAll(r)
+	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
 	if err != nil {
 		return nil, fmt.Errorf("cannot read %s: %w", source, err)
+	}
+	if err := checkShape(data); err != nil {
+		return nil, &ParseError{Source: source, Err: err}
 	}
 	cfg := DefaultConfig()
 	layout := fileLayout{Config: *cfg}
@@ -333,7 +338,13 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		}
 		out.Consumers[name] = cc
 	}
-	for _, k := range md.Undecoded() {
+	// keyLine reads the whole file: name a bounded number of unknown keys.
+	unknown := md.Undecoded()
+	for i, k := range unknown {
+		if i == maxUnknownKeys {
+			problems = append(problems, fmt.Sprintf("... and %d more unknown keys", len(unknown)-i))
+			break
+		}
 		problems = append(problems, fmt.Sprintf("line %d: %s: unknown key; `holdfast config` prints every valid key", keyLine(string(data), k), k.String()))
 	}
 	if len(problems) > 0 {
@@ -404,7 +415,7 @@ func Load(path string) (cfg *Config, source string, err error) {
 	if err != nil {
 		if !explicit && errors.Is(err, os.ErrNotExist) {
 			cfg := DefaultConfig()
-			return cfg, "", cfg.Validate()
+			return cfg, "", cfg.validateFile()
 		}
 		return nil, path, fmt.Errorf("cannot open config: %w (pass --config or set HOLDFAST_CONFIG to a readable file)", err)
 	}
@@ -413,7 +424,7 @@ func Load(path string) (cfg *Config, source string, err error) {
 	if err != nil {
 		return nil, path, err
 	}
-	if verr := cfg.Validate(); verr != nil {
+	if verr := cfg.validateFile(); verr != nil {
 		var ve *ValidationError
 		if errors.As(verr, &ve) {
 			ve.Source = path

@@ -242,6 +242,7 @@ func TestValidValues(t *testing.T) {
 		{"server.host ipv6", "[server]\nhost = \"::1\"", func(c *Config) any { return c.Server.Host }, "::1"},
 		{"server.host localhost", "[server]\nhost = \"localhost\"", func(c *Config) any { return c.Server.Host }, "localhost"},
 		{"server.port", "[server]\nport = 4333", func(c *Config) any { return c.Server.Port }, 4333},
+		// Programs that embed holdfast may pick a free port; Load refuses it (TestLoad).
 		{"server.port -1", "[server]\nport = -1", func(c *Config) any { return c.Server.Port }, -1},
 		{"server.port max", "[server]\nport = 65535", func(c *Config) any { return c.Server.Port }, 65535},
 		{"server.max_payload string", "[server]\nmax_payload = \"8MB\"", func(c *Config) any { return c.Server.MaxPayload.Bytes }, int64(8 << 20)},
@@ -255,6 +256,7 @@ func TestValidValues(t *testing.T) {
 		{"jetstream.max_memory_store int", "[jetstream]\nmax_memory_store = 1048576", func(c *Config) any { return c.JetStream.MaxMemoryStore.Bytes }, int64(1 << 20)},
 		{"jetstream.max_file_store", "[jetstream]\nmax_file_store = \"500GiB\"", func(c *Config) any { return c.JetStream.MaxFileStore.Bytes }, int64(500 << 30)},
 		{"jetstream.max_file_store int", "[jetstream]\nmax_file_store = 4096", func(c *Config) any { return c.JetStream.MaxFileStore.Bytes }, int64(4096)},
+		{"jetstream.sync shortest interval", "[jetstream]\nsync = \"10ms\"", func(c *Config) any { return c.JetStream.SyncInterval() }, MinSyncInterval},
 		{"jetstream.sync always", "[jetstream]\nsync = \"always\"", func(c *Config) any { return c.JetStream.SyncAlways() }, true},
 		{"jetstream.sync interval", "[jetstream]\nsync = \"2m\"", func(c *Config) any {
 			return []any{c.JetStream.SyncAlways(), c.JetStream.SyncInterval()}
@@ -297,6 +299,12 @@ func TestValidValues(t *testing.T) {
 		{"consumers.ack_wait", consumerC + "ack_wait = \"1m\"", func(c *Config) any { return c.Consumers["C"].AckWait.Duration }, time.Minute},
 		{"consumers.max_deliver", consumerC + "max_deliver = 10", func(c *Config) any { return c.Consumers["C"].MaxDeliver }, 10},
 		{"consumers.max_deliver 1", consumerC + "max_deliver = 1", func(c *Config) any { return c.Consumers["C"].MaxDeliver }, 1},
+		{"consumers.ack_wait shortest", consumerC + "ack_wait = \"1s\"", func(c *Config) any { return c.Consumers["C"].AckWait.Duration }, MinAckWait},
+		{"consumers.backoff shortest", consumerC + "backoff = [\"10ms\"]", func(c *Config) any { return c.Consumers["C"].Backoff }, []Duration{Dur(MinBackoff)}},
+		{"consumers.timeouts shortest", consumerC + "exec = { timeout = \"100ms\" }\nhttp = { timeout = \"100ms\" }", func(c *Config) any {
+			return []time.Duration{c.Consumers["C"].Exec.Timeout.Duration, c.Consumers["C"].HTTP.Timeout.Duration}
+		}, []time.Duration{MinHandlerTimeout, MinHandlerTimeout}},
+		{"streams.subjects near the reply subjects", "[streams.S]\nsubjects = [\"_INBOXES.>\", \"inbox.>\", \"R.>\"]", func(c *Config) any { return c.Streams["S"].Subjects }, []string{"_INBOXES.>", "inbox.>", "R.>"}},
 		{"consumers.backoff", consumerC + "backoff = [\"1s\", \"2m\"]", func(c *Config) any { return c.Consumers["C"].Backoff }, []Duration{Dur(time.Second), Dur(2 * time.Minute)}},
 		{"consumers.backoff empty", consumerC + "backoff = []", func(c *Config) any { return len(c.Consumers["C"].Backoff) }, 0},
 		{"consumers.max_ack_pending", consumerC + "max_ack_pending = 50", func(c *Config) any { return c.Consumers["C"].MaxAckPending }, 50},
@@ -367,7 +375,7 @@ func TestInvalidValues(t *testing.T) {
 		{"server.host empty", "[server]\nhost = \"\"", `server.host = "": must be an IP address`},
 		{"server.port high", "[server]\nport = 70000", "server.port = 70000: must be 1-65535"},
 		{"server.port negative", "[server]\nport = -2", "server.port = -2: must be 1-65535"},
-		{"server.port 0", "[server]\nport = 0", "server.port = 0: must be 1-65535, or -1 for a free port"},
+		{"server.port 0", "[server]\nport = 0", "server.port = 0: must be 1-65535"},
 		{"server.max_payload 0", "[server]\nmax_payload = 0", "server.max_payload = 0: must be between 1 byte and 64MiB"},
 		{"server.max_payload unlimited", "[server]\nmax_payload = \"-1\"", "server.max_payload = -1: must be between"},
 		{"server.max_payload too big", "[server]\nmax_payload = \"65MiB\"", "server.max_payload = 65MiB: must be between 1 byte and 64MiB"},
@@ -384,6 +392,9 @@ func TestInvalidValues(t *testing.T) {
 		{"jetstream.sync zero", "[jetstream]\nsync = \"0s\"", `jetstream.sync = "0s": must be "always"`},
 		{"jetstream.sync negative", "[jetstream]\nsync = \"-1m\"", `jetstream.sync = "-1m"`},
 		{"jetstream.sync empty", "[jetstream]\nsync = \"\"", `jetstream.sync = ""`},
+		// 1ns panicked inside nats-server at start; anything that short fsyncs without pause.
+		{"jetstream.sync 1ns", "[jetstream]\nsync = \"1ns\"", `jetstream.sync = "1ns": an interval must be at least 10ms`},
+		{"jetstream.sync 9ms", "[jetstream]\nsync = \"9ms\"", `jetstream.sync = "9ms": an interval must be at least 10ms`},
 		{"jetstream.domain dot", "[jetstream]\ndomain = \"a.b\"", `jetstream.domain = "a.b"`},
 		{"jetstream.domain space", "[jetstream]\ndomain = \"a b\"", `jetstream.domain = "a b"`},
 		{"jetstream.on_data_loss", "[jetstream]\non_data_loss = \"ignore\"", `jetstream.on_data_loss = "ignore": must be one of warn, refuse`},
@@ -402,6 +413,16 @@ func TestInvalidValues(t *testing.T) {
 		{"streams.subjects all", "[streams.S]\nsubjects = [\">\"]", `streams.S.subjects = ">": reserved`},
 		{"streams.subjects $JS", "[streams.S]\nsubjects = [\"$JS.API.>\"]", `streams.S.subjects = "$JS.API.>": reserved`},
 		{"streams.subjects $SYS", "[streams.S]\nsubjects = [\"$SYS.x\"]", `streams.S.subjects = "$SYS.x": reserved`},
+		{"streams.subjects $KV", "[streams.S]\nsubjects = [\"$KV.b.>\"]", `streams.S.subjects = "$KV.b.>": reserved`},
+		{"streams.subjects $O", "[streams.S]\nsubjects = [\"$O.>\"]", `streams.S.subjects = "$O.>": reserved`},
+		{"streams.subjects $HOLDFAST", "[streams.S]\nsubjects = [\"$HOLDFAST.>\"]", `streams.S.subjects = "$HOLDFAST.>": reserved`},
+		{"streams.subjects wildcard first token", "[streams.S]\nsubjects = [\"*.created\"]", `streams.S.subjects = "*.created": reserved`},
+		// A stream on the reply subjects stored its own PubAcks: a loop that filled the disk.
+		{"streams.subjects _INBOX.>", "[streams.S]\nsubjects = [\"_INBOX.>\"]", `streams.S.subjects = "_INBOX.>": overlaps _INBOX.>, where the replies to requests go`},
+		{"streams.subjects _INBOX.*", "[streams.S]\nsubjects = [\"_INBOX.*\"]", `streams.S.subjects = "_INBOX.*": overlaps _INBOX.>`},
+		{"streams.subjects one inbox", "[streams.S]\nsubjects = [\"_INBOX.abc.1\"]", `streams.S.subjects = "_INBOX.abc.1": overlaps _INBOX.>`},
+		{"streams.subjects _R_", "[streams.S]\nsubjects = [\"_R_.>\"]", `streams.S.subjects = "_R_.>": overlaps _R_.>`},
+		{"streams.subjects _GR_", "[streams.S]\nsubjects = [\"_GR_.x.*\"]", `streams.S.subjects = "_GR_.x.*": overlaps _GR_.>`},
 		{"streams.subjects dlq", "[streams.S]\nsubjects = [\"dlq.WORKER1.>\"]", `streams.S.subjects = "dlq.WORKER1.>": reserved`},
 		{"streams.subjects duplicate", "[streams.S]\nsubjects = [\"a\", \"a\"]", `streams.S.subjects = "a": overlaps "a" of stream S`},
 		{"streams.subjects self overlap", "[streams.S]\nsubjects = [\"a.*\", \"a.b\"]", `streams.S.subjects = "a.b": overlaps "a.*" of stream S`},
@@ -428,13 +449,16 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.stream unknown", streamS + "[consumers.C]\nstream = \"NOPE\"", `consumers.C.stream = "NOPE": no such stream: configured streams are S`},
 		{"consumers.filter_subject invalid", consumerC + "filter_subject = \"s..x\"", `consumers.C.filter_subject = "s..x": not a valid NATS subject`},
 		{"consumers.filter_subject outside stream", consumerC + "filter_subject = \"other.x\"", `consumers.C.filter_subject = "other.x": matches none of stream S's subjects`},
-		{"consumers.ack_wait 0", consumerC + "ack_wait = \"0s\"", "consumers.C.ack_wait = 0s: must be positive"},
-		{"consumers.ack_wait negative", consumerC + "ack_wait = \"-5s\"", "consumers.C.ack_wait = -5s: must be positive"},
+		{"consumers.ack_wait 0", consumerC + "ack_wait = \"0s\"", "consumers.C.ack_wait = 0s: must be at least 1s"},
+		{"consumers.ack_wait negative", consumerC + "ack_wait = \"-5s\"", "consumers.C.ack_wait = -5s: must be at least 1s"},
+		{"consumers.ack_wait 1ns", consumerC + "ack_wait = \"1ns\"", "consumers.C.ack_wait = 1ns: must be at least 1s"},
+		{"consumers.ack_wait 999ms", consumerC + "ack_wait = \"999ms\"", "consumers.C.ack_wait = 999ms: must be at least 1s"},
 		{"consumers.ack_wait garbage", consumerC + "ack_wait = \"soon\"", `consumers.C.ack_wait = "soon": not a duration`},
 		{"consumers.ack_wait int", consumerC + "ack_wait = 30", `consumers.C.ack_wait = "30": a duration must be a string`},
 		{"consumers.max_deliver 0", consumerC + "max_deliver = 0", "consumers.C.max_deliver = 0: must be at least 1"},
 		{"consumers.max_deliver -1", consumerC + "max_deliver = -1", "consumers.C.max_deliver = -1: must be at least 1: holdfast never retries forever"},
-		{"consumers.backoff 0", consumerC + "backoff = [\"1s\", \"0s\"]", "consumers.C.backoff[1] = 0s: must be positive"},
+		{"consumers.backoff 0", consumerC + "backoff = [\"1s\", \"0s\"]", "consumers.C.backoff[1] = 0s: must be at least 10ms"},
+		{"consumers.backoff 1ns", consumerC + "backoff = [\"1ns\"]", "consumers.C.backoff[0] = 1ns: must be at least 10ms"},
 		{"consumers.backoff garbage", consumerC + "backoff = [\"x\"]", `consumers.C.backoff[0] = "x": not a duration`},
 		{"consumers.backoff int", consumerC + "backoff = [5]", `consumers.C.backoff[0] = "5": a duration must be a string`},
 		{"consumers.max_ack_pending 0", consumerC + "max_ack_pending = 0\nworkers = 0", "consumers.C.max_ack_pending = 0: must be at least 1"},
@@ -448,12 +472,13 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.exec empty program", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"\", \"x\"]", `consumers.C.exec.command = []: handler = "exec" needs a command`},
 		{"consumers.exec relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"process-order\"]", `consumers.C.exec.command = "process-order": must be an absolute path`},
 		{"consumers.exec dot-relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"./bin/p\"]", `consumers.C.exec.command = "./bin/p": must be an absolute path`},
-		{"consumers.exec.timeout 0", consumerC + "[consumers.C.exec]\ntimeout = \"0s\"", "consumers.C.exec.timeout = 0s: must be positive"},
+		{"consumers.exec.timeout 0", consumerC + "[consumers.C.exec]\ntimeout = \"0s\"", "consumers.C.exec.timeout = 0s: must be at least 100ms"},
+		{"consumers.exec.timeout 1ms", consumerC + "[consumers.C.exec]\ntimeout = \"1ms\"", "consumers.C.exec.timeout = 1ms: must be at least 100ms"},
 		{"consumers.exec.timeout garbage", consumerC + "[consumers.C.exec]\ntimeout = \"long\"", `consumers.C.exec.timeout = "long": not a duration`},
 		{"consumers.http without url", consumerC + "handler = \"http\"", `consumers.C.http.url = "": handler = "http" needs a url`},
 		{"consumers.http bad scheme", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"ftp://127.0.0.1/x\"", `consumers.C.http.url = "ftp://127.0.0.1/x": must be an http:// or https:// URL`},
-		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be positive"},
-		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be positive"},
+		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be at least 100ms"},
+		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be at least 100ms"},
 		{"consumers.dead_letter configured stream", consumerC + "dead_letter = \"S\"", `consumers.C.dead_letter = "S": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ"`},
 		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
 
@@ -951,6 +976,13 @@ func TestLoad(t *testing.T) {
 		if !strings.HasPrefix(err.Error(), path+": 1 problem(s)") {
 			t.Errorf("error %q does not start with the file name", err)
 		}
+	})
+	// port = -1 ran on a random port that `holdfast status` and clients
+	// could not find.
+	t.Run("random port", func(t *testing.T) {
+		path := writeFile(t, "[server]\nport = -1\n")
+		_, _, err := Load(path)
+		wantProblems(t, err, "server.port = -1: must be 1-65535")
 	})
 	t.Run("syntax error", func(t *testing.T) {
 		path := writeFile(t, "[log]\nlevel = \n")

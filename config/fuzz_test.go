@@ -37,6 +37,10 @@ func FuzzParse(f *testing.F) {
 		"[jetstream]\nsync = \"2m\"\nmax_file_store = 99999999999999999999\n",
 		"[streams.S]\nsubjects = [\"s\"]\nstorage = \"memory\"\nallow_memory = true\n[consumers.C]\nstream = \"S\"\ndead_letter = \"S\"\n",
 		"\x00\xff[",
+		deepTableName(), // 100 KB that took seconds and gigabytes to refuse
+		"x = " + strings.Repeat("[", 100) + strings.Repeat("]", 100) + "\n",
+		"x = { " + strings.Repeat("a.", 40) + "a = 1 }\n",
+		"[streams.S]\nsubjects = [\"_INBOX.>\"]\n[jetstream]\nsync = \"1ns\"\n[consumers.C]\nstream = \"S\"\nack_wait = \"1ns\"\n",
 	} {
 		f.Add([]byte(seed))
 	}
@@ -96,7 +100,7 @@ func checkInvariants(t *testing.T, cfg *Config) {
 	if cfg.JetStream.MaxFileStore.Bytes <= 0 || cfg.JetStream.MaxMemoryStore.Bytes <= 0 {
 		t.Errorf("unlimited store: %+v", cfg.JetStream)
 	}
-	if !cfg.JetStream.SyncAlways() && cfg.JetStream.SyncInterval() <= 0 {
+	if !cfg.JetStream.SyncAlways() && cfg.JetStream.SyncInterval() < MinSyncInterval {
 		t.Errorf("sync %q is neither always nor an interval", cfg.JetStream.Sync)
 	}
 	if cfg.Run.ShutdownTimeout.Duration <= 0 {
@@ -125,7 +129,8 @@ func checkInvariants(t *testing.T, cfg *Config) {
 			t.Errorf("stream %s has no subjects", name)
 		}
 		for _, subj := range s.Subjects {
-			if !server.IsValidSubject(subj) || server.SubjectsCollide(subj, "$JS.>") || strings.HasPrefix(subj, "$") {
+			if !server.IsValidSubject(subj) || server.SubjectsCollide(subj, "$JS.>") || strings.HasPrefix(subj, "$") ||
+				server.SubjectsCollide(subj, "_INBOX.>") {
 				t.Errorf("stream %s: subject %q is invalid or reserved", name, subj)
 			}
 			for _, o := range subjects {
@@ -162,14 +167,14 @@ func checkInvariants(t *testing.T, cfg *Config) {
 		if cfg.Streams[c.Stream] == nil {
 			t.Errorf("consumer %s reads stream %q, which is not configured", name, c.Stream)
 		}
-		if c.MaxDeliver < 1 || c.AckWait.Duration <= 0 || c.MaxAckPending < 1 {
+		if c.MaxDeliver < 1 || c.AckWait.Duration < MinAckWait || c.MaxAckPending < 1 {
 			t.Errorf("consumer %s: max_deliver %d, ack_wait %v, max_ack_pending %d", name, c.MaxDeliver, c.AckWait, c.MaxAckPending)
 		}
 		if c.Workers < 0 || c.Workers > c.MaxAckPending {
 			t.Errorf("consumer %s: %d workers, max_ack_pending %d", name, c.Workers, c.MaxAckPending)
 		}
 		for i, b := range c.Backoff {
-			if b.Duration <= 0 {
+			if b.Duration < MinBackoff {
 				t.Errorf("consumer %s: backoff[%d] = %v", name, i, b)
 			}
 		}

@@ -11,9 +11,15 @@ import (
 )
 
 // Validate checks every value and the relations between them and returns a
-// *ValidationError listing all problems, or nil.
-func (c *Config) Validate() error {
-	v := &validator{}
+// *ValidationError listing all problems, or nil. It accepts server.port = -1
+// (a free port) for programs that embed holdfast; Load does not.
+func (c *Config) Validate() error { return c.check(false) }
+
+// validateFile is Validate for a config an operator runs: Load's.
+func (c *Config) validateFile() error { return c.check(true) }
+
+func (c *Config) check(file bool) error {
+	v := &validator{file: file}
 	c.validate(v)
 	if len(v.problems) == 0 {
 		return nil
@@ -21,7 +27,11 @@ func (c *Config) Validate() error {
 	return &ValidationError{Problems: v.problems}
 }
 
-type validator struct{ problems []Problem }
+type validator struct {
+	problems []Problem
+	// file holds the config to what holdfast run can serve: no random port.
+	file bool
+}
 
 func (v *validator) add(key, value, format string, args ...any) {
 	v.problems = append(v.problems, Problem{Key: key, Value: value, Reason: fmt.Sprintf(format, args...)})
@@ -65,8 +75,11 @@ func (c *Config) validate(v *validator) {
 	} else if !IsLoopback(s.Host) && !c.Auth.Enabled() && !s.AllowAnonymous {
 		v.add("server.host", q(s.Host), "listening on a non-loopback address %s", anonymousReason)
 	}
-	if s.Port < -1 || s.Port == 0 || s.Port > 65535 {
-		v.add("server.port", strconv.Itoa(s.Port), "must be 1-65535, or -1 for a free port (nats-server would take 0 as 4222)")
+	switch {
+	case s.Port == -1 && v.file:
+		v.add("server.port", "-1", "must be 1-65535: a random port is one `holdfast status`, the CLI and clients cannot find (-1 is only for programs that embed holdfast)")
+	case s.Port < -1 || s.Port == 0 || s.Port > 65535:
+		v.add("server.port", strconv.Itoa(s.Port), "must be 1-65535 (nats-server would take 0 as 4222)")
 	}
 	if v.size("server.max_payload", s.MaxPayload) && (s.MaxPayload.Bytes <= 0 || s.MaxPayload.Bytes > 64<<20) {
 		v.add("server.max_payload", s.MaxPayload.String(), "must be between 1 byte and 64MiB")
@@ -85,6 +98,8 @@ func (c *Config) validate(v *validator) {
 	if js.Sync != "always" {
 		if d, err := time.ParseDuration(js.Sync); err != nil || d <= 0 {
 			v.add("jetstream.sync", q(js.Sync), "must be \"always\" (fsync every write) or a positive interval such as \"2m\"")
+		} else if d < MinSyncInterval {
+			v.add("jetstream.sync", q(js.Sync), "an interval must be at least %s (a shorter one makes the server fsync without pause, or panic): use \"always\" to fsync every write", MinSyncInterval)
 		}
 	}
 	v.oneOf("jetstream.on_data_loss", js.OnDataLoss, "warn", "refuse")
@@ -115,6 +130,37 @@ func (c *Config) validate(v *validator) {
 	c.validateSecurity(v)
 	c.validateStreams(v)
 	c.validateConsumers(v)
+}
+
+// Lower bounds of durations that holdfast cannot run with below them.
+const (
+	// MinSyncInterval is the shortest jetstream.sync interval: below it the
+	// file store fsyncs without pause (and at 1ns nats-server panics).
+	MinSyncInterval = 10 * time.Millisecond
+	// MinAckWait is the shortest consumer ack_wait: the workers keep a
+	// message alive with in-progress acks every ack_wait/2, which must
+	// leave time to handle it.
+	MinAckWait = time.Second
+	// MinBackoff is the shortest retry delay, so that a message that fails
+	// at once is not redelivered in a tight loop.
+	MinBackoff = 10 * time.Millisecond
+	// MinHandlerTimeout is the shortest exec or http handler timeout.
+	MinHandlerTimeout = 100 * time.Millisecond
+)
+
+// replySubjects are where replies to requests go: _INBOX.> by convention of
+// every NATS client (JetStream API calls and PubAcks included), _R_.> and
+// _GR_.> for the server's own service-import and gateway replies.
+var replySubjects = []string{"_INBOX.>", "_R_.>", "_GR_.>"}
+
+// replySubject returns the reply subject space subj overlaps, or "".
+func replySubject(subj string) string {
+	for _, r := range replySubjects {
+		if server.SubjectsCollide(subj, r) {
+			return r
+		}
+	}
+	return ""
 }
 
 // splitListen splits a host:port listen address.
@@ -160,7 +206,11 @@ func (c *Config) validateStreams(v *validator) {
 			// The server refuses a subject that overlaps its API ($JS.>),
 			// which every subject with a wildcard first token does.
 			if strings.HasPrefix(subj, "$") || strings.HasPrefix(subj, "dlq.") || server.SubjectsCollide(subj, "$JS.>") {
-				v.add(key+".subjects", q(subj), "reserved: subjects starting with $, dlq. or a wildcard overlap the server's API or the dead letters")
+				v.add(key+".subjects", q(subj), "reserved: subjects starting with $, dlq. or a wildcard overlap the server's API ($JS, $SYS, $KV, $O, $HOLDFAST) or the dead letters: pick subjects of your own, such as \"orders.*\"")
+				continue
+			}
+			if r := replySubject(subj); r != "" {
+				v.add(key+".subjects", q(subj), "overlaps %s, where the replies to requests go (every JetStream call and PubAck among them): a stream on it stores its own API replies, a loop that fills the disk; pick subjects of your own, such as \"orders.*\"", r)
 				continue
 			}
 			for _, o := range all {
@@ -230,16 +280,16 @@ func (c *Config) validateConsumers(v *validator) {
 				}
 			}
 		}
-		if v.duration(key+".ack_wait", cc.AckWait) && cc.AckWait.Duration <= 0 {
-			v.add(key+".ack_wait", cc.AckWait.String(), "must be positive, such as \"30s\"")
+		if v.duration(key+".ack_wait", cc.AckWait) && cc.AckWait.Duration < MinAckWait {
+			v.add(key+".ack_wait", cc.AckWait.String(), "must be at least %s, such as \"30s\": a shorter one redelivers messages while they are handled", MinAckWait)
 		}
 		if cc.MaxDeliver < 1 {
 			v.add(key+".max_deliver", strconv.Itoa(cc.MaxDeliver), "must be at least 1: holdfast never retries forever, failures go to the dead-letter stream")
 		}
 		for i, b := range cc.Backoff {
 			bk := fmt.Sprintf("%s.backoff[%d]", key, i)
-			if v.duration(bk, b) && b.Duration <= 0 {
-				v.add(bk, b.String(), "must be positive")
+			if v.duration(bk, b) && b.Duration < MinBackoff {
+				v.add(bk, b.String(), "must be at least %s: a shorter delay retries a failing message in a tight loop", MinBackoff)
 			}
 		}
 		if cc.MaxAckPending < 1 {
@@ -267,11 +317,11 @@ func (c *Config) validateConsumers(v *validator) {
 		default:
 			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http")
 		}
-		if v.duration(key+".exec.timeout", cc.Exec.Timeout) && cc.Exec.Timeout.Duration <= 0 {
-			v.add(key+".exec.timeout", cc.Exec.Timeout.String(), "must be positive")
+		if v.duration(key+".exec.timeout", cc.Exec.Timeout) && cc.Exec.Timeout.Duration < MinHandlerTimeout {
+			v.add(key+".exec.timeout", cc.Exec.Timeout.String(), "must be at least %s: a shorter one fails every message before the command can run", MinHandlerTimeout)
 		}
-		if v.duration(key+".http.timeout", cc.HTTP.Timeout) && cc.HTTP.Timeout.Duration <= 0 {
-			v.add(key+".http.timeout", cc.HTTP.Timeout.String(), "must be positive")
+		if v.duration(key+".http.timeout", cc.HTTP.Timeout) && cc.HTTP.Timeout.Duration < MinHandlerTimeout {
+			v.add(key+".http.timeout", cc.HTTP.Timeout.String(), "must be at least %s: a shorter one fails every message before the endpoint can answer", MinHandlerTimeout)
 		}
 		if cc.DeadLetter != "" {
 			switch {

@@ -124,11 +124,81 @@ func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCh
 		return nil, &StoreDirError{Path: abs, Reason: "not writable", Err: err,
 			Fix: "give the user running holdfast write access (chown holdfast:holdfast), or set jetstream.store_dir"}
 	}
+	if err := checkStoreEntries(abs); err != nil {
+		return nil, err
+	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
 			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
 	}
 	return res, nil
+}
+
+// storeEntries are the names holdfast and the server keep in a store
+// directory, each with the kind of file it must be when it exists.
+var storeEntries = []struct {
+	name string
+	dir  bool
+	what string
+}{
+	{"jetstream", true, "where nats-server keeps the streams"},
+	{LockFileName, false, "holdfast's lock file"},
+	{StateFileName, false, "where holdfast records stream positions for the data-loss check"},
+	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
+}
+
+// checkStoreEntries refuses a store directory in which one of the names
+// holdfast or the server use exists as the wrong kind of file: a file
+// named jetstream, a directory named holdfast.lock. The server or the lock
+// would fail on it later, after `holdfast check` said it was fine.
+func checkStoreEntries(dir string) error {
+	for _, e := range storeEntries {
+		path := filepath.Join(dir, e.name)
+		fi, err := os.Lstat(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return &StoreDirError{Path: dir, Reason: "cannot stat " + e.name, Err: unwrapPath(err),
+				Fix: "give the user running holdfast access to it"}
+		}
+		if fi.Mode()&os.ModeSymlink != 0 {
+			// The server and the lock follow a link; judge what it points to.
+			if fi, err = os.Stat(path); err != nil {
+				return &StoreDirError{Path: dir, Reason: e.name + " is a symbolic link that cannot be followed", Err: unwrapPath(err),
+					Fix: "remove the link " + path + " or make it point to an existing " + kind(e.dir)}
+			}
+		}
+		if fi.IsDir() == e.dir && (e.dir || fi.Mode().IsRegular()) {
+			continue
+		}
+		return &StoreDirError{Path: dir, Reason: fmt.Sprintf("%s is a %s, not a %s (%s)", e.name, describeMode(fi.Mode()), kind(e.dir), e.what),
+			Fix: "move " + path + " out of the store dir; holdfast creates it"}
+	}
+	return nil
+}
+
+func kind(dir bool) string {
+	if dir {
+		return "directory"
+	}
+	return "regular file"
+}
+
+func describeMode(m os.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "directory"
+	case m.IsRegular():
+		return "regular file"
+	case m&os.ModeNamedPipe != 0:
+		return "named pipe"
+	case m&os.ModeSocket != 0:
+		return "socket"
+	case m&os.ModeDevice != 0:
+		return "device"
+	}
+	return "special file"
 }
 
 // probeWrite proves the directory takes the operations the file store
@@ -278,14 +348,22 @@ func openedBy(dir string) (int, string) {
 // LockHolder reports who holds the store lock ("process 1234"), or "" when
 // nobody does. It takes and releases the lock to find out.
 func LockHolder(dir string) string {
+	holder, _ := ProbeLock(dir)
+	return holder
+}
+
+// ProbeLock takes and releases the store lock the way `holdfast run` takes
+// it, for `holdfast check`. It returns the holder ("process 1234") when
+// another process holds the directory, and an error when the lock could
+// not be taken for any other reason (which would stop `holdfast run`).
+func ProbeLock(dir string) (holder string, err error) {
 	l, err := LockStoreDir(dir)
 	if err == nil {
-		l.Unlock()
-		return ""
+		return "", l.Unlock()
 	}
 	var se *StoreDirError
-	if errors.As(err, &se) {
-		return se.Holder
+	if errors.As(err, &se) && se.Holder != "" {
+		return se.Holder, nil
 	}
-	return ""
+	return "", err
 }

@@ -720,3 +720,97 @@ func TestHumanBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckStoreDirRefusesWrongEntries: a name holdfast or the server use
+// in the store dir, existing as the wrong kind of file, is refused by the
+// check itself, so that `holdfast check` refuses what `holdfast run` would
+// fail on later (a file named jetstream stopped the server at start; a
+// directory named holdfast.lock stopped the lock).
+func TestCheckStoreDirRefusesWrongEntries(t *testing.T) {
+	file := func(t *testing.T, path string) {
+		if err := os.WriteFile(path, []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := func(t *testing.T, path string) {
+		if err := os.Mkdir(path, 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tests := []struct {
+		name  string
+		make  func(t *testing.T, path string)
+		entry string
+		want  string
+	}{
+		{"jetstream is a file", file, "jetstream", "jetstream is a regular file, not a directory (where nats-server keeps the streams)"},
+		{"lock is a directory", dir, LockFileName, "holdfast.lock is a directory, not a regular file (holdfast's lock file)"},
+		{"lock is a fifo", func(t *testing.T, path string) {
+			if err := unix.Mkfifo(path, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, LockFileName, "holdfast.lock is a named pipe, not a regular file"},
+		{"state file is a directory", dir, StateFileName, StateFileName + " is a directory, not a regular file"},
+		{"orphans is a file", file, OrphanDirName, OrphanDirName + " is a regular file, not a directory"},
+		{"jetstream links to a file", func(t *testing.T, path string) {
+			target := filepath.Join(t.TempDir(), "f")
+			file(t, target)
+			if err := os.Symlink(target, path); err != nil {
+				t.Fatal(err)
+			}
+		}, "jetstream", "jetstream is a regular file, not a directory"},
+		{"lock links nowhere", func(t *testing.T, path string) {
+			if err := os.Symlink(filepath.Join(t.TempDir(), "missing", "lock"), path); err != nil {
+				t.Fatal(err)
+			}
+		}, LockFileName, "holdfast.lock is a symbolic link that cannot be followed"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			store := t.TempDir()
+			tt.make(t, filepath.Join(store, tt.entry))
+			_, err := CheckStoreDir(store, false, 0)
+			wantStoreDirError(t, err, store, tt.want, filepath.Join(store, tt.entry))
+		})
+	}
+	t.Run("the right kinds", func(t *testing.T) {
+		store := t.TempDir()
+		dir(t, filepath.Join(store, "jetstream"))
+		file(t, filepath.Join(store, LockFileName))
+		file(t, filepath.Join(store, StateFileName))
+		dir(t, filepath.Join(store, OrphanDirName))
+		if _, err := CheckStoreDir(store, false, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestProbeLock: `holdfast check` takes the lock as run does; a lock that
+// cannot be taken for a reason other than another holder is an error, not
+// silence (LockHolder's "").
+func TestProbeLock(t *testing.T) {
+	store := t.TempDir()
+	if holder, err := ProbeLock(store); holder != "" || err != nil {
+		t.Fatalf("ProbeLock of a free dir = %q, %v", holder, err)
+	}
+	l, err := LockStoreDir(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// flock locks belong to the open file description: a second open in
+	// this process conflicts like another process would.
+	if holder, err := ProbeLock(store); holder != "process "+strconv.Itoa(os.Getpid()) || err != nil {
+		t.Errorf("ProbeLock of a held dir = %q, %v, want this process and no error", holder, err)
+	}
+	l.Unlock()
+
+	broken := t.TempDir()
+	if err := os.Symlink(filepath.Join(t.TempDir(), "missing", "lock"), filepath.Join(broken, LockFileName)); err != nil {
+		t.Fatal(err)
+	}
+	holder, err := ProbeLock(broken)
+	if holder != "" {
+		t.Errorf("holder = %q", holder)
+	}
+	wantStoreDirError(t, err, broken, "cannot open lock file holdfast.lock")
+}

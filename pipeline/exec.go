@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultStderrLimit is how much of a command's stderr the exec handler keeps
@@ -27,8 +29,8 @@ const (
 	exitDataErr = 65
 
 	// execWaitDelay bounds how long Wait keeps reading stdout and stderr
-	// after the command exited (or was killed) while something it started
-	// still holds them open.
+	// after the command exited (or was killed) while a process it started
+	// outside its process group still holds them open.
 	execWaitDelay = 2 * time.Second
 
 	// stdoutDebugLimit is how much stdout is kept for the debug log.
@@ -87,8 +89,11 @@ type ExecOptions struct {
 // Exit status 0 succeeds. Exit status 65 (EX_DATAERR) fails the message
 // permanently. Any other exit status, death by a signal, the timeout and
 // cancellation of the context retry it. The command runs in its own process
-// group; on timeout or cancellation the whole group is killed with SIGKILL.
-// Processes that leave the group (setsid, setpgid) are not tracked.
+// group; on timeout or cancellation the whole group is killed with SIGKILL,
+// and so is whatever the command leaves running in its group when it
+// exits, success or not: a handler is done when its command is. Processes
+// that leave the group (setsid, setpgid) are not tracked; the handler stops
+// reading their stdout and stderr 2 seconds after the command exited.
 //
 // Stderr goes to the log line by line, at warn level, or info level when the
 // command succeeded. Stdout is discarded, unless the logger is enabled for
@@ -180,7 +185,17 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 		// The program may be being replaced by a deployment; try again.
 		return RetryLater(fmt.Sprintf("cannot start %s: %v", h.command[0], err))
 	}
+	// Wait for the command to exit without reaping it: while it is a
+	// zombie its pid, which is its process group's id, cannot be reused,
+	// so the kill below reaches only what it started.
+	exited := waitExited(cmd.Process.Pid)
+	if exited {
+		_ = killProcessGroup(cmd.Process.Pid)
+	}
 	waitErr := cmd.Wait()
+	if !exited {
+		_ = killProcessGroup(cmd.Process.Pid)
+	}
 	state := cmd.ProcessState
 	if state == nil {
 		return RetryLater(fmt.Sprintf("waiting for %s: %v", h.command[0], waitErr))
@@ -200,7 +215,7 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 	switch {
 	case code == 0:
 		if errors.Is(waitErr, exec.ErrWaitDelay) {
-			h.logger.LogAttrs(ctx, slog.LevelWarn, "handler exited but left a process holding its stdout or stderr open",
+			h.logger.LogAttrs(ctx, slog.LevelWarn, "handler exited but left a process outside its process group holding its stdout or stderr open",
 				slog.Uint64("seq", msg.Sequence),
 				slog.String("subject", msg.Subject),
 				slog.String("consumer", msg.Consumer),
@@ -247,6 +262,18 @@ func (h *ExecHandler) logOutput(ctx context.Context, level slog.Level, text stri
 		line, rest, _ := bytes.Cut(data, []byte{'\n'})
 		data = rest
 		h.logger.LogAttrs(ctx, level, text, attrs(slog.String("line", string(bytes.TrimSuffix(line, []byte{'\r'}))))...)
+	}
+}
+
+// waitExited blocks until the child pid has exited, leaving it to be
+// reaped by exec.Cmd.Wait, and reports whether it could wait so.
+func waitExited(pid int) bool {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PID, pid, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if !errors.Is(err, unix.EINTR) {
+			return err == nil
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -546,12 +547,58 @@ func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 	}
 }
 
-func TestExecLeftoverProcessDoesNotHangWait(t *testing.T) {
+// TestExecKillsWhatTheCommandLeftRunning: a grandchild that kept the
+// command's stdout open (sh -c 'sleep 120 & echo done') outlived the
+// handler's success. Whatever the command leaves in its process group is
+// killed when it exits, whatever the verdict, and the handler returns at
+// once instead of waiting on the pipe the grandchild held.
+func TestExecKillsWhatTheCommandLeftRunning(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		exit string
+		want Outcome
+	}{
+		{"success", "exit 0", Success},
+		{"retry", "exit 1", Retry},
+		{"permanent", "exit 65", Permanent},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			logger, logs := newTestLogger(t, slog.LevelInfo)
+			pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+			script := `sleep 120 & echo $! > "$1"; echo done; ` + tt.exit
+			h := newExec(t, ExecOptions{Command: shCommand(script, pidFile)}, logger)
+			h.waitDelay = 20 * time.Second
+
+			r := h.Handle(context.Background(), testMessage())
+			pid, err := readPID(pidFile)
+			if err != nil {
+				t.Fatalf("the script did not record its grandchild: %v", err)
+			}
+			killAtCleanup(t, pid)
+			if r.Outcome != tt.want {
+				t.Fatalf("result = %+v, want %v", r, tt.want)
+			}
+			waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+			if n := len(logs.Entries("handler exited but left a process outside its process group holding its stdout or stderr open")); n != 0 {
+				t.Errorf("got %d warnings about a process outside the group, want none", n)
+			}
+		})
+	}
+}
+
+// TestExecLeftoverOutsideGroupDoesNotHangWait: a process that left the
+// command's process group cannot be killed with it; the handler stops
+// waiting for the pipe it holds after waitDelay and says so.
+func TestExecLeftoverOutsideGroupDoesNotHangWait(t *testing.T) {
+	if _, err := exec.LookPath("setsid"); err != nil {
+		t.Skip("no setsid command:", err)
+	}
 	logger, logs := newTestLogger(t, slog.LevelInfo)
 	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
-	// The grandchild inherits stderr and keeps it open after the script
-	// exits successfully.
-	script := `sleep 300 & echo $! > "$1"; exit 0`
+	// The grandchild inherits stderr, leaves the group and keeps stderr
+	// open after the script exits successfully.
+	script := `setsid sh -c 'echo $$ > "$1"; exec sleep 300' grandchild "$1" &
+while [ ! -s "$1" ]; do sleep 0.01; done; exit 0`
 	h := newExec(t, ExecOptions{Command: shCommand(script, pidFile)}, logger)
 	h.waitDelay = 100 * time.Millisecond
 
@@ -562,7 +609,7 @@ func TestExecLeftoverProcessDoesNotHangWait(t *testing.T) {
 	if r != Ok() {
 		t.Fatalf("result = %+v, want Ok", r)
 	}
-	if n := len(logs.Entries("handler exited but left a process holding its stdout or stderr open")); n != 1 {
+	if n := len(logs.Entries("handler exited but left a process outside its process group holding its stdout or stderr open")); n != 1 {
 		t.Errorf("got %d warnings about the leftover process, want 1", n)
 	}
 }

@@ -56,9 +56,22 @@ type HTTPOptions struct {
 // and Content-Type: application/octet-stream unless the message has a
 // Content-Type. Of the message's headers, NATS's own Nats-* headers are not
 // sent (they steer JetStream, not the endpoint) except Nats-Msg-Id, the
-// publisher's id for the message; hop-by-hop headers such as Connection are
-// not sent either, nor are headers that HTTP cannot carry (a name that is not
-// a token, a value with control characters), which are logged.
+// publisher's id for the message, nor are headers that HTTP cannot carry (a
+// name that is not a token, a value with control characters), which are
+// logged.
+//
+// A publisher does not get to speak for holdfast to the endpoint: message
+// headers that carry credentials, that proxies use to say who the client
+// is, or that describe the connection are sent only under the prefix
+// Holdfast-Header- (a message's Authorization arrives as
+// Holdfast-Header-Authorization), where they inform the endpoint without
+// authenticating, redirecting or re-framing the request. They are
+// Authorization, Cookie, Proxy-*, Forwarded, X-Forwarded-*, Via, X-Real-IP,
+// True-Client-IP, X-Client-IP, X-Original-URL, X-Rewrite-URL,
+// X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override, Host,
+// Connection, Keep-Alive, TE, Trailer, Transfer-Encoding, Upgrade,
+// Content-Length and Expect. Credentials in the URL (https://user:pass@host)
+// are what authenticates the request.
 //
 // A 2xx response succeeds. 429 and 503 retry, after the Retry-After the
 // response gives (seconds or an HTTP date, at most an hour). Other 5xx
@@ -205,7 +218,8 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 func (h *HTTPHandler) setHeaders(ctx context.Context, header http.Header, msg *Message) string {
 	var skipped []string
 	for name, values := range msg.Header {
-		if !forwardHeader(name) {
+		sendAs := requestHeaderName(name)
+		if sendAs == "" {
 			continue
 		}
 		if !validHeaderName(name) {
@@ -217,7 +231,7 @@ func (h *HTTPHandler) setHeaders(ctx context.Context, header http.Header, msg *M
 				skipped = append(skipped, name)
 				break
 			}
-			header.Add(name, v)
+			header.Add(sendAs, v)
 		}
 	}
 	if len(skipped) > 0 {
@@ -248,28 +262,50 @@ func (h *HTTPHandler) setHeaders(ctx context.Context, header http.Header, msg *M
 	return ""
 }
 
-// hopByHopHeaders describe one connection, not the message; Host and
-// Content-Length are the transport's to set.
-var hopByHopHeaders = []string{
-	"Connection", "Keep-Alive", "Proxy-Connection", "Proxy-Authenticate",
-	"Proxy-Authorization", "TE", "Trailer", "Transfer-Encoding", "Upgrade",
-	"Host", "Content-Length",
+// protectedHeaderPrefix is put before the name of a message header that
+// may not be sent as itself.
+const protectedHeaderPrefix = "Holdfast-Header-"
+
+// protectedHeaders may not be set by a message: credentials (the handler's
+// own come from its URL), what proxies say about the client and the
+// original request (an endpoint may trust them), and the headers that
+// describe the connection or that the transport sets.
+var protectedHeaders = []string{
+	"Authorization", "Cookie",
+	"Forwarded", "Via", "X-Real-Ip", "True-Client-Ip", "X-Client-Ip",
+	"X-Original-Url", "X-Rewrite-Url",
+	"X-Http-Method-Override", "X-Http-Method", "X-Method-Override",
+	"Host", "Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding",
+	"Upgrade", "Content-Length", "Expect",
 }
 
-// forwardHeader reports whether a message header goes into the request.
-func forwardHeader(name string) bool {
+// protectedHeaderPrefixes start names of protected headers too.
+var protectedHeaderPrefixes = []string{"Proxy-", "X-Forwarded-"}
+
+// requestHeaderName returns the name a message header is sent under: its
+// own, protectedHeaderPrefix and its own, or "" when it is not sent.
+func requestHeaderName(name string) string {
 	if strings.EqualFold(name, nats.MsgIdHdr) {
-		return true
+		return name
 	}
-	if len(name) >= 5 && strings.EqualFold(name[:5], "Nats-") {
-		return false
+	if hasPrefixFold(name, "Nats-") {
+		return ""
 	}
-	for _, h := range hopByHopHeaders {
+	for _, h := range protectedHeaders {
 		if strings.EqualFold(name, h) {
-			return false
+			return protectedHeaderPrefix + name
 		}
 	}
-	return true
+	for _, p := range protectedHeaderPrefixes {
+		if hasPrefixFold(name, p) {
+			return protectedHeaderPrefix + name
+		}
+	}
+	return name
+}
+
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.

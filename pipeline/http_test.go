@@ -20,6 +20,7 @@ import (
 type receivedRequest struct {
 	Method string
 	Path   string
+	Host   string
 	Header http.Header
 	Body   []byte
 }
@@ -46,7 +47,7 @@ func newRecordingServer(t *testing.T, respond http.HandlerFunc) (*httptest.Serve
 		if err != nil {
 			t.Errorf("server: reading body: %v", err)
 		}
-		requests <- receivedRequest{Method: r.Method, Path: r.URL.Path, Header: r.Header.Clone(), Body: body}
+		requests <- receivedRequest{Method: r.Method, Path: r.URL.Path, Host: r.Host, Header: r.Header.Clone(), Body: body}
 		respond(w, r)
 	}))
 	t.Cleanup(srv.Close)
@@ -211,7 +212,7 @@ func TestHTTPRequest(t *testing.T) {
 		"Content-Type":         {"application/json"},
 		"x-tenant":             {"acme"},
 		"X-Multi":              {"a", "b"},
-		"Connection":           {"close"},   // hop-by-hop, not sent
+		"Connection":           {"close"},   // hop-by-hop, sent only as Holdfast-Header-Connection
 		"Holdfast-Seq":         {"999"},     // holdfast's own wins
 		"Idempotency-Key":      {"spoofed"}, // holdfast's own wins
 		"bad name":             {"x"},       // not a token, not sent
@@ -521,23 +522,100 @@ func FuzzParseRetryAfter(f *testing.F) {
 	})
 }
 
-func TestForwardHeader(t *testing.T) {
-	for name, want := range map[string]bool{
-		"Nats-Msg-Id":                 true,
-		"nats-msg-id":                 true,
-		"Nats-Expected-Last-Sequence": false,
-		"NATS-TTL":                    false,
-		"Nats":                        true,
-		"Natsy-Thing":                 true,
-		"Connection":                  false,
-		"transfer-encoding":           false,
-		"Host":                        false,
-		"Content-Length":              false,
-		"Content-Type":                true,
-		"X-Anything":                  true,
+func TestRequestHeaderName(t *testing.T) {
+	for name, want := range map[string]string{
+		"Nats-Msg-Id":                 "Nats-Msg-Id",
+		"nats-msg-id":                 "nats-msg-id",
+		"Nats-Expected-Last-Sequence": "",
+		"NATS-TTL":                    "",
+		"Nats":                        "Nats",
+		"Natsy-Thing":                 "Natsy-Thing",
+		"Connection":                  "Holdfast-Header-Connection",
+		"transfer-encoding":           "Holdfast-Header-transfer-encoding",
+		"Host":                        "Holdfast-Header-Host",
+		"Content-Length":              "Holdfast-Header-Content-Length",
+		"authorization":               "Holdfast-Header-authorization",
+		"Proxy-Anything":              "Holdfast-Header-Proxy-Anything",
+		"x-forwarded-for":             "Holdfast-Header-x-forwarded-for",
+		"X-Forwardedness":             "X-Forwardedness",
+		"Authorization-Hint":          "Authorization-Hint",
+		"Content-Type":                "Content-Type",
+		"X-Anything":                  "X-Anything",
 	} {
-		if got := forwardHeader(name); got != want {
-			t.Errorf("forwardHeader(%q) = %v, want %v", name, got, want)
+		if got := requestHeaderName(name); got != want {
+			t.Errorf("requestHeaderName(%q) = %q, want %q", name, got, want)
 		}
+	}
+}
+
+// TestHTTPMessageCannotSetCredentialsOrTrustHeaders: a publisher's
+// Authorization, Cookie, Proxy-Authorization, X-Forwarded-*, Forwarded, Host
+// and hop-by-hop headers reached the endpoint as themselves, and a message's
+// Authorization replaced the credentials configured in the URL. They arrive
+// only under Holdfast-Header-, and the URL's credentials authenticate.
+func TestHTTPMessageCannotSetCredentialsOrTrustHeaders(t *testing.T) {
+	protected := map[string]string{
+		"Authorization":          "Bearer publisher-token",
+		"Cookie":                 "session=publisher",
+		"Proxy-Authorization":    "Basic cHJveHk6c2VjcmV0",
+		"Proxy-Connection":       "keep-alive",
+		"X-Forwarded-For":        "10.9.8.7",
+		"X-Forwarded-Host":       "admin.internal",
+		"X-Forwarded-Proto":      "https",
+		"Forwarded":              "for=10.9.8.7;proto=https",
+		"X-Real-Ip":              "10.9.8.7",
+		"Via":                    "1.1 trusted-proxy",
+		"X-Http-Method-Override": "DELETE",
+		"Host":                   "admin.internal",
+		"Connection":             "close",
+		"Keep-Alive":             "timeout=600",
+		"Te":                     "trailers",
+		"Trailer":                "X-Sig",
+		"Transfer-Encoding":      "chunked",
+		"Upgrade":                "websocket",
+		"Expect":                 "100-continue",
+	}
+	for _, tt := range []struct {
+		name     string
+		userinfo string
+		wantAuth string
+	}{
+		{"url with credentials", "svc:url-secret@", "Basic c3ZjOnVybC1zZWNyZXQ="},
+		{"url without credentials", "", ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			srv, requests := newRecordingServer(t, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusOK)
+			})
+			h := newHTTP(t, HTTPOptions{URL: strings.Replace(srv.URL, "://", "://"+tt.userinfo, 1) + "/orders", Timeout: time.Minute}, nil)
+			msg := testMessage()
+			msg.Header = nats.Header{}
+			for name, v := range protected {
+				msg.Header[name] = []string{v}
+			}
+			if r := h.Handle(context.Background(), msg); r != Ok() {
+				t.Fatalf("result = %+v, want Ok", r)
+			}
+			req := <-requests
+			if got := req.Header.Get("Authorization"); got != tt.wantAuth {
+				t.Errorf("Authorization = %q, want %q (the URL's)", got, tt.wantAuth)
+			}
+			if req.Method != http.MethodPost {
+				t.Errorf("method = %s, want POST", req.Method)
+			}
+			if want := strings.TrimPrefix(srv.URL, "http://"); req.Host != want {
+				t.Errorf("Host = %q, want %q", req.Host, want)
+			}
+			for name, v := range protected {
+				if name != "Authorization" && name != "Host" {
+					if got := req.Header.Values(name); len(got) > 0 {
+						t.Errorf("the message's %s was sent as itself: %q", name, got)
+					}
+				}
+				if got := req.Header.Get("Holdfast-Header-" + name); got != v {
+					t.Errorf("Holdfast-Header-%s = %q, want the message's %q", name, got, v)
+				}
+			}
+		})
 	}
 }

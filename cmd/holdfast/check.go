@@ -43,7 +43,11 @@ func checkCommand() *cli.Command {
 					for _, w := range res.Warnings {
 						fmt.Fprintln(c.App.Writer, "warning: "+w)
 					}
-					if holder := embedded.LockHolder(res.Path); holder != "" {
+					// The lock as run takes it: a lock file run cannot open is a
+					// problem, a lock another process holds only a note.
+					if holder, lerr := embedded.ProbeLock(res.Path); lerr != nil {
+						problems = append(problems, lerr)
+					} else if holder != "" {
 						fmt.Fprintf(c.App.Writer, "note: store dir %s is in use by %s; a second instance on it would be refused\n", res.Path, holder)
 					}
 				}

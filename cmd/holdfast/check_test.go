@@ -1,0 +1,123 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestCheckAndRunRefuseValuesRunCannotSurvive: values that `check` used to
+// accept and `run` could not live with (sync = "1ns" panicked inside
+// nats-server, ack_wait = "1ns" spun, a stream on _INBOX.> stored its own
+// PubAcks until the disk filled, port = -1 ran where status could not
+// find it) are refused by both, each with its key path.
+func TestCheckAndRunRefuseValuesRunCannotSurvive(t *testing.T) {
+	t.Parallel()
+	path := e2eWriteConfig(t, fmt.Sprintf(`[server]
+port = -1
+
+[jetstream]
+store_dir = %q
+sync = "1ns"
+
+[http]
+listen = ""
+
+[streams.ORDERS]
+subjects = ["orders.*"]
+
+[streams.REPLIES]
+subjects = ["_INBOX.>"]
+
+[consumers.WORKER1]
+stream = "ORDERS"
+ack_wait = "1ns"
+backoff = ["1ns"]
+`, filepath.Join(t.TempDir(), "store")))
+	want := []string{
+		"server.port = -1: must be 1-65535",
+		`jetstream.sync = "1ns": an interval must be at least 10ms`,
+		`streams.REPLIES.subjects = "_INBOX.>": overlaps _INBOX.>`,
+		"consumers.WORKER1.ack_wait = 1ns: must be at least 1s",
+		"consumers.WORKER1.backoff[0] = 1ns: must be at least 10ms",
+	}
+	check := runHoldfast(t, nil, "check", "--config", path)
+	if check.code != 1 {
+		t.Errorf("check exited %d, want 1", check.code)
+	}
+	run := runHoldfast(t, nil, "run", "--config", path)
+	if run.code != 2 {
+		t.Errorf("run exited %d, want 2 (a config error)", run.code)
+	}
+	for _, w := range want {
+		if !strings.Contains(check.stdout+check.stderr, w) {
+			t.Errorf("check does not say %q:\n%s%s", w, check.stdout, check.stderr)
+		}
+		if !strings.Contains(run.stderr, w) {
+			t.Errorf("run does not say %q:\n%s", w, run.stderr)
+		}
+	}
+}
+
+// TestCheckRefusesStoreShapesRunRefuses: a store dir holding a file named
+// jetstream or a directory named holdfast.lock passed `check` and stopped
+// `run`. Both refuse it now, naming the path, and leave it alone.
+func TestCheckRefusesStoreShapesRunRefuses(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		entry string
+		dir   bool
+		want  string
+	}{
+		{"jetstream", false, "jetstream is a regular file, not a directory"},
+		{"holdfast.lock", true, "holdfast.lock is a directory, not a regular file"},
+	} {
+		t.Run(tt.entry, func(t *testing.T) {
+			t.Parallel()
+			store := filepath.Join(t.TempDir(), "store")
+			if err := os.Mkdir(store, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			entry := filepath.Join(store, tt.entry)
+			var err error
+			if tt.dir {
+				err = os.Mkdir(entry, 0o750)
+			} else {
+				err = os.WriteFile(entry, []byte("keep me"), 0o600)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := e2eWriteConfig(t, e2eConfigTOML(store, e2eFreePort(t), ""))
+			check := runHoldfast(t, nil, "check", "--config", path)
+			if check.code != 1 || !strings.Contains(check.stderr, "store dir "+store+": "+tt.want) || !strings.Contains(check.stderr, "move "+entry) {
+				t.Errorf("check exited %d, want 1 and %q with the fix:\n%s%s", check.code, tt.want, check.stdout, check.stderr)
+			}
+			run := runHoldfast(t, nil, "run", "--config", path)
+			if run.code == 0 || !strings.Contains(run.stderr, "store dir "+store+": "+tt.want) {
+				t.Errorf("run exited %d, want a failure that says %q:\n%s", run.code, tt.want, run.stderr)
+			}
+			fi, err := os.Stat(entry)
+			if err != nil || fi.IsDir() != tt.dir {
+				t.Errorf("%s was changed: %v %v", entry, fi, err)
+			}
+		})
+	}
+}
+
+// TestCheckRefusesDeepTableName: the 100 KB config with a 50,000-part
+// table name took 9.7 s and 2.6 GB to be rejected; it is refused before it
+// is decoded, by check and run alike.
+func TestCheckRefusesDeepTableName(t *testing.T) {
+	t.Parallel()
+	path := e2eWriteConfig(t, "["+strings.Repeat("a.", 50_000)+"a]\n")
+	want := path + ": line 1: a key or table name with more than 32 dot-separated parts"
+	if res := runHoldfast(t, nil, "check", "--config", path); res.code != 1 || !strings.Contains(res.stderr, want) {
+		t.Errorf("check exited %d, want 1 and %q:\n%.2000s", res.code, want, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "run", "--config", path); res.code != 2 || !strings.Contains(res.stderr, want) {
+		t.Errorf("run exited %d, want 2 and %q:\n%.2000s", res.code, want, res.stderr)
+	}
+}
