@@ -271,7 +271,10 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 // bootstrap does not create the stream over it. It returns where it went,
 // or "" when there was nothing to move.
 func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
-	dirs, _ := filepath.Glob(filepath.Join(storeDir, "jetstream", "*", "streams", stream))
+	dirs, err := orphanDirs(storeDir, stream)
+	if err != nil {
+		return "", err
+	}
 	var moved []string
 	for _, dir := range dirs {
 		account := filepath.Base(filepath.Dir(filepath.Dir(dir)))
@@ -301,6 +304,41 @@ func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
 	}
 	sort.Strings(moved)
 	return strings.Join(moved, ", "), nil
+}
+
+// orphanDirs lists the data directories named exactly stream, in every
+// account of the store (jetstream/<account>/streams/<stream>). Names are
+// compared as they are, never as patterns: a stream may be called "A?" or
+// "A[1]" and must not take "AB"'s or "A1"'s directory with it.
+func orphanDirs(storeDir, stream string) ([]string, error) {
+	if stream == "" || stream == "." || stream == ".." || strings.ContainsAny(stream, `/\`) {
+		return nil, fmt.Errorf("cannot look for the data directory of stream %q: not a valid stream name", stream)
+	}
+	root := filepath.Join(storeDir, "jetstream")
+	accounts, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
+	}
+	var dirs []string
+	for _, a := range accounts {
+		if !a.IsDir() {
+			continue
+		}
+		dir := filepath.Join(root, a.Name(), "streams", stream)
+		fi, err := os.Lstat(dir)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
+		case fi.IsDir():
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs, nil
 }
 
 // DataLosses returns what the start-up check found missing (nil when

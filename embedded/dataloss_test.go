@@ -395,3 +395,39 @@ func TestOrphanNamesNeverCollide(t *testing.T) {
 		}
 	}
 }
+
+// A vanished stream's name is matched exactly, not as a glob pattern: the
+// stream "A?" takes only its own directory, never the healthy "AB"'s, and
+// a name that is a bad pattern ("A[") still finds its directory.
+func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
+	dir := t.TempDir()
+	streams := filepath.Join(dir, "jetstream", "$G", "streams")
+	for _, name := range []string{"AB", "A[", "A?"} {
+		if err := os.MkdirAll(filepath.Join(streams, name), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	to, err := moveOrphan(dir, "A?", time.Now())
+	if err != nil {
+		t.Fatalf("moveOrphan(A?): %v", err)
+	}
+	if to == "" || strings.Contains(to, ",") {
+		t.Fatalf("moveOrphan(A?) moved %q, want exactly one directory", to)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "AB")); err != nil {
+		t.Fatalf("the healthy stream AB lost its directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "A?")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("A?'s directory is still in place: %v", err)
+	}
+	to, err = moveOrphan(dir, "A[", time.Now())
+	if err != nil || to == "" {
+		t.Fatalf("moveOrphan(A[) = %q, %v: want its directory moved", to, err)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "A[")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("A['s directory is still in place: %v", err)
+	}
+	if to, err := moveOrphan(dir, "NONE", time.Now()); err != nil || to != "" {
+		t.Fatalf("moveOrphan(NONE) = %q, %v: want nothing moved", to, err)
+	}
+}
