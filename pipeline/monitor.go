@@ -34,6 +34,11 @@ type MonitoredConsumer struct {
 	Workers *Workers
 	// DeadLetter is its dead-letter stream, "" when it has none.
 	DeadLetter string
+	// HandlerTimeout is the longest a handler may run (the exec or http
+	// handler's timeout), 0 when it has none. A handler running longer
+	// than HandlerTimeout plus the stall timeout makes the consumer
+	// stalled; before that it is working, not stalled.
+	HandlerTimeout time.Duration
 }
 
 // MonitorOptions configures a Monitor.
@@ -146,6 +151,16 @@ func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
 	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
 		t.mc.WantWorkers = want
 		t.mc.Workers = w
+	}
+}
+
+// SetHandlerTimeout replaces the handler timeout of a consumer (see
+// MonitoredConsumer.HandlerTimeout), after a reload changed it.
+func (m *Monitor) SetHandlerTimeout(stream, consumer string, timeout time.Duration) {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
+		t.mc.HandlerTimeout = timeout
 	}
 }
 
@@ -287,9 +302,19 @@ type ConsumerStatus struct {
 	// and "max_age" (age of the oldest unacknowledged message).
 	BacklogRatio map[string]float64 `json:"backlog_ratio,omitempty"`
 	Warnings     []string           `json:"warnings,omitempty"`
-	Stalled      bool               `json:"stalled"`
-	// IdleFor is how long the consumer made no progress while it had
-	// work to do.
+	// Stalled: holdfast's own workers should be making progress and are
+	// not (a handler stuck past its timeout, workers idle while messages
+	// wait). A restart cures that, so it is unhealthy and stops the
+	// watchdog. Handlers still running within their timeout and messages
+	// waiting for a delayed retry are not a stall.
+	Stalled     bool   `json:"stalled"`
+	StallReason string `json:"stall_reason,omitempty"`
+	// Blocked: a consumer without in-process workers has max_ack_pending
+	// messages out to other clients and made no progress for the stall
+	// timeout. It makes the health degraded, never the watchdog stop.
+	Blocked bool `json:"blocked,omitempty"`
+	// IdleFor is how long the consumer made no progress while it was
+	// expected to.
 	IdleFor    time.Duration `json:"idle_for_ns,omitempty"`
 	DeadLetter string        `json:"dead_letter,omitempty"`
 	Workers    WorkerStatus  `json:"workers"`
@@ -305,6 +330,12 @@ type WorkerStatus struct {
 	Retried      uint64 `json:"retried"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	Failures     uint64 `json:"failures"`
+	// DelayedRetries are messages waiting for a retry the workers delayed
+	// on purpose (backoff, Retry-After), the last due at RetryDue.
+	DelayedRetries int       `json:"delayed_retries,omitempty"`
+	RetryDue       time.Time `json:"retry_due,omitzero"`
+	// OldestHandlerStart is when the longest-running handler started.
+	OldestHandlerStart time.Time `json:"oldest_handler_start,omitzero"`
 }
 
 // LossEvent is one detected retention loss.
@@ -462,10 +493,15 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 	defer m.mu.Unlock()
 	m.account(t, obs, now)
 	m.warn(t, obs.si, obs.ci, oldest, now)
-	t.progress(obs.ci, now)
+	var act Activity
+	if t.mc.Workers != nil {
+		act = t.mc.Workers.Activity(now)
+	}
+	t.progress(obs.ci, act, now)
 	cs := t.status(now)
 	cs.Exists = true
-	cs.Stalled = t.stalled(obs.ci, m.opts.StallTimeout, now)
+	cs.Stalled, cs.StallReason = t.stalled(obs.ci, act, m.opts.StallTimeout, now)
+	cs.Blocked = t.blocked(m.opts.StallTimeout, now)
 	return cs
 }
 

@@ -68,7 +68,8 @@ func (d *daemon) Open(ctx context.Context) error {
 	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
-		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter}
+		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
+			HandlerTimeout: handlerTimeout(cc)}
 		if cc.Workers == 0 {
 			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
 			monitored = append(monitored, mc)
@@ -150,6 +151,18 @@ func startupLosses(srv *embedded.Server) []string {
 	return out
 }
 
+// handlerTimeout is the longest a consumer's handler may run: the exec or
+// http timeout; 0 (none) for the log handler.
+func handlerTimeout(cc *config.ConsumerConfig) time.Duration {
+	switch cc.Handler {
+	case "exec":
+		return cc.Exec.Timeout.Duration
+	case "http":
+		return cc.HTTP.Timeout.Duration
+	}
+	return 0
+}
+
 // setWorkers replaces the list of running workers.
 func (d *daemon) setWorkers(ws []*pipeline.Workers) {
 	d.workersMu.Lock()
@@ -168,8 +181,11 @@ func (d *daemon) Status() string {
 // Healthy is the systemd watchdog's probe: the server answers a
 // JetStream API round trip on the in-process connection, the monitor's
 // checks keep coming, every consumer's workers run and none is stalled.
-// Only being stuck fails it — not a retention loss or a consumer deleted by
-// hand, which a restart would not mend.
+// Only what a restart cures fails it: being stuck. A stall is holdfast's
+// own workers not progressing when they could (see
+// pipeline.ConsumerStatus.Stalled); handlers running within their
+// timeout, delayed retries and a consumer without in-process workers
+// blocked by its clients do not fail it, nor does a retention loss.
 func (d *daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
@@ -199,7 +215,7 @@ func (d *daemon) Healthy(ctx context.Context) error {
 	}
 	for _, c := range r.Consumers {
 		if c.Stalled {
-			return fmt.Errorf("consumer %s on stream %s is stalled", c.Name, c.Stream)
+			return fmt.Errorf("consumer %s on stream %s is stalled: %s", c.Name, c.Stream, c.StallReason)
 		}
 	}
 	return nil
@@ -349,6 +365,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		}
 	}
 	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
+	d.monitor.SetHandlerTimeout(cc.Stream, name, handlerTimeout(cc))
 	d.log.Info("reload: workers restarted", "consumer", name, "workers", cc.Workers, "handler", cc.Handler)
 }
 
