@@ -34,7 +34,8 @@ const StateFileName = "holdfast-state.json"
 // of a vanished stream is moved before the stream is created anew.
 const OrphanDirName = "holdfast-orphans"
 
-// DefaultStateInterval is how often a running holdfast records the state.
+// DefaultStateInterval is how often a running holdfast reads the state,
+// and records it when it changed.
 // Acknowledged messages stored after the last record and lost with a sync
 // interval are detected only when they take the stream's definition
 // with them; the record is also written at once when a stream or a
@@ -446,7 +447,7 @@ func (s *Server) startRecorder() {
 			case <-changed:
 			case <-t.C:
 			}
-			if err := s.recordState(ctx); err != nil && ctx.Err() == nil {
+			if err := s.recordStateIfChanged(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
 			}
 		}
@@ -467,6 +468,17 @@ func (s *Server) RecordState(ctx context.Context) error {
 }
 
 func (s *Server) recordState(ctx context.Context) error {
+	return s.writeState(ctx, true)
+}
+
+// recordStateIfChanged records the state only when it differs from the
+// one in the state file: an idle appliance does not rewrite and fsync the
+// file every interval (flash wear).
+func (s *Server) recordStateIfChanged(ctx context.Context) error {
+	return s.writeState(ctx, false)
+}
+
+func (s *Server) writeState(ctx context.Context, always bool) error {
 	s.recordMu.Lock()
 	defer s.recordMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -475,5 +487,31 @@ func (s *Server) recordState(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if !always {
+		// The file is read from the page cache: no write, no wear.
+		if old, err := ReadStoreState(s.store.Path); err == nil && sameStoreState(old, st) {
+			return nil
+		}
+	}
 	return WriteStoreState(s.store.Path, st)
+}
+
+// sameStoreState reports whether a and b record the same positions (the
+// time they were written aside).
+func sameStoreState(a, b *StoreState) bool {
+	if a == nil || b == nil || a.Version != b.Version || len(a.Streams) != len(b.Streams) || len(a.Consumers) != len(b.Consumers) {
+		return false
+	}
+	for name, x := range a.Streams {
+		y, ok := b.Streams[name]
+		if !ok || !x.Created.Equal(y.Created) || x.FirstSeq != y.FirstSeq || x.LastSeq != y.LastSeq || x.Msgs != y.Msgs {
+			return false
+		}
+	}
+	for key, x := range a.Consumers {
+		if y, ok := b.Consumers[key]; !ok || x != y {
+			return false
+		}
+	}
+	return true
 }

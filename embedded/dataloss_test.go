@@ -3,9 +3,11 @@ package embedded
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -430,4 +432,56 @@ func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
 	if to, err := moveOrphan(dir, "NONE", time.Now()); err != nil || to != "" {
 		t.Fatalf("moveOrphan(NONE) = %q, %v: want nothing moved", to, err)
 	}
+}
+
+// An idle server does not rewrite the state file every interval; a change
+// is recorded.
+func TestRecorderWritesOnlyOnChange(t *testing.T) {
+	cfg := testConfig(t)
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	s.StateInterval = 20 * time.Millisecond
+	if err := s.Open(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
+	// Each write renames a new file over the old one: a new inode.
+	inode := func() uint64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return 0
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	var first uint64
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		if err != nil || st == nil || len(st.Consumers) == 0 {
+			return fmt.Errorf("bootstrap not recorded yet: %v", err)
+		}
+		first = inode()
+		return nil
+	})
+	// Fifty recorder intervals with nothing changing.
+	deadline := time.Now().Add(50 * s.StateInterval)
+	for time.Now().Before(deadline) {
+		if got := inode(); got != first {
+			t.Fatalf("the state file was rewritten although nothing changed (inode %d -> %d)", first, got)
+		}
+		time.Sleep(s.StateInterval / 2)
+	}
+	if _, err := s.JetStream().Publish(testContext(t), "orders.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 1 {
+			return fmt.Errorf("ORDERS at seq 1 not recorded yet: %v", err)
+		}
+		return nil
+	})
 }

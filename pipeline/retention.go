@@ -21,9 +21,10 @@ package pipeline
 //     counter) tell how many it received and how many it skipped. That is
 //     exact unless the interval also had redeliveries, which would make it
 //     a lower bound. For a consumer with a filter narrower than its stream,
-//     the filter's messages are counted with short-lived probe consumers
-//     (the durable consumer's own pending count trails new messages):
-//     pending before, plus messages stored for the filter since, minus
+//     the filter's messages are counted from the durable consumer's own
+//     pending count when the stream stored nothing for a second (it trails
+//     new messages), and with short-lived probe consumers otherwise, so an
+//     idle appliance creates none: pending before, plus messages stored for the filter since, minus
 //     pending now, minus deliveries. Messages stored and
 //     removed between two checks (a burst of more than max_msgs within
 //     one check interval) cannot be seen that way: the count is then a
@@ -177,12 +178,20 @@ func (m *Monitor) observeFiltered(ctx context.Context, s jetstream.Stream, si *j
 			obs.si, obs.ci = si, ci
 		}
 		// The consumer's own pending count trails new messages (the
-		// server updates it asynchronously): count afresh.
-		pending, err := countFrom(ctx, s, consumerFilters(ci.Config), ci.Delivered.Stream+1)
-		if err != nil {
-			return obs, err
+		// server counts them on another goroutine after storing them), so
+		// it is used only when no message was stored for a while; on a
+		// busy stream a probe counts afresh.
+		var pending uint64
+		if quietStream(si, time.Now()) {
+			pending = ci.NumPending
+		} else {
+			var err error
+			if pending, err = countFrom(ctx, s, consumerFilters(ci.Config), ci.Delivered.Stream+1); err != nil {
+				return obs, err
+			}
 		}
 		var n uint64
+		var err error
 		if gated {
 			if n, err = countFrom(ctx, s, consumerFilters(ci.Config), t.base.lastSeq+1); err != nil {
 				return obs, err
@@ -198,6 +207,16 @@ func (m *Monitor) observeFiltered(ctx context.Context, s jetstream.Stream, si *j
 		}
 	}
 	return obs, nil
+}
+
+// quietAfter is how long a stream must have stored nothing for the
+// server's pending count of a consumer to have caught up with it.
+const quietAfter = time.Second
+
+// quietStream reports whether si's stream stored no message for
+// quietAfter before now: an idle stream is read without probes.
+func quietStream(si *jetstream.StreamInfo, now time.Time) bool {
+	return si.State.LastSeq == 0 || (!si.State.LastTime.IsZero() && now.Sub(si.State.LastTime) >= quietAfter)
 }
 
 // countFrom counts the messages of the stream on the given subjects with

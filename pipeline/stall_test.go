@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -186,4 +187,44 @@ func TestMonitorConsumerWithoutWorkersIsBlockedNotStalled(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Checking an idle filtered consumer creates no probe consumers (each one
+// was a JetStream API write, and a meta-layer proposal in a cluster).
+func TestMonitorIdleFilteredConsumerCreatesNoProbes(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
+	})
+	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	e.publish("orders.created", 3)
+	e.publish("orders.updated", 2)
+	created := make(chan string, 100)
+	sub, err := e.srv.Conn().Subscribe("$JS.EVENT.ADVISORY.CONSUMER.CREATED.ORDERS.>", func(msg *nats.Msg) { created <- msg.Subject })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := e.srv.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// Once the stream is idle (a second after the last message), checks
+	// read the consumer's own count.
+	time.Sleep(1100 * time.Millisecond)
+	for len(created) > 0 {
+		<-created // probes of the busy second
+	}
+	for range 20 {
+		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
+		if cs.Pending != 3 {
+			t.Fatalf("pending = %d, want 3", cs.Pending)
+		}
+	}
+	if err := e.srv.Conn().Flush(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case subj := <-created:
+		t.Fatalf("a consumer was created while the stream was idle: %s", subj)
+	case <-time.After(200 * time.Millisecond):
+	}
 }
