@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -65,6 +66,11 @@ type MonitorOptions struct {
 	// limits, reported next to the usage (the account's own limits are
 	// unlimited on a single server).
 	FileStoreLimit, MemoryStoreLimit int64
+	// Recreate, when set, creates the configured streams and consumers
+	// again (the bootstrap). The Monitor calls it when one of them
+	// disappeared while running (`nats stream rm`, `nats consumer rm`),
+	// logs it as an error and counts it (Report, holdfast_recreated_total).
+	Recreate func(ctx context.Context) error
 	// StartupLosses describes acknowledged messages found lost when the
 	// store was opened (a power cut with a sync interval, a damaged
 	// block). Like a retention loss they make the health degraded until
@@ -93,6 +99,11 @@ type Monitor struct {
 	trackers map[consumerKey]*consumerTracker
 
 	report atomic.Pointer[Report]
+
+	// recreated counts, by "stream/NAME" or "consumer/STREAM/NAME", the
+	// times a vanished stream or consumer was created again. checkMu.
+	recreated       map[string]uint64
+	lastRecreateErr time.Time
 
 	advisory *nats.Subscription
 	cancel   context.CancelFunc
@@ -123,6 +134,8 @@ func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log 
 		opts:     opts,
 		log:      log.With("component", "monitor"),
 		trackers: map[consumerKey]*consumerTracker{},
+
+		recreated: map[string]uint64{},
 	}
 	seen := map[string]bool{}
 	add := func(s string) {
@@ -274,6 +287,9 @@ type StreamStatus struct {
 	MaxMsgs  int64         `json:"max_msgs"`
 	MaxBytes int64         `json:"max_bytes"`
 	MaxAge   time.Duration `json:"max_age_ns"`
+	// Recreated counts the times the stream disappeared while running and
+	// holdfast created it again.
+	Recreated uint64 `json:"recreated,omitempty"`
 }
 
 // ConsumerStatus is one consumer's position, progress and losses.
@@ -318,6 +334,9 @@ type ConsumerStatus struct {
 	IdleFor    time.Duration `json:"idle_for_ns,omitempty"`
 	DeadLetter string        `json:"dead_letter,omitempty"`
 	Workers    WorkerStatus  `json:"workers"`
+	// Recreated counts the times the consumer disappeared while running
+	// and holdfast created it again.
+	Recreated uint64 `json:"recreated,omitempty"`
 }
 
 // WorkerStatus is what a consumer's in-process workers did since start.
@@ -385,6 +404,18 @@ func (m *Monitor) check(ctx context.Context) {
 	for _, name := range m.streams {
 		r.Streams = append(r.Streams, m.checkStream(ctx, name, now, r))
 	}
+	if m.recreate(ctx, r, now) {
+		r.Streams, r.Consumers = nil, nil
+		for _, name := range m.streams {
+			r.Streams = append(r.Streams, m.checkStream(ctx, name, now, r))
+		}
+	}
+	for i := range r.Streams {
+		r.Streams[i].Recreated = m.recreated["stream/"+r.Streams[i].Name]
+	}
+	for i := range r.Consumers {
+		r.Consumers[i].Recreated = m.recreated["consumer/"+r.Consumers[i].Stream+"/"+r.Consumers[i].Name]
+	}
 	sort.Slice(r.Consumers, func(i, j int) bool {
 		if r.Consumers[i].Stream != r.Consumers[j].Stream {
 			return r.Consumers[i].Stream < r.Consumers[j].Stream
@@ -393,6 +424,63 @@ func (m *Monitor) check(ctx context.Context) {
 	})
 	r.Health = m.evaluate(r)
 	m.report.Store(r)
+}
+
+// What a check reports for a stream or a consumer that is not on the
+// server.
+const (
+	errStreamMissing   = "stream does not exist"
+	errConsumerMissing = "consumer does not exist"
+)
+
+// recreateRetry is how often a failing Recreate is logged again.
+const recreateRetry = 30 * time.Second
+
+// recreate creates the configured streams and consumers again when the
+// check found one missing, and reports whether it did. A stream or
+// consumer deleted while holdfast runs would otherwise leave it without
+// them until a restart: never silently — every time is an error line and
+// counted. checkMu is held.
+func (m *Monitor) recreate(ctx context.Context, r *Report, now time.Time) bool {
+	if m.opts.Recreate == nil || !r.JetStream.Enabled {
+		return false
+	}
+	var missing []string
+	for _, s := range r.Streams {
+		if !s.Exists && s.Error == errStreamMissing {
+			missing = append(missing, "stream/"+s.Name)
+		}
+	}
+	for _, c := range r.Consumers {
+		if !c.Exists && c.Error == errConsumerMissing {
+			missing = append(missing, "consumer/"+c.Stream+"/"+c.Name)
+		}
+	}
+	if len(missing) == 0 {
+		return false
+	}
+	if err := m.opts.Recreate(ctx); err != nil {
+		if now.Sub(m.lastRecreateErr) >= recreateRetry {
+			m.lastRecreateErr = now
+			m.log.Error("configured streams or consumers disappeared while running and cannot be created again; retrying",
+				"missing", missing, "err", err)
+		}
+		return false
+	}
+	for _, k := range missing {
+		m.recreated[k]++
+	}
+	m.log.Error("configured streams or consumers disappeared while running (deleted by a client such as `nats stream rm`): created them again; the messages they held are gone",
+		"recreated", missing)
+	return true
+}
+
+// Recreated returns, by "stream/NAME" and "consumer/STREAM/NAME", how many
+// times the Monitor created a vanished stream or consumer again.
+func (m *Monitor) Recreated() map[string]uint64 {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	return maps.Clone(m.recreated)
 }
 
 func limitOr(account, server int64) int64 {
@@ -420,7 +508,7 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 	s, err := m.js.Stream(ctx, name)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			st.Error = "stream does not exist"
+			st.Error = errStreamMissing
 		} else {
 			st.Error = err.Error()
 		}
@@ -470,7 +558,7 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 		cs := t.status(now)
 		m.mu.Unlock()
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			cs.Error = "consumer does not exist"
+			cs.Error = errConsumerMissing
 		} else {
 			cs.Error = err.Error()
 		}

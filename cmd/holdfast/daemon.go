@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -35,6 +36,10 @@ type daemon struct {
 	statusSub *nats.Subscription
 	failed    chan struct{}
 
+	// running is cfg for other goroutines (the monitor's Recreate):
+	// stored by Open and Reload.
+	running atomic.Pointer[config.Config]
+
 	closeOnce sync.Once
 	closeErr  error
 	stopWatch context.CancelFunc
@@ -61,6 +66,7 @@ func (d *daemon) Open(ctx context.Context) error {
 		return err
 	}
 	d.http.setNATS(d.srv.NATS())
+	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
@@ -92,6 +98,7 @@ func (d *daemon) Open(ctx context.Context) error {
 		FileStoreLimit:   fileStoreLimit(d.srv, d.cfg),
 		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
 		StartupLosses:    startupLosses(d.srv),
+		Recreate:         d.recreate,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -149,6 +156,13 @@ func startupLosses(srv *embedded.Server) []string {
 		}
 	}
 	return out
+}
+
+// recreate creates the configured streams and consumers again, for the
+// monitor when one disappeared while running; the workers resume on
+// their own once their consumer is back.
+func (d *daemon) recreate(ctx context.Context) error {
+	return embedded.Bootstrap(ctx, d.srv.JetStream(), d.running.Load(), d.log)
 }
 
 // handlerTimeout is the longest a consumer's handler may run: the exec or
@@ -324,6 +338,7 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		}
 	}
 	d.cfg = &applied
+	d.running.Store(d.cfg)
 	if len(restart) > 0 {
 		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
 	}
