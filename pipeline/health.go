@@ -76,11 +76,15 @@ func (m *Monitor) evaluate(r *Report) Health {
 	problem := func(format string, args ...any) {
 		h.Problems = append(h.Problems, fmt.Sprintf(format, args...))
 	}
-	if !r.JetStream.Enabled {
-		problem("JetStream does not answer: %s", r.JetStream.Error)
+	// The cause first: it is the Reason an alert shows.
+	if r.JetStream.Diagnosis != "" {
+		problem("%s", r.JetStream.Diagnosis)
 	}
 	if r.JetStream.ServerCheckError != "" {
 		problem("%s", r.JetStream.ServerCheckError)
+	}
+	if !r.JetStream.Enabled {
+		problem("JetStream does not answer: %s", r.JetStream.Error)
 	}
 	for _, s := range r.Streams {
 		if !s.Exists {

@@ -125,6 +125,7 @@ var (
 	descJSLimit    = desc("jetstream_storage_limit_bytes", "JetStream storage limit.", "type")
 	descJSAPI      = desc("jetstream_api_requests_total", "JetStream API requests served.")
 	descJSAPIErr   = desc("jetstream_api_errors_total", "JetStream API requests that failed.")
+	descStoreErr   = desc("store_write_errors_total", "Writes to the store that failed since start (disk full, I/O errors); the first makes /healthz unhealthy and the watchdog stop.")
 
 	descHealthy   = desc("healthy", "1 when /healthz answers 200.")
 	descLastCheck = desc("last_check_timestamp_seconds", "When the monitor last read the JetStream state.")
@@ -138,7 +139,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descExists,
 		descBacklog, descStreamMsgs, descStreamBytes, descStreamFirst, descStreamLast, descStreamMaxMsgs,
 		descStreamMaxBytes, descStreamMaxAge, descStreamExists, descJSUp, descJSUsed, descJSReserved, descJSLimit,
-		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated} {
+		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated, descStoreErr} {
 		ch <- d
 	}
 }
@@ -183,6 +184,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	js := r.JetStream
 	metric(descJSUp, prometheus.GaugeValue, bool01(js.Enabled))
+	if mon.opts.StoreWriteErrors != nil {
+		metric(descStoreErr, prometheus.CounterValue, float64(mon.opts.StoreWriteErrors()))
+	}
 	if js.Enabled {
 		metric(descJSUsed, prometheus.GaugeValue, float64(js.FileUsed), "file")
 		metric(descJSUsed, prometheus.GaugeValue, float64(js.MemoryUsed), "memory")

@@ -66,6 +66,13 @@ type MonitorOptions struct {
 	// limits, reported next to the usage (the account's own limits are
 	// unlimited on a single server).
 	FileStoreLimit, MemoryStoreLimit int64
+	// Diagnose, when set, is called when a check found a problem, to name
+	// its cause (the daemon probes whether the store can be written); its
+	// error comes first in the health's problems.
+	Diagnose func() error
+	// StoreWriteErrors, when set, counts the store's write errors since
+	// start (for the report and metrics).
+	StoreWriteErrors func() uint64
 	// Recreate, when set, creates the configured streams and consumers
 	// again (the bootstrap). The Monitor calls it when one of them
 	// disappeared while running (`nats stream rm`, `nats consumer rm`),
@@ -104,6 +111,9 @@ type Monitor struct {
 	// times a vanished stream or consumer was created again. checkMu.
 	recreated       map[string]uint64
 	lastRecreateErr time.Time
+	// The last Diagnose result and when it ran. checkMu.
+	diagnosedAt time.Time
+	diagnosis   string
 
 	advisory *nats.Subscription
 	cancel   context.CancelFunc
@@ -266,6 +276,11 @@ type JetStreamStatus struct {
 	APIRequests      uint64 `json:"api_requests"`
 	APIErrors        uint64 `json:"api_errors"`
 	ServerCheckError string `json:"server_check_error,omitempty"`
+	// StoreWriteErrors counts the writes to the store that failed since
+	// start (disk full, I/O errors).
+	StoreWriteErrors uint64 `json:"store_write_errors,omitempty"`
+	// Diagnosis names the cause of a problem, when one was found.
+	Diagnosis string `json:"diagnosis,omitempty"`
 }
 
 // StreamStatus is one stream's state and limits.
@@ -400,6 +415,9 @@ func (m *Monitor) check(ctx context.Context) {
 			r.JetStream.ServerCheckError = err.Error()
 		}
 	}
+	if m.opts.StoreWriteErrors != nil {
+		r.JetStream.StoreWriteErrors = m.opts.StoreWriteErrors()
+	}
 
 	for _, name := range m.streams {
 		r.Streams = append(r.Streams, m.checkStream(ctx, name, now, r))
@@ -423,6 +441,19 @@ func (m *Monitor) check(ctx context.Context) {
 		return r.Consumers[i].Name < r.Consumers[j].Name
 	})
 	r.Health = m.evaluate(r)
+	if r.Health.Status == HealthUnhealthy && m.opts.Diagnose != nil && r.JetStream.ServerCheckError == "" {
+		// A diagnosis may write to the disk: at most every diagnoseEvery.
+		if now.Sub(m.diagnosedAt) >= diagnoseEvery {
+			m.diagnosedAt, m.diagnosis = now, ""
+			if err := m.opts.Diagnose(); err != nil {
+				m.diagnosis = err.Error()
+			}
+		}
+		if m.diagnosis != "" {
+			r.JetStream.Diagnosis = m.diagnosis
+			r.Health = m.evaluate(r)
+		}
+	}
 	m.report.Store(r)
 }
 
@@ -432,6 +463,9 @@ const (
 	errStreamMissing   = "stream does not exist"
 	errConsumerMissing = "consumer does not exist"
 )
+
+// diagnoseEvery is how often an unhealthy check calls Diagnose.
+const diagnoseEvery = 10 * time.Second
 
 // recreateRetry is how often a failing Recreate is logged again.
 const recreateRetry = 30 * time.Second

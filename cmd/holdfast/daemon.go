@@ -99,6 +99,8 @@ func (d *daemon) Open(ctx context.Context) error {
 		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
 		StartupLosses:    startupLosses(d.srv),
 		Recreate:         d.recreate,
+		Diagnose:         d.srv.ProbeStoreWritable,
+		StoreWriteErrors: d.srv.StoreWriteErrors,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -203,6 +205,13 @@ func (d *daemon) Status() string {
 func (d *daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
+	}
+	// A stream that failed a write refuses every later one until it is
+	// opened again (nats-server keeps the error; the file-store limit can
+	// be raised at run time but not lowered): a restart, whose start-up
+	// caps the store to what the disk holds, is the cure.
+	if err := d.srv.StoreWriteFault(); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
