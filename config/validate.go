@@ -121,9 +121,7 @@ func (c *Config) validate(v *validator) {
 			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address %s", anonymousReason)
 		}
 	}
-	if v.duration("http.stall_timeout", c.HTTP.StallTimeout) && c.HTTP.StallTimeout.Duration <= 0 {
-		v.add("http.stall_timeout", c.HTTP.StallTimeout.String(), "must be positive, such as \"5m\"")
-	}
+	c.validateStallTimeout(v)
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 
@@ -344,4 +342,28 @@ func (c *Config) DeadLetterStreams() map[string][]string {
 		}
 	}
 	return out
+}
+
+// minStallTimeout is the shortest http.stall_timeout: the monitor checks
+// once a second, and a worker takes a moment between two messages.
+const minStallTimeout = time.Second
+
+// validateStallTimeout checks http.stall_timeout. It need not exceed the
+// backoff, a Retry-After, the exec or http timeouts or ack_wait: the
+// monitor counts a message waiting for a delayed retry, a handler running
+// within its timeout and a message the server has yet to time out (ack_wait)
+// as waiting, not stalled, and starts the stall clock only when the
+// workers could progress and do not. So a short stall_timeout cannot make
+// a waiting consumer look stalled; only one shorter than a few checks is
+// refused.
+func (c *Config) validateStallTimeout(v *validator) {
+	d := c.HTTP.StallTimeout
+	if !v.duration("http.stall_timeout", d) {
+		return
+	}
+	if d.Duration <= 0 {
+		v.add("http.stall_timeout", d.String(), "must be positive, such as \"5m\"")
+	} else if d.Duration < minStallTimeout {
+		v.add("http.stall_timeout", d.String(), "must be at least %s, such as \"5m\": the monitor checks once a second", minStallTimeout)
+	}
 }

@@ -34,7 +34,8 @@ const StateFileName = "holdfast-state.json"
 // of a vanished stream is moved before the stream is created anew.
 const OrphanDirName = "holdfast-orphans"
 
-// DefaultStateInterval is how often a running holdfast records the state.
+// DefaultStateInterval is how often a running holdfast reads the state,
+// and records it when it changed.
 // Acknowledged messages stored after the last record and lost with a sync
 // interval are detected only when they take the stream's definition
 // with them; the record is also written at once when a stream or a
@@ -271,7 +272,10 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 // bootstrap does not create the stream over it. It returns where it went,
 // or "" when there was nothing to move.
 func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
-	dirs, _ := filepath.Glob(filepath.Join(storeDir, "jetstream", "*", "streams", stream))
+	dirs, err := orphanDirs(storeDir, stream)
+	if err != nil {
+		return "", err
+	}
 	var moved []string
 	for _, dir := range dirs {
 		account := filepath.Base(filepath.Dir(filepath.Dir(dir)))
@@ -301,6 +305,41 @@ func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
 	}
 	sort.Strings(moved)
 	return strings.Join(moved, ", "), nil
+}
+
+// orphanDirs lists the data directories named exactly stream, in every
+// account of the store (jetstream/<account>/streams/<stream>). Names are
+// compared as they are, never as patterns: a stream may be called "A?" or
+// "A[1]" and must not take "AB"'s or "A1"'s directory with it.
+func orphanDirs(storeDir, stream string) ([]string, error) {
+	if stream == "" || stream == "." || stream == ".." || strings.ContainsAny(stream, `/\`) {
+		return nil, fmt.Errorf("cannot look for the data directory of stream %q: not a valid stream name", stream)
+	}
+	root := filepath.Join(storeDir, "jetstream")
+	accounts, err := os.ReadDir(root)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
+	}
+	var dirs []string
+	for _, a := range accounts {
+		if !a.IsDir() {
+			continue
+		}
+		dir := filepath.Join(root, a.Name(), "streams", stream)
+		fi, err := os.Lstat(dir)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
+		case fi.IsDir():
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs, nil
 }
 
 // DataLosses returns what the start-up check found missing (nil when
@@ -408,7 +447,7 @@ func (s *Server) startRecorder() {
 			case <-changed:
 			case <-t.C:
 			}
-			if err := s.recordState(ctx); err != nil && ctx.Err() == nil {
+			if err := s.recordStateIfChanged(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
 			}
 		}
@@ -429,6 +468,17 @@ func (s *Server) RecordState(ctx context.Context) error {
 }
 
 func (s *Server) recordState(ctx context.Context) error {
+	return s.writeState(ctx, true)
+}
+
+// recordStateIfChanged records the state only when it differs from the
+// one in the state file: an idle appliance does not rewrite and fsync the
+// file every interval (flash wear).
+func (s *Server) recordStateIfChanged(ctx context.Context) error {
+	return s.writeState(ctx, false)
+}
+
+func (s *Server) writeState(ctx context.Context, always bool) error {
 	s.recordMu.Lock()
 	defer s.recordMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -441,5 +491,31 @@ func (s *Server) recordState(ctx context.Context) error {
 	if err := s.CheckStore(); err != nil {
 		return err
 	}
+	if !always {
+		// The file is read from the page cache: no write, no wear.
+		if old, err := ReadStoreState(s.store.Path); err == nil && sameStoreState(old, st) {
+			return nil
+		}
+	}
 	return WriteStoreState(s.store.Path, st)
+}
+
+// sameStoreState reports whether a and b record the same positions (the
+// time they were written aside).
+func sameStoreState(a, b *StoreState) bool {
+	if a == nil || b == nil || a.Version != b.Version || len(a.Streams) != len(b.Streams) || len(a.Consumers) != len(b.Consumers) {
+		return false
+	}
+	for name, x := range a.Streams {
+		y, ok := b.Streams[name]
+		if !ok || !x.Created.Equal(y.Created) || x.FirstSeq != y.FirstSeq || x.LastSeq != y.LastSeq || x.Msgs != y.Msgs {
+			return false
+		}
+	}
+	for key, x := range a.Consumers {
+		if y, ok := b.Consumers[key]; !ok || x != y {
+			return false
+		}
+	}
+	return true
 }

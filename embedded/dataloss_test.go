@@ -3,9 +3,11 @@ package embedded
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -394,4 +396,92 @@ func TestOrphanNamesNeverCollide(t *testing.T) {
 			t.Error(err)
 		}
 	}
+}
+
+// A vanished stream's name is matched exactly, not as a glob pattern: the
+// stream "A?" takes only its own directory, never the healthy "AB"'s, and
+// a name that is a bad pattern ("A[") still finds its directory.
+func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
+	dir := t.TempDir()
+	streams := filepath.Join(dir, "jetstream", "$G", "streams")
+	for _, name := range []string{"AB", "A[", "A?"} {
+		if err := os.MkdirAll(filepath.Join(streams, name), 0o750); err != nil {
+			t.Fatal(err)
+		}
+	}
+	to, err := moveOrphan(dir, "A?", time.Now())
+	if err != nil {
+		t.Fatalf("moveOrphan(A?): %v", err)
+	}
+	if to == "" || strings.Contains(to, ",") {
+		t.Fatalf("moveOrphan(A?) moved %q, want exactly one directory", to)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "AB")); err != nil {
+		t.Fatalf("the healthy stream AB lost its directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "A?")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("A?'s directory is still in place: %v", err)
+	}
+	to, err = moveOrphan(dir, "A[", time.Now())
+	if err != nil || to == "" {
+		t.Fatalf("moveOrphan(A[) = %q, %v: want its directory moved", to, err)
+	}
+	if _, err := os.Stat(filepath.Join(streams, "A[")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("A['s directory is still in place: %v", err)
+	}
+	if to, err := moveOrphan(dir, "NONE", time.Now()); err != nil || to != "" {
+		t.Fatalf("moveOrphan(NONE) = %q, %v: want nothing moved", to, err)
+	}
+}
+
+// An idle server does not rewrite the state file every interval; a change
+// is recorded.
+func TestRecorderWritesOnlyOnChange(t *testing.T) {
+	cfg := testConfig(t)
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	s.StateInterval = 20 * time.Millisecond
+	if err := s.Open(testContext(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
+	// Each write renames a new file over the old one: a new inode.
+	inode := func() uint64 {
+		fi, err := os.Stat(path)
+		if err != nil {
+			return 0
+		}
+		return fi.Sys().(*syscall.Stat_t).Ino
+	}
+	var first uint64
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		if err != nil || st == nil || len(st.Consumers) == 0 {
+			return fmt.Errorf("bootstrap not recorded yet: %v", err)
+		}
+		first = inode()
+		return nil
+	})
+	// Fifty recorder intervals with nothing changing.
+	deadline := time.Now().Add(50 * s.StateInterval)
+	for time.Now().Before(deadline) {
+		if got := inode(); got != first {
+			t.Fatalf("the state file was rewritten although nothing changed (inode %d -> %d)", first, got)
+		}
+		time.Sleep(s.StateInterval / 2)
+	}
+	if _, err := s.JetStream().Publish(testContext(t), "orders.x", nil); err != nil {
+		t.Fatal(err)
+	}
+	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 1 {
+			return fmt.Errorf("ORDERS at seq 1 not recorded yet: %v", err)
+		}
+		return nil
+	})
 }

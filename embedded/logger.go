@@ -2,9 +2,14 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
+	"time"
 )
 
 // serverLogger bridges nats-server's Logger interface to slog. Fatalf does
@@ -15,6 +20,36 @@ type serverLogger struct {
 	log   *slog.Logger
 	once  sync.Once
 	fatal chan error
+
+	// The store's write errors, as the server logs them.
+	mu         sync.Mutex
+	writeErrs  uint64
+	firstWrite string
+	firstAt    time.Time
+}
+
+// storeWriteErrors are what nats-server (v2.15.2) logs when a write to the
+// file store fails: filestore.go and raft.go "Critical write error",
+// stream.go "JetStream failed to store a msg", jetstream.go "JetStream out
+// of ... resources" and the permission-denied shutdowns. A file store that
+// got a write error refuses every later write until it is opened again
+// (fileStore.werr is never cleared), even after space was freed.
+var storeWriteErrors = []string{"Critical write error", "JetStream failed to store a msg", "JetStream out of",
+	"permission denied while writing"}
+
+// noteStoreError records msg when it reports a failed write to the store.
+func (l *serverLogger) noteStoreError(msg string) {
+	for _, p := range storeWriteErrors {
+		if strings.Contains(msg, p) {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			l.writeErrs++
+			if l.firstWrite == "" {
+				l.firstWrite, l.firstAt = msg, time.Now()
+			}
+			return
+		}
+	}
 }
 
 func newServerLogger(log *slog.Logger) *serverLogger {
@@ -26,11 +61,15 @@ func (l *serverLogger) Noticef(format string, v ...any) {
 }
 
 func (l *serverLogger) Warnf(format string, v ...any) {
-	l.log.Warn(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	l.noteStoreError(msg)
+	l.log.Warn(msg)
 }
 
 func (l *serverLogger) Errorf(format string, v ...any) {
-	l.log.Error(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	l.noteStoreError(msg)
+	l.log.Error(msg)
 }
 
 func (l *serverLogger) Fatalf(format string, v ...any) {
@@ -49,4 +88,80 @@ func (l *serverLogger) Tracef(format string, v ...any) {
 	if l.log.Enabled(context.Background(), slog.LevelDebug-4) {
 		l.log.Log(context.Background(), slog.LevelDebug-4, fmt.Sprintf(format, v...))
 	}
+}
+
+// ErrStoreWrite is the sentinel a StoreWriteError unwraps to.
+var ErrStoreWrite = errors.New("the store cannot be written")
+
+// StoreWriteError says that the server failed to write to the store: the
+// first error it logged, when, and how many since.
+type StoreWriteError struct {
+	First string
+	At    time.Time
+	Count uint64
+}
+
+func (e *StoreWriteError) Error() string {
+	return fmt.Sprintf("%s: %d write error(s) since %s, first: %s (a stream that failed a write refuses every later one until holdfast restarts; "+
+		"free space on the store's disk or repair it)", ErrStoreWrite, e.Count, e.At.UTC().Format(time.RFC3339), e.First)
+}
+
+// Unwrap returns ErrStoreWrite.
+func (e *StoreWriteError) Unwrap() error { return ErrStoreWrite }
+
+// StoreWriteErrors returns how many store write errors the server logged
+// since start.
+func (s *Server) StoreWriteErrors() uint64 {
+	l := s.serverLogger()
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.writeErrs
+}
+
+// StoreWriteFault returns a *StoreWriteError once the server logged a
+// failed write to the store, nil before.
+func (s *Server) StoreWriteFault() error {
+	l := s.serverLogger()
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.writeErrs == 0 {
+		return nil
+	}
+	return &StoreWriteError{First: l.firstWrite, At: l.firstAt, Count: l.writeErrs}
+}
+
+func (s *Server) serverLogger() *serverLogger {
+	ns := s.NATS()
+	if ns == nil {
+		return nil
+	}
+	l, _ := ns.Logger().(*serverLogger)
+	return l
+}
+
+// ProbeStoreWritable creates, writes, syncs and removes a small file in
+// the store's JetStream directory, to name the cause when the store
+// misbehaves (a file system shut down or remounted read-only). It writes
+// to the disk: call it only when something is already wrong.
+func (s *Server) ProbeStoreWritable() error {
+	dir := filepath.Join(s.StoreDir(), "jetstream")
+	f, err := os.CreateTemp(dir, ".holdfast-probe-*")
+	if err != nil {
+		return fmt.Errorf("%w: cannot create a file in %s: %w", ErrStoreWrite, dir, err)
+	}
+	name := f.Name()
+	defer os.Remove(name)
+	_, werr := f.Write([]byte("probe\n"))
+	serr := f.Sync()
+	cerr := f.Close()
+	if err := errors.Join(werr, serr, cerr); err != nil {
+		return fmt.Errorf("%w: cannot write a file in %s: %w", ErrStoreWrite, dir, err)
+	}
+	return nil
 }

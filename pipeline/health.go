@@ -12,7 +12,8 @@ const (
 	// consumer exists, the workers run and no consumer is stalled.
 	HealthOK = "ok"
 	// HealthDegraded: all of the above, but retention removed messages
-	// before a consumer acknowledged them.
+	// before a consumer acknowledged them, or a consumer without
+	// in-process workers is blocked by the clients that read it.
 	HealthDegraded = "degraded"
 	// HealthUnhealthy: something in the HealthOK list is not true.
 	HealthUnhealthy = "unhealthy"
@@ -31,6 +32,9 @@ type Health struct {
 	LostToRetention map[string]uint64 `json:"lost_to_retention,omitempty"`
 	// FailOnLoss says whether a loss makes the status code 503.
 	FailOnLoss bool `json:"-"`
+	// Lost: the health is degraded by a loss of messages (retention, or
+	// found at start-up), not only by a blocked consumer.
+	Lost bool `json:"-"`
 }
 
 // HTTPStatus is the status code /healthz answers with.
@@ -39,7 +43,7 @@ func (h Health) HTTPStatus() int {
 	case HealthOK:
 		return http.StatusOK
 	case HealthDegraded:
-		if !h.FailOnLoss {
+		if !h.FailOnLoss || !h.Lost {
 			return http.StatusOK
 		}
 	}
@@ -72,11 +76,15 @@ func (m *Monitor) evaluate(r *Report) Health {
 	problem := func(format string, args ...any) {
 		h.Problems = append(h.Problems, fmt.Sprintf(format, args...))
 	}
-	if !r.JetStream.Enabled {
-		problem("JetStream does not answer: %s", r.JetStream.Error)
+	// The cause first: it is the Reason an alert shows.
+	if r.JetStream.Diagnosis != "" {
+		problem("%s", r.JetStream.Diagnosis)
 	}
 	if r.JetStream.ServerCheckError != "" {
 		problem("%s", r.JetStream.ServerCheckError)
+	}
+	if !r.JetStream.Enabled {
+		problem("JetStream does not answer: %s", r.JetStream.Error)
 	}
 	for _, s := range r.Streams {
 		if !s.Exists {
@@ -90,12 +98,19 @@ func (m *Monitor) evaluate(r *Report) Health {
 		case c.Workers.Configured > 0 && !c.Workers.Running:
 			problem("consumer %s: its %d workers are not running", c.Name, c.Workers.Configured)
 		case c.Stalled:
-			problem("consumer %s on stream %s is stalled: no delivery or acknowledgement for %s with %d pending and %d of max %d awaiting ack",
-				c.Name, c.Stream, c.IdleFor.Round(time.Second), c.Pending, c.AckPending, c.MaxAckPending)
+			problem("consumer %s on stream %s is stalled: %s (%d pending, %d of max %d awaiting ack)",
+				c.Name, c.Stream, c.StallReason, c.Pending, c.AckPending, c.MaxAckPending)
 		}
 		h.Warnings = append(h.Warnings, c.Warnings...)
 	}
 	unhealthy := len(h.Problems) > 0
+	for _, c := range r.Consumers {
+		if c.Exists && c.Blocked {
+			problem("consumer %s on stream %s (no in-process workers) is blocked: %d of max %d messages await acknowledgement by other clients, no progress for %s",
+				c.Name, c.Stream, c.AckPending, c.MaxAckPending, c.IdleFor.Round(time.Second))
+		}
+	}
+	h.Lost = len(m.opts.StartupLosses) > 0
 	for _, l := range m.opts.StartupLosses {
 		problem("found at start-up: %s", l)
 	}
@@ -106,6 +121,7 @@ func (m *Monitor) evaluate(r *Report) Health {
 		if h.LostToRetention == nil {
 			h.LostToRetention = map[string]uint64{}
 		}
+		h.Lost = true
 		h.LostToRetention[c.Stream+"/"+c.Name] = c.LostToRetention
 		msg := fmt.Sprintf("consumer %s on stream %s lost %d message(s) to retention since start", c.Name, c.Stream, c.LostToRetention)
 		if ll := c.LastLoss; ll != nil {

@@ -107,6 +107,7 @@ var (
 	descMaxAck      = desc("consumer_max_ack_pending", "The consumer's max_ack_pending.", sc...)
 	descStalled     = desc("consumer_stalled", "1 when the consumer has work but made no progress for the stall timeout.", sc...)
 	descExists      = desc("consumer_exists", "1 when the configured consumer exists on the server.", sc...)
+	descRecreated   = desc("recreated_total", "Times a configured stream or consumer disappeared while running and holdfast created it again.", "kind", "stream", "name")
 	descBacklog     = desc("consumer_backlog_limit_ratio", "The consumer's unacknowledged backlog against a stream limit (1 = the limit removes unprocessed messages).", "stream", "consumer", "limit")
 
 	descStreamMsgs     = desc("stream_messages", "Messages stored in the stream.", "stream")
@@ -124,6 +125,7 @@ var (
 	descJSLimit    = desc("jetstream_storage_limit_bytes", "JetStream storage limit.", "type")
 	descJSAPI      = desc("jetstream_api_requests_total", "JetStream API requests served.")
 	descJSAPIErr   = desc("jetstream_api_errors_total", "JetStream API requests that failed.")
+	descStoreErr   = desc("store_write_errors_total", "Writes to the store that failed since start (disk full, I/O errors); the first makes /healthz unhealthy and the watchdog stop.")
 
 	descHealthy   = desc("healthy", "1 when /healthz answers 200.")
 	descLastCheck = desc("last_check_timestamp_seconds", "When the monitor last read the JetStream state.")
@@ -137,7 +139,7 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descExists,
 		descBacklog, descStreamMsgs, descStreamBytes, descStreamFirst, descStreamLast, descStreamMaxMsgs,
 		descStreamMaxBytes, descStreamMaxAge, descStreamExists, descJSUp, descJSUsed, descJSReserved, descJSLimit,
-		descJSAPI, descJSAPIErr, descHealthy, descLastCheck} {
+		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated, descStoreErr} {
 		ch <- d
 	}
 }
@@ -182,6 +184,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	js := r.JetStream
 	metric(descJSUp, prometheus.GaugeValue, bool01(js.Enabled))
+	if mon.opts.StoreWriteErrors != nil {
+		metric(descStoreErr, prometheus.CounterValue, float64(mon.opts.StoreWriteErrors()))
+	}
 	if js.Enabled {
 		metric(descJSUsed, prometheus.GaugeValue, float64(js.FileUsed), "file")
 		metric(descJSUsed, prometheus.GaugeValue, float64(js.MemoryUsed), "memory")
@@ -199,6 +204,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 
 	for _, s := range r.Streams {
 		metric(descStreamExists, prometheus.GaugeValue, bool01(s.Exists), s.Name)
+		metric(descRecreated, prometheus.CounterValue, float64(s.Recreated), "stream", s.Name, s.Name)
 		if !s.Exists {
 			continue
 		}
@@ -221,6 +227,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		l := []string{cs.Stream, cs.Name}
 		metric(descLost, prometheus.CounterValue, float64(cs.LostToRetention), l...)
 		metric(descExists, prometheus.GaugeValue, bool01(cs.Exists), l...)
+		metric(descRecreated, prometheus.CounterValue, float64(cs.Recreated), "consumer", cs.Stream, cs.Name)
 		if !cs.Exists {
 			continue
 		}

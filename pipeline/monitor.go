@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sort"
 	"sync"
@@ -34,6 +35,11 @@ type MonitoredConsumer struct {
 	Workers *Workers
 	// DeadLetter is its dead-letter stream, "" when it has none.
 	DeadLetter string
+	// HandlerTimeout is the longest a handler may run (the exec or http
+	// handler's timeout), 0 when it has none. A handler running longer
+	// than HandlerTimeout plus the stall timeout makes the consumer
+	// stalled; before that it is working, not stalled.
+	HandlerTimeout time.Duration
 }
 
 // MonitorOptions configures a Monitor.
@@ -60,6 +66,18 @@ type MonitorOptions struct {
 	// limits, reported next to the usage (the account's own limits are
 	// unlimited on a single server).
 	FileStoreLimit, MemoryStoreLimit int64
+	// Diagnose, when set, is called when a check found a problem, to name
+	// its cause (the daemon probes whether the store can be written); its
+	// error comes first in the health's problems.
+	Diagnose func() error
+	// StoreWriteErrors, when set, counts the store's write errors since
+	// start (for the report and metrics).
+	StoreWriteErrors func() uint64
+	// Recreate, when set, creates the configured streams and consumers
+	// again (the bootstrap). The Monitor calls it when one of them
+	// disappeared while running (`nats stream rm`, `nats consumer rm`),
+	// logs it as an error and counts it (Report, holdfast_recreated_total).
+	Recreate func(ctx context.Context) error
 	// StartupLosses describes acknowledged messages found lost when the
 	// store was opened (a power cut with a sync interval, a damaged
 	// block). Like a retention loss they make the health degraded until
@@ -88,6 +106,14 @@ type Monitor struct {
 	trackers map[consumerKey]*consumerTracker
 
 	report atomic.Pointer[Report]
+
+	// recreated counts, by "stream/NAME" or "consumer/STREAM/NAME", the
+	// times a vanished stream or consumer was created again. checkMu.
+	recreated       map[string]uint64
+	lastRecreateErr time.Time
+	// The last Diagnose result and when it ran. checkMu.
+	diagnosedAt time.Time
+	diagnosis   string
 
 	advisory *nats.Subscription
 	cancel   context.CancelFunc
@@ -118,6 +144,8 @@ func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log 
 		opts:     opts,
 		log:      log.With("component", "monitor"),
 		trackers: map[consumerKey]*consumerTracker{},
+
+		recreated: map[string]uint64{},
 	}
 	seen := map[string]bool{}
 	add := func(s string) {
@@ -146,6 +174,16 @@ func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
 	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
 		t.mc.WantWorkers = want
 		t.mc.Workers = w
+	}
+}
+
+// SetHandlerTimeout replaces the handler timeout of a consumer (see
+// MonitoredConsumer.HandlerTimeout), after a reload changed it.
+func (m *Monitor) SetHandlerTimeout(stream, consumer string, timeout time.Duration) {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
+		t.mc.HandlerTimeout = timeout
 	}
 }
 
@@ -238,6 +276,11 @@ type JetStreamStatus struct {
 	APIRequests      uint64 `json:"api_requests"`
 	APIErrors        uint64 `json:"api_errors"`
 	ServerCheckError string `json:"server_check_error,omitempty"`
+	// StoreWriteErrors counts the writes to the store that failed since
+	// start (disk full, I/O errors).
+	StoreWriteErrors uint64 `json:"store_write_errors,omitempty"`
+	// Diagnosis names the cause of a problem, when one was found.
+	Diagnosis string `json:"diagnosis,omitempty"`
 }
 
 // StreamStatus is one stream's state and limits.
@@ -259,6 +302,9 @@ type StreamStatus struct {
 	MaxMsgs  int64         `json:"max_msgs"`
 	MaxBytes int64         `json:"max_bytes"`
 	MaxAge   time.Duration `json:"max_age_ns"`
+	// Recreated counts the times the stream disappeared while running and
+	// holdfast created it again.
+	Recreated uint64 `json:"recreated,omitempty"`
 }
 
 // ConsumerStatus is one consumer's position, progress and losses.
@@ -287,12 +333,25 @@ type ConsumerStatus struct {
 	// and "max_age" (age of the oldest unacknowledged message).
 	BacklogRatio map[string]float64 `json:"backlog_ratio,omitempty"`
 	Warnings     []string           `json:"warnings,omitempty"`
-	Stalled      bool               `json:"stalled"`
-	// IdleFor is how long the consumer made no progress while it had
-	// work to do.
+	// Stalled: holdfast's own workers should be making progress and are
+	// not (a handler stuck past its timeout, workers idle while messages
+	// wait). A restart cures that, so it is unhealthy and stops the
+	// watchdog. Handlers still running within their timeout and messages
+	// waiting for a delayed retry are not a stall.
+	Stalled     bool   `json:"stalled"`
+	StallReason string `json:"stall_reason,omitempty"`
+	// Blocked: a consumer without in-process workers has max_ack_pending
+	// messages out to other clients and made no progress for the stall
+	// timeout. It makes the health degraded, never the watchdog stop.
+	Blocked bool `json:"blocked,omitempty"`
+	// IdleFor is how long the consumer made no progress while it was
+	// expected to.
 	IdleFor    time.Duration `json:"idle_for_ns,omitempty"`
 	DeadLetter string        `json:"dead_letter,omitempty"`
 	Workers    WorkerStatus  `json:"workers"`
+	// Recreated counts the times the consumer disappeared while running
+	// and holdfast created it again.
+	Recreated uint64 `json:"recreated,omitempty"`
 }
 
 // WorkerStatus is what a consumer's in-process workers did since start.
@@ -305,6 +364,12 @@ type WorkerStatus struct {
 	Retried      uint64 `json:"retried"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	Failures     uint64 `json:"failures"`
+	// DelayedRetries are messages waiting for a retry the workers delayed
+	// on purpose (backoff, Retry-After), the last due at RetryDue.
+	DelayedRetries int       `json:"delayed_retries,omitempty"`
+	RetryDue       time.Time `json:"retry_due,omitzero"`
+	// OldestHandlerStart is when the longest-running handler started.
+	OldestHandlerStart time.Time `json:"oldest_handler_start,omitzero"`
 }
 
 // LossEvent is one detected retention loss.
@@ -350,9 +415,24 @@ func (m *Monitor) check(ctx context.Context) {
 			r.JetStream.ServerCheckError = err.Error()
 		}
 	}
+	if m.opts.StoreWriteErrors != nil {
+		r.JetStream.StoreWriteErrors = m.opts.StoreWriteErrors()
+	}
 
 	for _, name := range m.streams {
 		r.Streams = append(r.Streams, m.checkStream(ctx, name, now, r))
+	}
+	if m.recreate(ctx, r, now) {
+		r.Streams, r.Consumers = nil, nil
+		for _, name := range m.streams {
+			r.Streams = append(r.Streams, m.checkStream(ctx, name, now, r))
+		}
+	}
+	for i := range r.Streams {
+		r.Streams[i].Recreated = m.recreated["stream/"+r.Streams[i].Name]
+	}
+	for i := range r.Consumers {
+		r.Consumers[i].Recreated = m.recreated["consumer/"+r.Consumers[i].Stream+"/"+r.Consumers[i].Name]
 	}
 	sort.Slice(r.Consumers, func(i, j int) bool {
 		if r.Consumers[i].Stream != r.Consumers[j].Stream {
@@ -361,7 +441,80 @@ func (m *Monitor) check(ctx context.Context) {
 		return r.Consumers[i].Name < r.Consumers[j].Name
 	})
 	r.Health = m.evaluate(r)
+	if r.Health.Status == HealthUnhealthy && m.opts.Diagnose != nil && r.JetStream.ServerCheckError == "" {
+		// A diagnosis may write to the disk: at most every diagnoseEvery.
+		if now.Sub(m.diagnosedAt) >= diagnoseEvery {
+			m.diagnosedAt, m.diagnosis = now, ""
+			if err := m.opts.Diagnose(); err != nil {
+				m.diagnosis = err.Error()
+			}
+		}
+		if m.diagnosis != "" {
+			r.JetStream.Diagnosis = m.diagnosis
+			r.Health = m.evaluate(r)
+		}
+	}
 	m.report.Store(r)
+}
+
+// What a check reports for a stream or a consumer that is not on the
+// server.
+const (
+	errStreamMissing   = "stream does not exist"
+	errConsumerMissing = "consumer does not exist"
+)
+
+// diagnoseEvery is how often an unhealthy check calls Diagnose.
+const diagnoseEvery = 10 * time.Second
+
+// recreateRetry is how often a failing Recreate is logged again.
+const recreateRetry = 30 * time.Second
+
+// recreate creates the configured streams and consumers again when the
+// check found one missing, and reports whether it did. A stream or
+// consumer deleted while holdfast runs would otherwise leave it without
+// them until a restart: never silently — every time is an error line and
+// counted. checkMu is held.
+func (m *Monitor) recreate(ctx context.Context, r *Report, now time.Time) bool {
+	if m.opts.Recreate == nil || !r.JetStream.Enabled {
+		return false
+	}
+	var missing []string
+	for _, s := range r.Streams {
+		if !s.Exists && s.Error == errStreamMissing {
+			missing = append(missing, "stream/"+s.Name)
+		}
+	}
+	for _, c := range r.Consumers {
+		if !c.Exists && c.Error == errConsumerMissing {
+			missing = append(missing, "consumer/"+c.Stream+"/"+c.Name)
+		}
+	}
+	if len(missing) == 0 {
+		return false
+	}
+	if err := m.opts.Recreate(ctx); err != nil {
+		if now.Sub(m.lastRecreateErr) >= recreateRetry {
+			m.lastRecreateErr = now
+			m.log.Error("configured streams or consumers disappeared while running and cannot be created again; retrying",
+				"missing", missing, "err", err)
+		}
+		return false
+	}
+	for _, k := range missing {
+		m.recreated[k]++
+	}
+	m.log.Error("configured streams or consumers disappeared while running (deleted by a client such as `nats stream rm`): created them again; the messages they held are gone",
+		"recreated", missing)
+	return true
+}
+
+// Recreated returns, by "stream/NAME" and "consumer/STREAM/NAME", how many
+// times the Monitor created a vanished stream or consumer again.
+func (m *Monitor) Recreated() map[string]uint64 {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	return maps.Clone(m.recreated)
 }
 
 func limitOr(account, server int64) int64 {
@@ -389,7 +542,7 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 	s, err := m.js.Stream(ctx, name)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			st.Error = "stream does not exist"
+			st.Error = errStreamMissing
 		} else {
 			st.Error = err.Error()
 		}
@@ -439,7 +592,7 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 		cs := t.status(now)
 		m.mu.Unlock()
 		if errors.Is(err, jetstream.ErrConsumerNotFound) {
-			cs.Error = "consumer does not exist"
+			cs.Error = errConsumerMissing
 		} else {
 			cs.Error = err.Error()
 		}
@@ -462,10 +615,15 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 	defer m.mu.Unlock()
 	m.account(t, obs, now)
 	m.warn(t, obs.si, obs.ci, oldest, now)
-	t.progress(obs.ci, now)
+	var act Activity
+	if t.mc.Workers != nil {
+		act = t.mc.Workers.Activity(now)
+	}
+	t.progress(obs.ci, act, now)
 	cs := t.status(now)
 	cs.Exists = true
-	cs.Stalled = t.stalled(obs.ci, m.opts.StallTimeout, now)
+	cs.Stalled, cs.StallReason = t.stalled(obs.ci, act, m.opts.StallTimeout, now)
+	cs.Blocked = t.blocked(m.opts.StallTimeout, now)
 	return cs
 }
 

@@ -90,11 +90,18 @@ func newMonitorEnv(t *testing.T, tweak func(*config.Config)) *monitorEnv {
 // where given.
 func (e *monitorEnv) monitor(opts pipeline.MonitorOptions, workers map[string]*pipeline.Workers) *pipeline.Monitor {
 	e.t.Helper()
+	return e.monitorWith(opts, workers, nil)
+}
+
+// monitorWith is monitor with handler timeouts by consumer.
+func (e *monitorEnv) monitorWith(opts pipeline.MonitorOptions, workers map[string]*pipeline.Workers, timeouts map[string]time.Duration) *pipeline.Monitor {
+	e.t.Helper()
 	opts.Streams = e.cfg.StreamNames()
 	for _, name := range e.cfg.ConsumerNames() {
 		cc := e.cfg.Consumers[name]
 		opts.Consumers = append(opts.Consumers, pipeline.MonitoredConsumer{
 			Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, Workers: workers[name], DeadLetter: cc.DeadLetter,
+			HandlerTimeout: timeouts[name],
 		})
 	}
 	if opts.Interval == 0 {

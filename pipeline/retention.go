@@ -21,9 +21,10 @@ package pipeline
 //     counter) tell how many it received and how many it skipped. That is
 //     exact unless the interval also had redeliveries, which would make it
 //     a lower bound. For a consumer with a filter narrower than its stream,
-//     the filter's messages are counted with short-lived probe consumers
-//     (the durable consumer's own pending count trails new messages):
-//     pending before, plus messages stored for the filter since, minus
+//     the filter's messages are counted from the durable consumer's own
+//     pending count when the stream stored nothing for a second (it trails
+//     new messages), and with short-lived probe consumers otherwise, so an
+//     idle appliance creates none: pending before, plus messages stored for the filter since, minus
 //     pending now, minus deliveries. Messages stored and
 //     removed between two checks (a burst of more than max_msgs within
 //     one check interval) cannot be seen that way: the count is then a
@@ -80,6 +81,10 @@ type consumerTracker struct {
 
 	progressKey  [3]uint64
 	lastProgress time.Time
+	// expect is why the consumer should be making progress at the last
+	// check (see expecting); expectNone when it waits on purpose.
+	expect expectation
+	grace  time.Duration
 }
 
 type filteredBase struct {
@@ -173,12 +178,20 @@ func (m *Monitor) observeFiltered(ctx context.Context, s jetstream.Stream, si *j
 			obs.si, obs.ci = si, ci
 		}
 		// The consumer's own pending count trails new messages (the
-		// server updates it asynchronously): count afresh.
-		pending, err := countFrom(ctx, s, consumerFilters(ci.Config), ci.Delivered.Stream+1)
-		if err != nil {
-			return obs, err
+		// server counts them on another goroutine after storing them), so
+		// it is used only when no message was stored for a while; on a
+		// busy stream a probe counts afresh.
+		var pending uint64
+		if quietStream(si, time.Now()) {
+			pending = ci.NumPending
+		} else {
+			var err error
+			if pending, err = countFrom(ctx, s, consumerFilters(ci.Config), ci.Delivered.Stream+1); err != nil {
+				return obs, err
+			}
 		}
 		var n uint64
+		var err error
 		if gated {
 			if n, err = countFrom(ctx, s, consumerFilters(ci.Config), t.base.lastSeq+1); err != nil {
 				return obs, err
@@ -194,6 +207,16 @@ func (m *Monitor) observeFiltered(ctx context.Context, s jetstream.Stream, si *j
 		}
 	}
 	return obs, nil
+}
+
+// quietAfter is how long a stream must have stored nothing for the
+// server's pending count of a consumer to have caught up with it.
+const quietAfter = time.Second
+
+// quietStream reports whether si's stream stored no message for
+// quietAfter before now: an idle stream is read without probes.
+func quietStream(si *jetstream.StreamInfo, now time.Time) bool {
+	return si.State.LastSeq == 0 || (!si.State.LastTime.IsZero() && now.Sub(si.State.LastTime) >= quietAfter)
 }
 
 // countFrom counts the messages of the stream on the given subjects with
@@ -451,29 +474,108 @@ func (m *Monitor) oldestUnacked(ctx context.Context, s jetstream.Stream, si *jet
 	return msg.Time
 }
 
-// progress notes whether the consumer moved since the last check.
-func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, now time.Time) {
+// expectation is why a consumer's workers should be making progress.
+type expectation int
+
+const (
+	expectNone expectation = iota
+	// expectPull: a worker is idle while the consumer has messages it may
+	// deliver (pending, and max_ack_pending not reached).
+	expectPull
+	// expectReturn: messages await an acknowledgement that no running
+	// handler and no delayed retry accounts for; the server redelivers
+	// them when their ack_wait (or the consumer's backoff) runs out.
+	expectReturn
+	// expectOthers: a consumer without in-process workers has
+	// max_ack_pending messages out to other clients.
+	expectOthers
+)
+
+// expecting tells whether the consumer should be making progress now, and
+// how long beyond the stall timeout it may take (the ack_wait, for
+// messages the server has to time out first). Holdfast's own workers are
+// expected to progress only when they could: a handler still running
+// within its time and a message waiting for a delayed retry (backoff,
+// Retry-After) are waits on purpose, not stalls.
+func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act Activity) (expectation, time.Duration) {
+	ackPending := uint64(max(ci.NumAckPending, 0))
+	pinned := ci.Config.MaxAckPending > 0 && ci.NumAckPending >= ci.Config.MaxAckPending
+	if t.mc.Workers == nil || t.mc.WantWorkers == 0 {
+		if t.mc.WantWorkers == 0 && pinned {
+			return expectOthers, redeliveryGrace(ci)
+		}
+		return expectNone, 0
+	}
+	if ci.NumPending > 0 && !pinned && len(act.Running) < t.mc.WantWorkers {
+		return expectPull, 0
+	}
+	if held := uint64(len(act.Running) + act.DelayedRetries); ackPending > held {
+		return expectReturn, redeliveryGrace(ci)
+	}
+	return expectNone, 0
+}
+
+// redeliveryGrace is how long the server may take to hand back a message
+// nobody acknowledges: its ack_wait, or the consumer's longest backoff.
+func redeliveryGrace(ci *jetstream.ConsumerInfo) time.Duration {
+	g := ci.Config.AckWait
+	for _, b := range ci.Config.BackOff {
+		g = max(g, b)
+	}
+	return g
+}
+
+// progress notes whether the consumer moved since the last check. The
+// stall clock runs only while the consumer is expected to progress.
+func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, act Activity, now time.Time) {
 	var processed uint64
 	if t.mc.Workers != nil {
 		processed = t.mc.Workers.Stats().Processed.Load()
 	}
 	key := [3]uint64{ci.Delivered.Consumer, ci.AckFloor.Consumer, processed}
-	if key != t.progressKey || !t.watched(ci) || t.lastProgress.IsZero() {
+	t.expect, t.grace = t.expecting(ci, act)
+	if key != t.progressKey || t.expect == expectNone || t.lastProgress.IsZero() {
 		t.progressKey = key
 		t.lastProgress = now
 	}
 }
 
-// watched reports whether the consumer should be making progress: it has
-// in-process workers and messages, or its ack pending is at the maximum.
-func (t *consumerTracker) watched(ci *jetstream.ConsumerInfo) bool {
-	pinned := ci.Config.MaxAckPending > 0 && ci.NumAckPending >= ci.Config.MaxAckPending
-	busy := t.mc.WantWorkers > 0 && ci.NumPending+uint64(max(ci.NumAckPending, 0)) > 0
-	return pinned || busy
+// stalled reports whether holdfast's own workers should be making progress
+// and are not — which a restart can cure — and why. A handler running
+// longer than its timeout plus the stall timeout is stuck whatever the
+// other workers do.
+func (t *consumerTracker) stalled(ci *jetstream.ConsumerInfo, act Activity, timeout time.Duration, now time.Time) (bool, string) {
+	if t.mc.Workers != nil && len(act.Running) > 0 {
+		if ran := now.Sub(act.Running[0]); ran >= t.mc.HandlerTimeout+timeout {
+			limit := "no timeout"
+			if t.mc.HandlerTimeout > 0 {
+				limit = "its timeout is " + t.mc.HandlerTimeout.String()
+			}
+			return true, fmt.Sprintf("a handler has been running for %s (%s): the worker is stuck", ran.Round(time.Second), limit)
+		}
+	}
+	idle := now.Sub(t.lastProgress)
+	switch t.expect {
+	case expectPull:
+		if idle >= timeout {
+			return true, fmt.Sprintf("%d message(s) pending and %d of %d workers idle, but nothing delivered for %s",
+				ci.NumPending, t.mc.WantWorkers-len(act.Running), t.mc.WantWorkers, idle.Round(time.Second))
+		}
+	case expectReturn:
+		if idle >= timeout+t.grace {
+			return true, fmt.Sprintf("%d message(s) awaiting acknowledgement that no handler holds, and no delivery or acknowledgement for %s",
+				max(ci.NumAckPending, 0), idle.Round(time.Second))
+		}
+	}
+	return false, ""
 }
 
-func (t *consumerTracker) stalled(ci *jetstream.ConsumerInfo, timeout time.Duration, now time.Time) bool {
-	return t.watched(ci) && now.Sub(t.lastProgress) >= timeout
+// blocked reports whether a consumer without in-process workers has
+// max_ack_pending messages out to other clients and made no progress for
+// the stall timeout (plus ack_wait): a client fetched messages and
+// stopped acknowledging them. Holdfast cannot cure that by restarting.
+func (t *consumerTracker) blocked(timeout time.Duration, now time.Time) bool {
+	return t.expect == expectOthers && now.Sub(t.lastProgress) >= timeout+t.grace
 }
 
 // status is the consumer's part of a Report. Monitor.mu is held.
@@ -498,7 +600,7 @@ func (t *consumerTracker) status(now time.Time) ConsumerStatus {
 		cs.Waiting = ci.NumWaiting
 		cs.DeliveredSeq = ci.Delivered.Stream
 		cs.AckFloorSeq = ci.AckFloor.Stream
-		if t.watched(ci) {
+		if t.expect != expectNone && !t.lastProgress.IsZero() {
 			cs.IdleFor = now.Sub(t.lastProgress)
 		}
 		if len(t.ratios) > 0 {
@@ -519,6 +621,12 @@ func (t *consumerTracker) status(now time.Time) ConsumerStatus {
 func workerStatus(mc MonitoredConsumer) WorkerStatus {
 	ws := WorkerStatus{Configured: mc.WantWorkers}
 	if w := mc.Workers; w != nil {
+		act := w.Activity(time.Now())
+		ws.DelayedRetries = act.DelayedRetries
+		ws.RetryDue = act.RetryDue
+		if len(act.Running) > 0 {
+			ws.OldestHandlerStart = act.Running[0]
+		}
 		st := w.Stats()
 		ws.Running = w.Running()
 		ws.InFlight = st.InFlight.Load()

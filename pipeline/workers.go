@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,8 @@ type Workers struct {
 	cancelHandler context.CancelFunc
 	wg            sync.WaitGroup
 	closeOnce     sync.Once
+
+	activity activity // read by the Monitor through Activity
 }
 
 // NewWorkers returns the workers of one consumer, using js and nc (the
@@ -328,8 +331,10 @@ func (w *Workers) process(msg jetstream.Msg) {
 
 	w.stats.InFlight.Add(1)
 	start := time.Now()
+	running := w.activity.begin(m.Sequence, start)
 	res := w.handle(msg, m)
 	took := time.Since(start)
+	w.activity.end(running)
 	w.stats.InFlight.Add(-1)
 	w.stats.Processed.Add(1)
 	if w.opts.OnResult != nil {
@@ -416,6 +421,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 			return
 		}
 		w.stats.Retried.Add(1)
+		w.activity.delayed(m.Sequence, time.Now().Add(delay))
 		w.log.Warn("handler failed: will retry", "seq", m.Sequence, "subject", m.Subject,
 			"delivery", m.Delivery, "max_deliver", w.opts.MaxDeliver, "retry_in", delay, "reason", res.Reason)
 	case Permanent:
@@ -474,4 +480,90 @@ func (w *Workers) Close(ctx context.Context) error {
 			"retried", w.stats.Retried.Load(), "dead_lettered", w.stats.DeadLettered.Load())
 	})
 	return nil
+}
+
+// Activity is what a consumer's workers are doing now, read by the
+// Monitor to tell a consumer that waits on purpose (a handler still
+// running, a retry delayed by the backoff or a Retry-After) from one that
+// is stuck.
+type Activity struct {
+	// Running holds the start time of each handler running now, oldest
+	// first.
+	Running []time.Time
+	// DelayedRetries counts the messages given back with a delay
+	// (NakWithDelay) whose redelivery is not due yet; RetryDue is when the
+	// last of them is due.
+	DelayedRetries int
+	RetryDue       time.Time
+}
+
+// Activity returns what the workers are doing at now. It is cheap and
+// only reads.
+func (w *Workers) Activity(now time.Time) Activity { return w.activity.snapshot(now) }
+
+// activity records the handlers running and the retries delayed on
+// purpose, for Activity.
+type activity struct {
+	mu      sync.Mutex
+	next    uint64
+	running map[uint64]time.Time // by a token from begin
+	retries map[uint64]time.Time // stream sequence -> redelivery due
+}
+
+// begin notes a handler starting on the message with stream sequence seq
+// (a delayed retry of it has arrived) and returns a token for end.
+func (a *activity) begin(seq uint64, at time.Time) uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.running == nil {
+		a.running = map[uint64]time.Time{}
+	}
+	a.next++
+	a.running[a.next] = at
+	delete(a.retries, seq)
+	return a.next
+}
+
+func (a *activity) end(token uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.running, token)
+}
+
+// retryForget is how long after its due time a delayed retry that never
+// came back (removed from the stream, taken by another client) is
+// forgotten.
+const retryForget = time.Minute
+
+// delayed notes that the message with stream sequence seq was given back
+// to be redelivered at due.
+func (a *activity) delayed(seq uint64, due time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.retries == nil {
+		a.retries = map[uint64]time.Time{}
+	}
+	a.retries[seq] = due
+}
+
+func (a *activity) snapshot(now time.Time) Activity {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var act Activity
+	for _, at := range a.running {
+		act.Running = append(act.Running, at)
+	}
+	for seq, due := range a.retries {
+		switch {
+		case due.After(now):
+			act.DelayedRetries++
+			if due.After(act.RetryDue) {
+				act.RetryDue = due
+			}
+		case now.Sub(due) > retryForget:
+			delete(a.retries, seq)
+		}
+	}
+	slices.SortFunc(act.Running, func(x, y time.Time) int { return x.Compare(y) })
+	return act
 }

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -41,6 +42,10 @@ type daemon struct {
 	failOnce  sync.Once
 	failErr   error
 
+	// running is cfg for other goroutines (the monitor's Recreate):
+	// stored by Open and Reload.
+	running atomic.Pointer[config.Config]
+
 	closeOnce sync.Once
 	closeErr  error
 	stopWatch context.CancelFunc
@@ -67,6 +72,7 @@ func (d *daemon) Open(ctx context.Context) error {
 		return err
 	}
 	d.http.setNATS(d.srv.NATS())
+	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
@@ -74,7 +80,8 @@ func (d *daemon) Open(ctx context.Context) error {
 	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
-		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter}
+		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
+			HandlerTimeout: handlerTimeout(cc)}
 		if cc.Workers == 0 {
 			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
 			monitored = append(monitored, mc)
@@ -97,6 +104,9 @@ func (d *daemon) Open(ctx context.Context) error {
 		FileStoreLimit:   fileStoreLimit(d.srv, d.cfg),
 		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
 		StartupLosses:    startupLosses(d.srv),
+		Recreate:         d.recreate,
+		Diagnose:         d.srv.ProbeStoreWritable,
+		StoreWriteErrors: d.srv.StoreWriteErrors,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -161,6 +171,25 @@ func startupLosses(srv *embedded.Server) []string {
 	return out
 }
 
+// recreate creates the configured streams and consumers again, for the
+// monitor when one disappeared while running; the workers resume on
+// their own once their consumer is back.
+func (d *daemon) recreate(ctx context.Context) error {
+	return embedded.Bootstrap(ctx, d.srv.JetStream(), d.running.Load(), d.log)
+}
+
+// handlerTimeout is the longest a consumer's handler may run: the exec or
+// http timeout; 0 (none) for the log handler.
+func handlerTimeout(cc *config.ConsumerConfig) time.Duration {
+	switch cc.Handler {
+	case "exec":
+		return cc.Exec.Timeout.Duration
+	case "http":
+		return cc.HTTP.Timeout.Duration
+	}
+	return 0
+}
+
 // setWorkers replaces the list of running workers.
 func (d *daemon) setWorkers(ws []*pipeline.Workers) {
 	d.workersMu.Lock()
@@ -199,13 +228,23 @@ func (d *daemon) Status() string {
 // Healthy is the systemd watchdog's probe: the server answers a
 // JetStream API round trip on the in-process connection, the monitor's
 // checks keep coming, every consumer's workers run and none is stalled.
-// Only being stuck fails it — not a retention loss or a consumer deleted by
-// hand, which a restart would not mend.
+// Only what a restart cures fails it: being stuck. A stall is holdfast's
+// own workers not progressing when they could (see
+// pipeline.ConsumerStatus.Stalled); handlers running within their
+// timeout, delayed retries and a consumer without in-process workers
+// blocked by its clients do not fail it, nor does a retention loss.
 func (d *daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
 	}
 	if err := d.srv.CheckStore(); err != nil {
+		return err
+	}
+	// A stream that failed a write refuses every later one until it is
+	// opened again (nats-server keeps the error; the file-store limit can
+	// be raised at run time but not lowered): a restart, whose start-up
+	// caps the store to what the disk holds, is the cure.
+	if err := d.srv.StoreWriteFault(); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -233,7 +272,7 @@ func (d *daemon) Healthy(ctx context.Context) error {
 	}
 	for _, c := range r.Consumers {
 		if c.Stalled {
-			return fmt.Errorf("consumer %s on stream %s is stalled", c.Name, c.Stream)
+			return fmt.Errorf("consumer %s on stream %s is stalled: %s", c.Name, c.Stream, c.StallReason)
 		}
 	}
 	return nil
@@ -348,6 +387,7 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		}
 	}
 	d.cfg = &applied
+	d.running.Store(d.cfg)
 	if len(restart) > 0 {
 		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
 	}
@@ -407,6 +447,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 		}
 	}
 	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
+	d.monitor.SetHandlerTimeout(cc.Stream, name, handlerTimeout(cc))
 	d.log.Info("reload: workers restarted", "consumer", name, "workers", cc.Workers, "handler", cc.Handler)
 }
 

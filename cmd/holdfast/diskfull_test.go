@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -253,3 +255,103 @@ func TestDiskFull(t *testing.T) {
 }
 
 func diskFullPayloadBytes() []byte { return []byte(diskFullPayload) }
+
+// fillDisk writes zeros to a file on mnt until the file system is full, as
+// another program would.
+func fillDisk(t *testing.T, mnt string) string {
+	t.Helper()
+	path := filepath.Join(mnt, "filler")
+	out, err := exec.Command("dd", "if=/dev/zero", "of="+path, "bs=1M").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "No space left") {
+		t.Fatalf("dd did not fill the disk: %v\n%s", err, out)
+	}
+	return path
+}
+
+// healthz reads /healthz: the status code and the body.
+func healthz(t *testing.T, addr string) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/healthz")
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// TestDiskFilledByAnotherProgram: another program fills the disk after
+// holdfast started (below the store limit it computed at start-up). The
+// first failed write makes /healthz 503 naming it, the metric counts it,
+// and the watchdog ping stops — the server keeps a stream that failed a
+// write broken until it is opened again — so that systemd restarts
+// holdfast, whose start-up caps the store to what the disk holds.
+func TestDiskFilledByAnotherProgram(t *testing.T) {
+	mnt := mountExt4(t, 40)
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
+	addr := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))
+	text := strings.Replace(e2eConfigTOML(in.store, in.port, ""), `max_file_store = "1GB"`, `max_file_store = "10GB"`, 1)
+	in.cfg = e2eWriteConfig(t, strings.Replace(text, "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", addr), 1))
+	ns := newNotifySocket(t)
+	p := startHoldfastEnv(t, in.cfg, "NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=1000000")
+	p.waitReady()
+	ns.waitFor(t, "WATCHDOG=1", 0)
+	_, js := e2eConnect(t, in)
+	if code, body := healthz(t, addr); code != http.StatusOK {
+		t.Fatalf("/healthz before the disk filled: %d %s", code, body)
+	}
+	filler := fillDisk(t, mnt)
+	// Publish until the store hits the full disk.
+	acks := newAckLog()
+	err, took := publishUntilFull(t, js, "fill", acks)
+	t.Logf("store failed after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
+
+	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		code, body := healthz(t, addr)
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, `"reason": "the store cannot be written`) ||
+			!strings.Contains(body, "no space left on device") {
+			return fmt.Errorf("/healthz = %d %s", code, body)
+		}
+		return nil
+	})
+	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + addr + "/metrics")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if !strings.Contains(string(b), "holdfast_store_write_errors_total ") || strings.Contains(string(b), "holdfast_store_write_errors_total 0\n") {
+			return errors.New("holdfast_store_write_errors_total missing or 0")
+		}
+		return nil
+	})
+	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "withholding watchdog ping") {
+			return errors.New("the watchdog ping was not withheld")
+		}
+		return nil
+	})
+	// systemd would now restart holdfast: with the space freed, it serves
+	// and stores again, and nothing acknowledged is lost.
+	if err := os.Remove(filler); err != nil {
+		t.Fatal(err)
+	}
+	p.stop()
+	p = startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js = e2eConnect(t, in)
+	checkAllAcked(t, js, acks, "after the restart")
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.Publish(ctx, "orders.created", []byte("after")); err != nil {
+		t.Fatalf("publish after the restart: %v", err)
+	}
+	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if code, body := healthz(t, addr); code != http.StatusOK {
+			return fmt.Errorf("/healthz after the restart: %d %s", code, body)
+		}
+		return nil
+	})
+	p.stop()
+}

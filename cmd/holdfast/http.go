@@ -214,6 +214,9 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 // configured directory.
 func jetStreamCheck(srv *embedded.Server) func() error {
 	return func() error {
+		if err := srv.StoreWriteFault(); err != nil {
+			return err
+		}
 		ns := srv.NATS()
 		if ns == nil || !ns.Running() {
 			return errors.New("the NATS server is not running")

@@ -1,0 +1,75 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// `nats stream rm ORDERS` while holdfast runs: holdfast creates the stream
+// and its consumer again (an error line, a metric), and the workers resume
+// without a restart.
+func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
+	in := newE2EInstance(t)
+	out := filepath.Join(t.TempDir(), "handled")
+	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_SEQ\" >> %s\n", out))
+	e2ePipelineConfig(t, in, script, "")
+	httpPort := e2eFreePort(t)
+	cfg := e2eWriteConfig(t, strings.Replace(string(must(os.ReadFile(in.cfg))), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = \"127.0.0.1:%d\"", httpPort), 1))
+	d := startHoldfast(t, cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	handled := func(n int) func() error {
+		return func() error {
+			if got := len(e2eLines(t, out)); got != n {
+				return fmt.Errorf("%d message(s) handled, want %d", got, n)
+			}
+			return nil
+		}
+	}
+	e2ePublishAcked(t, js, 0, 1)
+	e2eCheckFor(t, 20*time.Second, 50*time.Millisecond, handled(1))
+
+	if err := js.DeleteStream(e2eContext(t), "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if _, err := js.Stream(e2eContext(t), "ORDERS"); err != nil {
+			return fmt.Errorf("stream ORDERS: %v", err)
+		}
+		if _, err := js.Consumer(e2eContext(t), "ORDERS", "WORKER1"); err != nil {
+			return fmt.Errorf("consumer WORKER1: %v", err)
+		}
+		return nil
+	})
+	if log := d.stderr.String(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "disappeared while running") {
+		t.Fatalf("no error line about the vanished stream:\n%s", log)
+	}
+	e2ePublishAcked(t, js, 0, 2) // the new stream starts at sequence 1
+	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, handled(3))
+
+	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", httpPort))
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if want := `holdfast_recreated_total{kind="stream",name="ORDERS",stream="ORDERS"} 1`; !strings.Contains(string(b), want) {
+			return fmt.Errorf("metrics lack %s", want)
+		}
+		return nil
+	})
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
