@@ -89,6 +89,7 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 	f.Add("orders.created", "WORKER1", "ORDERS", uint64(9), uint64(2), strings.Repeat("long reason ", 200), "Holdfast-Error", "spoofed", "dup", []byte("p"))
 	nc := plainNATS(f)
 	failedAt := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
+	created := time.Date(2026, 10, 1, 8, 0, 0, 987654321, time.UTC)
 	f.Fuzz(func(t *testing.T, subject, consumer, stream string, seq, delivery uint64, reason, hkey, hval, msgID string, data []byte) {
 		if !validSubject(subject) || !validSubject(consumer) || strings.Contains(consumer, ".") || stream == "" ||
 			strings.ContainsAny(stream, " .*>\r\n\t") || !validHeaderKey(hkey) || len(data) > 64<<10 {
@@ -102,7 +103,7 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 		if msgID != "" {
 			m.Header.Set(nats.MsgIdHdr, msgID)
 		}
-		dl := NewDeadLetter(consumer, m, reason, failedAt)
+		dl := NewDeadLetter(consumer, m, created, reason, failedAt)
 		if dl.Subject != DeadLetterSubject(consumer, subject) {
 			t.Fatalf("dead letter on %q", dl.Subject)
 		}
@@ -134,8 +135,11 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 		if want := strings.TrimSpace(reason); validHeaderValue(reason) && !strings.Contains(reason, "\t") && parsed.Error != want {
 			t.Fatalf("Holdfast-Error = %q, want %q", parsed.Error, want)
 		}
-		if ids := got.Header.Values(nats.MsgIdHdr); len(ids) != 1 || ids[0] != DeadLetterMsgID(stream, consumer, seq) {
-			t.Fatalf("Nats-Msg-Id = %q, want only %q", ids, DeadLetterMsgID(stream, consumer, seq))
+		if ids := got.Header.Values(nats.MsgIdHdr); len(ids) != 1 || ids[0] != DeadLetterMsgID(stream, consumer, seq, created) {
+			t.Fatalf("Nats-Msg-Id = %q, want only %q", ids, DeadLetterMsgID(stream, consumer, seq, created))
+		}
+		if !parsed.OriginalStreamCreated.Equal(created) {
+			t.Fatalf("Holdfast-Original-Stream-Created = %q, want %s", got.Header.Get(HeaderOriginalStreamCreated), created)
 		}
 		if want := strings.TrimSpace(msgID); got.Header.Get(HeaderOriginalMsgID) != want && msgID != "" {
 			t.Fatalf("Holdfast-Original-Msg-Id = %q, want %q", got.Header.Get(HeaderOriginalMsgID), want)

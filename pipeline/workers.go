@@ -53,6 +53,12 @@ type Stats struct {
 	DeadLettered atomic.Uint64 // messages moved to the dead-letter stream (or terminated without one)
 	InFlight     atomic.Int64  // handlers running now
 	Failures     atomic.Uint64 // acks, naks or dead-letter publishes that failed
+	// DeadLetterFailing is the number of messages whose dead letter cannot
+	// be stored now: kept (never terminated) and retried until it is.
+	DeadLetterFailing atomic.Int64
+
+	deadLetterErr atomic.Pointer[string]
+	settledSeqs   settledSeqs
 }
 
 // Workers runs a consumer's handlers. Open starts them; Close drains them.
@@ -72,6 +78,9 @@ type Workers struct {
 	cons     jetstream.Consumer
 	it       jetstream.MessagesContext
 	advisory *nats.Subscription
+	replay   *nats.Subscription
+	domain   string     // the local JetStream domain, which advisories must carry
+	bg       background // dead-letter retries, advisories and replays being handled
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -128,19 +137,22 @@ func (w *Workers) Open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
 	}
+	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
+	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
+	// Advisories first: one about a message pulled from now on is not missed.
+	if err := w.subscribeDeadLetters(ctx); err != nil {
+		w.cancelRun()
+		w.cancelHandler()
+		return err
+	}
 	it, err := cons.Messages(w.pullOptions()...)
 	if err != nil {
+		w.cancelRun()
+		w.cancelHandler()
+		w.closeDeadLetters()
 		return fmt.Errorf("consumer %s: cannot start pulling: %w", w.opts.Consumer, err)
 	}
 	w.cons, w.it = cons, it
-	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
-	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
-	subj := fmt.Sprintf("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.%s.%s", w.opts.Stream, w.opts.Consumer)
-	w.advisory, err = w.nc.Subscribe(subj, w.onMaxDeliveries)
-	if err != nil {
-		it.Stop()
-		return fmt.Errorf("consumer %s: cannot subscribe to max-deliveries advisories: %w", w.opts.Consumer, err)
-	}
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
 		w.alive.Add(1)
@@ -333,6 +345,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 			return
 		}
 		w.stats.Acked.Add(1)
+		w.stats.noteSettled(m.Sequence)
 	case Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
@@ -384,15 +397,14 @@ func (w *Workers) Close(ctx context.Context) error {
 			return
 		}
 		w.stopping.Store(true)
-		if w.advisory != nil {
-			_ = w.advisory.Unsubscribe()
-		}
 		w.cancelRun()
 		if it := w.iterator(); it != nil {
 			it.Drain()
 		}
 		done := make(chan struct{})
-		go func() { w.wg.Wait(); close(done) }()
+		// Advisories and replays are taken until the workers stopped; a
+		// message kept for its dead letter is held until the timeout.
+		go func() { w.wg.Wait(); w.closeDeadLetters(); close(done) }()
 		timer := time.NewTimer(w.ShutdownTimeout)
 		defer timer.Stop()
 		select {
