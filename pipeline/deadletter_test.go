@@ -324,3 +324,47 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 		t.Fatalf("a dead-letter goroutine outlived Close:\n%s", stacks)
 	}
 }
+
+// Issue 12: a message whose dead letter cannot be stored makes health
+// degraded, with the reason, until the dead letter is stored.
+func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 1
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(2 * time.Second)
+	})
+	ctx := context.Background()
+	// The dead-letter stream exists but is full: it refuses the dead letter.
+	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := dlq.CachedInfo().Config
+	full.MaxMsgs, full.Discard = 1, jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
+		t.Fatal(err)
+	}
+	w := e.startWorkers(failing("bad"), 1)
+	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.publish("orders.created", 1)
+	waitFor(t, 15*time.Second, func() error {
+		h := m.Health()
+		if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
+	if err := dlq.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, func() error {
+		if h := m.Health(); h.Status != pipeline.HealthOK {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
+}

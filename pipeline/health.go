@@ -96,6 +96,11 @@ func (m *Monitor) evaluate(r *Report) Health {
 		h.Warnings = append(h.Warnings, c.Warnings...)
 	}
 	unhealthy := len(h.Problems) > 0
+	for _, c := range r.Consumers {
+		if n := c.Workers.DeadLetterFailing; n > 0 {
+			problem("consumer %s: %d message(s) kept because their dead letter cannot be stored (retrying): %s", c.Name, n, c.Workers.DeadLetterError)
+		}
+	}
 	for _, l := range m.opts.StartupLosses {
 		problem("found at start-up: %s", l)
 	}

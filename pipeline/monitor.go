@@ -305,6 +305,10 @@ type WorkerStatus struct {
 	Retried      uint64 `json:"retried"`
 	DeadLettered uint64 `json:"dead_lettered"`
 	Failures     uint64 `json:"failures"`
+	// DeadLetterFailing counts messages kept because their dead letter
+	// cannot be stored now (DeadLetterError says why); they are retried.
+	DeadLetterFailing int64  `json:"dead_letter_failing,omitempty"`
+	DeadLetterError   string `json:"dead_letter_error,omitempty"`
 }
 
 // LossEvent is one detected retention loss.
