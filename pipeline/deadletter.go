@@ -157,6 +157,12 @@ func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message,
 		}
 		return w.publishDeadLetter(ctx, m, created, reason)
 	}
+	// On the last delivery the server gives the message up after ack_wait:
+	// hold it from now on, for as long as its dead letter takes.
+	release := func() {}
+	if lastDelivery {
+		release = w.keepInHand(msg, m.Sequence)
+	}
 	if err := store(ctx); err != nil {
 		w.stats.Failures.Add(1)
 		if !lastDelivery {
@@ -172,10 +178,7 @@ func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message,
 		w.log.Error("dead-letter publish failed on the last delivery: the message is kept and the publish retried",
 			"seq", m.Sequence, "subject", m.Subject, "dead_letter", w.opts.DeadLetter, "err", err, "reason", reason)
 		hold := func() {
-			stop := keepAlive(msg, w.inProgressInterval(), func(err error) {
-				w.log.Warn("in-progress ack of a message waiting for its dead letter failed", "seq", m.Sequence, "err", err)
-			})
-			defer stop()
+			defer release()
 			if !w.retryDeadLetter(m.Sequence, store) {
 				w.log.Error("shutting down before the dead letter was stored: the message is left unacknowledged; the server reports it in a max-deliveries advisory after ack_wait, which the next start dead-letters if it runs by then",
 					"seq", m.Sequence, "dead_letter", w.opts.DeadLetter)
@@ -188,7 +191,20 @@ func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message,
 		}
 		return
 	}
+	release()
 	w.terminateDeadLettered(msg, m, reason)
+}
+
+// keepInHand sends an in-progress ack for msg now and every half ack_wait
+// until the returned release is called.
+func (w *Workers) keepInHand(msg jetstream.Msg, seq uint64) (release func()) {
+	onErr := func(err error) {
+		w.log.Warn("in-progress ack of a message waiting for its dead letter failed", "seq", seq, "err", err)
+	}
+	if err := msg.InProgress(); err != nil {
+		onErr(err)
+	}
+	return keepAlive(msg, w.inProgressInterval(), onErr)
 }
 
 // terminateDeadLettered terminates a message whose dead letter is stored.

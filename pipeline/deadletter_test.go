@@ -228,7 +228,7 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	e := startEnv(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
-		cc.AckWait = config.Dur(time.Second)
+		cc.AckWait = config.Dur(2 * time.Second)
 	})
 	ctx := context.Background()
 	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
@@ -237,7 +237,7 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	w, _ := e.workersLogged(failing("bad"), 1)
 	seq := e.publish("orders.created", "x", nil)
 	// Six failed attempts take 100+200+400+800+1600ms between them: longer
-	// than ack_wait, and more than the old code made before giving up.
+	// than ack_wait.
 	checkFor(t, 30*time.Second, func() error {
 		if n := w.Stats().Failures.Load(); n < 6 {
 			return fmt.Errorf("%d failures", n)
