@@ -191,6 +191,22 @@ func FuzzParseDeadLetter(f *testing.F) {
 			t.Fatalf("consumer %q from a subject outside dlq.>: %q", dl.Consumer, subject)
 		}
 		_ = ParseDeadLetter("DLQ", &jetstream.RawStreamMsg{Subject: subject})
+		// A replay rebuilds the original from the same headers: the
+		// idempotency key is never empty and no Holdfast-* header of the
+		// dead letter reaches the handler, except where it came from.
+		h.Set(HeaderOriginalStream, "ORDERS")
+		if m, err := ReplayMessage(ParseDeadLetter("DLQ", &jetstream.RawStreamMsg{Subject: subject, Sequence: 1, Header: h})); err == nil {
+			if m.IdempotencyKey == "" || m.Subject != origSubject || m.Header.Get(HeaderReplayedFrom) != "DLQ:1" {
+				t.Fatalf("replay message %+v", m)
+			}
+			for k := range m.Header {
+				if strings.HasPrefix(k, "Holdfast-") && k != HeaderReplayedFrom {
+					t.Fatalf("replay passes %s to the handler", k)
+				}
+			}
+		} else if origSubject != "" && dl.OriginalSeq != 0 {
+			t.Fatalf("replay refused a dead letter with subject and sequence: %v", err)
+		}
 	})
 }
 
