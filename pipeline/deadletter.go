@@ -1,12 +1,14 @@
 package pipeline
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -19,9 +21,13 @@ const (
 	HeaderOriginalSubject = "Holdfast-Original-Subject"
 	HeaderOriginalSeq     = "Holdfast-Original-Seq"
 	HeaderOriginalStream  = "Holdfast-Original-Stream"
-	HeaderOriginalMsgID   = "Holdfast-Original-Msg-Id"
-	HeaderDeliveries      = "Holdfast-Deliveries"
-	HeaderFailedAt        = "Holdfast-Failed-At"
+	// HeaderOriginalStreamCreated is when the original's stream was
+	// created (RFC 3339): which incarnation of the stream Holdfast-Original-Seq
+	// counts in.
+	HeaderOriginalStreamCreated = "Holdfast-Original-Stream-Created"
+	HeaderOriginalMsgID         = "Holdfast-Original-Msg-Id"
+	HeaderDeliveries            = "Holdfast-Deliveries"
+	HeaderFailedAt              = "Holdfast-Failed-At"
 )
 
 // DeadLetterSubject is where a consumer's dead letter for subject goes.
@@ -29,16 +35,20 @@ func DeadLetterSubject(consumer, subject string) string {
 	return "dlq." + consumer + "." + subject
 }
 
-// DeadLetterMsgID is the Nats-Msg-Id of a dead letter: the same for every
-// attempt, so a crash between publish and terminate cannot duplicate it.
-func DeadLetterMsgID(stream, consumer string, seq uint64) string {
-	return stream + ":" + consumer + ":" + strconv.FormatUint(seq, 10)
+// DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
+// "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix
+// nanoseconds: the same for every attempt, so a crash between publish and
+// terminate cannot duplicate it, and different for a stream that was
+// deleted and created again, whose sequences start at 1 again.
+func DeadLetterMsgID(stream, consumer string, seq uint64, streamCreated time.Time) string {
+	return stream + ":" + consumer + ":" + strconv.FormatUint(seq, 10) + ":" + strconv.FormatInt(streamCreated.UnixNano(), 10)
 }
 
-// NewDeadLetter builds the dead letter for a message: payload and headers
-// kept, the original's Nats-Msg-Id moved to Holdfast-Original-Msg-Id, and
-// the failure described in Holdfast-* headers.
-func NewDeadLetter(consumer string, m *Message, reason string, failedAt time.Time) *nats.Msg {
+// NewDeadLetter builds the dead letter for a message of the stream
+// incarnation created at streamCreated: payload and headers kept, the
+// original's Nats-Msg-Id moved to Holdfast-Original-Msg-Id, and the failure
+// described in Holdfast-* headers.
+func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -52,10 +62,11 @@ func NewDeadLetter(consumer string, m *Message, reason string, failedAt time.Tim
 	for _, h := range []string{nats.ExpectedStreamHdr, nats.ExpectedLastSeqHdr, nats.ExpectedLastSubjSeqHdr, nats.ExpectedLastMsgIdHdr, "Nats-TTL"} {
 		out.Header.Del(h)
 	}
-	out.Header.Set(nats.MsgIdHdr, DeadLetterMsgID(m.Stream, consumer, m.Sequence))
+	out.Header.Set(nats.MsgIdHdr, DeadLetterMsgID(m.Stream, consumer, m.Sequence, streamCreated))
 	out.Header.Set(HeaderError, reason)
 	out.Header.Set(HeaderOriginalSubject, m.Subject)
 	out.Header.Set(HeaderOriginalStream, m.Stream)
+	out.Header.Set(HeaderOriginalStreamCreated, streamCreated.UTC().Format(time.RFC3339Nano))
 	out.Header.Set(HeaderOriginalSeq, strconv.FormatUint(m.Sequence, 10))
 	out.Header.Set(HeaderDeliveries, strconv.FormatUint(m.Delivery, 10))
 	out.Header.Set(HeaderFailedAt, failedAt.UTC().Format(time.RFC3339Nano))
@@ -63,10 +74,21 @@ func NewDeadLetter(consumer string, m *Message, reason string, failedAt time.Tim
 	return out
 }
 
+// streamCreated is the creation time of the current incarnation of stream.
+func (w *Workers) streamCreated(ctx context.Context, stream string) (time.Time, error) {
+	s, err := w.js.Stream(ctx, stream)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("stream %s: %w", stream, err)
+	}
+	return s.CachedInfo().Created, nil
+}
+
 // publishDeadLetter stores a dead letter with PubAck in the dead-letter
-// stream.
-func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, reason string) error {
-	dl := NewDeadLetter(w.opts.Consumer, m, reason, time.Now())
+// stream. A PubAck proves the dead letter stored only when it stored this
+// message: a "duplicate" answer is checked against what the dead-letter
+// stream holds under that sequence.
+func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreated time.Time, reason string) error {
+	dl := NewDeadLetter(w.opts.Consumer, m, streamCreated, reason, time.Now())
 	ack, err := w.js.PublishMsg(ctx, dl)
 	if err != nil {
 		return err
@@ -74,13 +96,47 @@ func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, reason stri
 	if ack.Stream != w.opts.DeadLetter {
 		return fmt.Errorf("dead letter stored in stream %s, not in %s: check that no other stream takes subject %s", ack.Stream, w.opts.DeadLetter, dl.Subject)
 	}
+	if !ack.Duplicate {
+		return nil
+	}
+	id := dl.Header.Get(nats.MsgIdHdr)
+	if err := w.sameDeadLetter(ctx, ack.Sequence, dl); err != nil {
+		return fmt.Errorf("the dead-letter stream %s answered that Nats-Msg-Id %s is a duplicate of #%d, but %w: the original is kept, not terminated",
+			w.opts.DeadLetter, id, ack.Sequence, err)
+	}
+	w.log.Info("dead letter already stored by an earlier attempt", "seq", m.Sequence, "dead_letter", w.opts.DeadLetter, "dead_letter_seq", ack.Sequence)
+	return nil
+}
+
+// sameDeadLetter checks that the dead letter stored at seq is dl: same
+// subject, id, original stream, incarnation and sequence, and payload.
+func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) error {
+	s, err := w.js.Stream(ctx, w.opts.DeadLetter)
+	if err != nil {
+		return fmt.Errorf("the stored one cannot be read: %w", err)
+	}
+	stored, err := s.GetMsg(ctx, seq)
+	if err != nil {
+		return fmt.Errorf("the stored one cannot be read: %w", err)
+	}
+	if stored.Subject != dl.Subject {
+		return fmt.Errorf("the stored one is on %s, not %s", stored.Subject, dl.Subject)
+	}
+	for _, h := range []string{nats.MsgIdHdr, HeaderOriginalStream, HeaderOriginalStreamCreated, HeaderOriginalSeq} {
+		if got, want := stored.Header.Get(h), dl.Header.Get(h); got != want {
+			return fmt.Errorf("the stored one has %s %q, not %q", h, got, want)
+		}
+	}
+	if !bytes.Equal(stored.Data, dl.Data) {
+		return errors.New("the stored one has another payload")
+	}
 	return nil
 }
 
 // deadLetter moves a failed message to the dead-letter stream and only
 // then terminates it. If the publish fails, the message is not terminated:
-// it is redelivered (or, on its last delivery, kept in the stream and
-// logged for the operator).
+// before its last delivery it is redelivered; on its last delivery it is
+// kept (in-progress acks) and the publish is retried until it succeeds.
 func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message, reason string, lastDelivery bool) {
 	if w.opts.DeadLetter == "" {
 		if err := msg.TermWithReason(reason); err != nil {
@@ -88,120 +144,392 @@ func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message,
 			w.log.Error("terminate failed", "seq", m.Sequence, "err", err)
 			return
 		}
+		w.stats.noteSettled(m.Sequence)
 		w.stats.DeadLettered.Add(1)
 		w.log.Error("message failed and dead-lettering is disabled: terminated", "seq", m.Sequence,
 			"subject", m.Subject, "delivery", m.Delivery, "reason", reason)
 		return
 	}
-	if err := w.publishDeadLetter(ctx, m, reason); err != nil {
+	store := func(ctx context.Context) error {
+		created, err := w.streamCreated(ctx, m.Stream)
+		if err != nil {
+			return err
+		}
+		return w.publishDeadLetter(ctx, m, created, reason)
+	}
+	// On the last delivery the server gives the message up after ack_wait:
+	// hold it from now on, for as long as its dead letter takes.
+	release := func() {}
+	if lastDelivery {
+		release = w.keepInHand(msg, m.Sequence)
+	}
+	if err := store(ctx); err != nil {
 		w.stats.Failures.Add(1)
-		if lastDelivery {
-			w.log.Error("dead-letter publish failed on the last delivery: retrying from the max-deliveries advisory",
-				"seq", m.Sequence, "subject", m.Subject, "dead_letter", w.opts.DeadLetter, "err", err, "reason", reason)
-			_ = msg.NakWithDelay(w.retryDelay(m.Delivery))
+		if !lastDelivery {
+			delay := w.retryDelay(m.Delivery)
+			w.log.Error("dead-letter publish failed: the message is redelivered instead", "seq", m.Sequence,
+				"dead_letter", w.opts.DeadLetter, "retry_in", delay, "err", err)
+			_ = msg.NakWithDelay(delay)
 			return
 		}
-		delay := w.retryDelay(m.Delivery)
-		w.log.Error("dead-letter publish failed: the message is redelivered instead", "seq", m.Sequence,
-			"dead_letter", w.opts.DeadLetter, "retry_in", delay, "err", err)
-		_ = msg.NakWithDelay(delay)
+		// The server will not deliver it again: keep it in hand until its
+		// dead letter is stored.
+		w.stats.deadLetterFailed(err)
+		w.log.Error("dead-letter publish failed on the last delivery: the message is kept and the publish retried",
+			"seq", m.Sequence, "subject", m.Subject, "dead_letter", w.opts.DeadLetter, "err", err, "reason", reason)
+		hold := func() {
+			defer release()
+			if !w.retryDeadLetter(m.Sequence, store) {
+				w.log.Error("shutting down before the dead letter was stored: the message is left unacknowledged; the server reports it in a max-deliveries advisory after ack_wait, which the next start dead-letters if it runs by then",
+					"seq", m.Sequence, "dead_letter", w.opts.DeadLetter)
+				return
+			}
+			w.terminateDeadLettered(msg, m, reason)
+		}
+		if !w.spawn(hold) {
+			hold()
+		}
 		return
 	}
+	release()
+	w.terminateDeadLettered(msg, m, reason)
+}
+
+// keepInHand sends an in-progress ack for msg now and every half ack_wait
+// until the returned release is called.
+func (w *Workers) keepInHand(msg jetstream.Msg, seq uint64) (release func()) {
+	onErr := func(err error) {
+		w.log.Warn("in-progress ack of a message waiting for its dead letter failed", "seq", seq, "err", err)
+	}
+	if err := msg.InProgress(); err != nil {
+		onErr(err)
+	}
+	return keepAlive(msg, w.inProgressInterval(), onErr)
+}
+
+// terminateDeadLettered terminates a message whose dead letter is stored.
+func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *Message, reason string) {
 	if err := msg.TermWithReason(reason); err != nil {
 		// Already in the dead-letter stream; a redelivery is deduplicated
 		// there by its Nats-Msg-Id.
 		w.stats.Failures.Add(1)
 		w.log.Error("dead letter stored but terminate failed: the message may be delivered again", "seq", m.Sequence, "err", err)
+	} else {
+		w.stats.noteSettled(m.Sequence)
 	}
 	w.stats.DeadLettered.Add(1)
 	w.log.Error("message dead-lettered", "seq", m.Sequence, "subject", m.Subject, "delivery", m.Delivery,
 		"dead_letter", w.opts.DeadLetter, "reason", reason)
 }
 
+// inProgressInterval is how often a message in hand gets an in-progress
+// ack: half of ack_wait (of the server's default 30s when unknown).
+func (w *Workers) inProgressInterval() time.Duration {
+	if w.opts.AckWait > 0 {
+		return w.opts.AckWait / 2
+	}
+	return 15 * time.Second
+}
+
+// Retrying a dead letter that cannot be stored: from the first backoff
+// delay (at least deadLetterRetryMin), doubling, at most deadLetterRetryMax.
+const (
+	deadLetterRetryMin = 100 * time.Millisecond
+	deadLetterRetryMax = time.Minute
+)
+
+// retryDeadLetter calls store (after a first attempt failed) with a capped
+// exponential backoff until it succeeds, and reports true; it gives up only
+// when the workers shut down (their handler context ends), and reports
+// false. Meanwhile the message counts in Stats.DeadLetterFailing.
+func (w *Workers) retryDeadLetter(seq uint64, store func(context.Context) error) bool {
+	w.stats.DeadLetterFailing.Add(1)
+	defer w.stats.DeadLetterFailing.Add(-1)
+	ctx := w.handlerCtx
+	delay := max(w.retryDelay(1), deadLetterRetryMin)
+	for attempt := 2; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, deadLetterRetryMax)
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := store(actx)
+		cancel()
+		if err == nil {
+			w.log.Info("dead letter stored after retrying", "seq", seq, "attempts", attempt, "dead_letter", w.opts.DeadLetter)
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		w.stats.Failures.Add(1)
+		w.stats.deadLetterFailed(err)
+		if attempt <= 5 || attempt%10 == 0 {
+			w.log.Error("dead letter still cannot be stored: retrying", "seq", seq, "attempt", attempt, "retry_in", delay,
+				"dead_letter", w.opts.DeadLetter, "err", err)
+		}
+	}
+}
+
+// maxBackground bounds the goroutines one consumer's workers run beside
+// the handlers: messages kept until their dead letter is stored, max-
+// deliveries advisories and replays being handled. When they are all busy,
+// the caller does the work itself (a worker, or the subscription), which
+// slows intake instead of piling up goroutines.
+const maxBackground = 64
+
+// background tracks the goroutines of spawn, so that Close waits for them.
+type background struct {
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+	n      int
+}
+
+// spawn runs fn in a tracked goroutine and reports true, or reports false
+// (and does not run fn) when maxBackground are running or Close is waiting
+// for them: the caller then runs fn itself.
+func (w *Workers) spawn(fn func()) bool {
+	b := &w.bg
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.n >= maxBackground {
+		return false
+	}
+	b.n++
+	b.wg.Add(1)
+	go func() {
+		defer func() {
+			b.mu.Lock()
+			b.n--
+			b.mu.Unlock()
+			b.wg.Done()
+		}()
+		fn()
+	}()
+	return true
+}
+
+// subscribeDeadLetters subscribes to the consumer's max-deliveries
+// advisories and replay requests. Open calls it before pulling, so that no
+// advisory of a message it pulls can be missed.
+func (w *Workers) subscribeDeadLetters(ctx context.Context) error {
+	ai, err := w.js.AccountInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer %s: cannot read the JetStream account: %w", w.opts.Consumer, err)
+	}
+	w.domain = ai.Domain
+	w.advisory, err = w.nc.Subscribe(maxDeliveriesSubject(w.opts.Stream, w.opts.Consumer), w.onMaxDeliveries)
+	if err != nil {
+		return fmt.Errorf("consumer %s: cannot subscribe to max-deliveries advisories: %w", w.opts.Consumer, err)
+	}
+	// An advisory dropped by a full subscription buffer would be a message
+	// neither redelivered nor dead-lettered.
+	_ = w.advisory.SetPendingLimits(-1, -1)
+	if w.replay, err = w.subscribeReplay(); err != nil {
+		_ = w.advisory.Unsubscribe()
+		return err
+	}
+	return nil
+}
+
+// closeDeadLetters ends the subscriptions and waits for the background
+// goroutines. Close calls it after the workers stopped, so that an
+// advisory for a message they returned is still handled.
+func (w *Workers) closeDeadLetters() {
+	for _, sub := range []*nats.Subscription{w.advisory, w.replay} {
+		if sub != nil {
+			_ = sub.Unsubscribe()
+		}
+	}
+	w.bg.mu.Lock()
+	w.bg.closed = true
+	w.bg.mu.Unlock()
+	w.bg.wg.Wait()
+}
+
+func maxDeliveriesSubject(stream, consumer string) string {
+	return "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES." + stream + "." + consumer
+}
+
 // maxDeliveriesAdvisory is the server's
-// $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES payload.
+// $JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES payload
+// (server.JSConsumerDeliveryExceededAdvisory).
 type maxDeliveriesAdvisory struct {
+	Type       string `json:"type"`
 	Stream     string `json:"stream"`
 	Consumer   string `json:"consumer"`
 	StreamSeq  uint64 `json:"stream_seq"`
 	Deliveries uint64 `json:"deliveries"`
+	Domain     string `json:"domain"`
+}
+
+// maxDeliveriesType is the advisory's schema type.
+const maxDeliveriesType = "io.nats.jetstream.advisory.v1.max_deliver"
+
+// checkAdvisoryScope reports why an advisory is not one the local
+// JetStream (domain localDomain) sent about stream/consumer, or "" when it
+// is. Advisories carry the domain of the server that sent them; a hub's
+// advisories that cross a leafnode carry the hub's domain.
+func checkAdvisoryScope(typ, gotType, stream, consumer, domain, wantStream, wantConsumer, localDomain string) string {
+	switch {
+	case gotType != typ:
+		return fmt.Sprintf("type %q, not %q", gotType, typ)
+	case stream != wantStream || consumer != wantConsumer:
+		return fmt.Sprintf("it names %s/%s, not %s/%s", stream, consumer, wantStream, wantConsumer)
+	case domain != localDomain:
+		return fmt.Sprintf("it comes from JetStream domain %q, not from the local one %q", domain, localDomain)
+	}
+	return ""
 }
 
 // onMaxDeliveries dead-letters a message the server stopped delivering
 // because it reached max_deliver without a verdict (a worker died or hung
-// past ack_wait on its last delivery). It reads the original by sequence.
+// past ack_wait on its last delivery), after checking the advisory
+// against the consumer's state. It reads the original by sequence.
 func (w *Workers) onMaxDeliveries(nm *nats.Msg) {
 	var adv maxDeliveriesAdvisory
 	if err := json.Unmarshal(nm.Data, &adv); err != nil {
-		w.log.Error("unreadable max-deliveries advisory", "err", err)
+		w.log.Error("unreadable max-deliveries advisory: ignored", "err", err)
 		return
 	}
-	go w.deadLetterBySeq(adv)
+	if why := checkAdvisoryScope(maxDeliveriesType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, w.opts.Stream, w.opts.Consumer, w.domain); why != "" {
+		w.log.Warn("max-deliveries advisory not from this server's JetStream: ignored", "seq", adv.StreamSeq, "why", why)
+		return
+	}
+	run := func() { w.deadLetterBySeq(adv) }
+	if !w.spawn(run) {
+		run()
+	}
 }
 
+// errNotMaxDelivered means an advisory does not match the consumer's
+// state: nothing to dead-letter.
+var errNotMaxDelivered = errors.New("advisory does not match the consumer's state")
+
+// verifyMaxDeliveries checks an advisory against the server's state of the
+// consumer, as far as the JetStream API shows it: the consumer delivered
+// the message, its max_deliver is what the advisory reports, it holds at
+// least one message past a redelivery without an ack (the server keeps the
+// delivery count of a max-delivered message until it leaves the stream,
+// and drops it on an ack; it shows no such count for max_deliver 1), and
+// these workers did not acknowledge or
+// terminate the message themselves. The ack floor proves nothing: the
+// server moves it past a message that reached max_deliver.
+func (w *Workers) verifyMaxDeliveries(ctx context.Context, adv maxDeliveriesAdvisory) error {
+	c, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
+	if err != nil {
+		return err
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		return err
+	}
+	switch {
+	case ci.Config.MaxDeliver <= 0:
+		return fmt.Errorf("%w: the consumer has no max_deliver", errNotMaxDelivered)
+	case adv.Deliveries < uint64(ci.Config.MaxDeliver):
+		return fmt.Errorf("%w: %d deliveries, below max_deliver %d", errNotMaxDelivered, adv.Deliveries, ci.Config.MaxDeliver)
+	case adv.StreamSeq == 0 || adv.StreamSeq > ci.Delivered.Stream:
+		return fmt.Errorf("%w: seq %d was never delivered (delivered up to %d)", errNotMaxDelivered, adv.StreamSeq, ci.Delivered.Stream)
+	case ci.NumRedelivered == 0 && ci.Config.MaxDeliver > 1: // the server reports 0 for max_deliver 1
+		return fmt.Errorf("%w: the consumer holds no unacknowledged redelivered message", errNotMaxDelivered)
+	case w.stats.settled(adv.StreamSeq):
+		return fmt.Errorf("%w: these workers acknowledged or terminated seq %d", errNotMaxDelivered, adv.StreamSeq)
+	}
+	return nil
+}
+
+// deadLetterBySeq verifies a max-deliveries advisory and dead-letters its
+// message, retrying until it is stored or the workers shut down.
 func (w *Workers) deadLetterBySeq(adv maxDeliveriesAdvisory) {
 	reason := fmt.Sprintf("reached max_deliver (%d deliveries) without a verdict: the handler did not finish within ack_wait", adv.Deliveries)
+	var raw *jetstream.RawStreamMsg
+	var created time.Time
+	prepare := func(ctx context.Context) error {
+		if err := w.verifyMaxDeliveries(ctx, adv); err != nil {
+			return err
+		}
+		s, err := w.js.Stream(ctx, w.opts.Stream)
+		if err != nil {
+			return err
+		}
+		if raw, err = s.GetMsg(ctx, adv.StreamSeq); err != nil {
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return fmt.Errorf("%w: seq %d is no longer in stream %s", errNotMaxDelivered, adv.StreamSeq, w.opts.Stream)
+			}
+			return fmt.Errorf("read message %d: %w", adv.StreamSeq, err)
+		}
+		created = s.CachedInfo().Created
+		return nil
+	}
+	store := func(ctx context.Context) error {
+		if raw == nil {
+			if err := prepare(ctx); err != nil {
+				return err
+			}
+		}
+		if w.opts.DeadLetter == "" {
+			return nil
+		}
+		m := &Message{
+			Subject:   raw.Subject,
+			Stream:    w.opts.Stream,
+			Consumer:  w.opts.Consumer,
+			Sequence:  raw.Sequence,
+			Delivery:  adv.Deliveries,
+			Header:    raw.Header,
+			Data:      raw.Data,
+			Published: raw.Time,
+		}
+		if m.Header == nil {
+			m.Header = nats.Header{}
+		}
+		return w.publishDeadLetter(ctx, m, created, reason)
+	}
+	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
+	err := store(ctx)
+	cancel()
+	if errors.Is(err, errNotMaxDelivered) {
+		w.log.Warn("max-deliveries advisory does not match the consumer's state: ignored", "seq", adv.StreamSeq, "why", err)
+		return
+	}
+	if err != nil {
+		w.stats.Failures.Add(1)
+		w.stats.deadLetterFailed(err)
+		w.log.Error("cannot dead-letter a message that reached max_deliver: retrying until it is stored",
+			"seq", adv.StreamSeq, "dead_letter", w.opts.DeadLetter, "err", err)
+		var ignored error
+		ok := w.retryDeadLetter(adv.StreamSeq, func(ctx context.Context) error {
+			err := store(ctx)
+			if errors.Is(err, errNotMaxDelivered) {
+				ignored = err
+				return nil
+			}
+			return err
+		})
+		if !ok {
+			w.log.Error("shutting down before the dead letter of a message that reached max_deliver was stored: it stays in its stream, not delivered again; republish it by hand",
+				"stream", w.opts.Stream, "seq", adv.StreamSeq, "dead_letter", w.opts.DeadLetter)
+			return
+		}
+		if ignored != nil {
+			w.log.Warn("max-deliveries advisory does not match the consumer's state: ignored", "seq", adv.StreamSeq, "why", ignored)
+			return
+		}
+	}
+	w.stats.noteSettled(adv.StreamSeq)
+	w.stats.DeadLettered.Add(1)
 	if w.opts.DeadLetter == "" {
-		w.stats.DeadLettered.Add(1)
 		w.log.Error("message reached max_deliver without a verdict; dead-lettering is disabled, the server will not deliver it again",
 			"seq", adv.StreamSeq, "deliveries", adv.Deliveries)
 		return
 	}
-	for attempt := 1; ; attempt++ {
-		err := w.deadLetterSeqOnce(adv, reason)
-		if err == nil {
-			return
-		}
-		w.stats.Failures.Add(1)
-		if w.runCtx.Err() != nil || attempt >= 10 {
-			w.log.Error("cannot dead-letter a message that reached max_deliver: it stays in its stream; replay it by hand",
-				"seq", adv.StreamSeq, "err", err)
-			return
-		}
-		w.log.Warn("dead-lettering a message that reached max_deliver failed: retrying", "seq", adv.StreamSeq, "attempt", attempt, "err", err)
-		select {
-		case <-w.runCtx.Done():
-		case <-time.After(w.retryDelay(uint64(attempt))):
-		}
-	}
-}
-
-func (w *Workers) deadLetterSeqOnce(adv maxDeliveriesAdvisory, reason string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := w.js.Stream(ctx, w.opts.Stream)
-	if err != nil {
-		return err
-	}
-	raw, err := s.GetMsg(ctx, adv.StreamSeq)
-	if err != nil {
-		return fmt.Errorf("read message %d: %w", adv.StreamSeq, err)
-	}
-	m := &Message{
-		Subject:   raw.Subject,
-		Stream:    w.opts.Stream,
-		Consumer:  w.opts.Consumer,
-		Sequence:  raw.Sequence,
-		Delivery:  adv.Deliveries,
-		Header:    raw.Header,
-		Data:      raw.Data,
-		Published: raw.Time,
-	}
-	if m.Header == nil {
-		m.Header = nats.Header{}
-	}
-	if err := w.publishDeadLetter(ctx, m, reason); err != nil {
-		return err
-	}
-	w.stats.DeadLettered.Add(1)
-	w.log.Error("message dead-lettered after max_deliver without a verdict", "seq", m.Sequence, "subject", m.Subject,
+	w.log.Error("message dead-lettered after max_deliver without a verdict", "seq", adv.StreamSeq, "subject", raw.Subject,
 		"deliveries", adv.Deliveries, "dead_letter", w.opts.DeadLetter)
-	return nil
 }
-
-// HeaderReplayedFrom marks a message republished from a dead-letter
-// stream: "STREAM:seq" of the dead letter.
-const HeaderReplayedFrom = "Holdfast-Replayed-From"
 
 // DeadLetter is a stored dead letter, read back for inspection or replay.
 type DeadLetter struct {
@@ -211,12 +539,15 @@ type DeadLetter struct {
 	Consumer        string
 	OriginalSubject string
 	OriginalStream  string
-	OriginalSeq     uint64
-	Deliveries      uint64
-	FailedAt        time.Time
-	Error           string
-	Header          nats.Header
-	Data            []byte
+	// OriginalStreamCreated is when the original's stream was created
+	// (zero for dead letters of holdfast versions before it was recorded).
+	OriginalStreamCreated time.Time
+	OriginalSeq           uint64
+	Deliveries            uint64
+	FailedAt              time.Time
+	Error                 string
+	Header                nats.Header
+	Data                  []byte
 }
 
 // ParseDeadLetter reads the Holdfast-* headers of a stored dead letter.
@@ -241,6 +572,7 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 	dl.OriginalSeq, _ = strconv.ParseUint(h.Get(HeaderOriginalSeq), 10, 64)
 	dl.Deliveries, _ = strconv.ParseUint(h.Get(HeaderDeliveries), 10, 64)
 	dl.FailedAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderFailedAt))
+	dl.OriginalStreamCreated, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderOriginalStreamCreated))
 	return dl
 }
 
@@ -302,42 +634,58 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, stream string, s
 	return ParseDeadLetter(stream, raw), nil
 }
 
-// Replay republishes a dead letter to its original subject with PubAck,
-// and only then deletes it from the dead-letter stream. The replayed
-// message carries the original headers (minus Holdfast-*), a new
-// Nats-Msg-Id "DLQSTREAM:seq:replay" (so replaying twice within the
-// duplicate window stores it once) and Holdfast-Replayed-From.
-func Replay(ctx context.Context, js jetstream.JetStream, dl DeadLetter) (*jetstream.PubAck, error) {
-	if dl.OriginalSubject == "" {
-		return nil, fmt.Errorf("dead letter %s #%d has no %s header: not a holdfast dead letter", dl.Stream, dl.Seq, HeaderOriginalSubject)
+// settledWindow is how many sequences Stats remembers as acknowledged or
+// terminated by the workers, to refuse a max-deliveries advisory for one.
+const settledWindow = 16384
+
+// settledSeqs remembers the latest settledWindow sequences the workers
+// acknowledged or terminated.
+type settledSeqs struct {
+	mu   sync.Mutex
+	set  map[uint64]struct{}
+	ring []uint64
+	next int
+}
+
+func (s *Stats) noteSettled(seq uint64) {
+	r := &s.settledSeqs
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.set == nil {
+		r.set = make(map[uint64]struct{}, settledWindow)
+		r.ring = make([]uint64, 0, settledWindow)
 	}
-	out := nats.NewMsg(dl.OriginalSubject)
-	for k, vs := range dl.Header {
-		if strings.HasPrefix(k, "Holdfast-") || strings.HasPrefix(k, "Nats-") {
-			continue
-		}
-		out.Header[k] = vs
+	if _, ok := r.set[seq]; ok {
+		return
 	}
-	if id := dl.Header.Get(HeaderOriginalMsgID); id != "" {
-		out.Header.Set(HeaderOriginalMsgID, id)
+	if len(r.ring) < settledWindow {
+		r.ring = append(r.ring, seq)
+	} else {
+		delete(r.set, r.ring[r.next])
+		r.ring[r.next] = seq
+		r.next = (r.next + 1) % settledWindow
 	}
-	from := dl.Stream + ":" + strconv.FormatUint(dl.Seq, 10)
-	out.Header.Set(HeaderReplayedFrom, from)
-	out.Header.Set(nats.MsgIdHdr, from+":replay")
-	out.Data = dl.Data
-	ack, err := js.PublishMsg(ctx, out)
-	if err != nil {
-		return nil, fmt.Errorf("replay %s to %s: %w", from, dl.OriginalSubject, err)
+	r.set[seq] = struct{}{}
+}
+
+func (s *Stats) settled(seq uint64) bool {
+	r := &s.settledSeqs
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.set[seq]
+	return ok
+}
+
+func (s *Stats) deadLetterFailed(err error) {
+	msg := err.Error()
+	s.deadLetterErr.Store(&msg)
+}
+
+// DeadLetterError is the latest error of a dead-letter publish, or "";
+// it matters while DeadLetterFailing is above zero.
+func (s *Stats) DeadLetterError() string {
+	if p := s.deadLetterErr.Load(); p != nil {
+		return *p
 	}
-	if dl.OriginalStream != "" && ack.Stream != dl.OriginalStream {
-		return ack, fmt.Errorf("replay %s: stored in stream %s, not in the original %s; the dead letter is kept", from, ack.Stream, dl.OriginalStream)
-	}
-	s, err := js.Stream(ctx, dl.Stream)
-	if err != nil {
-		return ack, err
-	}
-	if err := s.DeleteMsg(ctx, dl.Seq); err != nil {
-		return ack, fmt.Errorf("replayed %s but could not delete the dead letter: %w", from, err)
-	}
-	return ack, nil
+	return ""
 }

@@ -89,6 +89,7 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 	f.Add("orders.created", "WORKER1", "ORDERS", uint64(9), uint64(2), strings.Repeat("long reason ", 200), "Holdfast-Error", "spoofed", "dup", []byte("p"))
 	nc := plainNATS(f)
 	failedAt := time.Date(2026, 11, 30, 12, 0, 0, 123456789, time.UTC)
+	created := time.Date(2026, 10, 1, 8, 0, 0, 987654321, time.UTC)
 	f.Fuzz(func(t *testing.T, subject, consumer, stream string, seq, delivery uint64, reason, hkey, hval, msgID string, data []byte) {
 		if !validSubject(subject) || !validSubject(consumer) || strings.Contains(consumer, ".") || stream == "" ||
 			strings.ContainsAny(stream, " .*>\r\n\t") || !validHeaderKey(hkey) || len(data) > 64<<10 {
@@ -102,7 +103,7 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 		if msgID != "" {
 			m.Header.Set(nats.MsgIdHdr, msgID)
 		}
-		dl := NewDeadLetter(consumer, m, reason, failedAt)
+		dl := NewDeadLetter(consumer, m, created, reason, failedAt)
 		if dl.Subject != DeadLetterSubject(consumer, subject) {
 			t.Fatalf("dead letter on %q", dl.Subject)
 		}
@@ -134,8 +135,11 @@ func FuzzDeadLetterRoundTrip(f *testing.F) {
 		if want := strings.TrimSpace(reason); validHeaderValue(reason) && !strings.Contains(reason, "\t") && parsed.Error != want {
 			t.Fatalf("Holdfast-Error = %q, want %q", parsed.Error, want)
 		}
-		if ids := got.Header.Values(nats.MsgIdHdr); len(ids) != 1 || ids[0] != DeadLetterMsgID(stream, consumer, seq) {
-			t.Fatalf("Nats-Msg-Id = %q, want only %q", ids, DeadLetterMsgID(stream, consumer, seq))
+		if ids := got.Header.Values(nats.MsgIdHdr); len(ids) != 1 || ids[0] != DeadLetterMsgID(stream, consumer, seq, created) {
+			t.Fatalf("Nats-Msg-Id = %q, want only %q", ids, DeadLetterMsgID(stream, consumer, seq, created))
+		}
+		if !parsed.OriginalStreamCreated.Equal(created) {
+			t.Fatalf("Holdfast-Original-Stream-Created = %q, want %s", got.Header.Get(HeaderOriginalStreamCreated), created)
 		}
 		if want := strings.TrimSpace(msgID); got.Header.Get(HeaderOriginalMsgID) != want && msgID != "" {
 			t.Fatalf("Holdfast-Original-Msg-Id = %q, want %q", got.Header.Get(HeaderOriginalMsgID), want)
@@ -187,6 +191,22 @@ func FuzzParseDeadLetter(f *testing.F) {
 			t.Fatalf("consumer %q from a subject outside dlq.>: %q", dl.Consumer, subject)
 		}
 		_ = ParseDeadLetter("DLQ", &jetstream.RawStreamMsg{Subject: subject})
+		// A replay rebuilds the original from the same headers: the
+		// idempotency key is never empty and no Holdfast-* header of the
+		// dead letter reaches the handler, except where it came from.
+		h.Set(HeaderOriginalStream, "ORDERS")
+		if m, err := ReplayMessage(ParseDeadLetter("DLQ", &jetstream.RawStreamMsg{Subject: subject, Sequence: 1, Header: h})); err == nil {
+			if m.IdempotencyKey == "" || m.Subject != origSubject || m.Header.Get(HeaderReplayedFrom) != "DLQ:1" {
+				t.Fatalf("replay message %+v", m)
+			}
+			for k := range m.Header {
+				if strings.HasPrefix(k, "Holdfast-") && k != HeaderReplayedFrom {
+					t.Fatalf("replay passes %s to the handler", k)
+				}
+			}
+		} else if origSubject != "" && dl.OriginalSeq != 0 {
+			t.Fatalf("replay refused a dead letter with subject and sequence: %v", err)
+		}
 	})
 }
 

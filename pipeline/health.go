@@ -109,6 +109,9 @@ func (m *Monitor) evaluate(r *Report) Health {
 			problem("consumer %s on stream %s (no in-process workers) is blocked: %d of max %d messages await acknowledgement by other clients, no progress for %s",
 				c.Name, c.Stream, c.AckPending, c.MaxAckPending, c.IdleFor.Round(time.Second))
 		}
+		if n := c.Workers.DeadLetterFailing; n > 0 {
+			problem("consumer %s: %d message(s) kept because their dead letter cannot be stored (retrying): %s", c.Name, n, c.Workers.DeadLetterError)
+		}
 	}
 	h.Lost = len(m.opts.StartupLosses) > 0
 	for _, l := range m.opts.StartupLosses {

@@ -99,6 +99,7 @@ var (
 	descFailures     = desc("settle_failures_total", "Acks, naks and dead-letter publishes that failed (the message comes back).", sc...)
 	descLost         = desc("messages_lost_to_retention_total", "Messages removed from the stream (max_msgs, max_bytes, max_age or a deletion) before the consumer acknowledged them.", sc...)
 	descInFlight     = desc("handlers_in_flight", "Handlers running now.", sc...)
+	descDLFailing    = desc("dead_letter_failing_messages", "Messages kept because their dead letter cannot be stored now; retried until it is.", sc...)
 	descWorkers      = desc("workers", "In-process workers running for the consumer.", sc...)
 
 	descPending     = desc("consumer_pending_messages", "Messages not yet delivered to the consumer.", sc...)
@@ -135,7 +136,7 @@ var (
 type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProcessed, descAcked, descRetried, descDeadLettered, descFailures, descLost,
+	for _, d := range []*prometheus.Desc{descProcessed, descAcked, descRetried, descDeadLettered, descFailures, descDLFailing, descLost,
 		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descExists,
 		descBacklog, descStreamMsgs, descStreamBytes, descStreamFirst, descStreamLast, descStreamMaxMsgs,
 		descStreamMaxBytes, descStreamMaxAge, descStreamExists, descJSUp, descJSUsed, descJSReserved, descJSLimit,
@@ -172,6 +173,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		metric(descDeadLettered, prometheus.CounterValue, float64(st.DeadLettered.Load()), l...)
 		metric(descFailures, prometheus.CounterValue, float64(st.Failures.Load()), l...)
 		metric(descInFlight, prometheus.GaugeValue, float64(st.InFlight.Load()), l...)
+		metric(descDLFailing, prometheus.GaugeValue, float64(st.DeadLetterFailing.Load()), l...)
 		metric(descWorkers, prometheus.GaugeValue, float64(mc.Workers.Options().Workers), l...)
 	}
 

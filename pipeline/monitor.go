@@ -370,6 +370,10 @@ type WorkerStatus struct {
 	RetryDue       time.Time `json:"retry_due,omitzero"`
 	// OldestHandlerStart is when the longest-running handler started.
 	OldestHandlerStart time.Time `json:"oldest_handler_start,omitzero"`
+	// DeadLetterFailing counts messages kept because their dead letter
+	// cannot be stored now (DeadLetterError says why); they are retried.
+	DeadLetterFailing int64  `json:"dead_letter_failing,omitempty"`
+	DeadLetterError   string `json:"dead_letter_error,omitempty"`
 }
 
 // LossEvent is one detected retention loss.

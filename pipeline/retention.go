@@ -635,6 +635,9 @@ func workerStatus(mc MonitoredConsumer) WorkerStatus {
 		ws.Retried = st.Retried.Load()
 		ws.DeadLettered = st.DeadLettered.Load()
 		ws.Failures = st.Failures.Load()
+		if ws.DeadLetterFailing = st.DeadLetterFailing.Load(); ws.DeadLetterFailing > 0 {
+			ws.DeadLetterError = st.DeadLetterError()
+		}
 	}
 	return ws
 }

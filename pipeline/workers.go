@@ -57,6 +57,12 @@ type Stats struct {
 	DeadLettered atomic.Uint64 // messages moved to the dead-letter stream (or terminated without one)
 	InFlight     atomic.Int64  // handlers running now
 	Failures     atomic.Uint64 // acks, naks or dead-letter publishes that failed
+	// DeadLetterFailing is the number of messages whose dead letter cannot
+	// be stored now: kept (never terminated) and retried until it is.
+	DeadLetterFailing atomic.Int64
+
+	deadLetterErr atomic.Pointer[string]
+	settledSeqs   settledSeqs
 }
 
 // Workers runs a consumer's handlers. Open starts them; Close drains them.
@@ -75,6 +81,9 @@ type Workers struct {
 	mu       sync.Mutex
 	cons     jetstream.Consumer
 	advisory *nats.Subscription
+	replay   *nats.Subscription
+	domain   string     // the local JetStream domain, which advisories must carry
+	bg       background // dead-letter retries, advisories and replays being handled
 
 	queue       chan delivery // received messages waiting for a worker
 	slots       chan struct{} // one token per message the workers may hold
@@ -148,10 +157,11 @@ func (w *Workers) Open(ctx context.Context) error {
 	w.cons = cons
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
 	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
-	subj := fmt.Sprintf("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.%s.%s", w.opts.Stream, w.opts.Consumer)
-	w.advisory, err = w.nc.Subscribe(subj, w.onMaxDeliveries)
-	if err != nil {
-		return fmt.Errorf("consumer %s: cannot subscribe to max-deliveries advisories: %w", w.opts.Consumer, err)
+	// Advisories first: one about a message pulled from now on is not missed.
+	if err := w.subscribeDeadLetters(ctx); err != nil {
+		w.cancelRun()
+		w.cancelHandler()
+		return err
 	}
 	capacity := w.capacity()
 	w.queue = make(chan delivery, capacity)
@@ -405,6 +415,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 			return
 		}
 		w.stats.Acked.Add(1)
+		w.stats.noteSettled(m.Sequence)
 	case Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
@@ -457,12 +468,11 @@ func (w *Workers) Close(ctx context.Context) error {
 			return
 		}
 		w.stopping.Store(true)
-		if w.advisory != nil {
-			_ = w.advisory.Unsubscribe()
-		}
 		w.cancelRun()
 		done := make(chan struct{})
-		go func() { w.wg.Wait(); <-w.fetcherDone; close(done) }()
+		// Advisories and replays are taken until the workers stopped; a
+		// message kept for its dead letter is held until the timeout.
+		go func() { w.wg.Wait(); <-w.fetcherDone; w.closeDeadLetters(); close(done) }()
 		timer := time.NewTimer(w.ShutdownTimeout)
 		defer timer.Stop()
 		select {

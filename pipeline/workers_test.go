@@ -309,13 +309,15 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 		"Holdfast-Original-Seq":     strconv.FormatUint(seq, 10),
 		"Holdfast-Deliveries":       "1",
 		"Holdfast-Original-Msg-Id":  "m-1",
-		"Nats-Msg-Id":               "ORDERS:WORKER1:" + strconv.FormatUint(seq, 10),
 		"Trace":                     "abc",
 	}
 	for k, v := range want {
 		if got := dl.Header.Get(k); got != v {
 			t.Errorf("header %s = %q, want %q", k, got, v)
 		}
+	}
+	if id := dl.Header.Get("Nats-Msg-Id"); !strings.HasPrefix(id, "ORDERS:WORKER1:"+strconv.FormatUint(seq, 10)+":") {
+		t.Errorf("Nats-Msg-Id = %q, want ORDERS:WORKER1:%d:<stream created>", id, seq)
 	}
 	if _, err := time.Parse(time.RFC3339Nano, dl.Header.Get("Holdfast-Failed-At")); err != nil {
 		t.Errorf("Holdfast-Failed-At: %v", err)

@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -22,7 +24,7 @@ var consumerFlag = &cli.StringFlag{Name: "consumer", Usage: "only the dead lette
 func dlqCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "dlq",
-		Usage: "inspect dead letters and send them back to their original subject",
+		Usage: "inspect dead letters and hand them back to the handler of the consumer that failed them",
 		Subcommands: []*cli.Command{
 			{
 				Name:  "ls",
@@ -97,7 +99,7 @@ func dlqCommand() *cli.Command {
 			},
 			{
 				Name:      "replay",
-				Usage:     "republish dead letters to their original subject (with PubAck), then remove them",
+				Usage:     "run the failed consumer's handler on dead letters again (in the running holdfast); each is removed once its handler succeeded",
 				ArgsUsage: "[SEQ...]",
 				Flags: []cli.Flag{serverFlag, consumerFlag,
 					&cli.StringFlag{Name: "stream", Usage: "dead-letter stream for SEQ arguments (default: the only one configured)"},
@@ -141,9 +143,18 @@ func dlqCommand() *cli.Command {
 					}
 					progress := isTerminal(os.Stderr) && len(todo) > 20
 					var failed []error
+					replayed := 0
+					unanswered := map[string]int{} // consumers whose workers do not answer: asked once
 					for i, dl := range todo {
-						if _, err := pipeline.Replay(c.Context, js, dl); err != nil {
+						if _, ok := unanswered[dl.Consumer]; ok {
+							unanswered[dl.Consumer]++
+						} else if err := pipeline.RequestReplay(c.Context, nc, dl, replayTimeout(cfg, dl.Consumer)); err != nil {
 							failed = append(failed, err)
+							if errors.Is(err, pipeline.ErrNoReplayWorkers) {
+								unanswered[dl.Consumer] = 0
+							}
+						} else {
+							replayed++
 						}
 						if progress && (i%50 == 0 || i == len(todo)-1) {
 							fmt.Fprintf(os.Stderr, "\rreplayed %d/%d", i+1, len(todo))
@@ -152,7 +163,12 @@ func dlqCommand() *cli.Command {
 					if progress {
 						fmt.Fprintln(os.Stderr)
 					}
-					fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", len(todo)-len(failed), len(todo))
+					for _, name := range slices.Sorted(maps.Keys(unanswered)) {
+						if n := unanswered[name]; n > 0 {
+							failed = append(failed, fmt.Errorf("%d more dead letter(s) of consumer %s not replayed for the same reason", n, name))
+						}
+					}
+					fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", replayed, len(todo))
 					if len(failed) > 0 {
 						return runtimeError(errors.Join(failed...))
 					}
@@ -199,6 +215,16 @@ func dlqCommand() *cli.Command {
 			},
 		},
 	}
+}
+
+// replayTimeout is how long `dlq replay` waits for one verdict: the
+// longest a handler of consumer may take, and some.
+func replayTimeout(cfg *config.Config, consumer string) time.Duration {
+	d := 30 * time.Second
+	if cc := cfg.Consumers[consumer]; cc != nil {
+		d = max(cc.AckWait.Duration, cc.Exec.Timeout.Duration, cc.HTTP.Timeout.Duration)
+	}
+	return d + 30*time.Second
 }
 
 type dlqTarget struct{ stream, consumer string }

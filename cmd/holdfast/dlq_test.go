@@ -1,0 +1,103 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Issue 12: `dlq replay` republished a dead letter to its original
+// subject, so every consumer of the stream handled it again, under a new
+// idempotency key. A replay must reach only the consumer that failed it,
+// with the key its handler saw the first time.
+func TestDLQReplayReachesOnlyTheFailedConsumer(t *testing.T) {
+	dir := t.TempDir()
+	fixed := filepath.Join(dir, "fixed")
+	out1 := filepath.Join(dir, "worker1")
+	out2 := filepath.Join(dir, "worker2")
+	worker1 := e2eScript(t, fmt.Sprintf(`cat >/dev/null
+[ -e %q ] || { echo "cannot handle $HOLDFAST_MSG_ID yet" >&2; exit 65; }
+echo "$HOLDFAST_MSG_ID $HOLDFAST_SEQ $HOLDFAST_HEADER_HOLDFAST_REPLAYED_FROM" >> %q
+`, fixed, out1))
+	worker2 := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out2))
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 2
+ack_wait = "3s"
+max_deliver = 5
+backoff = ["100ms"]
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "20s"
+
+[consumers.WORKER2]
+stream = "ORDERS"
+workers = 1
+handler = "exec"
+
+[consumers.WORKER2.exec]
+command = [%q]
+timeout = "20s"
+
+[run]
+shutdown_timeout = "2s"
+`, worker1, worker2), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	publish := func(id string) {
+		t.Helper()
+		m := nats.NewMsg("orders.created")
+		m.Header.Set(nats.MsgIdHdr, id)
+		m.Data = []byte(id)
+		if _, err := js.PublishMsg(e2eContext(t), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("order-7")
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		if got := e2eLines(t, out2); len(got) != 1 {
+			return fmt.Errorf("WORKER2 handled %q", got)
+		}
+		return nil
+	})
+	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "replay", "--all")
+	if res.code != 0 || !strings.Contains(res.stdout, "replayed 1 of 1") {
+		t.Fatalf("dlq replay --all: %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// The replay ran WORKER1's handler, with the original key, before the
+	// command returned; the dead letter is gone.
+	if got := e2eLines(t, out1); !slices.Equal(got, []string{"order-7 1 ORDERS_DLQ:1"}) {
+		t.Fatalf("WORKER1 handled %q, want the original message once, key order-7", got)
+	}
+	if n := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); n != 0 {
+		t.Fatalf("%d dead letters left after the replay", n)
+	}
+	// WORKER2 (one worker, in stream order) handles a later message; it
+	// must not have been handed the replay before it.
+	publish("sentinel")
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := e2eLines(t, out2); len(got) < 2 {
+			return fmt.Errorf("WORKER2 handled %q", got)
+		}
+		return nil
+	})
+	if got := e2eLines(t, out2); !slices.Equal(got, []string{"order-7", "sentinel"}) {
+		t.Fatalf("WORKER2 handled %q: a replay of WORKER1's dead letter reached it", got)
+	}
+
+	p.stop()
+}

@@ -1,0 +1,370 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+func failing(reason string) pipeline.Handler {
+	return pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		return pipeline.Fail(reason)
+	})
+}
+
+func (e *testEnv) waitDLQ(want uint64) {
+	e.t.Helper()
+	checkFor(e.t, 15*time.Second, func() error {
+		if n := e.dlqCount(); n != want {
+			return fmt.Errorf("%d dead letters, want %d", n, want)
+		}
+		return nil
+	})
+}
+
+// Issue 11: after ORDERS is deleted and recreated (holdfast's advice for a
+// change the server cannot apply), its sequences start at 1 again. The
+// dead letters of the new incarnation must be stored, not taken for
+// duplicates of the old incarnation's dead letters (same stream, consumer
+// and sequence, inside the dead-letter stream's duplicate window).
+func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
+	e := startEnv(t, nil)
+	ctx := context.Background()
+	w := e.workers(failing("exit status 65"), 1)
+	for i := 0; i < 3; i++ {
+		e.publish("orders.created", fmt.Sprintf("old-%d", i), nil)
+	}
+	e.waitDLQ(3)
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// Back up, delete, change retention, restart: bootstrap recreates
+	// ORDERS (at seq 1) and WORKER1; the dead-letter stream stays.
+	if err := e.js.DeleteStream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	e.cfg.Streams["ORDERS"].Retention = "workqueue"
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	w2 := e.workers(failing("exit status 65"), 1)
+	for i := 0; i < 3; i++ {
+		if seq := e.publish("orders.created", fmt.Sprintf("new-%d", i), nil); seq != uint64(i+1) {
+			t.Fatalf("recreated stream stored at seq %d", seq)
+		}
+	}
+	e.waitDLQ(6)
+	for seq := uint64(4); seq <= 6; seq++ {
+		dl := e.dlqMsg(seq)
+		if want := fmt.Sprintf("new-%d", seq-4); string(dl.Data) != want {
+			t.Fatalf("dead letter %d holds %q, want %q", seq, dl.Data, want)
+		}
+	}
+	// The originals are terminated only now that their own dead letters
+	// are stored: the workqueue stream empties.
+	checkFor(t, 10*time.Second, func() error {
+		s, err := e.js.Stream(ctx, "ORDERS")
+		if err != nil {
+			return err
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Msgs != 0 {
+			return fmt.Errorf("%d messages left in ORDERS", info.State.Msgs)
+		}
+		return nil
+	})
+	if n := w2.Stats().DeadLettered.Load(); n != 3 {
+		t.Fatalf("dead-lettered %d, want 3", n)
+	}
+	if n := e.dlqCount(); n != 6 {
+		t.Fatalf("%d dead letters, want 6", n)
+	}
+}
+
+// A duplicate PubAck is checked against what the dead-letter stream holds:
+// a different message stored under the same Nats-Msg-Id is no proof, and
+// the original is kept.
+func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 100 })
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	created := s.CachedInfo().Created
+	// Something else already stored under the id the dead letter of seq 1
+	// will have.
+	squatter := nats.NewMsg("dlq.WORKER1.orders.created")
+	squatter.Header.Set(nats.MsgIdHdr, pipeline.DeadLetterMsgID("ORDERS", "WORKER1", 1, created))
+	squatter.Data = []byte("not the message")
+	if _, err := e.js.PublishMsg(ctx, squatter); err != nil {
+		t.Fatal(err)
+	}
+	w := e.workers(failing("bad"), 1)
+	seq := e.publish("orders.created", "the message", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if n := w.Stats().Failures.Load(); n < 1 {
+			return fmt.Errorf("%d failures", n)
+		}
+		return nil
+	})
+	if info := e.consumerInfo(); info.AckFloor.Stream >= seq {
+		t.Fatal("original terminated on a duplicate PubAck that points at another message")
+	}
+	if n := w.Stats().DeadLettered.Load(); n != 0 {
+		t.Fatalf("counted %d dead letters", n)
+	}
+	if n := e.dlqCount(); n != 1 {
+		t.Fatalf("%d messages in the dead-letter stream", n)
+	}
+	if got := e.dlqMsg(1).Header.Get("Holdfast-Original-Seq"); got != "" {
+		t.Fatalf("squatter changed: %q", got)
+	}
+}
+
+// workersLogged starts workers like e.workers, with their own counters and
+// their log in the returned buffer.
+func (e *testEnv) workersLogged(h pipeline.Handler, n int) (*pipeline.Workers, *lockedBuffer) {
+	e.t.Helper()
+	cc := e.cfg.Consumers[config.DefaultConsumerName]
+	var backoff []time.Duration
+	for _, b := range cc.Backoff {
+		backoff = append(backoff, b.Duration)
+	}
+	buf := &lockedBuffer{}
+	w := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
+		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
+		DeadLetter: cc.DeadLetter, Handler: h,
+	}, slog.New(slog.NewTextHandler(buf, nil)))
+	w.ShutdownTimeout = 2 * time.Second
+	if err := w.Open(context.Background()); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { w.Close(context.Background()) })
+	return w, buf
+}
+
+// forgeMaxDeliveries publishes a max-deliveries advisory for seq of
+// ORDERS/WORKER1, as any client of the account could.
+func (e *testEnv) forgeMaxDeliveries(seq uint64, domain string) {
+	e.t.Helper()
+	adv := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"forged","timestamp":"2026-12-01T00:00:00Z","stream":"ORDERS","consumer":"WORKER1","stream_seq":%d,"deliveries":5,"domain":%q}`, seq, domain)
+	if err := e.srv.Conn().Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1", []byte(adv)); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// waitLogOrDeadLetter waits until the log holds want (count times) or a
+// dead letter appears.
+func (e *testEnv) waitLogOrDeadLetter(buf *lockedBuffer, want string, count int) {
+	e.t.Helper()
+	checkFor(e.t, 15*time.Second, func() error {
+		if e.dlqCount() > 0 || strings.Count(buf.String(), want) >= count {
+			return nil
+		}
+		return fmt.Errorf("no %q in the log and no dead letter", want)
+	})
+}
+
+// Issue 11: a forged MAX_DELIVERIES advisory made holdfast dead-letter a
+// message that had already succeeded. An advisory is checked against the
+// consumer's state first: by the workers that acknowledged the message,
+// and by later workers that know nothing of it.
+func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
+	e := startEnv(t, nil)
+	ok := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+	w, buf := e.workersLogged(ok, 2)
+	seq := e.publish("orders.created", "done", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if w.Stats().Acked.Load() != 1 {
+			return fmt.Errorf("not acked yet")
+		}
+		return nil
+	})
+	const ignored = "does not match the consumer's state: ignored"
+	e.forgeMaxDeliveries(seq, "")
+	e.waitLogOrDeadLetter(buf, ignored, 1)
+	if n := e.dlqCount(); n != 0 {
+		t.Fatalf("a forged advisory dead-lettered an acknowledged message (%d dead letters)", n)
+	}
+	// Issue 12: an advisory of another JetStream domain (a hub's, across a
+	// leafnode) is not about this server's consumer.
+	e.forgeMaxDeliveries(seq, "hub")
+	e.waitLogOrDeadLetter(buf, "not from this server's JetStream: ignored", 1)
+
+	// New workers, which did not see the ack: the server's state says no.
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	_, buf2 := e.workersLogged(ok, 1)
+	e.forgeMaxDeliveries(seq, "")
+	e.waitLogOrDeadLetter(buf2, ignored, 1)
+	if n := e.dlqCount(); n != 0 {
+		t.Fatalf("a forged advisory dead-lettered an acknowledged message (%d dead letters)", n)
+	}
+}
+
+// Issue 12: when the dead letter of a message on its last delivery cannot
+// be stored, the message must not be dropped after a few attempts: it is
+// kept (in-progress acks, so the server does not give up on it), retried
+// until the dead-letter stream takes it, and counted as failing meanwhile.
+func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) {
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(2 * time.Second)
+	})
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := e.workersLogged(failing("bad"), 1)
+	seq := e.publish("orders.created", "x", nil)
+	// Six failed attempts take 100+200+400+800+1600ms between them: longer
+	// than ack_wait.
+	checkFor(t, 30*time.Second, func() error {
+		if n := w.Stats().Failures.Load(); n < 6 {
+			return fmt.Errorf("%d failures", n)
+		}
+		return nil
+	})
+	if info := e.consumerInfo(); info.NumAckPending != 1 || info.AckFloor.Stream >= seq {
+		t.Fatalf("message not kept while its dead letter fails: ack pending %d, ack floor %d", info.NumAckPending, info.AckFloor.Stream)
+	}
+	if n := w.Stats().DeadLetterFailing.Load(); n != 1 {
+		t.Fatalf("DeadLetterFailing = %d, want 1", n)
+	}
+	if w.Stats().DeadLetterError() == "" {
+		t.Fatal("no dead-letter error recorded")
+	}
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDLQ(1)
+	checkFor(t, 10*time.Second, func() error {
+		info := e.consumerInfo()
+		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
+			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
+		}
+		if n := w.Stats().DeadLetterFailing.Load(); n != 0 {
+			return fmt.Errorf("DeadLetterFailing = %d", n)
+		}
+		return nil
+	})
+	if n := w.Stats().DeadLettered.Load(); n != 1 {
+		t.Fatalf("dead-lettered %d", n)
+	}
+}
+
+// Issue 12: the goroutine that dead-letters a message from a max-
+// deliveries advisory was not tracked, and Close returned while it still
+// ran. Here its publish hangs (a plain subscriber takes dlq.> and never
+// answers); Close must end it and wait for it.
+func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) {
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(time.Second)
+	})
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect("", nats.InProcessServer(e.srv.NATS()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	attempts := make(chan struct{}, 100)
+	if _, err := nc.Subscribe("dlq.>", func(*nats.Msg) { attempts <- struct{}{} }); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("orders.created", "orphan", nil)
+	// A client takes the message and dies: the server gives up after
+	// ack_wait and sends the advisory.
+	cons, err := e.js.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range batch.Messages() {
+	}
+	w, _ := e.workersLogged(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() }), 1)
+	select {
+	case <-attempts:
+	case <-time.After(15 * time.Second):
+		t.Fatal("no dead-letter publish from the advisory")
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<20)
+	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*Workers).deadLetterBySeq") {
+		t.Fatalf("a dead-letter goroutine outlived Close:\n%s", stacks)
+	}
+}
+
+// Issue 12: a message whose dead letter cannot be stored makes health
+// degraded, with the reason, until the dead letter is stored.
+func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 1
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(2 * time.Second)
+	})
+	ctx := context.Background()
+	// The dead-letter stream exists but is full: it refuses the dead letter.
+	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	full := dlq.CachedInfo().Config
+	full.MaxMsgs, full.Discard = 1, jetstream.DiscardNew
+	if _, err := e.js.UpdateStream(ctx, full); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
+		t.Fatal(err)
+	}
+	w := e.startWorkers(failing("bad"), 1)
+	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.publish("orders.created", 1)
+	waitFor(t, 15*time.Second, func() error {
+		h := m.Health()
+		if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
+	if err := dlq.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, func() error {
+		if h := m.Health(); h.Status != pipeline.HealthOK {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
+}

@@ -1,0 +1,230 @@
+package pipeline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Replaying a dead letter hands it to the handler of the consumer that
+// failed it, and to no other: `holdfast dlq replay` asks that consumer's
+// workers, in the running daemon, on ReplaySubject(consumer). The workers
+// read the dead letter, run their handler on the original message (its
+// subject, headers, payload and idempotency key), and delete the dead
+// letter only after the handler succeeded; otherwise it stays where it is.
+// Nothing is republished, so other consumers of the stream never see it
+// again.
+
+// HeaderReplayedFrom is set on the message a handler sees when it replays
+// a dead letter: "DLQSTREAM:seq" of the dead letter.
+const HeaderReplayedFrom = "Holdfast-Replayed-From"
+
+// ReplaySubject is where the workers of consumer take replay requests.
+func ReplaySubject(consumer string) string { return "$HOLDFAST.REPLAY." + consumer }
+
+// replayQueue makes one set of workers answer a request when two run for a
+// moment (a reload).
+const replayQueue = "holdfast"
+
+// ReplayRequest asks a consumer's workers to run their handler on one of
+// its dead letters.
+type ReplayRequest struct {
+	// Stream and Seq locate the dead letter.
+	Stream string `json:"stream"`
+	Seq    uint64 `json:"seq"`
+	// MsgID is the dead letter's Nats-Msg-Id: the request is for that
+	// message only, not for whatever has that sequence now.
+	MsgID string `json:"msg_id"`
+}
+
+// ReplayReply is the workers' answer.
+type ReplayReply struct {
+	// Outcome is the handler's verdict ("success", "retry", "permanent"),
+	// or "" when the replay could not run.
+	Outcome string `json:"outcome,omitempty"`
+	// Error says why the replay failed; the dead letter is kept.
+	Error string `json:"error,omitempty"`
+}
+
+func (w *Workers) subscribeReplay() (*nats.Subscription, error) {
+	sub, err := w.nc.QueueSubscribe(ReplaySubject(w.opts.Consumer), replayQueue, w.onReplay)
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s: cannot subscribe to replay requests: %w", w.opts.Consumer, err)
+	}
+	return sub, nil
+}
+
+func (w *Workers) onReplay(nm *nats.Msg) {
+	run := func() {
+		rep := w.replay1(nm.Data)
+		data, _ := json.Marshal(rep)
+		if err := nm.Respond(data); err != nil {
+			w.log.Warn("cannot answer a replay request", "err", err)
+		}
+	}
+	if !w.spawn(run) {
+		run()
+	}
+}
+
+// replay1 runs one replay request.
+func (w *Workers) replay1(data []byte) ReplayReply {
+	var req ReplayRequest
+	if err := json.Unmarshal(data, &req); err != nil {
+		return ReplayReply{Error: fmt.Sprintf("unreadable replay request: %v", err)}
+	}
+	if w.opts.DeadLetter == "" || req.Stream != w.opts.DeadLetter {
+		return ReplayReply{Error: fmt.Sprintf("consumer %s dead-letters to %q, not to %q", w.opts.Consumer, w.opts.DeadLetter, req.Stream)}
+	}
+	if w.stopping.Load() {
+		return ReplayReply{Error: fmt.Sprintf("consumer %s is shutting down: try again when holdfast runs", w.opts.Consumer)}
+	}
+	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
+	defer cancel()
+	s, err := w.js.Stream(ctx, req.Stream)
+	if err != nil {
+		return ReplayReply{Error: fmt.Sprintf("dead-letter stream %s: %v", req.Stream, err)}
+	}
+	raw, err := s.GetMsg(ctx, req.Seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d is gone (replayed or purged already?)", req.Stream, req.Seq)}
+	}
+	if err != nil {
+		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d: %v", req.Stream, req.Seq, err)}
+	}
+	if id := raw.Header.Get(nats.MsgIdHdr); req.MsgID == "" || id != req.MsgID {
+		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d has Nats-Msg-Id %q, not %q as asked: list them again with holdfast dlq ls", req.Stream, req.Seq, id, req.MsgID)}
+	}
+	dl := ParseDeadLetter(req.Stream, raw)
+	if dl.Consumer != w.opts.Consumer {
+		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d belongs to consumer %q, not %s", req.Stream, req.Seq, dl.Consumer, w.opts.Consumer)}
+	}
+	m, err := ReplayMessage(dl)
+	if err != nil {
+		return ReplayReply{Error: err.Error()}
+	}
+	m.Consumer = w.opts.Consumer
+	from := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
+
+	w.stats.InFlight.Add(1)
+	start := time.Now()
+	res := w.handleReplay(m)
+	took := time.Since(start)
+	w.stats.InFlight.Add(-1)
+	w.stats.Processed.Add(1)
+	if w.opts.OnResult != nil {
+		w.opts.OnResult(w.opts.Consumer, res, took)
+	}
+	if res.Outcome != Success {
+		w.log.Warn("replayed dead letter failed again: it stays in the dead-letter stream", "dead_letter", from,
+			"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
+		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("the handler failed (%s): %s; the dead letter is kept", res.Outcome, res.Reason)}
+	}
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer dcancel()
+	if err := s.DeleteMsg(dctx, req.Seq); err != nil {
+		w.log.Error("replayed dead letter handled, but it could not be removed: a next replay runs the handler again", "dead_letter", from, "err", err)
+		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("handled, but the dead letter could not be removed: %v", err)}
+	}
+	w.log.Info("dead letter replayed", "dead_letter", from, "seq", m.Sequence, "subject", m.Subject, "idempotency_key", m.IdempotencyKey)
+	return ReplayReply{Outcome: res.Outcome.String()}
+}
+
+// handleReplay calls the handler, turning a panic into a retry.
+func (w *Workers) handleReplay(m *Message) (res Result) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
+			res = RetryLater(fmt.Sprintf("handler panicked: %v", r))
+		}
+	}()
+	return w.opts.Handler.Handle(w.handlerCtx, m)
+}
+
+// ReplayMessage rebuilds the message a dead letter was made from, as its
+// handler saw it: original subject, stream, sequence and headers (the
+// Holdfast-* headers of the dead letter removed, Holdfast-Replayed-From
+// added), its Nats-Msg-Id back, and the same idempotency key (that
+// Nats-Msg-Id, else "STREAM:seq" of the original).
+func ReplayMessage(dl DeadLetter) (*Message, error) {
+	if dl.OriginalSubject == "" || dl.OriginalStream == "" || dl.OriginalSeq == 0 {
+		return nil, fmt.Errorf("dead letter %s #%d lacks %s, %s or %s: not a holdfast dead letter", dl.Stream, dl.Seq,
+			HeaderOriginalSubject, HeaderOriginalStream, HeaderOriginalSeq)
+	}
+	h := nats.Header{}
+	for k, vs := range dl.Header {
+		if strings.HasPrefix(k, "Holdfast-") || k == nats.MsgIdHdr {
+			continue
+		}
+		h[k] = append([]string(nil), vs...)
+	}
+	key := dl.OriginalStream + ":" + strconv.FormatUint(dl.OriginalSeq, 10)
+	if id := dl.Header.Get(HeaderOriginalMsgID); id != "" {
+		h.Set(nats.MsgIdHdr, id)
+		key = id
+	}
+	h.Set(HeaderReplayedFrom, dl.Stream+":"+strconv.FormatUint(dl.Seq, 10))
+	return &Message{
+		Subject:        dl.OriginalSubject,
+		Stream:         dl.OriginalStream,
+		Consumer:       dl.Consumer,
+		Sequence:       dl.OriginalSeq,
+		Delivery:       dl.Deliveries + 1,
+		IdempotencyKey: key,
+		Header:         h,
+		Data:           dl.Data,
+		Published:      dl.FailedAt,
+	}, nil
+}
+
+// ErrNoReplayWorkers means no workers of the consumer answer replay
+// requests: holdfast is not running, or the consumer has no in-process
+// workers.
+var ErrNoReplayWorkers = errors.New("no holdfast workers answer")
+
+// RequestReplay asks the workers of the dead letter's consumer, over nc, to
+// run their handler on it, and waits up to timeout for the verdict. It
+// returns nil when the handler succeeded and the dead letter was removed.
+func RequestReplay(ctx context.Context, nc *nats.Conn, dl DeadLetter, timeout time.Duration) error {
+	from := dl.Stream + " #" + strconv.FormatUint(dl.Seq, 10)
+	if dl.Consumer == "" {
+		return fmt.Errorf("dead letter %s is on %s, not on dlq.<CONSUMER>.>: not a holdfast dead letter", from, dl.Subject)
+	}
+	id := dl.Header.Get(nats.MsgIdHdr)
+	if id == "" {
+		return fmt.Errorf("dead letter %s has no Nats-Msg-Id: not a holdfast dead letter", from)
+	}
+	data, err := json.Marshal(ReplayRequest{Stream: dl.Stream, Seq: dl.Seq, MsgID: id})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	subj := ReplaySubject(dl.Consumer)
+	msg, err := nc.RequestWithContext(ctx, subj, data)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return fmt.Errorf("replay %s: %w on %s: is holdfast running, and does consumer %s have workers (> 0)? The dead letter is kept",
+			from, ErrNoReplayWorkers, subj, dl.Consumer)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+		return fmt.Errorf("replay %s: no verdict within %s: the handler may still be running (see the holdfast log); the dead letter is removed only once it succeeded", from, timeout)
+	case err != nil:
+		return fmt.Errorf("replay %s: %w", from, err)
+	}
+	var rep ReplayReply
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return fmt.Errorf("replay %s: unreadable answer: %v", from, err)
+	}
+	if rep.Error != "" {
+		return fmt.Errorf("replay %s: %s", from, rep.Error)
+	}
+	return nil
+}
