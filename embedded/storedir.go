@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -265,14 +266,33 @@ type StoreLock struct {
 // LockStoreDir takes an exclusive, non-blocking flock on dir/holdfast.lock
 // and records the holder's PID in it. A second holdfast on the same
 // directory is refused with a message that names the holder.
+//
+// A lock still held is tried again for up to LockWait: a holdfast killed
+// with SIGKILL can leave it held for a moment after it was reaped, by a
+// handler process it was starting (forked, not yet exec'd) — a restart
+// right after a kill -9 must not fail on that.
 func LockStoreDir(dir string) (*StoreLock, error) {
+	return lockStoreDir(dir, LockWait)
+}
+
+// LockWait is how long LockStoreDir waits for a lock held by another
+// process before refusing.
+const LockWait = 3 * time.Second
+
+func lockStoreDir(dir string, wait time.Duration) (*StoreLock, error) {
 	path := filepath.Join(dir, LockFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
 	if err != nil {
 		return nil, &StoreDirError{Path: dir, Reason: "cannot open lock file " + LockFileName, Err: unwrapPath(err),
 			Fix: "give the user running holdfast write access"}
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	deadline := time.Now().Add(wait)
+	err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	for errors.Is(err, unix.EWOULDBLOCK) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		err = unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
 		holder := "another process"
 		if b, rerr := os.ReadFile(path); rerr == nil {
 			if pid := strings.TrimSpace(string(b)); pid != "" {
@@ -357,7 +377,7 @@ func LockHolder(dir string) string {
 // another process holds the directory, and an error when the lock could
 // not be taken for any other reason (which would stop `holdfast run`).
 func ProbeLock(dir string) (holder string, err error) {
-	l, err := LockStoreDir(dir)
+	l, err := lockStoreDir(dir, 0)
 	if err == nil {
 		return "", l.Unlock()
 	}
