@@ -116,6 +116,7 @@ type Monitor struct {
 	diagnosis   string
 
 	advisory *nats.Subscription
+	domain   string // the local JetStream domain, which advisories must carry
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	once     sync.Once
@@ -194,6 +195,13 @@ func (m *Monitor) Options() MonitorOptions { return m.opts }
 // removed while delivered and unacknowledged is reported there), runs a
 // first check and starts checking every Interval.
 func (m *Monitor) Open(ctx context.Context) error {
+	// Advisories are acted on only when they carry this server's
+	// JetStream domain (see checkAdvisoryScope).
+	ai, err := m.js.AccountInfo(ctx)
+	if err != nil {
+		return fmt.Errorf("monitor: cannot read the JetStream domain: %w", err)
+	}
+	m.domain = ai.Domain
 	sub, err := m.nc.Subscribe(advisoryTerminatedPrefix+".>", m.onTerminated)
 	if err != nil {
 		return fmt.Errorf("monitor: cannot subscribe to termination advisories: %w", err)
@@ -640,7 +648,12 @@ const advisoryTerminatedPrefix = "$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED"
 // was removed from its stream.
 const reasonUnackedDeleted = "Unacknowledged message was deleted"
 
+// terminatedType is the type of a MSG_TERMINATED advisory.
+const terminatedType = "io.nats.jetstream.advisory.v1.terminated"
+
 type terminatedAdvisory struct {
+	Type      string `json:"type"`
+	Domain    string `json:"domain"`
 	Stream    string `json:"stream"`
 	Consumer  string `json:"consumer"`
 	StreamSeq uint64 `json:"stream_seq"`
@@ -650,6 +663,10 @@ type terminatedAdvisory struct {
 func (m *Monitor) onTerminated(msg *nats.Msg) {
 	var adv terminatedAdvisory
 	if err := json.Unmarshal(msg.Data, &adv); err != nil || adv.Reason != reasonUnackedDeleted {
+		return
+	}
+	// From another server's JetStream (across a leafnode): not ours to count.
+	if checkAdvisoryScope(terminatedType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, adv.Stream, adv.Consumer, m.domain) != "" {
 		return
 	}
 	m.mu.Lock()

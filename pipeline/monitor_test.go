@@ -629,3 +629,25 @@ func TestMonitorHealthStartupLoss(t *testing.T) {
 		})
 	}
 }
+
+// TestMonitorIgnoresForeignTerminatedAdvisories: a MSG_TERMINATED advisory
+// that names one of our consumers but comes from another JetStream domain
+// (a hub's, across a leafnode) is not counted as our loss; the same
+// advisory from the local domain is.
+func TestMonitorIgnoresForeignTerminatedAdvisories(t *testing.T) {
+	e := newMonitorEnv(t, nil)
+	m := e.monitor(pipeline.MonitorOptions{Interval: time.Hour}, nil)
+	send := func(domain string, seq uint64) {
+		t.Helper()
+		adv := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.terminated","stream":"ORDERS","consumer":"WORKER1","stream_seq":%d,"reason":"Unacknowledged message was deleted","domain":%q}`, seq, domain)
+		if err := e.srv.Conn().Publish("$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.ORDERS.WORKER1", []byte(adv)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.srv.Conn().Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send("hub", 7)
+	send("", 8) // the local server has no domain
+	waitLost(t, m, "WORKER1", 1)
+}
