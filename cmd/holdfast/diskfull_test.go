@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
 )
 
 // The disk-full tests run holdfast with its store on a small ext4 file
@@ -354,4 +356,73 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 		return nil
 	})
 	p.stop()
+}
+
+// ext4IocShutdown is EXT4_IOC_SHUTDOWN (_IOR('X', 125, __u32)), the same
+// number as XFS's; ext4ShutdownNoLogFlush is EXT4_GOING_FLAGS_NOLOGFLUSH.
+const (
+	ext4IocShutdown        = 0x8004587d
+	ext4ShutdownNoLogFlush = 2
+)
+
+// TestStoreFileSystemShutDown: the store's file system fails every write
+// (an ext4 forced shutdown, as after an I/O error with errors=panic-less
+// setups). /healthz must name the real cause, the store, and not a
+// consequence ("consumer WORKER1 does not exist"); holdfast must not
+// acknowledge publishes it cannot store.
+func TestStoreFileSystemShutDown(t *testing.T) {
+	mnt := mountExt4(t, 40)
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
+	addr := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", addr), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(mnt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := unix.IoctlSetPointerInt(int(f.Fd()), ext4IocShutdown, ext4ShutdownNoLogFlush); err != nil {
+		t.Skipf("cannot shut the ext4 file system down here: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if _, err := js.Publish(ctx, "orders.created", []byte("after")); err == nil {
+		t.Error("a publish was acknowledged after the store's file system shut down")
+	}
+	cancel()
+	var last string
+	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		if p.exited() {
+			// Exiting with the cause named is an answer too (the store
+			// watcher's): the log must say it.
+			return nil
+		}
+		code, body := healthz(t, addr)
+		last = body
+		if code != http.StatusServiceUnavailable || !strings.Contains(body, "store") {
+			return fmt.Errorf("/healthz = %d %s", code, body)
+		}
+		return nil
+	})
+	log := p.stderr.String()
+	if p.exited() {
+		if !strings.Contains(log, "store directory lost") && !strings.Contains(log, "store cannot be written") {
+			t.Fatalf("holdfast exited without naming the store:\n%s", log)
+		}
+		return
+	}
+	var h struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.Unmarshal([]byte(last), &h); err != nil {
+		t.Fatalf("/healthz is not JSON: %v\n%s", err, last)
+	}
+	if !strings.Contains(h.Reason, "store") || strings.Contains(h.Reason, "does not exist") {
+		t.Fatalf("/healthz reason %q does not name the store as the cause", h.Reason)
+	}
+	t.Logf("/healthz reason: %s", h.Reason)
 }
