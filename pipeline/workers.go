@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,6 +170,9 @@ func (w *Workers) Open(ctx context.Context) error {
 	}
 	w.fetcherDone = make(chan struct{})
 	go w.fetch()
+	// Messages whose last delivery a previous stop interrupted (Close
+	// waits for it like for the other background work).
+	w.spawn(w.resumeInterrupted)
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
 		w.alive.Add(1)
@@ -261,9 +263,7 @@ func (w *Workers) fetchBatch(n int) (int, error) {
 	for msg := range batch.Messages() {
 		if w.stopping.Load() {
 			// Arrived after the drain began: give it back at once.
-			if err := msg.Nak(); err != nil {
-				w.log.Warn("nak of undelivered message failed; it is redelivered after ack_wait", "err", err)
-			}
+			w.giveBack(msg)
 			continue
 		}
 		d := delivery{msg: msg, stopAlive: func() {}}
@@ -305,9 +305,7 @@ func (w *Workers) work() {
 		if w.stopping.Load() {
 			// Queued when the drain began: give it back at once.
 			d.stopAlive()
-			if err := d.msg.Nak(); err != nil {
-				w.log.Warn("nak of undelivered message failed; it is redelivered after ack_wait", "err", err)
-			}
+			w.giveBack(d.msg)
 		} else {
 			w.process(d.msg)
 			d.stopAlive()
@@ -324,20 +322,7 @@ func (w *Workers) process(msg jetstream.Msg) {
 		_ = msg.Term()
 		return
 	}
-	m := &Message{
-		Subject:   msg.Subject(),
-		Stream:    md.Stream,
-		Consumer:  w.opts.Consumer,
-		Sequence:  md.Sequence.Stream,
-		Delivery:  md.NumDelivered,
-		Header:    msg.Headers(),
-		Data:      msg.Data(),
-		Published: md.Timestamp,
-	}
-	m.IdempotencyKey = m.Header.Get(nats.MsgIdHdr)
-	if m.IdempotencyKey == "" {
-		m.IdempotencyKey = m.Stream + ":" + strconv.FormatUint(m.Sequence, 10)
-	}
+	m := w.messageOf(msg, md)
 
 	w.stats.InFlight.Add(1)
 	start := time.Now()
@@ -399,10 +384,8 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 	defer cancel()
 	if w.handlerCtx.Err() != nil && res.Outcome != Success {
 		// Cancelled by shutdown: hand it back for the next start.
-		if err := msg.Nak(); err != nil {
-			w.log.Warn("nak at shutdown failed; redelivered after ack_wait", "seq", m.Sequence, "err", err)
-		}
 		w.log.Info("handler interrupted by shutdown: message returned", "seq", m.Sequence)
+		w.giveBack(msg)
 		return
 	}
 	switch res.Outcome {

@@ -601,3 +601,67 @@ func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 		t.Fatal("a message over max_payload was stored")
 	}
 }
+
+// TestInterruptedLastDeliveryIsResumed: a handler cancelled by a shutdown
+// on the message's last allowed delivery (max_deliver = 1) is not a
+// failure: the message is parked and handed to the handler again when the
+// workers start, with the same idempotency key, and the dead-letter
+// stream is empty once it succeeded. It used to be Nak'ed, which used up
+// its last delivery: the server's max-deliveries advisory then had it
+// dead-lettered without the handler ever giving a verdict.
+func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
+	rec := &recorder{}
+	var mu sync.Mutex
+	block := true
+	started := make(chan struct{}, 1)
+	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		mu.Lock()
+		b := block
+		mu.Unlock()
+		if !b {
+			return pipeline.Ok()
+		}
+		started <- struct{}{}
+		<-ctx.Done()
+		return pipeline.RetryLater("cancelled")
+	})
+	w1 := e.workersWith(h, 1, nil)
+	w1.ShutdownTimeout = 100 * time.Millisecond
+	seq := e.publish("orders.created", "last-chance", nats.Header{"Nats-Msg-Id": []string{"order-1"}})
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("handler not called")
+	}
+	if err := w1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	block = false
+	mu.Unlock()
+	e.workersWith(h, 1, nil)
+	checkFor(t, 30*time.Second, func() error {
+		calls := rec.forSeq(seq)
+		if len(calls) < 2 {
+			return fmt.Errorf("handler called %d time(s), want the interrupted message handed over again", len(calls))
+		}
+		if n := e.dlqCount(); n != 0 {
+			return fmt.Errorf("%d message(s) left in the dead-letter stream", n)
+		}
+		return nil
+	})
+	calls := rec.forSeq(seq)
+	if calls[1].msg.IdempotencyKey != "order-1" {
+		t.Fatalf("resumed with idempotency key %q, want order-1", calls[1].msg.IdempotencyKey)
+	}
+	// Nothing comes back later either (no advisory dead letter).
+	time.Sleep(500 * time.Millisecond)
+	if n := e.dlqCount(); n != 0 {
+		t.Fatalf("%d dead letter(s) after the resumed message succeeded", n)
+	}
+	if n := len(rec.forSeq(seq)); n != 2 {
+		t.Fatalf("handler called %d times, want 2", n)
+	}
+}

@@ -1,0 +1,188 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// An attempt interrupted by a shutdown or a reload is not a failed one.
+// The server cannot be told so: every delivery counts towards
+// max_deliver, and a message given back (Nak) on its last allowed
+// delivery is never delivered again — the max-deliveries advisory would
+// have it dead-lettered without a verdict. So a message the workers give
+// back on its last allowed delivery is parked instead: stored in the
+// dead-letter stream marked HeaderInterrupted (with PubAck), then
+// terminated. When the consumer's workers start again they hand every
+// parked message to the handler, with its original idempotency key: on
+// success the parked copy is removed; on failure it becomes an ordinary
+// dead letter with the handler's reason.
+
+// HeaderInterrupted marks a message parked in the dead-letter stream
+// because its last allowed delivery was interrupted by a shutdown or
+// reload; its workers resume it when they start.
+const HeaderInterrupted = "Holdfast-Interrupted"
+
+// reasonInterrupted is the Holdfast-Error of a parked message.
+const reasonInterrupted = "interrupted by a shutdown or reload on its last allowed delivery (not a handler failure): handed to the handler again when the workers start"
+
+// messageOf is the Message a handler sees for msg.
+func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *Message {
+	m := &Message{
+		Subject:   msg.Subject(),
+		Stream:    md.Stream,
+		Consumer:  w.opts.Consumer,
+		Sequence:  md.Sequence.Stream,
+		Delivery:  md.NumDelivered,
+		Header:    msg.Headers(),
+		Data:      msg.Data(),
+		Published: md.Timestamp,
+	}
+	m.IdempotencyKey = m.Header.Get(nats.MsgIdHdr)
+	if m.IdempotencyKey == "" {
+		m.IdempotencyKey = m.Stream + ":" + strconv.FormatUint(m.Sequence, 10)
+	}
+	return m
+}
+
+// giveBack returns a message the workers hold but did not settle because
+// they are stopping: Nak (redelivered at once, at the next start at the
+// latest), or — on its last allowed delivery, with a dead-letter stream —
+// parked for the next start.
+func (w *Workers) giveBack(msg jetstream.Msg) {
+	md, err := msg.Metadata()
+	if err == nil && w.opts.MaxDeliver > 0 && md.NumDelivered >= uint64(w.opts.MaxDeliver) && w.opts.DeadLetter != "" {
+		m := w.messageOf(msg, md)
+		if err := w.park(msg, m); err != nil {
+			w.log.Error("cannot park an interrupted message on its last delivery: given back; it will be dead-lettered without a verdict",
+				"seq", m.Sequence, "err", err)
+		} else {
+			w.log.Info("interrupted on its last allowed delivery: parked for the next start", "seq", m.Sequence, "dead_letter", w.opts.DeadLetter)
+			return
+		}
+	}
+	if err := msg.Nak(); err != nil {
+		w.log.Warn("nak at shutdown failed; redelivered after ack_wait", "subject", msg.Subject(), "err", err)
+	}
+}
+
+// park stores m, marked interrupted, in the dead-letter stream and then
+// terminates the original.
+func (w *Workers) park(msg jetstream.Msg, m *Message) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	created, err := w.streamCreated(ctx, m.Stream)
+	if err != nil {
+		return err
+	}
+	dl := NewDeadLetter(w.opts.Consumer, m, created, reasonInterrupted, time.Now())
+	dl.Header.Set(HeaderInterrupted, "true")
+	dl.Header.Set(nats.MsgIdHdr, dl.Header.Get(nats.MsgIdHdr)+":interrupted")
+	if err := w.storeUnique(ctx, dl); err != nil {
+		return err
+	}
+	if err := msg.TermWithReason("parked: interrupted on its last delivery"); err != nil {
+		// Stored twice at worst: the advisory path dead-letters the
+		// original as well, and the parked copy is resumed.
+		w.log.Warn("parked message could not be terminated", "seq", m.Sequence, "err", err)
+	}
+	return nil
+}
+
+// storeUnique publishes dl to the dead-letter stream with PubAck; a
+// duplicate answer must point at this very message.
+func (w *Workers) storeUnique(ctx context.Context, dl *nats.Msg) error {
+	ack, err := w.js.PublishMsg(ctx, dl)
+	if err != nil {
+		return err
+	}
+	if ack.Stream != w.opts.DeadLetter {
+		return fmt.Errorf("stored in stream %s, not in %s", ack.Stream, w.opts.DeadLetter)
+	}
+	if ack.Duplicate {
+		return w.sameDeadLetter(ctx, ack.Sequence, dl)
+	}
+	return nil
+}
+
+// resumeInterrupted hands every message parked for this consumer to the
+// handler (see HeaderInterrupted). It runs once when the workers start.
+func (w *Workers) resumeInterrupted() {
+	if w.opts.DeadLetter == "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.handlerCtx, time.Minute)
+	var parked []DeadLetter
+	err := ListDeadLetters(ctx, w.js, w.opts.DeadLetter, w.opts.Consumer, func(dl DeadLetter) error {
+		if dl.Header.Get(HeaderInterrupted) != "" {
+			parked = append(parked, dl)
+		}
+		return nil
+	})
+	cancel()
+	if err != nil {
+		w.log.Error("cannot look for interrupted messages to resume: they stay parked in the dead-letter stream until the next start",
+			"dead_letter", w.opts.DeadLetter, "err", err)
+		return
+	}
+	for _, dl := range parked {
+		if w.handlerCtx.Err() != nil {
+			return
+		}
+		w.resume1(dl)
+	}
+}
+
+// resume1 runs the handler on one parked message.
+func (w *Workers) resume1(dl DeadLetter) {
+	m, err := ReplayMessage(dl)
+	if err != nil {
+		w.log.Error("parked message cannot be resumed", "dead_letter_seq", dl.Seq, "err", err)
+		return
+	}
+	m.Consumer = w.opts.Consumer
+	m.Header.Del(HeaderReplayedFrom)
+	w.stats.InFlight.Add(1)
+	start := time.Now()
+	res := w.handleReplay(m)
+	took := time.Since(start)
+	w.stats.InFlight.Add(-1)
+	if w.handlerCtx.Err() != nil && res.Outcome != Success {
+		return // interrupted again: it stays parked
+	}
+	w.stats.Processed.Add(1)
+	if w.opts.OnResult != nil {
+		w.opts.OnResult(w.opts.Consumer, res, took)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if res.Outcome != Success {
+		// Its last attempt has a verdict now: an ordinary dead letter.
+		final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, res.Reason, time.Now())
+		final.Header.Del(HeaderReplayedFrom)
+		final.Header.Set(nats.MsgIdHdr, final.Header.Get(nats.MsgIdHdr)+":resumed")
+		if err := w.storeUnique(ctx, final); err != nil {
+			w.log.Error("resumed message failed, and its dead letter could not be stored: it stays parked", "seq", m.Sequence, "err", err)
+			return
+		}
+		w.stats.DeadLettered.Add(1)
+		w.log.Error("message dead-lettered", "seq", m.Sequence, "subject", m.Subject, "delivery", m.Delivery,
+			"dead_letter", w.opts.DeadLetter, "reason", res.Reason, "resumed", true)
+	} else {
+		w.stats.Acked.Add(1)
+		w.log.Info("interrupted message handled after the restart", "seq", m.Sequence, "subject", m.Subject, "idempotency_key", m.IdempotencyKey)
+	}
+	s, err := w.js.Stream(ctx, w.opts.DeadLetter)
+	if err == nil {
+		err = s.DeleteMsg(ctx, dl.Seq)
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		w.log.Error("parked message handled, but its parked copy could not be removed: it is handled again at the next start",
+			"dead_letter", w.opts.DeadLetter, "dead_letter_seq", dl.Seq, "err", err)
+	}
+}
