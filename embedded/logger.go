@@ -63,8 +63,19 @@ func (l *serverLogger) Noticef(format string, v ...any) {
 func (l *serverLogger) Warnf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
+	if msg == plaintextPasswordsWarning {
+		// About holdfast's own identities (the in-process user's random
+		// per-start password, the password-less no_auth_user): configured
+		// users must have bcrypt hashes, so it never concerns the operator.
+		l.log.Debug(msg)
+		return
+	}
 	l.log.Warn(msg)
 }
+
+// plaintextPasswordsWarning is what nats-server logs at every start when
+// a user has no bcrypt hash.
+const plaintextPasswordsWarning = "Plaintext passwords detected, use nkeys or bcrypt"
 
 func (l *serverLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
