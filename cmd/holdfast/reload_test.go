@@ -98,16 +98,9 @@ func TestStopNotLostBehindReloads(t *testing.T) {
 	fast := e2eScript(t, "cat >/dev/null\n")
 	in := newE2EInstance(t)
 	e2ePipelineConfig(t, in, slow, "")
-	base, err := os.ReadFile(in.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
 	// The reload below drains the old workers for up to shutdown_timeout:
 	// long enough that every signal arrives while it waits.
-	text := strings.Replace(string(base), `shutdown_timeout = "2s"`, `shutdown_timeout = "20s"`, 1)
-	if err := os.WriteFile(in.cfg, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	text := editConfig(t, in.cfg, `shutdown_timeout = "2s"`, `shutdown_timeout = "20s"`)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -159,14 +152,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	stuck := e2eScript(t, fmt.Sprintf("echo x >> %q\nsleep 120\n", started))
 	in := newE2EInstance(t)
 	e2ePipelineConfig(t, in, stuck, "")
-	base, err := os.ReadFile(in.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := strings.Replace(string(base), `shutdown_timeout = "2s"`, `shutdown_timeout = "5m"`, 1)
-	if err := os.WriteFile(in.cfg, []byte(text), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	editConfig(t, in.cfg, `shutdown_timeout = "2s"`, `shutdown_timeout = "5m"`)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -208,14 +194,7 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_STREAM $(cat)\" >> %q\n", out))
 	in := newE2EInstance(t)
 	e2ePipelineConfig(t, in, script, "")
-	base, err := os.ReadFile(in.cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	twoStreams := strings.Replace(string(base), "[consumers.WORKER1]", "[streams.OTHER]\nsubjects = [\"other.*\"]\n\n[consumers.WORKER1]", 1)
-	if err := os.WriteFile(in.cfg, []byte(twoStreams), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	twoStreams := editConfig(t, in.cfg, "[consumers.WORKER1]", "[streams.OTHER]\nsubjects = [\"other.*\"]\n\n[consumers.WORKER1]")
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -224,18 +203,7 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	if moved == twoStreams {
 		t.Fatal("config template changed: no stream = \"ORDERS\" line")
 	}
-	if err := os.WriteFile(in.cfg, []byte(moved), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if !strings.Contains(p.stderr.String(), "reload done") {
-			return fmt.Errorf("reload not done")
-		}
-		return nil
-	})
+	p.reloadWith(in.cfg, moved)
 	if !strings.Contains(p.stderr.String(), "consumers.WORKER1.stream (ORDERS -> OTHER)") {
 		t.Fatalf("the reload does not say that moving WORKER1 needs a restart:\n%s", p.stderr.String())
 	}
@@ -305,27 +273,48 @@ func TestReloadCountersCarryOnThroughZeroWorkers(t *testing.T) {
 			return nil
 		})
 	}
-	reload := func(text string) {
-		t.Helper()
-		if err := os.WriteFile(o.cfg, []byte(text), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		before := strings.Count(p.stderr.String(), "reload done")
-		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
-		e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-			if strings.Count(p.stderr.String(), "reload done") == before {
-				return fmt.Errorf("reload not done")
-			}
-			return nil
-		})
-	}
 	publishN(5)
 	waitProcessed(5)
-	reload(strings.Replace(string(base), "workers = 4", "workers = 0", 1))
-	reload(string(base))
+	p.reloadWith(o.cfg, strings.Replace(string(base), "workers = 4", "workers = 0", 1))
+	p.reloadWith(o.cfg, string(base))
 	publishN(5)
 	waitProcessed(10)
 	p.stop()
+}
+
+// editConfig replaces old by new (once) in the config file at path,
+// failing the test when old is not there; it returns the new text.
+func editConfig(t *testing.T, path, old, new string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), old) {
+		t.Fatalf("config %s has no %q", path, old)
+	}
+	text := strings.Replace(string(b), old, new, 1)
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
+// reloadWith writes text to the config file at path, sends SIGHUP and
+// waits until the reload is done.
+func (d *e2eProc) reloadWith(path, text string) {
+	d.t.Helper()
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+		d.t.Fatal(err)
+	}
+	before := strings.Count(d.stderr.String(), "reload done")
+	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		d.t.Fatal(err)
+	}
+	e2eCheckFor(d.t, 30*time.Second, 20*time.Millisecond, func() error {
+		if strings.Count(d.stderr.String(), "reload done") == before {
+			return fmt.Errorf("reload not done")
+		}
+		return nil
+	})
 }
