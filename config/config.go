@@ -37,6 +37,11 @@ type Config struct {
 	Log       LogConfig                  `toml:"log"`
 	Auth      AuthConfig                 `toml:"auth"`
 	TLS       TLSConfig                  `toml:"tls"`
+	Cluster   ClusterConfig              `toml:"cluster"`
+
+	// serverNameSet: the file sets server.name (required with [cluster]);
+	// clusterTable: the file has a [cluster] table.
+	serverNameSet, clusterTable bool
 }
 
 // ServerConfig is the [server] table: the embedded NATS server's identity
@@ -279,7 +284,7 @@ type fileLayout struct {
 // unsupportedTables are SPEC tables this build does not implement yet;
 // rather than ignore them (and, say, run as one node when the operator
 // asked for a cluster), Parse refuses them.
-var unsupportedTables = []string{"cluster", "leafnodes"}
+var unsupportedTables = []string{"leafnodes"}
 
 // Parse reads TOML from r on top of DefaultConfig. source names the file in
 // errors. Streams and consumers in the file replace the default ORDERS and
@@ -338,6 +343,9 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		}
 		out.Consumers[name] = cc
 	}
+	out.serverNameSet = md.IsDefined("server", "name")
+	out.clusterTable = md.IsDefined("cluster")
+	out.applyClusterDefaults(func(stream string) bool { return md.IsDefined("streams", stream, "replicas") })
 	// keyLine reads the whole file: name a bounded number of unknown keys.
 	unknown := md.Undecoded()
 	for i, k := range unknown {

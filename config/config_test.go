@@ -618,15 +618,8 @@ func TestSyntaxErrorCarriesLine(t *testing.T) {
 }
 
 func TestUnsupportedTables(t *testing.T) {
-	for _, table := range []string{"cluster", "leafnodes"} {
-		t.Run(table, func(t *testing.T) {
-			wantParseError(t, "["+table+"]\n", "["+table+"] is not supported by this version of holdfast")
-			wantParseError(t, "["+table+"]\nfoo = \"bar\"\n", "["+table+"] is not supported")
-		})
-	}
-	t.Run("both", func(t *testing.T) {
-		wantParseError(t, "[auth]\n[tls]\n[cluster]\n[leafnodes]\n", "[cluster] is not", "[leafnodes] is not")
-	})
+	wantParseError(t, "[leafnodes]\n", "[leafnodes] is not supported by this version of holdfast")
+	wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "[leafnodes] is not supported")
 }
 
 func TestValidationCollectsEveryProblem(t *testing.T) {

@@ -204,6 +204,8 @@ type Secrets struct {
 	// EncryptionKey and OldEncryptionKey are the store keys ("" when unset).
 	EncryptionKey    string
 	OldEncryptionKey string
+	// ClusterPassword is the routes' plain password ("" without route auth).
+	ClusterPassword string
 }
 
 // LoadSecrets reads every secret file the config names. A file readable by
@@ -260,6 +262,17 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	}
 	if c.TLS.KeyFile != "" {
 		checkSecretFile(v, "tls.key_file", c.TLS.KeyFile, false)
+	}
+	if f := c.Cluster.PasswordFile; f != "" {
+		if pw, ok := readSecret(v, "cluster.password_file", f, true); ok {
+			if pw == "" {
+				v.add("cluster.password_file", q(f), "the file is empty")
+			}
+			sec.ClusterPassword = pw
+		}
+	}
+	if c.Cluster.KeyFile != "" {
+		checkSecretFile(v, "cluster.key_file", c.Cluster.KeyFile, false)
 	}
 	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.ca_file", c.TLS.CAFile}} {
 		if f.path == "" {

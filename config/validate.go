@@ -21,6 +21,7 @@ func (c *Config) validateFile() error { return c.check(true) }
 func (c *Config) check(file bool) error {
 	v := &validator{file: file}
 	c.validate(v)
+	c.validateCluster(v, file)
 	if len(v.problems) == 0 {
 		return nil
 	}
@@ -237,9 +238,6 @@ func (c *Config) validateStreams(v *validator) {
 			}
 		default:
 			v.add(key+".storage", q(sc.Storage), "must be one of file, memory")
-		}
-		if sc.Replicas != 1 {
-			v.add(key+".replicas", strconv.Itoa(sc.Replicas), "must be 1: a single holdfast node is not a cluster")
 		}
 		if v.duration(key+".duplicate_window", sc.DuplicateWindow) && sc.DuplicateWindow.Duration < 0 {
 			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be negative")

@@ -80,7 +80,9 @@ func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstrea
 // DeadLetterSpec is the stream that holds dead letters for the given
 // consumers: file storage, nothing ever removed by a limit (a full store
 // makes the dead-letter publish fail, and the original then stays).
-func DeadLetterSpec(name string, consumers []string) jetstream.StreamConfig {
+//
+// replicas follows the streams it serves (see config.DeadLetterReplicas).
+func DeadLetterSpec(name string, consumers []string, replicas int) jetstream.StreamConfig {
 	subjects := make([]string, 0, len(consumers))
 	for _, c := range consumers {
 		subjects = append(subjects, DeadLetterSubjectPrefix+c+".>")
@@ -93,7 +95,7 @@ func DeadLetterSpec(name string, consumers []string) jetstream.StreamConfig {
 		Retention:         jetstream.LimitsPolicy,
 		Discard:           jetstream.DiscardNew,
 		Storage:           jetstream.FileStorage,
-		Replicas:          1,
+		Replicas:          max(replicas, 1),
 		MaxMsgs:           -1,
 		MaxBytes:          -1,
 		MaxMsgsPerSubject: -1,
@@ -134,7 +136,7 @@ func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConf
 func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	log = log.With("component", "bootstrap")
 	for _, name := range cfg.StreamNames() {
-		if err := ensureStream(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
+		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
 			return err
 		}
 	}
@@ -143,13 +145,19 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 		return err
 	}
 	for _, name := range slices.Sorted(maps.Keys(dls)) {
-		if err := ensureStream(ctx, js, DeadLetterSpec(name, dls[name]), true, log); err != nil {
+		if err := ensureStreamRaced(ctx, js, DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), true, log); err != nil {
 			return err
 		}
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		if err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log); err != nil {
+		err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			// Another node of the cluster created it a moment ago with
+			// other settings: compare with what it made, as at any start.
+			err = ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+		}
+		if err != nil {
 			return err
 		}
 	}
@@ -199,6 +207,19 @@ func releaseMovedDeadLetters(ctx context.Context, js jetstream.JetStream, dls ma
 		}
 	}
 	return nil
+}
+
+// ensureStreamRaced is ensureStream, once more when the create lost a
+// race: in a cluster all nodes bootstrap at once, one creates, and a
+// create with other settings from another node finds the name taken; it
+// then compares with what exists, as at any start (updates what can be
+// updated, reports drift, never deletes).
+func ensureStreamRaced(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, deadLetter bool, log *slog.Logger) error {
+	err := ensureStream(ctx, js, want, deadLetter, log)
+	if errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		err = ensureStream(ctx, js, want, deadLetter, log)
+	}
+	return err
 }
 
 func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, deadLetter bool, log *slog.Logger) error {

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -177,6 +178,10 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		opts.TLSTimeout = 2
 	}
 
+	if err := configureRoutes(opts, cfg.Cluster, sec); err != nil {
+		return err
+	}
+
 	if sec.EncryptionKey != "" {
 		opts.JetStreamKey = sec.EncryptionKey
 		opts.JetStreamOldKey = sec.OldEncryptionKey
@@ -273,4 +278,31 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 	}
 	return fmt.Errorf("%w: stream(s) %s in %s cannot be decrypted with the key in %s: it is not the key the store was written with "+
 		"(when rotating, put the previous key in jetstream.encryption_old_key_file); nothing was changed on disk", ErrEncryptionKey, list, dir, keyFile)
+}
+
+// configureRoutes applies the [cluster] route authentication and TLS:
+// every node accepts routes that present cluster.user and the password,
+// and presents them on the routes it makes.
+func configureRoutes(opts *server.Options, cl config.ClusterConfig, sec *config.Secrets) error {
+	if !cl.Enabled() {
+		return nil
+	}
+	if cl.User != "" {
+		opts.Cluster.Username = cl.User
+		opts.Cluster.Password = sec.ClusterPassword
+		for _, r := range opts.Routes {
+			r.User = url.UserPassword(cl.User, sec.ClusterPassword)
+		}
+	}
+	if cl.TLSEnabled() {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+			CertFile: cl.CertFile, KeyFile: cl.KeyFile, CaFile: cl.CAFile, Verify: cl.Verify, MinVersion: tls.VersionTLS12,
+		})
+		if err != nil {
+			return fmt.Errorf("cluster TLS: %w", err)
+		}
+		opts.Cluster.TLSConfig = tc
+		opts.Cluster.TLSTimeout = 2
+	}
+	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -93,6 +94,13 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 	}
 	if !opts.SyncAlways {
 		opts.SyncInterval = js.SyncInterval()
+	}
+	if cl := cfg.Cluster; cl.Enabled() {
+		host, port, _ := cl.ListenHostPort() // Validate checked it
+		opts.Cluster.Name = cl.Name
+		opts.Cluster.Host = host
+		opts.Cluster.Port = port
+		opts.Routes = server.RoutesFromStr(strings.Join(cl.Routes, ","))
 	}
 	return opts
 }
@@ -189,8 +197,8 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("cannot open JetStream API: %w", err)
 	}
-	if _, err := s.js.AccountInfo(ctx); err != nil {
-		return fmt.Errorf("JetStream API does not answer: %w", err)
+	if err := s.waitJetStream(ctx); err != nil {
+		return err
 	}
 	// Before anything (the bootstrap) can create a vanished stream anew.
 	if err := s.checkEncryptedStreams(ctx); err != nil {
@@ -202,6 +210,53 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	s.startRecorder()
 	s.log.Info("NATS server ready", "name", opts.ServerName, "client_url", ns.ClientURL(), "version", server.VERSION)
 	return nil
+}
+
+// waitJetStream waits until the JetStream API answers. On one node that
+// is at once; in a cluster it answers once the meta group has a leader,
+// which needs a quorum of the nodes: until then it says every few seconds
+// how many routes are connected (log and STATUS=), up to ReadyTimeout.
+func (s *Server) waitJetStream(ctx context.Context) error {
+	if !s.cfg.Cluster.Enabled() {
+		if _, err := s.js.AccountInfo(ctx); err != nil {
+			return fmt.Errorf("JetStream API does not answer: %w", err)
+		}
+		return nil
+	}
+	timeout := s.ReadyTimeout
+	if timeout == 0 {
+		timeout = DefaultReadyTimeout
+	}
+	start := time.Now()
+	var lastSaid time.Time
+	for {
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := s.js.AccountInfo(actx)
+		cancel()
+		if err == nil {
+			s.log.Info("JetStream cluster ready", "cluster", s.cfg.Cluster.Name, "routes", s.ns.NumRoutes(),
+				"meta_leader", s.ns.JetStreamIsLeader(), "waited", time.Since(start).Round(time.Millisecond))
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("start-up interrupted: %w", ctx.Err())
+		}
+		if time.Since(start) > timeout {
+			return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%d route(s) connected): start the other nodes, "+
+				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.ns.NumRoutes(), err)
+		}
+		if time.Since(lastSaid) >= 5*time.Second {
+			lastSaid = time.Now()
+			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %d route(s) connected, no meta leader yet", s.cfg.Cluster.Name, s.ns.NumRoutes())
+			s.log.Info(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
+			s.status(msg)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("start-up interrupted: %w", ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
 }
 
 func (s *Server) status(msg string) {

@@ -321,7 +321,10 @@ func (w *Workers) subscribeDeadLetters(ctx context.Context) error {
 		return fmt.Errorf("consumer %s: cannot read the JetStream account: %w", w.opts.Consumer, err)
 	}
 	w.domain = ai.Domain
-	w.advisory, err = w.nc.Subscribe(maxDeliveriesSubject(w.opts.Stream, w.opts.Consumer), w.onMaxDeliveries)
+	// A queue group: in a cluster every node's workers of the consumer
+	// subscribe, and one of them acts on each advisory (the dead letter's
+	// Nats-Msg-Id keeps a second one harmless all the same).
+	w.advisory, err = w.nc.QueueSubscribe(maxDeliveriesSubject(w.opts.Stream, w.opts.Consumer), maxDeliveriesQueue, w.onMaxDeliveries)
 	if err != nil {
 		return fmt.Errorf("consumer %s: cannot subscribe to max-deliveries advisories: %w", w.opts.Consumer, err)
 	}
@@ -334,6 +337,10 @@ func (w *Workers) subscribeDeadLetters(ctx context.Context) error {
 	}
 	return nil
 }
+
+// maxDeliveriesQueue is the queue group of the max-deliveries advisory
+// subscriptions.
+const maxDeliveriesQueue = "holdfast-max-deliveries"
 
 // closeDeadLetters ends the subscriptions and waits for the background
 // goroutines. Close calls it after the workers stopped, so that an
