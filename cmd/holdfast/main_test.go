@@ -278,13 +278,19 @@ func (d *e2eProc) exited() bool {
 // if it exits instead.
 func (d *e2eProc) waitReady() {
 	d.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	d.waitReadyWithin(30 * time.Second)
+}
+
+// waitReadyWithin is waitReady with another deadline.
+func (d *e2eProc) waitReadyWithin(timeout time.Duration) {
+	d.t.Helper()
+	deadline := time.Now().Add(timeout)
 	for !strings.Contains(d.stderr.String(), "holdfast ready") {
 		if d.exited() {
 			d.t.Fatalf("holdfast exited with %v before it was ready:\n%s", d.state, d.stderr.String())
 		}
 		if time.Now().After(deadline) {
-			d.t.Fatalf("holdfast not ready after 30s:\n%s", d.stderr.String())
+			d.t.Fatalf("holdfast not ready after %s:\n%s", timeout, d.stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
