@@ -10,6 +10,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -135,6 +136,59 @@ func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConf
 // it changes and stops at a difference the server cannot apply.
 func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	log = log.With("component", "bootstrap")
+	if cfg.Cluster.Enabled() {
+		// Right after the meta leader is elected, a stream another node
+		// just created may have no leader of its own for a moment: its
+		// info times out, a placement lacks peers. Those pass.
+		return retryTransient(ctx, log, func() error { return bootstrapOnce(ctx, js, cfg, log) })
+	}
+	return bootstrapOnce(ctx, js, cfg, log)
+}
+
+// clusterSettleTimeout bounds how long Bootstrap retries transient
+// cluster errors.
+const clusterSettleTimeout = 2 * time.Minute
+
+// retryTransient calls f until it returns nil or an error that is not a
+// transient cluster condition, for up to clusterSettleTimeout.
+func retryTransient(ctx context.Context, log *slog.Logger, f func() error) error {
+	deadline := time.Now().Add(clusterSettleTimeout)
+	for attempt := 1; ; attempt++ {
+		err := f()
+		if err == nil || !transientClusterError(err) || time.Now().After(deadline) {
+			return err
+		}
+		log.Info("the cluster is settling: bootstrap tries again", "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// transientClusterError reports an error a JetStream cluster answers
+// while it settles (a stream or meta leader being elected, peers
+// joining), as opposed to a config the cluster refuses.
+func transientClusterError(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10008, // JetStream system temporarily unavailable
+			10009, // cluster can not handle request (no leader)
+			10023, // insufficient resources (peers not all known yet)
+			10005: // no suitable peers for placement
+			return true
+		}
+	}
+	return false
+}
+
+func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	for _, name := range cfg.StreamNames() {
 		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
 			return err

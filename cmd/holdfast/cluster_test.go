@@ -329,3 +329,36 @@ timeout = "10s"
 		nd.proc.stop()
 	}
 }
+
+// TestClusterConflictingStreamConfig: a node whose config wants a change
+// the server cannot apply to the cluster's stream (retention) refuses to
+// start, naming the field, as a single node does; the cluster and its
+// data are untouched.
+func TestClusterConflictingStreamConfig(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	for i := range 10 {
+		if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	odd := nodes[2]
+	odd.proc.stop()
+	editConfig(t, odd.cfg, `subjects = ["orders.*"]`, "subjects = [\"orders.*\"]\nretention = \"workqueue\"")
+	odd.proc = startHoldfast(t, odd.cfg)
+	if code := odd.proc.wait(2 * time.Minute); code != 1 {
+		t.Fatalf("node with a conflicting retention exited %d, want 1:\n%s", code, odd.proc.stderr.String())
+	}
+	if log := odd.proc.stderr.String(); !strings.Contains(log, "retention") || !strings.Contains(log, "cannot change it in place") {
+		t.Fatalf("the refusal does not name the field:\n%s", log)
+	}
+	info := streamClusterInfo(t, js, "ORDERS")
+	if info.State.Msgs != 10 || info.Config.Retention != jetstream.LimitsPolicy {
+		t.Fatalf("the cluster's stream changed: %d messages, retention %s", info.State.Msgs, info.Config.Retention)
+	}
+	for _, nd := range nodes[:2] {
+		nd.proc.stop()
+	}
+}
