@@ -128,6 +128,11 @@ var (
 	descJSAPIErr   = desc("jetstream_api_errors_total", "JetStream API requests that failed.")
 	descStoreErr   = desc("store_write_errors_total", "Writes to the store that failed since start (disk full, I/O errors); the first makes /healthz unhealthy and the watchdog stop.")
 
+	descStreamLeader = desc("stream_leader", "1 when this node leads the stream's Raft group (cluster mode).", "stream")
+	descReplicaLag   = desc("replica_lag", "Operations a follower of the stream is behind its leader (cluster mode).", "stream", "replica")
+	descClusterPeers = desc("cluster_peers", "Nodes of the JetStream cluster this node sees current, itself included (cluster mode).")
+	descClusterSize  = desc("cluster_size", "Nodes the JetStream cluster has (cluster mode).")
+
 	descHealthy   = desc("healthy", "1 when /healthz answers 200.")
 	descLastCheck = desc("last_check_timestamp_seconds", "When the monitor last read the JetStream state.")
 )
@@ -140,7 +145,8 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descExists,
 		descBacklog, descStreamMsgs, descStreamBytes, descStreamFirst, descStreamLast, descStreamMaxMsgs,
 		descStreamMaxBytes, descStreamMaxAge, descStreamExists, descJSUp, descJSUsed, descJSReserved, descJSLimit,
-		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated, descStoreErr} {
+		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated, descStoreErr,
+		descStreamLeader, descReplicaLag, descClusterPeers, descClusterSize} {
 		ch <- d
 	}
 }
@@ -204,7 +210,19 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		metric(descJSAPIErr, prometheus.CounterValue, float64(js.APIErrors))
 	}
 
+	if f := mon.opts.ClusterPeers; f != nil {
+		if current, size, ok := f(); ok {
+			metric(descClusterPeers, prometheus.GaugeValue, float64(current))
+			metric(descClusterSize, prometheus.GaugeValue, float64(size))
+		}
+	}
 	for _, s := range r.Streams {
+		if s.Leader != "" {
+			metric(descStreamLeader, prometheus.GaugeValue, bool01(s.Leader == mon.opts.ServerName), s.Name)
+			for _, rep := range s.Replicas {
+				metric(descReplicaLag, prometheus.GaugeValue, float64(rep.Lag), s.Name, rep.Name)
+			}
+		}
 		metric(descStreamExists, prometheus.GaugeValue, bool01(s.Exists), s.Name)
 		metric(descRecreated, prometheus.CounterValue, float64(s.Recreated), "stream", s.Name, s.Name)
 		if !s.Exists {

@@ -73,6 +73,13 @@ type MonitorOptions struct {
 	// StoreWriteErrors, when set, counts the store's write errors since
 	// start (for the report and metrics).
 	StoreWriteErrors func() uint64
+	// ServerName is this node's name: in a cluster, a stream led by it is
+	// reported as such (holdfast_stream_leader).
+	ServerName string
+	// ClusterPeers, when set, tells how many nodes of the JetStream
+	// cluster this one sees current (itself included) and how many the
+	// cluster has; ok is false on a single node.
+	ClusterPeers func() (current, size int, ok bool)
 	// Recreate, when set, creates the configured streams and consumers
 	// again (the bootstrap). The Monitor calls it when one of them
 	// disappeared while running (`nats stream rm`, `nats consumer rm`),
@@ -313,6 +320,18 @@ type StreamStatus struct {
 	// Recreated counts the times the stream disappeared while running and
 	// holdfast created it again.
 	Recreated uint64 `json:"recreated,omitempty"`
+	// Leader and Replicas are the stream's Raft group in a cluster:
+	// the leader's server name and the other replicas.
+	Leader   string          `json:"leader,omitempty"`
+	Replicas []ReplicaStatus `json:"replicas,omitempty"`
+}
+
+// ReplicaStatus is one follower of a replicated stream.
+type ReplicaStatus struct {
+	Name    string `json:"name"`
+	Current bool   `json:"current"`
+	Offline bool   `json:"offline,omitempty"`
+	Lag     uint64 `json:"lag,omitempty"`
 }
 
 // ConsumerStatus is one consumer's position, progress and losses.
@@ -583,6 +602,13 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 // FillStream sets st from a stream's info: existence, state and limits.
 func FillStream(st *StreamStatus, si *jetstream.StreamInfo) {
 	st.Exists = true
+	st.Leader, st.Replicas = "", nil
+	if c := si.Cluster; c != nil {
+		st.Leader = c.Leader
+		for _, r := range c.Replicas {
+			st.Replicas = append(st.Replicas, ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+		}
+	}
 	st.Subjects = slices.Clone(si.Config.Subjects)
 	st.Messages = si.State.Msgs
 	st.Bytes = si.State.Bytes

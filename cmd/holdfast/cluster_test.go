@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -22,6 +24,7 @@ type clusterNode struct {
 	store     string
 	port      int
 	routePort int
+	httpAddr  string
 	cfg       string
 	proc      *e2eProc
 	inst      *e2eInstance
@@ -41,6 +44,7 @@ func newTestCluster(t *testing.T, n int, consumerExtra string) []*clusterNode {
 			store:     filepath.Join(t.TempDir(), "store"),
 			port:      e2eFreePort(t),
 			routePort: e2eFreePort(t),
+			httpAddr:  fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t)),
 		}
 		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", nodes[i].routePort)))
 	}
@@ -52,6 +56,7 @@ listen = "127.0.0.1:%d"
 routes = [%s]
 `, nd.routePort, strings.Join(routes, ", ")))
 		text = strings.Replace(text, `name = "holdfast-e2e"`, fmt.Sprintf("name = %q", nd.name), 1)
+		text = strings.Replace(text, "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", nd.httpAddr), 1)
 		if consumerExtra != "" {
 			text = strings.Replace(text, "workers = 0\n", consumerExtra, 1)
 		}
@@ -172,6 +177,63 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 	}
 	if si.Config.Replicas != 3 || si.Cluster.Leader == "" || len(si.Cluster.Replicas) != 2 {
 		t.Fatalf("nats stream info: replicas %d, leader %q, followers %v", si.Config.Replicas, si.Cluster.Leader, si.Cluster.Replicas)
+	}
+	// holdfast status on a node shows the cluster and each stream's group.
+	e2eCheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
+		res := runHoldfast(t, nil, "status", "--config", nodes[1].cfg, "--json")
+		var out statusOutput
+		if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
+			return fmt.Errorf("status --json: %v\n%s%s", err, res.stdout, res.stderr)
+		}
+		c := out.Cluster
+		if c == nil || c.Name != "test-cluster" || c.Node != "n2" || c.MetaLeader == "" || len(c.Peers) != 2 {
+			return fmt.Errorf("status cluster = %+v", c)
+		}
+		for _, p := range c.Peers {
+			if !p.Current {
+				return fmt.Errorf("peer %s not current", p.Name)
+			}
+		}
+		for _, s := range out.Streams {
+			if s.Leader == "" || len(s.Replicas) != 2 {
+				return fmt.Errorf("stream %s: leader %q, replicas %v", s.Name, s.Leader, s.Replicas)
+			}
+		}
+		return nil
+	})
+	// The server's cluster endpoints under /nats/.
+	for _, ep := range []string{"routez", "raftz"} {
+		resp, err := http.Get("http://" + nodes[0].httpAddr + "/nats/" + ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !json.Valid(b) {
+			t.Fatalf("/nats/%s: %d %s", ep, resp.StatusCode, b)
+		}
+	}
+	// /metrics: the cluster as this node sees it, and who leads ORDERS.
+	info := streamClusterInfo(t, js, "ORDERS")
+	for _, nd := range nodes {
+		e2eCheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
+			resp, err := http.Get("http://" + nd.httpAddr + "/metrics")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			leads := "0"
+			if nd.name == info.Cluster.Leader {
+				leads = "1"
+			}
+			for _, want := range []string{"holdfast_cluster_peers 3\n", "holdfast_cluster_size 3\n", `holdfast_stream_leader{stream="ORDERS"} ` + leads + "\n"} {
+				if !strings.Contains(string(b), want) {
+					return fmt.Errorf("node %s /metrics lacks %q", nd.name, want)
+				}
+			}
+			return nil
+		})
 	}
 	for _, nd := range nodes {
 		nd.proc.stop()

@@ -107,6 +107,8 @@ func (d *daemon) Open(ctx context.Context) error {
 		Recreate:         d.recreate,
 		Diagnose:         d.srv.ProbeStoreWritable,
 		StoreWriteErrors: d.srv.StoreWriteErrors,
+		ServerName:       d.cfg.Server.Name,
+		ClusterPeers:     clusterPeers(d.srv.NATS()),
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -250,7 +252,17 @@ func (d *daemon) Healthy(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := d.srv.JetStream().AccountInfo(ctx); err != nil {
-		return fmt.Errorf("JetStream does not answer: %w", err)
+		if !d.cfg.Cluster.Enabled() {
+			return fmt.Errorf("JetStream does not answer: %w", err)
+		}
+		// In a cluster the JetStream API needs a meta leader: a node cut off
+		// from the others (a minority) cannot answer, and a restart would
+		// not mend that. It is not stuck as long as its server answers;
+		// /healthz reports the rest.
+		if ferr := d.srv.Conn().FlushTimeout(5 * time.Second); ferr != nil {
+			return fmt.Errorf("the NATS server does not answer: %w", ferr)
+		}
+		return nil
 	}
 	d.workersMu.Lock()
 	workers := slices.Clone(d.workers)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,7 +75,7 @@ func (h *httpServer) Open(ctx context.Context) error {
 		}
 	}()
 	h.log.Info("serving metrics and health", "listen", ln.Addr().String(),
-		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{varz,jsz,connz,subsz,accstatz,leafz,healthz}")
+		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(natsEndpoints, ",")+"}")
 	return nil
 }
 
@@ -137,6 +138,10 @@ func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
 	return h.ns, h.mon, h.phase
 }
 
+// natsEndpoints are the embedded server's monitoring endpoints served
+// under natsMonitorPrefix.
+var natsEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz"}
+
 func (h *httpServer) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h.metrics.Handler())
@@ -150,6 +155,10 @@ func (h *httpServer) routes() http.Handler {
 		"accstatz": func(s *server.Server) http.HandlerFunc { return s.HandleAccountStatz },
 		"leafz":    func(s *server.Server) http.HandlerFunc { return s.HandleLeafz },
 		"healthz":  func(s *server.Server) http.HandlerFunc { return s.HandleHealthz },
+		"routez":   func(s *server.Server) http.HandlerFunc { return s.HandleRoutez },
+		"raftz":    func(s *server.Server) http.HandlerFunc { return s.HandleRaftz },
+		"gatewayz": func(s *server.Server) http.HandlerFunc { return s.HandleGatewayz },
+		"accountz": func(s *server.Server) http.HandlerFunc { return s.HandleAccountz },
 	}
 	for name, handler := range nats {
 		mux.HandleFunc("GET "+natsMonitorPrefix+name, func(w http.ResponseWriter, r *http.Request) {
@@ -164,7 +173,7 @@ func (h *httpServer) routes() http.Handler {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "holdfast %s\n\n/metrics  Prometheus metrics\n/healthz  200 when healthy, 503 with a JSON reason\n/readyz   200 once start-up is complete\n", versionString())
-		for _, name := range []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz"} {
+		for _, name := range natsEndpoints {
 			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
 		}
 	})

@@ -60,6 +60,7 @@ type statusReply struct {
 	FailOnLoss bool             `json:"fail_on_loss"`
 	Health     pipeline.Health  `json:"health"`
 	Report     *pipeline.Report `json:"report"`
+	Cluster    *clusterStatus   `json:"cluster,omitempty"`
 }
 
 // serveStatus answers statusSubject on the daemon's in-process connection
@@ -83,6 +84,7 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 			HTTPListen: d.http.Addr(),
 			FailOnLoss: cfg.HTTP.FailOnLoss,
 			Report:     d.monitor.CheckNow(ctx),
+			Cluster:    clusterView(d.srv.NATS()),
 		}
 		reply.Health = d.monitor.Health()
 		data, err := json.Marshal(reply)
@@ -110,6 +112,7 @@ type statusOutput struct {
 	Health    *pipeline.Health `json:"health"`
 	Problems  []string         `json:"problems,omitempty"`
 	JetStream jetStreamOutput  `json:"jetstream"`
+	Cluster   *clusterStatus   `json:"cluster,omitempty"`
 	Streams   []streamOutput   `json:"streams"`
 	Consumers []consumerOutput `json:"consumers"`
 }
@@ -257,6 +260,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		out.JetStream.StoreDir = reply.StoreDir
 		out.JetStream.Sync = reply.Sync
 		out.JetStream.Domain = reply.Domain
+		out.Cluster = reply.Cluster
 	}
 
 	out.JetStream.File.Limit, out.JetStream.Memory.Limit = -1, -1
@@ -433,6 +437,14 @@ func printStatus(w io.Writer, out *statusOutput) {
 		fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
 	}
 
+	if c := out.Cluster; c != nil {
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "Cluster    %s: this node %s, meta leader %s, %d node(s), %d route(s)\n", orDash(c.Name), c.Node, orDash(c.MetaLeader), c.Size, c.Routes)
+		for _, p := range c.Peers {
+			fmt.Fprintf(w, "  peer     %s: %s\n", p.Name, replicaText(p.Current, p.Offline, p.Lag))
+		}
+	}
+
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS")
@@ -444,6 +456,16 @@ func printStatus(w io.Writer, out *statusOutput) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s))
 	}
 	tw.Flush()
+	for _, s := range out.Streams {
+		if s.Leader == "" {
+			continue
+		}
+		var reps []string
+		for _, r := range s.Replicas {
+			reps = append(reps, r.Name+" "+replicaText(r.Current, r.Offline, r.Lag))
+		}
+		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", s.Name, s.Leader, strings.Join(reps, ", "))
+	}
 
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -552,4 +574,16 @@ func formatBytes(n int64) string {
 		exp++
 	}
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
+// replicaText describes a cluster peer or stream replica.
+func replicaText(current, offline bool, lag uint64) string {
+	switch {
+	case offline:
+		return "offline"
+	case current:
+		return "current"
+	default:
+		return fmt.Sprintf("lagging (%d behind)", lag)
+	}
 }
