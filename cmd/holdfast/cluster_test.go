@@ -424,3 +424,107 @@ func TestClusterConflictingStreamConfig(t *testing.T) {
 		nd.proc.stop()
 	}
 }
+
+// TestClusterRollingRestart: under a steady publish load, each node in
+// turn is stopped (SIGTERM) and started again once the cluster is
+// current: every acknowledged message is stored and processed, and the
+// longest pause in acknowledged publishes is reported.
+func TestClusterRollingRestart(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "processed")
+	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
+	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
+ack_wait = "5s"
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "10s"
+`, script))
+	startAll(t, nodes)
+	var urls []string
+	for _, nd := range nodes {
+		urls = append(urls, nd.url())
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	var longestGap time.Duration
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		last := time.Now()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			id := fmt.Sprintf("r-%06d", i)
+			for {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				_, err := js.Publish(ctx, "orders.created", []byte(id), jetstream.WithMsgID(id))
+				cancel()
+				if err == nil {
+					break
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+			now := time.Now()
+			mu.Lock()
+			acked[id] = true
+			longestGap = max(longestGap, now.Sub(last))
+			mu.Unlock()
+			last = now
+			time.Sleep(5 * time.Millisecond)
+		}
+	}()
+	for _, nd := range nodes {
+		time.Sleep(time.Second)
+		nd.proc.stop()
+		nd.proc = startHoldfast(t, nd.cfg)
+		nd.proc.waitReadyWithin(2 * time.Minute)
+		waitReplicasCurrent(t, js, "ORDERS", 3)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	<-done
+	mu.Lock()
+	n, gap := len(acked), longestGap
+	mu.Unlock()
+	t.Logf("%d publishes acknowledged during the rolling restart; longest pause between two acknowledged publishes: %s", n, gap.Round(time.Millisecond))
+
+	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
+		processed := map[string]bool{}
+		for _, l := range e2eLines(t, out) {
+			processed[l] = true
+		}
+		missing := 0
+		for id := range acked {
+			if !processed[id] {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged messages not processed", missing, n)
+		}
+		return nil
+	})
+	if st := streamClusterInfo(t, js, "ORDERS").State; st.Msgs < uint64(n) {
+		t.Fatalf("stream holds %d messages, %d were acknowledged", st.Msgs, n)
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+}
