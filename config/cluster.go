@@ -31,6 +31,10 @@ type ClusterConfig struct {
 	KeyFile  string `toml:"key_file"`
 	CAFile   string `toml:"ca_file"`
 	Verify   bool   `toml:"verify"`
+	// NoAdvertise keeps this node from telling the others its route
+	// address, so that every node connects only to the cluster.routes it
+	// was given (behind NAT, or through a proxy).
+	NoAdvertise bool `toml:"no_advertise"`
 }
 
 // Enabled reports whether the config asks for a cluster.

@@ -100,6 +100,7 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		opts.Cluster.Name = cl.Name
 		opts.Cluster.Host = host
 		opts.Cluster.Port = port
+		opts.Cluster.NoAdvertise = cl.NoAdvertise
 		opts.Routes = server.RoutesFromStr(strings.Join(cl.Routes, ","))
 	}
 	return opts

@@ -77,6 +77,11 @@ func (m *Monitor) evaluate(r *Report) Health {
 		h.Problems = append(h.Problems, fmt.Sprintf(format, args...))
 	}
 	// The cause first: it is the Reason an alert shows.
+	if f := m.opts.ClusterPeers; f != nil {
+		if current, size, ok := f(); ok && size > 0 && current*2 <= size {
+			problem("this node sees %d of the %d nodes of its cluster: no quorum here, so publishes to it fail and its streams are served by the other side until the network heals", current, size)
+		}
+	}
 	if r.JetStream.Diagnosis != "" {
 		problem("%s", r.JetStream.Diagnosis)
 	}

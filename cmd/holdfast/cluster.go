@@ -49,10 +49,12 @@ func clusterView(ns *server.Server) *clusterStatus {
 			routed[r.RemoteName] = true
 		}
 	}
+	seen := map[string]bool{ns.Name(): true}
 	for _, p := range m.Replicas {
-		if p == nil {
-			continue
+		if p == nil || seen[p.Name] {
+			continue // a peer known twice (a node restarted with a new ID) counts once
 		}
+		seen[p.Name] = true
 		ps := peerStatus{Name: p.Name, Current: p.Current, Offline: p.Offline, Lag: p.Lag, Active: p.Active.Seconds()}
 		if !leader {
 			ps = peerStatus{Name: p.Name, Current: routed[p.Name] && m.Leader != "", Offline: !routed[p.Name]}
@@ -76,6 +78,6 @@ func clusterPeers(ns *server.Server) func() (int, int, bool) {
 				current++
 			}
 		}
-		return current, max(cs.Size, len(cs.Peers)+1), true
+		return current, len(cs.Peers) + 1, true
 	}
 }

@@ -1,0 +1,290 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// tcpProxy forwards connections to target until Cut, which closes them
+// all and refuses new ones until Heal: a network partition the test
+// controls, on 127.0.0.1.
+type tcpProxy struct {
+	ln     net.Listener
+	target string
+
+	mu    sync.Mutex
+	cut   bool
+	conns []net.Conn
+}
+
+// newTCPProxy listens on a free port that is none of avoid (ports the
+// test picked for the nodes, free now but about to be bound) and forwards
+// to target.
+func newTCPProxy(t *testing.T, target string, avoid map[int]bool) *tcpProxy {
+	t.Helper()
+	var ln net.Listener
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !avoid[l.Addr().(*net.TCPAddr).Port] {
+			ln = l
+			break
+		}
+		defer l.Close() // keep it taken while looking for another
+	}
+	p := &tcpProxy{ln: ln, target: target}
+	t.Cleanup(func() { ln.Close(); p.Cut() })
+	go p.serve()
+	return p
+}
+
+func (p *tcpProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *tcpProxy) serve() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		up, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
+		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+	}
+}
+
+// Cut closes every forwarded connection and refuses new ones.
+func (p *tcpProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+// Heal accepts connections again.
+func (p *tcpProxy) Heal() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}
+
+// TestClusterPartition: one node is cut off from the other two (every
+// route between them goes through a proxy the test cuts). The majority
+// keeps accepting publishes and processing; the minority refuses
+// publishes with an error (never a silent accept) and its /healthz says
+// it is not ok; after healing it catches up and no acknowledged message
+// is lost.
+func TestClusterPartition(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "processed")
+	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
+	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
+ack_wait = "5s"
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "10s"
+`, script))
+	// proxies[i][j] carries node i's routes to node j.
+	avoid := map[int]bool{}
+	for _, nd := range nodes {
+		avoid[nd.port], avoid[nd.routePort] = true, true
+		if _, p, err := net.SplitHostPort(nd.httpAddr); err == nil {
+			var n int
+			fmt.Sscan(p, &n)
+			avoid[n] = true
+		}
+	}
+	proxies := make([][]*tcpProxy, len(nodes))
+	for i := range nodes {
+		proxies[i] = make([]*tcpProxy, len(nodes))
+		var routes []string
+		for j := range nodes {
+			if i == j {
+				continue
+			}
+			proxies[i][j] = newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", nodes[j].routePort), avoid)
+			routes = append(routes, fmt.Sprintf("%q", "nats-route://"+proxies[i][j].addr()))
+		}
+		b := strings.Split(strings.TrimSpace(readFile(t, nodes[i].cfg)), "\n")
+		for k, l := range b {
+			if strings.HasPrefix(l, "routes = ") {
+				b[k] = "routes = [" + strings.Join(routes, ", ") + "]\nno_advertise = true"
+			}
+		}
+		nodes[i].cfg = e2eWriteConfig(t, strings.Join(b, "\n")+"\n")
+	}
+	startAll(t, nodes)
+	conn := func(nd *clusterNode) jetstream.JetStream {
+		nc, err := nats.Connect(nd.url(), nats.MaxReconnects(-1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		js, _ := jetstream.New(nc)
+		return js
+	}
+	majority, minority := conn(nodes[0]), conn(nodes[2])
+	waitReplicasCurrent(t, majority, "ORDERS", 3)
+
+	acked := map[string]bool{}
+	publish := func(js jetstream.JetStream, id string, within time.Duration) error {
+		deadline := time.Now().Add(within)
+		for {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_, err := js.Publish(ctx, "orders.created", []byte(id), jetstream.WithMsgID(id))
+			cancel()
+			if err == nil {
+				acked[id] = true
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return err
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	for i := range 50 {
+		if err := publish(majority, fmt.Sprintf("before-%d", i), 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Cut node 3 off.
+	cutAt := time.Now()
+	for i := range nodes {
+		for j := range nodes {
+			if i != j && (i == 2 || j == 2) {
+				proxies[i][j].Cut()
+			}
+		}
+	}
+	// The majority goes on (after electing new leaders where node 3 led).
+	for i := range 100 {
+		if err := publish(majority, fmt.Sprintf("during-%d", i), 60*time.Second); err != nil {
+			t.Fatalf("the majority refused a publish during the partition: %v", err)
+		}
+	}
+	t.Logf("the majority acknowledged 100 publishes within %s of the cut", time.Since(cutAt).Round(time.Millisecond))
+	// The minority refuses: an error, never a PubAck.
+	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if _, err := minority.Publish(ctx, "orders.created", []byte("minority"), jetstream.WithMsgID("minority")); err == nil {
+			acked["minority"] = true
+			return fmt.Errorf("the minority node acknowledged a publish")
+		}
+		return nil
+	})
+	for i := range 5 {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		id := fmt.Sprintf("minority-%d", i)
+		if _, err := minority.Publish(ctx, "orders.created", []byte(id), jetstream.WithMsgID(id)); err == nil {
+			t.Errorf("the minority node acknowledged publish %s while cut off", id)
+			acked[id] = true
+		}
+		cancel()
+	}
+	e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + nodes[2].httpAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var h struct {
+			Status string `json:"status"`
+			Reason string `json:"reason"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			return err
+		}
+		if h.Status == "ok" || !strings.Contains(h.Reason, "no quorum") {
+			return fmt.Errorf("the minority node's /healthz: %s: %s", h.Status, h.Reason)
+		}
+		t.Logf("minority /healthz: %d %s: %s", resp.StatusCode, h.Status, h.Reason)
+		return nil
+	})
+	if nodes[2].proc.exited() {
+		t.Fatalf("the minority node exited:\n%s", nodes[2].proc.stderr.String())
+	}
+
+	// Heal: node 3 catches up, nothing acknowledged is lost, all processed.
+	for i := range nodes {
+		for j := range nodes {
+			if i != j {
+				proxies[i][j].Heal()
+			}
+		}
+	}
+	waitReplicasCurrent(t, majority, "ORDERS", 3)
+	e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		s, err := minority.Stream(ctx, "ORDERS")
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n < uint64(len(acked)) {
+			return fmt.Errorf("the healed node sees %d messages, %d were acknowledged", n, len(acked))
+		}
+		return nil
+	})
+	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
+		processed := map[string]bool{}
+		for _, l := range e2eLines(t, out) {
+			processed[l] = true
+		}
+		missing := 0
+		for id := range acked {
+			if !processed[id] {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged messages not processed", missing, len(acked))
+		}
+		return nil
+	})
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+}
+
+func readFile(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
