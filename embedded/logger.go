@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -154,25 +152,4 @@ func (s *Server) serverLogger() *serverLogger {
 	}
 	l, _ := ns.Logger().(*serverLogger)
 	return l
-}
-
-// ProbeStoreWritable creates, writes, syncs and removes a small file in
-// the store's JetStream directory, to name the cause when the store
-// misbehaves (a file system shut down or remounted read-only). It writes
-// to the disk: call it only when something is already wrong.
-func (s *Server) ProbeStoreWritable() error {
-	dir := filepath.Join(s.StoreDir(), "jetstream")
-	f, err := os.CreateTemp(dir, ".holdfast-probe-*")
-	if err != nil {
-		return fmt.Errorf("%w: cannot create a file in %s: %w", ErrStoreWrite, dir, err)
-	}
-	name := f.Name()
-	defer os.Remove(name)
-	_, werr := f.Write([]byte("probe\n"))
-	serr := f.Sync()
-	cerr := f.Close()
-	if err := errors.Join(werr, serr, cerr); err != nil {
-		return fmt.Errorf("%w: cannot write a file in %s: %w", ErrStoreWrite, dir, err)
-	}
-	return nil
 }

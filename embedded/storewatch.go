@@ -198,3 +198,16 @@ func (s *Server) storeLost(err error) {
 
 // StoreLost reports whether WatchStore found the store lost.
 func (s *Server) StoreLost() bool { return s.lost.Load() }
+
+// ProbeStoreWritable writes, syncs, renames and removes a small file in
+// JetStream's directory of the store (the start-up probe), to name the
+// cause when the store misbehaves (a file system shut down or remounted
+// read-only). It writes to the disk: call it only when something is
+// already wrong.
+func (s *Server) ProbeStoreWritable() error {
+	dir := filepath.Join(s.StoreDir(), server.JetStreamStoreDir)
+	if err := probeWrite(dir); err != nil {
+		return fmt.Errorf("%w: cannot write a file in %s: %w", ErrStoreWrite, dir, err)
+	}
+	return nil
+}
