@@ -88,7 +88,12 @@ func (w *Workers) streamCreated(ctx context.Context, stream string) (time.Time, 
 // message: a "duplicate" answer is checked against what the dead-letter
 // stream holds under that sequence.
 func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreated time.Time, reason string) error {
-	dl := NewDeadLetter(w.opts.Consumer, m, streamCreated, reason, time.Now())
+	return w.storeDeadLetter(ctx, NewDeadLetter(w.opts.Consumer, m, streamCreated, reason, time.Now()))
+}
+
+// storeDeadLetter publishes dl to the dead-letter stream with PubAck; a
+// "duplicate" answer must point at this very message.
+func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
 	ack, err := w.js.PublishMsg(ctx, dl)
 	if err != nil {
 		return err
@@ -104,7 +109,7 @@ func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreat
 		return fmt.Errorf("the dead-letter stream %s answered that Nats-Msg-Id %s is a duplicate of #%d, but %w: the original is kept, not terminated",
 			w.opts.DeadLetter, id, ack.Sequence, err)
 	}
-	w.log.Info("dead letter already stored by an earlier attempt", "seq", m.Sequence, "dead_letter", w.opts.DeadLetter, "dead_letter_seq", ack.Sequence)
+	w.log.Info("dead letter already stored by an earlier attempt", "seq", dl.Header.Get(HeaderOriginalSeq), "dead_letter", w.opts.DeadLetter, "dead_letter_seq", ack.Sequence)
 	return nil
 }
 

@@ -114,15 +114,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	m.Consumer = w.opts.Consumer
 	from := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
 
-	w.stats.InFlight.Add(1)
-	start := time.Now()
-	res := w.handleReplay(m)
-	took := time.Since(start)
-	w.stats.InFlight.Add(-1)
-	w.stats.Processed.Add(1)
-	if w.opts.OnResult != nil {
-		w.opts.OnResult(w.opts.Consumer, res, took)
-	}
+	res := w.handleOutOfBand(m)
 	if res.Outcome != Success {
 		w.log.Warn("replayed dead letter failed again: it stays in the dead-letter stream", "dead_letter", from,
 			"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
@@ -136,6 +128,22 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	}
 	w.log.Info("dead letter replayed", "dead_letter", from, "seq", m.Sequence, "subject", m.Subject, "idempotency_key", m.IdempotencyKey)
 	return ReplayReply{Outcome: res.Outcome.String()}
+}
+
+// handleOutOfBand runs the handler on a message that did not come from
+// the fetcher (a replayed dead letter, a resumed interrupted message),
+// counted like one that did.
+func (w *Workers) handleOutOfBand(m *Message) Result {
+	w.stats.InFlight.Add(1)
+	start := time.Now()
+	res := w.handleReplay(m)
+	took := time.Since(start)
+	w.stats.InFlight.Add(-1)
+	w.stats.Processed.Add(1)
+	if w.opts.OnResult != nil {
+		w.opts.OnResult(w.opts.Consumer, res, took)
+	}
+	return res
 }
 
 // handleReplay calls the handler, turning a panic into a retry.

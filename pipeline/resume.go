@@ -3,7 +3,6 @@ package pipeline
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strconv"
 	"time"
 
@@ -83,29 +82,13 @@ func (w *Workers) park(msg jetstream.Msg, m *Message) error {
 	dl := NewDeadLetter(w.opts.Consumer, m, created, reasonInterrupted, time.Now())
 	dl.Header.Set(HeaderInterrupted, "true")
 	dl.Header.Set(nats.MsgIdHdr, dl.Header.Get(nats.MsgIdHdr)+":interrupted")
-	if err := w.storeUnique(ctx, dl); err != nil {
+	if err := w.storeDeadLetter(ctx, dl); err != nil {
 		return err
 	}
 	if err := msg.TermWithReason("parked: interrupted on its last delivery"); err != nil {
 		// Stored twice at worst: the advisory path dead-letters the
 		// original as well, and the parked copy is resumed.
 		w.log.Warn("parked message could not be terminated", "seq", m.Sequence, "err", err)
-	}
-	return nil
-}
-
-// storeUnique publishes dl to the dead-letter stream with PubAck; a
-// duplicate answer must point at this very message.
-func (w *Workers) storeUnique(ctx context.Context, dl *nats.Msg) error {
-	ack, err := w.js.PublishMsg(ctx, dl)
-	if err != nil {
-		return err
-	}
-	if ack.Stream != w.opts.DeadLetter {
-		return fmt.Errorf("stored in stream %s, not in %s", ack.Stream, w.opts.DeadLetter)
-	}
-	if ack.Duplicate {
-		return w.sameDeadLetter(ctx, ack.Sequence, dl)
 	}
 	return nil
 }
@@ -147,17 +130,9 @@ func (w *Workers) resume1(dl DeadLetter) {
 	}
 	m.Consumer = w.opts.Consumer
 	m.Header.Del(HeaderReplayedFrom)
-	w.stats.InFlight.Add(1)
-	start := time.Now()
-	res := w.handleReplay(m)
-	took := time.Since(start)
-	w.stats.InFlight.Add(-1)
+	res := w.handleOutOfBand(m)
 	if w.handlerCtx.Err() != nil && res.Outcome != Success {
 		return // interrupted again: it stays parked
-	}
-	w.stats.Processed.Add(1)
-	if w.opts.OnResult != nil {
-		w.opts.OnResult(w.opts.Consumer, res, took)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -166,7 +141,7 @@ func (w *Workers) resume1(dl DeadLetter) {
 		final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, res.Reason, time.Now())
 		final.Header.Del(HeaderReplayedFrom)
 		final.Header.Set(nats.MsgIdHdr, final.Header.Get(nats.MsgIdHdr)+":resumed")
-		if err := w.storeUnique(ctx, final); err != nil {
+		if err := w.storeDeadLetter(ctx, final); err != nil {
 			w.log.Error("resumed message failed, and its dead letter could not be stored: it stays parked", "seq", m.Sequence, "err", err)
 			return
 		}
