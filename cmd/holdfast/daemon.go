@@ -262,7 +262,6 @@ func (d *daemon) Healthy(ctx context.Context) error {
 		if ferr := d.srv.Conn().FlushTimeout(5 * time.Second); ferr != nil {
 			return fmt.Errorf("the NATS server does not answer: %w", ferr)
 		}
-		return nil
 	}
 	d.workersMu.Lock()
 	workers := slices.Clone(d.workers)
@@ -356,22 +355,7 @@ func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 	cur := d.cfg
 	applied := *cur
-	var restart []string
-	for _, s := range []struct {
-		key       string
-		old, next any
-	}{
-		{"[server]", cur.Server, next.Server},
-		{"[jetstream]", cur.JetStream, next.JetStream},
-		{"[http]", cur.HTTP, next.HTTP},
-		{"[auth]", cur.Auth, next.Auth},
-		{"[tls]", cur.TLS, next.TLS},
-		{"log.format", cur.Log.Format, next.Log.Format},
-	} {
-		if !reflect.DeepEqual(s.old, s.next) {
-			restart = append(restart, s.key)
-		}
-	}
+	restart := restartOnlyChanges(cur, next)
 	if cur.Log.Level != next.Log.Level {
 		var lv slog.Level
 		_ = lv.UnmarshalText([]byte(next.Log.Level))
@@ -404,6 +388,29 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
 	}
 	d.log.Info("reload done")
+}
+
+// restartOnlyChanges names the sections that changed between cur and
+// next and that only a restart applies.
+func restartOnlyChanges(cur, next *config.Config) []string {
+	var out []string
+	for _, s := range []struct {
+		key       string
+		old, next any
+	}{
+		{"[server]", cur.Server, next.Server},
+		{"[jetstream]", cur.JetStream, next.JetStream},
+		{"[cluster]", cur.Cluster, next.Cluster},
+		{"[http]", cur.HTTP, next.HTTP},
+		{"[auth]", cur.Auth, next.Auth},
+		{"[tls]", cur.TLS, next.TLS},
+		{"log.format", cur.Log.Format, next.Log.Format},
+	} {
+		if !reflect.DeepEqual(s.old, s.next) {
+			out = append(out, s.key)
+		}
+	}
+	return out
 }
 
 // movesKept returns next's consumers, except that a consumer moved to
