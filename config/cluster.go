@@ -2,10 +2,8 @@ package config
 
 import (
 	"fmt"
-	"maps"
 	"net"
 	"net/url"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -170,9 +168,9 @@ func (c *Config) applyClusterDefaults(replicasSet func(stream string) bool) {
 	if !c.Cluster.Enabled() {
 		return
 	}
-	for _, name := range slices.Sorted(maps.Keys(c.Streams)) {
+	for name, sc := range c.Streams {
 		if !replicasSet(name) {
-			c.Streams[name].Replicas = ClusterReplicas
+			sc.Replicas = ClusterReplicas
 		}
 	}
 }

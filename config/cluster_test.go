@@ -91,3 +91,31 @@ func TestClusterRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestClusterSecretFiles: route secrets and certificates that cannot be
+// used are refused by key path before the server starts.
+func TestClusterSecretFiles(t *testing.T) {
+	cfg, err := Parse(strings.NewReader(clusterNode+`user = "route"
+password_file = "/nonexistent/route.password"
+cert_file = "/nonexistent/route.crt"
+key_file = "/nonexistent/route.key"
+ca_file = "/nonexistent/ca.crt"
+`), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = cfg.LoadSecrets()
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("LoadSecrets: %v, want a ValidationError", err)
+	}
+	for _, key := range []string{"cluster.password_file", "cluster.cert_file", "cluster.key_file", "cluster.ca_file"} {
+		found := false
+		for _, p := range ve.Problems {
+			found = found || p.Key == key
+		}
+		if !found {
+			t.Errorf("no problem for %s in\n%v", key, err)
+		}
+	}
+}

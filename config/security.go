@@ -274,7 +274,8 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	if c.Cluster.KeyFile != "" {
 		checkSecretFile(v, "cluster.key_file", c.Cluster.KeyFile, false)
 	}
-	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.ca_file", c.TLS.CAFile}} {
+	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.ca_file", c.TLS.CAFile},
+		{"cluster.cert_file", c.Cluster.CertFile}, {"cluster.ca_file", c.Cluster.CAFile}} {
 		if f.path == "" {
 			continue
 		}
