@@ -61,11 +61,12 @@ func runCommand() *cli.Command {
 			opened := make(chan error, 1)
 			go func() { opened <- d.Open(ctx) }()
 
+			stopped := ctx.Done() // nil once the stop during start-up was logged
 		starting:
 			for {
 				select {
 				case err := <-opened:
-					if err != nil {
+					if err != nil || ctx.Err() != nil {
 						_ = d.Close(context.Background())
 						if ctx.Err() != nil {
 							log.Info("start-up interrupted by signal")
@@ -76,18 +77,12 @@ func runCommand() *cli.Command {
 					break starting
 				case <-hups:
 					log.Warn("SIGHUP during start-up: ignored")
-				case <-ctx.Done():
-					// Open sees ctx too and returns; wait for it above.
+				case <-stopped:
+					// Open sees ctx too and returns; the case above ends it.
 					if sig, ok := stopSig.Load().(os.Signal); ok {
 						log.Info("signal during start-up: stopping", "signal", sig.String())
 					}
-					err := <-opened
-					_ = d.Close(context.Background())
-					if err == nil || ctx.Err() != nil {
-						log.Info("start-up interrupted by signal")
-						return nil
-					}
-					return runtimeError(err)
+					stopped = nil
 				}
 			}
 			n.Ready(d.Status())
