@@ -126,6 +126,47 @@ func waitReplicasCurrent(t *testing.T, js jetstream.JetStream, name string, want
 	return info
 }
 
+// newRecordingCluster is newTestCluster whose nodes each run workers
+// exec handlers that append the message's Nats-Msg-Id to the returned
+// file.
+func newRecordingCluster(t *testing.T, workers int) ([]*clusterNode, string) {
+	t.Helper()
+	out := filepath.Join(t.TempDir(), "processed")
+	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
+	return newTestCluster(t, 3, fmt.Sprintf(`workers = %d
+ack_wait = "5s"
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "10s"
+`, workers, script)), out
+}
+
+// waitProcessed waits until every id in acked was handled (a line in
+// out) and returns how many times each id was.
+func waitProcessed(t *testing.T, out string, acked map[string]bool) map[string]int {
+	t.Helper()
+	var processed map[string]int
+	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
+		processed = map[string]int{}
+		for _, l := range e2eLines(t, out) {
+			processed[l]++
+		}
+		missing := 0
+		for id := range acked {
+			if processed[id] == 0 {
+				missing++
+			}
+		}
+		if missing > 0 {
+			return fmt.Errorf("%d of %d acknowledged messages not processed yet", missing, len(acked))
+		}
+		return nil
+	})
+	return processed
+}
+
 // TestClusterFormsAndBootstraps: three nodes started at the same moment
 // form one JetStream cluster and bootstrap ORDERS, its dead-letter stream
 // and WORKER1 with three replicas, once; the standard nats CLI sees the
@@ -247,16 +288,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 // and catches up.
 func TestClusterSurvivesLeaderKill(t *testing.T) {
 	const total = 3000
-	out := filepath.Join(t.TempDir(), "processed")
-	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
-	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 4
-ack_wait = "5s"
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-timeout = "10s"
-`, script))
+	nodes, out := newRecordingCluster(t, 4)
 	startAll(t, nodes)
 	conns := make([]jetstream.JetStream, len(nodes))
 	for i, nd := range nodes {
@@ -363,23 +395,7 @@ timeout = "10s"
 		t.Fatalf("%d acknowledged messages are not in the stream: %v", len(lost), lost[:min(10, len(lost))])
 	}
 	// ... and processed, at least once.
-	var processed map[string]int
-	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
-		processed = map[string]int{}
-		for _, l := range e2eLines(t, out) {
-			processed[l]++
-		}
-		missing := 0
-		for id := range acked {
-			if processed[id] == 0 {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d acknowledged messages not processed yet", missing)
-		}
-		return nil
-	})
+	processed := waitProcessed(t, out, acked)
 	dups := 0
 	for _, n := range processed {
 		if n > 1 {
@@ -430,16 +446,7 @@ func TestClusterConflictingStreamConfig(t *testing.T) {
 // current: every acknowledged message is stored and processed, and the
 // longest pause in acknowledged publishes is reported.
 func TestClusterRollingRestart(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "processed")
-	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
-	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
-ack_wait = "5s"
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-timeout = "10s"
-`, script))
+	nodes, out := newRecordingCluster(t, 2)
 	startAll(t, nodes)
 	var urls []string
 	for _, nd := range nodes {
@@ -505,22 +512,7 @@ timeout = "10s"
 	mu.Unlock()
 	t.Logf("%d publishes acknowledged during the rolling restart; longest pause between two acknowledged publishes: %s", n, gap.Round(time.Millisecond))
 
-	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
-		processed := map[string]bool{}
-		for _, l := range e2eLines(t, out) {
-			processed[l] = true
-		}
-		missing := 0
-		for id := range acked {
-			if !processed[id] {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d of %d acknowledged messages not processed", missing, n)
-		}
-		return nil
-	})
+	waitProcessed(t, out, acked)
 	if st := streamClusterInfo(t, js, "ORDERS").State; st.Msgs < uint64(n) {
 		t.Fatalf("stream holds %d messages, %d were acknowledged", st.Msgs, n)
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -105,16 +104,7 @@ func (p *tcpProxy) Heal() {
 // it is not ok; after healing it catches up and no acknowledged message
 // is lost.
 func TestClusterPartition(t *testing.T) {
-	out := filepath.Join(t.TempDir(), "processed")
-	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out))
-	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
-ack_wait = "5s"
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-timeout = "10s"
-`, script))
+	nodes, out := newRecordingCluster(t, 2)
 	// proxies[i][j] carries node i's routes to node j.
 	avoid := map[int]bool{}
 	for _, nd := range nodes {
@@ -259,22 +249,7 @@ timeout = "10s"
 		}
 		return nil
 	})
-	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
-		processed := map[string]bool{}
-		for _, l := range e2eLines(t, out) {
-			processed[l] = true
-		}
-		missing := 0
-		for id := range acked {
-			if !processed[id] {
-				missing++
-			}
-		}
-		if missing > 0 {
-			return fmt.Errorf("%d of %d acknowledged messages not processed", missing, len(acked))
-		}
-		return nil
-	})
+	waitProcessed(t, out, acked)
 	for _, nd := range nodes {
 		nd.proc.stop()
 	}
