@@ -13,7 +13,10 @@ const (
 	HealthOK = "ok"
 	// HealthDegraded: all of the above, but retention removed messages
 	// before a consumer acknowledged them, or a consumer without
-	// in-process workers is blocked by the clients that read it.
+	// in-process workers is blocked by the clients that read it; or, in
+	// a cluster, this node is in a minority (for less than a minute), a
+	// stream or consumer has no leader, or this node's replica of a
+	// stream has been behind its leader for more than 30s.
 	HealthDegraded = "degraded"
 	// HealthUnhealthy: something in the HealthOK list is not true.
 	HealthUnhealthy = "unhealthy"
@@ -70,45 +73,85 @@ func (m *Monitor) Health() Health {
 	return h
 }
 
+// In a cluster: how long a node may reach none of its peers, and its
+// replica of a stream may stay behind the leader, before health says so
+// (unhealthy and degraded). Short cuts and catching up after a restart
+// are normal.
+const (
+	isolatedAfter      = 60 * time.Second
+	replicaBehindAfter = 30 * time.Second
+)
+
 // evaluate turns a Report into a Health verdict.
 func (m *Monitor) evaluate(r *Report) Health {
 	h := Health{Status: HealthOK, FailOnLoss: m.opts.FailOnLoss}
+	// bad problems make the health unhealthy, the others degraded.
+	var bad []string
+	unhealthy := func(format string, args ...any) {
+		bad = append(bad, fmt.Sprintf(format, args...))
+	}
 	problem := func(format string, args ...any) {
 		h.Problems = append(h.Problems, fmt.Sprintf(format, args...))
 	}
-	// The cause first: it is the Reason an alert shows.
-	if f := m.opts.ClusterPeers; f != nil {
-		if current, size, ok := f(); ok && size > 0 && current*2 <= size {
-			problem("this node sees %d of the %d nodes of its cluster: no quorum here, so publishes to it fail and its streams are served by the other side until the network heals", current, size)
+	// Outside a majority of its cluster, a node's JetStream API, streams
+	// and consumers do not answer: the cause, not a fault of this node,
+	// until it has reached no peer for isolatedAfter.
+	noQuorum, isolated := r.Cluster.NoQuorum(), false
+	var cause string
+	unreachable := unhealthy
+	if noQuorum {
+		c := r.Cluster
+		cause = fmt.Sprintf("this node sees %d of the %d nodes of its cluster: no quorum here, so publishes to it fail and its streams are served by the other side until the network heals", c.Current, c.Size)
+		if isolated = c.IsolatedFor >= isolatedAfter; isolated {
+			cause += fmt.Sprintf("; it has reached none of its peers for %s", c.IsolatedFor.Round(time.Second))
 		}
+		unreachable = problem
 	}
 	if r.JetStream.Diagnosis != "" {
-		problem("%s", r.JetStream.Diagnosis)
+		unhealthy("%s", r.JetStream.Diagnosis)
 	}
 	if r.JetStream.ServerCheckError != "" {
-		problem("%s", r.JetStream.ServerCheckError)
+		unhealthy("%s", r.JetStream.ServerCheckError)
 	}
 	if !r.JetStream.Enabled {
-		problem("JetStream does not answer: %s", r.JetStream.Error)
+		unreachable("JetStream does not answer: %s", r.JetStream.Error)
 	}
 	for _, s := range r.Streams {
-		if !s.Exists {
-			problem("stream %s: %s", s.Name, s.Error)
+		switch {
+		case !s.Exists && s.Error == errStreamMissing:
+			unhealthy("stream %s: %s", s.Name, s.Error)
+		case !s.Exists:
+			unreachable("stream %s: %s", s.Name, s.Error)
+		case s.Leaderless:
+			problem("stream %s has no leader: fewer than a majority of its replicas are reachable, so it takes no publishes", s.Name)
+		case s.BehindFor >= replicaBehindAfter:
+			problem("this node's replica of stream %s has not been current with the leader %s for %s (%d operations behind)",
+				s.Name, s.Leader, s.BehindFor.Round(time.Second), s.BehindBy)
 		}
 	}
 	for _, c := range r.Consumers {
 		switch {
+		case !c.Exists && (!noQuorum || c.Error == errConsumerMissing):
+			unhealthy("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
 		case !c.Exists:
 			problem("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
 		case c.Workers.Configured > 0 && !c.Workers.Running:
-			problem("consumer %s: its %d workers are not running", c.Name, c.Workers.Configured)
+			unhealthy("consumer %s: its %d workers are not running", c.Name, c.Workers.Configured)
 		case c.Stalled:
-			problem("consumer %s on stream %s is stalled: %s (%d pending, %d of max %d awaiting ack)",
+			unhealthy("consumer %s on stream %s is stalled: %s (%d pending, %d of max %d awaiting ack)",
 				c.Name, c.Stream, c.StallReason, c.Pending, c.AckPending, c.MaxAckPending)
+		case c.Leaderless:
+			problem("consumer %s on stream %s has no leader: fewer than a majority of its replicas are reachable, so it delivers nothing", c.Name, c.Stream)
 		}
 		h.Warnings = append(h.Warnings, c.Warnings...)
 	}
-	unhealthy := len(h.Problems) > 0
+	// The cause first (a lost quorum), then what makes the node
+	// unhealthy, then what degrades it.
+	unhealthyNow := len(bad) > 0 || isolated
+	if cause != "" {
+		bad = append([]string{cause}, bad...)
+	}
+	h.Problems = append(bad, h.Problems...)
 	for _, c := range r.Consumers {
 		if c.Exists && c.Blocked {
 			problem("consumer %s on stream %s (no in-process workers) is blocked: %d of max %d messages await acknowledgement by other clients, no progress for %s",
@@ -138,7 +181,7 @@ func (m *Monitor) evaluate(r *Report) Health {
 		problem("%s", msg)
 	}
 	switch {
-	case unhealthy:
+	case unhealthyNow:
 		h.Status = HealthUnhealthy
 	case len(h.Problems) > 0:
 		h.Status = HealthDegraded

@@ -121,6 +121,10 @@ type Monitor struct {
 	// The last Diagnose result and when it ran. checkMu.
 	diagnosedAt time.Time
 	diagnosis   string
+	// Since when this node reaches no peer, and since when its replica of
+	// each stream is not current. checkMu.
+	isolatedSince time.Time
+	behindSince   map[string]time.Time
 
 	advisory *nats.Subscription
 	domain   string // the local JetStream domain, which advisories must carry
@@ -274,7 +278,23 @@ type Report struct {
 	Streams   []StreamStatus   `json:"streams"`
 	Consumers []ConsumerStatus `json:"consumers"`
 	Health    Health           `json:"health"`
+	// Cluster is this node's view of its JetStream cluster; nil on a
+	// single node.
+	Cluster *ClusterView `json:"cluster,omitempty"`
 }
+
+// ClusterView is how much of its cluster this node reaches.
+type ClusterView struct {
+	// Current counts the nodes this one sees current, itself included;
+	// Size is the number of nodes of the cluster.
+	Current int `json:"current"`
+	Size    int `json:"size"`
+	// IsolatedFor is how long this node has reached none of its peers.
+	IsolatedFor time.Duration `json:"isolated_for_ns,omitempty"`
+}
+
+// NoQuorum tells whether this node is outside a majority of its cluster.
+func (c *ClusterView) NoQuorum() bool { return c != nil && c.Size > 1 && c.Current*2 <= c.Size }
 
 // JetStreamStatus is the account's JetStream usage.
 type JetStreamStatus struct {
@@ -324,6 +344,13 @@ type StreamStatus struct {
 	// the leader's server name and the other replicas.
 	Leader   string          `json:"leader,omitempty"`
 	Replicas []ReplicaStatus `json:"replicas,omitempty"`
+	// Leaderless: the stream is replicated and its Raft group has no
+	// leader (no quorum of its replicas).
+	Leaderless bool `json:"leaderless,omitempty"`
+	// BehindFor is how long this node's replica has not been current with
+	// the leader; BehindBy how many operations it lags.
+	BehindFor time.Duration `json:"behind_for_ns,omitempty"`
+	BehindBy  uint64        `json:"behind_by,omitempty"`
 }
 
 // ReplicaStatus is one follower of a replicated stream.
@@ -376,6 +403,10 @@ type ConsumerStatus struct {
 	IdleFor    time.Duration `json:"idle_for_ns,omitempty"`
 	DeadLetter string        `json:"dead_letter,omitempty"`
 	Workers    WorkerStatus  `json:"workers"`
+	// Leader is the server leading the consumer's Raft group (cluster
+	// mode); Leaderless says the replicated consumer has none.
+	Leader     string `json:"leader,omitempty"`
+	Leaderless bool   `json:"leaderless,omitempty"`
 	// Recreated counts the times the consumer disappeared while running
 	// and holdfast created it again.
 	Recreated uint64 `json:"recreated,omitempty"`
@@ -422,6 +453,7 @@ func (m *Monitor) check(ctx context.Context) {
 	defer cancel()
 	now := time.Now()
 	r := &Report{Time: now}
+	r.Cluster = m.clusterView(now)
 
 	ai, err := m.js.AccountInfo(ctx)
 	if err != nil {
@@ -486,6 +518,53 @@ func (m *Monitor) check(ctx context.Context) {
 		}
 	}
 	m.report.Store(r)
+}
+
+// clusterView asks ClusterPeers how much of the cluster this node sees,
+// and keeps since when it sees none of its peers. checkMu is held.
+func (m *Monitor) clusterView(now time.Time) *ClusterView {
+	if m.opts.ClusterPeers == nil {
+		return nil
+	}
+	current, size, ok := m.opts.ClusterPeers()
+	if !ok || size <= 1 {
+		m.isolatedSince = time.Time{}
+		return nil
+	}
+	v := &ClusterView{Current: current, Size: size}
+	if current > 1 {
+		m.isolatedSince = time.Time{}
+		return v
+	}
+	if m.isolatedSince.IsZero() {
+		m.isolatedSince = now
+	}
+	v.IsolatedFor = now.Sub(m.isolatedSince)
+	return v
+}
+
+// trackReplica sets how long this node's replica of the stream has not
+// been current. checkMu is held.
+func (m *Monitor) trackReplica(st *StreamStatus, now time.Time) {
+	var mine *ReplicaStatus
+	for i := range st.Replicas {
+		if st.Replicas[i].Name == m.opts.ServerName && m.opts.ServerName != "" {
+			mine = &st.Replicas[i]
+		}
+	}
+	if mine == nil || mine.Current {
+		delete(m.behindSince, st.Name)
+		return
+	}
+	if m.behindSince == nil {
+		m.behindSince = map[string]time.Time{}
+	}
+	since, ok := m.behindSince[st.Name]
+	if !ok {
+		since = now
+		m.behindSince[st.Name] = now
+	}
+	st.BehindFor, st.BehindBy = now.Sub(since), mine.Lag
 }
 
 // What a check reports for a stream or a consumer that is not on the
@@ -592,6 +671,7 @@ func (m *Monitor) checkStream(ctx context.Context, name string, now time.Time, r
 	}
 	before := s.CachedInfo()
 	FillStream(&st, before)
+	m.trackReplica(&st, now)
 
 	for _, t := range consumers {
 		r.Consumers = append(r.Consumers, m.checkConsumer(ctx, s, before, t, now))
@@ -605,6 +685,7 @@ func FillStream(st *StreamStatus, si *jetstream.StreamInfo) {
 	st.Leader, st.Replicas = "", nil
 	if c := si.Cluster; c != nil {
 		st.Leader = c.Leader
+		st.Leaderless = c.Leader == "" && si.Config.Replicas > 1
 		for _, r := range c.Replicas {
 			st.Replicas = append(st.Replicas, ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
 		}
@@ -660,6 +741,10 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 	t.progress(obs.ci, act, now)
 	cs := t.status(now)
 	cs.Exists = true
+	if c := obs.ci.Cluster; c != nil {
+		cs.Leader = c.Leader
+		cs.Leaderless = c.Leader == "" && obs.ci.Config.Replicas != 1 && si.Config.Replicas > 1
+	}
 	cs.Stalled, cs.StallReason = t.stalled(obs.ci, act, m.opts.StallTimeout, now)
 	cs.Blocked = t.blocked(m.opts.StallTimeout, now)
 	return cs

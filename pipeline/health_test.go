@@ -1,0 +1,106 @@
+package pipeline
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestHealthInCluster: what a node of a cluster reports, from the Report a
+// check produced.
+func TestHealthInCluster(t *testing.T) {
+	running := WorkerStatus{Configured: 1, Running: true}
+	stream := StreamStatus{Name: "ORDERS", Exists: true, Leader: "n1"}
+	consumer := ConsumerStatus{Stream: "ORDERS", Name: "WORKER1", Exists: true, Workers: running}
+	timeout := "context deadline exceeded"
+	for _, tc := range []struct {
+		name   string
+		r      Report
+		status string
+		reason string // a part of the first problem
+	}{
+		{"all current", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
+		{"one peer lost, quorum kept", Report{Cluster: &ClusterView{Current: 2, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
+		{"minority: the API does not answer", Report{Cluster: &ClusterView{Current: 1, Size: 3, IsolatedFor: 5 * time.Second},
+			JetStream: JetStreamStatus{Error: timeout},
+			Streams:   []StreamStatus{{Name: "ORDERS", Error: timeout}},
+			Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Error: timeout, Workers: running}}},
+			HealthDegraded, "sees 1 of the 3 nodes of its cluster: no quorum"},
+		{"minority for longer than the bound", Report{Cluster: &ClusterView{Current: 1, Size: 3, IsolatedFor: isolatedAfter + time.Second},
+			JetStream: JetStreamStatus{Error: timeout}, Streams: []StreamStatus{{Name: "ORDERS", Error: timeout}}},
+			HealthUnhealthy, "reached none of its peers for 1m1s"},
+		{"minority and a missing stream", Report{Cluster: &ClusterView{Current: 1, Size: 3},
+			JetStream: JetStreamStatus{Enabled: true}, Streams: []StreamStatus{{Name: "ORDERS", Error: errStreamMissing}}},
+			HealthUnhealthy, "no quorum"},
+		{"minority, workers dead", Report{Cluster: &ClusterView{Current: 1, Size: 3}, JetStream: JetStreamStatus{Error: timeout},
+			Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Exists: true, Workers: WorkerStatus{Configured: 1}}}},
+			HealthUnhealthy, "no quorum"},
+		{"stream without leader", Report{Cluster: &ClusterView{Current: 2, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{{Name: "ORDERS", Exists: true, Leaderless: true}}, Consumers: []ConsumerStatus{consumer}},
+			HealthDegraded, "stream ORDERS has no leader"},
+		{"consumer without leader", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Exists: true, Workers: running, Leaderless: true}}},
+			HealthDegraded, "consumer WORKER1 on stream ORDERS has no leader"},
+		{"replica catching up", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{{Name: "ORDERS", Exists: true, Leader: "n1", BehindFor: 5 * time.Second, BehindBy: 900}}}, HealthOK, ""},
+		{"replica behind for long", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{{Name: "ORDERS", Exists: true, Leader: "n1", BehindFor: replicaBehindAfter, BehindBy: 900}}},
+			HealthDegraded, "replica of stream ORDERS has not been current with the leader n1 for 30s (900 operations behind)"},
+		{"single node: API down is unhealthy", Report{JetStream: JetStreamStatus{Error: timeout}}, HealthUnhealthy, "JetStream does not answer"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := &Monitor{}
+			h := m.evaluate(&tc.r)
+			if h.Status != tc.status || !strings.Contains(h.Reason, tc.reason) {
+				t.Errorf("health = %s, reason %q (problems %q); want %s with %q", h.Status, h.Reason, h.Problems, tc.status, tc.reason)
+			}
+		})
+	}
+}
+
+// TestClusterViewTracksIsolation: the time without any peer starts at the
+// first check that sees none and ends with the first that sees one; a
+// replica's time behind the leader likewise.
+func TestClusterViewTracksIsolation(t *testing.T) {
+	current := 1
+	m := &Monitor{opts: MonitorOptions{ServerName: "n2", ClusterPeers: func() (int, int, bool) { return current, 3, true }}}
+	t0 := time.Now()
+	if v := m.clusterView(t0); !v.NoQuorum() || v.IsolatedFor != 0 {
+		t.Fatalf("first isolated check: %+v", v)
+	}
+	if v := m.clusterView(t0.Add(90 * time.Second)); v.IsolatedFor != 90*time.Second {
+		t.Fatalf("isolated for %s, want 90s", v.IsolatedFor)
+	}
+	current = 2
+	if v := m.clusterView(t0.Add(91 * time.Second)); v.NoQuorum() || v.IsolatedFor != 0 {
+		t.Fatalf("after a peer came back: %+v", v)
+	}
+	current = 1
+	if v := m.clusterView(t0.Add(92 * time.Second)); v.IsolatedFor != 0 {
+		t.Fatalf("isolated again: the time starts again, got %s", v.IsolatedFor)
+	}
+	single := &Monitor{opts: MonitorOptions{ClusterPeers: func() (int, int, bool) { return 0, 0, false }}}
+	if v := single.clusterView(t0); v != nil || v.NoQuorum() {
+		t.Fatalf("single node: %+v", v)
+	}
+
+	behind := func(current bool, at time.Duration) StreamStatus {
+		st := StreamStatus{Name: "ORDERS", Leader: "n1", Replicas: []ReplicaStatus{{Name: "n2", Current: current, Lag: 7}, {Name: "n3", Current: true}}}
+		m.trackReplica(&st, t0.Add(at))
+		return st
+	}
+	if st := behind(false, 0); st.BehindFor != 0 || st.BehindBy != 7 {
+		t.Fatalf("first check behind: %+v", st)
+	}
+	if st := behind(false, 40*time.Second); st.BehindFor != 40*time.Second {
+		t.Fatalf("behind for %s, want 40s", st.BehindFor)
+	}
+	if st := behind(true, 41*time.Second); st.BehindFor != 0 || st.BehindBy != 0 {
+		t.Fatalf("current again: %+v", st)
+	}
+	if st := behind(false, 42*time.Second); st.BehindFor != 0 {
+		t.Fatalf("behind again: the time starts again, got %s", st.BehindFor)
+	}
+}
