@@ -46,8 +46,13 @@ func (e *StoreDirError) Unwrap() []error { return []error{ErrStoreDir, e.Err} }
 
 // StoreDirCheck is what CheckStoreDir learned about a usable directory.
 type StoreDirCheck struct {
-	Path     string // absolute path
-	Created  bool   // the directory did not exist and was created
+	Path    string // absolute path
+	Created bool   // the directory did not exist and was created
+	// Missing: the directory does not exist (InspectStoreDir, which does
+	// not create it); the checks ran on Parent, its nearest existing
+	// ancestor, where it would be created.
+	Missing  bool
+	Parent   string
 	FSType   string // file system name, e.g. "ext4", "tmpfs"
 	Free     int64  // bytes available to an unprivileged writer
 	Warnings []string
@@ -79,13 +84,41 @@ var fsNames = map[int64]string{
 // tmpfs/ramfs unless allowTmpfs. It warns when free space is below
 // maxFileStore. It does not lock: see LockStoreDir.
 func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCheck, error) {
+	return checkStoreDir(dir, allowTmpfs, maxFileStore, true)
+}
+
+// InspectStoreDir checks dir as CheckStoreDir does, for `holdfast check`,
+// but leaves nothing behind: a missing directory is not created (its
+// nearest existing ancestor must take the directory: same file system,
+// write and read-only checks; the write probe's file is removed).
+func InspectStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCheck, error) {
+	return checkStoreDir(dir, allowTmpfs, maxFileStore, false)
+}
+
+func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool) (*StoreDirCheck, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, &StoreDirError{Path: dir, Reason: "cannot resolve path", Err: err}
 	}
 	res := &StoreDirCheck{Path: abs}
+	// at is the directory the checks run on: the store dir, or for
+	// InspectStoreDir of a missing one the ancestor it would be made in.
+	at := abs
 	fi, err := os.Stat(abs)
 	switch {
+	case errors.Is(err, os.ErrNotExist) && !create:
+		res.Missing = true
+		for at = filepath.Dir(abs); ; at = filepath.Dir(at) {
+			pfi, perr := os.Stat(at)
+			if perr == nil && pfi.IsDir() {
+				break
+			}
+			if perr == nil || !errors.Is(perr, os.ErrNotExist) || at == filepath.Dir(at) {
+				return nil, &StoreDirError{Path: abs, Reason: "missing and cannot be created under " + at, Err: unwrapPath(perr),
+					Fix: "create it and give the holdfast user write access, or set jetstream.store_dir"}
+			}
+		}
+		res.Parent = at
 	case errors.Is(err, os.ErrNotExist):
 		if err := os.MkdirAll(abs, 0o750); err != nil {
 			return nil, &StoreDirError{Path: abs, Reason: "missing and cannot be created", Err: unwrapPath(err),
@@ -101,7 +134,7 @@ func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCh
 	}
 
 	var st unix.Statfs_t
-	if err := unix.Statfs(abs, &st); err != nil {
+	if err := unix.Statfs(at, &st); err != nil {
 		return nil, &StoreDirError{Path: abs, Reason: "cannot statfs", Err: err}
 	}
 	fsType := int64(st.Type)
@@ -121,12 +154,18 @@ func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCh
 		return nil, &StoreDirError{Path: abs, Reason: "is on a read-only file system",
 			Fix: "remount it read-write or set jetstream.store_dir to a writable directory"}
 	}
-	if err := probeWrite(abs); err != nil {
-		return nil, &StoreDirError{Path: abs, Reason: "not writable", Err: err,
+	if err := probeWrite(at); err != nil {
+		reason := "not writable"
+		if at != abs {
+			reason = "missing, and " + at + " where it would be created is not writable"
+		}
+		return nil, &StoreDirError{Path: abs, Reason: reason, Err: err,
 			Fix: "give the user running holdfast write access (chown holdfast:holdfast), or set jetstream.store_dir"}
 	}
-	if err := checkStoreEntries(abs); err != nil {
-		return nil, err
+	if !res.Missing {
+		if err := checkStoreEntries(abs); err != nil {
+			return nil, err
+		}
 	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
@@ -376,7 +415,13 @@ func LockHolder(dir string) string {
 // it, for `holdfast check`. It returns the holder ("process 1234") when
 // another process holds the directory, and an error when the lock could
 // not be taken for any other reason (which would stop `holdfast run`).
+//
+// A missing lock file is not created: no process holds it, and the
+// directory was proved writable by InspectStoreDir.
 func ProbeLock(dir string) (holder string, err error) {
+	if _, err := os.Lstat(filepath.Join(dir, LockFileName)); errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
 	l, err := lockStoreDir(dir, 0)
 	if err == nil {
 		return "", l.Unlock()

@@ -36,12 +36,16 @@ func checkCommand() *cli.Command {
 				}
 			}
 			if cfg != nil && cfg.JetStream.StoreDir != "" {
-				res, serr := embedded.CheckStoreDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)
+				// Without side effects: nothing is created or left behind.
+				res, serr := embedded.InspectStoreDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)
 				if serr != nil {
 					problems = append(problems, serr)
 				} else {
 					for _, w := range res.Warnings {
 						fmt.Fprintln(c.App.Writer, "warning: "+w)
+					}
+					if res.Missing {
+						fmt.Fprintf(c.App.Writer, "note: store dir %s does not exist yet; run creates it (in %s, which is writable)\n", res.Path, res.Parent)
 					}
 					// The lock as run takes it: a lock file run cannot open is a
 					// problem, a lock another process holds only a note.

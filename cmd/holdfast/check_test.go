@@ -121,3 +121,42 @@ func TestCheckRefusesDeepTableName(t *testing.T) {
 		t.Errorf("run exited %d, want 2 and %q:\n%.2000s", res.code, want, res.stderr)
 	}
 }
+
+// TestCheckLeavesNoTrace: `holdfast check` validates without side effects:
+// a missing store dir is not created (nor its parents), an existing one
+// gets no lock file — whether the config is valid or not.
+func TestCheckLeavesNoTrace(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	for _, tc := range []struct {
+		name, extra string
+		code        int
+	}{
+		{"valid", "", 0},
+		{"invalid", "[consumers.WORKER1]\nack_wait = \"1ns\"\n", 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			missing := filepath.Join(base, tc.name, "not", "there")
+			existing := filepath.Join(base, tc.name+"-existing")
+			if err := os.Mkdir(existing, 0o750); err != nil {
+				t.Fatal(err)
+			}
+			for _, store := range []string{missing, existing} {
+				path := e2eWriteConfig(t, fmt.Sprintf("[jetstream]\nstore_dir = %q\n\n[http]\nlisten = \"\"\n\n%s", store, tc.extra))
+				res := runHoldfast(t, nil, "check", "--config", path)
+				if res.code != tc.code {
+					t.Errorf("check on %s exited %d, want %d: %s%s", store, res.code, tc.code, res.stdout, res.stderr)
+				}
+				if store == missing && tc.code == 0 && !strings.Contains(res.stdout, "does not exist yet; run creates it") {
+					t.Errorf("check does not say the store dir will be created:\n%s", res.stdout)
+				}
+			}
+			if _, err := os.Stat(filepath.Join(base, tc.name)); !os.IsNotExist(err) {
+				t.Errorf("check created the missing store dir's parent (stat: %v)", err)
+			}
+			if entries, _ := os.ReadDir(existing); len(entries) != 0 {
+				t.Errorf("check left %d file(s) in the store dir, first %s", len(entries), entries[0].Name())
+			}
+		})
+	}
+}
