@@ -287,9 +287,12 @@ type fileLayout struct {
 var unsupportedTables = []string{"leafnodes"}
 
 // Parse reads TOML from r on top of DefaultConfig. source names the file in
-// errors. Streams and consumers in the file replace the default ORDERS and
-// WORKER1; each table starts from DefaultStream/DefaultConsumer. Parse does
-// not validate values: call Validate.
+// errors. Defaults go per kind: [streams.NAME] tables in the file replace
+// the default ORDERS stream (none keeps it), [consumers.NAME] tables the
+// default WORKER1 (none keeps it when the file keeps a stream named
+// ORDERS, so that changing ORDERS or only the rest of the file does not
+// drop the workers); each table starts from DefaultStream/DefaultConsumer.
+// Parse does not validate values: call Validate.
 func Parse(r io.Reader, source string) (*Config, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
 	if err != nil {
@@ -318,8 +321,10 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		}
 	}
 	out := layout.Config
-	if len(layout.Streams) > 0 || len(layout.Consumers) > 0 {
+	if len(layout.Streams) > 0 {
 		out.Streams = map[string]*StreamConfig{}
+	}
+	if _, keepsOrders := layout.Streams[DefaultStreamName]; len(layout.Consumers) > 0 || len(layout.Streams) > 0 && !keepsOrders {
 		out.Consumers = map[string]*ConsumerConfig{}
 	}
 	for _, name := range slices.Sorted(maps.Keys(layout.Streams)) {

@@ -148,9 +148,9 @@ func TestDefaultConfigIsFresh(t *testing.T) {
 	}
 }
 
-// The streams and consumers in a file replace the built-in ORDERS and
-// WORKER1 as a whole: a file that declares any [streams.*] or
-// [consumers.*] table gets only what it declares.
+// Defaults go per kind: [streams.*] tables in a file replace the built-in
+// ORDERS, [consumers.*] tables WORKER1; a file without consumer tables
+// keeps WORKER1 only while it keeps a stream named ORDERS.
 func TestStreamsInFileReplaceDefaults(t *testing.T) {
 	t.Run("only a stream", func(t *testing.T) {
 		cfg := mustParse(t, "[streams.X]\nsubjects = [\"x.>\"]\n")
@@ -169,17 +169,37 @@ func TestStreamsInFileReplaceDefaults(t *testing.T) {
 			t.Errorf("a stream without consumers: %v", err)
 		}
 	})
+	t.Run("only ORDERS changed", func(t *testing.T) {
+		// Changing the default stream keeps its default consumer.
+		cfg := mustParse(t, "[streams.ORDERS]\nsubjects = [\"orders.*\"]\nmax_age = \"24h\"\n")
+		if got := cfg.ConsumerNames(); !reflect.DeepEqual(got, []string{"WORKER1"}) {
+			t.Errorf("consumers = %v, want [WORKER1]", got)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Error(err)
+		}
+	})
 	t.Run("only a consumer", func(t *testing.T) {
-		// The consumer alone drops ORDERS too, so its stream is missing.
-		cfg := mustParse(t, "[consumers.C]\nstream = \"ORDERS\"\n")
-		if len(cfg.Streams) != 0 {
-			t.Errorf("streams = %v, want none", cfg.StreamNames())
+		// A consumer alone replaces WORKER1 and keeps the default ORDERS
+		// (it failed with "no stream configured" before).
+		cfg := mustParse(t, "[consumers.C]\nstream = \"ORDERS\"\nhandler = \"log\"\n")
+		if got := cfg.StreamNames(); !reflect.DeepEqual(got, []string{"ORDERS"}) {
+			t.Errorf("streams = %v, want the default [ORDERS]", got)
+		}
+		if got := cfg.ConsumerNames(); !reflect.DeepEqual(got, []string{"C"}) {
+			t.Errorf("consumers = %v, want [C]: WORKER1 is replaced", got)
 		}
 		want := DefaultConsumer("ORDERS")
 		if !reflect.DeepEqual(cfg.Consumers["C"], want) {
 			t.Errorf("consumer C = %+v, want %+v", cfg.Consumers["C"], want)
 		}
-		wantProblems(t, cfg.Validate(), "streams: no stream configured", `consumers.C.stream = "ORDERS": no such stream`)
+		if err := cfg.Validate(); err != nil {
+			t.Error(err)
+		}
+	})
+	t.Run("a consumer of a stream not there", func(t *testing.T) {
+		cfg := mustParse(t, "[consumers.C]\nstream = \"PAYMENTS\"\n")
+		wantProblems(t, cfg.Validate(), `consumers.C.stream = "PAYMENTS": no such stream: configured streams are ORDERS`)
 	})
 	t.Run("several", func(t *testing.T) {
 		cfg := mustParse(t, `

@@ -259,7 +259,11 @@ func (c *Config) validateConsumers(v *validator) {
 		case cc.Stream == "":
 			v.add(key+".stream", `""`, "must name the stream this consumer reads")
 		case !ok:
-			v.add(key+".stream", q(cc.Stream), "no such stream: configured streams are %s", strings.Join(c.StreamNames(), ", "))
+			if len(c.Streams) == 0 {
+				v.add(key+".stream", q(cc.Stream), "no such stream: no stream is configured; add a [streams.%s] table", cc.Stream)
+			} else {
+				v.add(key+".stream", q(cc.Stream), "no such stream: configured streams are %s", strings.Join(c.StreamNames(), ", "))
+			}
 		}
 		if cc.FilterSubject != "" {
 			if !server.IsValidSubject(cc.FilterSubject) {
