@@ -155,5 +155,15 @@ func connectHint(err error) string {
 	case strings.Contains(msg, "tls"):
 		return "TLS problem: see [tls] in the config and --tls-ca/--tls-cert/--tls-key"
 	}
-	return "is it running? see systemctl status holdfast"
+	if underSystemd() {
+		return "is it running? see systemctl status holdfast"
+	}
+	return "is it running? start it with holdfast run"
+}
+
+// underSystemd tells whether systemd manages this machine (sd_booted(3)):
+// only then is `systemctl` the place to look.
+func underSystemd() bool {
+	fi, err := os.Stat("/run/systemd/system")
+	return err == nil && fi.IsDir()
 }

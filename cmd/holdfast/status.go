@@ -102,11 +102,22 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 	return sub, nil
 }
 
+// printJSON prints v indented, as `status --json` and the HTTP endpoints do.
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
 // statusOutput is what `holdfast status --json` prints.
 type statusOutput struct {
 	// Healthy is true when the daemon answered and reports "ok"; the
 	// exit code is 0 then, else 1.
-	Healthy   bool             `json:"healthy"`
+	Healthy bool `json:"healthy"`
+	// Error says why nothing could be read (holdfast unreachable); the
+	// other fields are empty then.
+	Error     string           `json:"error,omitempty"`
 	URL       string           `json:"url"`
 	Daemon    *daemonOutput    `json:"daemon"`
 	Health    *pipeline.Health `json:"health"`
@@ -195,16 +206,19 @@ func statusCommand() *cli.Command {
 			}
 			cfg, nc, js, err := connect(c)
 			if err != nil {
+				if c.Bool("json") {
+					// Scripts parse stdout: an object saying why, exit 1.
+					if werr := printJSON(c.App.Writer, statusOutput{Error: err.Error()}); werr != nil {
+						return runtimeError(werr)
+					}
+				}
 				return err
 			}
 			defer nc.Close()
 			out := collectStatus(c.Context, cfg, nc, js)
 			out.URL = nc.ConnectedUrlRedacted()
 			if c.Bool("json") {
-				enc := json.NewEncoder(c.App.Writer)
-				enc.SetIndent("", "  ")
-				enc.SetEscapeHTML(false)
-				if err := enc.Encode(out); err != nil {
+				if err := printJSON(c.App.Writer, out); err != nil {
 					return runtimeError(err)
 				}
 			} else {

@@ -538,3 +538,31 @@ func TestPubIDStoresOnce(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestStatusWhenNothingRuns: with no holdfast at the configured address,
+// `status --json` still prints a JSON object naming the error (exit 1),
+// and the plain form's hint fits the machine: systemctl only under
+// systemd.
+func TestStatusWhenNothingRuns(t *testing.T) {
+	t.Parallel()
+	path := e2eWriteConfig(t, fmt.Sprintf("[server]\nport = %d\n\n[jetstream]\nstore_dir = %q\n\n[http]\nlisten = \"\"\n", e2eFreePort(t), t.TempDir()))
+	res := runHoldfast(t, nil, "status", "--config", path, "--json")
+	var out struct {
+		Healthy bool   `json:"healthy"`
+		Error   string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil || res.code != 1 {
+		t.Fatalf("status --json exited %d, stdout not a JSON object (%v):\n%s\nstderr: %s", res.code, err, res.stdout, res.stderr)
+	}
+	if out.Healthy || !strings.Contains(out.Error, "cannot connect to holdfast at nats://127.0.0.1:") {
+		t.Errorf("status --json = %+v, want healthy false and the connection error", out)
+	}
+	res = runHoldfast(t, nil, "status", "--config", path)
+	hint := "start it with holdfast run"
+	if _, err := os.Stat("/run/systemd/system"); err == nil {
+		hint = "see systemctl status holdfast"
+	}
+	if res.code != 1 || !strings.Contains(res.stderr, hint) {
+		t.Errorf("status exited %d, want 1 and the hint %q:\n%s", res.code, hint, res.stderr)
+	}
+}
