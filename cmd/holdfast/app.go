@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -61,8 +63,42 @@ func prepareCommands(cmds []*cli.Command) {
 		if cmd.OnUsageError == nil {
 			cmd.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return usageError(err) }
 		}
+		if cmd.Before == nil && len(cmd.Subcommands) == 0 {
+			cmd.Before = flagsBeforeArgs
+		}
 		prepareCommands(cmd.Subcommands)
 	}
+}
+
+// flagsBeforeArgs refuses a command's flag given after its arguments:
+// urfave/cli stops reading flags at the first argument, so `holdfast pub
+// SUBJECT DATA --server URL` would take --server as data, or fail with a
+// bare usage line.
+func flagsBeforeArgs(c *cli.Context) error {
+	for _, arg := range c.Args().Slice() {
+		name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+		if !strings.HasPrefix(arg, "-") || name == "" {
+			continue
+		}
+		for _, f := range c.Command.Flags {
+			if slices.Contains(f.Names(), name) {
+				return usageError(fmt.Errorf("%s after the arguments: flags come first, as in holdfast %s [flags] %s",
+					arg, commandPath(c), c.Command.ArgsUsage))
+			}
+		}
+	}
+	return nil
+}
+
+// commandPath is the command's name with its parents', e.g. "dlq show".
+func commandPath(c *cli.Context) string {
+	var names []string
+	for _, cc := range c.Lineage() {
+		if cc.Command != nil && cc.Command.Name != "" && cc.Command.Name != c.App.Name {
+			names = append([]string{cc.Command.Name}, names...)
+		}
+	}
+	return strings.Join(names, " ")
 }
 
 func newApp() *cli.App {

@@ -34,3 +34,20 @@ func TestPubCount(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestFlagsAfterArgumentsNamed: a flag after a command's arguments is
+// refused with a message that says flags come first (it was taken as an
+// argument, or failed with only a usage line).
+func TestFlagsAfterArgumentsNamed(t *testing.T) {
+	t.Parallel()
+	for _, args := range [][]string{
+		{"pub", "orders.created", "hello", "--server", "nats://127.0.0.1:1"},
+		{"pub", "orders.created", "--id=x", "hello"},
+		{"dlq", "show", "5", "--server", "nats://127.0.0.1:1"},
+	} {
+		res := runHoldfast(t, nil, args...)
+		if res.code != 2 || !strings.Contains(res.stderr, "after the arguments: flags come first, as in holdfast "+args[0]) {
+			t.Errorf("holdfast %q exited %d: %s", args, res.code, res.stderr)
+		}
+	}
+}
