@@ -636,10 +636,16 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 // GetDeadLetter reads one dead letter by sequence.
 func GetDeadLetter(ctx context.Context, js jetstream.JetStream, stream string, seq uint64) (DeadLetter, error) {
 	s, err := js.Stream(ctx, stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return DeadLetter{}, fmt.Errorf("dead-letter stream %s does not exist: is holdfast running with this config? (%w)", stream, err)
+	}
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("dead-letter stream %s: %w", stream, err)
 	}
 	raw, err := s.GetMsg(ctx, seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return DeadLetter{}, fmt.Errorf("there is no dead letter #%d in %s (replayed or purged already, or never there): list them with holdfast dlq ls", seq, stream)
+	}
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("dead letter %s #%d: %w", stream, seq, err)
 	}

@@ -98,6 +98,14 @@ shutdown_timeout = "2s"
 	if got := e2eLines(t, out2); !slices.Equal(got, []string{"order-7", "sentinel"}) {
 		t.Fatalf("WORKER2 handled %q: a replay of WORKER1's dead letter reached it", got)
 	}
+	// The replayed dead letter is gone: show and replay say so in words,
+	// not as a raw API error.
+	for _, cmd := range []string{"show", "replay"} {
+		res := runHoldfast(t, nil, "--config", in.cfg, "dlq", cmd, "1")
+		if res.code != 1 || !strings.Contains(res.stderr, "there is no dead letter #1 in ORDERS_DLQ") || strings.Contains(res.stderr, "err_code") {
+			t.Errorf("dlq %s 1 after the replay: %d %s", cmd, res.code, res.stderr)
+		}
+	}
 
 	p.stop()
 }
