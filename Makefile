@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
 export CGO_ENABLED ?= 0
 
-.PHONY: all build run test test-short fmt-check vet tidy-check clean
+.PHONY: all build nats-cli run test test-short fmt-check vet tidy-check clean
 
 all: build
 
@@ -15,13 +15,18 @@ all: build
 build:
 	$(GO) build $(GOFLAGS_BUILD) -o bin/holdfast ./cmd/holdfast
 
+## nats-cli: build the standard nats CLI (go tool nats) once, saying so: the first build takes about two minutes
+nats-cli:
+	@echo "nats CLI for 'go tool nats': building it if needed (the first time about 2 minutes)"
+	@$(GO) tool nats --version >/dev/null
+
 ## run: build and run holdfast on the built-in defaults (store in ./holdfast-data)
-run: build
+run: build nats-cli
 	./bin/holdfast run
 
-## test: gofmt check, go vet, go mod tidy check, go test -race
+## test: gofmt check, go vet, go mod tidy check, go test -race (then every skipped test with its reason)
 test: fmt-check vet tidy-check
-	CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 12m ./...
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 12m -json ./... | $(GO) run ./internal/testreport
 
 test-short: 
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...

@@ -450,6 +450,15 @@ func Load(path string) (cfg *Config, source string, err error) {
 // StreamNames returns the configured stream names, sorted.
 func (c *Config) StreamNames() []string { return slices.Sorted(maps.Keys(c.Streams)) }
 
+// TotalWorkers is the number of in-process workers of all consumers.
+func (c *Config) TotalWorkers() int {
+	n := 0
+	for _, cc := range c.Consumers {
+		n += cc.Workers
+	}
+	return n
+}
+
 // ConsumerNames returns the configured consumer names, sorted.
 func (c *Config) ConsumerNames() []string { return slices.Sorted(maps.Keys(c.Consumers)) }
 

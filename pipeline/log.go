@@ -2,9 +2,12 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -13,10 +16,17 @@ import (
 // level.
 const logPayloadLimit = 256
 
+// logLinesPerSecond is how many messages a second the log handler logs
+// one by one at info level; the rest are counted in one line a second.
+const logLinesPerSecond = 20
+
 // NewLogHandler returns the "log" handler: it logs each message's subject,
 // stream, consumer, sequence, delivery attempt, idempotency key and size at
-// info level, and succeeds. The payload never goes to the info log; at debug
-// level its first 256 bytes are logged too. A nil logger means slog.Default().
+// info level, and succeeds. Under load it logs at most 20 messages a second
+// that way and counts the others in one line a second, so that a terminal
+// or the journal is not flooded; at debug level every message is logged,
+// with the first 256 bytes of its payload (never at info).
+// A nil logger means slog.Default().
 func NewLogHandler(logger *slog.Logger) Handler {
 	if logger == nil {
 		logger = slog.Default()
@@ -26,9 +36,45 @@ func NewLogHandler(logger *slog.Logger) Handler {
 
 type logHandler struct {
 	logger *slog.Logger
+
+	mu          sync.Mutex
+	windowStart time.Time
+	inWindow    int         // messages logged one by one since windowStart
+	unlogged    uint64      // messages handled and not logged since the last summary
+	summary     *time.Timer // logs unlogged at the end of the window
+}
+
+// oneByOne tells whether this message gets its own info line.
+func (h *logHandler) oneByOne(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if now.Sub(h.windowStart) >= time.Second {
+		h.windowStart, h.inWindow = now, 0
+	}
+	if h.inWindow < logLinesPerSecond {
+		h.inWindow++
+		return true
+	}
+	h.unlogged++
+	if h.summary == nil {
+		h.summary = time.AfterFunc(h.windowStart.Add(time.Second).Sub(now), h.logSummary)
+	}
+	return false
+}
+
+func (h *logHandler) logSummary() {
+	h.mu.Lock()
+	n := h.unlogged
+	h.unlogged, h.summary = 0, nil
+	h.mu.Unlock()
+	h.logger.Info("messages handled without a line each", "count", n,
+		"why", fmt.Sprintf("the log handler logs at most %d messages a second at info; log.level = \"debug\" logs every one", logLinesPerSecond))
 }
 
 func (h *logHandler) Handle(ctx context.Context, msg *Message) Result {
+	if !h.logger.Enabled(ctx, slog.LevelDebug) && !h.oneByOne(time.Now()) {
+		return Ok()
+	}
 	h.logger.LogAttrs(ctx, slog.LevelInfo, "message",
 		slog.String("subject", msg.Subject),
 		slog.String("stream", msg.Stream),

@@ -3,9 +3,11 @@ package pipeline
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 )
@@ -197,5 +199,44 @@ func TestIdempotencyKey(t *testing.T) {
 				t.Errorf("idempotencyKey = %q, want %q", got, tc.want)
 			}
 		})
+	}
+}
+
+// TestLogHandlerUnderLoad: at info level at most logLinesPerSecond
+// messages a second get their own line; the others are counted in one
+// summary line at the end of the second. At debug level every one is
+// logged.
+func TestLogHandlerUnderLoad(t *testing.T) {
+	logger, logs := newTestLogger(t, slog.LevelInfo)
+	h := NewLogHandler(logger)
+	for range 500 {
+		if r := h.Handle(context.Background(), testMessage()); r != Ok() {
+			t.Fatalf("result = %+v, want Ok", r)
+		}
+	}
+	var summary []logEntry
+	deadline := time.Now().Add(5 * time.Second)
+	for len(summary) == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		summary = logs.Entries("messages handled without a line each")
+	}
+	lines := len(logs.Entries("message"))
+	if lines < logLinesPerSecond || lines > 3*logLinesPerSecond {
+		t.Errorf("%d messages logged one by one, want about %d (one or two windows)", lines, logLinesPerSecond)
+	}
+	if len(summary) != 1 {
+		t.Fatalf("%d summary lines, want 1", len(summary))
+	}
+	if got := summary[0].Attrs["count"]; got != strconv.Itoa(500-lines) {
+		t.Errorf("summary count = %s, want %d (500 handled, %d logged)", got, 500-lines, lines)
+	}
+
+	debug, dlogs := newTestLogger(t, slog.LevelDebug)
+	h = NewLogHandler(debug)
+	for range 100 {
+		h.Handle(context.Background(), testMessage())
+	}
+	if n := len(dlogs.Entries("message")); n != 100 {
+		t.Errorf("at debug level %d of 100 messages logged", n)
 	}
 }

@@ -131,7 +131,7 @@ func (d *daemon) Open(ctx context.Context) error {
 	})
 	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
 		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
-		"consumers", d.cfg.ConsumerNames(), "workers", len(d.workers))
+		"consumers", d.cfg.ConsumerNames(), "workers", d.cfg.TotalWorkers())
 	return nil
 }
 

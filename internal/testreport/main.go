@@ -1,0 +1,118 @@
+// Command testreport reads `go test -json` on stdin and prints what
+// `go test` prints without -v — a line per package, and the whole output
+// of each failed test — followed by every skipped test with its reason,
+// so that `make test` shows which tests skipped and why. It exits 1 when
+// a test or a build failed, or when the input held no package result.
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+)
+
+type event struct {
+	Action  string
+	Package string
+	Test    string
+	Output  string
+	Elapsed float64
+}
+
+type key struct{ pkg, test string }
+
+func main() {
+	os.Exit(report(os.Stdin, os.Stdout))
+}
+
+func report(in io.Reader, out io.Writer) int {
+	outputs := map[key][]string{}
+	var skips []string
+	failed, packages := false, 0
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		line := sc.Bytes()
+		var e event
+		if err := json.Unmarshal(line, &e); err != nil || e.Action == "" {
+			// Build errors and other non-JSON lines go through as they are.
+			fmt.Fprintln(out, string(line))
+			continue
+		}
+		k := key{e.Package, e.Test}
+		switch e.Action {
+		case "output", "build-output":
+			outputs[k] = append(outputs[k], e.Output)
+		case "build-fail":
+			failed = true
+		case "fail":
+			failed = true
+			if e.Test == "" {
+				packages++
+				// Output outside any test: a panic, a TestMain failure.
+				printLines(out, outputs[k], func(s string) bool { return !strings.HasPrefix(s, "=== ") })
+				continue
+			}
+			printLines(out, outputs[k], func(s string) bool { return !strings.HasPrefix(s, "=== ") })
+		case "pass":
+			if e.Test != "" {
+				// What a passing test printed itself (not its t.Log lines,
+				// which -json includes and `go test` hides): summaries.
+				printLines(out, outputs[k], func(s string) bool {
+					return !strings.HasPrefix(s, "=== ") && !strings.HasPrefix(s, "--- PASS") && !strings.HasPrefix(s, "    ")
+				})
+			}
+			if e.Test == "" {
+				packages++
+				// What tests print to stdout themselves (summaries), then ok.
+				printLines(out, outputs[k], func(s string) bool {
+					return !strings.HasPrefix(s, "=== ") && s != "PASS\n" && !strings.HasPrefix(s, "ok  \t")
+				})
+				fmt.Fprintf(out, "ok  \t%s\t%.3fs\n", e.Package, e.Elapsed)
+			}
+		case "skip":
+			if e.Test == "" {
+				packages++
+				fmt.Fprintf(out, "?   \t%s\t[no test files]\n", e.Package)
+				continue
+			}
+			reason := ""
+			for _, o := range outputs[k] {
+				if s := strings.TrimSpace(o); s != "" && !strings.HasPrefix(s, "=== ") && !strings.HasPrefix(s, "--- SKIP") {
+					reason = s
+				}
+			}
+			skips = append(skips, fmt.Sprintf("%s %s: %s", e.Package, e.Test, reason))
+		}
+		if e.Action == "pass" || e.Action == "skip" || e.Action == "fail" {
+			delete(outputs, k)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		fmt.Fprintln(out, "testreport:", err)
+		return 1
+	}
+	fmt.Fprintf(out, "\n%d test(s) skipped", len(skips))
+	if len(skips) > 0 {
+		fmt.Fprint(out, ":")
+	}
+	fmt.Fprintln(out)
+	for _, s := range skips {
+		fmt.Fprintln(out, "  SKIP", s)
+	}
+	if failed || packages == 0 {
+		return 1
+	}
+	return 0
+}
+
+func printLines(out io.Writer, lines []string, keep func(string) bool) {
+	for _, l := range lines {
+		if keep(l) {
+			fmt.Fprint(out, l)
+		}
+	}
+}
