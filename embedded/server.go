@@ -106,6 +106,42 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 	return opts
 }
 
+// PrepareStore validates and locks the store dir, the first step of Open.
+// A caller may take it before anything else (the daemon, before its HTTP
+// listener), so that a second instance on the same store is refused by
+// the lock, which names the process holding it, rather than by whatever
+// else the two share (a port). Close releases the lock.
+func (s *Server) PrepareStore() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.prepareStoreLocked()
+}
+
+func (s *Server) prepareStoreLocked() error {
+	if s.lock != nil {
+		return nil
+	}
+	js := s.cfg.JetStream
+	store, err := CheckStoreDir(js.StoreDir, js.AllowTmpfs, js.MaxFileStore.Bytes)
+	if err != nil {
+		return err
+	}
+	for _, w := range store.Warnings {
+		s.log.Warn(w)
+	}
+	if s.lock, err = LockStoreDir(store.Path); err != nil {
+		return err
+	}
+	s.store = store
+	s.log.Info("store dir ready", "path", s.store.Path, "fs", s.store.FSType, "created", s.store.Created,
+		"free", humanBytes(s.store.Free), "max_file_store", humanBytes(js.MaxFileStore.Bytes),
+		"max_memory_store", humanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
+	if !js.SyncAlways() {
+		s.log.Warn("jetstream.sync is an interval: acknowledged messages written since the last sync are lost on power failure", "sync", js.Sync)
+	}
+	return nil
+}
+
 // Open validates and locks the store dir, starts the server, waits until
 // it is ready, verifies JetStream runs on the file store in that directory,
 // and connects in-process. If a step fails, the steps before it are undone.
@@ -121,23 +157,10 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		}
 	}()
 
+	if err = s.prepareStoreLocked(); err != nil {
+		return err
+	}
 	js := s.cfg.JetStream
-	s.store, err = CheckStoreDir(js.StoreDir, js.AllowTmpfs, js.MaxFileStore.Bytes)
-	if err != nil {
-		return err
-	}
-	for _, w := range s.store.Warnings {
-		s.log.Warn(w)
-	}
-	if s.lock, err = LockStoreDir(s.store.Path); err != nil {
-		return err
-	}
-	s.log.Info("store dir ready", "path", s.store.Path, "fs", s.store.FSType, "created", s.store.Created,
-		"free", humanBytes(s.store.Free), "max_file_store", humanBytes(js.MaxFileStore.Bytes),
-		"max_memory_store", humanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
-	if !js.SyncAlways() {
-		s.log.Warn("jetstream.sync is an interval: acknowledged messages written since the last sync are lost on power failure", "sync", js.Sync)
-	}
 
 	opts := Options(s.cfg, s.store.Path)
 	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {

@@ -55,19 +55,24 @@ func newDaemon(cfg *config.Config, log *slog.Logger, level *slog.LevelVar, n *no
 	return &daemon{cfg: cfg, log: log, level: level, notify: n, failed: make(chan struct{})}
 }
 
-// Open starts the HTTP listener (503 until ready), the embedded server,
+// Open locks the store dir, starts the HTTP listener (503 until ready), the embedded server,
 // bootstraps streams and consumers, starts the workers, the monitor and
 // the status responder.
 func (d *daemon) Open(ctx context.Context) error {
 	d.metrics = pipeline.NewMetrics(versionString(), server.VERSION)
+	d.srv = embedded.New(d.cfg, d.log)
+	d.srv.OnStatus = d.notify.Status
+	// The store lock first: a second holdfast on the same store is told
+	// which process holds it, not that a port is in use.
+	if err := d.srv.PrepareStore(); err != nil {
+		return err
+	}
 	if d.cfg.HTTP.Listen != "" {
 		d.http = newHTTPServer(d.cfg.HTTP.Listen, d.metrics, d.log)
 		if err := d.http.Open(ctx); err != nil {
 			return err
 		}
 	}
-	d.srv = embedded.New(d.cfg, d.log)
-	d.srv.OnStatus = d.notify.Status
 	if err := d.srv.Open(ctx); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -235,6 +236,19 @@ func TestSecondInstanceOnSameStoreIsRefused(t *testing.T) {
 	pid := fmt.Sprint(first.cmd.Process.Pid)
 	if !strings.Contains(res.stderr, "locked") || !strings.Contains(res.stderr, in.store) || !strings.Contains(res.stderr, pid) {
 		t.Errorf("second holdfast does not say the store %s is locked by process %s:\n%s", in.store, pid, res.stderr)
+	}
+	// The same config a second time (a second `make run`): its HTTP and
+	// client ports are taken too, and the lock is what it names.
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	same := e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "[http]\nlisten = \"\"",
+		fmt.Sprintf("[http]\nlisten = %q", busy.Addr().String()), 1))
+	res = runHoldfast(t, nil, "run", "--config", same)
+	if res.code != 1 || !strings.Contains(res.stderr, "locked") || !strings.Contains(res.stderr, pid) || strings.Contains(res.stderr, "address already in use") {
+		t.Errorf("holdfast on the same store and ports exited %d; want 1 naming the lock held by %s, not a port:\n%s", res.code, pid, res.stderr)
 	}
 	// check notes the running instance but passes.
 	if res := runHoldfast(t, nil, "check", "--config", other); res.code != 0 || !strings.Contains(res.stdout, "in use") {
