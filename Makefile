@@ -114,3 +114,9 @@ bench: build
 bench-compare:
 	@mkdir -p dist
 	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync $(BENCH_SYNC) -out dist/bench-compare.md
+
+.PHONY: bench-cluster
+
+## bench-cluster: publish throughput of an R1 and an R3 stream on a 3-node holdfast cluster on 127.0.0.1, alternately, per sync mode (about 3 minutes)
+bench-cluster: build nats-cli
+	bench/cluster/r1-r3.sh bin/holdfast 3 $(BENCH_MSGS)

@@ -57,6 +57,10 @@ type UserConfig struct {
 	// AllowResponses lets the user publish one reply to the reply subject
 	// of each request it received, whatever PublishAllow says (services).
 	AllowResponses bool `toml:"allow_responses"`
+	// System puts the user in the server's system account: for `nats
+	// server info|list|report`, not for messages (the system account
+	// sees none of the streams).
+	System bool `toml:"system"`
 }
 
 // TLSConfig is the [tls] table for the client port.

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync/atomic"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"golang.org/x/crypto/bcrypt"
@@ -67,6 +68,33 @@ func InternalPermissions() *server.Permissions {
 // AnonymousUser is the identity of clients that connect without
 // credentials when no [auth] is configured (the server's no_auth_user).
 const AnonymousUser = "anonymous"
+
+// SystemUser is the user, without a password, that may log in to the
+// server's system account (`nats --user system server info`) when no
+// [auth] is configured and the client port is on loopback only. With
+// [auth], users marked system = true do instead.
+const SystemUser = "system"
+
+// serverCreated tells the authenticator that needs it which server it
+// serves.
+func serverCreated(opts *server.Options, ns *server.Server) {
+	if a, ok := opts.CustomClientAuthentication.(*localAuth); ok {
+		a.ns.Store(ns)
+	}
+}
+
+// systemAccount returns the server's system account, added to opts.
+func systemAccount(opts *server.Options) *server.Account {
+	for _, a := range opts.Accounts {
+		if a.Name == server.DEFAULT_SYSTEM_ACCOUNT {
+			return a
+		}
+	}
+	sys := server.NewAccount(server.DEFAULT_SYSTEM_ACCOUNT)
+	opts.Accounts = append(opts.Accounts, sys)
+	opts.SystemAccount = server.DEFAULT_SYSTEM_ACCOUNT
+	return sys
+}
 
 // Subjects only holdfast's own identity may use, whatever the config:
 // nobody else may publish JetStream advisories (a forged max-deliveries
@@ -130,10 +158,13 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		// Without [auth] every local client may do everything but the
 		// reserved subjects; holdfast's own identity keeps no limits
 		// either (Go code built around the packages publishes on it).
-		unlimited := &server.User{Username: id.user, Password: id.password}
-		anonymous := &server.User{Username: AnonymousUser, Permissions: withReserved(nil)}
-		opts.Users = []*server.User{unlimited, anonymous}
-		opts.NoAuthUser = AnonymousUser
+		// The system account's monitoring (server info, list, reports)
+		// is for local operators: never offered without auth on a port
+		// beyond loopback (allow_anonymous).
+		opts.CustomClientAuthentication = &localAuth{
+			internal: id,
+			system:   config.IsLoopback(cfg.Server.Host),
+		}
 	} else {
 		if a.TokenMode() {
 			// The server cannot mix a token with users, and the internal
@@ -144,15 +175,19 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 			for _, name := range a.UserNames() {
 				u := a.Users[name]
 				perms := userPermissions(u)
+				var account *server.Account
+				if u.System {
+					account = systemAccount(opts)
+				}
 				if u.Nkey != "" {
-					opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: perms})
+					opts.Nkeys = append(opts.Nkeys, &server.NkeyUser{Nkey: u.Nkey, Permissions: perms, Account: account})
 					continue
 				}
 				hash, ok := sec.Passwords[name]
 				if !ok || !config.IsBcrypt(hash) {
 					return fmt.Errorf("auth.users.%s: no bcrypt password hash", name)
 				}
-				opts.Users = append(opts.Users, &server.User{Username: name, Password: hash, Permissions: perms})
+				opts.Users = append(opts.Users, &server.User{Username: name, Password: hash, Permissions: perms, Account: account})
 			}
 		}
 	}
@@ -191,6 +226,43 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		}
 	}
 	return nil
+}
+
+// localAuth authenticates clients when no [auth] is configured: the
+// in-process connection as its internal identity (no limits: Go code
+// built around the packages publishes on it), SystemUser with no password
+// into the system account (natscli sends `--user system` as a token), and
+// a client without credentials as AnonymousUser, allowed everything but
+// the reserved subjects. Any other credentials are refused, as the
+// server's users and no_auth_user did before.
+type localAuth struct {
+	internal internalIdentity
+	system   bool
+	ns       atomic.Pointer[server.Server] // set once the server exists
+}
+
+// Check implements server.Authentication.
+func (a *localAuth) Check(c server.ClientAuthentication) bool {
+	o := c.GetOpts()
+	if o == nil || o.Nkey != "" || o.JWT != "" || o.Sig != "" {
+		return false
+	}
+	switch {
+	case o.Username == a.internal.user && o.Token == "" &&
+		subtle.ConstantTimeCompare([]byte(o.Password), []byte(a.internal.password)) == 1:
+		c.RegisterUser(&server.User{Username: a.internal.user})
+	case a.system && o.Password == "" && (o.Username == SystemUser && o.Token == "" || o.Username == "" && o.Token == SystemUser):
+		ns := a.ns.Load()
+		if ns == nil || ns.SystemAccount() == nil {
+			return false
+		}
+		c.RegisterUser(&server.User{Username: SystemUser, Account: ns.SystemAccount()})
+	case o.Username == "" && o.Password == "" && o.Token == "":
+		c.RegisterUser(&server.User{Username: AnonymousUser, Permissions: withReserved(nil)})
+	default:
+		return false
+	}
+	return true
 }
 
 // tokenAuth authenticates clients against the [auth] token, and the

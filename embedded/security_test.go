@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"sort"
@@ -730,4 +731,87 @@ func TestReservedSubjects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSystemAccount: the standard tools' server-wide requests (`nats server
+// info|list|report`) need the system account. Without [auth] on loopback
+// the passwordless user "system" gets in (natscli sends `--user system` as
+// a token; both forms work); a port beyond loopback without auth never
+// offers it; with [auth] a user marked system = true does. The system
+// account sees no streams, and other users cannot ask.
+func TestSystemAccount(t *testing.T) {
+	t.Parallel()
+	ping := func(t *testing.T, url string, opts ...nats.Option) error {
+		t.Helper()
+		nc, err := nats.Connect(url, append(opts, nats.MaxReconnects(0))...)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		msg, err := nc.Request("$SYS.REQ.SERVER.PING.VARZ", nil, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(msg.Data), `"server_id"`) {
+			return fmt.Errorf("VARZ answer without a server id: %.200s", msg.Data)
+		}
+		return nil
+	}
+
+	t.Run("no auth, loopback", func(t *testing.T) {
+		s := runServer(t, testConfig(t))
+		url := s.NATS().ClientURL()
+		if err := ping(t, url, nats.UserInfo(SystemUser, "")); err != nil {
+			t.Errorf("user system: %v", err)
+		}
+		if err := ping(t, url, nats.Token(SystemUser)); err != nil {
+			t.Errorf("token system (natscli --user system): %v", err)
+		}
+		if err := ping(t, url); err == nil {
+			t.Error("an anonymous client got a system-account answer")
+		}
+		if err := ping(t, url, nats.UserInfo(SystemUser, "guess")); err == nil {
+			t.Error("user system with a password connected")
+		}
+		if err := ping(t, url, nats.UserInfo("someone", "x")); err == nil {
+			t.Error("unknown credentials connected")
+		}
+	})
+	t.Run("no auth beyond loopback", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Server.Host = "0.0.0.0"
+		cfg.Server.AllowAnonymous = true
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		s := runServer(t, cfg)
+		url := fmt.Sprintf("nats://127.0.0.1:%d", s.NATS().Addr().(*net.TCPAddr).Port)
+		if err := ping(t, url, nats.UserInfo(SystemUser, "")); err == nil {
+			t.Error("the passwordless system user is offered on a port beyond loopback")
+		}
+		if err := ping(t, url, nats.Token(SystemUser)); err == nil {
+			t.Error("the system token is offered on a port beyond loopback")
+		}
+	})
+	t.Run("auth user marked system", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.Auth.Users = map[string]*config.UserConfig{
+			"ops": {Password: bcryptHash(t, "ops-password"), System: true},
+			"app": {Password: bcryptHash(t, "app-password")},
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		s := runServer(t, cfg)
+		url := s.NATS().ClientURL()
+		if err := ping(t, url, nats.UserInfo("ops", "ops-password")); err != nil {
+			t.Errorf("system user ops: %v", err)
+		}
+		if err := ping(t, url, nats.UserInfo("app", "app-password")); err == nil {
+			t.Error("user app (not system) got a system-account answer")
+		}
+		if err := ping(t, url, nats.UserInfo(SystemUser, "")); err == nil {
+			t.Error("the passwordless system user is offered with [auth]")
+		}
+	})
 }

@@ -190,6 +190,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("cannot configure NATS server: %w", err)
 	}
+	serverCreated(opts, ns)
 	logger := newServerLogger(s.base.With("component", "nats"))
 	ns.SetLoggerV2(logger, opts.Debug, false, false)
 	s.ns = ns
