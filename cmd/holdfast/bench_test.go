@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/bench"
 )
 
 // TestBenchJSON runs `holdfast bench --json` end to end on a small count
@@ -39,7 +41,7 @@ func TestBenchJSON(t *testing.T) {
 	checkNonZero(t, "", raw)
 
 	// Every section and figure is there, with the schema the docs describe.
-	var rep benchReport
+	var rep bench.Report
 	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,106 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// noopHandler succeeds at once.
+var noopHandler = pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+
+// startBenchWorkers starts the workers of a bench consumer with h, or with
+// the handler its config names when h is nil (the daemon's own wiring).
+func (b *Bencher) startBenchWorkers(ctx context.Context, srv *embedded.Server, cfg *config.Config, name string, h pipeline.Handler) (*pipeline.Workers, error) {
+	cc := cfg.Consumers[name]
+	if h == nil {
+		var err error
+		if h, err = b.Wiring.NewHandler(name, cc, b.Log); err != nil {
+			return nil, err
+		}
+	}
+	w := pipeline.NewWorkers(srv.JetStream(), srv.Conn(), b.Wiring.ConsumerOptions(name, cc, h), b.Log)
+	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
+	if err := w.Open(ctx); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// consume starts the no-op workers on the messages "publish async" stored
+// and measures until the server has received the last ack.
+func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config.Config, acks *ackWatcher) (Figure, error) {
+	name := benchConsumerName("consume")
+	n := b.Params.Msgs
+	acks.expect(name, n)
+	b.progress.set("consume", acks.counter(name), n)
+	// Like nats bench, the clock starts with the first message handled.
+	var first atomic.Int64
+	h := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
+		if first.Load() == 0 {
+			first.CompareAndSwap(0, time.Now().UnixNano())
+		}
+		return pipeline.Ok()
+	})
+	w, err := b.startBenchWorkers(ctx, srv, cfg, name, h)
+	if err != nil {
+		return Figure{}, err
+	}
+	defer w.Close(context.Background())
+	last, err := acks.wait(ctx, name, w)
+	if err != nil {
+		return Figure{}, err
+	}
+	return newFigure("consume (noop)", n, b.Params.Size, last.Sub(time.Unix(0, first.Load())), nil), nil
+}
+
+// endToEnd starts the workers of handler, publishes to them and measures
+// from the first publish to the last ack; each message's latency is from
+// its publish to the server receiving its ack.
+func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *config.Config, url, handler string, acks *ackWatcher) (Figure, error) {
+	name := benchConsumerName(handler)
+	n := b.Params.Msgs
+	if handler == "exec" {
+		n = b.Params.ExecMsgs
+	}
+	var h pipeline.Handler
+	if handler == "noop" {
+		h = noopHandler
+	}
+	w, err := b.startBenchWorkers(ctx, srv, cfg, name, h)
+	if err != nil {
+		return Figure{}, err
+	}
+	defer w.Close(context.Background())
+	if hh, ok := h.(interface{ CloseIdleConnections() }); ok {
+		defer hh.CloseIdleConnections()
+	}
+	acks.expect(name, n)
+	var recs []pubRecord
+	label := "e2e " + handler
+	start := time.Now()
+	if _, err := b.publishAsync(ctx, url, benchE2ESubject(handler), n, label+" (publish)", &recs); err != nil {
+		return Figure{}, err
+	}
+	b.progress.set(label, acks.counter(name), n)
+	last, err := acks.wait(ctx, name, w)
+	if err != nil {
+		return Figure{}, err
+	}
+	times := acks.times(name)
+	lat := make([]time.Duration, 0, len(recs))
+	for _, r := range recs {
+		if t, ok := times[r.seq]; ok {
+			lat = append(lat, t.Sub(r.sent))
+		}
+	}
+	if len(lat) != n {
+		return Figure{}, fmt.Errorf("saw the acks of %d of %d messages", len(lat), n)
+	}
+	return newFigure(label, n, b.Params.Size, last.Sub(start), lat), nil
+}
