@@ -28,6 +28,10 @@ type LeafNodesConfig struct {
 	KeyFile  string `toml:"key_file"`
 	CAFile   string `toml:"ca_file"`
 	Verify   bool   `toml:"verify"`
+	// NoAdvertise (hub side) keeps the hub from telling edges its other
+	// leafnode addresses (those of its cluster's nodes), so that edges
+	// connect only to the remotes' urls (behind NAT, or through a proxy).
+	NoAdvertise bool `toml:"no_advertise"`
 	// EdgeSubjects (hub side) are the subjects whose messages' origin
 	// headers the hub tracks per edge (holdfast_edge_last_*).
 	EdgeSubjects []string `toml:"edge_subjects"`
@@ -168,8 +172,8 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 				v.add(fmt.Sprintf("leafnodes.edge_subjects[%d]", i), q(s), "not a valid NATS subject")
 			}
 		}
-	} else if l.User != "" || l.PasswordFile != "" || l.TLSEnabled() || l.Verify {
-		v.add("leafnodes.listen", `""`, "user, password_file and TLS settings of [leafnodes] are for the hub's listener: set listen, or move them into a [[leafnodes.remotes]] entry")
+	} else if l.User != "" || l.PasswordFile != "" || l.TLSEnabled() || l.Verify || l.NoAdvertise {
+		v.add("leafnodes.listen", `""`, "user, password_file, no_advertise and TLS settings of [leafnodes] are for the hub's listener: set listen, or move them into a [[leafnodes.remotes]] entry")
 	}
 	if (l.User == "") != (l.PasswordFile == "") {
 		v.add("leafnodes.user", q(l.User), "leafnodes.user and leafnodes.password_file go together")

@@ -25,6 +25,7 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 	host, port, _ := l.ListenHostPort() // Validate checked it
 	opts.LeafNode.Host = host
 	opts.LeafNode.Port = port
+	opts.LeafNode.NoAdvertise = l.NoAdvertise
 }
 
 // LeafDenied are the subjects an edge keeps off its leafnode links, both
@@ -101,11 +102,14 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 	return nil
 }
 
-// forwardPermissions adds to the in-process identity's permissions what
-// the forward handlers need: publishing to their destinations, and the
+// leafPermissions adds to the in-process identity's permissions what
+// the forward handlers need — publishing to their destinations, and the
 // JetStream API of other domains (the hub's stream info, through the
-// leafnode).
-func forwardPermissions(p *server.Permissions, cfg *config.Config) {
+// leafnode) — and, on a hub, watching the edges' subjects.
+func leafPermissions(p *server.Permissions, cfg *config.Config) {
+	if p != nil && p.Subscribe != nil && cfg.LeafNodes.Hub() {
+		p.Subscribe.Allow = append(p.Subscribe.Allow, cfg.LeafNodes.EdgeSubjects...)
+	}
 	var allow []string
 	for _, name := range cfg.ConsumerNames() {
 		if cc := cfg.Consumers[name]; cc.Handler == "forward" {

@@ -126,7 +126,7 @@ func userPermissions(u *config.UserConfig) *server.Permissions {
 // no_auth_user): allowed everything but the reserved subjects.
 func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) error {
 	internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
-	forwardPermissions(internal.Permissions, cfg)
+	leafPermissions(internal.Permissions, cfg)
 	if a := cfg.Auth; !a.Enabled() {
 		// Without [auth] every local client may do everything but the
 		// reserved subjects; holdfast's own identity keeps no limits

@@ -137,6 +137,11 @@ func (m *Monitor) evaluate(r *Report) Health {
 		}
 		problem("%s", msg)
 	}
+	if f := m.opts.Degraded; f != nil {
+		for _, p := range f(time.Now()) {
+			problem("%s", p)
+		}
+	}
 	switch {
 	case unhealthy:
 		h.Status = HealthUnhealthy
