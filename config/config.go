@@ -38,10 +38,11 @@ type Config struct {
 	Auth      AuthConfig                 `toml:"auth"`
 	TLS       TLSConfig                  `toml:"tls"`
 	Cluster   ClusterConfig              `toml:"cluster"`
+	LeafNodes LeafNodesConfig            `toml:"leafnodes"`
 
-	// serverNameSet: the file sets server.name (required with [cluster]);
-	// clusterTable: the file has a [cluster] table.
-	serverNameSet, clusterTable bool
+	// serverNameSet: the file sets server.name (required with [cluster]
+	// or [leafnodes]); clusterTable, leafNodesTable: the file has the table.
+	serverNameSet, clusterTable, leafNodesTable bool
 }
 
 // ServerConfig is the [server] table: the embedded NATS server's identity
@@ -112,6 +113,7 @@ type ConsumerConfig struct {
 	DeadLetter    string            `toml:"dead_letter"`
 	Exec          ExecConfig        `toml:"exec"`
 	HTTP          HTTPHandlerConfig `toml:"http"`
+	Forward       ForwardConfig     `toml:"forward"`
 }
 
 // ExecConfig is a consumer's [consumers.NAME.exec] table.
@@ -182,6 +184,7 @@ func DefaultConfig() *Config {
 		HTTP:      HTTPConfig{Listen: "127.0.0.1:8222", FailOnLoss: true, StallTimeout: Dur(5 * time.Minute)},
 		Log:       LogConfig{Level: "info", Format: "text"},
 		TLS:       TLSConfig{MinVersion: "1.2"},
+		LeafNodes: LeafNodesConfig{UnreachableAfter: Dur(DefaultUnreachableAfter), EdgeSubjects: slices.Clone(DefaultEdgeSubjects)},
 	}
 }
 
@@ -213,6 +216,7 @@ func DefaultConsumer(stream string) *ConsumerConfig {
 		DeadLetter:    stream + "_DLQ",
 		Exec:          ExecConfig{Timeout: Dur(25 * time.Second)},
 		HTTP:          HTTPHandlerConfig{Timeout: Dur(10 * time.Second)},
+		Forward:       forwardDefaults(),
 	}
 }
 
@@ -281,11 +285,6 @@ type fileLayout struct {
 	Consumers map[string]toml.Primitive `toml:"consumers"`
 }
 
-// unsupportedTables are SPEC tables this build does not implement yet;
-// rather than ignore them (and, say, run as one node when the operator
-// asked for a cluster), Parse refuses them.
-var unsupportedTables = []string{"leafnodes"}
-
 // Parse reads TOML from r on top of DefaultConfig. source names the file in
 // errors. Defaults go per kind: [streams.NAME] tables in the file replace
 // the default ORDERS stream (none keeps it), [consumers.NAME] tables the
@@ -313,11 +312,6 @@ func Parse(r io.Reader, source string) (*Config, error) {
 	for _, k := range []string{"streams", "consumers"} {
 		if typ := md.Type(k); typ != "" && typ != "Hash" {
 			problems = append(problems, fmt.Sprintf("line %d: %s: must be [%s.NAME] tables, not a TOML %s", keyLine(string(data), toml.Key{k}), k, k, typ))
-		}
-	}
-	for _, t := range unsupportedTables {
-		if md.IsDefined(t) {
-			problems = append(problems, fmt.Sprintf("[%s] is not supported by this version of holdfast: remove the table (holdfast will not run without settings it cannot honour)", t))
 		}
 	}
 	out := layout.Config
@@ -350,6 +344,8 @@ func Parse(r io.Reader, source string) (*Config, error) {
 	}
 	out.serverNameSet = md.IsDefined("server", "name")
 	out.clusterTable = md.IsDefined("cluster")
+	out.leafNodesTable = md.IsDefined("leafnodes")
+	out.applyLeafNodeDefaults()
 	out.applyClusterDefaults(func(stream string) bool { return md.IsDefined("streams", stream, "replicas") })
 	// keyLine reads the whole file: name a bounded number of unknown keys.
 	unknown := md.Undecoded()

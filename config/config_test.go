@@ -637,11 +637,6 @@ func TestSyntaxErrorCarriesLine(t *testing.T) {
 	}
 }
 
-func TestUnsupportedTables(t *testing.T) {
-	wantParseError(t, "[leafnodes]\n", "[leafnodes] is not supported by this version of holdfast")
-	wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "[leafnodes] is not supported")
-}
-
 func TestValidationCollectsEveryProblem(t *testing.T) {
 	cfg := mustParse(t, `
 [server]
@@ -923,7 +918,8 @@ func TestDefaultFileMentionsEveryKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	text := buf.String()
-	for _, v := range []any{ServerConfig{}, JetStreamConfig{}, RunConfig{}, StreamConfig{}, ConsumerConfig{}, ExecConfig{}, HTTPHandlerConfig{}, HTTPConfig{}, LogConfig{}} {
+	for _, v := range []any{ServerConfig{}, JetStreamConfig{}, RunConfig{}, StreamConfig{}, ConsumerConfig{}, ExecConfig{}, HTTPHandlerConfig{}, HTTPConfig{}, LogConfig{},
+		LeafNodesConfig{}, RemoteConfig{}, ForwardConfig{}} {
 		typ := reflect.TypeOf(v)
 		for i := range typ.NumField() {
 			tag := typ.Field(i).Tag.Get("toml")

@@ -210,6 +210,11 @@ type Secrets struct {
 	OldEncryptionKey string
 	// ClusterPassword is the routes' plain password ("" without route auth).
 	ClusterPassword string
+	// LeafPassword is what edges present to this hub ([leafnodes]
+	// password_file: plain or bcrypt); RemoteSecrets, by remote, the
+	// password or token this edge presents ("" when none).
+	LeafPassword  string
+	RemoteSecrets []string
 }
 
 // LoadSecrets reads every secret file the config names. A file readable by
@@ -278,6 +283,7 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	if c.Cluster.KeyFile != "" {
 		checkSecretFile(v, "cluster.key_file", c.Cluster.KeyFile, false)
 	}
+	c.loadLeafSecrets(v, sec)
 	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.ca_file", c.TLS.CAFile},
 		{"cluster.cert_file", c.Cluster.CertFile}, {"cluster.ca_file", c.Cluster.CAFile}} {
 		if f.path == "" {

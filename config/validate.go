@@ -22,6 +22,7 @@ func (c *Config) check(file bool) error {
 	v := &validator{file: file}
 	c.validate(v)
 	c.validateCluster(v, file)
+	c.validateLeafNodes(v, file)
 	if len(v.problems) == 0 {
 		return nil
 	}
@@ -308,6 +309,7 @@ func (c *Config) validateConsumers(v *validator) {
 			} else if !strings.HasPrefix(cc.Exec.Command[0], "/") {
 				v.add(key+".exec.command", q(cc.Exec.Command[0]), "must be an absolute path: the handler runs without a shell or PATH lookup")
 			}
+		case "forward": // validateLeafNodes
 		case "http":
 			if cc.HTTP.URL == "" {
 				v.add(key+".http.url", `""`, "handler = \"http\" needs a url, such as \"http://127.0.0.1:8080/orders\"")
@@ -315,7 +317,7 @@ func (c *Config) validateConsumers(v *validator) {
 				v.add(key+".http.url", q(cc.HTTP.URL), "must be an http:// or https:// URL")
 			}
 		default:
-			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http")
+			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http, forward")
 		}
 		if v.duration(key+".exec.timeout", cc.Exec.Timeout) && cc.Exec.Timeout.Duration < MinHandlerTimeout {
 			v.add(key+".exec.timeout", cc.Exec.Timeout.String(), "must be at least %s: a shorter one fails every message before the command can run", MinHandlerTimeout)

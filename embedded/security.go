@@ -154,6 +154,7 @@ func userPermissions(u *config.UserConfig) *server.Permissions {
 // no_auth_user): allowed everything but the reserved subjects.
 func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) error {
 	internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
+	leafPermissions(internal.Permissions, cfg)
 	if a := cfg.Auth; !a.Enabled() {
 		// Without [auth] every local client may do everything but the
 		// reserved subjects; holdfast's own identity keeps no limits
@@ -214,6 +215,9 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 	}
 
 	if err := configureRoutes(opts, cfg.Cluster, sec); err != nil {
+		return err
+	}
+	if err := configureLeafNodes(opts, cfg, sec); err != nil {
 		return err
 	}
 

@@ -57,6 +57,8 @@ type Server struct {
 	identity *storeIdentity // what the store was at Open, for CheckStore
 	lost     atomic.Bool    // WatchStore found the store lost
 
+	leaf *leafLinks // the remotes' link states, nil without remotes
+
 	losses     []DataLoss
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
@@ -103,6 +105,7 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		opts.Cluster.NoAdvertise = cl.NoAdvertise
 		opts.Routes = server.RoutesFromStr(strings.Join(cl.Routes, ","))
 	}
+	leafListenOptions(opts, cfg.LeafNodes)
 	return opts
 }
 
@@ -233,6 +236,10 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return err
 	}
 	s.startRecorder()
+	s.startLeafWatch()
+	if l := s.cfg.LeafNodes; l.Hub() || l.Edge() {
+		s.log.Info("leafnodes configured", leafSummary(s.cfg)...)
+	}
 	s.log.Info("NATS server ready", "name", opts.ServerName, "client_url", ns.ClientURL(), "version", server.VERSION)
 	return nil
 }
@@ -395,6 +402,7 @@ func (s *Server) closeLocked() error {
 			s.log.Warn("cannot record stream positions at shutdown; the next start compares with the last periodic record", "err", err)
 		}
 	}
+	s.leaf.stop()
 	if s.nc != nil {
 		if err := s.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 			errs = append(errs, fmt.Errorf("drain in-process connection: %w", err))

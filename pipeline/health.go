@@ -180,6 +180,11 @@ func (m *Monitor) evaluate(r *Report) Health {
 		}
 		problem("%s", msg)
 	}
+	if f := m.opts.Degraded; f != nil {
+		for _, p := range f(time.Now()) {
+			problem("%s", p)
+		}
+	}
 	switch {
 	case unhealthyNow:
 		h.Status = HealthUnhealthy

@@ -90,6 +90,9 @@ type MonitorOptions struct {
 	// block). Like a retention loss they make the health degraded until
 	// the next start.
 	StartupLosses []string
+	// Degraded, when set, names problems that degrade the health without
+	// making it unhealthy (a hub unreachable for too long).
+	Degraded func(now time.Time) []string
 }
 
 // Monitor watches the JetStream state behind holdfast: that every stream

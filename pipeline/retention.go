@@ -506,6 +506,9 @@ func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act Activity) (e
 		}
 		return expectNone, 0
 	}
+	if act.Paused {
+		return expectNone, 0
+	}
 	if ci.NumPending > 0 && !pinned && len(act.Running) < t.mc.WantWorkers {
 		return expectPull, 0
 	}
@@ -545,7 +548,7 @@ func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, act Activity, now
 // longer than its timeout plus the stall timeout is stuck whatever the
 // other workers do.
 func (t *consumerTracker) stalled(ci *jetstream.ConsumerInfo, act Activity, timeout time.Duration, now time.Time) (bool, string) {
-	if t.mc.Workers != nil && len(act.Running) > 0 {
+	if t.mc.Workers != nil && len(act.Running) > 0 && !act.Paused {
 		if ran := now.Sub(act.Running[0]); ran >= t.mc.HandlerTimeout+timeout {
 			limit := "no timeout"
 			if t.mc.HandlerTimeout > 0 {

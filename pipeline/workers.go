@@ -42,6 +42,11 @@ type ConsumerOptions struct {
 	// Stats, when set, receives the counters, so that workers replaced at
 	// a reload keep counting where the old ones stopped.
 	Stats *Stats
+	// Paused, when set, is asked before each pull: while it reports true
+	// the workers pull nothing (the forward handler's hub is unreachable),
+	// so a wait spends no deliveries of max_deliver, and the monitor does
+	// not count it as a stall.
+	Paused func() bool
 	// Prefetch is how many messages are pulled ahead of the handlers,
 	// beyond one per worker. Each is kept alive with in-progress acks from
 	// its receipt, so it cannot outlive ack_wait while it waits.
@@ -213,6 +218,14 @@ func (w *Workers) fetch() {
 	defer close(w.queue)
 	failures := 0
 	for {
+		if w.paused() {
+			select {
+			case <-w.runCtx.Done():
+				return
+			case <-time.After(pausePoll):
+			}
+			continue
+		}
 		select {
 		case <-w.slots:
 		case <-w.runCtx.Done():
@@ -277,6 +290,11 @@ func (w *Workers) fetchBatch(n int) (int, error) {
 	}
 	return got, batch.Error()
 }
+
+// pausePoll is how often paused workers ask whether to go on.
+const pausePoll = 100 * time.Millisecond
+
+func (w *Workers) paused() bool { return w.opts.Paused != nil && w.opts.Paused() }
 
 func (w *Workers) consumer() jetstream.Consumer {
 	w.mu.Lock()
@@ -488,11 +506,17 @@ type Activity struct {
 	// last of them is due.
 	DelayedRetries int
 	RetryDue       time.Time
+	// Paused: the workers wait on purpose (ConsumerOptions.Paused).
+	Paused bool
 }
 
 // Activity returns what the workers are doing at now. It is cheap and
 // only reads.
-func (w *Workers) Activity(now time.Time) Activity { return w.activity.snapshot(now) }
+func (w *Workers) Activity(now time.Time) Activity {
+	act := w.activity.snapshot(now)
+	act.Paused = w.paused()
+	return act
+}
 
 // activity records the handlers running and the retries delayed on
 // purpose, for Activity.

@@ -38,9 +38,13 @@ type daemon struct {
 	stats     map[string]*pipeline.Stats
 	monitor   *pipeline.Monitor
 	statusSub *nats.Subscription
-	failed    chan struct{} // closed by fail
-	failOnce  sync.Once
-	failErr   error
+	// edge is the leafnode view (nil without [leafnodes]); forwarders are
+	// the forward handlers by consumer.
+	edge       *pipeline.EdgeView
+	forwarders map[string]*pipeline.Forwarder
+	failed     chan struct{} // closed by fail
+	failOnce   sync.Once
+	failErr    error
 
 	// running is cfg for other goroutines (the monitor's Recreate):
 	// stored by Open and Reload.
@@ -82,6 +86,10 @@ func (d *daemon) Open(ctx context.Context) error {
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
 	}
+	var err error
+	if d.edge, err = d.openEdgeView(); err != nil {
+		return err
+	}
 	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
@@ -114,13 +122,13 @@ func (d *daemon) Open(ctx context.Context) error {
 		StoreWriteErrors: d.srv.StoreWriteErrors,
 		ServerName:       d.cfg.Server.Name,
 		ClusterPeers:     clusterPeers(d.srv.NATS()),
+		Degraded:         d.edge.Problems,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
 	}
 	d.metrics.SetMonitor(d.monitor)
 	d.http.setMonitor(d.monitor)
-	var err error
 	if d.statusSub, err = serveStatus(d); err != nil {
 		return err
 	}
@@ -193,6 +201,8 @@ func handlerTimeout(cc *config.ConsumerConfig) time.Duration {
 		return cc.Exec.Timeout.Duration
 	case "http":
 		return cc.HTTP.Timeout.Duration
+	case "forward":
+		return cc.Forward.Timeout.Duration
 	}
 	return 0
 }
@@ -316,6 +326,7 @@ func (d *daemon) Close(ctx context.Context) error {
 			}
 			wg.Wait()
 		}
+		d.closeLeaf()
 		var errs []error
 		if d.srv != nil {
 			d.notify.Status("shutting down the NATS server")
@@ -331,7 +342,15 @@ func (d *daemon) Close(ctx context.Context) error {
 // counting on in the consumer's counters.
 func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
-	h, err := newHandler(name, cc, d.log)
+	var h pipeline.Handler
+	var fw *pipeline.Forwarder
+	var err error
+	if cc.Handler == "forward" {
+		fw, err = d.openForwarder(ctx, cfg, name)
+		h = fw
+	} else {
+		h, err = newHandler(name, cc, d.log)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -344,6 +363,10 @@ func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 	opts := consumerOptions(name, cc, h)
 	opts.OnResult = d.metrics.ObserveResult(cc.Stream)
 	opts.Stats = d.stats[name]
+	if fw != nil {
+		opts.Paused = func() bool { return !fw.Ready() }
+		d.setForwarder(name, fw)
+	}
 	w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
 	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
 	if err := w.Open(ctx); err != nil {
@@ -406,6 +429,7 @@ func restartOnlyChanges(cur, next *config.Config) []string {
 		{"[server]", cur.Server, next.Server},
 		{"[jetstream]", cur.JetStream, next.JetStream},
 		{"[cluster]", cur.Cluster, next.Cluster},
+		{"[leafnodes]", cur.LeafNodes, next.LeafNodes},
 		{"[http]", cur.HTTP, next.HTTP},
 		{"[auth]", cur.Auth, next.Auth},
 		{"[tls]", cur.TLS, next.TLS},
@@ -442,13 +466,13 @@ func movesKept(cur, next *config.Config, restart *[]string) map[string]*config.C
 func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *config.ConsumerConfig, name string) {
 	cc := cfg.Consumers[name]
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
-		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
+		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
 		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter
 	if same {
 		return
 	}
 	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
-	if cc.Workers > 0 {
+	if cc.Workers > 0 && cc.Handler != "forward" {
 		if _, err := newHandler(name, cc, d.log); err != nil {
 			d.log.Error("reload: workers keep their previous handler", "consumer", name, "err", err)
 			return

@@ -48,19 +48,20 @@ func statusSubject(name string) string {
 
 // statusReply is the daemon's answer on statusSubject.
 type statusReply struct {
-	Version    string           `json:"version"`
-	NATSServer string           `json:"nats_server"`
-	ServerName string           `json:"server_name"`
-	PID        int              `json:"pid"`
-	Started    time.Time        `json:"started"`
-	StoreDir   string           `json:"store_dir"`
-	Sync       string           `json:"sync"`
-	Domain     string           `json:"domain,omitempty"`
-	HTTPListen string           `json:"http_listen,omitempty"`
-	FailOnLoss bool             `json:"fail_on_loss"`
-	Health     pipeline.Health  `json:"health"`
-	Report     *pipeline.Report `json:"report"`
-	Cluster    *clusterStatus   `json:"cluster,omitempty"`
+	Version    string               `json:"version"`
+	NATSServer string               `json:"nats_server"`
+	ServerName string               `json:"server_name"`
+	PID        int                  `json:"pid"`
+	Started    time.Time            `json:"started"`
+	StoreDir   string               `json:"store_dir"`
+	Sync       string               `json:"sync"`
+	Domain     string               `json:"domain,omitempty"`
+	HTTPListen string               `json:"http_listen,omitempty"`
+	FailOnLoss bool                 `json:"fail_on_loss"`
+	Health     pipeline.Health      `json:"health"`
+	Report     *pipeline.Report     `json:"report"`
+	Cluster    *clusterStatus       `json:"cluster,omitempty"`
+	Leafnodes  *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
 }
 
 // serveStatus answers statusSubject on the daemon's in-process connection
@@ -85,6 +86,7 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 			FailOnLoss: cfg.HTTP.FailOnLoss,
 			Report:     d.monitor.CheckNow(ctx),
 			Cluster:    clusterView(d.srv.NATS()),
+			Leafnodes:  d.edge.Status(ctx),
 		}
 		reply.Health = d.monitor.Health()
 		data, err := json.Marshal(reply)
@@ -117,15 +119,16 @@ type statusOutput struct {
 	Healthy bool `json:"healthy"`
 	// Error says why nothing could be read (holdfast unreachable); the
 	// other fields are empty then.
-	Error     string           `json:"error,omitempty"`
-	URL       string           `json:"url"`
-	Daemon    *daemonOutput    `json:"daemon"`
-	Health    *pipeline.Health `json:"health"`
-	Problems  []string         `json:"problems,omitempty"`
-	JetStream jetStreamOutput  `json:"jetstream"`
-	Cluster   *clusterStatus   `json:"cluster,omitempty"`
-	Streams   []streamOutput   `json:"streams"`
-	Consumers []consumerOutput `json:"consumers"`
+	Error     string               `json:"error,omitempty"`
+	URL       string               `json:"url"`
+	Daemon    *daemonOutput        `json:"daemon"`
+	Health    *pipeline.Health     `json:"health"`
+	Problems  []string             `json:"problems,omitempty"`
+	JetStream jetStreamOutput      `json:"jetstream"`
+	Cluster   *clusterStatus       `json:"cluster,omitempty"`
+	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	Streams   []streamOutput       `json:"streams"`
+	Consumers []consumerOutput     `json:"consumers"`
 }
 
 type daemonOutput struct {
@@ -275,6 +278,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		out.JetStream.Sync = reply.Sync
 		out.JetStream.Domain = reply.Domain
 		out.Cluster = reply.Cluster
+		out.Leafnodes = reply.Leafnodes
 	}
 
 	out.JetStream.File.Limit, out.JetStream.Memory.Limit = -1, -1
@@ -451,6 +455,7 @@ func printStatus(w io.Writer, out *statusOutput) {
 		fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
 	}
 
+	printLeafnodes(w, out.Leafnodes)
 	if c := out.Cluster; c != nil {
 		fmt.Fprintln(w)
 		fmt.Fprintf(w, "Cluster    %s: this node %s, meta leader %s, %d node(s), %d route(s)\n", orDash(c.Name), c.Node, orDash(c.MetaLeader), c.Size, c.Routes)

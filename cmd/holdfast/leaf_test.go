@@ -1,0 +1,438 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// leafNode is one holdfast of an edge/hub test on 127.0.0.1.
+type leafNode struct {
+	name     string
+	inst     *e2eInstance
+	leafPort int // the hub's leafnode listener
+	httpAddr string
+	proc     *e2eProc
+}
+
+// newLeafHub writes the config of a hub: domain "hub", a leafnode
+// listener, and the one stream EDGE on edge.> with the given duplicate
+// window; no per-edge configuration.
+func newLeafHub(t *testing.T, duplicateWindow, extra string) *leafNode {
+	t.Helper()
+	n := &leafNode{name: "hub", leafPort: e2eFreePort(t), httpAddr: fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))}
+	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	n.inst.cfg = e2eWriteConfig(t, fmt.Sprintf(`[server]
+name = "hub"
+host = "127.0.0.1"
+port = %d
+
+[jetstream]
+store_dir = %q
+max_file_store = "1GB"
+max_memory_store = "64MB"
+domain = "hub"
+
+[http]
+listen = %q
+
+[leafnodes]
+listen = "127.0.0.1:%d"
+no_advertise = true
+
+[streams.EDGE]
+subjects = ["edge.>"]
+duplicate_window = %q
+%s`, n.inst.port, n.inst.store, n.httpAddr, n.leafPort, duplicateWindow, extra))
+	return n
+}
+
+// newLeafEdge writes the config of an edge named name: ORDERS on orders.*,
+// the consumer FORWARD with the forward handler (one worker), and one
+// remote at hubAddr (the hub's leafnode port, or a proxy in front of it).
+func newLeafEdge(t *testing.T, name, hubAddr, extra string) *leafNode {
+	t.Helper()
+	n := &leafNode{name: name, httpAddr: fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))}
+	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	n.inst.cfg = e2eWriteConfig(t, fmt.Sprintf(`[server]
+name = %q
+host = "127.0.0.1"
+port = %d
+
+[jetstream]
+store_dir = %q
+max_file_store = "1GB"
+max_memory_store = "64MB"
+
+[http]
+listen = %q
+
+[[leafnodes.remotes]]
+url = "nats-leaf://%s"
+
+[streams.ORDERS]
+subjects = ["orders.*"]
+
+[consumers.FORWARD]
+stream = "ORDERS"
+handler = "forward"
+workers = 1
+backoff = ["100ms"]
+%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, extra))
+	return n
+}
+
+func (n *leafNode) start(t *testing.T) {
+	t.Helper()
+	n.proc = startHoldfast(t, n.inst.cfg)
+	n.proc.waitReady()
+}
+
+func (n *leafNode) get(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + n.httpAddr + path)
+	if err != nil {
+		t.Fatalf("GET %s on %s: %v", path, n.name, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// leafPublish publishes count messages to the edge with PubAck, subjects
+// alternating over two, numbered from first; it returns how many were
+// acknowledged (all, or the test fails).
+func leafPublish(t *testing.T, js jetstream.JetStream, first, count int) {
+	t.Helper()
+	ctx := e2eContext(t)
+	var futures []jetstream.PubAckFuture
+	for i := first; i < first+count; i++ {
+		subj := "orders.created"
+		if i%2 == 1 {
+			subj = "orders.paid"
+		}
+		f, err := js.PublishAsync(subj, []byte(strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futures = append(futures, f)
+		if len(futures) == 500 {
+			leafAwait(t, ctx, futures)
+			futures = futures[:0]
+		}
+	}
+	leafAwait(t, ctx, futures)
+}
+
+func leafAwait(t *testing.T, ctx context.Context, futures []jetstream.PubAckFuture) {
+	t.Helper()
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish to the edge: %v", err)
+		case <-ctx.Done():
+			t.Fatal("PubAck timeout")
+		}
+	}
+}
+
+// hubCounts waits until the hub's stream holds want messages and no more
+// arrive, then reads every message and returns, per edge, how many times
+// each origin sequence was stored; it fails on a repeated Nats-Msg-Id.
+func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) map[string]map[uint64]int {
+	t.Helper()
+	e2eCheckFor(t, within, 100*time.Millisecond, func() error {
+		if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
+			return fmt.Errorf("hub EDGE holds %d messages, want %d", n, want)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // a duplicate would arrive now
+	if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
+		t.Fatalf("hub EDGE holds %d messages after settling, want %d", n, want)
+	}
+	ctx := e2eContext(t)
+	c, err := js.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]map[uint64]int{}
+	ids := map[string]bool{}
+	for got := uint64(0); got < want; {
+		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for m := range batch.Messages() {
+			n++
+			h := m.Headers()
+			id := h.Get(nats.MsgIdHdr)
+			if ids[id] {
+				t.Fatalf("Nats-Msg-Id %s stored twice", id)
+			}
+			ids[id] = true
+			edge := h.Get("Holdfast-Origin-Server")
+			seq, _ := strconv.ParseUint(h.Get("Holdfast-Origin-Seq"), 10, 64)
+			if !strings.HasPrefix(m.Subject(), "edge."+edge+".orders.") {
+				t.Fatalf("subject %s from edge %q", m.Subject(), edge)
+			}
+			if want := fmt.Sprintf("%s:ORDERS:", edge); !strings.HasPrefix(id, want) || !strings.HasSuffix(id, ":"+strconv.FormatUint(seq, 10)) {
+				t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, seq)
+			}
+			if out[edge] == nil {
+				out[edge] = map[uint64]int{}
+			}
+			out[edge][seq]++
+		}
+		if n == 0 {
+			t.Fatalf("read %d of %d messages from the hub", got, want)
+		}
+		got += uint64(n)
+	}
+	return out
+}
+
+// wantExactlyOnce checks that each edge's sequences 1..n arrived once.
+func wantExactlyOnce(t *testing.T, seen map[string]map[uint64]int, edges map[string]uint64) {
+	t.Helper()
+	for edge, n := range edges {
+		for seq := uint64(1); seq <= n; seq++ {
+			if c := seen[edge][seq]; c != 1 {
+				t.Errorf("edge %s seq %d stored %d times on the hub", edge, seq, c)
+			}
+		}
+		if len(seen[edge]) != int(n) {
+			t.Errorf("edge %s: %d sequences on the hub, want %d", edge, len(seen[edge]), n)
+		}
+	}
+}
+
+// TestLeafEdgesToHub: two edges forward to one hub over leafnodes. Every
+// message each edge acknowledged is stored once on the hub (by origin
+// header and Nats-Msg-Id), the edges' local streams stay apart, a message
+// too large for the hub's stream is dead-lettered on the edge with the
+// reason and the rest flow past it; status and metrics show the links,
+// the backlog and, on the hub, each edge's last sequence.
+func TestLeafEdgesToHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	// The hub's stream takes messages up to 2KB.
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1))
+	hub.start(t)
+	hubAddr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	e1 := newLeafEdge(t, "edge1", hubAddr, "")
+	e2 := newLeafEdge(t, "edge2", hubAddr, "")
+	e1.start(t)
+	e2.start(t)
+	_, hjs := e2eConnect(t, hub.inst)
+
+	const perEdge = 5000
+	start := time.Now()
+	var wg sync.WaitGroup
+	for i, e := range []*leafNode{e1, e2} {
+		_, js := e2eConnect(t, e.inst)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			leafPublish(t, js, 0, perEdge/2)
+			if i == 0 {
+				// Too large for the hub: dead-lettered on the edge.
+				if _, err := js.Publish(e2eContext(t), "orders.big", make([]byte, 4096)); err != nil {
+					t.Error(err)
+				}
+			}
+			leafPublish(t, js, perEdge/2, perEdge/2)
+		}()
+	}
+	wg.Wait()
+	seen := hubCounts(t, hjs, 2*perEdge, 60*time.Second)
+	took := time.Since(start)
+	t.Logf("%d messages from 2 edges stored once on the hub in %s (%.0f msg/s, publishing included)", 2*perEdge, took.Round(time.Millisecond), 2*perEdge/took.Seconds())
+	// edge1's big message took sequence perEdge/2+1.
+	for seq := uint64(1); seq <= perEdge+1; seq++ {
+		c := seen["edge1"][seq]
+		if seq == perEdge/2+1 {
+			if c != 0 {
+				t.Errorf("the oversized message reached the hub")
+			}
+			continue
+		}
+		if c != 1 {
+			t.Errorf("edge1 seq %d stored %d times", seq, c)
+		}
+	}
+	wantExactlyOnce(t, map[string]map[uint64]int{"edge2": seen["edge2"]}, map[string]uint64{"edge2": perEdge})
+
+	// Local streams stayed local.
+	for _, e := range []*leafNode{e1, e2} {
+		_, js := e2eConnect(t, e.inst)
+		want := uint64(perEdge)
+		if e == e1 {
+			want++
+		}
+		if n := e2eStreamState(t, js, "ORDERS").Msgs; n != want {
+			t.Errorf("%s ORDERS holds %d messages, want its own %d", e.name, n, want)
+		}
+	}
+	_, js1 := e2eConnect(t, e1.inst)
+	dl, err := js1.Stream(e2eContext(t), "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dl.GetLastMsgForSubject(e2eContext(t), "dlq.FORWARD.orders.big")
+	if err != nil {
+		t.Fatalf("no dead letter for the oversized message: %v", err)
+	}
+	if reason := m.Header.Get("Holdfast-Error"); !strings.Contains(reason, "max_msg_size") {
+		t.Errorf("dead letter reason %q does not name the hub's limit", reason)
+	}
+
+	metrics := e1.get(t, "/metrics")
+	for _, want := range []string{`holdfast_leafnode_connected{remote="nats-leaf://` + hubAddr + `"} 1`,
+		`holdfast_forward_messages_total{consumer="FORWARD"}`, `holdfast_forward_refused_total{consumer="FORWARD"} 1`,
+		`holdfast_forward_backlog_messages{consumer="FORWARD"} 0`, `holdfast_forward_oldest_unforwarded_age_seconds{consumer="FORWARD"} 0`} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("edge metrics lack %s", want)
+		}
+	}
+	if hm := hub.get(t, "/metrics"); !strings.Contains(hm, fmt.Sprintf(`holdfast_edge_last_seq{edge="edge2",stream="ORDERS"} %d`, perEdge)) {
+		t.Errorf("hub metrics lack edge2's last seq %d:\n%s", perEdge, grepLines(hm, "holdfast_edge_"))
+	}
+	st := runHoldfast(t, nil, "status", "--config", e1.inst.cfg)
+	for _, want := range []string{"Leafnode   nats-leaf://" + hubAddr + " connected", "Forward    FORWARD (stream ORDERS) -> domain hub: ready", "backlog 0"} {
+		if !strings.Contains(st.stdout, want) {
+			t.Errorf("edge status lacks %q:\n%s", want, st.stdout)
+		}
+	}
+	st = runHoldfast(t, nil, "status", "--config", hub.inst.cfg)
+	if !strings.Contains(st.stdout, fmt.Sprintf("Edge       edge2 stream ORDERS: last seq %d", perEdge)) {
+		t.Errorf("hub status lacks edge2:\n%s", st.stdout)
+	}
+}
+
+func grepLines(text, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestLeafHubOutages: an edge forwards through a TCP proxy the test
+// controls. The link is cut while the edge takes 1,000 messages (the
+// edge's health degrades after unreachable_after, its metrics show the
+// link down and the backlog); after healing everything arrives once.
+// Then the hub is killed (kill -9) in the middle of forwarding, the edge
+// takes more messages while the hub is away, the hub restarts on its
+// store: everything arrives once, no intervention.
+func TestLeafHubOutages(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	proxy := newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", hub.leafPort), nil)
+	edge := newLeafEdge(t, "edge1", proxy.addr(), "")
+	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[[leafnodes.remotes]]",
+		"[leafnodes]\nunreachable_after = \"2s\"\n\n[[leafnodes.remotes]]", 1))
+	// The hub's window must cover unreachable_after: 10m does.
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+
+	leafPublish(t, ejs, 0, 500)
+	hubCounts(t, hjs, 500, 30*time.Second)
+
+	// 1. The link is cut; the edge keeps taking messages.
+	proxy.Cut()
+	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_leafnode_connected{remote="nats-leaf://`+proxy.addr()+`"} 0`) {
+			return fmt.Errorf("link still up:\n%s", grepLines(m, "holdfast_leafnode_connected"))
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 500, 1000)
+	e2eCheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, "unreachable for") {
+			return fmt.Errorf("healthz: %s", h)
+		}
+		return nil
+	})
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_backlog_messages{consumer="FORWARD"} 1000`) {
+		t.Errorf("backlog during the cut:\n%s", grepLines(m, "holdfast_forward_"))
+	}
+	healed := time.Now()
+	proxy.Heal()
+	hubCounts(t, hjs, 1500, 60*time.Second)
+	t.Logf("catch-up after the cut: 1000 messages in %s (%.0f msg/s, reconnect included)", time.Since(healed).Round(time.Millisecond), 1000/time.Since(healed).Seconds())
+	e2eCheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+			return fmt.Errorf("healthz after healing: %s", h)
+		}
+		return nil
+	})
+
+	// 2. kill -9 of the hub in the middle of forwarding, publishing on.
+	leafPublish(t, ejs, 1500, 2000)
+	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 1600 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	hub.proc.signal(syscall.SIGKILL)
+	leafPublish(t, ejs, 3500, 500)
+	hub.start(t)
+	_, hjs = e2eConnect(t, hub.inst)
+	restarted := time.Now()
+	seen := hubCounts(t, hjs, 4000, 60*time.Second)
+	t.Logf("after the hub's kill -9 and restart: all 4000 on the hub %s after the restart", time.Since(restarted).Round(time.Millisecond))
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 4000})
+	if !strings.Contains(edge.proc.stderr.String(), "leafnode disconnected") || !strings.Contains(edge.proc.stderr.String(), "leafnode connected") {
+		t.Error("the edge did not log the link changes")
+	}
+}
+
+// TestLeafRefusesShortDuplicateWindow: an edge that promises no
+// duplicates through outages up to unreachable_after (default 5m) refuses
+// to start against a hub whose stream deduplicates over 2m only, and says
+// what to change.
+func TestLeafRefusesShortDuplicateWindow(t *testing.T) {
+	hub := newLeafHub(t, "2m", "")
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.proc = startHoldfast(t, edge.inst.cfg)
+	if code := edge.proc.wait(30 * time.Second); code != 1 {
+		t.Fatalf("edge exited with %d, want 1", code)
+	}
+	log := edge.proc.stderr.String()
+	for _, want := range []string{"duplicate window is too short", "stream EDGE", "2m0s", "unreachable_after = 5m0s", `duplicate_window = "5m0s"`} {
+		if !strings.Contains(log, want) {
+			t.Errorf("edge log lacks %q:\n%s", want, log)
+		}
+	}
+}
+
+// TestLeafNodesChangeNeedsRestart: a changed [leafnodes] is named as
+// needing a restart at reload, not dropped.
+func TestLeafNodesChangeNeedsRestart(t *testing.T) {
+	cur, next := config.DefaultConfig(), config.DefaultConfig()
+	next.LeafNodes.Listen = "127.0.0.1:7422"
+	if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{"[leafnodes]"}) {
+		t.Errorf("restart names %v", got)
+	}
+}

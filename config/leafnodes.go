@@ -1,0 +1,332 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// LeafNodesConfig is the [leafnodes] table: the hub side (Listen, for
+// edges to connect to) and the edge side (Remotes, the hubs this node
+// connects to). One node may be both.
+type LeafNodesConfig struct {
+	// Listen is host:port for leafnode connections from edges (hub side).
+	Listen string `toml:"listen"`
+	// User and PasswordFile are what edges must present (hub side);
+	// required beyond loopback unless [auth] is configured (the server
+	// then authenticates edges like clients). The file holds the plain
+	// password or its bcrypt hash.
+	User         string `toml:"user"`
+	PasswordFile string `toml:"password_file"`
+	// TLS for the listener: certificate, key, and the CA of the edges'
+	// certificates when Verify asks for them.
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+	CAFile   string `toml:"ca_file"`
+	Verify   bool   `toml:"verify"`
+	// NoAdvertise (hub side) keeps the hub from telling edges its other
+	// leafnode addresses (those of its cluster's nodes), so that edges
+	// connect only to the remotes' urls (behind NAT, or through a proxy).
+	NoAdvertise bool `toml:"no_advertise"`
+	// EdgeSubjects (hub side) are the subjects whose messages' origin
+	// headers the hub tracks per edge (holdfast_edge_last_*).
+	EdgeSubjects []string `toml:"edge_subjects"`
+
+	// Remotes are the hubs this node connects to (edge side).
+	Remotes []RemoteConfig `toml:"remotes"`
+	// UnreachableAfter is how long a remote may be disconnected before
+	// /healthz reports the edge degraded. Forwarding is free of duplicates
+	// through outages up to this long: a forwarding edge refuses a hub
+	// whose stream's duplicate window is shorter.
+	UnreachableAfter Duration `toml:"unreachable_after"`
+}
+
+// RemoteConfig is one [[leafnodes.remotes]] entry: a hub to connect to.
+// At most one way to authenticate: User with PasswordFile, TokenFile, or
+// Credentials (a NATS .creds file, for operator-mode hubs).
+type RemoteConfig struct {
+	URL          string `toml:"url"`
+	User         string `toml:"user"`
+	PasswordFile string `toml:"password_file"`
+	TokenFile    string `toml:"token_file"`
+	Credentials  string `toml:"credentials"`
+	// TLS: the CA that signed the hub's certificate, and this edge's own
+	// certificate when the hub asks for one. A tls:// or nats-leaf URL
+	// with CAFile set uses TLS.
+	CAFile   string `toml:"ca_file"`
+	CertFile string `toml:"cert_file"`
+	KeyFile  string `toml:"key_file"`
+}
+
+// ForwardConfig is a consumer's [consumers.NAME.forward] table: where the
+// forward handler sends the consumer's messages.
+type ForwardConfig struct {
+	// Subject is the destination: {server} is server.name, {subject} the
+	// original subject (only as the last token).
+	Subject string `toml:"subject"`
+	// Domain is the hub's JetStream domain, reached over the leafnode.
+	Domain string `toml:"domain"`
+	// Timeout bounds one publish to the hub, waiting for its PubAck.
+	Timeout Duration `toml:"timeout"`
+}
+
+// Defaults of [leafnodes] and [consumers.NAME.forward].
+const (
+	DefaultUnreachableAfter = 5 * time.Minute
+	DefaultForwardSubject   = "edge.{server}.{subject}"
+	DefaultForwardDomain    = "hub"
+	DefaultForwardTimeout   = 10 * time.Second
+)
+
+// DefaultEdgeSubjects are the subjects a hub tracks edges on by default:
+// where DefaultForwardSubject sends.
+var DefaultEdgeSubjects = []string{"edge.>"}
+
+// Hub reports whether this node accepts leafnode connections.
+func (l LeafNodesConfig) Hub() bool { return l.Listen != "" }
+
+// Edge reports whether this node connects to hubs.
+func (l LeafNodesConfig) Edge() bool { return len(l.Remotes) > 0 }
+
+// TLSEnabled reports whether the leafnode listener uses TLS.
+func (l LeafNodesConfig) TLSEnabled() bool {
+	return l.CertFile != "" || l.KeyFile != "" || l.CAFile != ""
+}
+
+// TLSEnabled reports whether the connection to the remote uses TLS.
+func (r RemoteConfig) TLSEnabled() bool {
+	return r.CAFile != "" || r.CertFile != "" || strings.HasPrefix(r.URL, "tls://")
+}
+
+// Redacted is the remote's URL without credentials, for logs and labels.
+func (r RemoteConfig) Redacted() string {
+	u, err := url.Parse(r.URL)
+	if err != nil {
+		return r.URL
+	}
+	u.User = nil
+	return u.String()
+}
+
+// ListenHostPort splits Listen.
+func (l LeafNodesConfig) ListenHostPort() (string, int, error) {
+	return ClusterConfig{Listen: l.Listen}.ListenHostPort()
+}
+
+// ForwardPublishSubject is the subject pattern a forward template
+// publishes on: the template with {server} filled in and {subject} as ">".
+func ForwardPublishSubject(template, serverName string) string {
+	s := strings.ReplaceAll(template, "{server}", serverName)
+	return strings.ReplaceAll(s, "{subject}", ">")
+}
+
+// applyLeafNodeDefaults gives an edge its JetStream domain (server.name)
+// when the file does not set one.
+func (c *Config) applyLeafNodeDefaults() {
+	if c.LeafNodes.Edge() && c.JetStream.Domain == "" {
+		c.JetStream.Domain = c.Server.Name
+	}
+}
+
+// validateLeafNodes checks [leafnodes], the domain it needs and every
+// forward handler.
+func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
+	l := c.LeafNodes
+	if c.leafNodesTable && !l.Hub() && !l.Edge() {
+		v.add("leafnodes", "", "empty table: set listen (a hub) or [[leafnodes.remotes]] (an edge), or remove it")
+	}
+	if (l.Hub() || l.Edge()) && fromFile && !c.serverNameSet {
+		v.add("server.name", q(c.Server.Name), "must be set in the file with [leafnodes], unique per node: it names the edge on the hub and in every forwarded message's id")
+	}
+	if v.duration("leafnodes.unreachable_after", l.UnreachableAfter) && l.UnreachableAfter.Duration < time.Second {
+		v.add("leafnodes.unreachable_after", l.UnreachableAfter.String(), "must be at least 1s")
+	}
+	if l.Hub() {
+		if host, port, err := l.ListenHostPort(); err != nil {
+			v.add("leafnodes.listen", q(l.Listen), "must be host:port with a port 1-65535: %v", err)
+		} else {
+			if port == c.Server.Port {
+				v.add("leafnodes.listen", q(l.Listen), "uses the client port server.port = %d: give leafnodes their own port (7422 is usual)", port)
+			}
+			if cl := c.Cluster; cl.Enabled() {
+				if _, cp, err := cl.ListenHostPort(); err == nil && cp == port {
+					v.add("leafnodes.listen", q(l.Listen), "uses the route port of cluster.listen")
+				}
+			}
+			if !IsLoopback(host) && l.User == "" && !c.Auth.Enabled() {
+				v.add("leafnodes.listen", q(l.Listen), "leafnodes on a non-loopback address need leafnodes.user and leafnodes.password_file (or an [auth] table): anyone who reaches the port could read and write every subject")
+			}
+		}
+		if l.TLSEnabled() && (l.CertFile == "" || l.KeyFile == "") {
+			v.add("leafnodes.cert_file", q(l.CertFile), "leafnode TLS needs leafnodes.cert_file and leafnodes.key_file")
+		}
+		if l.Verify && l.CAFile == "" {
+			v.add("leafnodes.verify", "true", "needs leafnodes.ca_file: the CA that signs the edges' certificates")
+		}
+		for i, s := range l.EdgeSubjects {
+			if !server.IsValidSubject(s) {
+				v.add(fmt.Sprintf("leafnodes.edge_subjects[%d]", i), q(s), "not a valid NATS subject")
+			}
+		}
+	} else if l.User != "" || l.PasswordFile != "" || l.TLSEnabled() || l.Verify || l.NoAdvertise {
+		v.add("leafnodes.listen", `""`, "user, password_file, no_advertise and TLS settings of [leafnodes] are for the hub's listener: set listen, or move them into a [[leafnodes.remotes]] entry")
+	}
+	if (l.User == "") != (l.PasswordFile == "") {
+		v.add("leafnodes.user", q(l.User), "leafnodes.user and leafnodes.password_file go together")
+	}
+	seen := map[string]bool{}
+	for i, r := range l.Remotes {
+		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
+		u, err := url.Parse(r.URL)
+		switch {
+		case r.URL == "":
+			v.add(key+".url", `""`, "required: the hub's leafnode address, e.g. \"nats-leaf://hub.example:7422\"")
+		case err != nil:
+			v.add(key+".url", q(r.URL), "not a URL: %v", err)
+		case u.Scheme != "nats-leaf" && u.Scheme != "nats" && u.Scheme != "tls":
+			v.add(key+".url", q(r.URL), "must start with nats-leaf:// (or tls:// for TLS)")
+		case u.Hostname() == "" || u.Port() == "":
+			v.add(key+".url", q(r.URL), "must name host and port (nats-leaf://hub.example:7422)")
+		case u.User != nil:
+			v.add(key+".url", q(r.Redacted()), "must not hold credentials: use user and password_file, token_file or credentials")
+		default:
+			if seen[strings.ToLower(u.Host)] {
+				v.add(key+".url", q(r.URL), "listed twice")
+			}
+			seen[strings.ToLower(u.Host)] = true
+		}
+		n := 0
+		for _, set := range []bool{r.User != "" || r.PasswordFile != "", r.TokenFile != "", r.Credentials != ""} {
+			if set {
+				n++
+			}
+		}
+		if n > 1 {
+			v.add(key, "", "use one way to authenticate: user and password_file, token_file, or credentials")
+		}
+		if (r.User == "") != (r.PasswordFile == "") {
+			v.add(key+".user", q(r.User), "user and password_file go together")
+		}
+		if (r.CertFile == "") != (r.KeyFile == "") {
+			v.add(key+".cert_file", q(r.CertFile), "a client certificate needs cert_file and key_file")
+		}
+	}
+	if l.Edge() && c.JetStream.Domain == "" {
+		v.add("jetstream.domain", `""`, "required with [[leafnodes.remotes]]: the edge's own JetStream domain keeps its streams local and apart from the hub's (it defaults to server.name)")
+	}
+	for _, name := range c.ConsumerNames() {
+		if cc := c.Consumers[name]; cc.Handler == "forward" {
+			c.validateForward(v, name, cc)
+		}
+	}
+}
+
+// validateForward checks a consumer's forward handler settings.
+func (c *Config) validateForward(v *validator, name string, cc *ConsumerConfig) {
+	key := "consumers." + name + ".forward"
+	f := cc.Forward
+	if !c.LeafNodes.Edge() {
+		v.add(key, "", "handler = \"forward\" sends to a hub over a leafnode: add a [[leafnodes.remotes]] entry with the hub's url")
+	}
+	if f.Domain == "" || !validName(f.Domain) {
+		v.add(key+".domain", q(f.Domain), "must be the hub's JetStream domain (no spaces, '.', '*', '>')")
+	} else if f.Domain == c.JetStream.Domain {
+		v.add(key+".domain", q(f.Domain), "is this node's own jetstream.domain: the hub must have another domain, or the messages would stay here")
+	}
+	if v.duration(key+".timeout", f.Timeout) && f.Timeout.Duration < MinHandlerTimeout {
+		v.add(key+".timeout", f.Timeout.String(), "must be at least %s", MinHandlerTimeout)
+	}
+	tmpl := f.Subject
+	if i := strings.Index(tmpl, "{subject}"); i >= 0 && i != len(tmpl)-len("{subject}") {
+		v.add(key+".subject", q(tmpl), "{subject} (the original subject, one or more tokens) may only be the last token, e.g. \"edge.{server}.{subject}\"")
+		return
+	}
+	rest := strings.NewReplacer("{server}", "", "{subject}", "").Replace(tmpl)
+	if strings.ContainsAny(rest, "{}") {
+		v.add(key+".subject", q(tmpl), "unknown placeholder: only {server} and {subject} are known")
+		return
+	}
+	pattern := ForwardPublishSubject(tmpl, c.Server.Name)
+	literal := strings.TrimSuffix(strings.TrimSuffix(pattern, ">"), ".")
+	switch {
+	case tmpl == "" || !server.IsValidSubject(pattern) || (literal != "" && !server.IsValidLiteralSubject(literal)):
+		v.add(key+".subject", q(tmpl), "not a valid subject template: tokens without wildcards, e.g. \"edge.{server}.{subject}\"")
+		return
+	case strings.HasPrefix(pattern, "$") || strings.HasPrefix(pattern, "dlq.") || replySubject(pattern) != "":
+		v.add(key+".subject", q(tmpl), "reserved: pick a destination of your own such as \"edge.{server}.{subject}\"")
+		return
+	}
+	for _, sname := range c.StreamNames() {
+		for _, s := range c.Streams[sname].Subjects {
+			if server.SubjectsCollide(s, pattern) {
+				v.add(key+".subject", q(tmpl), "overlaps %q of this node's stream %s: the forwarded messages would be stored here again and forwarded again (a loop); pick a destination no local stream captures", s, sname)
+				return
+			}
+		}
+	}
+	if !strconvSafe(c.Server.Name) {
+		v.add("server.name", q(c.Server.Name), "is used in the forward subject and must contain no '.', '*' or '>'")
+	}
+}
+
+// strconvSafe reports whether a server name can be one subject token.
+func strconvSafe(name string) bool {
+	return name != "" && !strings.ContainsAny(name, ".*> \t")
+}
+
+// forwardDefaults are the [consumers.NAME.forward] defaults.
+func forwardDefaults() ForwardConfig {
+	return ForwardConfig{Subject: DefaultForwardSubject, Domain: DefaultForwardDomain, Timeout: Dur(DefaultForwardTimeout)}
+}
+
+// loadLeafSecrets reads the leafnode password and the remotes' secrets,
+// and checks that the certificate, CA and credentials files exist.
+func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
+	l := c.LeafNodes
+	if f := l.PasswordFile; f != "" {
+		if pw, ok := readSecret(v, "leafnodes.password_file", f, true); ok {
+			if pw == "" {
+				v.add("leafnodes.password_file", q(f), "the file is empty")
+			}
+			sec.LeafPassword = pw
+		}
+	}
+	if l.KeyFile != "" {
+		checkSecretFile(v, "leafnodes.key_file", l.KeyFile, false)
+	}
+	files := []struct{ key, path string }{{"leafnodes.cert_file", l.CertFile}, {"leafnodes.ca_file", l.CAFile}}
+	sec.RemoteSecrets = make([]string, len(l.Remotes))
+	for i, r := range l.Remotes {
+		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
+		for _, f := range []struct{ key, path string }{{key + ".password_file", r.PasswordFile}, {key + ".token_file", r.TokenFile}} {
+			if f.path == "" {
+				continue
+			}
+			if s, ok := readSecret(v, f.key, f.path, true); ok {
+				if s == "" {
+					v.add(f.key, q(f.path), "the file is empty")
+				}
+				sec.RemoteSecrets[i] = s
+			}
+		}
+		if r.Credentials != "" {
+			checkSecretFile(v, key+".credentials", r.Credentials, true)
+		}
+		if r.KeyFile != "" {
+			checkSecretFile(v, key+".key_file", r.KeyFile, false)
+		}
+		files = append(files, struct{ key, path string }{key + ".cert_file", r.CertFile}, struct{ key, path string }{key + ".ca_file", r.CAFile})
+	}
+	for _, f := range files {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			v.add(f.key, q(f.path), "%v", unwrapPathError(err))
+		}
+	}
+}

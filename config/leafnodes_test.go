@@ -1,0 +1,191 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+const edgeNode = `
+[server]
+name = "edge1"
+
+[[leafnodes.remotes]]
+url = "nats-leaf://127.0.0.1:7422"
+
+[streams.ORDERS]
+subjects = ["orders.*"]
+
+[consumers.FORWARD]
+stream = "ORDERS"
+handler = "forward"
+workers = 1
+`
+
+const hubNode = `
+[server]
+name = "hub"
+
+[jetstream]
+domain = "hub"
+
+[leafnodes]
+listen = "127.0.0.1:7422"
+
+[streams.EDGE]
+subjects = ["edge.>"]
+duplicate_window = "10m"
+`
+
+// TestLeafNodeDefaults: an edge's domain defaults to server.name, forward
+// settings and unreachable_after to their defaults; a hub is valid with
+// a loopback listener and no auth.
+func TestLeafNodeDefaults(t *testing.T) {
+	cfg := mustParse(t, edgeNode)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.JetStream.Domain != "edge1" {
+		t.Errorf("domain = %q, want the server name edge1", cfg.JetStream.Domain)
+	}
+	f := cfg.Consumers["FORWARD"].Forward
+	if f.Subject != DefaultForwardSubject || f.Domain != "hub" || f.Timeout.Duration != DefaultForwardTimeout {
+		t.Errorf("forward defaults = %+v", f)
+	}
+	if got := cfg.LeafNodes.UnreachableAfter.Duration; got != DefaultUnreachableAfter {
+		t.Errorf("unreachable_after = %s, want %s", got, DefaultUnreachableAfter)
+	}
+	if got := ForwardPublishSubject(f.Subject, cfg.Server.Name); got != "edge.edge1.>" {
+		t.Errorf("publish subject = %q", got)
+	}
+	if !cfg.LeafNodes.Edge() || cfg.LeafNodes.Hub() {
+		t.Error("edge config is not an edge")
+	}
+
+	hub := mustParse(t, hubNode)
+	if err := hub.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	if !hub.LeafNodes.Hub() || hub.LeafNodes.Edge() || hub.JetStream.Domain != "hub" {
+		t.Errorf("hub config: %+v domain %q", hub.LeafNodes, hub.JetStream.Domain)
+	}
+
+	// Inline remotes, as SPEC writes them, and a domain of its own.
+	cfg = mustParse(t, `
+[server]
+name = "edge-02"
+[jetstream]
+domain = "site2"
+[leafnodes]
+remotes = [{ url = "tls://hub.example:7422", credentials = "/etc/holdfast/leaf.creds", ca_file = "/etc/ca.pem" }]
+unreachable_after = "1m"
+`)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.JetStream.Domain != "site2" || !cfg.LeafNodes.Remotes[0].TLSEnabled() || cfg.LeafNodes.UnreachableAfter.Duration != time.Minute {
+		t.Errorf("inline remote: %+v", cfg.LeafNodes)
+	}
+}
+
+// TestLeafNodeRefusals: each refusal names its key path.
+func TestLeafNodeRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name, toml, key, reason string
+	}{
+		{"empty table", "[leafnodes]\n", "leafnodes", "empty table"},
+		{"unknown key", "", "", ""},
+		{"no server.name", strings.Replace(edgeNode, "name = \"edge1\"\n", "", 1), "server.name", "must be set in the file"},
+		{"remote without url", strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, `user = "leaf"`, 1), "leafnodes.remotes[0].url", "required"},
+		{"remote scheme", strings.Replace(edgeNode, "nats-leaf://", "http://", 1), "leafnodes.remotes[0].url", "nats-leaf://"},
+		{"remote with credentials in the url", strings.Replace(edgeNode, "nats-leaf://", "nats-leaf://u:secret@", 1), "leafnodes.remotes[0].url", "must not hold credentials"},
+		{"remote with two auth ways", strings.Replace(edgeNode, "\n\n[streams", "\ntoken_file = \"/t\"\ncredentials = \"/c\"\n\n[streams", 1), "leafnodes.remotes[0]", "one way to authenticate"},
+		{"remote user without password", strings.Replace(edgeNode, "\n\n[streams", "\nuser = \"leaf\"\n\n[streams", 1), "leafnodes.remotes[0].user", "go together"},
+		{"hub beyond loopback without auth", strings.Replace(hubNode, "127.0.0.1:7422", "0.0.0.0:7422", 1), "leafnodes.listen", "need leafnodes.user"},
+		{"hub on the client port", strings.Replace(hubNode, "127.0.0.1:7422", "127.0.0.1:4222", 1), "leafnodes.listen", "client port"},
+		{"hub listen not host:port", strings.Replace(hubNode, "127.0.0.1:7422", "7422", 1), "leafnodes.listen", "host:port"},
+		{"hub user without password file", strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\nuser = \"leaf\"", 1), "leafnodes.user", "go together"},
+		{"hub verify without ca", strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\ncert_file = \"/c\"\nkey_file = \"/k\"\nverify = true", 1), "leafnodes.verify", "ca_file"},
+		{"unreachable_after too short", strings.Replace(edgeNode, "[[leafnodes.remotes]]", "[leafnodes]\nunreachable_after = \"10ms\"\n[[leafnodes.remotes]]", 1), "leafnodes.unreachable_after", "at least 1s"},
+		{"forward without remotes", hubNode + "\n[consumers.F]\nstream = \"EDGE\"\nhandler = \"forward\"\n[consumers.F.forward]\ndomain = \"central\"\nsubject = \"up.{subject}\"\n", "consumers.F.forward", "[[leafnodes.remotes]]"},
+		{"forward to own domain", edgeNode + "[consumers.FORWARD.forward]\ndomain = \"edge1\"\n", "consumers.FORWARD.forward.domain", "own jetstream.domain"},
+		{"forward loops into a local stream", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"orders.{subject}\"\n", "consumers.FORWARD.forward.subject", "a loop"},
+		{"forward subject with {subject} inside", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"edge.{subject}.x\"\n", "consumers.FORWARD.forward.subject", "last token"},
+		{"forward subject with a wildcard", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"edge.*.{subject}\"\n", "consumers.FORWARD.forward.subject", "not a valid subject template"},
+		{"forward subject unknown placeholder", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"edge.{host}.{subject}\"\n", "consumers.FORWARD.forward.subject", "unknown placeholder"},
+		{"forward to the dead letters", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"dlq.{subject}\"\n", "consumers.FORWARD.forward.subject", "reserved"},
+		{"forward timeout", edgeNode + "[consumers.FORWARD.forward]\ntimeout = \"1ms\"\n", "consumers.FORWARD.forward.timeout", "at least"},
+		{"server name with a dot", strings.Replace(edgeNode, `name = "edge1"`, `name = "edge.1"`, 1) + "[jetstream]\ndomain = \"e1\"\n", "server.name", "no '.'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.toml == "" {
+				wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "leafnodes.foo", "unknown key")
+				return
+			}
+			cfg, err := Parse(strings.NewReader(tc.toml), "test.toml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = cfg.validateFile()
+			var ve *ValidationError
+			if !errors.As(err, &ve) {
+				t.Fatalf("validate: %v, want a ValidationError", err)
+			}
+			for _, p := range ve.Problems {
+				if p.Key == tc.key && strings.Contains(p.Reason, tc.reason) {
+					return
+				}
+			}
+			t.Fatalf("no problem %s: ...%s... in\n%v", tc.key, tc.reason, err)
+		})
+	}
+}
+
+// TestLeafNodeSecretFiles: the hub's and the remotes' secret files are
+// read with the same checks as the others, and refused by key path.
+func TestLeafNodeSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "leaf.password")
+	if err := os.WriteFile(good, []byte("s3cret-leaf-password\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := filepath.Join(dir, "open.password")
+	if err := os.WriteFile(open, []byte("s3cret\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := mustParse(t, strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\nuser = \"leaf\"\npassword_file = \""+good+"\"", 1)+`
+[[leafnodes.remotes]]
+url = "nats-leaf://127.0.0.1:7423"
+user = "up"
+password_file = "`+good+`"
+`)
+	sec, err := cfg.LoadSecrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sec.LeafPassword != "s3cret-leaf-password" || sec.RemoteSecrets[0] != "s3cret-leaf-password" {
+		t.Errorf("secrets not read: %q %q", sec.LeafPassword, sec.RemoteSecrets)
+	}
+
+	cfg = mustParse(t, edgeNode)
+	cfg.LeafNodes.Remotes[0].TokenFile = open
+	cfg.LeafNodes.Remotes[0].Credentials = filepath.Join(dir, "missing.creds")
+	cfg.LeafNodes.Remotes[0].CAFile = filepath.Join(dir, "missing-ca.pem")
+	_, err = cfg.LoadSecrets()
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("LoadSecrets: %v, want a ValidationError", err)
+	}
+	for _, key := range []string{"leafnodes.remotes[0].token_file", "leafnodes.remotes[0].credentials", "leafnodes.remotes[0].ca_file"} {
+		found := false
+		for _, p := range ve.Problems {
+			found = found || p.Key == key
+		}
+		if !found {
+			t.Errorf("no problem for %s in\n%v", key, err)
+		}
+	}
+}

@@ -1,0 +1,191 @@
+package embedded
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// leafHubConfig is a hub with domain "hub", a leafnode listener on a free
+// port and the stream EDGE on edge.>; user/password protect the listener
+// when user is set.
+func leafHubConfig(t *testing.T, user, passwordFile string) *config.Config {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Server.Name = "hub"
+	cfg.JetStream.Domain = "hub"
+	cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = user, passwordFile
+	cfg.Streams = map[string]*config.StreamConfig{"EDGE": config.DefaultStream([]string{"edge.>"})}
+	cfg.Consumers = map[string]*config.ConsumerConfig{}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// leafEdgeConfig is an edge named name with ORDERS on orders.* and one
+// remote, the hub's listener.
+func leafEdgeConfig(t *testing.T, name string, hub *config.Config, remote config.RemoteConfig) *config.Config {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.Server.Name = name
+	cfg.JetStream.Domain = name
+	remote.URL = "nats-leaf://" + hub.LeafNodes.Listen
+	cfg.LeafNodes.Remotes = []config.RemoteConfig{remote}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+func waitFor(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestLeafNodesEdgeToHub: two edges connect to a hub; a JetStream
+// publish on an edge to edge.<name>.> is stored by the hub's stream with
+// the hub's PubAck; each edge's own ORDERS keeps its messages to itself
+// (the other edge's ORDERS, on the same subjects, does not store them);
+// the link state follows the hub going away, and is logged.
+func TestLeafNodesEdgeToHub(t *testing.T) {
+	ctx := context.Background()
+	hubCfg := leafHubConfig(t, "", "")
+	hub := runServer(t, hubCfg)
+	if err := Bootstrap(ctx, hub.JetStream(), hubCfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	var edges []*Server
+	var logs []*logBuffer
+	for _, name := range []string{"edge1", "edge2"} {
+		cfg := leafEdgeConfig(t, name, hubCfg, config.RemoteConfig{})
+		log, lb := testLogger(t)
+		e := runServerWithLog(t, cfg, log)
+		if err := Bootstrap(ctx, e.JetStream(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+		edges = append(edges, e)
+		logs = append(logs, lb)
+	}
+	for _, e := range edges {
+		waitFor(t, "the leafnode link", e.LeafConnected)
+	}
+	if got := len(hub.LeafLinks()); got != 0 {
+		t.Errorf("hub reports %d remotes, want none", got)
+	}
+
+	hubJS, err := jetstream.NewWithDomain(edges[0].Conn(), "hub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ack *jetstream.PubAck
+	waitFor(t, "the hub's stream to answer through the leafnode", func() bool {
+		ack, err = hubJS.Publish(ctx, "edge.edge1.orders.created", []byte("up"), jetstream.WithMsgID("edge1:ORDERS:1:1"))
+		return err == nil
+	})
+	if ack.Domain != "hub" || ack.Stream != "EDGE" {
+		t.Fatalf("PubAck from %s/%s, want hub/EDGE", ack.Domain, ack.Stream)
+	}
+	// The same id again: stored once.
+	if ack, err = hubJS.Publish(ctx, "edge.edge1.orders.created", []byte("up"), jetstream.WithMsgID("edge1:ORDERS:1:1")); err != nil || !ack.Duplicate {
+		t.Fatalf("second publish: %+v %v, want a duplicate", ack, err)
+	}
+
+	// Local traffic stays local.
+	for i, e := range edges {
+		if _, err := e.JetStream().Publish(ctx, "orders.created", []byte(fmt.Sprintf("local %d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	for i, e := range edges {
+		s, err := e.JetStream().Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := s.CachedInfo().State.Msgs; n != 1 {
+			t.Errorf("edge%d ORDERS holds %d messages, want its own 1", i+1, n)
+		}
+	}
+	s, err := hub.JetStream().Stream(ctx, "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := s.CachedInfo().State.Msgs; n != 1 {
+		t.Errorf("hub EDGE holds %d messages, want 1", n)
+	}
+
+	if err := hub.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the link to go down", func() bool { return !edges[0].LeafConnected() })
+	links := edges[0].LeafLinks()
+	if len(links) != 1 || links[0].Connected || links[0].Connects != 1 || links[0].Remote != "nats-leaf://"+hubCfg.LeafNodes.Listen {
+		t.Errorf("links = %+v", links)
+	}
+	for _, want := range []string{"leafnode connected", "leafnode disconnected"} {
+		if !strings.Contains(logs[0].String(), want) {
+			t.Errorf("edge log lacks %q", want)
+		}
+	}
+}
+
+// TestLeafNodesAuth: a hub with leafnodes.user refuses an edge with the
+// wrong password and accepts the right one.
+func TestLeafNodesAuth(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.password")
+	bad := filepath.Join(dir, "bad.password")
+	for f, s := range map[string]string{pw: "right-password", bad: "wrong-password"} {
+		if err := os.WriteFile(f, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hubCfg := leafHubConfig(t, "leaf", pw)
+	runServer(t, hubCfg)
+	wrong := runServer(t, leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{User: "leaf", PasswordFile: bad}))
+	right := runServer(t, leafEdgeConfig(t, "edge2", hubCfg, config.RemoteConfig{User: "leaf", PasswordFile: pw}))
+	waitFor(t, "the edge with the right password to connect", right.LeafConnected)
+	time.Sleep(time.Second)
+	if wrong.LeafConnected() {
+		t.Fatal("an edge with the wrong password is connected")
+	}
+}
+
+// TestLeafDenied: an edge keeps its streams' subjects and the dead
+// letters off the link.
+func TestLeafDenied(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.Streams["MORE"] = config.DefaultStream([]string{"more.>", "orders.*"})
+	got := strings.Join(LeafDenied(cfg), " ")
+	if got != "$JS.EVENT.> dlq.> more.> orders.*" {
+		t.Errorf("denied = %q", got)
+	}
+}

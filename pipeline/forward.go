@@ -1,0 +1,494 @@
+package pipeline
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Headers a forwarded message carries: where it came from.
+const (
+	HeaderOriginServer        = "Holdfast-Origin-Server"
+	HeaderOriginStream        = "Holdfast-Origin-Stream"
+	HeaderOriginStreamCreated = "Holdfast-Origin-Stream-Created"
+	HeaderOriginSeq           = "Holdfast-Origin-Seq"
+	HeaderOriginSubject       = "Holdfast-Origin-Subject"
+	HeaderOriginTime          = "Holdfast-Origin-Time"
+	HeaderOriginMsgID         = "Holdfast-Origin-Msg-Id"
+)
+
+// ForwardMsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
+// stream incarnation (its creation time) and sequence, so that the hub's
+// stream stores each message once however often it is sent, and a stream
+// recreated on the edge (sequences from 1 again) is not taken for the old
+// one.
+func ForwardMsgID(server, stream string, streamCreated time.Time, seq uint64) string {
+	return server + ":" + stream + ":" + strconv.FormatInt(streamCreated.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
+}
+
+// ForwardSubject fills a destination template: {server} is the edge's
+// name, {subject} the original subject.
+func ForwardSubject(template, server, subject string) string {
+	return strings.NewReplacer("{server}", server, "{subject}", subject).Replace(template)
+}
+
+// ErrDuplicateWindow is returned when the hub's stream deduplicates over a
+// shorter time than forwarding must be free of duplicates for.
+var ErrDuplicateWindow = errors.New("the hub's stream duplicate window is too short")
+
+// ForwardOptions configures a Forwarder.
+type ForwardOptions struct {
+	// ServerName is this edge's server.name.
+	ServerName string
+	// Stream and Consumer are the local consumer whose messages are
+	// forwarded (for the backlog).
+	Stream, Consumer string
+	// Subject is the destination template (see ForwardSubject).
+	Subject string
+	// Domain is the hub's JetStream domain; "" uses the JetStream nc
+	// reaches without one.
+	Domain string
+	// Timeout bounds one publish, waiting for the hub's PubAck.
+	Timeout time.Duration
+	// MinDuplicateWindow is the shortest duplicate window the hub's stream
+	// may have: the longest outage forwarding stays free of duplicates
+	// through.
+	MinDuplicateWindow time.Duration
+	// LinkUp reports whether a leafnode link to the hub is up; nil means
+	// always.
+	LinkUp func() bool
+}
+
+// ForwardStats counts what a Forwarder did since start.
+type ForwardStats struct {
+	Forwarded  atomic.Uint64 // messages the hub stored (PubAck)
+	Duplicates atomic.Uint64 // PubAcks saying the hub had it already
+	Refused    atomic.Uint64 // messages failed at once (too large, refused by the hub)
+	Errors     atomic.Uint64 // publishes that failed and were retried
+	// LastForward is when the hub last acknowledged a message (unix ns),
+	// LastOriginTime when that message was stored on the edge.
+	LastForward    atomic.Int64
+	LastOriginTime atomic.Int64
+}
+
+// Forwarder is the forward handler: it publishes each message to the
+// hub's JetStream and succeeds only on the hub's PubAck, so that the
+// message is acked locally only once the hub has it.
+type Forwarder struct {
+	local jetstream.JetStream // this node's JetStream: stream incarnations, the backlog
+	hub   jetstream.JetStream // the hub's, through the leafnode
+	nc    *nats.Conn
+	opts  ForwardOptions
+	log   *slog.Logger
+	stats ForwardStats
+
+	mu           sync.Mutex
+	incarnations map[string]incarnation
+	hubStream    string // the hub stream that takes the destination subjects
+	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
+	checkErr     error  // why forwarding waits for the hub (nil: ready)
+	checked      bool   // the hub passed the check
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// incarnation is a stream's creation time and when it was looked up: the
+// stream under that creation time existed at seenAt, so every message
+// stored between created and seenAt belongs to it.
+type incarnation struct {
+	created, seenAt time.Time
+}
+
+// NewForwarder returns a forward handler publishing on nc (the in-process
+// connection); Open checks the hub and must be called before use.
+func NewForwarder(nc *nats.Conn, opts ForwardOptions, log *slog.Logger) (*Forwarder, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	local, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	// No domain: the JetStream nc reaches directly (a program that embeds
+	// holdfast and connects to the hub itself).
+	hub := local
+	if opts.Domain != "" {
+		if hub, err = jetstream.NewWithDomain(nc, opts.Domain); err != nil {
+			return nil, err
+		}
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	return &Forwarder{
+		local: local, hub: hub, nc: nc, opts: opts,
+		log:          log.With("component", "forward", "consumer", opts.Consumer, "domain", opts.Domain),
+		incarnations: map[string]incarnation{},
+		checkErr:     errors.New("the hub has not been checked yet"),
+	}, nil
+}
+
+// startWait is how long Open waits for the link to the hub, to check the
+// hub's stream before the daemon reports ready.
+const startWait = 5 * time.Second
+
+// Open checks the hub's stream when the link comes up within startWait
+// and returns ErrDuplicateWindow (or another config problem of the hub)
+// then; otherwise the check is repeated in the background until it
+// passes, and forwarding waits for it. Open starts that background check.
+func (f *Forwarder) Open(ctx context.Context) error {
+	deadline := time.Now().Add(startWait)
+	for !f.linkUp() && time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if f.linkUp() {
+		// The hub's JetStream may need a moment after the link is up.
+		var err error
+		for {
+			err = f.checkHub(ctx)
+			if err == nil || errors.Is(err, ErrDuplicateWindow) || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if errors.Is(err, ErrDuplicateWindow) {
+			return err
+		}
+	} else {
+		f.log.Warn("the hub is not reachable at start: forwarding waits for the link (local publishing goes on)")
+	}
+	bctx, cancel := context.WithCancel(context.Background())
+	f.cancel = cancel
+	f.done = make(chan struct{})
+	go f.recheck(bctx)
+	return nil
+}
+
+// Close stops the background check; it is idempotent.
+func (f *Forwarder) Close() {
+	if f.cancel != nil {
+		f.cancel()
+		<-f.done
+		f.cancel = nil
+	}
+}
+
+// recheck checks the hub again every second while the link is up and the
+// last check failed.
+func (f *Forwarder) recheck(ctx context.Context) {
+	defer close(f.done)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	last := ""
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if f.Ready() || !f.linkUp() {
+			continue
+		}
+		if err := f.checkHub(ctx); err != nil && err.Error() != last {
+			last = err.Error()
+			f.log.Error("forwarding waits: the hub's stream cannot take this edge's messages safely", "err", err)
+		}
+	}
+}
+
+// checkHub finds the hub's stream for the destination subjects and checks
+// its duplicate window, recording the result for Ready and Problem.
+func (f *Forwarder) checkHub(ctx context.Context) error {
+	err := f.lookupHub(ctx)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.checkErr = err
+	if err == nil && !f.checked {
+		f.checked = true
+		f.log.Info("hub stream checked: forwarding", "hub_stream", f.hubStream, "subject", f.pattern())
+	}
+	f.checked = err == nil
+	return err
+}
+
+func (f *Forwarder) pattern() string {
+	return ForwardSubject(f.opts.Subject, f.opts.ServerName, ">")
+}
+
+func (f *Forwarder) lookupHub(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	subj := f.pattern()
+	name, err := f.hub.StreamNameBySubject(ctx, subj)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
+		}
+		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
+	}
+	s, err := f.hub.Stream(ctx, name)
+	if err != nil {
+		return fmt.Errorf("hub stream %s: %w", name, err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.Duplicates < f.opts.MinDuplicateWindow {
+		return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
+			"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
+			ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+	}
+	f.mu.Lock()
+	f.hubStream, f.hubMaxMsg = name, max(cfg.MaxMsgSize, 0)
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *Forwarder) linkUp() bool { return f.opts.LinkUp == nil || f.opts.LinkUp() }
+
+// Ready reports whether forwarding can go on now: the link is up and the
+// hub's stream passed the check. The workers pull nothing while it is
+// false (ConsumerOptions.Paused), so an outage spends no deliveries.
+func (f *Forwarder) Ready() bool {
+	if !f.linkUp() {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.checked
+}
+
+// Problem is why forwarding waits on a hub that is reachable, or "".
+func (f *Forwarder) Problem() string {
+	if !f.linkUp() {
+		return ""
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.checkErr == nil {
+		return ""
+	}
+	return f.checkErr.Error()
+}
+
+// Stats returns the live counters.
+func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
+
+// Options returns the options the forwarder runs with.
+func (f *Forwarder) Options() ForwardOptions { return f.opts }
+
+// errOldIncarnation: the message was stored before the stream's current
+// incarnation was created, by one that was deleted since.
+var errOldIncarnation = errors.New("the message belongs to a stream since deleted and recreated")
+
+// streamCreated returns the creation time of the incarnation of stream
+// that stored a message at published, looking the stream up only when
+// the message is newer than the last lookup.
+func (f *Forwarder) streamCreated(ctx context.Context, stream string, published time.Time) (time.Time, error) {
+	f.mu.Lock()
+	inc, ok := f.incarnations[stream]
+	f.mu.Unlock()
+	if !ok || published.After(inc.seenAt) || published.Before(inc.created) {
+		at := time.Now()
+		s, err := f.local.Stream(ctx, stream)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("local stream %s: %w", stream, err)
+		}
+		inc = incarnation{created: s.CachedInfo().Created, seenAt: at}
+		f.mu.Lock()
+		f.incarnations[stream] = inc
+		f.mu.Unlock()
+	}
+	if published.Before(inc.created) {
+		return time.Time{}, errOldIncarnation
+	}
+	return inc.created, nil
+}
+
+// NewForwardMsg builds the message sent to the hub: payload and headers
+// kept, except the server's own Nats-* headers (the original Nats-Msg-Id
+// moves to Holdfast-Origin-Msg-Id), and the origin headers added.
+func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) *nats.Msg {
+	out := nats.NewMsg(subject)
+	out.Data = m.Data
+	for k, vs := range m.Header {
+		if strings.HasPrefix(strings.ToLower(k), "nats-") {
+			continue
+		}
+		for _, v := range vs {
+			out.Header.Add(k, v)
+		}
+	}
+	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
+		out.Header.Set(HeaderOriginMsgID, id)
+	}
+	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, streamCreated, m.Sequence))
+	out.Header.Set(HeaderOriginServer, server)
+	out.Header.Set(HeaderOriginStream, m.Stream)
+	out.Header.Set(HeaderOriginStreamCreated, streamCreated.UTC().Format(time.RFC3339Nano))
+	out.Header.Set(HeaderOriginSeq, strconv.FormatUint(m.Sequence, 10))
+	out.Header.Set(HeaderOriginSubject, m.Subject)
+	out.Header.Set(HeaderOriginTime, m.Published.UTC().Format(time.RFC3339Nano))
+	return out
+}
+
+// Handle implements Handler: publish to the hub, succeed on its PubAck
+// (a duplicate PubAck too: the hub has the message already). While the
+// link is down it waits, within the same delivery, for the link to come
+// back; a message the hub can never take (too large) fails at once.
+func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
+	created, err := f.streamCreated(ctx, m.Stream, m.Published)
+	if err != nil {
+		return RetryLater(err.Error())
+	}
+	out := NewForwardMsg(ForwardSubject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
+	size := out.Size()
+	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
+		f.stats.Refused.Add(1)
+		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
+	}
+	f.mu.Lock()
+	hubMax := f.hubMaxMsg
+	f.mu.Unlock()
+	if hubMax > 0 && size > int(hubMax) {
+		f.stats.Refused.Add(1)
+		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d", size, hubMax))
+	}
+	for {
+		if err := f.waitReady(ctx); err != nil {
+			return RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
+		}
+		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+		watched := f.cancelOnLinkDown(pctx, cancel)
+		ack, err := f.hub.PublishMsg(pctx, out)
+		cancel()
+		<-watched
+		if err == nil {
+			if ack.Domain != f.opts.Domain {
+				f.stats.Refused.Add(1)
+				return Fail(fmt.Sprintf("stored by stream %s of JetStream domain %q, not by the hub's domain %q", ack.Stream, ack.Domain, f.opts.Domain))
+			}
+			if ack.Duplicate {
+				f.stats.Duplicates.Add(1)
+			} else {
+				f.stats.Forwarded.Add(1)
+			}
+			f.stats.LastForward.Store(time.Now().UnixNano())
+			f.stats.LastOriginTime.Store(m.Published.UnixNano())
+			return Ok()
+		}
+		f.stats.Errors.Add(1)
+		if reason, permanent := permanentForwardError(err); permanent {
+			f.stats.Refused.Add(1)
+			return Fail("the hub refused the message: " + reason)
+		}
+		if ctx.Err() != nil {
+			return RetryLater(err.Error())
+		}
+		if !f.linkUp() {
+			continue // the link fell under the publish: wait for it, same delivery
+		}
+		return RetryLater("publish to the hub: " + err.Error())
+	}
+}
+
+// cancelOnLinkDown cancels a publish when the link falls under it: its
+// PubAck cannot come any more, and waiting out the timeout would hold up
+// forwarding after the link is back. The returned channel is closed when
+// the watch ended (ctx done).
+func (f *Forwarder) cancelOnLinkDown(ctx context.Context, cancel context.CancelFunc) <-chan struct{} {
+	done := make(chan struct{})
+	if f.opts.LinkUp == nil {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if !f.opts.LinkUp() {
+					cancel()
+					return
+				}
+			}
+		}
+	}()
+	return done
+}
+
+// waitReady blocks until the link is up and the hub checked, or ctx ends.
+func (f *Forwarder) waitReady(ctx context.Context) error {
+	for !f.Ready() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// permanentForwardError reports whether the hub (or the client) refused
+// the message for what it is, so that sending it again cannot help.
+func permanentForwardError(err error) (string, bool) {
+	if errors.Is(err, nats.ErrMaxPayload) {
+		return err.Error(), true
+	}
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum: // 10054
+			return apiErr.Error(), true
+		}
+	}
+	return "", false
+}
+
+// Backlog is the forwarding consumer's pending count and the age of the
+// oldest message not forwarded yet (zero when none).
+func (f *Forwarder) Backlog(ctx context.Context) (pending uint64, oldest time.Time, err error) {
+	c, err := f.local.Consumer(ctx, f.opts.Stream, f.opts.Consumer)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		return 0, time.Time{}, err
+	}
+	pending = ci.NumPending + uint64(max(ci.NumAckPending, 0))
+	if pending == 0 {
+		return 0, time.Time{}, nil
+	}
+	s, err := f.local.Stream(ctx, f.opts.Stream)
+	if err != nil {
+		return pending, time.Time{}, err
+	}
+	// The next message at or after the ack floor: deleted sequences and
+	// other subjects skipped.
+	filter := ">"
+	if fs := ci.Config.FilterSubject; fs != "" {
+		filter = fs
+	}
+	msg, err := s.GetMsg(ctx, ci.AckFloor.Stream+1, jetstream.WithGetMsgSubject(filter))
+	if err != nil {
+		return pending, time.Time{}, err
+	}
+	return pending, msg.Time, nil
+}

@@ -1,0 +1,202 @@
+package pipeline_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// forwardEnv is a testEnv whose own JetStream (domain "") plays the hub:
+// the stream HUB on edge.> takes the forwarded messages.
+func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*testEnv, *atomic.Bool) {
+	t.Helper()
+	e := startEnv(t, nil)
+	hub.Name, hub.Subjects = "HUB", []string{"edge.>"}
+	if _, err := e.js.CreateStream(context.Background(), hub); err != nil {
+		t.Fatal(err)
+	}
+	var up atomic.Bool
+	up.Store(true)
+	return e, &up
+}
+
+func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*pipeline.Forwarder, error) {
+	e.t.Helper()
+	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: minWindow,
+		LinkUp: up.Load,
+	}, nil)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := f.Open(context.Background()); err != nil {
+		return nil, err
+	}
+	e.t.Cleanup(f.Close)
+	return f, nil
+}
+
+func (e *testEnv) hubMsgs() uint64 {
+	e.t.Helper()
+	s, err := e.js.Stream(context.Background(), "HUB")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s.CachedInfo().State.Msgs
+}
+
+// TestForwardPausesWhileLinkDown: while the link is down the workers pull
+// nothing (no delivery spent) and say they are paused; once it is up every
+// message is stored on the hub once, with its origin headers and id.
+func TestForwardPausesWhileLinkDown(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	up.Store(false)
+	w := e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	hdr := nats.Header{}
+	hdr.Set(nats.MsgIdHdr, "client-id-1")
+	hdr.Set("X-Trace", "abc")
+	for i := range 3 {
+		e.publish("orders.created", fmt.Sprint(i), hdr)
+		hdr = nil
+	}
+	time.Sleep(500 * time.Millisecond)
+	if ci := e.consumerInfo(); ci.Delivered.Stream != 0 || ci.NumPending != 3 {
+		t.Fatalf("paused workers pulled: delivered %d, pending %d", ci.Delivered.Stream, ci.NumPending)
+	}
+	if !w.Activity(time.Now()).Paused {
+		t.Error("Activity does not say paused")
+	}
+	up.Store(true)
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.hubMsgs(); n != 3 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	s, _ := e.js.Stream(context.Background(), "HUB")
+	m, err := s.GetMsg(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orders, _ := e.js.Stream(context.Background(), "ORDERS")
+	created := orders.CachedInfo().Created
+	want := map[string]string{
+		nats.MsgIdHdr:                      pipeline.ForwardMsgID("edge1", "ORDERS", created, 1),
+		pipeline.HeaderOriginServer:        "edge1",
+		pipeline.HeaderOriginStream:        "ORDERS",
+		pipeline.HeaderOriginSeq:           "1",
+		pipeline.HeaderOriginSubject:       "orders.created",
+		pipeline.HeaderOriginMsgID:         "client-id-1",
+		pipeline.HeaderOriginStreamCreated: created.UTC().Format(time.RFC3339Nano),
+		"X-Trace":                          "abc",
+	}
+	for k, v := range want {
+		if got := m.Header.Get(k); got != v {
+			t.Errorf("header %s = %q, want %q", k, got, v)
+		}
+	}
+	if m.Subject != "edge.edge1.orders.created" {
+		t.Errorf("subject %s", m.Subject)
+	}
+	if st := f.Stats(); st.Forwarded.Load() != 3 || st.LastForward.Load() == 0 {
+		t.Errorf("stats: forwarded %d", st.Forwarded.Load())
+	}
+	if ci := e.consumerInfo(); ci.Delivered.Stream != 3 || ci.NumRedelivered != 0 {
+		t.Errorf("deliveries: %+v, want each message delivered once", ci.Delivered)
+	}
+}
+
+// TestForwardRecreatedStream: after the edge's stream is deleted and
+// created again (sequences from 1), its messages get new ids and are not
+// dropped by the hub as duplicates of the old incarnation's.
+func TestForwardRecreatedStream(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	e.publish("orders.created", "old", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.hubMsgs(); n != 1 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	if err := e.js.DeleteStream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond) // a creation time of its own
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if seq := e.publish("orders.created", "new", nil); seq != 1 {
+		t.Fatalf("recreated stream gave seq %d", seq)
+	}
+	checkFor(t, 20*time.Second, func() error {
+		if n := e.hubMsgs(); n != 2 {
+			return fmt.Errorf("hub holds %d, want the new message too", n)
+		}
+		return nil
+	})
+	if d := f.Stats().Duplicates.Load(); d != 0 {
+		t.Errorf("%d duplicate PubAcks: the new message was taken for the old one", d)
+	}
+}
+
+// TestForwardOversizeDeadLettered: a message larger than the hub stream's
+// max_msg_size fails at once (dead letter with the reason), the next one
+// is forwarded.
+func TestForwardOversizeDeadLettered(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute, MaxMsgSize: 1024})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.workers(f, 1)
+	big := e.publish("orders.created", strings.Repeat("x", 2048), nil)
+	e.publish("orders.created", "small", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		}
+		return nil
+	})
+	if reason := e.dlqMsg(big).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "max_msg_size 1024") {
+		t.Errorf("dead letter reason %q", reason)
+	}
+}
+
+// TestForwardRefusesShortDuplicateWindow: Open refuses a hub stream whose
+// duplicate window is shorter than the promised outage.
+func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 2 * time.Minute})
+	_, err := e.forwarder(up, 5*time.Minute)
+	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
+		t.Fatalf("Open = %v, want ErrDuplicateWindow naming HUB", err)
+	}
+}
+
+func TestForwardSubject(t *testing.T) {
+	if got := pipeline.ForwardSubject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
+		t.Errorf("got %s", got)
+	}
+}

@@ -1,0 +1,223 @@
+package pipeline
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// LinkState is one leafnode remote (a hub) as this edge sees it.
+type LinkState struct {
+	Remote    string
+	Connected bool
+	// Since is when the link last changed state, or start-up.
+	Since    time.Time
+	Connects uint64
+}
+
+// EdgeView gathers the leafnode links, the forwarders and, on a hub, the
+// edges seen, for /healthz, /metrics and `holdfast status`.
+type EdgeView struct {
+	// Links returns the remotes' states; nil on a node without remotes.
+	Links func() []LinkState
+	// UnreachableAfter is how long a remote may be down before the health
+	// is degraded.
+	UnreachableAfter time.Duration
+	// Hub is the tracker of the edges a hub hears from, nil elsewhere.
+	Hub *EdgeTracker
+
+	mu         sync.Mutex
+	forwarders map[string]*Forwarder
+}
+
+// SetForwarder records the forwarder of consumer (nil removes it).
+func (v *EdgeView) SetForwarder(consumer string, f *Forwarder) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.forwarders == nil {
+		v.forwarders = map[string]*Forwarder{}
+	}
+	if f == nil {
+		delete(v.forwarders, consumer)
+		return
+	}
+	v.forwarders[consumer] = f
+}
+
+func (v *EdgeView) forwarderList() []*Forwarder {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]*Forwarder, 0, len(v.forwarders))
+	for _, name := range slices.Sorted(maps.Keys(v.forwarders)) {
+		out = append(out, v.forwarders[name])
+	}
+	return out
+}
+
+func (v *EdgeView) links() []LinkState {
+	if v == nil || v.Links == nil {
+		return nil
+	}
+	return v.Links()
+}
+
+// Problems are what degrades the health: a remote down for longer than
+// UnreachableAfter, a reachable hub whose stream cannot take the
+// forwarded messages safely. The edge keeps serving local publishers
+// either way.
+func (v *EdgeView) Problems(now time.Time) []string {
+	if v == nil {
+		return nil
+	}
+	var out []string
+	for _, l := range v.links() {
+		if down := now.Sub(l.Since); !l.Connected && down >= v.UnreachableAfter {
+			out = append(out, fmt.Sprintf("leafnode %s has been unreachable for %s (leafnodes.unreachable_after = %s): messages wait here for forwarding; local publishing goes on",
+				l.Remote, down.Round(time.Second), v.UnreachableAfter))
+		}
+	}
+	for _, f := range v.forwarderList() {
+		if p := f.Problem(); p != "" {
+			out = append(out, fmt.Sprintf("consumer %s does not forward: %s", f.opts.Consumer, p))
+		}
+	}
+	return out
+}
+
+// LinkStatus is one remote in `holdfast status`.
+type LinkStatus struct {
+	Remote    string    `json:"remote"`
+	Connected bool      `json:"connected"`
+	Since     time.Time `json:"since"`
+	Connects  uint64    `json:"connects"`
+}
+
+// ForwardStatus is one forwarding consumer in `holdfast status`.
+type ForwardStatus struct {
+	Consumer    string    `json:"consumer"`
+	Stream      string    `json:"stream"`
+	Domain      string    `json:"domain"`
+	Ready       bool      `json:"ready"`
+	Problem     string    `json:"problem,omitempty"`
+	Forwarded   uint64    `json:"forwarded"`
+	Duplicates  uint64    `json:"duplicates"`
+	Refused     uint64    `json:"refused"`
+	Errors      uint64    `json:"errors"`
+	LastForward time.Time `json:"last_forward,omitzero"`
+	Backlog     uint64    `json:"backlog"`
+	// OldestUnforwarded is when the oldest message not forwarded yet was
+	// stored here (zero when the backlog is empty).
+	OldestUnforwarded time.Time `json:"oldest_unforwarded,omitzero"`
+	BacklogError      string    `json:"backlog_error,omitempty"`
+}
+
+// EdgeStatus is the leafnode part of `holdfast status`.
+type EdgeStatus struct {
+	Links    []LinkStatus    `json:"links,omitempty"`
+	Forwards []ForwardStatus `json:"forwards,omitempty"`
+	Edges    []EdgeSeen      `json:"edges,omitempty"`
+}
+
+// Status reads the current state (the backlog with one consumer info and
+// one message lookup per forwarder).
+func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
+	if v == nil {
+		return nil
+	}
+	out := &EdgeStatus{Edges: v.Hub.Seen()}
+	for _, l := range v.links() {
+		out.Links = append(out.Links, LinkStatus(l))
+	}
+	for _, f := range v.forwarderList() {
+		st := f.Stats()
+		fs := ForwardStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
+			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load()}
+		if n := st.LastForward.Load(); n > 0 {
+			fs.LastForward = time.Unix(0, n)
+		}
+		bctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var err error
+		fs.Backlog, fs.OldestUnforwarded, err = f.Backlog(bctx)
+		cancel()
+		if err != nil {
+			fs.BacklogError = err.Error()
+		}
+		out.Forwards = append(out.Forwards, fs)
+	}
+	return out
+}
+
+var (
+	descLeafConnected  = desc("leafnode_connected", "1 when the leafnode link to the remote (a hub) is up.", "remote")
+	descLeafConnects   = desc("leafnode_connects_total", "Times the leafnode link to the remote came up since start.", "remote")
+	descLeafChange     = desc("leafnode_state_since_timestamp_seconds", "When the leafnode link last changed state (or start-up).", "remote")
+	descFwdForwarded   = desc("forward_messages_total", "Messages the hub stored (PubAck) for this forwarding consumer.", "consumer")
+	descFwdDuplicates  = desc("forward_duplicates_total", "Forwarded messages the hub had already (a duplicate PubAck: sent again after a lost PubAck).", "consumer")
+	descFwdRefused     = desc("forward_refused_total", "Messages that can never be forwarded (too large, refused by the hub): dead-lettered here.", "consumer")
+	descFwdErrors      = desc("forward_errors_total", "Publishes to the hub that failed and were retried.", "consumer")
+	descFwdReady       = desc("forward_ready", "1 when the link is up and the hub's stream passed the start-up check.", "consumer")
+	descFwdLast        = desc("forward_last_success_timestamp_seconds", "When the hub last acknowledged a forwarded message.", "consumer")
+	descFwdBacklog     = desc("forward_backlog_messages", "Messages of the consumer not forwarded yet (pending and awaiting the hub's PubAck).", "consumer")
+	descFwdOldest      = desc("forward_oldest_unforwarded_age_seconds", "Age of the oldest message not forwarded yet (0 when none): the forwarding lag.", "consumer")
+	descEdgeLastOrigin = desc("edge_last_message_timestamp_seconds", "Hub: when the edge stored the last message seen from it.", "edge", "stream")
+	descEdgeLastSeen   = desc("edge_last_seen_timestamp_seconds", "Hub: when the last message from the edge arrived.", "edge", "stream")
+	descEdgeLastSeq    = desc("edge_last_seq", "Hub: the highest origin sequence seen from the edge's stream (current incarnation).", "edge", "stream")
+	descEdgeMessages   = desc("edge_messages_seen_total", "Hub: messages seen from the edge's stream since start, sent-again ones included.", "edge", "stream")
+)
+
+// Describe implements prometheus.Collector.
+func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
+		descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
+		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	now := time.Now()
+	st := v.Status(ctx)
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, l := range st.Links {
+		ch <- prometheus.MustNewConstMetric(descLeafConnected, prometheus.GaugeValue, b2f(l.Connected), l.Remote)
+		ch <- prometheus.MustNewConstMetric(descLeafConnects, prometheus.CounterValue, float64(l.Connects), l.Remote)
+		ch <- prometheus.MustNewConstMetric(descLeafChange, prometheus.GaugeValue, float64(l.Since.UnixNano())/1e9, l.Remote)
+	}
+	for _, f := range st.Forwards {
+		ch <- prometheus.MustNewConstMetric(descFwdForwarded, prometheus.CounterValue, float64(f.Forwarded), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdDuplicates, prometheus.CounterValue, float64(f.Duplicates), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdRefused, prometheus.CounterValue, float64(f.Refused), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdErrors, prometheus.CounterValue, float64(f.Errors), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdReady, prometheus.GaugeValue, b2f(f.Ready), f.Consumer)
+		if !f.LastForward.IsZero() {
+			ch <- prometheus.MustNewConstMetric(descFwdLast, prometheus.GaugeValue, float64(f.LastForward.UnixNano())/1e9, f.Consumer)
+		}
+		if f.BacklogError == "" {
+			ch <- prometheus.MustNewConstMetric(descFwdBacklog, prometheus.GaugeValue, float64(f.Backlog), f.Consumer)
+			age := 0.0
+			if !f.OldestUnforwarded.IsZero() {
+				age = max(now.Sub(f.OldestUnforwarded).Seconds(), 0)
+			}
+			ch <- prometheus.MustNewConstMetric(descFwdOldest, prometheus.GaugeValue, age, f.Consumer)
+		}
+	}
+	for _, e := range st.Edges {
+		ch <- prometheus.MustNewConstMetric(descEdgeLastOrigin, prometheus.GaugeValue, float64(e.LastOrigin.UnixNano())/1e9, e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeLastSeen, prometheus.GaugeValue, float64(e.LastSeen.UnixNano())/1e9, e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeLastSeq, prometheus.GaugeValue, float64(e.LastSeq), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeMessages, prometheus.CounterValue, float64(e.Messages), e.Edge, e.Stream)
+	}
+}
