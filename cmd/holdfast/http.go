@@ -139,7 +139,8 @@ func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
 
 // natsEndpoints are the embedded server's monitoring endpoints served
 // under natsMonitorPrefix.
-var natsEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz"}
+// (all of nats-server's own monitoring listener, but its expvar dump).
+var natsEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz", "stacksz", "ipqueuesz"}
 
 func (h *httpServer) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -147,17 +148,19 @@ func (h *httpServer) routes() http.Handler {
 	mux.HandleFunc("GET /healthz", h.healthz)
 	mux.HandleFunc("GET /readyz", h.readyz)
 	nats := map[string]func(*server.Server) http.HandlerFunc{
-		"varz":     func(s *server.Server) http.HandlerFunc { return s.HandleVarz },
-		"jsz":      func(s *server.Server) http.HandlerFunc { return s.HandleJsz },
-		"connz":    func(s *server.Server) http.HandlerFunc { return s.HandleConnz },
-		"subsz":    func(s *server.Server) http.HandlerFunc { return s.HandleSubsz },
-		"accstatz": func(s *server.Server) http.HandlerFunc { return s.HandleAccountStatz },
-		"leafz":    func(s *server.Server) http.HandlerFunc { return s.HandleLeafz },
-		"healthz":  func(s *server.Server) http.HandlerFunc { return s.HandleHealthz },
-		"routez":   func(s *server.Server) http.HandlerFunc { return s.HandleRoutez },
-		"raftz":    func(s *server.Server) http.HandlerFunc { return s.HandleRaftz },
-		"gatewayz": func(s *server.Server) http.HandlerFunc { return s.HandleGatewayz },
-		"accountz": func(s *server.Server) http.HandlerFunc { return s.HandleAccountz },
+		"varz":      func(s *server.Server) http.HandlerFunc { return s.HandleVarz },
+		"jsz":       func(s *server.Server) http.HandlerFunc { return s.HandleJsz },
+		"connz":     func(s *server.Server) http.HandlerFunc { return s.HandleConnz },
+		"subsz":     func(s *server.Server) http.HandlerFunc { return s.HandleSubsz },
+		"accstatz":  func(s *server.Server) http.HandlerFunc { return s.HandleAccountStatz },
+		"leafz":     func(s *server.Server) http.HandlerFunc { return s.HandleLeafz },
+		"healthz":   func(s *server.Server) http.HandlerFunc { return s.HandleHealthz },
+		"routez":    func(s *server.Server) http.HandlerFunc { return s.HandleRoutez },
+		"raftz":     func(s *server.Server) http.HandlerFunc { return s.HandleRaftz },
+		"gatewayz":  func(s *server.Server) http.HandlerFunc { return s.HandleGatewayz },
+		"accountz":  func(s *server.Server) http.HandlerFunc { return s.HandleAccountz },
+		"stacksz":   func(s *server.Server) http.HandlerFunc { return s.HandleStacksz },
+		"ipqueuesz": func(s *server.Server) http.HandlerFunc { return s.HandleIPQueuesz },
 	}
 	for name, handler := range nats {
 		mux.HandleFunc("GET "+natsMonitorPrefix+name, func(w http.ResponseWriter, r *http.Request) {

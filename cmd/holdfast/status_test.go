@@ -351,6 +351,17 @@ func TestHealthzConsumerDeleted(t *testing.T) {
 			t.Errorf("GET %s = %d, want 200 JSON with %s:\n%.400s", path, code, want, body)
 		}
 	}
+	// Every monitoring endpoint of the server is served (raftz answers
+	// 404 on a single node: the server's own answer).
+	for _, ep := range natsEndpoints {
+		code, body := o.get(t, "/nats/"+ep)
+		if ep == "raftz" && code == http.StatusNotFound && strings.Contains(body, "No Raft nodes") {
+			continue
+		}
+		if code != http.StatusOK || len(body) == 0 {
+			t.Errorf("GET /nats/%s = %d %.200s, want 200", ep, code, body)
+		}
+	}
 
 	res := e2eRunBinary(t, natsBin, nil, nil, "--server", o.url(), "consumer", "rm", "ORDERS", "WORKER1", "--force")
 	if res.code != 0 {
