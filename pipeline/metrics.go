@@ -216,17 +216,12 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 			metric(descClusterSize, prometheus.GaugeValue, float64(size))
 		}
 	}
-	for _, s := range r.Streams {
+	streamState := func(s StreamStatus) {
 		if s.Leader != "" {
 			metric(descStreamLeader, prometheus.GaugeValue, bool01(s.Leader == mon.opts.ServerName), s.Name)
 			for _, rep := range s.Replicas {
 				metric(descReplicaLag, prometheus.GaugeValue, float64(rep.Lag), s.Name, rep.Name)
 			}
-		}
-		metric(descStreamExists, prometheus.GaugeValue, bool01(s.Exists), s.Name)
-		metric(descRecreated, prometheus.CounterValue, float64(s.Recreated), "stream", s.Name, s.Name)
-		if !s.Exists {
-			continue
 		}
 		metric(descStreamMsgs, prometheus.GaugeValue, float64(s.Messages), s.Name)
 		metric(descStreamBytes, prometheus.GaugeValue, float64(s.Bytes), s.Name)
@@ -241,6 +236,18 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		if s.MaxAge > 0 {
 			metric(descStreamMaxAge, prometheus.GaugeValue, s.MaxAge.Seconds(), s.Name)
 		}
+	}
+	for _, s := range r.Streams {
+		metric(descStreamExists, prometheus.GaugeValue, bool01(s.Exists), s.Name)
+		metric(descRecreated, prometheus.CounterValue, float64(s.Recreated), "stream", s.Name, s.Name)
+		if s.Exists {
+			streamState(s)
+		}
+	}
+	// Streams holdfast does not manage (KV and object-store buckets,
+	// streams made with the nats CLI): their state, for dashboards.
+	for _, s := range r.OtherStreams {
+		streamState(s)
 	}
 
 	for _, cs := range r.Consumers {

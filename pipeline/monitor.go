@@ -281,6 +281,9 @@ type Report struct {
 	Streams   []StreamStatus   `json:"streams"`
 	Consumers []ConsumerStatus `json:"consumers"`
 	Health    Health           `json:"health"`
+	// OtherStreams are the streams on the server that holdfast does not
+	// manage (KV and object-store buckets, streams made by clients).
+	OtherStreams []StreamStatus `json:"other_streams,omitempty"`
 	// Cluster is this node's view of its JetStream cluster; nil on a
 	// single node.
 	Cluster *ClusterView `json:"cluster,omitempty"`
@@ -497,6 +500,9 @@ func (m *Monitor) check(ctx context.Context) {
 	for i := range r.Streams {
 		r.Streams[i].Recreated = m.recreated["stream/"+r.Streams[i].Name]
 	}
+	if r.JetStream.Enabled {
+		r.OtherStreams = m.otherStreams(ctx)
+	}
 	for i := range r.Consumers {
 		r.Consumers[i].Recreated = m.recreated["consumer/"+r.Consumers[i].Stream+"/"+r.Consumers[i].Name]
 	}
@@ -521,6 +527,27 @@ func (m *Monitor) check(ctx context.Context) {
 		}
 	}
 	m.report.Store(r)
+}
+
+// otherStreams lists the streams on the server that are not configured
+// ones, in one paged API request.
+func (m *Monitor) otherStreams(ctx context.Context) []StreamStatus {
+	var out []StreamStatus
+	lister := m.js.ListStreams(ctx)
+	for si := range lister.Info() {
+		if slices.Contains(m.streams, si.Config.Name) {
+			continue
+		}
+		var st StreamStatus
+		FillStream(&st, si)
+		st.Name = si.Config.Name
+		out = append(out, st)
+	}
+	if err := lister.Err(); err != nil {
+		m.log.Debug("cannot list the server's streams", "err", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
 }
 
 // clusterView asks ClusterPeers how much of the cluster this node sees,

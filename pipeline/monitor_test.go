@@ -651,3 +651,45 @@ func TestMonitorIgnoresForeignTerminatedAdvisories(t *testing.T) {
 	send("", 8) // the local server has no domain
 	waitLost(t, m, "WORKER1", 1)
 }
+
+// TestMetricsCoverEveryStream: streams holdfast does not manage (a KV
+// bucket, a stream made by a client) get holdfast_stream_* too, without
+// holdfast_stream_exists (which is about the configured ones).
+func TestMetricsCoverEveryStream(t *testing.T) {
+	e := newMonitorEnv(t, nil)
+	ctx := context.Background()
+	kv, err := e.js.CreateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: "settings"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		if _, err := kv.Put(ctx, fmt.Sprintf("k%d", i), []byte("v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "AUDIT", Subjects: []string{"audit.>"}, MaxMsgs: 100}); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("audit.login", 2)
+	metrics := pipeline.NewMetrics("test", "2.15.2")
+	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	metrics.SetMonitor(m)
+	ts := httptest.NewServer(metrics.Handler())
+	defer ts.Close()
+	m.CheckNow(ctx)
+	f := scrape(t, ts.URL)
+	for stream, want := range map[string]float64{"KV_settings": 3, "AUDIT": 2, "ORDERS": 0} {
+		if v, ok := sample(f, "holdfast_stream_messages", map[string]string{"stream": stream}); !ok || v != want {
+			t.Errorf("holdfast_stream_messages{stream=%q} = %v (present %v), want %v", stream, v, ok, want)
+		}
+	}
+	if v, ok := sample(f, "holdfast_stream_max_messages", map[string]string{"stream": "AUDIT"}); !ok || v != 100 {
+		t.Errorf("holdfast_stream_max_messages{stream=AUDIT} = %v (present %v), want 100", v, ok)
+	}
+	if _, ok := sample(f, "holdfast_stream_exists", map[string]string{"stream": "AUDIT"}); ok {
+		t.Error("holdfast_stream_exists for a stream holdfast does not manage")
+	}
+	if h := m.Health(); h.Status != pipeline.HealthOK {
+		t.Errorf("health %s with unmanaged streams: %v", h.Status, h.Problems)
+	}
+}
