@@ -106,6 +106,7 @@ var (
 	descAckPending  = desc("consumer_ack_pending_messages", "Messages delivered and not yet acknowledged.", sc...)
 	descRedelivered = desc("consumer_redelivered_messages", "Messages awaiting acknowledgement that were delivered more than once.", sc...)
 	descMaxAck      = desc("consumer_max_ack_pending", "The consumer's max_ack_pending.", sc...)
+	descOldest      = desc("consumer_oldest_unprocessed_age_seconds", "Age of the oldest message the consumer has not acknowledged (0 without a backlog; read every few seconds).", sc...)
 	descStalled     = desc("consumer_stalled", "1 when the consumer has work but made no progress for the stall timeout.", sc...)
 	descExists      = desc("consumer_exists", "1 when the configured consumer exists on the server.", sc...)
 	descRecreated   = desc("recreated_total", "Times a configured stream or consumer disappeared while running and holdfast created it again.", "kind", "stream", "name")
@@ -142,7 +143,7 @@ type collector struct{ m *Metrics }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descProcessed, descAcked, descRetried, descDeadLettered, descFailures, descDLFailing, descLost,
-		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descExists,
+		descInFlight, descWorkers, descPending, descAckPending, descRedelivered, descMaxAck, descStalled, descOldest, descExists,
 		descBacklog, descStreamMsgs, descStreamBytes, descStreamFirst, descStreamLast, descStreamMaxMsgs,
 		descStreamMaxBytes, descStreamMaxAge, descStreamExists, descJSUp, descJSUsed, descJSReserved, descJSLimit,
 		descJSAPI, descJSAPIErr, descHealthy, descLastCheck, descRecreated, descStoreErr,
@@ -263,6 +264,11 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		metric(descRedelivered, prometheus.GaugeValue, float64(cs.Redelivered), l...)
 		metric(descMaxAck, prometheus.GaugeValue, float64(cs.MaxAckPending), l...)
 		metric(descStalled, prometheus.GaugeValue, bool01(cs.Stalled), l...)
+		oldestAge := 0.0
+		if !cs.OldestUnprocessed.IsZero() {
+			oldestAge = max(r.Time.Sub(cs.OldestUnprocessed).Seconds(), 0)
+		}
+		metric(descOldest, prometheus.GaugeValue, oldestAge, l...)
 		for limit, v := range cs.BacklogRatio {
 			metric(descBacklog, prometheus.GaugeValue, v, cs.Stream, cs.Name, limit)
 		}

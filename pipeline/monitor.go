@@ -381,8 +381,12 @@ type ConsumerStatus struct {
 	Redelivered   uint64 `json:"redelivered"`
 	MaxAckPending int    `json:"max_ack_pending"`
 	Waiting       int    `json:"waiting"`
-	DeliveredSeq  uint64 `json:"delivered_stream_seq"`
-	AckFloorSeq   uint64 `json:"ack_floor_stream_seq"`
+	// OldestUnprocessed is when the oldest message the consumer has not
+	// acknowledged was stored (read every few seconds); zero without a
+	// backlog.
+	OldestUnprocessed time.Time `json:"oldest_unprocessed,omitzero"`
+	DeliveredSeq      uint64    `json:"delivered_stream_seq"`
+	AckFloorSeq       uint64    `json:"ack_floor_stream_seq"`
 	// LostToRetention counts messages removed from the stream (by
 	// max_msgs, max_bytes, max_age or a deletion) before this consumer
 	// acknowledged them, since holdfast started.
@@ -771,6 +775,7 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 	t.progress(obs.ci, act, now)
 	cs := t.status(now)
 	cs.Exists = true
+	cs.OldestUnprocessed = oldest
 	if c := obs.ci.Cluster; c != nil {
 		cs.Leader = c.Leader
 		cs.Leaderless = c.Leader == "" && obs.ci.Config.Replicas != 1 && si.Config.Replicas > 1

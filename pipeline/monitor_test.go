@@ -692,4 +692,16 @@ func TestMetricsCoverEveryStream(t *testing.T) {
 	if h := m.Health(); h.Status != pipeline.HealthOK {
 		t.Errorf("health %s with unmanaged streams: %v", h.Status, h.Problems)
 	}
+
+	// WORKER1 has no workers here: its backlog ages.
+	worker1 := map[string]string{"stream": "ORDERS", "consumer": "WORKER1"}
+	if v, ok := sample(f, "holdfast_consumer_oldest_unprocessed_age_seconds", worker1); !ok || v != 0 {
+		t.Errorf("oldest unprocessed age without a backlog = %v (present %v), want 0", v, ok)
+	}
+	e.publish("orders.created", 2)
+	time.Sleep(100 * time.Millisecond)
+	m.CheckNow(ctx)
+	if v, ok := sample(scrape(t, ts.URL), "holdfast_consumer_oldest_unprocessed_age_seconds", worker1); !ok || v < 0.1 || v > 60 {
+		t.Errorf("oldest unprocessed age = %v (present %v), want the age of the first message (>= 0.1s)", v, ok)
+	}
 }

@@ -448,9 +448,10 @@ func (m *Monitor) warn(t *consumerTracker, si *jetstream.StreamInfo, ci *jetstre
 }
 
 // oldestUnacked returns when the consumer's oldest unacknowledged
-// message was stored, reading it at most every few seconds.
+// message was stored (zero without a backlog), reading it at most every
+// few seconds: for the max_age ratio and the backlog's age.
 func (m *Monitor) oldestUnacked(ctx context.Context, s jetstream.Stream, si *jetstream.StreamInfo, ci *jetstream.ConsumerInfo, t *consumerTracker, now time.Time) time.Time {
-	if si.Config.MaxAge <= 0 || ci.NumPending+uint64(max(ci.NumAckPending, 0)) == 0 {
+	if ci.NumPending+uint64(max(ci.NumAckPending, 0)) == 0 {
 		return time.Time{}
 	}
 	seq := max(ci.AckFloor.Stream+1, si.State.FirstSeq)
