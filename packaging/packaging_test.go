@@ -391,6 +391,8 @@ var wantFiles = map[string][2]string{
 	"/usr/lib/sysusers.d/holdfast.conf":                   {"-rw-r--r--", "root:root"},
 	"/usr/share/man/man1/holdfast.1.gz":                   {"-rw-r--r--", "root:root"},
 	"/usr/share/doc/holdfast/examples/handler-needs.conf": {"-rw-r--r--", "root:root"},
+	"/usr/share/holdfast/grafana/holdfast.json":           {"-rw-r--r--", "root:root"},
+	"/usr/share/holdfast/prometheus/holdfast-rules.yml":   {"-rw-r--r--", "root:root"},
 }
 
 func TestDebContents(t *testing.T) {

@@ -2,6 +2,8 @@ package pipeline
 
 import (
 	"net/http"
+	"regexp"
+	"slices"
 	"sync"
 	"time"
 
@@ -55,6 +57,31 @@ func NewMetrics(version, natsVersion string) *Metrics {
 	)
 	return m
 }
+
+// MetricNames returns the name of every metric holdfast may export,
+// also those only a cluster node, an edge or a hub has (histograms by
+// their base name), sorted. Dashboards and alert rules are checked
+// against it.
+func MetricNames() []string {
+	ch := make(chan *prometheus.Desc, 128)
+	go func() {
+		(&collector{}).Describe(ch)
+		(&EdgeView{}).Describe(ch)
+		close(ch)
+	}()
+	names := []string{prometheus.BuildFQName(MetricsNamespace, "", "handler_duration_seconds"),
+		prometheus.BuildFQName(MetricsNamespace, "", "build_info")}
+	for d := range ch {
+		// A Desc shows its name only in its String form.
+		if m := fqNameRe.FindStringSubmatch(d.String()); m != nil {
+			names = append(names, m[1])
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
+}
+
+var fqNameRe = regexp.MustCompile(`fqName: "([^"]+)"`)
 
 // Registry returns the registry, for tests and for adding collectors.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
