@@ -240,8 +240,24 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 				return fmt.Errorf("stream %s: leader %q, replicas %v", s.Name, s.Leader, s.Replicas)
 			}
 		}
+		for _, c := range out.Consumers {
+			if c.Leader == "" || len(c.Replicas) != 2 {
+				return fmt.Errorf("consumer %s: leader %q, replicas %v", c.Name, c.Leader, c.Replicas)
+			}
+		}
 		return nil
 	})
+	// The health of a node of a healthy cluster: ok, no quorum or replica
+	// problem.
+	if resp, err := http.Get("http://" + nodes[1].httpAddr + "/healthz"); err != nil {
+		t.Error(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"ok"`) {
+			t.Errorf("/healthz of n2 = %d %s", resp.StatusCode, b)
+		}
+	}
 	// The server's cluster endpoints under /nats/.
 	for _, ep := range []string{"routez", "raftz"} {
 		resp, err := http.Get("http://" + nodes[0].httpAddr + "/nats/" + ep)

@@ -193,6 +193,9 @@ type consumerOutput struct {
 	BacklogRatio    map[string]float64     `json:"backlog_ratio,omitempty"`
 	Warnings        []string               `json:"warnings,omitempty"`
 	Workers         *pipeline.WorkerStatus `json:"workers"`
+	// Leader and Replicas are the consumer's Raft group in a cluster.
+	Leader   string                   `json:"leader,omitempty"`
+	Replicas []pipeline.ReplicaStatus `json:"replicas,omitempty"`
 }
 
 func statusCommand() *cli.Command {
@@ -376,6 +379,12 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			co.MaxAckPending = ci.Config.MaxAckPending
 			co.DeliveredSeq = ci.Delivered.Stream
 			co.AckFloorSeq = ci.AckFloor.Stream
+			if cl := ci.Cluster; cl != nil && len(cl.Replicas) > 0 {
+				co.Leader = cl.Leader
+				for _, r := range cl.Replicas {
+					co.Replicas = append(co.Replicas, pipeline.ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+				}
+			}
 		}
 		if ref.deadLetter != "" {
 			if n, err := countDeadLetters(ctx, js, ref.deadLetter, ref.name); err == nil {
@@ -519,6 +528,16 @@ func printStatus(w io.Writer, out *statusOutput) {
 			c.Redelivered, dead, lost, workers)
 	}
 	tw.Flush()
+	for _, c := range out.Consumers {
+		if c.Replicas == nil {
+			continue
+		}
+		var reps []string
+		for _, r := range c.Replicas {
+			reps = append(reps, r.Name+" "+replicaText(r.Current, r.Offline, r.Lag))
+		}
+		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", c.Name, orDash(c.Leader), strings.Join(reps, ", "))
+	}
 
 	var problems, warnings []string
 	if out.Health != nil {
