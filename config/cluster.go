@@ -29,9 +29,17 @@ type ClusterConfig struct {
 	KeyFile  string `toml:"key_file"`
 	CAFile   string `toml:"ca_file"`
 	Verify   bool   `toml:"verify"`
-	// NoAdvertise keeps this node from telling the others its route
-	// address, so that every node connects only to the cluster.routes it
-	// was given (behind NAT, or through a proxy).
+	// Advertise is the host:port the other nodes should use to reach
+	// this node's routes, when it is not Listen's (behind NAT, a proxy or a
+	// load balancer). The nodes tell each other this address, and connect
+	// to the nodes they learn of this way besides their Routes: without
+	// it, they use the address they see and the port in Listen, which
+	// goes around a proxy.
+	Advertise string `toml:"advertise"`
+	// NoAdvertise keeps this node from telling clients the other nodes'
+	// client URLs (clients then reconnect only to the URLs they were
+	// given). It does not change which nodes connect to each other: see
+	// Advertise.
 	NoAdvertise bool `toml:"no_advertise"`
 }
 
@@ -98,6 +106,13 @@ func (c *Config) validateCluster(v *validator, fromFile bool) {
 	}
 	if host != "" && !IsLoopback(host) && (cl.User == "" || cl.PasswordFile == "") {
 		v.add("cluster.listen", q(cl.Listen), "routes on a non-loopback address need cluster.user and cluster.password_file (the same on every node): anyone who reaches the port could join the cluster and read every stream")
+	}
+	if cl.Advertise != "" {
+		if h, p, err := net.SplitHostPort(cl.Advertise); err != nil || h == "" {
+			v.add("cluster.advertise", q(cl.Advertise), "must be host:port, the address the other nodes reach this node's routes at, e.g. \"10.0.0.1:6222\"")
+		} else if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			v.add("cluster.advertise", q(cl.Advertise), "port %q is not 1-65535", p)
+		}
 	}
 	if (cl.User == "") != (cl.PasswordFile == "") {
 		v.add("cluster.user", q(cl.User), "cluster.user and cluster.password_file go together")

@@ -71,6 +71,8 @@ func TestClusterRefusals(t *testing.T) {
 		{"route scheme", strings.Replace(clusterNode, "nats-route://127.0.0.1:6224", "http://127.0.0.1:6224", 1), "cluster.routes[2]", "nats-route://"},
 		{"listen on the client port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, `listen = "127.0.0.1:4222"`, 1), "cluster.listen", "client port"},
 		{"empty table", "[cluster]\n", "cluster", "empty"},
+		{"advertise without a port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1\"", 1), "cluster.advertise", "must be host:port"},
+		{"advertise port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1:70000\"", 1), "cluster.advertise", "not 1-65535"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := Parse(strings.NewReader(tc.toml), "test.toml")

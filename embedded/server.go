@@ -103,6 +103,7 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		opts.Cluster.Host = host
 		opts.Cluster.Port = port
 		opts.Cluster.NoAdvertise = cl.NoAdvertise
+		opts.Cluster.Advertise = cl.Advertise
 		opts.Routes = server.RoutesFromStr(strings.Join(cl.Routes, ","))
 	}
 	leafListenOptions(opts, cfg.LeafNodes)

@@ -118,18 +118,28 @@ func TestClusterPartition(t *testing.T) {
 	proxies := make([][]*tcpProxy, len(nodes))
 	for i := range nodes {
 		proxies[i] = make([]*tcpProxy, len(nodes))
+		for j := range nodes {
+			if i != j {
+				proxies[i][j] = newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", nodes[j].routePort), avoid)
+			}
+		}
+	}
+	// Nodes tell each other the route address to use for the routes they
+	// learn of (implicit routes): each advertises a proxy to itself, which
+	// is cut with it — else they would use its real port and go around
+	// the proxies (a flaky partition).
+	for i := range nodes {
 		var routes []string
 		for j := range nodes {
-			if i == j {
-				continue
+			if i != j {
+				routes = append(routes, fmt.Sprintf("%q", "nats-route://"+proxies[i][j].addr()))
 			}
-			proxies[i][j] = newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", nodes[j].routePort), avoid)
-			routes = append(routes, fmt.Sprintf("%q", "nats-route://"+proxies[i][j].addr()))
 		}
+		advertise := proxies[(i+1)%len(nodes)][i].addr()
 		b := strings.Split(strings.TrimSpace(readFile(t, nodes[i].cfg)), "\n")
 		for k, l := range b {
 			if strings.HasPrefix(l, "routes = ") {
-				b[k] = "routes = [" + strings.Join(routes, ", ") + "]\nno_advertise = true"
+				b[k] = "routes = [" + strings.Join(routes, ", ") + "]\nadvertise = " + fmt.Sprintf("%q", advertise)
 			}
 		}
 		nodes[i].cfg = e2eWriteConfig(t, strings.Join(b, "\n")+"\n")
