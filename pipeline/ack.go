@@ -112,8 +112,6 @@ func (a *acker) flush(batch []ackItem) {
 		st.Failures.Add(uint64(failed))
 	}
 	st.Acked.Add(uint64(len(sent) + 1))
-	for _, it := range sent {
-		st.noteSettled(it.seq)
-	}
+	st.noteSettledAll(sent)
 	st.noteSettled(last.seq)
 }

@@ -118,7 +118,7 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 	if stats == nil {
 		stats = &Stats{}
 	}
-	return &Workers{
+	w := &Workers{
 		stats:           stats,
 		js:              js,
 		nc:              nc,
@@ -126,6 +126,8 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		log:             log.With("component", "workers", "consumer", opts.Consumer, "stream", opts.Stream),
 		ShutdownTimeout: 20 * time.Second,
 	}
+	w.activity.running = make([]atomic.Int64, opts.Workers)
+	return w
 }
 
 // Stats returns the live counters.
@@ -185,7 +187,7 @@ func (w *Workers) Open(ctx context.Context) error {
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
 		w.alive.Add(1)
-		go w.work()
+		go w.work(i)
 	}
 	w.log.Info("workers started", "workers", w.opts.Workers, "prefetch", capacity-w.opts.Workers, "dead_letter", w.opts.DeadLetter)
 	return nil
@@ -369,7 +371,8 @@ func (w *Workers) refreshConsumer() {
 	w.mu.Unlock()
 }
 
-func (w *Workers) work() {
+// work is worker i: it handles queued messages until the queue closes.
+func (w *Workers) work(i int) {
 	defer w.alive.Add(-1)
 	defer w.wg.Done()
 	for d := range w.queue {
@@ -377,15 +380,15 @@ func (w *Workers) work() {
 			// Queued when the drain began: give it back at once.
 			w.giveBack(d.msg)
 		} else {
-			w.process(d.msg)
+			w.process(i, d.msg)
 		}
 		w.held[d.slot].clear()
 		w.slots <- d.slot
 	}
 }
 
-// process runs the handler on one message and settles it.
-func (w *Workers) process(msg jetstream.Msg) {
+// process runs the handler on one message in worker i and settles it.
+func (w *Workers) process(i int, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
 		w.log.Error("message without JetStream metadata: terminated", "subject", msg.Subject(), "err", err)
@@ -396,10 +399,10 @@ func (w *Workers) process(msg jetstream.Msg) {
 
 	w.stats.InFlight.Add(1)
 	start := time.Now()
-	running := w.activity.begin(m.Sequence, start)
+	w.activity.begin(i, m.Sequence, start)
 	res := w.handle(msg, m)
 	took := time.Since(start)
-	w.activity.end(running)
+	w.activity.end(i)
 	w.stats.InFlight.Add(-1)
 	w.stats.Processed.Add(1)
 	if w.opts.OnResult != nil {
@@ -567,33 +570,31 @@ type Activity struct {
 func (w *Workers) Activity(now time.Time) Activity { return w.activity.snapshot(now) }
 
 // activity records the handlers running and the retries delayed on
-// purpose, for Activity.
+// purpose, for Activity. A handler's start and end are two atomic stores;
+// the lock is taken only while delayed retries are known.
 type activity struct {
+	running  []atomic.Int64 // per worker: when its handler started (Unix ns), 0 when idle
+	nRetries atomic.Int64   // len(retries)
+
 	mu      sync.Mutex
-	next    uint64
-	running map[uint64]time.Time // by a token from begin
 	retries map[uint64]time.Time // stream sequence -> redelivery due
 }
 
-// begin notes a handler starting on the message with stream sequence seq
-// (a delayed retry of it has arrived) and returns a token for end.
-func (a *activity) begin(seq uint64, at time.Time) uint64 {
+// begin notes worker i starting a handler at at on the message with
+// stream sequence seq (a delayed retry of it has arrived).
+func (a *activity) begin(i int, seq uint64, at time.Time) {
+	a.running[i].Store(at.UnixNano())
+	if a.nRetries.Load() == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.running == nil {
-		a.running = map[uint64]time.Time{}
-	}
-	a.next++
-	a.running[a.next] = at
 	delete(a.retries, seq)
-	return a.next
+	a.nRetries.Store(int64(len(a.retries)))
 }
 
-func (a *activity) end(token uint64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.running, token)
-}
+// end notes worker i's handler returning.
+func (a *activity) end(i int) { a.running[i].Store(0) }
 
 // retryForget is how long after its due time a delayed retry that never
 // came back (removed from the stream, taken by another client) is
@@ -609,14 +610,17 @@ func (a *activity) delayed(seq uint64, due time.Time) {
 		a.retries = map[uint64]time.Time{}
 	}
 	a.retries[seq] = due
+	a.nRetries.Store(int64(len(a.retries)))
 }
 
 func (a *activity) snapshot(now time.Time) Activity {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var act Activity
-	for _, at := range a.running {
-		act.Running = append(act.Running, at)
+	for i := range a.running {
+		if at := a.running[i].Load(); at != 0 {
+			act.Running = append(act.Running, time.Unix(0, at))
+		}
 	}
 	for seq, due := range a.retries {
 		switch {
@@ -629,6 +633,7 @@ func (a *activity) snapshot(now time.Time) Activity {
 			delete(a.retries, seq)
 		}
 	}
+	a.nRetries.Store(int64(len(a.retries)))
 	slices.SortFunc(act.Running, func(x, y time.Time) int { return x.Compare(y) })
 	return act
 }

@@ -111,9 +111,7 @@ func run() error {
 		row("publish sync", st.pubSync, hf["publish sync"])
 		row("drain: consume, explicit ack (stock: callback, batch 500, Ack; holdfast: workers, no-op handler, acks confirmed by batch)", st.consume, hf["consume (noop)"])
 		row("drain, stock with DoubleAck", st.consumeDouble, hf["consume (noop)"])
-		row("end to end, no-op handler (stock: js consume and js pub async at once)", st.pipeline, hf["e2e noop"])
-		fmt.Fprintf(&ratios, "sync %s: drain %s, end to end %s (target ≥ 1.20×)\n", mode,
-			ratio(hf["consume (noop)"], st.consume), ratio(hf["e2e noop"], st.pipeline))
+		row("end to end, no-op handler, holdfast bench (its own publisher in-process) vs stock js consume with js pub async at once", st.pipeline, hf["e2e noop"])
 		for _, h := range []string{"exec", "http"} {
 			if v, ok := hf["e2e "+h]; ok {
 				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, num(v))
@@ -125,10 +123,13 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("stock RSS: %w", err)
 		}
-		holdRSS, holdRestart, err := e.holdfastRSS(mode)
+		holdRSS, holdRestart, holdPipeline, err := e.holdfastRSS(mode)
 		if err != nil {
 			return fmt.Errorf("holdfast RSS: %w", err)
 		}
+		row("end to end, `holdfast run` (4 workers, log handler at warn) vs stock, both fed by nats bench js pub async", st.pipeline, holdPipeline)
+		fmt.Fprintf(&ratios, "sync %s: drain %s; end to end %s with nats bench's publisher (%s with holdfast bench's); target ≥ 1.20×\n", mode,
+			ratio(hf["consume (noop)"], st.consume), ratio(holdPipeline, st.pipeline), ratio(hf["e2e noop"], st.pipeline))
 		fmt.Fprintf(&rss, "| %s | after load | %.1f | %.1f | %+.1f |\n", mode, mib(stockRSS), mib(holdRSS), mib(holdRSS-stockRSS))
 		fmt.Fprintf(&rss, "| %s | after restart | %.1f | %.1f | %+.1f |\n", mode, mib(stockRestart), mib(holdRestart), mib(holdRestart-stockRestart))
 	}
@@ -475,13 +476,15 @@ func (e *env) fill(url string, create bool) error {
 // holdfastRSS runs `holdfast run` with the stream benchstream and a
 // consumer whose workers ack everything (log handler, log level warn),
 // publishes the same messages with nats bench, waits until all are acked
-// and reads its idle RSS, then again after a restart.
-func (e *env) holdfastRSS(mode string) (load, restart int64, err error) {
+// and reads its idle RSS, then again after a restart. The first msgs are
+// published with `nats bench js pub async` while the workers run: the
+// shipped daemon's end-to-end rate with the publisher stock uses.
+func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, err error) {
 	store := filepath.Join(e.work, "holdfast-rss-"+mode)
 	defer os.RemoveAll(store)
 	port, err := freePort()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	conf := filepath.Join(e.work, "holdfast.toml")
 	text := fmt.Sprintf(`[server]
@@ -504,33 +507,109 @@ workers = %d
 handler = "log"
 `, port, store, mode, *workers)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	args := []string{"run", "--config", conf}
 	p, err := e.start(e.hold, args, url)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	if err := e.fill(url, false); err != nil {
+	if pipeline, err = holdfastPipeline(url, func() error {
+		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
+		return err
+	}); err != nil {
 		p.stop()
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	if _, err := e.natsBench(url, "js", "pub", "sync", "bench.data"); err != nil {
+		p.stop()
+		return 0, 0, 0, err
 	}
 	if err := waitAcked(url, "benchstream", "WORKER", uint64(2**msgs)); err != nil {
 		p.stop()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	load, err = p.rss()
 	p.stop()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if p, err = e.start(e.hold, args, url); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer p.stop()
 	restart, err = p.rss()
-	return load, restart, err
+	return load, restart, pipeline, err
+}
+
+// holdfastPipeline runs publish and returns the rate at which the
+// consumer WORKER's ack floor moved while it did: from the first poll that
+// saw it move to the poll that saw msgs more acked than before publish.
+func holdfastPipeline(url string, publish func() error) (float64, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	// holdfast answers the JetStream API before its bootstrap created the
+	// stream and the consumer.
+	var c jetstream.Consumer
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err = js.Consumer(ctx, "benchstream", "WORKER")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			return 0, fmt.Errorf("consumer WORKER: %w", err)
+		}
+	}
+	floor := func() (uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return ci.AckFloor.Stream, nil
+	}
+	base, err := floor()
+	if err != nil {
+		return 0, err
+	}
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- publish() }()
+	var first time.Time
+	var firstFloor uint64
+	want := base + uint64(*msgs)
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		f, err := floor()
+		now := time.Now()
+		if err != nil {
+			return 0, err
+		}
+		if first.IsZero() && f > base {
+			first, firstFloor = now, f
+		}
+		if f >= want {
+			if err := <-pubErr; err != nil {
+				return 0, err
+			}
+			if now.Equal(first) {
+				return 0, errors.New("all acked before the first poll")
+			}
+			return float64(want-firstFloor) / now.Sub(first).Seconds(), nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("consumer WORKER did not ack %d messages in 5 minutes", *msgs)
 }
 
 func waitAcked(url, stream, consumer string, n uint64) error {
