@@ -317,13 +317,6 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 	}
 	url := srv.NATS().ClientURL()
 
-	// A separate in-process connection sees the workers' acks.
-	acks, err := newAckWatcher(srv.NATS())
-	if err != nil {
-		return run, store, err
-	}
-	defer acks.close()
-
 	f, err := b.publishAsync(ctx, url, benchDrainSubject, p.Msgs, "publish async", nil)
 	if err != nil {
 		return run, store, err
@@ -333,10 +326,17 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 		return run, store, err
 	}
 	run.Figures = append(run.Figures, f)
-	if f, err = b.consume(ctx, srv, cfg, acks); err != nil {
+	if f, err = b.consume(ctx, srv, cfg); err != nil {
 		return run, store, err
 	}
 	run.Figures = append(run.Figures, f)
+	// A separate in-process connection sees the workers' acks, for the
+	// latencies; only from here on, so that "consume" does not pay for it.
+	acks, err := newAckWatcher(srv.NATS())
+	if err != nil {
+		return run, store, err
+	}
+	defer acks.close()
 	for _, h := range p.Handlers {
 		f, err := b.endToEnd(ctx, srv, cfg, url, h, acks)
 		if err != nil {

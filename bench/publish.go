@@ -78,7 +78,7 @@ func (b *Bencher) publishAsync(ctx context.Context, url, subject string, n int, 
 	}
 	defer closeConns()
 	var done atomic.Int64
-	b.progress.set(name, &done, n)
+	b.progress.set(name, done.Load, n)
 	errs := make([]error, p.Publishers)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -167,7 +167,7 @@ func (b *Bencher) publishSync(ctx context.Context, url, subject string, n int) (
 	}
 	defer closeConns()
 	var done atomic.Int64
-	b.progress.set("publish sync", &done, n)
+	b.progress.set("publish sync", done.Load, n)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for i := range conns {

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"text/tabwriter"
 	"time"
 )
@@ -73,7 +72,7 @@ type progress struct {
 	w        io.Writer
 	mu       sync.Mutex
 	name     string
-	done     *atomic.Int64
+	done     func() int64
 	total    int
 	stopCh   chan struct{}
 	stopOnce sync.Once
@@ -88,7 +87,7 @@ func newProgress(w io.Writer) *progress {
 }
 
 // set switches to a new figure; on a nil progress it does nothing.
-func (p *progress) set(name string, done *atomic.Int64, total int) {
+func (p *progress) set(name string, done func() int64, total int) {
 	if p == nil {
 		return
 	}
@@ -109,7 +108,7 @@ func (p *progress) loop() {
 		case <-t.C:
 			p.mu.Lock()
 			if p.done != nil {
-				n := p.done.Load()
+				n := p.done()
 				const width = 30
 				fill := int(int64(width) * n / int64(max(p.total, 1)))
 				fmt.Fprintf(p.w, "\r\033[K%-22s [%s%s] %d/%d", p.name, strings.Repeat("=", fill), strings.Repeat(" ", width-fill), n, p.total)

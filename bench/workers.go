@@ -34,11 +34,9 @@ func (b *Bencher) startBenchWorkers(ctx context.Context, srv *embedded.Server, c
 
 // consume starts the no-op workers on the messages "publish async" stored
 // and measures until the server has received the last ack.
-func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config.Config, acks *ackWatcher) (Figure, error) {
+func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config.Config) (Figure, error) {
 	name := benchConsumerName("consume")
 	n := b.Params.Msgs
-	acks.expect(name, n)
-	b.progress.set("consume", acks.counter(name), n)
 	// Like nats bench, the clock starts with the first message handled.
 	var first atomic.Int64
 	h := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
@@ -52,7 +50,8 @@ func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config
 		return Figure{}, err
 	}
 	defer w.Close(context.Background())
-	last, err := acks.wait(ctx, name, w)
+	b.progress.set("consume", func() int64 { return int64(w.Stats().Acked.Load()) }, n)
+	last, err := waitConfirmed(ctx, w, n)
 	if err != nil {
 		return Figure{}, err
 	}
@@ -87,7 +86,7 @@ func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *confi
 	if _, err := b.publishAsync(ctx, url, benchE2ESubject(handler), n, label+" (publish)", &recs); err != nil {
 		return Figure{}, err
 	}
-	b.progress.set(label, acks.counter(name), n)
+	b.progress.set(label, acks.counter(name).Load, n)
 	last, err := acks.wait(ctx, name, w)
 	if err != nil {
 		return Figure{}, err
@@ -103,4 +102,32 @@ func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *confi
 		return Figure{}, fmt.Errorf("saw the acks of %d of %d messages", len(lat), n)
 	}
 	return newFigure(label, n, b.Params.Size, last.Sub(start), lat), nil
+}
+
+// waitConfirmed returns when the server has confirmed the ack of n
+// messages to w (polled every 200µs), failing when the workers report
+// failures or nothing moves for a minute.
+func waitConfirmed(ctx context.Context, w *pipeline.Workers, n int) (time.Time, error) {
+	st := w.Stats()
+	var seen uint64
+	moved := time.Now()
+	for {
+		now := time.Now()
+		acked := st.Acked.Load()
+		if acked >= uint64(n) {
+			return now, nil
+		}
+		if f := st.Retried.Load() + st.DeadLettered.Load() + st.Failures.Load(); f > 0 {
+			return time.Time{}, fmt.Errorf("%d messages failed, retried or were dead-lettered: see the log (--verbose)", f)
+		}
+		if acked != seen {
+			seen, moved = acked, now
+		} else if now.Sub(moved) > time.Minute {
+			return time.Time{}, fmt.Errorf("no progress for a minute: %d of %d acked", acked, n)
+		}
+		if err := ctx.Err(); err != nil {
+			return time.Time{}, err
+		}
+		time.Sleep(200 * time.Microsecond)
+	}
 }

@@ -102,18 +102,22 @@ type StreamConfig struct {
 // ConsumerConfig is one [consumers.NAME] table: a durable pull consumer
 // and the in-process workers that process its messages.
 type ConsumerConfig struct {
-	Stream        string            `toml:"stream"`
-	FilterSubject string            `toml:"filter_subject"`
-	AckWait       Duration          `toml:"ack_wait"`
-	MaxDeliver    int               `toml:"max_deliver"`
-	Backoff       []Duration        `toml:"backoff"`
-	MaxAckPending int               `toml:"max_ack_pending"`
-	Workers       int               `toml:"workers"`
-	Handler       string            `toml:"handler"`
-	DeadLetter    string            `toml:"dead_letter"`
-	Exec          ExecConfig        `toml:"exec"`
-	HTTP          HTTPHandlerConfig `toml:"http"`
-	Forward       ForwardConfig     `toml:"forward"`
+	Stream        string     `toml:"stream"`
+	FilterSubject string     `toml:"filter_subject"`
+	AckWait       Duration   `toml:"ack_wait"`
+	MaxDeliver    int        `toml:"max_deliver"`
+	Backoff       []Duration `toml:"backoff"`
+	MaxAckPending int        `toml:"max_ack_pending"`
+	Workers       int        `toml:"workers"`
+	// Prefetch is how many messages the workers pull ahead of the
+	// handlers, each kept alive from its receipt (at most
+	// max_ack_pending - workers are used).
+	Prefetch   int               `toml:"prefetch"`
+	Handler    string            `toml:"handler"`
+	DeadLetter string            `toml:"dead_letter"`
+	Exec       ExecConfig        `toml:"exec"`
+	HTTP       HTTPHandlerConfig `toml:"http"`
+	Forward    ForwardConfig     `toml:"forward"`
 }
 
 // ExecConfig is a consumer's [consumers.NAME.exec] table.
@@ -212,6 +216,7 @@ func DefaultConsumer(stream string) *ConsumerConfig {
 		Backoff:       []Duration{Dur(time.Second), Dur(5 * time.Second), Dur(30 * time.Second)},
 		MaxAckPending: 1000,
 		Workers:       4,
+		Prefetch:      256,
 		Handler:       "log",
 		DeadLetter:    stream + "_DLQ",
 		Exec:          ExecConfig{Timeout: Dur(25 * time.Second)},

@@ -137,6 +137,8 @@ const (
 	// MinSyncInterval is the shortest jetstream.sync interval: below it the
 	// file store fsyncs without pause (and at 1ns nats-server panics).
 	MinSyncInterval = 10 * time.Millisecond
+	// MaxPrefetch is the largest consumers.NAME.prefetch.
+	MaxPrefetch = 10000
 	// MinAckWait is the shortest consumer ack_wait: the workers keep a
 	// message alive with in-progress acks every ack_wait/2, which must
 	// leave time to handle it.
@@ -300,6 +302,9 @@ func (c *Config) validateConsumers(v *validator) {
 			v.add(key+".workers", strconv.Itoa(cc.Workers), "must be between 0 (no in-process workers) and 1024")
 		} else if cc.MaxAckPending >= 1 && cc.Workers > cc.MaxAckPending {
 			v.add(key+".workers", strconv.Itoa(cc.Workers), "more than max_ack_pending (%d): the extra workers would never get a message", cc.MaxAckPending)
+		}
+		if cc.Prefetch < 0 || cc.Prefetch > MaxPrefetch {
+			v.add(key+".prefetch", strconv.Itoa(cc.Prefetch), "must be between 0 (pull one message per free worker) and %d", MaxPrefetch)
 		}
 		switch cc.Handler {
 		case "log":

@@ -72,7 +72,7 @@ func (e *benchEnv) fill(tb testing.TB, n int) {
 	}
 }
 
-func (e *benchEnv) workers(h pipeline.Handler, n int) *pipeline.Workers {
+func (e *benchEnv) workers(h pipeline.Handler, n, prefetch int) *pipeline.Workers {
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	return pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
 		Stream:     config.DefaultStreamName,
@@ -83,6 +83,7 @@ func (e *benchEnv) workers(h pipeline.Handler, n int) *pipeline.Workers {
 		Backoff:    []time.Duration{time.Second},
 		DeadLetter: cc.DeadLetter,
 		Handler:    h,
+		Prefetch:   prefetch,
 	}, e.log)
 }
 
@@ -101,10 +102,10 @@ func benchWaitFor(tb testing.TB, done func() bool) {
 
 // runWorkers stores b.N messages, then times the workers handling and
 // settling all of them; done tells when they have.
-func runWorkers(b *testing.B, workers int, h pipeline.Handler, done func(*pipeline.Stats, int) bool) {
+func runWorkers(b *testing.B, workers, prefetch int, h pipeline.Handler, done func(*pipeline.Stats, int) bool) {
 	e := startBenchEnv(b)
 	e.fill(b, b.N)
-	w := e.workers(h, workers)
+	w := e.workers(h, workers, prefetch)
 	b.SetBytes(128)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -117,13 +118,16 @@ func runWorkers(b *testing.B, workers int, h pipeline.Handler, done func(*pipeli
 }
 
 // BenchmarkDispatch is the success path per message: pull, build the
-// Message, call a no-op handler, DoubleAck.
+// Message, call a no-op handler, ack (counted once confirmed), without
+// and with the default prefetch.
 func BenchmarkDispatch(b *testing.B) {
 	noop := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })
-	for _, workers := range []int{1, 4, 16} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
-			runWorkers(b, workers, noop, func(st *pipeline.Stats, n int) bool { return st.Acked.Load() >= uint64(n) })
-		})
+	for _, prefetch := range []int{0, 256} {
+		for _, workers := range []int{1, 4, 16} {
+			b.Run(fmt.Sprintf("workers=%d/prefetch=%d", workers, prefetch), func(b *testing.B) {
+				runWorkers(b, workers, prefetch, noop, func(st *pipeline.Stats, n int) bool { return st.Acked.Load() >= uint64(n) })
+			})
+		}
 	}
 }
 
@@ -131,7 +135,7 @@ func BenchmarkDispatch(b *testing.B) {
 // the dead letter, wait for its PubAck, then terminate the original.
 func BenchmarkDeadLetter(b *testing.B) {
 	fail := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Fail("bench") })
-	runWorkers(b, 4, fail, func(st *pipeline.Stats, n int) bool { return st.DeadLettered.Load() >= uint64(n) })
+	runWorkers(b, 4, 256, fail, func(st *pipeline.Stats, n int) bool { return st.DeadLettered.Load() >= uint64(n) })
 }
 
 // BenchmarkAck compares the ack the workers use (DoubleAck: one round trip

@@ -669,6 +669,21 @@ func (s *Stats) noteSettled(seq uint64) {
 	r := &s.settledSeqs
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.add(seq)
+}
+
+// noteSettledAll is noteSettled for every sequence of items, under one lock.
+func (s *Stats) noteSettledAll(items []ackItem) {
+	r := &s.settledSeqs
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, it := range items {
+		r.add(it.seq)
+	}
+}
+
+// add remembers seq; r.mu is held.
+func (r *settledSeqs) add(seq uint64) {
 	if r.set == nil {
 		r.set = make(map[uint64]struct{}, settledWindow)
 		r.ring = make([]uint64, 0, settledWindow)

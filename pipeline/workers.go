@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
@@ -90,8 +91,12 @@ type Workers struct {
 	bg       background // dead-letter retries, advisories and replays being handled
 
 	queue       chan delivery // received messages waiting for a worker
-	slots       chan struct{} // one token per message the workers may hold
+	slots       chan int      // the free places in held
+	held        []heldMsg     // every message received and not yet settled
 	fetcherDone chan struct{}
+	aliveStop   chan struct{} // closed when the workers stopped
+	aliveDone   chan struct{} // closed when the in-progress ticker stopped
+	acks        *acker
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -118,7 +123,7 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 	if stats == nil {
 		stats = &Stats{}
 	}
-	return &Workers{
+	w := &Workers{
 		stats:           stats,
 		js:              js,
 		nc:              nc,
@@ -126,6 +131,8 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		log:             log.With("component", "workers", "consumer", opts.Consumer, "stream", opts.Stream),
 		ShutdownTimeout: 20 * time.Second,
 	}
+	w.activity.running = make([]atomic.Int64, opts.Workers)
+	return w
 }
 
 // Stats returns the live counters.
@@ -169,10 +176,14 @@ func (w *Workers) Open(ctx context.Context) error {
 	}
 	capacity := w.capacity()
 	w.queue = make(chan delivery, capacity)
-	w.slots = make(chan struct{}, capacity)
-	for range capacity {
-		w.slots <- struct{}{}
+	w.slots = make(chan int, capacity)
+	w.held = make([]heldMsg, capacity)
+	for i := range capacity {
+		w.slots <- i
 	}
+	w.acks = newAcker(w, capacity)
+	w.aliveStop, w.aliveDone = make(chan struct{}), make(chan struct{})
+	go w.keepHeldAlive()
 	w.fetcherDone = make(chan struct{})
 	go w.fetch()
 	// Messages whose last delivery a previous stop interrupted (Close
@@ -181,7 +192,7 @@ func (w *Workers) Open(ctx context.Context) error {
 	for i := 0; i < w.opts.Workers; i++ {
 		w.wg.Add(1)
 		w.alive.Add(1)
-		go w.work()
+		go w.work(i)
 	}
 	w.log.Info("workers started", "workers", w.opts.Workers, "prefetch", capacity-w.opts.Workers, "dead_letter", w.opts.DeadLetter)
 	return nil
@@ -199,24 +210,89 @@ func (w *Workers) capacity() int {
 	return w.opts.Workers + max(w.opts.Prefetch, 0)
 }
 
-// delivery is a message received from the server, with the in-progress
-// acks that keep it alive until it is settled.
+// delivery is a message received from the server and its place in held.
 type delivery struct {
-	msg       jetstream.Msg
-	stopAlive func()
+	msg  jetstream.Msg
+	slot int
 }
 
-// fetch pulls as many messages as there are free slots, and starts each
-// message's in-progress acks the moment it is received — whether a
-// handler takes it at once or it waits in the queue behind slow handlers —
-// so that no message can outlive ack_wait in holdfast's hands and be
-// delivered a second time while the first is still being handled. Pull
-// requests are for free slots only: nothing is buffered where holdfast
-// cannot see it.
+// heldMsg is a message in holdfast's hands (queued or being handled) and
+// when the server last heard that it is: received or in progress.
+type heldMsg struct {
+	mu    sync.Mutex
+	msg   jetstream.Msg // nil when the place is free
+	alive time.Time
+}
+
+func (h *heldMsg) set(msg jetstream.Msg, now time.Time) {
+	h.mu.Lock()
+	h.msg, h.alive = msg, now
+	h.mu.Unlock()
+}
+
+func (h *heldMsg) clear() {
+	h.mu.Lock()
+	h.msg = nil
+	h.mu.Unlock()
+}
+
+// due returns the held message when its last sign of life is older than
+// after, and notes now as its new one.
+func (h *heldMsg) due(now time.Time, after time.Duration) jetstream.Msg {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.msg == nil || now.Sub(h.alive) < after {
+		return nil
+	}
+	h.alive = now
+	return h.msg
+}
+
+// keepHeldAlive is one ticker for every message the workers hold: each
+// ack_wait/4 it sends an in-progress ack for every message whose last sign
+// of life (its receipt, or the last in-progress ack) is ack_wait/2 old, so
+// none goes ack_wait without one (at most 3/4 of it) — whether it waits in
+// the queue behind slow handlers or is being handled. A message handled
+// well within ack_wait/2 costs nothing here but two stores.
+func (w *Workers) keepHeldAlive() {
+	defer close(w.aliveDone)
+	if w.opts.AckWait <= 0 {
+		return
+	}
+	t := time.NewTicker(w.opts.AckWait / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-w.aliveStop:
+			return
+		}
+		now := time.Now()
+		for i := range w.held {
+			msg := w.held[i].due(now, w.opts.AckWait/2)
+			if msg == nil {
+				continue
+			}
+			// Already acked: it was settled since; nothing to keep alive.
+			if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
+			}
+		}
+	}
+}
+
+// fetch pulls as many messages as there are free places, and keeps each
+// message alive from the moment it is received (keepHeldAlive) — whether
+// a handler takes it at once or it waits in the queue behind slow
+// handlers — so that no message can outlive ack_wait in holdfast's hands
+// and be delivered a second time while the first is still being handled.
+// Pull requests are for free places only: nothing is buffered where
+// holdfast cannot see it.
 func (w *Workers) fetch() {
 	defer close(w.fetcherDone)
 	defer close(w.queue)
 	failures := 0
+	free := make([]int, 0, cap(w.slots))
 	for {
 		if w.paused() {
 			select {
@@ -227,23 +303,23 @@ func (w *Workers) fetch() {
 			continue
 		}
 		select {
-		case <-w.slots:
+		case i := <-w.slots:
+			free = append(free[:0], i)
 		case <-w.runCtx.Done():
 			return
 		}
-		n := 1
 	more:
-		for n < cap(w.slots) {
+		for len(free) < cap(w.slots) {
 			select {
-			case <-w.slots:
-				n++
+			case i := <-w.slots:
+				free = append(free, i)
 			default:
 				break more
 			}
 		}
-		got, err := w.fetchBatch(n)
-		for range n - got {
-			w.slots <- struct{}{}
+		got, err := w.fetchBatch(free)
+		for _, i := range free[got:] {
+			w.slots <- i
 		}
 		if w.runCtx.Err() != nil {
 			return
@@ -265,10 +341,11 @@ func (w *Workers) fetch() {
 	}
 }
 
-// fetchBatch sends one pull request for n messages and queues what
-// arrives; it returns how many it queued.
-func (w *Workers) fetchBatch(n int) (int, error) {
-	batch, err := w.consumer().Fetch(n, jetstream.FetchMaxWait(fetchWait))
+// fetchBatch sends one pull request for len(free) messages and queues
+// what arrives, in the places free names in order; it returns how many it
+// queued.
+func (w *Workers) fetchBatch(free []int) (int, error) {
+	batch, err := w.consumer().Fetch(len(free), jetstream.FetchMaxWait(fetchWait))
 	if err != nil {
 		return 0, err
 	}
@@ -279,14 +356,10 @@ func (w *Workers) fetchBatch(n int) (int, error) {
 			w.giveBack(msg)
 			continue
 		}
-		d := delivery{msg: msg, stopAlive: func() {}}
-		if w.opts.AckWait > 0 {
-			d.stopAlive = keepAlive(msg, w.opts.AckWait/2, func(err error) {
-				w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
-			})
-		}
+		slot := free[got]
+		w.held[slot].set(msg, time.Now())
 		got++
-		w.queue <- d // never blocks: a slot was taken for it
+		w.queue <- delivery{msg: msg, slot: slot} // never blocks: a place was taken for it
 	}
 	return got, batch.Error()
 }
@@ -316,24 +389,24 @@ func (w *Workers) refreshConsumer() {
 	w.mu.Unlock()
 }
 
-func (w *Workers) work() {
+// work is worker i: it handles queued messages until the queue closes.
+func (w *Workers) work(i int) {
 	defer w.alive.Add(-1)
 	defer w.wg.Done()
 	for d := range w.queue {
 		if w.stopping.Load() {
 			// Queued when the drain began: give it back at once.
-			d.stopAlive()
 			w.giveBack(d.msg)
 		} else {
-			w.process(d.msg)
-			d.stopAlive()
+			w.process(i, d.msg)
 		}
-		w.slots <- struct{}{}
+		w.held[d.slot].clear()
+		w.slots <- d.slot
 	}
 }
 
-// process runs the handler on one message and settles it.
-func (w *Workers) process(msg jetstream.Msg) {
+// process runs the handler on one message in worker i and settles it.
+func (w *Workers) process(i int, msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err != nil {
 		w.log.Error("message without JetStream metadata: terminated", "subject", msg.Subject(), "err", err)
@@ -344,10 +417,10 @@ func (w *Workers) process(msg jetstream.Msg) {
 
 	w.stats.InFlight.Add(1)
 	start := time.Now()
-	running := w.activity.begin(m.Sequence, start)
+	w.activity.begin(i, m.Sequence, start)
 	res := w.handle(msg, m)
 	took := time.Since(start)
-	w.activity.end(running)
+	w.activity.end(i)
 	w.stats.InFlight.Add(-1)
 	w.stats.Processed.Add(1)
 	if w.opts.OnResult != nil {
@@ -408,15 +481,9 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 	}
 	switch res.Outcome {
 	case Success:
-		// DoubleAck waits for the server to confirm, so a lost ack is seen
-		// (and the message is known to come back) instead of assumed.
-		if err := msg.DoubleAck(ctx); err != nil {
-			w.stats.Failures.Add(1)
-			w.log.Error("ack not confirmed: the message will be redelivered", "seq", m.Sequence, "err", err)
-			return
-		}
-		w.stats.Acked.Add(1)
-		w.stats.noteSettled(m.Sequence)
+		// Acked off the worker's path, confirmed by batch (see acker): a
+		// lost ack is seen and counted, and the message comes back.
+		w.acks.add(msg, m.Sequence)
 	case Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
@@ -473,7 +540,15 @@ func (w *Workers) Close(ctx context.Context) error {
 		done := make(chan struct{})
 		// Advisories and replays are taken until the workers stopped; a
 		// message kept for its dead letter is held until the timeout.
-		go func() { w.wg.Wait(); <-w.fetcherDone; w.closeDeadLetters(); close(done) }()
+		go func() {
+			w.wg.Wait()
+			<-w.fetcherDone
+			close(w.aliveStop)
+			<-w.aliveDone
+			w.acks.close() // the last acks sent and confirmed
+			w.closeDeadLetters()
+			close(done)
+		}()
 		timer := time.NewTimer(w.ShutdownTimeout)
 		defer timer.Stop()
 		select {
@@ -519,33 +594,31 @@ func (w *Workers) Activity(now time.Time) Activity {
 }
 
 // activity records the handlers running and the retries delayed on
-// purpose, for Activity.
+// purpose, for Activity. A handler's start and end are two atomic stores;
+// the lock is taken only while delayed retries are known.
 type activity struct {
+	running  []atomic.Int64 // per worker: when its handler started (Unix ns), 0 when idle
+	nRetries atomic.Int64   // len(retries)
+
 	mu      sync.Mutex
-	next    uint64
-	running map[uint64]time.Time // by a token from begin
 	retries map[uint64]time.Time // stream sequence -> redelivery due
 }
 
-// begin notes a handler starting on the message with stream sequence seq
-// (a delayed retry of it has arrived) and returns a token for end.
-func (a *activity) begin(seq uint64, at time.Time) uint64 {
+// begin notes worker i starting a handler at at on the message with
+// stream sequence seq (a delayed retry of it has arrived).
+func (a *activity) begin(i int, seq uint64, at time.Time) {
+	a.running[i].Store(at.UnixNano())
+	if a.nRetries.Load() == 0 {
+		return
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.running == nil {
-		a.running = map[uint64]time.Time{}
-	}
-	a.next++
-	a.running[a.next] = at
 	delete(a.retries, seq)
-	return a.next
+	a.nRetries.Store(int64(len(a.retries)))
 }
 
-func (a *activity) end(token uint64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	delete(a.running, token)
-}
+// end notes worker i's handler returning.
+func (a *activity) end(i int) { a.running[i].Store(0) }
 
 // retryForget is how long after its due time a delayed retry that never
 // came back (removed from the stream, taken by another client) is
@@ -561,14 +634,17 @@ func (a *activity) delayed(seq uint64, due time.Time) {
 		a.retries = map[uint64]time.Time{}
 	}
 	a.retries[seq] = due
+	a.nRetries.Store(int64(len(a.retries)))
 }
 
 func (a *activity) snapshot(now time.Time) Activity {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var act Activity
-	for _, at := range a.running {
-		act.Running = append(act.Running, at)
+	for i := range a.running {
+		if at := a.running[i].Load(); at != 0 {
+			act.Running = append(act.Running, time.Unix(0, at))
+		}
 	}
 	for seq, due := range a.retries {
 		switch {
@@ -581,6 +657,7 @@ func (a *activity) snapshot(now time.Time) Activity {
 			delete(a.retries, seq)
 		}
 	}
+	a.nRetries.Store(int64(len(a.retries)))
 	slices.SortFunc(act.Running, func(x, y time.Time) int { return x.Compare(y) })
 	return act
 }

@@ -31,6 +31,16 @@ type testEnv struct {
 
 func startEnv(t *testing.T, tweak func(*config.ConsumerConfig)) *testEnv {
 	t.Helper()
+	return startEnvWith(t, func(cfg *config.Config) {
+		if tweak != nil {
+			tweak(cfg.Consumers[config.DefaultConsumerName])
+		}
+	})
+}
+
+// startEnvWith is startEnv with the whole config changed by tweak.
+func startEnvWith(t *testing.T, tweak func(*config.Config)) *testEnv {
+	t.Helper()
 	cfg := config.DefaultConfig()
 	cfg.Server.Port = -1
 	cfg.HTTP.Listen = ""
@@ -39,7 +49,7 @@ func startEnv(t *testing.T, tweak func(*config.ConsumerConfig)) *testEnv {
 	cc.AckWait = config.Dur(5 * time.Second)
 	cc.Backoff = []config.Duration{config.Dur(100 * time.Millisecond)}
 	if tweak != nil {
-		tweak(cc)
+		tweak(cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -388,15 +398,21 @@ func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 // are kept alive from their receipt, so none is handled twice. With
 // ack_wait 3s, 4 workers and a 2s handler, 9 of 40 messages used to be
 // handled twice (in-progress acks began ack_wait/2 after the handler
-// started, and a message pulled ahead had waited longer than that). With a
-// deep prefetch a message waits several ack_waits in the queue.
+// started, and a message pulled ahead had waited longer than that). With
+// the default prefetch (256) every message is pulled at once and the last
+// waits up to 10 handler durations (40 s with 4 s handlers, 13 ack_waits)
+// in the queue.
 func TestQueuedMessagesNotRedelivered(t *testing.T) {
 	for _, tc := range []struct {
 		name           string
 		msgs, prefetch int
+		handler        time.Duration
 	}{
-		{"pull ahead one per worker", 40, 0},
-		{"deep prefetch", 24, 12},
+		{"pull ahead one per worker", 40, 0, 2 * time.Second},
+		{"prefetch 256, handler 1.2s", 40, 256, 1200 * time.Millisecond},
+		{"prefetch 256, handler 1.6s", 40, 256, 1600 * time.Millisecond},
+		{"prefetch 256, handler 2s", 40, 256, 2 * time.Second},
+		{"prefetch 256, handler 4s", 40, 256, 4 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -409,7 +425,7 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
 				rec.record(m)
 				select {
-				case <-time.After(2 * time.Second):
+				case <-time.After(tc.handler):
 				case <-ctx.Done():
 				}
 				return pipeline.Ok()

@@ -89,7 +89,7 @@ func run() error {
 		strings.TrimSpace(string(version)), strings.TrimSpace(string(natsVersion)), parent)
 	fmt.Fprintln(&rep, "| sync | figure | stock msgs/s | holdfast msgs/s | holdfast/stock |")
 	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
-	var rss bytes.Buffer
+	var rss, ratios bytes.Buffer
 	var machine string
 	for _, mode := range strings.Split(*syncs, ",") {
 		mode = strings.TrimSpace(mode)
@@ -109,9 +109,9 @@ func run() error {
 		}
 		row("publish async (window 500)", st.pubAsync, hf["publish async"])
 		row("publish sync", st.pubSync, hf["publish sync"])
-		row("consume, explicit ack (stock: Ack, holdfast: DoubleAck, no-op handler)", st.consume, hf["consume (noop)"])
-		row("consume, explicit DoubleAck (both)", st.consumeDouble, hf["consume (noop)"])
-		row("end to end, no-op handler (holdfast) vs stock consume with Ack", st.consume, hf["e2e noop"])
+		row("drain: consume, explicit ack (stock: callback, batch 500, Ack; holdfast: workers, no-op handler, acks confirmed by batch)", st.consume, hf["consume (noop)"])
+		row("drain, stock with DoubleAck", st.consumeDouble, hf["consume (noop)"])
+		row("end to end, no-op handler, holdfast bench (its own publisher in-process) vs stock js consume with js pub async at once", st.pipeline, hf["e2e noop"])
 		for _, h := range []string{"exec", "http"} {
 			if v, ok := hf["e2e "+h]; ok {
 				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, num(v))
@@ -123,10 +123,13 @@ func run() error {
 		if err != nil {
 			return fmt.Errorf("stock RSS: %w", err)
 		}
-		holdRSS, holdRestart, err := e.holdfastRSS(mode)
+		holdRSS, holdRestart, holdPipeline, err := e.holdfastRSS(mode)
 		if err != nil {
 			return fmt.Errorf("holdfast RSS: %w", err)
 		}
+		row("end to end, `holdfast run` (4 workers, log handler at warn) vs stock, both fed by nats bench js pub async", st.pipeline, holdPipeline)
+		fmt.Fprintf(&ratios, "sync %s: drain %s; end to end %s with nats bench's publisher (%s with holdfast bench's); target ≥ 1.20×\n", mode,
+			ratio(hf["consume (noop)"], st.consume), ratio(holdPipeline, st.pipeline), ratio(hf["e2e noop"], st.pipeline))
 		fmt.Fprintf(&rss, "| %s | after load | %.1f | %.1f | %+.1f |\n", mode, mib(stockRSS), mib(holdRSS), mib(holdRSS-stockRSS))
 		fmt.Fprintf(&rss, "| %s | after restart | %.1f | %.1f | %+.1f |\n", mode, mib(stockRestart), mib(holdRestart), mib(holdRestart-stockRestart))
 	}
@@ -134,7 +137,10 @@ func run() error {
 	fmt.Fprintln(&rep, "| sync | when | stock | holdfast | holdfast − stock |")
 	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
 	rep.Write(rss.Bytes())
-	fmt.Fprintf(&rep, "\nMachine: %s\n", machine)
+	fmt.Fprintf(&rep, "\nMachine: %s\n\nRatios holdfast/stock:\n\n", machine)
+	for _, l := range strings.Split(strings.TrimSpace(ratios.String()), "\n") {
+		fmt.Fprintf(&rep, "- %s\n", l)
+	}
 	os.Stdout.Write(rep.Bytes())
 	if *out != "" {
 		return os.WriteFile(*out, rep.Bytes(), 0o644)
@@ -271,7 +277,13 @@ func (e *env) startStock(mode, store string) (*proc, error) {
 // natsBench runs `nats bench` with --csv and returns the msgs/s of its
 // first result row.
 func (e *env) natsBench(url string, args ...string) (float64, error) {
-	csvPath := filepath.Join(e.work, "bench.csv")
+	return e.natsBenchCSV(url, "bench.csv", args...)
+}
+
+// natsBenchCSV is natsBench with its CSV in the work directory's file csvName
+// (two runs at once need two).
+func (e *env) natsBenchCSV(url, csvName string, args ...string) (float64, error) {
+	csvPath := filepath.Join(e.work, csvName)
 	_ = os.Remove(csvPath)
 	full := append([]string{"-s", url, "bench"}, args...)
 	full = append(full, "--msgs", strconv.Itoa(*msgs), "--size", strconv.Itoa(*size), "--no-progress", "--csv", csvPath)
@@ -297,11 +309,13 @@ func (e *env) natsBench(url string, args ...string) (float64, error) {
 	return strconv.ParseFloat(rows[1][4], 64)
 }
 
-type stockFigures struct{ pubAsync, pubSync, consume, consumeDouble float64 }
+type stockFigures struct{ pubAsync, pubSync, consume, consumeDouble, pipeline float64 }
 
 // stock runs nats bench against a fresh stock server: async and sync
 // publish (2×msgs stored), then a durable pull consumer with explicit acks
-// reads msgs with Ack and the next msgs with DoubleAck.
+// reads msgs with Ack and the next msgs with DoubleAck; then the pipeline:
+// the consumer started first, waiting, and msgs published async while it
+// consumes (its rate).
 func (e *env) stock(mode string) (st stockFigures, err error) {
 	store := filepath.Join(e.work, "stock-"+mode)
 	defer os.RemoveAll(store)
@@ -319,8 +333,63 @@ func (e *env) stock(mode string) (st stockFigures, err error) {
 	if st.consume, err = e.natsBench(p.url, "js", "consume", "--acks", "explicit"); err != nil {
 		return st, err
 	}
-	st.consumeDouble, err = e.natsBench(p.url, "js", "consume", "--acks", "explicit", "--doubleack")
+	if st.consumeDouble, err = e.natsBench(p.url, "js", "consume", "--acks", "explicit", "--doubleack"); err != nil {
+		return st, err
+	}
+	st.pipeline, err = e.stockPipeline(p.url)
 	return st, err
+}
+
+// stockPipeline starts `nats bench js consume` on the drained durable
+// consumer, waits until its pull request is at the server, publishes msgs
+// with `nats bench js pub async` at the same time and returns the
+// consumer's rate.
+func (e *env) stockPipeline(url string) (float64, error) {
+	type result struct {
+		rate float64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := e.natsBenchCSV(url, "consume.csv", "js", "consume", "--acks", "explicit")
+		done <- result{r, err}
+	}()
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err := js.Consumer(ctx, "benchstream", "nats-bench")
+		var info *jetstream.ConsumerInfo
+		if err == nil {
+			info, err = c.Info(ctx)
+		}
+		cancel()
+		if err == nil && info.NumWaiting > 0 {
+			break
+		}
+		select {
+		case r := <-done:
+			return 0, fmt.Errorf("nats bench js consume ended before the publish: %v", r.err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("nats bench js consume not waiting for messages after 30s (%v)", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500"); err != nil {
+		return 0, err
+	}
+	r := <-done
+	return r.rate, r.err
 }
 
 func (e *env) holdfastBench(mode string) (map[string]float64, string, error) {
@@ -407,13 +476,15 @@ func (e *env) fill(url string, create bool) error {
 // holdfastRSS runs `holdfast run` with the stream benchstream and a
 // consumer whose workers ack everything (log handler, log level warn),
 // publishes the same messages with nats bench, waits until all are acked
-// and reads its idle RSS, then again after a restart.
-func (e *env) holdfastRSS(mode string) (load, restart int64, err error) {
+// and reads its idle RSS, then again after a restart. The first msgs are
+// published with `nats bench js pub async` while the workers run: the
+// shipped daemon's end-to-end rate with the publisher stock uses.
+func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, err error) {
 	store := filepath.Join(e.work, "holdfast-rss-"+mode)
 	defer os.RemoveAll(store)
 	port, err := freePort()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	conf := filepath.Join(e.work, "holdfast.toml")
 	text := fmt.Sprintf(`[server]
@@ -436,33 +507,109 @@ workers = %d
 handler = "log"
 `, port, store, mode, *workers)
 	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	args := []string{"run", "--config", conf}
 	p, err := e.start(e.hold, args, url)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
-	if err := e.fill(url, false); err != nil {
+	if pipeline, err = holdfastPipeline(url, func() error {
+		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
+		return err
+	}); err != nil {
 		p.stop()
-		return 0, 0, err
+		return 0, 0, 0, err
+	}
+	if _, err := e.natsBench(url, "js", "pub", "sync", "bench.data"); err != nil {
+		p.stop()
+		return 0, 0, 0, err
 	}
 	if err := waitAcked(url, "benchstream", "WORKER", uint64(2**msgs)); err != nil {
 		p.stop()
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	load, err = p.rss()
 	p.stop()
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	if p, err = e.start(e.hold, args, url); err != nil {
-		return 0, 0, err
+		return 0, 0, 0, err
 	}
 	defer p.stop()
 	restart, err = p.rss()
-	return load, restart, err
+	return load, restart, pipeline, err
+}
+
+// holdfastPipeline runs publish and returns the rate at which the
+// consumer WORKER's ack floor moved while it did: from the first poll that
+// saw it move to the poll that saw msgs more acked than before publish.
+func holdfastPipeline(url string, publish func() error) (float64, error) {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return 0, err
+	}
+	// holdfast answers the JetStream API before its bootstrap created the
+	// stream and the consumer.
+	var c jetstream.Consumer
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		c, err = js.Consumer(ctx, "benchstream", "WORKER")
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Since(start) > 30*time.Second {
+			return 0, fmt.Errorf("consumer WORKER: %w", err)
+		}
+	}
+	floor := func() (uint64, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		ci, err := c.Info(ctx)
+		if err != nil {
+			return 0, err
+		}
+		return ci.AckFloor.Stream, nil
+	}
+	base, err := floor()
+	if err != nil {
+		return 0, err
+	}
+	pubErr := make(chan error, 1)
+	go func() { pubErr <- publish() }()
+	var first time.Time
+	var firstFloor uint64
+	want := base + uint64(*msgs)
+	deadline := time.Now().Add(5 * time.Minute)
+	for time.Now().Before(deadline) {
+		f, err := floor()
+		now := time.Now()
+		if err != nil {
+			return 0, err
+		}
+		if first.IsZero() && f > base {
+			first, firstFloor = now, f
+		}
+		if f >= want {
+			if err := <-pubErr; err != nil {
+				return 0, err
+			}
+			if now.Equal(first) {
+				return 0, errors.New("all acked before the first poll")
+			}
+			return float64(want-firstFloor) / now.Sub(first).Seconds(), nil
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return 0, fmt.Errorf("consumer WORKER did not ack %d messages in 5 minutes", *msgs)
 }
 
 func waitAcked(url, stream, consumer string, n uint64) error {

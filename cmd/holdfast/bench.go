@@ -23,7 +23,7 @@ mode and measures:
   publish async   PublishAsync with at most --window PubAcks outstanding
   publish sync    one Publish at a time, each waiting for its PubAck
   consume         workers (no-op Go handler) draining the messages stored by
-                  "publish async", acking each with a confirmed ack
+                  "publish async", until the server confirmed every ack
   e2e <handler>   publish → stored → handler → ack, live, per handler
 Publishers connect over TCP to 127.0.0.1 like any client; workers use the
 in-process connection. Latency is from the publish call to the PubAck

@@ -467,7 +467,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	cc := cfg.Consumers[name]
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
-		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter
+		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc)
 	if same {
 		return
 	}
@@ -535,5 +535,12 @@ func consumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler)
 		Backoff:    backoff,
 		DeadLetter: cc.DeadLetter,
 		Handler:    h,
+		Prefetch:   prefetch(cc),
 	}
+}
+
+// prefetch is the consumer's prefetch as used: the server never has more
+// than max_ack_pending messages out, the workers' own included.
+func prefetch(cc *config.ConsumerConfig) int {
+	return max(0, min(cc.Prefetch, cc.MaxAckPending-cc.Workers))
 }

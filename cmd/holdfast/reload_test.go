@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -346,4 +347,45 @@ func TestRestartOnlyChanges(t *testing.T) {
 	if got := restartOnlyChanges(cur, config.DefaultConfig()); len(got) != 0 {
 		t.Errorf("no change: restart names %v", got)
 	}
+}
+
+// TestReloadPrefetchRestartsWorkers: a changed consumers.NAME.prefetch
+// restarts the consumer's workers with it, and they go on processing.
+func TestReloadPrefetchRestartsWorkers(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "processed")
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, e2eScript(t, fmt.Sprintf("id=$(cat)\necho \"$id\" >> %q\n", out)), "prefetch = 8\n")
+	base, err := os.ReadFile(in.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	if !strings.Contains(p.stderr.String(), "prefetch=8") {
+		t.Fatalf("workers not started with prefetch 8:\n%s", p.stderr.String())
+	}
+	if err := os.WriteFile(in.cfg, []byte(strings.Replace(string(base), "prefetch = 8\n", "prefetch = 32\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if s := p.stderr.String(); !strings.Contains(s, "reload: workers restarted") || !strings.Contains(s, "prefetch=32") {
+			return errors.New("workers not restarted with prefetch 32 yet")
+		}
+		return nil
+	})
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("after-reload")); err != nil {
+		t.Fatal(err)
+	}
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !slices.Contains(e2eLines(t, out), "after-reload") {
+			return errors.New("message not processed after the reload")
+		}
+		return nil
+	})
+	p.stop()
 }

@@ -1,0 +1,247 @@
+package pipeline_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline"
+)
+
+// TestLostAckRedeliveredAndCounted: workers whose acks never reach the
+// server (their user may not publish to $JS.ACK.>, so the server drops
+// every ack and never confirms one) count each unconfirmed ack as a
+// failure, never as acked, and the server delivers the messages again
+// after ack_wait: a lost ack is a redelivery, not a loss.
+func TestLostAckRedeliveredAndCounted(t *testing.T) {
+	hash, err := bcrypt.GenerateFromPassword([]byte("lossy-password"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEnvWith(t, func(cfg *config.Config) {
+		cfg.Auth.Users = map[string]*config.UserConfig{
+			"lossy": {Password: string(hash), PublishDeny: []string{"$JS.ACK.>"}},
+		}
+		cc := cfg.Consumers[config.DefaultConsumerName]
+		cc.AckWait = config.Dur(time.Second)
+		cc.MaxDeliver = 100
+	})
+	nc, err := nats.Connect(e.srv.NATS().ClientURL(), nats.UserInfo("lossy", "lossy-password"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	w := pipeline.NewWorkers(js, nc, pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 2, Prefetch: 16,
+		AckWait: time.Second, Handler: pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+			rec.record(m)
+			return pipeline.Ok()
+		}),
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w.ShutdownTimeout = 2 * time.Second
+	if err := w.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close(context.Background())
+	// With [auth] users, only they may publish to the stream.
+	var seqs []uint64
+	for i := range 3 {
+		ack, err := js.Publish(context.Background(), "orders.created", []byte(strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ack.Sequence)
+	}
+	checkFor(t, 60*time.Second, func() error {
+		for _, seq := range seqs {
+			if n := len(rec.forSeq(seq)); n < 2 {
+				return fmt.Errorf("seq %d handled %d time(s), want a redelivery of its lost ack", seq, n)
+			}
+		}
+		if f := w.Stats().Failures.Load(); f < uint64(len(seqs)) {
+			return fmt.Errorf("%d failures counted, want at least %d", f, len(seqs))
+		}
+		return nil
+	})
+	if n := w.Stats().Acked.Load(); n != 0 {
+		t.Fatalf("%d acks counted as confirmed, none reached the server", n)
+	}
+	if f := e.consumerInfo().AckFloor.Stream; f != 0 {
+		t.Fatalf("ack floor %d, want 0", f)
+	}
+}
+
+// TestMaxAckPendingRespected: however deep the prefetch, the workers never
+// hold more than max_ack_pending messages, and every message is handled
+// once.
+func TestMaxAckPendingRespected(t *testing.T) {
+	const maxAckPending = 8
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxAckPending = maxAckPending })
+	release := make(chan struct{})
+	var held, most atomic.Int64
+	rec := &recorder{}
+	var seqs []uint64
+	for i := range 40 {
+		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+	}
+	e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		n := held.Add(1)
+		for {
+			if old := most.Load(); n <= old || most.CompareAndSwap(old, n) {
+				break
+			}
+		}
+		<-release
+		held.Add(-1)
+		return pipeline.Ok()
+	}), maxAckPending/2, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
+	// Half the allowed messages are being handled, the other half queued.
+	checkFor(t, 20*time.Second, func() error {
+		if n := e.consumerInfo().NumAckPending; n != maxAckPending {
+			return fmt.Errorf("%d messages out, want max_ack_pending %d", n, maxAckPending)
+		}
+		return nil
+	})
+	time.Sleep(1500 * time.Millisecond) // a pull request expires and is renewed
+	if n := e.consumerInfo().NumAckPending; n > maxAckPending {
+		t.Fatalf("%d messages out, more than max_ack_pending %d", n, maxAckPending)
+	}
+	close(release)
+	last := seqs[len(seqs)-1]
+	checkFor(t, 30*time.Second, func() error {
+		if f := e.consumerInfo().AckFloor.Stream; f != last {
+			return fmt.Errorf("ack floor %d of %d", f, last)
+		}
+		return nil
+	})
+	for _, seq := range seqs {
+		if n := len(rec.forSeq(seq)); n != 1 {
+			t.Fatalf("seq %d handled %d times", seq, n)
+		}
+	}
+	if m := most.Load(); m > maxAckPending/2 {
+		t.Fatalf("%d handlers ran at once with %d workers", m, maxAckPending/2)
+	}
+}
+
+// TestShutdownReturnsQueuedAtOnce: messages pulled ahead but not started
+// when the workers stop are given back at once (nak without delay), so
+// the next workers get them long before ack_wait.
+func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+	started := make(chan struct{}, 100)
+	w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		started <- struct{}{}
+		select {
+		case <-time.After(300 * time.Millisecond):
+		case <-ctx.Done():
+		}
+		return pipeline.Ok()
+	}), 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 64 })
+	var seqs []uint64
+	for i := range 20 {
+		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+	}
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.consumerInfo().NumAckPending; n != len(seqs) {
+			return fmt.Errorf("%d of %d pulled", n, len(seqs))
+		}
+		return nil
+	})
+	<-started
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	handled := int(w.Stats().Acked.Load())
+	if handled >= len(seqs) {
+		t.Fatalf("all %d handled before the shutdown: nothing was queued", handled)
+	}
+	rec := &recorder{}
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		return pipeline.Ok()
+	}), 4)
+	last := seqs[len(seqs)-1]
+	checkFor(t, 20*time.Second, func() error { // ack_wait is a minute
+		if f := e.consumerInfo().AckFloor.Stream; f != last {
+			return fmt.Errorf("ack floor %d of %d: queued messages not given back at once", f, last)
+		}
+		return nil
+	})
+	for _, seq := range seqs[handled:] {
+		if len(rec.forSeq(seq)) != 1 {
+			t.Fatalf("seq %d (queued at shutdown) not handled by the next workers", seq)
+		}
+	}
+}
+
+// TestSlowConsumerDoesNotStarveFast: a consumer whose exec handler takes
+// a while and a consumer with a fast handler on the same stream, in one
+// server and one connection, both progress: the fast one finishes while
+// the slow one is still working through its messages.
+func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
+	e := startEnv(t, nil)
+	ctx := context.Background()
+	if _, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "FAST", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxAckPending: 1000,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	slow, err := pipeline.NewExecHandler(pipeline.ExecOptions{Command: []string{"/bin/sleep", "0.2"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws := e.workersWith(slow, 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
+	var mu sync.Mutex
+	fast := map[uint64]bool{}
+	wf := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "FAST", Workers: 2, Prefetch: 256, AckWait: 5 * time.Second,
+		Handler: pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+			mu.Lock()
+			fast[m.Sequence] = true
+			mu.Unlock()
+			return pipeline.Ok()
+		}),
+	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := wf.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer wf.Close(ctx)
+	const n = 200
+	for i := range n {
+		e.publish("orders.created", strconv.Itoa(i), nil)
+	}
+	checkFor(t, 30*time.Second, func() error {
+		if a := wf.Stats().Acked.Load(); a != n {
+			return fmt.Errorf("fast consumer acked %d of %d", a, n)
+		}
+		return nil
+	})
+	slowDone := ws.Stats().Acked.Load()
+	if slowDone >= n {
+		t.Fatalf("slow consumer acked all %d when the fast one finished", n)
+	}
+	checkFor(t, 30*time.Second, func() error {
+		if a := ws.Stats().Acked.Load(); a < slowDone+3 {
+			return fmt.Errorf("slow consumer stuck at %d", a)
+		}
+		return nil
+	})
+}
