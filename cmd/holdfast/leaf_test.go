@@ -511,3 +511,63 @@ func TestLeafNodesChangeNeedsRestart(t *testing.T) {
 		t.Errorf("restart names %v", got)
 	}
 }
+
+// TestLeafSourcesFromHub: a command stream on the hub reaches both edges
+// through native stream sources in the hub's domain (one edge sources it,
+// the other mirrors it); an edge whose sourced stream cannot take more
+// (max_msgs with discard new) reports the source stalled in /healthz,
+// status and metrics while the link is up.
+func TestLeafSourcesFromHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "\n[streams.COMMANDS]\nsubjects = [\"cmd.>\"]\n")
+	hub.start(t)
+	hubAddr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	e1 := newLeafEdge(t, "edge1", hubAddr, "\n[streams.CMDS]\nsources = [{ name = \"COMMANDS\", domain = \"hub\" }]\n")
+	e2 := newLeafEdge(t, "edge2", hubAddr, "\n[streams.CMDS]\nmirror = { name = \"COMMANDS\", domain = \"hub\" }\nmax_msgs = 2\ndiscard = \"new\"\n")
+	e2.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, e2.inst.cfg), "[http]\n", "[http]\nstall_timeout = \"2s\"\n", 1))
+	// The forward consumers find no hub stream for edge.<name>.> other
+	// than EDGE: that is fine; this test is about the command stream.
+	e1.start(t)
+	e2.start(t)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := e2eContext(t)
+	for i := range 2 {
+		if _, err := hjs.Publish(ctx, "cmd.reboot", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range []*leafNode{e1, e2} {
+		_, js := e2eConnect(t, e.inst)
+		e2eCheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+			if n := e2eStreamState(t, js, "CMDS").Msgs; n != 2 {
+				return fmt.Errorf("%s CMDS holds %d, want the hub's 2 commands", e.name, n)
+			}
+			return nil
+		})
+	}
+	// edge2's mirror is full: the third command cannot be stored there.
+	if _, err := hjs.Publish(ctx, "cmd.reboot", []byte("2")); err != nil {
+		t.Fatal(err)
+	}
+	_, js1 := e2eConnect(t, e1.inst)
+	e2eCheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if n := e2eStreamState(t, js1, "CMDS").Msgs; n != 3 {
+			return fmt.Errorf("edge1 CMDS holds %d, want 3", n)
+		}
+		return nil
+	})
+	e2eCheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if h := e2.get(t, "/healthz"); !strings.Contains(h, "source COMMANDS@$JS.hub.API is stalled") {
+			return fmt.Errorf("edge2 healthz: %s\n%s", h, grepLines(e2.get(t, "/metrics"), "holdfast_stream_source"))
+		}
+		return nil
+	})
+	if m := e2.get(t, "/metrics"); !strings.Contains(m, `holdfast_stream_source_stalled{source="COMMANDS@$JS.hub.API",stream="CMDS"} 1`) {
+		t.Errorf("edge2 metrics:\n%s", grepLines(m, "holdfast_stream_source"))
+	}
+	if st := runHoldfast(t, nil, "status", "--config", e2.inst.cfg); !strings.Contains(st.stdout, "Source     stream CMDS mirror COMMANDS@$JS.hub.API: lag 1, STALLED") {
+		t.Errorf("edge2 status:\n%s", st.stdout)
+	}
+	if h := e1.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+		t.Errorf("edge1 healthz: %s", h)
+	}
+}
