@@ -97,6 +97,10 @@ type StreamConfig struct {
 	AllowMemory     bool     `toml:"allow_memory"`
 	Replicas        int      `toml:"replicas"`
 	DuplicateWindow Duration `toml:"duplicate_window"`
+	// Sources and Mirror pull other streams' messages into this one, on
+	// the server (see SourceConfig); a mirror has no subjects of its own.
+	Sources []SourceConfig `toml:"sources"`
+	Mirror  *SourceConfig  `toml:"mirror"`
 }
 
 // ConsumerConfig is one [consumers.NAME] table: a durable pull consumer

@@ -924,7 +924,7 @@ func TestDefaultFileMentionsEveryKey(t *testing.T) {
 	}
 	text := buf.String()
 	for _, v := range []any{ServerConfig{}, JetStreamConfig{}, RunConfig{}, StreamConfig{}, ConsumerConfig{}, ExecConfig{}, HTTPHandlerConfig{}, HTTPConfig{}, LogConfig{},
-		LeafNodesConfig{}, RemoteConfig{}, ForwardConfig{}} {
+		LeafNodesConfig{}, RemoteConfig{}, ForwardConfig{}, SourceConfig{}} {
 		typ := reflect.TypeOf(v)
 		for i := range typ.NumField() {
 			tag := typ.Field(i).Tag.Get("toml")

@@ -223,6 +223,7 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 			c.validateForward(v, name, cc)
 		}
 	}
+	c.validateSources(v)
 }
 
 // validateForward checks a consumer's forward handler settings.
@@ -329,4 +330,65 @@ func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 			v.add(f.key, q(f.path), "%v", unwrapPathError(err))
 		}
 	}
+}
+
+// SourceConfig is one entry of a stream's sources, or its mirror: another
+// stream whose messages the server copies into this one, across a
+// leafnode when Domain names the other side's JetStream domain.
+type SourceConfig struct {
+	Name          string `toml:"name"`
+	Domain        string `toml:"domain"`
+	FilterSubject string `toml:"filter_subject"`
+	// StartSeq is the source's first sequence to copy; 0 copies all.
+	StartSeq uint64 `toml:"start_seq"`
+}
+
+// validateSources checks each stream's sources and mirror.
+func (c *Config) validateSources(v *validator) {
+	for _, name := range c.StreamNames() {
+		sc := c.Streams[name]
+		key := "streams." + name
+		if sc.Mirror != nil {
+			if len(sc.Subjects) > 0 {
+				v.add(key+".subjects", fmt.Sprint(sc.Subjects), "a mirror has no subjects of its own: remove subjects, or use sources instead of mirror")
+			}
+			if len(sc.Sources) > 0 {
+				v.add(key+".mirror", "", "a stream has either a mirror or sources, not both")
+			}
+			c.validateSource(v, key+".mirror", name, *sc.Mirror)
+		}
+		seen := map[string]bool{}
+		for i, src := range sc.Sources {
+			k := fmt.Sprintf("%s.sources[%d]", key, i)
+			c.validateSource(v, k, name, src)
+			id := src.Domain + "/" + src.Name + "/" + src.FilterSubject
+			if seen[id] {
+				v.add(k, q(src.Name), "listed twice")
+			}
+			seen[id] = true
+		}
+	}
+}
+
+func (c *Config) validateSource(v *validator, key, stream string, src SourceConfig) {
+	if !validName(src.Name) {
+		v.add(key+".name", q(src.Name), "must name the stream to copy from (no spaces, '.', '*', '>')")
+	} else if src.Name == stream && (src.Domain == "" || src.Domain == c.JetStream.Domain) {
+		v.add(key+".name", q(src.Name), "is this stream itself")
+	}
+	if src.Domain != "" && !validName(src.Domain) {
+		v.add(key+".domain", q(src.Domain), "must be a JetStream domain name (no spaces, '.', '*', '>')")
+	}
+	if src.FilterSubject != "" && !server.IsValidSubject(src.FilterSubject) {
+		v.add(key+".filter_subject", q(src.FilterSubject), "not a valid NATS subject")
+	}
+}
+
+// SourceAPIPrefix is the JetStream API prefix of a source in domain ("":
+// none, the local JetStream).
+func SourceAPIPrefix(domain string) string {
+	if domain == "" {
+		return ""
+	}
+	return "$JS." + domain + ".API"
 }

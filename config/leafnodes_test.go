@@ -86,6 +86,16 @@ unreachable_after = "1m"
 	if err := cfg.validateFile(); err != nil {
 		t.Fatal(err)
 	}
+	cmds := mustParse(t, edgeNode+`
+[streams.CMDS]
+mirror = { name = "COMMANDS", domain = "hub" }
+`)
+	if err := cmds.validateFile(); err != nil {
+		t.Fatalf("a mirror without subjects: %v", err)
+	}
+	if m := cmds.Streams["CMDS"].Mirror; m == nil || m.Name != "COMMANDS" || SourceAPIPrefix(m.Domain) != "$JS.hub.API" {
+		t.Errorf("mirror = %+v", m)
+	}
 	if cfg.JetStream.Domain != "site2" || !cfg.LeafNodes.Remotes[0].TLSEnabled() || cfg.LeafNodes.UnreachableAfter.Duration != time.Minute {
 		t.Errorf("inline remote: %+v", cfg.LeafNodes)
 	}
@@ -118,6 +128,11 @@ func TestLeafNodeRefusals(t *testing.T) {
 		{"forward subject unknown placeholder", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"edge.{host}.{subject}\"\n", "consumers.FORWARD.forward.subject", "unknown placeholder"},
 		{"forward to the dead letters", edgeNode + "[consumers.FORWARD.forward]\nsubject = \"dlq.{subject}\"\n", "consumers.FORWARD.forward.subject", "reserved"},
 		{"forward timeout", edgeNode + "[consumers.FORWARD.forward]\ntimeout = \"1ms\"\n", "consumers.FORWARD.forward.timeout", "at least"},
+		{"mirror with subjects", hubNode + "[streams.EDGE.mirror]\nname = \"OTHER\"\n", "streams.EDGE.subjects", "a mirror has no subjects"},
+		{"mirror and sources", edgeNode + "[streams.CMDS]\nmirror = { name = \"A\", domain = \"hub\" }\nsources = [{ name = \"B\" }]\n", "streams.CMDS.mirror", "not both"},
+		{"source without a name", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ domain = \"hub\" }]\n", "streams.CMDS.sources[0].name", "must name the stream"},
+		{"source is the stream itself", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ name = \"CMDS\" }]\n", "streams.CMDS.sources[0].name", "this stream itself"},
+		{"source filter", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ name = \"C\", domain = \"hub\", filter_subject = \"a..b\" }]\n", "streams.CMDS.sources[0].filter_subject", "not a valid"},
 		{"server name with a dot", strings.Replace(edgeNode, `name = "edge1"`, `name = "edge.1"`, 1) + "[jetstream]\ndomain = \"e1\"\n", "server.name", "no '.'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

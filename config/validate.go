@@ -197,7 +197,7 @@ func (c *Config) validateStreams(v *validator) {
 		if !validName(name) {
 			v.add(key, "", "stream name must not contain spaces, '.', '*', '>' or path separators")
 		}
-		if len(sc.Subjects) == 0 {
+		if len(sc.Subjects) == 0 && sc.Mirror == nil && len(sc.Sources) == 0 {
 			v.add(key+".subjects", "[]", "at least one subject is required, such as [\"orders.*\"]")
 		}
 		for _, subj := range sc.Subjects {

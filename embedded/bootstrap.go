@@ -61,6 +61,7 @@ func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstrea
 		MaxConsumers:      -1,
 		MaxMsgSize:        maxMsgSize,
 	}
+	c.Sources, c.Mirror = streamSources(sc)
 	switch sc.Retention {
 	case "interest":
 		c.Retention = jetstream.InterestPolicy
@@ -345,6 +346,9 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 	set(&changes, "replicas", &next.Replicas, want.Replicas)
 	set(&changes, "max_msg_size", &next.MaxMsgSize, want.MaxMsgSize)
 	set(&changes, "duplicate_window", &next.Duplicates, want.Duplicates)
+	if err := diffSources(&next, want, &changes); err != nil {
+		return have, nil, err
+	}
 	// An operator may have switched the stream to async persistence with
 	// the nats CLI; that silently voids jetstream.sync = "always".
 	set(&changes, "persist_mode", &next.PersistMode, jetstream.DefaultPersistMode)

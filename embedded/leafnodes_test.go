@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -187,5 +188,53 @@ func TestLeafDenied(t *testing.T) {
 	got := strings.Join(LeafDenied(cfg), " ")
 	if got != "$JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
+	}
+}
+
+// TestBootstrapSources: sources are created and changed in place (logged
+// field by field); a changed mirror is refused by name, the stream kept.
+func TestBootstrapSources(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	cfg.Streams["COPY"] = config.DefaultStream(nil)
+	cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS", FilterSubject: "orders.created"}}
+	cfg.Streams["MIRROR"] = config.DefaultStream(nil)
+	cfg.Streams["MIRROR"].Mirror = &config.SourceConfig{Name: "ORDERS"}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := runServer(t, cfg)
+	log := slog.New(slog.DiscardHandler)
+	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.JetStream().Publish(ctx, "orders.created", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the copy and the mirror", func() bool {
+		c, err1 := s.JetStream().Stream(ctx, "COPY")
+		m, err2 := s.JetStream().Stream(ctx, "MIRROR")
+		return err1 == nil && err2 == nil && c.CachedInfo().State.Msgs == 1 && m.CachedInfo().State.Msgs == 1
+	})
+	// Bootstrapping again changes nothing; a new filter is applied.
+	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Streams["COPY"].Sources[0].FilterSubject = "orders.*"
+	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.JetStream().Stream(ctx, "COPY")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if src := c.CachedInfo().Config.Sources; len(src) != 1 || src[0].FilterSubject != "orders.*" {
+		t.Errorf("sources after the change: %+v", src)
+	}
+	cfg.Streams["MIRROR"].Mirror.FilterSubject = "orders.paid"
+	err = Bootstrap(ctx, s.JetStream(), cfg, log)
+	var drift *DriftError
+	if !errors.As(err, &drift) || drift.Field != "mirror" {
+		t.Fatalf("Bootstrap with a changed mirror = %v, want a DriftError on mirror", err)
 	}
 }

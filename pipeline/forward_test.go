@@ -200,3 +200,49 @@ func TestForwardSubject(t *testing.T) {
 		t.Errorf("got %s", got)
 	}
 }
+
+// TestForwardShutdownWhileLinkDown: a forward handler waiting for the
+// link does not hold up Close for the shutdown timeout: the message is
+// given back at once, and forwarded once by the next workers.
+func TestForwardShutdownWhileLinkDown(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	paused := func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } }
+	// The link falls as the handler starts: it waits for the link.
+	w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		up.Store(false)
+		return f.Handle(ctx, m)
+	}), 1, paused)
+	w.ShutdownTimeout = time.Minute
+	e.publish("orders.created", "x", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if !w.Activity(time.Now()).Paused || len(w.Activity(time.Now()).Running) != 1 {
+			return errors.New("the handler is not waiting for the link")
+		}
+		return nil
+	})
+	closed := make(chan struct{})
+	go func() { w.Close(context.Background()); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for the handler that waits for the link")
+	}
+	if n := e.hubMsgs(); n != 0 {
+		t.Fatalf("hub holds %d before the link is up", n)
+	}
+	up.Store(true)
+	e.workersWith(f, 1, paused)
+	checkFor(t, 10*time.Second, func() error {
+		if n := e.hubMsgs(); n != 1 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	if ci := e.consumerInfo(); ci.NumAckPending != 0 || e.dlqCount() != 0 {
+		t.Errorf("ack pending %d, dead letters %d", ci.NumAckPending, e.dlqCount())
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -30,6 +32,14 @@ type EdgeView struct {
 	UnreachableAfter time.Duration
 	// Hub is the tracker of the edges a hub hears from, nil elsewhere.
 	Hub *EdgeTracker
+	// JS reads SourcedStreams, the streams with sources or a mirror; a
+	// source whose lag does not shrink for StallAfter while the link is up
+	// is stalled.
+	JS             jetstream.JetStream
+	Conn           *nats.Conn // reaches the sources in other domains
+	SourcedStreams []string
+	StallAfter     time.Duration
+	sources        sourceWatch
 
 	mu         sync.Mutex
 	forwarders map[string]*Forwarder
@@ -86,7 +96,9 @@ func (v *EdgeView) Problems(now time.Time) []string {
 			out = append(out, fmt.Sprintf("consumer %s does not forward: %s", f.opts.Consumer, p))
 		}
 	}
-	return out
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return append(out, sourceProblems(v.checkSources(ctx, now))...)
 }
 
 // LinkStatus is one remote in `holdfast status`.
@@ -121,6 +133,7 @@ type EdgeStatus struct {
 	Links    []LinkStatus    `json:"links,omitempty"`
 	Forwards []ForwardStatus `json:"forwards,omitempty"`
 	Edges    []EdgeSeen      `json:"edges,omitempty"`
+	Sources  []SourceStatus  `json:"sources,omitempty"`
 }
 
 // Status reads the current state (the backlog with one consumer info and
@@ -129,7 +142,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	if v == nil {
 		return nil
 	}
-	out := &EdgeStatus{Edges: v.Hub.Seen()}
+	out := &EdgeStatus{Edges: v.Hub.Seen(), Sources: v.checkSources(ctx, time.Now())}
 	for _, l := range v.links() {
 		out.Links = append(out.Links, LinkStatus(l))
 	}
@@ -167,6 +180,9 @@ var (
 	descEdgeLastOrigin = desc("edge_last_message_timestamp_seconds", "Hub: when the edge stored the last message seen from it.", "edge", "stream")
 	descEdgeLastSeen   = desc("edge_last_seen_timestamp_seconds", "Hub: when the last message from the edge arrived.", "edge", "stream")
 	descEdgeLastSeq    = desc("edge_last_seq", "Hub: the highest origin sequence seen from the edge's stream (current incarnation).", "edge", "stream")
+	descSourceLag      = desc("stream_source_lag", "Messages a stream's source (or mirror) is behind, as the server reports it.", "stream", "source")
+	descSourceActive   = desc("stream_source_active_seconds", "How long ago the source last had activity (-1: never).", "stream", "source")
+	descSourceStalled  = desc("stream_source_stalled", "1 when the source's lag has not shrunk for the stall timeout while the link was up.", "stream", "source")
 	descEdgeMessages   = desc("edge_messages_seen_total", "Hub: messages seen from the edge's stream since start, sent-again ones included.", "edge", "stream")
 )
 
@@ -174,7 +190,7 @@ var (
 func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
 		descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
-		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages} {
+		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descSourceLag, descSourceActive, descSourceStalled} {
 		ch <- d
 	}
 }
@@ -213,6 +229,18 @@ func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
 			}
 			ch <- prometheus.MustNewConstMetric(descFwdOldest, prometheus.GaugeValue, age, f.Consumer)
 		}
+	}
+	for _, s := range st.Sources {
+		if s.Source == "" {
+			continue
+		}
+		active := -1.0
+		if s.Active >= 0 {
+			active = s.Active.Seconds()
+		}
+		ch <- prometheus.MustNewConstMetric(descSourceLag, prometheus.GaugeValue, float64(s.Lag), s.Stream, s.Source)
+		ch <- prometheus.MustNewConstMetric(descSourceActive, prometheus.GaugeValue, active, s.Stream, s.Source)
+		ch <- prometheus.MustNewConstMetric(descSourceStalled, prometheus.GaugeValue, b2f(s.Stalled), s.Stream, s.Source)
 	}
 	for _, e := range st.Edges {
 		ch <- prometheus.MustNewConstMetric(descEdgeLastOrigin, prometheus.GaugeValue, float64(e.LastOrigin.UnixNano())/1e9, e.Edge, e.Stream)

@@ -537,6 +537,11 @@ func (w *Workers) Close(ctx context.Context) error {
 		}
 		w.stopping.Store(true)
 		w.cancelRun()
+		if w.paused() {
+			// Paused handlers wait (for a hub), they do not work: give
+			// their messages back now rather than after ShutdownTimeout.
+			w.cancelHandler()
+		}
 		done := make(chan struct{})
 		// Advisories and replays are taken until the workers stopped; a
 		// message kept for its dead letter is held until the timeout.

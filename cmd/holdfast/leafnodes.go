@@ -11,14 +11,21 @@ import (
 )
 
 // openEdgeView builds the leafnode view of a hub or an edge (nil for a
-// node without [leafnodes]): the links, the hub's tracker of edges, and
-// the metrics.
+// node without [leafnodes] or sourced streams): the links, the hub's
+// tracker of edges, the sources, and the metrics.
 func (d *daemon) openEdgeView() (*pipeline.EdgeView, error) {
 	l := d.cfg.LeafNodes
-	if !l.Hub() && !l.Edge() {
+	var sourced []string
+	for _, name := range d.cfg.StreamNames() {
+		if sc := d.cfg.Streams[name]; len(sc.Sources) > 0 || sc.Mirror != nil {
+			sourced = append(sourced, name)
+		}
+	}
+	if !l.Hub() && !l.Edge() && len(sourced) == 0 {
 		return nil, nil
 	}
-	v := &pipeline.EdgeView{UnreachableAfter: l.UnreachableAfter.Duration}
+	v := &pipeline.EdgeView{UnreachableAfter: l.UnreachableAfter.Duration,
+		JS: d.srv.JetStream(), Conn: d.srv.Conn(), SourcedStreams: sourced, StallAfter: d.cfg.HTTP.StallTimeout.Duration}
 	if l.Edge() {
 		v.Links = func() []pipeline.LinkState {
 			var out []pipeline.LinkState
@@ -122,6 +129,22 @@ func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
 		}
 		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s; forwarded %d, duplicates %d, refused %d, errors %d\n",
 			f.Backlog, lag, last, f.Forwarded, f.Duplicates, f.Refused, f.Errors)
+	}
+	for _, s := range st.Sources {
+		kind := "source"
+		if s.Mirror {
+			kind = "mirror"
+		}
+		state := "ok"
+		switch {
+		case s.Stalled:
+			state = fmt.Sprintf("STALLED for %s", s.StalledFor.Round(time.Second))
+		case s.Unreachable:
+			state = "waiting for the link"
+		case s.Error != "":
+			state = "ERROR: " + s.Error
+		}
+		fmt.Fprintf(w, "Source     stream %s %s %s: lag %d, %s\n", s.Stream, kind, s.Source, s.Lag, state)
 	}
 	for _, e := range st.Edges {
 		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
