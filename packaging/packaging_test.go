@@ -305,6 +305,9 @@ func TestPreremoveDisablesWithoutRunningSystemd(t *testing.T) {
 		if !strings.Contains(string(calls), "systemctl --no-reload disable holdfast.service\n") {
 			t.Errorf("preremove.sh %s did not run systemctl --no-reload disable holdfast.service; calls:\n%s", arg, calls)
 		}
+		if !strings.Contains(string(calls), "systemctl --no-reload disable holdfast-backup.timer\n") {
+			t.Errorf("preremove.sh %s did not run systemctl --no-reload disable holdfast-backup.timer; calls:\n%s", arg, calls)
+		}
 	}
 	post, err := os.ReadFile("scripts/postremove.sh")
 	if err != nil {
@@ -388,6 +391,8 @@ var wantFiles = map[string][2]string{
 	"/etc/holdfast":                                       {"drwxr-x---", "root:holdfast"},
 	"/etc/holdfast/holdfast.toml":                         {"-rw-r-----", "root:holdfast"},
 	"/usr/lib/systemd/system/holdfast.service":            {"-rw-r--r--", "root:root"},
+	"/usr/lib/systemd/system/holdfast-backup.service":     {"-rw-r--r--", "root:root"},
+	"/usr/lib/systemd/system/holdfast-backup.timer":       {"-rw-r--r--", "root:root"},
 	"/usr/lib/sysusers.d/holdfast.conf":                   {"-rw-r--r--", "root:root"},
 	"/usr/share/man/man1/holdfast.1.gz":                   {"-rw-r--r--", "root:root"},
 	"/usr/share/doc/holdfast/examples/handler-needs.conf": {"-rw-r--r--", "root:root"},

@@ -117,6 +117,8 @@ func newApp() *cli.App {
 			dlqCommand(),
 			statusCommand(),
 			benchCommand(),
+			backupCommand(),
+			restoreCommand(),
 			passwdCommand(),
 			versionCommand(),
 			manCommand(),

@@ -5,7 +5,10 @@
 # On removal: stop the service (only when systemd runs) and disable it (even
 # when it does not, e.g. in a chroot or an image build, so that no enablement
 # symlink is left behind). An upgrade restarts it in the new package's
-# postinstall instead.
+# postinstall instead. The backup timer, which only an admin enables, is
+# stopped and disabled on removal the same way, with plain systemctl on deb
+# and rpm alike (the package never enabled it, so deb-systemd-helper has no
+# record of it); its backups in /var/lib/holdfast-backup are kept.
 #
 # On Debian, as with debhelper: deb-systemd-invoke stops it (honouring
 # policy-rc.d), and the enablement stays recorded by deb-systemd-helper until
@@ -13,6 +16,7 @@
 set -e
 
 unit=holdfast.service
+backup_units="holdfast-backup.timer holdfast-backup.service"
 
 case "$1" in
 remove | 0) ;;
@@ -27,14 +31,18 @@ if [ "$1" = remove ] && command -v deb-systemd-helper >/dev/null 2>&1; then
 fi
 
 if [ -d /run/systemd/system ]; then
+	systemctl stop $backup_units >/dev/null 2>&1 || true
 	if [ -n "$dsh" ]; then
 		deb-systemd-invoke stop "$unit" >/dev/null || true
 	else
 		systemctl stop "$unit" || true
 	fi
 fi
-if [ -z "$dsh" ] && command -v systemctl >/dev/null 2>&1; then
-	systemctl --no-reload disable "$unit" >/dev/null 2>&1 || true
+if command -v systemctl >/dev/null 2>&1; then
+	if [ -z "$dsh" ]; then
+		systemctl --no-reload disable "$unit" >/dev/null 2>&1 || true
+	fi
+	systemctl --no-reload disable holdfast-backup.timer >/dev/null 2>&1 || true
 fi
 
 exit 0

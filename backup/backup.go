@@ -1,0 +1,231 @@
+package backup
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/nats-io/jsm.go"
+	"github.com/nats-io/jsm.go/api"
+	jsmbackup "github.com/nats-io/jsm.go/backup"
+	"github.com/nats-io/nats.go"
+)
+
+// Progress reports how far the backup or restore of one stream is.
+type Progress struct {
+	Stream string
+	// Index is the stream's position (from 1) among Count streams.
+	Index, Count int
+	// Done of Total bytes; Total is an estimate (0 when unknown).
+	Done, Total uint64
+}
+
+// Options configure Create.
+type Options struct {
+	// Streams to back up, in this order.
+	Streams []string
+	// HoldfastVersion is written into the manifest.
+	HoldfastVersion string
+	// Progress, when set, is called as data arrives, from several
+	// goroutines.
+	Progress func(Progress)
+	// Timeout of each JetStream API request; 30 s when zero.
+	Timeout time.Duration
+}
+
+func (o *Options) timeout() time.Duration {
+	if o.Timeout <= 0 {
+		return 30 * time.Second
+	}
+	return o.Timeout
+}
+
+// Create writes a backup of opts.Streams into dir while the server runs:
+// publishing and consuming go on. Each stream is snapshotted with its
+// consumers and their state through the JetStream snapshot API, one after
+// the other; each snapshot is a consistent point of its own stream (the
+// streams' points differ by the time the others took). dir must not exist
+// or be empty; on failure Create removes what it wrote.
+func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Manifest, err error) {
+	if len(opts.Streams) == 0 {
+		return nil, errors.New("no stream to back up")
+	}
+	created, err := prepareDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err == nil {
+			return
+		}
+		if created {
+			os.RemoveAll(dir)
+		} else {
+			os.RemoveAll(filepath.Join(dir, streamsDir))
+			os.Remove(filepath.Join(dir, ManifestFile))
+			os.Remove(filepath.Join(dir, SumsFile))
+		}
+	}()
+	mgr, err := jsm.New(nc, jsm.WithTimeout(opts.timeout()))
+	if err != nil {
+		return nil, err
+	}
+	m = &Manifest{
+		Format:            FormatVersion,
+		Created:           time.Now().UTC(),
+		HoldfastVersion:   opts.HoldfastVersion,
+		NATSServerVersion: nc.ConnectedServerVersion(),
+		ServerName:        nc.ConnectedServerName(),
+		Streams:           []StreamEntry{},
+		Files:             []File{},
+	}
+	for i, name := range opts.Streams {
+		st, err := mgr.LoadStream(name)
+		if err != nil {
+			if jsm.IsNatsError(err, 10059) {
+				return nil, fmt.Errorf("stream %s does not exist on the server (%s): is holdfast running with this config?", name, nc.ConnectedUrlRedacted())
+			}
+			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		if st.Storage() == api.MemoryStorage {
+			m.Skipped = append(m.Skipped, SkippedStream{Name: name, Reason: "memory storage: JetStream cannot snapshot it (its messages do not survive a restart either)"})
+			continue
+		}
+		rel := filepath.Join(streamsDir, name)
+		sdir := filepath.Join(dir, rel)
+		snapOpts := []jsm.SnapshotOption{jsm.SnapshotConsumers()}
+		if opts.Progress != nil {
+			idx := i + 1
+			snapOpts = append(snapOpts, jsm.SnapshotNotify(func(p jsm.SnapshotProgress) {
+				opts.Progress(Progress{Stream: name, Index: idx, Count: len(opts.Streams),
+					Done: p.UncompressedBytesReceived(), Total: p.BytesExpected()})
+			}))
+		}
+		if _, err := st.SnapshotToDirectory(ctx, sdir, snapOpts...); err != nil {
+			return nil, fmt.Errorf("snapshot of stream %s: %w", name, err)
+		}
+		entry, err := describe(dir, rel, name)
+		if err != nil {
+			return nil, fmt.Errorf("snapshot of stream %s is not readable: %w", name, err)
+		}
+		m.Streams = append(m.Streams, entry)
+		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
+			if err := syncFile(filepath.Join(sdir, f)); err != nil {
+				return nil, err
+			}
+			fe, err := hashFile(dir, filepath.Join(rel, f))
+			if err != nil {
+				return nil, err
+			}
+			m.Files = append(m.Files, fe)
+		}
+		if err := syncDir(sdir); err != nil {
+			return nil, err
+		}
+	}
+	if err := syncDir(filepath.Join(dir, streamsDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	m.Finished = time.Now().UTC()
+	raw, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFileSync(filepath.Join(dir, ManifestFile), append(raw, '\n')); err != nil {
+		return nil, err
+	}
+	mf, err := hashFile(dir, ManifestFile)
+	if err != nil {
+		return nil, err
+	}
+	if err := writeSums(filepath.Join(dir, SumsFile), append(append([]File{}, m.Files...), mf)); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// prepareDir creates dir, or accepts it when it is an empty directory;
+// created tells which.
+func prepareDir(dir string) (created bool, err error) {
+	entries, err := os.ReadDir(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return false, fmt.Errorf("cannot create the backup directory: %w", err)
+		}
+		return true, nil
+	case err != nil:
+		return false, fmt.Errorf("backup directory: %w", err)
+	case len(entries) > 0:
+		return false, fmt.Errorf("backup directory %s is not empty: a backup goes into a new or empty directory", dir)
+	}
+	return false, nil
+}
+
+// describe reads a stream's snapshot back: what a restore will create.
+func describe(dir, rel, name string) (StreamEntry, error) {
+	sdir := filepath.Join(dir, rel)
+	info, err := jsmbackup.Info(sdir)
+	if err != nil {
+		return StreamEntry{}, err
+	}
+	e := StreamEntry{
+		Name:      name,
+		Dir:       filepath.ToSlash(rel),
+		Messages:  info.Messages,
+		Bytes:     info.Bytes,
+		FirstSeq:  info.FirstSeq,
+		LastSeq:   max(info.LastSeq, info.Declared.LastSeq),
+		Consumers: []ConsumerEntry{},
+	}
+	if e.Messages == 0 {
+		e.FirstSeq = info.Declared.FirstSeq
+	}
+	f, err := os.Open(filepath.Join(sdir, jsm.SnapshotDataFile))
+	if err != nil {
+		return StreamEntry{}, err
+	}
+	defer f.Close()
+	dec := jsmbackup.NewDecoder(f)
+	for {
+		item, err := dec.Next()
+		if err != nil {
+			return StreamEntry{}, err
+		}
+		switch it := item.(type) {
+		case *jsmbackup.State:
+			e.SnapshotAt = time.Unix(0, it.Ts).UTC()
+			continue
+		case *jsmbackup.Consumer:
+			var scs struct {
+				State *struct {
+					Delivered struct {
+						Stream uint64 `json:"stream_seq"`
+					} `json:"delivered"`
+					AckFloor struct {
+						Consumer uint64 `json:"consumer_seq"`
+						Stream   uint64 `json:"stream_seq"`
+					} `json:"ack_floor"`
+					Pending map[uint64]json.RawMessage `json:"pending"`
+				} `json:"state"`
+			}
+			if err := json.Unmarshal(it.Data, &scs); err != nil || scs.State == nil {
+				return StreamEntry{}, fmt.Errorf("consumer %s: no state in the snapshot (%v)", it.Name, err)
+			}
+			e.Consumers = append(e.Consumers, ConsumerEntry{
+				Name:             it.Name,
+				AckFloor:         scs.State.AckFloor.Stream,
+				AckFloorConsumer: scs.State.AckFloor.Consumer,
+				Delivered:        scs.State.Delivered.Stream,
+				AckPending:       len(scs.State.Pending),
+			})
+			continue
+		}
+		// The consumers precede the messages.
+		return e, nil
+	}
+}

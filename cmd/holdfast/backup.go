@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/backup"
+	"github.com/holdfast-io/holdfast/config"
+)
+
+func backupCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "backup",
+		Usage:     "write every configured stream (and its dead-letter stream) with its consumers' state to DIR, while holdfast runs",
+		ArgsUsage: "DIR",
+		Description: "Takes a snapshot of each stream through the JetStream snapshot API of the running holdfast: publishing and\n" +
+			"processing go on. DIR must be new or empty; it receives one snapshot per stream, manifest.json (streams,\n" +
+			"sequences, message counts, consumer ack floors, versions, SHA-256 of every file) and SHA256SUMS.",
+		Flags: []cli.Flag{serverFlag,
+			&cli.StringSliceFlag{Name: "stream", Usage: "back up only this stream (repeatable; default: every configured stream and dead-letter stream)"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usageError(errors.New("usage: holdfast backup [flags] DIR"))
+			}
+			dir := c.Args().First()
+			cfg, nc, _, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			streams := configuredStreams(cfg)
+			if only := c.StringSlice("stream"); len(only) > 0 {
+				for _, s := range only {
+					if !slices.Contains(streams, s) {
+						return usageError(fmt.Errorf("--stream %s: not a configured stream (configured: %s)", s, strings.Join(streams, ", ")))
+					}
+				}
+				streams = only
+			}
+			bar := newProgressBar(os.Stderr, "backing up")
+			start := time.Now()
+			m, err := backup.Create(c.Context, nc, dir, backup.Options{
+				Streams:         streams,
+				HoldfastVersion: versionString(),
+				Progress:        bar.update,
+			})
+			bar.done()
+			if err != nil {
+				return runtimeError(fmt.Errorf("backup failed, nothing kept in %s: %w", dir, err))
+			}
+			w := c.App.Writer
+			printManifest(w, m)
+			var size int64
+			for _, f := range m.Files {
+				size += f.Size
+			}
+			fmt.Fprintf(w, "backup of %d stream(s) written to %s (%s) in %s; check it with: holdfast restore --verify-only %s\n",
+				len(m.Streams), dir, formatBytes(size), time.Since(start).Round(time.Millisecond), dir)
+			return nil
+		},
+	}
+}
+
+// configuredStreams are the streams of the config and their dead-letter
+// streams, sorted.
+func configuredStreams(cfg *config.Config) []string {
+	names := cfg.StreamNames()
+	for _, dl := range slices.Sorted(maps.Keys(cfg.DeadLetterStreams())) {
+		if !slices.Contains(names, dl) {
+			names = append(names, dl)
+		}
+	}
+	return names
+}
+
+// printManifest lists a backup's streams and consumers.
+func printManifest(w io.Writer, m *backup.Manifest) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tCONSUMERS (ACK FLOOR)")
+	for _, s := range m.Streams {
+		var cons []string
+		for _, c := range s.Consumers {
+			cons = append(cons, fmt.Sprintf("%s (%d)", c.Name, c.AckFloor))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, strings.Join(cons, ", "))
+	}
+	tw.Flush()
+	for _, s := range m.Skipped {
+		fmt.Fprintf(w, "skipped %s: %s\n", s.Name, s.Reason)
+	}
+}
+
+// progressBar draws one line on a terminal, redrawn at most ten times a
+// second; it draws nothing when the writer is not a terminal.
+type progressBar struct {
+	mu    sync.Mutex
+	f     *os.File
+	verb  string
+	on    bool
+	last  time.Time
+	drawn bool
+}
+
+func newProgressBar(f *os.File, verb string) *progressBar {
+	return &progressBar{f: f, verb: verb, on: isTerminal(f)}
+}
+
+func (b *progressBar) update(p backup.Progress) {
+	if !b.on {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	if now.Sub(b.last) < 100*time.Millisecond && p.Done < p.Total {
+		return
+	}
+	b.last = now
+	const width = 30
+	frac := 0.0
+	if p.Total > 0 {
+		frac = min(1, float64(p.Done)/float64(p.Total))
+	}
+	fill := int(frac * width)
+	fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) [%s%s] %3.0f%% %s", b.verb, p.Stream, p.Index, p.Count,
+		strings.Repeat("#", fill), strings.Repeat(".", width-fill), frac*100, formatBytes(int64(p.Done)))
+	b.drawn = true
+}
+
+// done ends the bar's line.
+func (b *progressBar) done() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.drawn {
+		fmt.Fprint(b.f, "\r\033[K")
+		b.drawn = false
+	}
+	b.on = false
+}

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/backup"
+)
+
+// readManifest reads a backup's manifest.
+func readManifest(t *testing.T, dir string) *backup.Manifest {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(dir, backup.ManifestFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m backup.Manifest
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	return &m
+}
+
+// seqSet reads the sequences a handler script wrote, one a line.
+func seqSet(t *testing.T, path string) map[uint64]int {
+	t.Helper()
+	out := map[uint64]int{}
+	for _, l := range e2eLines(t, path) {
+		n, err := strconv.ParseUint(strings.TrimSpace(l), 10, 64)
+		if err != nil {
+			t.Fatalf("%s: line %q", path, l)
+		}
+		out[n]++
+	}
+	return out
+}
+
+// consumerInfo reads a consumer's info from the server.
+func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(e2eContext(t), stream, name)
+	if err != nil {
+		t.Fatalf("consumer %s/%s: %v", stream, name, err)
+	}
+	return c.CachedInfo()
+}
+
+// A backup taken while messages are published and processed, restored
+// into a fresh holdfast (whose bootstrap already created the streams,
+// empty, as after a disk loss): the restored streams and consumers match
+// the manifest, and the workers go on from the restored ack floor without
+// handling again anything acknowledged before the snapshot.
+func TestBackupUnderLoadThenRestore(t *testing.T) {
+	// Instance A: handles every message, recording its sequence.
+	inA := newE2EInstance(t)
+	outA := filepath.Join(t.TempDir(), "handled-a")
+	// A handler of about 20 ms: the workers fall behind the publisher.
+	e2ePipelineConfig(t, inA, e2eScript(t, fmt.Sprintf("sleep 0.02\necho \"$HOLDFAST_SEQ\" >> %s\n", outA)), "")
+	dA := startHoldfast(t, inA.cfg)
+	dA.waitReady()
+	_, jsA := e2eConnect(t, inA)
+
+	// Publish without pause until told to stop.
+	var published atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	pubCtx, cancelPub := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancelPub()
+	go func() {
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := jsA.Publish(pubCtx, "orders.created", fmt.Appendf(nil, `{"id":"%d"}`, i)); err != nil {
+				t.Errorf("publish %d: %v", i, err)
+				return
+			}
+			published.Add(1)
+		}
+	}()
+	stopPublishing := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wg.Wait()
+	}
+	t.Cleanup(stopPublishing)
+
+	// Under load: a backlog and workers busy with it.
+	e2eCheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		if n := len(e2eLines(t, outA)); n < 100 || published.Load() < 800 {
+			return fmt.Errorf("%d published, %d handled", published.Load(), n)
+		}
+		return nil
+	})
+	before := published.Load()
+	dir := filepath.Join(t.TempDir(), "backup")
+	res := runHoldfast(t, nil, "backup", "--config", inA.cfg, dir)
+	if res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	during := published.Load() - before
+	time.Sleep(300 * time.Millisecond) // A goes on acking past the snapshot
+	stopPublishing()
+	total := published.Load()
+	t.Logf("backup while publishing: %d published before it, %d during it, %d in all\n%s", before, during, total, res.stdout)
+	dA.stop()
+
+	m := readManifest(t, dir)
+	if m.Format != backup.FormatVersion || m.NATSServerVersion == "" || !strings.Contains(m.HoldfastVersion, "holdfast") || m.Created.IsZero() {
+		t.Fatalf("manifest header: %+v", m)
+	}
+	orders, dlq := m.Stream("ORDERS"), m.Stream("ORDERS_DLQ")
+	if orders == nil || dlq == nil {
+		t.Fatalf("manifest streams: %+v", m.Streams)
+	}
+	if orders.Messages < before || orders.Messages > total || orders.LastSeq != orders.Messages || orders.FirstSeq != 1 || orders.Bytes == 0 {
+		t.Fatalf("ORDERS in the manifest: %+v (published %d before the backup, %d in all)", orders, before, total)
+	}
+	worker := orders.Consumer("WORKER1")
+	if worker == nil || worker.AckFloor == 0 || worker.AckFloor > worker.Delivered || worker.Delivered > orders.LastSeq {
+		t.Fatalf("WORKER1 in the manifest: %+v", worker)
+	}
+	if len(m.Files) != 4 {
+		t.Fatalf("manifest files: %+v", m.Files)
+	}
+	handledA := seqSet(t, outA)
+	for seq := uint64(1); seq <= worker.AckFloor; seq++ {
+		if handledA[seq] == 0 {
+			t.Fatalf("seq %d is below the ack floor %d in the backup but A never handled it", seq, worker.AckFloor)
+		}
+	}
+
+	// Instance B: a fresh store; its bootstrap creates ORDERS, ORDERS_DLQ
+	// and WORKER1 empty. Its handler waits for a go file, so that the
+	// restored ack floor can be read before anything moves it.
+	inB := newE2EInstance(t)
+	outB := filepath.Join(t.TempDir(), "handled-b")
+	goFile := filepath.Join(t.TempDir(), "go")
+	e2ePipelineConfig(t, inB, e2eScript(t, fmt.Sprintf("while [ ! -e %s ]; do sleep 0.05; done\necho \"$HOLDFAST_SEQ\" >> %s\n", goFile, outB)), "")
+	dB := startHoldfast(t, inB.cfg)
+	dB.waitReady()
+	_, jsB := e2eConnect(t, inB)
+	if st := e2eStreamState(t, jsB, "ORDERS"); st.LastSeq != 0 {
+		t.Fatalf("fresh ORDERS: %+v", st)
+	}
+
+	res = runHoldfast(t, nil, "restore", "--config", inB.cfg, dir)
+	if res.code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	t.Logf("restore:\n%s%s", res.stdout, res.stderr)
+	if !strings.Contains(res.stdout, "restored 2 stream(s)") {
+		t.Fatalf("restore output:\n%s", res.stdout)
+	}
+	for _, e := range m.Streams {
+		st := e2eStreamState(t, jsB, e.Name)
+		if st.Msgs != e.Messages || st.LastSeq != e.LastSeq || st.Bytes != e.Bytes {
+			t.Fatalf("restored %s: %d messages, %d bytes, last seq %d; the manifest says %d, %d, %d", e.Name, st.Msgs, st.Bytes, st.LastSeq, e.Messages, e.Bytes, e.LastSeq)
+		}
+	}
+	if ci := consumerInfo(t, jsB, "ORDERS", "WORKER1"); ci.AckFloor.Stream != worker.AckFloor || ci.AckFloor.Consumer != worker.AckFloorConsumer {
+		t.Fatalf("restored WORKER1 ack floor %+v, the manifest says stream %d, consumer %d", ci.AckFloor, worker.AckFloor, worker.AckFloorConsumer)
+	}
+
+	// The workers resume: everything after the ack floor is handled, a new
+	// message continues the sequence, nothing at or below the floor again.
+	if err := os.WriteFile(goFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := jsB.Publish(e2eContext(t), "orders.created", []byte(`{"id":"after-restore"}`))
+	if err != nil || ack.Sequence != orders.LastSeq+1 {
+		t.Fatalf("publish after the restore: %v, %+v (want seq %d)", err, ack, orders.LastSeq+1)
+	}
+	last := orders.LastSeq + 1
+	e2eCheckFor(t, 120*time.Second, 100*time.Millisecond, func() error {
+		got := seqSet(t, outB)
+		for seq := worker.AckFloor + 1; seq <= last; seq++ {
+			if got[seq] == 0 {
+				return fmt.Errorf("seq %d not handled by B yet (%d handled)", seq, len(got))
+			}
+		}
+		return nil
+	})
+	handledB := seqSet(t, outB)
+	again := 0
+	for seq := range handledB {
+		if seq <= worker.AckFloor {
+			t.Errorf("seq %d was acked before the backup (floor %d) and handled again after the restore", seq, worker.AckFloor)
+		}
+		if seq <= orders.LastSeq && handledA[seq] > 0 {
+			again++
+		}
+	}
+	// At least once: what A acked after the snapshot point (and what was
+	// in flight at it) is handled again by B; nothing else.
+	t.Logf("backup: ORDERS to seq %d, ack floor %d (delivered %d, %d pending); A handled %d messages before it stopped; B handled %d, of which %d had been handled by A too (acked after the snapshot point or in flight at it)",
+		orders.LastSeq, worker.AckFloor, worker.Delivered, worker.AckPending, len(handledA), len(handledB), again)
+	if again > len(handledA)-int(worker.AckFloor) {
+		t.Errorf("%d messages handled again, but A handled only %d after the floor", again, len(handledA)-int(worker.AckFloor))
+	}
+	dB.stop()
+}
+
+// A damaged backup is refused before anything changes, with the file
+// named; a stream that holds messages is not overwritten without
+// --replace; a backup never goes into a directory that holds files.
+func TestRestoreRefusesDamagedBackup(t *testing.T) {
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	e2ePublishAcked(t, js, 0, 50)
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 1 || !strings.Contains(res.stderr, "is not empty") {
+		t.Fatalf("backup into a used directory: exit %d\n%s", res.code, res.stderr)
+	}
+	e2ePublishAcked(t, js, 50, 10) // ORDERS now ends at 60, the backup at 50
+	created := func() time.Time {
+		s, err := js.Stream(e2eContext(t), "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.CachedInfo().Created
+	}
+	origCreated := created()
+	unchanged := func(what string) {
+		t.Helper()
+		if st := e2eStreamState(t, js, "ORDERS"); st.LastSeq != 60 || st.Msgs != 60 || !created().Equal(origCreated) {
+			t.Fatalf("after %s: ORDERS changed: %+v", what, st)
+		}
+	}
+
+	// The stream holds messages: refused without --replace, naming it.
+	res := runHoldfast(t, nil, "restore", "--config", in.cfg, dir)
+	if res.code != 1 || !strings.Contains(res.stderr, "ORDERS (60 messages, last sequence 60)") || !strings.Contains(res.stderr, "--replace") {
+		t.Fatalf("restore over a stream with messages: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	unchanged("a refused restore")
+
+	copyBackup := func(name string) string {
+		t.Helper()
+		dst := filepath.Join(t.TempDir(), name)
+		if err := os.CopyFS(dst, os.DirFS(dir)); err != nil {
+			t.Fatal(err)
+		}
+		return dst
+	}
+	archive := filepath.Join("streams", "ORDERS", "stream.arc.s2")
+	for _, c := range []struct {
+		name   string
+		damage func(dir string) error
+		want   string
+	}{
+		{"flipped byte", func(dir string) error {
+			p := filepath.Join(dir, archive)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			b[len(b)/2] ^= 0x01
+			return os.WriteFile(p, b, 0o600)
+		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": corrupted: SHA-256"},
+		{"truncated", func(dir string) error {
+			p := filepath.Join(dir, archive)
+			fi, err := os.Stat(p)
+			if err != nil {
+				return err
+			}
+			return os.Truncate(p, fi.Size()/2)
+		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": truncated"},
+		{"edited manifest", func(dir string) error {
+			p := filepath.Join(dir, backup.ManifestFile)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(p, []byte(strings.Replace(string(b), `"last_seq": 50`, `"last_seq": 51`, 1)), 0o600)
+		}, backup.ManifestFile + ": corrupted"},
+		{"unfinished", func(dir string) error {
+			if err := os.Remove(filepath.Join(dir, backup.SumsFile)); err != nil {
+				return err
+			}
+			return os.Remove(filepath.Join(dir, backup.ManifestFile))
+		}, "did not finish"},
+	} {
+		bad := copyBackup(strings.ReplaceAll(c.name, " ", "-"))
+		if err := c.damage(bad); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"restore", "--config", in.cfg, "--replace", bad}, {"restore", "--verify-only", bad}} {
+			res := runHoldfast(t, nil, args...)
+			if res.code != 1 || !strings.Contains(res.stderr, c.want) || !strings.Contains(res.stderr, bad) {
+				t.Fatalf("%s: holdfast %s: exit %d, want 1 and %q in:\n%s%s", c.name, strings.Join(args, " "), res.code, c.want, res.stdout, res.stderr)
+			}
+			t.Logf("%s: %s", c.name, strings.TrimSpace(res.stderr))
+		}
+		unchanged(c.name)
+	}
+
+	if res := runHoldfast(t, nil, "restore", "--verify-only", dir); res.code != 0 || !strings.Contains(res.stdout, "complete and intact") {
+		t.Fatalf("verify-only of the good backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	res = runHoldfast(t, nil, "restore", "--config", in.cfg, "--replace", dir)
+	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted)") {
+		t.Fatalf("restore --replace: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if st := e2eStreamState(t, js, "ORDERS"); st.LastSeq != 50 || st.Msgs != 50 {
+		t.Fatalf("after restore --replace: %+v, want the backup's 50 messages", st)
+	}
+	d.stop()
+}

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/backup"
+)
+
+func restoreCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "restore",
+		Usage:     "restore the streams of a backup, with their consumers' state, into the running holdfast",
+		ArgsUsage: "DIR",
+		Description: "Verifies every file of the backup against its manifest first and refuses a truncated or corrupted backup\n" +
+			"without changing anything. A stream that does not exist, or exists but never held a message (the empty\n" +
+			"stream a fresh holdfast creates), is restored; one that has held messages is refused unless --replace.\n" +
+			"The workers resume from each restored consumer's ack floor.",
+		Flags: []cli.Flag{serverFlag,
+			&cli.StringSliceFlag{Name: "stream", Usage: "restore only this stream of the backup (repeatable)"},
+			&cli.BoolFlag{Name: "replace", Usage: "delete existing streams that hold messages and restore the backup in their place (their messages are lost)"},
+			&cli.BoolFlag{Name: "verify-only", Usage: "only verify the backup's files against the manifest; connect to nothing"}},
+		Action: func(c *cli.Context) error {
+			if c.NArg() != 1 {
+				return usageError(errors.New("usage: holdfast restore [flags] DIR"))
+			}
+			dir := c.Args().First()
+			w := c.App.Writer
+			if c.Bool("verify-only") {
+				m, err := backup.Verify(dir)
+				if err != nil {
+					return runtimeError(err)
+				}
+				printManifest(w, m)
+				fmt.Fprintf(w, "backup %s is complete and intact: %d file(s) match the manifest (written %s by %s)\n",
+					dir, len(m.Files), m.Created.Format(time.RFC3339), m.HoldfastVersion)
+				return nil
+			}
+			// Verify before connecting: a damaged backup is refused even
+			// when holdfast is not running.
+			if _, err := backup.Verify(dir); err != nil {
+				return runtimeError(err)
+			}
+			_, nc, _, err := connect(c)
+			if err != nil {
+				return err
+			}
+			defer nc.Close()
+			bar := newProgressBar(os.Stderr, "restoring")
+			m, restored, err := backup.Restore(c.Context, nc, dir, backup.RestoreOptions{
+				Streams:  c.StringSlice("stream"),
+				Replace:  c.Bool("replace"),
+				Progress: bar.update,
+				Notice: func(msg string) {
+					bar.done()
+					fmt.Fprintln(c.App.ErrWriter, msg)
+				},
+			})
+			bar.done()
+			if len(restored) > 0 {
+				printRestored(w, m, restored)
+			}
+			if err != nil {
+				return runtimeError(err)
+			}
+			fmt.Fprintf(w, "restored %d stream(s) from %s (written %s)\n", len(restored), dir, m.Created.Format(time.RFC3339))
+			return nil
+		},
+	}
+}
+
+// printRestored lists the restored streams next to the manifest.
+func printRestored(w interface{ Write([]byte) (int, error) }, m *backup.Manifest, restored []backup.Restored) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tMESSAGES\tLAST SEQ\tCONSUMERS (ACK FLOOR)\tREPLACED")
+	for _, r := range restored {
+		e := m.Stream(r.Name)
+		var cons []string
+		names := make([]string, 0, len(r.AckFloors))
+		for n := range r.AckFloors {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		for _, n := range names {
+			s := fmt.Sprintf("%s (%d", n, r.AckFloors[n])
+			if c := e.Consumer(n); c != nil && c.AckFloor != r.AckFloors[n] {
+				s += fmt.Sprintf(", %d in the backup", c.AckFloor)
+			}
+			cons = append(cons, s+")")
+		}
+		replaced := "-"
+		if r.Replaced {
+			replaced = fmt.Sprintf("yes (%d messages deleted)", r.ReplacedMessages)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", r.Name, r.Messages, r.LastSeq, strings.Join(cons, ", "), replaced)
+	}
+	tw.Flush()
+}
