@@ -96,6 +96,10 @@ type StreamConfig struct {
 	AllowMemory     bool     `toml:"allow_memory"`
 	Replicas        int      `toml:"replicas"`
 	DuplicateWindow Duration `toml:"duplicate_window"`
+	// GroupCommit has holdfast answer the stream's publishes and store
+	// them in atomic batches: one flush for many messages (see
+	// GroupCommitSubject and docs/group-commit.md).
+	GroupCommit bool `toml:"group_commit"`
 }
 
 // ConsumerConfig is one [consumers.NAME] table: a durable pull consumer
