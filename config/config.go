@@ -101,6 +101,10 @@ type StreamConfig struct {
 	// the server (see SourceConfig); a mirror has no subjects of its own.
 	Sources []SourceConfig `toml:"sources"`
 	Mirror  *SourceConfig  `toml:"mirror"`
+	// GroupCommit has holdfast answer the stream's publishes and store
+	// them in atomic batches: one flush for many messages (see
+	// GroupCommitSubject and docs/group-commit.md).
+	GroupCommit bool `toml:"group_commit"`
 }
 
 // ConsumerConfig is one [consumers.NAME] table: a durable pull consumer

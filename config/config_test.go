@@ -310,6 +310,7 @@ func TestValidValues(t *testing.T) {
 		{"streams.replicas", streamS + "replicas = 1", func(c *Config) any { return c.Streams["S"].Replicas }, 1},
 		{"streams.duplicate_window", streamS + "duplicate_window = \"1m\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Minute},
 		{"streams.duplicate_window 0", streamS + "duplicate_window = \"0s\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Duration(0)},
+		{"streams.group_commit", streamS + "group_commit = true", func(c *Config) any { return c.Streams["S"].GroupCommit }, true},
 		{"streams.duplicate_window = max_age", streamS + "max_age = \"1h\"\nduplicate_window = \"1h\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, time.Hour},
 		{"streams.duplicate_window with max_age forever", streamS + "max_age = \"0s\"\nduplicate_window = \"1000h\"", func(c *Config) any { return c.Streams["S"].DuplicateWindow.Duration }, 1000 * time.Hour},
 

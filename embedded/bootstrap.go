@@ -76,6 +76,14 @@ func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstrea
 	if sc.Storage == "memory" {
 		c.Storage = jetstream.MemoryStorage
 	}
+	if sc.GroupCommit {
+		// holdfast's ingest answers the configured subjects and publishes
+		// atomic batches behind the prefix; the transform stores them
+		// under the configured subjects again (config.GroupCommitPrefix).
+		c.Subjects = config.GroupCommitSubjects(name, sc.Subjects)
+		c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(name, ">"), Destination: ">"}
+		c.AllowAtomicPublish = true
+	}
 	return c
 }
 
@@ -349,10 +357,23 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 	if err := diffSources(&next, want, &changes); err != nil {
 		return have, nil, err
 	}
+	set(&changes, "allow_atomic", &next.AllowAtomicPublish, want.AllowAtomicPublish)
+	if transform(have.SubjectTransform) != transform(want.SubjectTransform) {
+		record(&changes, "subject_transform", transform(have.SubjectTransform), transform(want.SubjectTransform))
+		next.SubjectTransform = want.SubjectTransform
+	}
 	// An operator may have switched the stream to async persistence with
 	// the nats CLI; that silently voids jetstream.sync = "always".
 	set(&changes, "persist_mode", &next.PersistMode, jetstream.DefaultPersistMode)
 	return next, changes, nil
+}
+
+// transform describes a subject transform for comparison and the log.
+func transform(t *jetstream.SubjectTransformConfig) string {
+	if t == nil {
+		return ""
+	}
+	return t.Source + " -> " + t.Destination
 }
 
 // set makes *field want, recording the change, when they differ.

@@ -47,19 +47,20 @@ func (id internalIdentity) String() string { return id.user }
 // dead letters (dlq.>), replies to its own requests (_INBOX.>), the
 // JetStream advisories (max deliveries and terminations for the workers and
 // the monitor, stream and consumer changes for the store-state recorder),
-// and the status subject it answers (replies go to the asker's inbox
-// through the response permission).
+// the status subject it answers (replies go to the asker's inbox
+// through the response permission), and group commit: the publishes on the
+// streams' subjects, answered by PubAcks through the response permission,
+// and its batches under config.GroupCommitPrefix.
 func InternalPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{"$JS.API.>", "$JS.ACK.>", DeadLetterSubjectPrefix + ">"},
+			Allow: []string{"$JS.API.>", "$JS.ACK.>", DeadLetterSubjectPrefix + ">", config.GroupCommitPrefix + ">"},
 		},
+		// ">" for group commit: the ingest answers the publishes on the
+		// subjects of streams with group_commit, which a reload may
+		// change; this identity may read every stream through the API anyway.
 		Subscribe: &server.SubjectPermission{
-			Allow: []string{
-				"_INBOX.>",
-				"$JS.EVENT.ADVISORY.>",
-				"$HOLDFAST.>",
-			},
+			Allow: []string{">"},
 		},
 		Response: &server.ResponsePermission{MaxMsgs: 1},
 	}
@@ -98,11 +99,12 @@ func systemAccount(opts *server.Options) *server.Account {
 
 // Subjects only holdfast's own identity may use, whatever the config:
 // nobody else may publish JetStream advisories (a forged max-deliveries
-// advisory would have a message dead-lettered) or subscribe to holdfast's
+// advisory would have a message dead-lettered) or publish past group
+// commit into a stream's prefixed subjects, or subscribe to holdfast's
 // internal subjects (a rogue responder could answer `holdfast status`).
 // Requests to $HOLDFAST.STATUS.<server> stay allowed to everyone.
 var (
-	reservedPublish   = []string{"$JS.EVENT.>"}
+	reservedPublish   = []string{"$JS.EVENT.>", config.GroupCommitPrefix + ">"}
 	reservedSubscribe = []string{"$HOLDFAST.>"}
 )
 

@@ -51,7 +51,8 @@ type Server struct {
 	nc       *nats.Conn
 	js       jetstream.JetStream
 	ncClosed chan struct{}
-	started  chan struct{} // closed when ns.Start returned
+	id       internalIdentity // for Connect
+	started  chan struct{}    // closed when ns.Start returned
 	closed   bool
 
 	identity *storeIdentity // what the store was at Open, for CheckStore
@@ -183,6 +184,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if s.seeIdentity != nil {
 		s.seeIdentity(id.password)
 	}
+	s.id = id
 	if err := configureSecurity(opts, s.cfg, secrets, id); err != nil {
 		return err
 	}
@@ -351,6 +353,20 @@ func (s *Server) verify() error {
 		return fmt.Errorf("JetStream store %s does not exist after start-up: refusing to run", want)
 	}
 	return nil
+}
+
+// Connect opens another in-process connection with holdfast's internal
+// identity, for a component whose traffic should not queue behind the
+// shared connection (group commit's ingest). The caller closes it.
+func (s *Server) Connect(name string) (*nats.Conn, error) {
+	s.mu.Lock()
+	ns, id := s.ns, s.id
+	s.mu.Unlock()
+	if ns == nil {
+		return nil, errors.New("embedded server not open")
+	}
+	return nats.Connect("", nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
+		nats.MaxReconnects(-1))
 }
 
 // Conn returns the in-process client connection.

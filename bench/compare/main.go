@@ -38,6 +38,7 @@ var (
 	dir     = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
 	out     = flag.String("out", "", "also write the markdown report to this file")
 	idle    = flag.Duration("idle", 10*time.Second, "how long each server sits idle before its RSS is read")
+	gc      = flag.String("group-commit", "1,4,16", "publisher counts for the group-commit comparison (stock sync_interval: always vs holdfast group_commit); empty: skip")
 )
 
 func main() {
@@ -91,7 +92,11 @@ func run() error {
 	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
 	var rss, ratios bytes.Buffer
 	var machine string
-	for _, mode := range strings.Split(*syncs, ",") {
+	var modes []string
+	if *syncs != "" {
+		modes = strings.Split(*syncs, ",")
+	}
+	for _, mode := range modes {
 		mode = strings.TrimSpace(mode)
 		logf("sync %s: stock nats-server + nats bench", mode)
 		st, err := e.stock(mode)
@@ -133,13 +138,25 @@ func run() error {
 		fmt.Fprintf(&rss, "| %s | after load | %.1f | %.1f | %+.1f |\n", mode, mib(stockRSS), mib(holdRSS), mib(holdRSS-stockRSS))
 		fmt.Fprintf(&rss, "| %s | after restart | %.1f | %.1f | %+.1f |\n", mode, mib(stockRestart), mib(holdRestart), mib(holdRestart-stockRestart))
 	}
-	fmt.Fprintf(&rep, "\nIdle RSS (MiB), each holding the same %d messages with one durable consumer that acked them all, after %s idle:\n\n", 2**msgs, *idle)
-	fmt.Fprintln(&rep, "| sync | when | stock | holdfast | holdfast − stock |")
-	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
-	rep.Write(rss.Bytes())
-	fmt.Fprintf(&rep, "\nMachine: %s\n\nRatios holdfast/stock:\n\n", machine)
-	for _, l := range strings.Split(strings.TrimSpace(ratios.String()), "\n") {
-		fmt.Fprintf(&rep, "- %s\n", l)
+	if len(modes) > 0 {
+		fmt.Fprintf(&rep, "\nIdle RSS (MiB), each holding the same %d messages with one durable consumer that acked them all, after %s idle:\n\n", 2**msgs, *idle)
+		fmt.Fprintln(&rep, "| sync | when | stock | holdfast | holdfast − stock |")
+		fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
+		rep.Write(rss.Bytes())
+	}
+	if *gc != "" {
+		if err := e.groupCommit(&rep); err != nil {
+			return fmt.Errorf("group commit: %w", err)
+		}
+	}
+	if machine != "" {
+		fmt.Fprintf(&rep, "\nMachine: %s\n", machine)
+	}
+	if ratios.Len() > 0 {
+		fmt.Fprintf(&rep, "\nRatios holdfast/stock:\n\n")
+		for _, l := range strings.Split(strings.TrimSpace(ratios.String()), "\n") {
+			fmt.Fprintf(&rep, "- %s\n", l)
+		}
 	}
 	os.Stdout.Write(rep.Bytes())
 	if *out != "" {
@@ -283,6 +300,18 @@ func (e *env) natsBench(url string, args ...string) (float64, error) {
 // natsBenchCSV is natsBench with its CSV in the work directory's file csvName
 // (two runs at once need two).
 func (e *env) natsBenchCSV(url, csvName string, args ...string) (float64, error) {
+	r, err := e.natsBenchResult(url, csvName, args...)
+	return r.rate, err
+}
+
+// benchResult is one `nats bench` run over all its clients: messages over
+// the longest client's duration, the mean of the clients' p50 latencies
+// and the largest p99 (0 when nats bench measured none).
+type benchResult struct{ rate, p50, p99 float64 }
+
+// natsBenchResult runs `nats bench` with its CSV in the work directory's
+// file csvName.
+func (e *env) natsBenchResult(url, csvName string, args ...string) (benchResult, error) {
 	csvPath := filepath.Join(e.work, csvName)
 	_ = os.Remove(csvPath)
 	full := append([]string{"-s", url, "bench"}, args...)
@@ -290,23 +319,41 @@ func (e *env) natsBenchCSV(url, csvName string, args ...string) (float64, error)
 	cmd := exec.Command(e.nats, full...)
 	cmd.Env = append(os.Environ(), "HOME="+e.home)
 	if o, err := cmd.CombinedOutput(); err != nil {
-		return 0, fmt.Errorf("nats %s: %v\n%s", strings.Join(full, " "), err, o)
+		return benchResult{}, fmt.Errorf("nats %s: %v\n%s", strings.Join(full, " "), err, o)
 	}
 	f, err := os.Open(csvPath)
 	if err != nil {
-		return 0, err
+		return benchResult{}, err
 	}
 	defer f.Close()
 	r := csv.NewReader(f)
 	r.FieldsPerRecord = -1
 	rows, err := r.ReadAll()
 	if err != nil {
-		return 0, err
+		return benchResult{}, err
 	}
-	if len(rows) < 2 || len(rows[1]) < 5 {
-		return 0, fmt.Errorf("nats bench %s: unexpected CSV %q", args[0], rows)
+	if len(rows) < 2 || len(rows[1]) < 7 {
+		return benchResult{}, fmt.Errorf("nats bench %s: unexpected CSV %q", args[0], rows)
 	}
-	return strconv.ParseFloat(rows[1][4], 64)
+	var res benchResult
+	var msgsTotal, longest float64
+	for _, row := range rows[1:] {
+		n, _ := strconv.ParseFloat(row[2], 64)
+		d, _ := strconv.ParseFloat(row[6], 64)
+		msgsTotal += n
+		longest = max(longest, d)
+		if len(row) >= 13 {
+			p50, _ := strconv.ParseFloat(row[10], 64)
+			p99, _ := strconv.ParseFloat(row[12], 64)
+			res.p50 += p50 / float64(len(rows)-1)
+			res.p99 = max(res.p99, p99)
+		}
+	}
+	if longest == 0 {
+		return benchResult{}, fmt.Errorf("nats bench %s: no duration in %q", args[0], rows)
+	}
+	res.rate = msgsTotal / longest
+	return res, nil
 }
 
 type stockFigures struct{ pubAsync, pubSync, consume, consumeDouble, pipeline float64 }

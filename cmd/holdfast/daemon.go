@@ -37,6 +37,7 @@ type daemon struct {
 	// 4) count on where they left off.
 	stats     map[string]*pipeline.Stats
 	monitor   *pipeline.Monitor
+	gc        groupCommit
 	statusSub *nats.Subscription
 	// edge is the leafnode view (nil without [leafnodes]); forwarders are
 	// the forward handlers by consumer.
@@ -89,6 +90,11 @@ func (d *daemon) Open(ctx context.Context) error {
 	var err error
 	if d.edge, err = d.openEdgeView(); err != nil {
 		return err
+	}
+	for _, name := range d.cfg.GroupCommitStreams() {
+		if err := d.openGroupCommit(ctx, d.cfg, name); err != nil {
+			return err
+		}
 	}
 	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
@@ -327,6 +333,7 @@ func (d *daemon) Close(ctx context.Context) error {
 			wg.Wait()
 		}
 		d.closeLeaf()
+		d.closeAllGroupCommit(ctx)
 		var errs []error
 		if d.srv != nil {
 			d.notify.Status("shutting down the NATS server")
@@ -401,10 +408,31 @@ func (d *daemon) Reload(ctx context.Context, next *config.Config) {
 	} else if !reflect.DeepEqual(cur.Streams, next.Streams) || !reflect.DeepEqual(cur.Consumers, next.Consumers) {
 		trial := applied
 		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
+		// Group commit stops before its stream leaves the configured
+		// subjects to clients, and starts once it has the prefixed ones.
+		stopGC, startGC := groupCommitChanged(cur, &trial)
+		for _, name := range stopGC {
+			d.closeGroupCommit(ctx, name)
+		}
 		if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
 			d.log.Error("reload: streams and consumers not changed", "err", err)
+			for _, name := range stopGC {
+				if err := d.openGroupCommit(ctx, cur, name); err != nil {
+					d.log.Error("reload: group commit not restarted", "stream", name, "err", err)
+				}
+			}
 		} else {
 			applied = trial
+			for _, name := range startGC {
+				if err := d.openGroupCommit(ctx, &applied, name); err != nil {
+					d.log.Error("reload: cannot start group commit: publishes to the stream get no answer until the next restart", "stream", name, "err", err)
+				}
+			}
+			for _, name := range stopGC {
+				if !slices.Contains(startGC, name) {
+					d.log.Info("reload: group commit off", "stream", name)
+				}
+			}
 			for _, name := range next.ConsumerNames() {
 				d.reloadWorkers(ctx, &applied, cur.Consumers[name], name)
 			}

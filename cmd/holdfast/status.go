@@ -19,6 +19,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -62,6 +63,8 @@ type statusReply struct {
 	Report     *pipeline.Report     `json:"report"`
 	Cluster    *clusterStatus       `json:"cluster,omitempty"`
 	Leafnodes  *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	// GroupCommit holds the counters of each stream with group commit.
+	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
 }
 
 // serveStatus answers statusSubject on the daemon's in-process connection
@@ -89,6 +92,7 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 			Leafnodes:  d.edge.Status(ctx),
 		}
 		reply.Health = d.monitor.Health()
+		reply.GroupCommit = d.groupCommitStats()
 		data, err := json.Marshal(reply)
 		if err != nil {
 			d.log.Error("cannot encode status", "err", err)
@@ -167,6 +171,10 @@ type streamOutput struct {
 	// Ratios to each limit that is set: messages, bytes, and the age of
 	// the first message.
 	LimitRatio map[string]float64 `json:"limit_ratio,omitempty"`
+	// GroupCommit is "on" when the stream stores through group commit
+	// (its subjects behind the prefix), with the daemon's counters.
+	GroupCommit      string        `json:"group_commit"`
+	GroupCommitStats *ingest.Stats `json:"group_commit_stats,omitempty"`
 }
 
 type consumerOutput struct {
@@ -348,6 +356,13 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		si := s.CachedInfo()
 		pipeline.FillStream(&so.StreamStatus, si)
 		so.MaxAgeSeconds = si.Config.MaxAge.Seconds()
+		so.GroupCommit = "off"
+		if t := si.Config.SubjectTransform; t != nil && config.IsGroupCommitSubject(t.Source) {
+			so.GroupCommit = "on"
+		}
+		if st, ok := reply.groupCommit(name); ok {
+			so.GroupCommitStats = &st
+		}
 		so.LimitRatio = map[string]float64{}
 		if si.Config.MaxMsgs > 0 {
 			so.LimitRatio["max_msgs"] = float64(si.State.Msgs) / float64(si.Config.MaxMsgs)
@@ -475,13 +490,13 @@ func printStatus(w io.Writer, out *statusOutput) {
 
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS")
+	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS\tGROUP COMMIT")
 	for _, s := range out.Streams {
 		if !s.Exists {
-			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\n", s.Name, s.Error)
+			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\t\n", s.Name, s.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s), groupCommitText(s))
 	}
 	tw.Flush()
 	for _, s := range out.Streams {
@@ -624,4 +639,26 @@ func replicaText(current, offline bool, lag uint64) string {
 	default:
 		return fmt.Sprintf("lagging (%d behind)", lag)
 	}
+}
+
+// groupCommit returns the daemon's group commit counters of stream name.
+func (r *statusReply) groupCommit(name string) (ingest.Stats, bool) {
+	if r == nil {
+		return ingest.Stats{}, false
+	}
+	st, ok := r.GroupCommit[name]
+	return st, ok
+}
+
+// groupCommitText is the GROUP COMMIT column: off, or on with the batches
+// committed and their average size.
+func groupCommitText(s streamOutput) string {
+	if s.GroupCommit != "on" {
+		return "off"
+	}
+	st := s.GroupCommitStats
+	if st == nil || st.Batches == 0 {
+		return "on"
+	}
+	return fmt.Sprintf("on: %d batches, avg %.0f msgs", st.Batches, float64(st.BatchedMsgs)/float64(st.Batches))
 }

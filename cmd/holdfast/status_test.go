@@ -513,8 +513,8 @@ command = [%q]
 		`(?m)^holdfast on holdfast-e2e at ` + regexp.QuoteMeta(o.url()) + `: OK$`,
 		`(?m)^JetStream  enabled, store ` + regexp.QuoteMeta(store) + `, sync always$`,
 		`(?m)^  file     \d+ B used of 1\.0 GiB \(0%\), 1\.0 MiB reserved$`,
-		`(?m)^ORDERS\s+4\s+\d+ B\s+1\s+4\s+max_msgs 100 \(4%\), max_bytes 1\.0 MiB \(0%\), max_age 72h0m0s \(0%\), discard old$`,
-		`(?m)^ORDERS_DLQ\s+1\s+\d+ B\s+1\s+1\s+unlimited, discard new$`,
+		`(?m)^ORDERS\s+4\s+\d+ B\s+1\s+4\s+max_msgs 100 \(4%\), max_bytes 1\.0 MiB \(0%\), max_age 72h0m0s \(0%\), discard old\s+off$`,
+		`(?m)^ORDERS_DLQ\s+1\s+\d+ B\s+1\s+1\s+unlimited, discard new\s+off$`,
 		`(?m)^WORKER1\s+ORDERS\s+0\s+0/50\s+0\s+1\s+0\s+1 \(0 busy; 4 processed, 3 acked, 0 retried, 1 dead-lettered\)$`,
 	} {
 		if !regexp.MustCompile(re).MatchString(res.stdout) {

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// groupCommit compares, with the same `nats bench js pub` runs, a stock
+// nats-server with sync_interval: always against holdfast with
+// sync = "always" and group_commit = true on the stream, for each
+// publisher count in -group-commit, alternating between the two servers
+// (both run throughout; the idle one costs nothing measurable).
+func (e *env) groupCommit(rep *bytes.Buffer) error {
+	stockStore := filepath.Join(e.work, "stock-gc")
+	defer os.RemoveAll(stockStore)
+	stock, err := e.startStock("always", stockStore)
+	if err != nil {
+		return err
+	}
+	defer stock.stop()
+	hold, err := e.startGroupCommit(filepath.Join(e.work, "holdfast-gc"))
+	if err != nil {
+		return err
+	}
+	defer hold.stop()
+	// The stock stream is created by nats bench (--create); holdfast's
+	// benchstream comes from its config, with group commit.
+	if _, err := e.natsBench(stock.url, "js", "pub", "sync", "bench.data", "--create", "--msgs", "10"); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(rep, "\nGroup commit: `nats bench js pub` on the same machine, %d messages of %d bytes per figure; stock nats-server with `sync_interval: always` against holdfast with `sync = \"always\"` and `group_commit = true` (latencies in µs, from nats bench: mean p50 over the clients, largest p99):\n\n", *msgs, *size)
+	fmt.Fprintln(rep, "| publishers | publish | stock msgs/s | group commit msgs/s | group commit/stock | stock p50 / p99 | group commit p50 / p99 |")
+	fmt.Fprintln(rep, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+	for _, c := range strings.Split(*gc, ",") {
+		clients, err := strconv.Atoi(strings.TrimSpace(c))
+		if err != nil || clients < 1 {
+			return fmt.Errorf("-group-commit: %q is not a publisher count", c)
+		}
+		for _, kind := range []string{"async", "sync"} {
+			args := []string{"js", "pub", kind, "bench.data", "--clients", strconv.Itoa(clients)}
+			if kind == "async" {
+				args = append(args, "--batch", "500")
+			}
+			logf("group commit: %d publisher(s), %s: stock", clients, kind)
+			st, err := e.natsBenchResult(stock.url, "bench.csv", args...)
+			if err != nil {
+				return err
+			}
+			logf("group commit: %d publisher(s), %s: holdfast", clients, kind)
+			hf, err := e.natsBenchResult(hold.url, "bench.csv", args...)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s |\n", clients, kind, num(st.rate), num(hf.rate), ratio(hf.rate, st.rate),
+				latency(st), latency(hf))
+		}
+	}
+	return nil
+}
+
+func latency(r benchResult) string {
+	if r.p50 == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.0f / %.0f", r.p50, r.p99)
+}
+
+// startGroupCommit runs `holdfast run` with benchstream on bench.data and
+// group commit on, sync always (the default), no workers.
+func (e *env) startGroupCommit(store string) (*proc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	conf := filepath.Join(e.work, "holdfast-gc.toml")
+	text := fmt.Sprintf(`[server]
+host = "127.0.0.1"
+port = %d
+[jetstream]
+store_dir = %q
+sync = "always"
+max_file_store = "10GB"
+[http]
+listen = ""
+[log]
+level = "warn"
+[streams.benchstream]
+subjects = ["bench.data"]
+max_msgs = -1
+max_age = "0s"
+group_commit = true
+[consumers.WORKER]
+stream = "benchstream"
+workers = 0
+`, port, store)
+	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
+		return nil, err
+	}
+	return e.start(e.hold, []string{"run", "--config", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port))
+}

@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/ingest"
+)
+
+// groupCommit runs the ingest of the streams with group_commit on one
+// in-process connection of its own.
+type groupCommit struct {
+	nc         *nats.Conn
+	metrics    *ingest.Metrics
+	mu         sync.Mutex // guards committers: status reads it
+	committers map[string]*ingest.Committer
+}
+
+// openGroupCommit starts the ingest of stream name (its stream exists with
+// the prefixed subjects).
+func (d *daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name string) error {
+	g := &d.gc
+	if g.nc == nil {
+		nc, err := d.srv.Connect("holdfast-ingest")
+		if err != nil {
+			return fmt.Errorf("group commit: %w", err)
+		}
+		g.nc = nc
+	}
+	if g.metrics == nil && d.metrics != nil {
+		g.metrics = ingest.NewMetrics(d.metrics.Registry())
+	}
+	sc := cfg.Streams[name]
+	c := ingest.New(g.nc, ingest.Options{
+		Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
+		DuplicateWindow: sc.DuplicateWindow.Duration, Metrics: g.metrics,
+	}, d.log)
+	if err := c.Open(ctx); err != nil {
+		return err
+	}
+	g.mu.Lock()
+	if g.committers == nil {
+		g.committers = make(map[string]*ingest.Committer)
+	}
+	g.committers[name] = c
+	g.mu.Unlock()
+	return nil
+}
+
+// closeGroupCommit stops the ingest of stream name, answering what it took.
+func (d *daemon) closeGroupCommit(ctx context.Context, name string) {
+	d.gc.mu.Lock()
+	c, ok := d.gc.committers[name]
+	delete(d.gc.committers, name)
+	d.gc.mu.Unlock()
+	if !ok {
+		return
+	}
+	if err := c.Close(ctx); err != nil {
+		d.log.Warn("group commit stopped", "stream", name, "err", err)
+	}
+}
+
+// closeAllGroupCommit stops every ingest and closes their connection.
+func (d *daemon) closeAllGroupCommit(ctx context.Context) {
+	d.gc.mu.Lock()
+	names := slices.Sorted(maps.Keys(d.gc.committers))
+	d.gc.mu.Unlock()
+	for _, name := range names {
+		d.closeGroupCommit(ctx, name)
+	}
+	if d.gc.nc != nil {
+		d.gc.nc.Close()
+		d.gc.nc = nil
+	}
+}
+
+// groupCommitChanged lists the streams whose ingest a reload from cur to
+// next must stop before the streams are updated (group commit switched
+// off, or its subjects or limits changed) and start after.
+func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
+	for _, name := range next.StreamNames() {
+		was, is := cur.Streams[name], next.Streams[name]
+		on, onNext := was != nil && was.GroupCommit, is.GroupCommit
+		same := on && onNext && slices.Equal(was.Subjects, is.Subjects) &&
+			reflect.DeepEqual(was.DuplicateWindow, is.DuplicateWindow) && cur.Server.MaxPayload == next.Server.MaxPayload
+		if on && !same {
+			stop = append(stop, name)
+		}
+		if onNext && !same {
+			start = append(start, name)
+		}
+	}
+	return stop, start
+}
+
+// groupCommitStats returns the counters of each running ingest.
+func (d *daemon) groupCommitStats() map[string]ingest.Stats {
+	d.gc.mu.Lock()
+	defer d.gc.mu.Unlock()
+	if len(d.gc.committers) == 0 {
+		return nil
+	}
+	out := make(map[string]ingest.Stats, len(d.gc.committers))
+	for name, c := range d.gc.committers {
+		out[name] = c.Stats()
+	}
+	return out
+}

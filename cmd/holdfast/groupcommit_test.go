@@ -1,0 +1,204 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// gcPublish publishes n messages on conns publishers with PublishAsync and
+// returns, per publisher, the acknowledged sequences in publish order
+// with the body each acknowledged.
+func gcPublish(t *testing.T, url string, publishers, n int, tag string) [][]gcAck {
+	t.Helper()
+	out := make([][]gcAck, publishers)
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc, err := nats.Connect(url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			futs := make([]jetstream.PubAckFuture, 0, n)
+			for i := range n {
+				f, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%s-%d-%d", tag, p, i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				select {
+				case a := <-f.Ok():
+					if a.Stream != "ORDERS" || a.Duplicate {
+						errs <- fmt.Errorf("ack %+v", a)
+						return
+					}
+					out[p] = append(out[p], gcAck{a.Sequence, fmt.Sprintf("%s-%d-%d", tag, p, i)})
+				case err := <-f.Err():
+					errs <- err
+					return
+				case <-time.After(30 * time.Second):
+					errs <- fmt.Errorf("publisher %d msg %d: no ack", p, i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+type gcAck struct {
+	seq  uint64
+	body string
+}
+
+// gcCheckStored checks that every acknowledged sequence holds its message
+// under orders.created, in publisher order, and that the stream holds
+// exactly want messages.
+func gcCheckStored(t *testing.T, js jetstream.JetStream, acks [][]gcAck, want uint64) {
+	t.Helper()
+	ctx := e2eContext(t)
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != want {
+		t.Fatalf("ORDERS holds %d messages, want %d", got, want)
+	}
+	for p, list := range acks {
+		var last uint64
+		for _, a := range list {
+			m, err := s.GetMsg(ctx, a.seq)
+			if err != nil || string(m.Data) != a.body || m.Subject != "orders.created" {
+				t.Fatalf("seq %d acked for %s: %v %v", a.seq, a.body, m, err)
+			}
+			if a.seq <= last {
+				t.Fatalf("publisher %d: seq %d after %d", p, a.seq, last)
+			}
+			last = a.seq
+		}
+	}
+}
+
+// TestGroupCommitStandardClients: with group_commit = true, nats.go
+// PublishAsync publishers, `nats pub --jetstream` and `nats bench js pub`
+// get ordinary PubAcks for ORDERS, every acknowledged message is stored
+// once under its subject, `holdfast status` shows the group commit, and
+// clients may not publish past it.
+func TestGroupCommitStandardClients(t *testing.T) {
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""),
+		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n", 1))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+
+	acks := gcPublish(t, in.url(), 4, 500, "a")
+	gcCheckStored(t, js, acks, 2000)
+
+	res := e2eRunBinary(t, natsBin, nil, nil, "--server", in.url(), "pub", "--jetstream", "orders.cli", "hello")
+	if res.code != 0 || !strings.Contains(res.stdout+res.stderr, "Stream: ORDERS Sequence: 2,001") {
+		t.Fatalf("nats pub --jetstream: %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	res = e2eRunBinary(t, natsBin, nil, nil, "--server", in.url(), "bench", "js", "pub", "async", "orders.bench",
+		"--stream", "ORDERS", "--clients", "2", "--msgs", "2000", "--no-progress")
+	if res.code != 0 {
+		t.Fatalf("nats bench js pub async: %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 4001 {
+		t.Fatalf("ORDERS holds %d messages after nats bench, want 4001", got)
+	}
+
+	// Publishing past group commit into the prefixed subjects is denied.
+	nc, err := nats.Connect(in.url())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	perr := make(chan error, 1)
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { perr <- err })
+	_ = nc.Publish("$HOLDFAST.GC.ORDERS.orders.x", []byte("x"))
+	select {
+	case err := <-perr:
+		if !strings.Contains(err.Error(), "Permissions Violation") {
+			t.Fatalf("publish to the prefix: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("publish to $HOLDFAST.GC.> was not refused")
+	}
+
+	st := runHoldfast(t, nil, "status", "--config", in.cfg)
+	if !strings.Contains(st.stdout, "GROUP COMMIT") || !strings.Contains(st.stdout, "on: ") {
+		t.Fatalf("status does not show group commit:\n%s%s", st.stdout, st.stderr)
+	}
+	stj := runHoldfast(t, nil, "status", "--json", "--config", in.cfg)
+	var out struct {
+		Streams []struct {
+			Name        string `json:"name"`
+			GroupCommit string `json:"group_commit"`
+		} `json:"streams"`
+	}
+	if err := json.Unmarshal([]byte(stj.stdout), &out); err != nil || len(out.Streams) == 0 || out.Streams[0].GroupCommit != "on" {
+		t.Fatalf("status --json: %v\n%s", err, stj.stdout)
+	}
+	d.stop()
+}
+
+// TestGroupCommitReload: SIGHUP switches group commit on and off while
+// publishers run between the reloads; every acknowledged message is
+// stored exactly once, and the stream's subjects follow.
+func TestGroupCommitReload(t *testing.T) {
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	ctx := e2eContext(t)
+	subjects := func() string {
+		s, err := js.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := s.Info(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(info.Config.Subjects, ",")
+	}
+
+	var all [][]gcAck
+	all = append(all, gcPublish(t, in.url(), 2, 200, "off1")...)
+	d.reloadWith(in.cfg, editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n"))
+	if got := subjects(); got != "$HOLDFAST.GC.ORDERS.orders.*" {
+		t.Fatalf("subjects with group commit: %s", got)
+	}
+	all = append(all, gcPublish(t, in.url(), 2, 200, "on")...)
+	d.reloadWith(in.cfg, editConfig(t, in.cfg, "group_commit = true\n", "group_commit = false\n"))
+	if got := subjects(); got != "orders.*" {
+		t.Fatalf("subjects after group commit off: %s", got)
+	}
+	all = append(all, gcPublish(t, in.url(), 2, 200, "off2")...)
+	gcCheckStored(t, js, all, 1200)
+	if !strings.Contains(d.stderr.String(), "group commit off") {
+		t.Errorf("no log line for group commit off:\n%s", d.stderr.String())
+	}
+	d.stop()
+}

@@ -1,0 +1,612 @@
+// Package ingest is holdfast's group commit: it answers the JetStream
+// publishes on a stream's subjects, stores them in atomic batches — one
+// flush for many messages under sync = "always" — and gives each client
+// the PubAck the server would have given, once the batch holding its
+// message is committed.
+//
+// The stored stream listens on the configured subjects behind
+// config.GroupCommitPrefix (clients may not publish there) and maps them
+// back with a subject transform, so consumers see the configured subjects.
+//
+// Batches form leader/follower style: a message that arrives while nothing
+// is in flight is published at once, alone (a lone publisher waits for one
+// flush, as without group commit); whatever arrives while a commit is in
+// flight joins the next batch. Everything goes out in arrival order on one
+// connection, and the stream applies its inbound messages and batch commits
+// one at a time in that order (nats-server v2.15.2 server/stream.go
+// internalLoop: one goroutine pops mset.msgs and calls
+// processJetStreamAtomicBatchMsg, which commits a batch under isolateMu when
+// its commit message is processed), so several batches may be in flight and
+// still be stored in the order they were sent.
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// Defaults for Options.
+const (
+	// DefaultMaxBatch is nats-server's default maximum atomic batch size.
+	DefaultMaxBatch = 1000
+	// DefaultMaxBatchBytes bounds the bytes of one batch.
+	DefaultMaxBatchBytes = 8 << 20
+	// DefaultMaxInflight is how many batches one stream may have in
+	// flight (the server allows 50 per stream, 1000 per server).
+	DefaultMaxInflight = 4
+	// DefaultPipelineMin is how many messages must wait before a batch is
+	// sent while another is still in flight: fewer wait for the commit
+	// in flight and join one larger batch.
+	DefaultPipelineMin = 64
+	// DefaultTimeout is how long a batch may go unanswered before its
+	// clients are given up on (they see their own publish timeout).
+	DefaultTimeout = 30 * time.Second
+)
+
+// Options configure a Committer.
+type Options struct {
+	// Stream is the configured stream name (the stored stream has it too).
+	Stream string
+	// Subjects are the configured subjects the clients publish to.
+	Subjects []string
+	// MaxMsgSize: a larger message is published alone, so that the server
+	// refuses it with its own error instead of failing a batch. 0: no limit.
+	MaxMsgSize    int
+	MaxBatch      int
+	MaxBatchBytes int
+	MaxInflight   int
+	PipelineMin   int
+	Timeout       time.Duration
+	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
+	// within it goes alone next time (the server answers "duplicate"
+	// instead of refusing a whole batch for it).
+	DuplicateWindow time.Duration
+	// Metrics, when set, observes each commit.
+	Metrics *Metrics
+}
+
+// Stats are a Committer's counters since Open.
+type Stats struct {
+	// Batches and BatchedMsgs count the atomic batches committed and the
+	// messages in them.
+	Batches, BatchedMsgs uint64
+	// Alone counts messages published alone because nothing else waited.
+	Alone uint64
+	// Forwarded counts messages published with the client's own reply
+	// (Nats-Expected-* headers, a client's own batch, too large, and the
+	// messages of a refused batch published one by one).
+	Forwarded uint64
+	// Refused counts batches the server refused.
+	Refused uint64
+}
+
+// Committer is the group commit of one stream.
+type Committer struct {
+	nc   *nats.Conn
+	opts Options
+	log  *slog.Logger
+
+	in      chan *nats.Msg
+	replies chan *nats.Msg
+	subs    []*nats.Subscription
+	rsub    *nats.Subscription
+	inbox   string
+	closing chan struct{}
+	done    chan struct{}
+	cancel  context.CancelFunc
+	once    sync.Once
+	opened  bool
+
+	batches, batchedMsgs, alone, forwarded, refused atomic.Uint64
+
+	// Owned by the run goroutine.
+	pend     []item
+	inflight map[string]*unit
+	risky    int    // units in flight that must not be followed (see dispatch)
+	sent     uint64 // units and forwards sent, in order
+	nextID   uint64
+	ids      map[string]time.Time // Nats-Msg-Ids sent within the duplicate window
+}
+
+// maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
+// is forgotten (a forgotten duplicate costs one refused batch).
+const maxKnownIDs = 1 << 18
+
+type item struct {
+	m     *nats.Msg
+	size  int
+	msgID string
+	alone bool // forwarded with the client's reply
+}
+
+type unit struct {
+	msgs  []item
+	order uint64 // value of sent when this unit went out
+	start time.Time
+	risky bool
+}
+
+// New returns a Committer for one stream on nc (an in-process connection
+// allowed to subscribe to the stream's subjects and to publish under
+// config.GroupCommitPrefix). Open starts it.
+func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
+	if opts.MaxBatch <= 0 {
+		opts.MaxBatch = DefaultMaxBatch
+	}
+	if opts.MaxBatchBytes <= 0 {
+		opts.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if opts.MaxInflight <= 0 {
+		opts.MaxInflight = DefaultMaxInflight
+	}
+	if opts.PipelineMin <= 0 {
+		opts.PipelineMin = DefaultPipelineMin
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
+}
+
+// QueueGroup is the queue group of the subscriptions on the stream's
+// subjects: with several holdfast nodes, each publish is answered once.
+func QueueGroup(stream string) string { return "holdfast-gc-" + stream }
+
+// Open subscribes to the stream's subjects and starts committing.
+func (c *Committer) Open(ctx context.Context) error {
+	if c.opened {
+		return errors.New("ingest already open")
+	}
+	if c.opts.Stream == "" || len(c.opts.Subjects) == 0 {
+		return errors.New("ingest: stream and subjects are required")
+	}
+	c.opened = true
+	c.in = make(chan *nats.Msg, 1<<16)
+	c.replies = make(chan *nats.Msg, 1<<12)
+	c.closing = make(chan struct{})
+	c.done = make(chan struct{})
+	c.inflight = make(map[string]*unit)
+	c.ids = make(map[string]time.Time)
+	c.inbox = c.nc.NewInbox()
+	var err error
+	if c.rsub, err = c.nc.ChanSubscribe(c.inbox+".*", c.replies); err != nil {
+		return fmt.Errorf("ingest %s: cannot subscribe to its replies: %w", c.opts.Stream, err)
+	}
+	// One channel for all subjects keeps the arrival order across them
+	// (a publisher's messages to orders.a and orders.b stay in order).
+	for _, subj := range c.opts.Subjects {
+		sub, err := c.nc.ChanQueueSubscribe(subj, QueueGroup(c.opts.Stream), c.in)
+		if err != nil {
+			c.unsubscribe()
+			_ = c.rsub.Unsubscribe()
+			return fmt.Errorf("ingest %s: cannot subscribe to %s: %w", c.opts.Stream, subj, err)
+		}
+		c.subs = append(c.subs, sub)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer fcancel()
+	if err := c.nc.FlushWithContext(fctx); err != nil {
+		c.unsubscribe()
+		_ = c.rsub.Unsubscribe()
+		return fmt.Errorf("ingest %s: %w", c.opts.Stream, err)
+	}
+	rctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go c.run(rctx)
+	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
+	return nil
+}
+
+func (c *Committer) unsubscribe() {
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	c.subs = nil
+}
+
+// drainSubs stops the subscriptions on the stream's subjects such that
+// every message the server routed here before is still taken (an
+// Unsubscribe would drop those in the pipe, leaving their clients with no
+// answer at all).
+func (c *Committer) drainSubs(ctx context.Context) {
+	for _, s := range c.subs {
+		if err := s.Drain(); err != nil {
+			_ = s.Unsubscribe()
+		}
+	}
+	for _, s := range c.subs {
+		for s.IsValid() && ctx.Err() == nil {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	c.subs = nil
+}
+
+// Close stops taking publishes, commits what was taken and waits for the
+// answers until ctx ends. It is idempotent.
+func (c *Committer) Close(ctx context.Context) error {
+	if !c.opened {
+		return nil
+	}
+	var err error
+	c.once.Do(func() {
+		c.drainSubs(ctx)
+		close(c.closing)
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			err = fmt.Errorf("ingest %s: closed before every batch was answered: %w", c.opts.Stream, ctx.Err())
+			c.cancel()
+			<-c.done
+		}
+		c.cancel()
+		_ = c.rsub.Unsubscribe()
+	})
+	return err
+}
+
+// Stats returns the counters since Open.
+func (c *Committer) Stats() Stats {
+	return Stats{Batches: c.batches.Load(), BatchedMsgs: c.batchedMsgs.Load(), Alone: c.alone.Load(),
+		Forwarded: c.forwarded.Load(), Refused: c.refused.Load()}
+}
+
+func (c *Committer) run(ctx context.Context) {
+	defer close(c.done)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	closing := c.closing
+	for {
+		select {
+		case m := <-c.in:
+			c.add(m)
+			c.drainIn()
+		case r := <-c.replies:
+			c.answer(r)
+		case <-tick.C:
+			c.expire()
+			c.forgetIDs(c.opts.DuplicateWindow)
+		case <-closing:
+			closing = nil
+			c.drainIn()
+		case <-ctx.Done():
+			return
+		}
+		c.dispatch()
+		if closing == nil && len(c.in) == 0 && len(c.pend) == 0 && len(c.inflight) == 0 {
+			return
+		}
+	}
+}
+
+// drainIn takes what already waits, up to one full batch more.
+func (c *Committer) drainIn() {
+	for range c.opts.MaxBatch {
+		select {
+		case m := <-c.in:
+			c.add(m)
+		default:
+			return
+		}
+	}
+}
+
+func (c *Committer) add(m *nats.Msg) {
+	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			it.size += len(k) + len(v) + 4
+		}
+		lk := strings.ToLower(k)
+		switch {
+		case strings.HasPrefix(lk, "nats-expected-"), strings.HasPrefix(lk, "nats-batch-"),
+			strings.HasPrefix(lk, "nats-required-api-level"):
+			// The server's own semantics: an expected sequence is checked
+			// against the stream as it is when this message is applied,
+			// which arrival order keeps; a client's own batch stays its own.
+			it.alone = true
+		case lk == "nats-msg-id" && len(vs) > 0:
+			it.msgID = vs[0]
+		}
+	}
+	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > c.opts.MaxBatchBytes {
+		it.alone = true
+	}
+	c.pend = append(c.pend, it)
+}
+
+// dispatch sends what may go now. Order rules: everything goes out in
+// arrival order on one connection; a refused batch is published again
+// message by message only when nothing was sent after it (else its clients
+// get the server's error), and a batch that holds a Nats-Msg-Id (refused
+// whole for one duplicate against the stream's window) is "risky": it is
+// sent only when nothing is in flight and nothing follows it until it is
+// answered, so that its messages can always be published again in place.
+func (c *Committer) dispatch() {
+	for len(c.pend) > 0 && c.risky == 0 {
+		if c.pend[0].alone || c.known(c.pend[0].msgID) {
+			c.forward(c.pend[0])
+			c.pend = c.pend[1:]
+			continue
+		}
+		n, risky := c.nextBatch()
+		if len(c.inflight) > 0 {
+			if len(c.inflight) >= c.opts.MaxInflight || n < c.opts.PipelineMin || risky {
+				return
+			}
+		}
+		msgs := c.pend[:n:n]
+		c.pend = c.pend[n:]
+		if n == 1 {
+			c.sendAlone(msgs[0])
+		} else {
+			c.sendBatch(msgs, risky)
+		}
+	}
+	if len(c.pend) == 0 {
+		c.pend = nil // let the backing array go
+	}
+}
+
+// nextBatch returns how many messages at the front of pend form the next
+// batch, and whether any carries a Nats-Msg-Id. A batch ends before a
+// message that goes alone, before a Nats-Msg-Id already in the batch (the
+// server would refuse the whole batch), and at the count and byte bounds.
+func (c *Committer) nextBatch() (int, bool) {
+	var (
+		bytes int
+		risky bool
+		ids   map[string]bool
+	)
+	n := 0
+	for n < len(c.pend) && n < c.opts.MaxBatch {
+		it := c.pend[n]
+		if it.alone || (n > 0 && bytes+it.size > c.opts.MaxBatchBytes) {
+			break
+		}
+		if it.msgID != "" {
+			if ids[it.msgID] || c.known(it.msgID) {
+				break
+			}
+			if ids == nil {
+				ids = make(map[string]bool)
+			}
+			ids[it.msgID] = true
+			risky = true
+		}
+		bytes += it.size
+		n++
+	}
+	return n, risky
+}
+
+func (c *Committer) target(m *nats.Msg) string {
+	return config.GroupCommitSubject(c.opts.Stream, m.Subject)
+}
+
+// forward publishes a message as the client would, with the client's
+// reply: the server answers the client itself.
+func (c *Committer) forward(it item) {
+	c.remember(it)
+	c.sent++
+	c.forwarded.Add(1)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+	}
+}
+
+func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
+	c.sent++
+	c.nextID++
+	id := strconv.FormatUint(c.nextID, 36)
+	for _, it := range msgs {
+		c.remember(it)
+	}
+	u := &unit{msgs: msgs, order: c.sent, start: time.Now(), risky: risky}
+	c.inflight[id] = u
+	if risky {
+		c.risky++
+	}
+	return c.inbox + "." + id, u
+}
+
+// sendAlone publishes one message with this committer's reply, so that it
+// knows when the stream is idle again; the answer goes to the client.
+func (c *Committer) sendAlone(it item) {
+	reply, _ := c.newUnit([]item{it}, false)
+	c.alone.Add(1)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+	}
+}
+
+func (c *Committer) sendBatch(msgs []item, risky bool) {
+	reply, _ := c.newUnit(msgs, risky)
+	batchID := nuid.Next()
+	last := len(msgs) - 1
+	for i, it := range msgs {
+		h := make(nats.Header, len(it.m.Header)+3)
+		maps.Copy(h, it.m.Header)
+		h.Set("Nats-Batch-Id", batchID)
+		h.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
+		out := &nats.Msg{Subject: c.target(it.m), Header: h, Data: it.m.Data}
+		if i == last {
+			h.Set("Nats-Batch-Commit", "1")
+			out.Reply = reply
+		}
+		if err := c.nc.PublishMsg(out); err != nil {
+			// The batch stays incomplete; the server abandons it and the
+			// commit (or its absence) answers the clients.
+			c.log.Warn("cannot publish a batch message", "subject", it.m.Subject, "err", err)
+		}
+	}
+}
+
+// pubAck is the server's answer to a publish (a commit adds batch and count).
+type pubAck struct {
+	Stream    string    `json:"stream"`
+	Domain    string    `json:"domain,omitempty"`
+	Seq       uint64    `json:"seq"`
+	Duplicate bool      `json:"duplicate,omitempty"`
+	Count     int       `json:"count,omitempty"`
+	Error     *apiError `json:"error,omitempty"`
+}
+
+type apiError struct {
+	Code        int    `json:"code"`
+	ErrCode     uint16 `json:"err_code,omitempty"`
+	Description string `json:"description,omitempty"`
+}
+
+// errDuplicateInBatch is the server's err_code for a batch holding a
+// Nats-Msg-Id that is a duplicate (JSAtomicPublishContainsDuplicateMessageErr).
+const errDuplicateInBatch = 10201
+
+func (c *Committer) answer(r *nats.Msg) {
+	id := r.Subject[strings.LastIndexByte(r.Subject, '.')+1:]
+	u, ok := c.inflight[id]
+	if !ok {
+		return // given up on already
+	}
+	c.finish(id, u)
+	if len(u.msgs) == 1 {
+		c.reply(u.msgs[0], r.Header, r.Data)
+		return
+	}
+	var ack pubAck
+	if len(r.Data) == 0 || r.Header.Get("Status") != "" || json.Unmarshal(r.Data, &ack) != nil ||
+		ack.Error != nil || ack.Count != len(u.msgs) {
+		c.refuse(u, r, ack.Error)
+		return
+	}
+	c.batches.Add(1)
+	c.batchedMsgs.Add(uint64(len(u.msgs)))
+	first := ack.Seq - uint64(len(u.msgs)) + 1
+	for i, it := range u.msgs {
+		if it.m.Reply == "" {
+			continue
+		}
+		b, _ := json.Marshal(pubAck{Stream: ack.Stream, Domain: ack.Domain, Seq: first + uint64(i)})
+		c.reply(it, nil, b)
+	}
+}
+
+func (c *Committer) finish(id string, u *unit) {
+	delete(c.inflight, id)
+	if u.risky {
+		c.risky--
+	}
+	if m := c.opts.Metrics; m != nil {
+		m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+	}
+}
+
+// refuse handles a batch the server did not commit (nothing of it is
+// stored). When nothing was sent after it, its messages are published
+// again one by one in place, each answered by the server as if there had
+// been no batch (a duplicate gets its duplicate PubAck, the others are
+// stored); otherwise later messages may already be stored, and publishing
+// these again would reorder them: each client gets the server's error.
+func (c *Committer) refuse(u *unit, r *nats.Msg, e *apiError) {
+	c.refused.Add(1)
+	if u.order == c.sent {
+		if e != nil && e.ErrCode != errDuplicateInBatch {
+			c.log.Debug("batch refused, publishing its messages one by one", "msgs", len(u.msgs), "err", e.Description)
+		}
+		for _, it := range u.msgs {
+			c.forward(it)
+		}
+		return
+	}
+	if e == nil {
+		e = &apiError{Code: 503, Description: "no responders: stream not available"}
+		if s := r.Header.Get("Status"); s != "" && s != "503" {
+			e = &apiError{Code: 500, Description: "batch not committed: status " + s}
+		}
+	}
+	b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: e})
+	for _, it := range u.msgs {
+		c.reply(it, nil, b)
+	}
+}
+
+// reply answers a client (a status answer, such as no responders, as the
+// same status: the client's library maps it as it would from the server).
+func (c *Committer) reply(it item, h nats.Header, data []byte) {
+	if it.m.Reply == "" {
+		return
+	}
+	out := &nats.Msg{Subject: it.m.Reply, Data: data}
+	if st := h.Get("Status"); st != "" && len(data) == 0 {
+		d := h.Get("Description")
+		if st == "503" {
+			d = "no responders: stream " + c.opts.Stream + " not available"
+		}
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: atoi(st), Description: d}})
+		out.Data = b
+	} else if len(h) > 0 {
+		out.Header = h
+	}
+	if err := c.nc.PublishMsg(out); err != nil {
+		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
+	}
+}
+
+func atoi(s string) int {
+	n, _ := strconv.Atoi(s)
+	return n
+}
+
+// known reports whether id was sent within the duplicate window.
+func (c *Committer) known(id string) bool {
+	if id == "" {
+		return false
+	}
+	_, ok := c.ids[id]
+	return ok
+}
+
+func (c *Committer) remember(it item) {
+	if it.msgID == "" || c.opts.DuplicateWindow <= 0 {
+		return
+	}
+	if len(c.ids) >= maxKnownIDs {
+		c.forgetIDs(c.opts.DuplicateWindow / 2)
+	}
+	c.ids[it.msgID] = time.Now()
+}
+
+// forgetIDs drops the ids sent longer ago than age.
+func (c *Committer) forgetIDs(age time.Duration) {
+	for id, at := range c.ids {
+		if time.Since(at) > age {
+			delete(c.ids, id)
+		}
+	}
+}
+
+// expire gives up on units unanswered for longer than the timeout; their
+// clients see their own publish timeout, as with a server that never
+// answered.
+func (c *Committer) expire() {
+	for id, u := range c.inflight {
+		if time.Since(u.start) > c.opts.Timeout {
+			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", c.opts.Timeout)
+			c.finish(id, u)
+		}
+	}
+}

@@ -1,0 +1,420 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// startServer runs a JetStream server with sync always on a temp store.
+func startServer(t *testing.T) *server.Server {
+	t.Helper()
+	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+		SyncAlways: true, JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 1 << 26, NoLog: true, NoSigs: true}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s
+}
+
+func connect(t *testing.T, s *server.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// gcStream creates stream name the way holdfast does for group_commit
+// (embedded.StreamSpec): prefixed subjects, the transform back, atomic.
+func gcStream(t *testing.T, js jetstream.JetStream, name string, subjects []string, mod func(*jetstream.StreamConfig)) {
+	t.Helper()
+	cfg := jetstream.StreamConfig{Name: name, Subjects: config.GroupCommitSubjects(name, subjects),
+		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(name, ">"), Destination: ">"},
+		AllowAtomicPublish: true, Duplicates: time.Minute, Storage: jetstream.FileStorage}
+	if mod != nil {
+		mod(&cfg)
+	}
+	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func openCommitter(t *testing.T, s *server.Server, opts Options) *Committer {
+	t.Helper()
+	c := New(connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := c.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close(context.Background()) })
+	return c
+}
+
+func newJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// storedBodies reads the whole stream: subject and body per sequence.
+func storedBodies(t *testing.T, js jetstream.JetStream, stream string) map[uint64]*jetstream.RawStreamMsg {
+	t.Helper()
+	ctx := context.Background()
+	st, err := js.Stream(ctx, stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[uint64]*jetstream.RawStreamMsg{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq && info.State.Msgs > 0; seq++ {
+		m, err := st.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatalf("seq %d: %v", seq, err)
+		}
+		out[seq] = m
+	}
+	return out
+}
+
+// TestPublishersGetPubAcksInOrder: async and sync publishers on two
+// subjects get ordinary PubAcks; every acked sequence holds that message,
+// under the configured subject, each stored once, in publisher order.
+func TestPublishersGetPubAcksInOrder(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "ORDERS", []string{"orders.*", "bills.>"}, nil)
+	c := openCommitter(t, s, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}})
+
+	const publishers, each = 4, 600
+	type ack struct {
+		seq  uint64
+		body string
+	}
+	acks := make([][]ack, publishers+1)
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers+1)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := newJS(t, connect(t, s))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				subj := "orders.created"
+				if i%3 == 0 {
+					subj = "bills.x.y"
+				}
+				f, err := pjs.PublishAsync(subj, fmt.Appendf(nil, "%d-%d", p, i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				select {
+				case a := <-f.Ok():
+					if a.Stream != "ORDERS" || a.Duplicate {
+						errs <- fmt.Errorf("publisher %d msg %d: ack %+v", p, i, a)
+						return
+					}
+					acks[p] = append(acks[p], ack{a.Sequence, fmt.Sprintf("%d-%d", p, i)})
+				case err := <-f.Err():
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+					return
+				case <-time.After(30 * time.Second):
+					errs <- fmt.Errorf("publisher %d msg %d: no ack", p, i)
+					return
+				}
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() { // one synchronous publisher among them
+		defer wg.Done()
+		pjs := newJS(t, connect(t, s))
+		for i := range 100 {
+			a, err := pjs.Publish(context.Background(), "orders.sync", fmt.Appendf(nil, "%d-%d", publishers, i))
+			if err != nil {
+				errs <- err
+				return
+			}
+			acks[publishers] = append(acks[publishers], ack{a.Sequence, fmt.Sprintf("%d-%d", publishers, i)})
+		}
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+
+	stored := storedBodies(t, js, "ORDERS")
+	want := publishers*each + 100
+	if len(stored) != want {
+		t.Fatalf("stored %d messages, want %d", len(stored), want)
+	}
+	for p, list := range acks {
+		var last uint64
+		for _, a := range list {
+			m := stored[a.seq]
+			if m == nil || string(m.Data) != a.body {
+				t.Fatalf("ack seq %d for %s: stored %v", a.seq, a.body, m)
+			}
+			if strings.HasPrefix(m.Subject, "$") {
+				t.Fatalf("seq %d stored under %s, want the configured subject", a.seq, m.Subject)
+			}
+			if a.seq <= last {
+				t.Fatalf("publisher %d: seq %d after %d: order lost", p, a.seq, last)
+			}
+			last = a.seq
+		}
+	}
+	st := c.Stats()
+	if st.Batches == 0 {
+		t.Fatalf("no batch committed: %+v", st)
+	}
+	t.Logf("stats %+v", st)
+}
+
+// TestLonePublisherGoesAlone: a synchronous publisher never waits for a
+// batch: each message is published alone.
+func TestLonePublisherGoesAlone(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	for i := range 20 {
+		a, err := js.Publish(context.Background(), "s.a", []byte(strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Sequence != uint64(i+1) || a.Stream != "S" {
+			t.Fatalf("ack %+v", a)
+		}
+	}
+	if st := c.Stats(); st.Alone != 20 || st.Batches != 0 {
+		t.Fatalf("stats %+v, want 20 alone", st)
+	}
+}
+
+// TestDedupeWithinAndAcrossBatches: duplicates of Nats-Msg-Id in one burst
+// and against the stream's window are stored once, acknowledged as
+// duplicates, and fail none of the others — whether the committer knows
+// the ids it sent (DuplicateWindow) or not (as after a restart, when the
+// server refuses the batch and its messages are published one by one).
+func TestDedupeWithinAndAcrossBatches(t *testing.T) {
+	for _, window := range []time.Duration{time.Minute, 0} {
+		t.Run("known ids "+window.String(), func(t *testing.T) { testDedupe(t, window) })
+	}
+}
+
+func testDedupe(t *testing.T, window time.Duration) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: window})
+	pjs := newJS(t, connect(t, s))
+	publish := func(ids []string) []*jetstream.PubAck {
+		futs := make([]jetstream.PubAckFuture, len(ids))
+		for i, id := range ids {
+			f, err := pjs.PublishAsync("s.a", []byte(id), jetstream.WithMsgID(id))
+			if err != nil {
+				t.Fatal(err)
+			}
+			futs[i] = f
+		}
+		out := make([]*jetstream.PubAck, len(ids))
+		for i, f := range futs {
+			select {
+			case a := <-f.Ok():
+				out[i] = a
+			case err := <-f.Err():
+				t.Fatalf("id %s: %v", ids[i], err)
+			case <-time.After(20 * time.Second):
+				t.Fatalf("id %s: no ack", ids[i])
+			}
+		}
+		return out
+	}
+	// Within: each id twice in a row, among 300 messages.
+	var ids []string
+	for i := range 150 {
+		ids = append(ids, "a"+strconv.Itoa(i), "a"+strconv.Itoa(i))
+	}
+	acks := publish(ids)
+	for i := 0; i < len(acks); i += 2 {
+		if acks[i].Duplicate || !acks[i+1].Duplicate || acks[i].Sequence != acks[i+1].Sequence {
+			t.Fatalf("%s: acks %+v then %+v, want stored then duplicate of it", ids[i], acks[i], acks[i+1])
+		}
+	}
+	// Across: new ids mixed with ids already in the window.
+	ids = ids[:0]
+	for i := range 200 {
+		if i%2 == 0 {
+			ids = append(ids, "a"+strconv.Itoa(i/2))
+		} else {
+			ids = append(ids, "b"+strconv.Itoa(i))
+		}
+	}
+	acks = publish(ids)
+	for i, a := range acks {
+		if dup := strings.HasPrefix(ids[i], "a"); a.Duplicate != dup {
+			t.Fatalf("%s: duplicate = %v", ids[i], a.Duplicate)
+		}
+	}
+	// Only new ids: batches again.
+	ids = ids[:0]
+	for i := range 300 {
+		ids = append(ids, "c"+strconv.Itoa(i))
+	}
+	for _, a := range publish(ids) {
+		if a.Duplicate {
+			t.Fatalf("new id acked as duplicate: %+v", a)
+		}
+	}
+	if n := len(storedBodies(t, js, "S")); n != 550 {
+		t.Fatalf("stored %d, want 550", n)
+	}
+	t.Logf("stats %+v", c.Stats())
+}
+
+// TestErrorsAsTheServerGivesThem: a wrong expected sequence and a message
+// above the stream's max_msg_size get the server's own errors, and the
+// messages around them are stored.
+func TestErrorsAsTheServerGivesThem(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	ctx := context.Background()
+	gcStream(t, js, "S", []string{"s.*"}, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 1000 })
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgSize: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
+
+	check := func(what string, pub func(subj string) error) {
+		t.Helper()
+		want := pub("p.a")
+		got := pub("s.a")
+		var we, ge *jetstream.APIError
+		if !errors.As(want, &we) || !errors.As(got, &ge) || we.ErrorCode != ge.ErrorCode || we.Code != ge.Code {
+			t.Fatalf("%s: group commit gave %v, the server %v", what, got, want)
+		}
+	}
+	if _, err := js.Publish(ctx, "p.a", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.Publish(ctx, "s.a", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	check("expected last sequence", func(subj string) error {
+		_, err := js.Publish(ctx, subj, []byte("y"), jetstream.WithExpectLastSequence(7))
+		return err
+	})
+	check("too large", func(subj string) error {
+		_, err := js.Publish(ctx, subj, make([]byte, 2000))
+		return err
+	})
+	// A right expected sequence works.
+	a, err := js.Publish(ctx, "s.a", []byte("z"), jetstream.WithExpectLastSequence(1))
+	if err != nil || a.Sequence != 2 {
+		t.Fatalf("expected sequence 1: %+v %v", a, err)
+	}
+}
+
+// TestConsumersSeeConfiguredSubjects: what group commit stores is read
+// under the configured subjects, with a filter on them.
+func TestConsumersSeeConfiguredSubjects(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	ctx := context.Background()
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	for _, subj := range []string{"s.a", "s.b", "s.a"} {
+		if _, err := js.Publish(ctx, subj, []byte(subj)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cons, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "C", FilterSubject: "s.a", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(5, jetstream.FetchMaxWait(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for m := range batch.Messages() {
+		got = append(got, m.Subject())
+	}
+	if strings.Join(got, ",") != "s.a,s.a" {
+		t.Fatalf("consumer got %v", got)
+	}
+}
+
+// TestCloseAnswersWhatItTook: messages taken before Close are committed
+// and answered; afterwards the subjects have no responder.
+func TestCloseAnswersWhatItTook(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	pjs := newJS(t, connect(t, s))
+	var futs []jetstream.PubAckFuture
+	for i := range 500 {
+		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	// Let the publishes reach the committer, then close while it works.
+	time.Sleep(20 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	acked := 0
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+			acked++
+		case <-f.Err():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("publish %d: no answer at all", i)
+		}
+	}
+	if n := len(storedBodies(t, js, "S")); n != acked {
+		t.Fatalf("stored %d, acked %d", n, acked)
+	}
+	if _, err := js.Publish(context.Background(), "s.a", nil, jetstream.WithRetryAttempts(0)); !errors.Is(err, jetstream.ErrNoStreamResponse) {
+		t.Fatalf("publish after Close: %v, want no responders", err)
+	}
+}
