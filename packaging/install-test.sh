@@ -51,6 +51,10 @@ for c in debootstrap systemd-nspawn nsenter; do
 done
 
 # --- build ----------------------------------------------------------------
+# The older commit whose packages the upgrade starts from (see below).
+old_commit=76f829b0718ce0f90fc555ae3f930325f0781244 v0=0.9.0~old
+git rev-parse --quiet --verify "$old_commit^{commit}" >/dev/null ||
+	die "commit $old_commit (the older package to upgrade from) is not in this clone: the install test needs the full history (git fetch --unshallow)"
 work=$(mktemp -d /var/tmp/holdfast-install-test.XXXXXX)
 nspawn_pid= ct_pid=
 cleanup() {
@@ -86,9 +90,6 @@ CGO_ENABLED=0 "$GO" build -trimpath -o "$work/nats" github.com/nats-io/natscli/n
 # PKG_VERSION ARCH and $HOLDFAST_DIST, and derives the files' mtime from git,
 # which an archive lacks: SOURCE_DATE_EPOCH is given. The packages are cached
 # in $CACHE, keyed by commit, version and architecture.
-old_commit=76f829b0718ce0f90fc555ae3f930325f0781244 v0=0.9.0~old
-git rev-parse --quiet --verify "$old_commit^{commit}" >/dev/null ||
-	die "commit $old_commit (the older package to upgrade from) is not in this clone: the install test needs the full history (git fetch --unshallow)"
 old_cache=$CACHE/old-packages/$old_commit-$v0-$arch
 if [ ! -f "$old_cache/old.deb" ] || [ ! -f "$old_cache/old.rpm" ]; then
 	log "building packages $v0 of the older commit ${old_commit:0:7}"
