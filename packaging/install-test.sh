@@ -15,15 +15,22 @@
 #   purge deletes /var/lib/holdfast and leaves no file behind
 #   a masked unit: the install succeeds and does not start it
 #   policy-rc.d exit 101: the install succeeds and does not start it
+#   upgrade from the package of an older commit (built by that commit's own
+#   packaging/build.sh, cached): N processed, WORKER1 stopped in a modified
+#   conffile, M more published -> apt install of the current deb keeps the
+#   config, the messages, the last sequence and the ack floor N, restarts
+#   it; an exec handler then handles exactly N+1..N+M (redeliveries counted)
 #   rpm -i --nodeps -> active, publish, restart -> N, rpm -U keeps a modified
 #   config and restarts it -> N, rpm -e stops and disables it, keeps the data
+#   the same upgrade from the older commit's rpm with rpm -U
 # Before booting, it installs the deb into the root as a chroot (no running
 # systemd, as in an image build): that must work and enable the service,
 # and purge must leave no file behind; then piuparts (when installed) checks
 # install and purge of the deb in a copy of the same root.
 # On any failure it prints the unit's journal. Needs root, debootstrap,
 # systemd-nspawn (systemd-container), nsenter and network access to the
-# Debian archive the first time (and for piuparts, which runs apt-get update).
+# Debian archive the first time (and for piuparts, which runs apt-get update),
+# and the full git history (the older commit).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -44,6 +51,10 @@ for c in debootstrap systemd-nspawn nsenter; do
 done
 
 # --- build ----------------------------------------------------------------
+# The older commit whose packages the upgrade starts from (see below).
+old_commit=76f829b0718ce0f90fc555ae3f930325f0781244 v0=0.9.0~old
+git rev-parse --quiet --verify "$old_commit^{commit}" >/dev/null ||
+	die "commit $old_commit (the older package to upgrade from) is not in this clone: the install test needs the full history (git fetch --unshallow)"
 work=$(mktemp -d /var/tmp/holdfast-install-test.XXXXXX)
 nspawn_pid= ct_pid=
 cleanup() {
@@ -71,6 +82,31 @@ HOLDFAST_DIST=$work/v2 GO=$GO packaging/build.sh "$version" "$commit" "$v2" "$ar
 CGO_ENABLED=0 "$GO" build -trimpath -o "$work/nats" github.com/nats-io/natscli/nats ||
 	die "build of the nats CLI"
 
+# The packages of an older commit, built by that commit's own packaging/build.sh,
+# for the upgrade from an older package. 7f82033 added the packaging but
+# does not compile (cmd/holdfast calls pipeline.NewLogHandler, committed
+# later); 76f829b ("pipeline: built-in log, exec and http handlers") is the
+# first commit after it that builds. Its build.sh takes VERSION COMMIT
+# PKG_VERSION ARCH and $HOLDFAST_DIST, and derives the files' mtime from git,
+# which an archive lacks: SOURCE_DATE_EPOCH is given. The packages are cached
+# in $CACHE, keyed by commit, version and architecture.
+old_cache=$CACHE/old-packages/$old_commit-$v0-$arch
+if [ ! -f "$old_cache/old.deb" ] || [ ! -f "$old_cache/old.rpm" ]; then
+	log "building packages $v0 of the older commit ${old_commit:0:7}"
+	mkdir -p "$work/old-src"
+	git archive "$old_commit" | tar -x -C "$work/old-src"
+	(cd "$work/old-src" && SOURCE_DATE_EPOCH=$(git -C "$OLDPWD" log -1 --format=%ct "$old_commit") \
+		HOLDFAST_DIST=$work/v0 GO=$GO packaging/build.sh "${old_commit:0:7}" "${old_commit:0:7}" "$v0" "$arch") \
+		>>"$work/build.log" 2>&1 || { cat "$work/build.log"; die "build of $v0 at ${old_commit:0:7}"; }
+	mkdir -p "$CACHE/old-packages"
+	rm -rf "$old_cache.tmp"
+	mkdir "$old_cache.tmp"
+	cp "$work"/v0/holdfast_*.deb "$old_cache.tmp/old.deb"
+	cp "$work"/v0/holdfast-*.rpm "$old_cache.tmp/old.rpm"
+	rm -rf "$old_cache" "$work/old-src"
+	mv "$old_cache.tmp" "$old_cache"
+fi
+
 # --- root file system, cached ---------------------------------------------
 rootfs=$CACHE/rootfs
 if [ ! -x "$rootfs/lib/systemd/systemd" ] || [ ! -x "$rootfs/usr/bin/rpm" ] || [ ! -x "$rootfs/bin/kill" ]; then
@@ -91,6 +127,7 @@ cp "$work"/v1/holdfast_*.deb "$root/root/pkgs/v1.deb"
 cp "$work"/v2/holdfast_*.deb "$root/root/pkgs/v2.deb"
 cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
 cp "$work"/v2/holdfast-*.rpm "$root/root/pkgs/v2.rpm"
+cp "$old_cache/old.deb" "$old_cache/old.rpm" "$root/root/pkgs/"
 install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
 
 # $file_list (a script): every file and directory of the system the package may touch,
@@ -223,6 +260,43 @@ expect_msgs() {
 	[ "$got" = "$2" ] || die "$1: ORDERS has $got messages, want $2"
 	log "$1: ORDERS has $got messages"
 }
+# json_get PATH: the value at a dotted PATH (ack_floor.stream_seq) in the
+# indented JSON of the nats CLI on stdin, one key per line.
+json_get() {
+	awk -v want="$1" '
+		{ line = $0; sub(/^[ \t]+/, "", line) }
+		line ~ /^[]}]/ { d--; next }
+		{ key = ""; if (match(line, /^"[^"]*":/)) key = substr(line, 2, RLENGTH - 3) }
+		line ~ /[[{]$/ { path[++d] = key; next }
+		key != "" {
+			p = ""
+			for (i = 1; i <= d; i++) if (path[i] != "") p = p path[i] "."
+			if (p key != want) next
+			v = line; sub(/^"[^"]*": */, "", v); sub(/,$/, "", v); gsub(/"/, "", v)
+			print v
+		}'
+}
+stream_last_seq() { nats_ stream info ORDERS --json | json_get state.last_seq; }
+# worker1_state: "ACK_FLOOR PENDING ACK_PENDING" of the consumer WORKER1.
+worker1_state() {
+	local info
+	info=$(nats_ consumer info ORDERS WORKER1 --json) || return 1
+	echo "$(json_get ack_floor.stream_seq <<<"$info") $(json_get num_pending <<<"$info") $(json_get num_ack_pending <<<"$info")"
+}
+# expect_worker1 WHEN FLOOR PENDING: waits up to 60 s until WORKER1's ack
+# floor is FLOOR with PENDING messages not yet delivered and none out for
+# processing.
+expect_worker1() {
+	local deadline=$((SECONDS + 60)) got
+	while :; do
+		got=$(worker1_state) || die "consumer info ORDERS WORKER1 failed ($1)"
+		[ "$got" != "$2 $3 0" ] || break
+		[ $SECONDS -lt $deadline ] ||
+			die "$1: WORKER1 has ack floor, pending, ack pending '$got', want '$2 $3 0'"
+		sleep 0.3
+	done
+	log "$1: WORKER1 ack floor $2, $3 pending"
+}
 
 # --- deb: install ---------------------------------------------------------
 in_ct sh -c "$file_list" >"$work/files.before"
@@ -249,7 +323,7 @@ wait_active 60 || die "not active after restart"
 expect_msgs "after systemctl restart" "$N"
 
 pid=$(prop MainPID) restarts=$(prop NRestarts)
-in_ct systemctl kill -s KILL holdfast.service
+in_ct systemctl kill --kill-whom=main -s KILL holdfast.service
 deadline=$((SECONDS + 60))
 until [ "$(prop NRestarts)" -gt "$restarts" ] && [ "$(prop MainPID)" != "$pid" ] &&
 	[ "$(prop ActiveState)" = active ]; do
@@ -403,6 +477,89 @@ in_ct sh -c "$file_list" >"$work/files.after"
 purge_left "masked and policy-rc.d" "$work/files.before" "$work/files.after"
 log "policy-rc.d 101: installed and enabled, not started; purged without a trace"
 
+# --- upgrade from the package of an older commit --------------------------
+# upgrade_from_old deb|rpm: installs the package $v0 of $old_commit on a
+# system without holdfast, publishes $old_n messages that it processes (log
+# handler), stops WORKER1 (workers = 0: a modified conffile) and publishes
+# $old_m more, then upgrades to $v2, which must keep the config, the
+# messages, the stream's last sequence and WORKER1's ack floor, and run.
+# Then WORKER1 gets an exec handler that records each message's sequence and
+# delivery count: exactly old_n+1..old_n+old_m must be handled, none below the
+# ack floor, each once as a first delivery; any further line is an
+# at-least-once redelivery (delivery > 1), counted.
+old_n=$N old_m=$(((N + 1) / 2))
+upgrade_from_old() {
+	local kind=$1 total=$((old_n + old_m)) last pid handled distinct dups want
+	in_ct rm -rf /var/lib/holdfast /etc/holdfast
+	log "$kind: install $v0, the package of ${old_commit:0:7}"
+	case $kind in
+	deb) in_ct apt-get install -y -q /root/pkgs/old.deb ;;
+	rpm) in_ct rpm -i --nodeps /root/pkgs/old.rpm ;;
+	esac >"$work/old.log" 2>&1 || { cat "$work/old.log"; die "$kind: install of $v0"; }
+	wait_active 60 || die "$kind: $v0 not active after install"
+	publish "$old_n" || die "$kind: publish to $v0"
+	expect_worker1 "$kind: $v0 processed $old_n" "$old_n" 0
+	[ "$(in_ct grep -c '^workers = 4 ' /etc/holdfast/holdfast.toml)" = 1 ] ||
+		die "$kind: the config of $v0 has not exactly one 'workers = 4' line"
+	in_ct sed -i 's/^workers = 4 /workers = 0 /' /etc/holdfast/holdfast.toml
+	in_ct systemctl restart holdfast.service || die "$kind: restart of $v0 with workers = 0"
+	wait_active 60 || die "$kind: $v0 not active with workers = 0"
+	publish "$old_m" || die "$kind: publish to $v0 with workers = 0"
+	expect_msgs "$kind: $v0 with WORKER1 stopped" "$total"
+	expect_worker1 "$kind: $v0 with WORKER1 stopped" "$old_n" "$old_m"
+	last=$(stream_last_seq)
+	pid=$(prop MainPID)
+
+	log "$kind: upgrade $v0 -> $v2"
+	case $kind in
+	deb) in_ct apt-get install -y -q -o Dpkg::Options::=--force-confold /root/pkgs/v2.deb ;;
+	rpm) in_ct rpm -U --nodeps /root/pkgs/v2.rpm ;;
+	esac >"$work/old.log" 2>&1 || { cat "$work/old.log"; die "$kind: upgrade from $v0 to $v2"; }
+	case $kind in
+	deb) [ "$(in_ct dpkg-query -W -f '${Version}' holdfast)" = "$v2-1" ] ;;
+	rpm) [ "$(in_ct rpm -q --qf '%{VERSION}' holdfast)" = "$v2" ] ;;
+	esac || die "$kind: version after the upgrade from $v0"
+	in_ct grep -q '^workers = 0 ' /etc/holdfast/holdfast.toml || die "$kind: the upgrade from $v0 replaced the modified config"
+	wait_active 60 || die "$kind: not active after the upgrade from $v0"
+	[ "$(prop MainPID)" != "$pid" ] || die "$kind: the upgrade from $v0 did not restart the service"
+	[ "$(in_ct systemctl is-enabled holdfast.service)" = enabled ] || die "$kind: not enabled after the upgrade from $v0"
+	expect_msgs "$kind: after the upgrade from $v0 (modified config kept)" "$total"
+	[ "$(stream_last_seq)" = "$last" ] || die "$kind: last sequence $(stream_last_seq) after the upgrade from $v0, was $last"
+	expect_worker1 "$kind: after the upgrade from $v0 (last sequence $last kept)" "$old_n" "$old_m"
+
+	# The exec handler, as in "systemctl stop while exec handlers run": the
+	# unit's sandbox lets it write under /var/lib/holdfast only.
+	cat >"$root/usr/local/bin/record-seq" <<'HANDLER'
+#!/bin/sh
+echo "$HOLDFAST_SEQ $HOLDFAST_DELIVERY" >>/var/lib/holdfast/handled/seqs
+HANDLER
+	chmod 0755 "$root/usr/local/bin/record-seq"
+	in_ct install -d -o holdfast -g holdfast -m 0750 /var/lib/holdfast/handled
+	in_ct sed -i -e 's|^handler = "log"|handler = "exec"|' -e 's|^workers = 0 |workers = 4 |' \
+		-e 's|^\[consumers\.WORKER1\.exec\].*|&\ncommand = ["/usr/local/bin/record-seq"]|' /etc/holdfast/holdfast.toml
+	in_ct systemctl restart holdfast.service || die "$kind: restart with the exec handler"
+	wait_active 60 || die "$kind: not active with the exec handler"
+	expect_worker1 "$kind: exec handler after the upgrade" "$total" 0
+	in_ct cat /var/lib/holdfast/handled/seqs >"$work/seqs" || die "$kind: no sequence recorded by the exec handler"
+	handled=$(wc -l <"$work/seqs")
+	distinct=$(cut -d' ' -f1 "$work/seqs" | sort -nu | wc -l)
+	want=$(seq $((old_n + 1)) "$total")
+	[ "$(cut -d' ' -f1 "$work/seqs" | sort -nu)" = "$want" ] ||
+		die "$kind: after the upgrade from $v0 the exec handler saw $distinct distinct sequences from $(sort -n "$work/seqs" | head -1) to $(sort -n "$work/seqs" | tail -1), want exactly $((old_n + 1))..$total"
+	! awk 'NF != 2 || $2 !~ /^[1-9][0-9]*$/ { bad = 1 } END { exit !bad }' "$work/seqs" ||
+		die "$kind: a line of the exec handler's record is not 'SEQ DELIVERY': $(grep -v -m1 -E '^[0-9]+ [1-9][0-9]*$' "$work/seqs")"
+	dups=$(awk '$2 == 1' "$work/seqs" | cut -d' ' -f1 | sort -n | uniq -d | head -5)
+	[ -z "$dups" ] || die "$kind: sequences handled twice as a first delivery (reprocessed, not redelivered): $dups"
+	log "$kind: the exec handler handled exactly $((old_n + 1))..$total after the upgrade, nothing below the ack floor; $((handled - distinct)) at-least-once redeliveries"
+	rm -f "$root/usr/local/bin/record-seq"
+}
+upgrade_from_old deb
+log "dpkg --purge holdfast"
+in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge after the upgrade from $v0"; }
+in_ct sh -c "$file_list" >"$work/files.after"
+purge_left "upgrade from $v0" "$work/files.before" "$work/files.after"
+log "deb: upgraded from $v0 and purged without a trace"
+
 # --- rpm ------------------------------------------------------------------
 log "rpm -i --nodeps v1.rpm"
 in_ct rpm -i --nodeps /root/pkgs/v1.rpm >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -i"; }
@@ -436,3 +593,8 @@ in_ct rpm -i --nodeps /root/pkgs/v1.rpm >"$work/rpm.log" 2>&1 || { cat "$work/rp
 in_ct systemctl unmask holdfast.service >/dev/null 2>&1
 in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after masked"; }
 log "rpm: a masked unit is installed, not started"
+
+# --- rpm: upgrade from the package of an older commit ---------------------
+upgrade_from_old rpm
+in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after the upgrade from $v0"; }
+log "rpm: upgraded from $v0 with rpm -U, erased"
