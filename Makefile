@@ -59,7 +59,7 @@ PKG_VERSION ?=
 package:
 	GO=$(GO) packaging/build.sh '$(VERSION)' '$(COMMIT)' '$(PKG_VERSION)' $(PKG_ARCHES)
 
-## install-test: install, restart, kill, upgrade and purge the packages under a real systemd in a container (root)
+## install-test: install, restart, kill, upgrade (also from an older commit's packages) and purge the deb and rpm under a real systemd in a container (root; about 3 min once cached)
 install-test:
 	GO=$(GO) packaging/install-test.sh
 
