@@ -62,6 +62,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		if err == nil {
 			return
 		}
+		// Also when interrupted: the snapshot stops with ctx.
 		if created {
 			os.RemoveAll(dir)
 		} else {

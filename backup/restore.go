@@ -30,6 +30,9 @@ type RestoreOptions struct {
 	Notice func(msg string)
 	// Timeout of each JetStream API request; 30 s when zero.
 	Timeout time.Duration
+	// Verified is the manifest of dir when the caller has just checked it
+	// with Verify; when nil, Restore verifies dir itself.
+	Verified *Manifest
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -89,9 +92,12 @@ const restoreAttempts = 5
 // A restore that fails halfway deletes the partial stream (the running
 // holdfast then creates it again, empty); the backup is never changed.
 func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions) (*Manifest, []Restored, error) {
-	m, err := Verify(dir)
-	if err != nil {
-		return nil, nil, err
+	m := opts.Verified
+	if m == nil {
+		var err error
+		if m, err = Verify(dir); err != nil {
+			return nil, nil, err
+		}
 	}
 	var todo []StreamEntry
 	if len(opts.Streams) == 0 {
@@ -206,8 +212,12 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			st, exists = jetstream.StreamState{}, ok
 			continue
 		}
-		// Whatever the failed restore left is partial: delete it.
-		if derr := js.DeleteStream(ctx, e.Name); derr == nil {
+		// Whatever the failed restore left is partial: delete it, also
+		// when the restore was interrupted (ctx cancelled).
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		derr := js.DeleteStream(cleanup, e.Name)
+		cancel()
+		if derr == nil {
 			notice("deleted what the failed restore of %s left", e.Name)
 		}
 		return r, fmt.Errorf("restore of stream %s from %s failed (the backup is unchanged): %w", e.Name, sdir, err)
