@@ -19,8 +19,15 @@ import (
 // client connection; both end with the test.
 func runServer(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
+	return runServerSync(t, false)
+}
+
+// runServerSync is runServer with the store's sync = "always" (holdfast's
+// default) when syncAlways.
+func runServerSync(t *testing.T, syncAlways bool) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
 	s, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, SyncAlways: syncAlways,
 		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
 	})
 	if err != nil {
@@ -153,6 +160,106 @@ func TestCreateAndRestore(t *testing.T) {
 	if _, restored, err = Restore(testContext(t), nc3, dir, RestoreOptions{}); err != nil || restored[0].Replaced || restored[0].Messages != 100 {
 		t.Fatalf("restore over an empty stream: %+v, %v", restored, err)
 	}
+}
+
+// The chunks of a restore follow how long the server takes for each: a
+// server that needs 1 ms per 10 bytes (a store flushing every small,
+// well compressed message) gets chunks of about chunkTarget, never one of
+// more than twice that after the first, which is small; a fast one gets
+// the largest chunks.
+func TestPacedReaderFollowsTheServer(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		perByte   time.Duration
+		wantLarge bool
+	}{
+		{"slow server", 100 * time.Microsecond, false},
+		{"fast server", time.Nanosecond, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var now time.Time
+			p := &pacedReader{r: strings.NewReader(strings.Repeat("x", 4<<20)), size: firstChunk, now: func() time.Time { return now }}
+			buf := make([]byte, 64<<10)
+			var sizes []int
+			for {
+				n, err := p.Read(buf)
+				if n > 0 {
+					sizes = append(sizes, n)
+					now = now.Add(time.Duration(n) * c.perByte) // the server stores the chunk
+				}
+				if err != nil {
+					break
+				}
+			}
+			if sizes[0] > firstChunk {
+				t.Fatalf("first chunk %d bytes, want at most %d", sizes[0], firstChunk)
+			}
+			for i, n := range sizes[1:] {
+				if took := time.Duration(n) * c.perByte; took > 2*chunkTarget {
+					t.Fatalf("chunk %d: %d bytes, %s at this server (sizes %v)", i+1, n, took, sizes)
+				}
+				if n < minChunk && i+2 < len(sizes) {
+					t.Fatalf("chunk %d: %d bytes, below %d", i+1, n, minChunk)
+				}
+			}
+			if large := sizes[len(sizes)/2] == maxChunk; large != c.wantLarge {
+				t.Fatalf("chunk sizes %v", sizes)
+			}
+		})
+	}
+}
+
+// Many small, well compressed messages into a store that flushes every
+// message (holdfast's default sync = "always"), where the server answers
+// each chunk only once it stored it, and fails a restore that sends none
+// for 5 s. (On this machine 64 KiB chunks took up to 5 s with 1 KiB
+// messages; this test's 200-byte ones stay below that even without the
+// pacing, so it checks the restore through the paced reader, and
+// TestPacedReaderFollowsTheServer the pacing.)
+func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restores 30,000 messages one flush each: skipped with -short")
+	}
+	nc, js := runServer(t)
+	ctx := testContext(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30000
+	payload := []byte(strings.Repeat("x", 200))
+	for i := 0; i < n; i += 1000 {
+		var futures []jetstream.PubAckFuture
+		for range 1000 {
+			f, err := js.PublishAsync("orders.created", payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(ctx, nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "streams/ORDERS/stream.arc.s2"))
+	nc2, _ := runServerSync(t, true)
+	start := time.Now()
+	var chunks int
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Progress: func(Progress) { chunks++ }})
+	if err != nil {
+		t.Fatalf("restore of %d messages (%d bytes compressed) into a sync-always store: %v", n, fi.Size(), err)
+	}
+	if restored[0].Messages != n {
+		t.Fatalf("restored %+v", restored)
+	}
+	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d chunks", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
 }
 
 func TestCreateRefusesAndCleansUp(t *testing.T) {

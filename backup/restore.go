@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jsm.go"
+	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -167,15 +169,28 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 	}
 	r := Restored{Name: e.Name, AckFloors: map[string]uint64{}}
 	sdir := filepath.Join(dir, filepath.FromSlash(e.Dir))
-	var ropts []jsm.SnapshotOption
-	if opts.Progress != nil {
-		var total uint64
-		if fi, err := os.Stat(filepath.Join(sdir, jsm.SnapshotDataFile)); err == nil {
-			total = uint64(fi.Size())
+	dataPath := filepath.Join(sdir, jsm.SnapshotDataFile)
+	var total uint64
+	if fi, err := os.Stat(dataPath); err == nil {
+		total = uint64(fi.Size())
+	}
+	restore := func() (*api.StreamState, error) {
+		df, err := os.Open(dataPath)
+		if err != nil {
+			return nil, err
 		}
-		ropts = append(ropts, jsm.RestoreNotify(func(p jsm.RestoreProgress) {
-			opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: p.BytesSent(), Total: total})
-		}))
+		mf, err := os.Open(filepath.Join(sdir, jsm.SnapshotMetaFile))
+		if err != nil {
+			df.Close()
+			return nil, err
+		}
+		pr := &pacedReader{r: df, c: df, size: firstChunk}
+		if opts.Progress != nil {
+			pr.progress = func(done uint64) {
+				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
+			}
+		}
+		return mgr.RestoreSnapshotFromBuffer(ctx, e.Name, pr, mf)
 	}
 	st, exists := existing[e.Name]
 	for attempt := 1; ; attempt++ {
@@ -188,7 +203,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 				notice("deleted the existing stream %s (%d messages, last sequence %d)", e.Name, st.Msgs, st.LastSeq)
 			}
 		}
-		_, state, err := mgr.RestoreSnapshotFromDirectory(ctx, e.Name, sdir, ropts...)
+		state, err := restore()
 		if err == nil {
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)
@@ -290,3 +305,54 @@ func limitsRetention(sdir string) bool {
 	}
 	return slices.Contains([]string{"", "limits"}, meta.Config.Retention)
 }
+
+// Chunk sizes of a restore: jsm.go sends what one Read returns, at most
+// 64 KiB.
+const (
+	minChunk   = 512
+	firstChunk = 4 << 10
+	maxChunk   = 64 << 10
+	// chunkTarget is how long the server should take for one chunk. It
+	// fails a restore that gets no chunk for 5 s, and it answers a chunk
+	// only once it has stored the messages in it: into a store with
+	// sync = "always" (a flush per message) a 64 KiB chunk of well
+	// compressed small messages takes longer than that.
+	chunkTarget = 500 * time.Millisecond
+)
+
+// pacedReader hands a restore its data in chunks sized after how long the
+// server took for the previous one (the time between two Reads), so that
+// each takes about chunkTarget.
+type pacedReader struct {
+	r        io.Reader
+	c        io.Closer
+	size     int
+	last     time.Time
+	done     uint64
+	progress func(done uint64)
+	now      func() time.Time // time.Now when nil
+}
+
+func (p *pacedReader) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if !p.last.IsZero() {
+		took := max(p.clock().Sub(p.last), time.Millisecond)
+		size := int(float64(p.size) * float64(chunkTarget) / float64(took))
+		p.size = min(max(size, minChunk), maxChunk, 2*p.size)
+	}
+	n, err := p.r.Read(b[:min(len(b), p.size)])
+	p.done += uint64(n)
+	if p.progress != nil && n > 0 {
+		p.progress(p.done)
+	}
+	p.last = p.clock()
+	return n, err
+}
+
+func (p *pacedReader) Close() error { return p.c.Close() }
