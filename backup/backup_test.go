@@ -259,7 +259,7 @@ func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
 	if restored[0].Messages != n {
 		t.Fatalf("restored %+v", restored)
 	}
-	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d chunks", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
+	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d progress updates", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
 }
 
 func TestCreateRefusesAndCleansUp(t *testing.T) {

@@ -204,6 +204,9 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			}
 		}
 		state, err := restore()
+		if err == nil && opts.Progress != nil {
+			opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: total, Total: total})
+		}
 		if err == nil {
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)

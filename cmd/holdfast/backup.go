@@ -132,6 +132,11 @@ func (b *progressBar) update(p backup.Progress) {
 		return
 	}
 	b.last = now
+	if p.Total == 0 { // an empty stream: nothing to measure against
+		fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) %s", b.verb, p.Stream, p.Index, p.Count, formatBytes(int64(p.Done)))
+		b.drawn = true
+		return
+	}
 	const width = 30
 	frac := 0.0
 	if p.Total > 0 {
