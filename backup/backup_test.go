@@ -262,6 +262,58 @@ func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
 	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d progress updates", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
 }
 
+// The running holdfast creates a stream again, empty, between its deletion
+// and the restore: the restore deletes it again and retries. When the
+// recreated stream received a message meanwhile, it is left alone and the
+// restore fails saying so.
+func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { afterDelete = nil })
+	for _, publish := range []bool{false, true} {
+		nc2, js2 := runServer(t)
+		cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
+		if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+			t.Fatal(err)
+		}
+		deletes := 0
+		afterDelete = func(string) {
+			if deletes++; deletes > 1 {
+				return
+			}
+			if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+				t.Error(err)
+			}
+			if publish {
+				if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		var notices []string
+		_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Notice: func(m string) { notices = append(notices, m) }})
+		if publish {
+			if err == nil || !strings.Contains(err.Error(), "created again and received messages (last sequence 1)") {
+				t.Fatalf("recreated with a message: %v", err)
+			}
+			if st, _, _ := streamState(testContext(t), js2, "ORDERS"); st.Msgs != 1 {
+				t.Fatalf("the recreated stream's message was deleted: %+v", st)
+			}
+			continue
+		}
+		if err != nil || restored[0].Messages != 10 || restored[0].AckFloors["WORKER1"] != 4 || deletes != 2 {
+			t.Fatalf("restore: %+v, %v (%d deletes)", restored, err, deletes)
+		}
+		if len(notices) != 1 || !strings.Contains(notices[0], "created it or its consumers again") {
+			t.Fatalf("notices: %q", notices)
+		}
+	}
+}
+
 func TestCreateRefusesAndCleansUp(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 5, 0)

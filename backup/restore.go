@@ -79,6 +79,10 @@ func errNameInUse(err error) bool {
 	return jsm.IsNatsError(err, 10130) || (err != nil && strings.Contains(err.Error(), "stream name already in use"))
 }
 
+// afterDelete, set by tests, runs between deleting a stream and restoring
+// it: where the running holdfast may create it again.
+var afterDelete func(stream string)
+
 // restoreAttempts bounds the retries when the running holdfast creates a
 // stream again (empty) between its deletion and the restore.
 const restoreAttempts = 5
@@ -198,6 +202,9 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			if err := js.DeleteStream(ctx, e.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return r, fmt.Errorf("cannot delete the existing stream %s: %w", e.Name, err)
 			}
+			if afterDelete != nil {
+				afterDelete(e.Name)
+			}
 			if st.LastSeq > 0 && !r.Replaced {
 				r.Replaced, r.ReplacedMessages = true, st.Msgs
 				notice("deleted the existing stream %s (%d messages, last sequence %d)", e.Name, st.Msgs, st.LastSeq)
@@ -223,8 +230,12 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			if serr != nil {
 				return r, serr
 			}
-			if ok && now.LastSeq > e.LastSeq && !opts.Replace {
-				return r, fmt.Errorf("stream %s received new messages (last sequence %d) while it was being restored: run the restore again with --replace", e.Name, now.LastSeq)
+			// When the name was taken, the stream there is not the
+			// restore's: refuse to delete it once it holds messages. After
+			// a mismatch it is the restored one: at most its own messages
+			// and whatever was published into it since.
+			if ok && !opts.Replace && (errNameInUse(err) && now.LastSeq > 0 || now.LastSeq > e.LastSeq) {
+				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
 			}
 			notice("stream %s: the running holdfast created it or its consumers again while the restore ran (%v): deleting it and retrying", e.Name, err)
 			st, exists = jetstream.StreamState{}, ok
