@@ -62,6 +62,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		if err == nil {
 			return
 		}
+		// Also when interrupted: the snapshot stops with ctx.
 		if created {
 			os.RemoveAll(dir)
 		} else {
@@ -113,6 +114,9 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			return nil, fmt.Errorf("snapshot of stream %s is not readable: %w", name, err)
 		}
 		m.Streams = append(m.Streams, entry)
+		if opts.Progress != nil { // done: the last notification may be short of it
+			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(opts.Streams), Done: entry.Bytes, Total: entry.Bytes})
+		}
 		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
 			if err := syncFile(filepath.Join(sdir, f)); err != nil {
 				return nil, err

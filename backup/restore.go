@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jsm.go"
+	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -30,6 +32,9 @@ type RestoreOptions struct {
 	Notice func(msg string)
 	// Timeout of each JetStream API request; 30 s when zero.
 	Timeout time.Duration
+	// Verified is the manifest of dir when the caller has just checked it
+	// with Verify; when nil, Restore verifies dir itself.
+	Verified *Manifest
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -74,6 +79,10 @@ func errNameInUse(err error) bool {
 	return jsm.IsNatsError(err, 10130) || (err != nil && strings.Contains(err.Error(), "stream name already in use"))
 }
 
+// afterDelete, set by tests, runs between deleting a stream and restoring
+// it: where the running holdfast may create it again.
+var afterDelete func(stream string)
+
 // restoreAttempts bounds the retries when the running holdfast creates a
 // stream again (empty) between its deletion and the restore.
 const restoreAttempts = 5
@@ -89,9 +98,12 @@ const restoreAttempts = 5
 // A restore that fails halfway deletes the partial stream (the running
 // holdfast then creates it again, empty); the backup is never changed.
 func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions) (*Manifest, []Restored, error) {
-	m, err := Verify(dir)
-	if err != nil {
-		return nil, nil, err
+	m := opts.Verified
+	if m == nil {
+		var err error
+		if m, err = Verify(dir); err != nil {
+			return nil, nil, err
+		}
 	}
 	var todo []StreamEntry
 	if len(opts.Streams) == 0 {
@@ -161,15 +173,28 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 	}
 	r := Restored{Name: e.Name, AckFloors: map[string]uint64{}}
 	sdir := filepath.Join(dir, filepath.FromSlash(e.Dir))
-	var ropts []jsm.SnapshotOption
-	if opts.Progress != nil {
-		var total uint64
-		if fi, err := os.Stat(filepath.Join(sdir, jsm.SnapshotDataFile)); err == nil {
-			total = uint64(fi.Size())
+	dataPath := filepath.Join(sdir, jsm.SnapshotDataFile)
+	var total uint64
+	if fi, err := os.Stat(dataPath); err == nil {
+		total = uint64(fi.Size())
+	}
+	restore := func() (*api.StreamState, error) {
+		df, err := os.Open(dataPath)
+		if err != nil {
+			return nil, err
 		}
-		ropts = append(ropts, jsm.RestoreNotify(func(p jsm.RestoreProgress) {
-			opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: p.BytesSent(), Total: total})
-		}))
+		mf, err := os.Open(filepath.Join(sdir, jsm.SnapshotMetaFile))
+		if err != nil {
+			df.Close()
+			return nil, err
+		}
+		pr := &pacedReader{r: df, c: df, size: firstChunk}
+		if opts.Progress != nil {
+			pr.progress = func(done uint64) {
+				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
+			}
+		}
+		return mgr.RestoreSnapshotFromBuffer(ctx, e.Name, pr, mf)
 	}
 	st, exists := existing[e.Name]
 	for attempt := 1; ; attempt++ {
@@ -177,12 +202,18 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			if err := js.DeleteStream(ctx, e.Name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
 				return r, fmt.Errorf("cannot delete the existing stream %s: %w", e.Name, err)
 			}
+			if afterDelete != nil {
+				afterDelete(e.Name)
+			}
 			if st.LastSeq > 0 && !r.Replaced {
 				r.Replaced, r.ReplacedMessages = true, st.Msgs
 				notice("deleted the existing stream %s (%d messages, last sequence %d)", e.Name, st.Msgs, st.LastSeq)
 			}
 		}
-		_, state, err := mgr.RestoreSnapshotFromDirectory(ctx, e.Name, sdir, ropts...)
+		state, err := restore()
+		if err == nil && opts.Progress != nil {
+			opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: total, Total: total})
+		}
 		if err == nil {
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)
@@ -199,15 +230,23 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			if serr != nil {
 				return r, serr
 			}
-			if ok && now.LastSeq > e.LastSeq && !opts.Replace {
-				return r, fmt.Errorf("stream %s received new messages (last sequence %d) while it was being restored: run the restore again with --replace", e.Name, now.LastSeq)
+			// When the name was taken, the stream there is not the
+			// restore's: refuse to delete it once it holds messages. After
+			// a mismatch it is the restored one: at most its own messages
+			// and whatever was published into it since.
+			if ok && !opts.Replace && (errNameInUse(err) && now.LastSeq > 0 || now.LastSeq > e.LastSeq) {
+				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
 			}
 			notice("stream %s: the running holdfast created it or its consumers again while the restore ran (%v): deleting it and retrying", e.Name, err)
 			st, exists = jetstream.StreamState{}, ok
 			continue
 		}
-		// Whatever the failed restore left is partial: delete it.
-		if derr := js.DeleteStream(ctx, e.Name); derr == nil {
+		// Whatever the failed restore left is partial: delete it, also
+		// when the restore was interrupted (ctx cancelled).
+		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		derr := js.DeleteStream(cleanup, e.Name)
+		cancel()
+		if derr == nil {
 			notice("deleted what the failed restore of %s left", e.Name)
 		}
 		return r, fmt.Errorf("restore of stream %s from %s failed (the backup is unchanged): %w", e.Name, sdir, err)
@@ -280,3 +319,54 @@ func limitsRetention(sdir string) bool {
 	}
 	return slices.Contains([]string{"", "limits"}, meta.Config.Retention)
 }
+
+// Chunk sizes of a restore: jsm.go sends what one Read returns, at most
+// 64 KiB.
+const (
+	minChunk   = 512
+	firstChunk = 4 << 10
+	maxChunk   = 64 << 10
+	// chunkTarget is how long the server should take for one chunk. It
+	// fails a restore that gets no chunk for 5 s, and it answers a chunk
+	// only once it has stored the messages in it: into a store with
+	// sync = "always" (a flush per message) a 64 KiB chunk of well
+	// compressed small messages takes longer than that.
+	chunkTarget = 500 * time.Millisecond
+)
+
+// pacedReader hands a restore its data in chunks sized after how long the
+// server took for the previous one (the time between two Reads), so that
+// each takes about chunkTarget.
+type pacedReader struct {
+	r        io.Reader
+	c        io.Closer
+	size     int
+	last     time.Time
+	done     uint64
+	progress func(done uint64)
+	now      func() time.Time // time.Now when nil
+}
+
+func (p *pacedReader) clock() time.Time {
+	if p.now != nil {
+		return p.now()
+	}
+	return time.Now()
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if !p.last.IsZero() {
+		took := max(p.clock().Sub(p.last), time.Millisecond)
+		size := int(float64(p.size) * float64(chunkTarget) / float64(took))
+		p.size = min(max(size, minChunk), maxChunk, 2*p.size)
+	}
+	n, err := p.r.Read(b[:min(len(b), p.size)])
+	p.done += uint64(n)
+	if p.progress != nil && n > 0 {
+		p.progress(p.done)
+	}
+	p.last = p.clock()
+	return n, err
+}
+
+func (p *pacedReader) Close() error { return p.c.Close() }

@@ -339,6 +339,27 @@ expect_msgs "after kill -9 and restart by systemd (NRestarts $(prop NRestarts))"
 publish "$N" || die "publish after kill"
 expect_msgs "after publishing again" $((2 * N))
 
+# --- nightly backup: installed disabled; a run backs up, in its sandbox ----
+s=$(in_ct systemctl is-enabled holdfast-backup.timer 2>/dev/null || true)
+[ "$s" = disabled ] || die "holdfast-backup.timer is '$s' after install, want disabled"
+if ! in_ct systemctl start holdfast-backup.service; then
+	in_ct journalctl --no-pager -u holdfast-backup.service -n 50 2>&1 || true
+	die "systemctl start holdfast-backup.service failed"
+fi
+bk=$(in_ct find /var/lib/holdfast-backup -mindepth 1 -maxdepth 1 -name '20*Z')
+[ -n "$bk" ] && [ "$(echo "$bk" | wc -l)" = 1 ] || die "want one backup in /var/lib/holdfast-backup, found: $bk"
+in_ct holdfast restore --verify-only "$bk" >"$work/verify.log" 2>&1 ||
+	{ cat "$work/verify.log"; die "the backup of holdfast-backup.service does not verify"; }
+in_ct grep -q "\"messages\": $((2 * N))," "$bk/manifest.json" ||
+	die "the backup does not hold ORDERS' $((2 * N)) messages: $(in_ct cat "$bk/manifest.json")"
+[ "$(in_ct stat -c '%U %a' "$bk")" = "holdfast 700" ] || die "backup dir owner/mode: $(in_ct stat -c '%U %a' "$bk")"
+in_ct systemctl enable --now holdfast-backup.timer >/dev/null 2>&1 || die "enable --now holdfast-backup.timer"
+[ "$(in_ct systemctl is-active holdfast-backup.timer)" = active ] || die "holdfast-backup.timer not active after enable --now"
+# Backups are kept on purge on purpose: delete this one so that the purge
+# check below sees only what the package owns.
+in_ct rm -rf /var/lib/holdfast-backup
+log "holdfast-backup: timer disabled after install; a run as holdfast in its sandbox wrote $bk ($((2 * N)) messages, verified); timer enabled"
+
 # --- a reload with a broken config fails and changes nothing --------------
 pid=$(prop MainPID)
 in_ct cp /etc/holdfast/holdfast.toml /root/holdfast.toml.good
@@ -371,6 +392,7 @@ in_ct apt-get remove -y -q holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.lo
 s=$(in_ct systemctl is-active holdfast.service || true)
 [ "$s" != active ] || die "still active after remove"
 [ "$(in_ct systemctl is-enabled holdfast.service 2>/dev/null || true)" != enabled ] || die "still enabled after remove"
+in_ct test ! -L /etc/systemd/system/timers.target.wants/holdfast-backup.timer || die "holdfast-backup.timer still enabled after remove"
 in_ct test -d /var/lib/holdfast/jetstream || die "remove deleted the data"
 in_ct test -f /etc/holdfast/holdfast.toml || die "remove deleted the conffile"
 log "removed: stopped ($s), not enabled ($(in_ct systemctl is-enabled holdfast.service 2>/dev/null || true)), data and config kept"

@@ -6,9 +6,11 @@ import (
 	"io"
 	"maps"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -47,9 +49,13 @@ func backupCommand() *cli.Command {
 				}
 				streams = only
 			}
+			// Interrupted (Ctrl-C, systemctl stop), the backup stops and
+			// removes what it wrote.
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			defer stop()
 			bar := newProgressBar(os.Stderr, "backing up")
 			start := time.Now()
-			m, err := backup.Create(c.Context, nc, dir, backup.Options{
+			m, err := backup.Create(ctx, nc, dir, backup.Options{
 				Streams:         streams,
 				HoldfastVersion: versionString(),
 				Progress:        bar.update,
@@ -126,6 +132,11 @@ func (b *progressBar) update(p backup.Progress) {
 		return
 	}
 	b.last = now
+	if p.Total == 0 { // an empty stream: nothing to measure against
+		fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) %s", b.verb, p.Stream, p.Index, p.Count, formatBytes(int64(p.Done)))
+		b.drawn = true
+		return
+	}
 	const width = 30
 	frac := 0.0
 	if p.Total > 0 {
@@ -137,13 +148,21 @@ func (b *progressBar) update(p backup.Progress) {
 	b.drawn = true
 }
 
-// done ends the bar's line.
-func (b *progressBar) done() {
+// clear erases the bar's line, for a message in between; the next update
+// draws it again.
+func (b *progressBar) clear() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.drawn {
 		fmt.Fprint(b.f, "\r\033[K")
 		b.drawn = false
 	}
+}
+
+// done erases the bar's line for good.
+func (b *progressBar) done() {
+	b.clear()
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	b.on = false
 }

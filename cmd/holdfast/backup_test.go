@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -229,8 +230,19 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	e2ePublishAcked(t, js, 0, 50)
 	dir := filepath.Join(t.TempDir(), "backup")
-	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 {
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 || res.stderr != "" {
+		// Not a terminal: no progress bar.
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// On a terminal (script(1) gives it one): the progress bar on stderr.
+	if script, err := exec.LookPath("script"); err == nil {
+		tty := filepath.Join(t.TempDir(), "tty-backup")
+		res := e2eRunBinary(t, script, nil, nil, "-qec", holdfastBin+" backup --config "+in.cfg+" "+tty, "/dev/null")
+		if res.code != 0 || !strings.Contains(res.stdout, "backing up ORDERS (1/2) [") || !strings.Contains(res.stdout, "100%") {
+			t.Fatalf("backup on a terminal: exit %d, no progress bar:\n%q\n%q", res.code, res.stdout, res.stderr)
+		}
+	} else {
+		t.Log("script(1) not installed (util-linux): progress bar on a terminal not checked")
 	}
 	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 1 || !strings.Contains(res.stderr, "is not empty") {
 		t.Fatalf("backup into a used directory: exit %d\n%s", res.code, res.stderr)

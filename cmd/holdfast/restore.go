@@ -3,9 +3,12 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"sort"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -45,7 +48,8 @@ func restoreCommand() *cli.Command {
 			}
 			// Verify before connecting: a damaged backup is refused even
 			// when holdfast is not running.
-			if _, err := backup.Verify(dir); err != nil {
+			verified, err := backup.Verify(dir)
+			if err != nil {
 				return runtimeError(err)
 			}
 			_, nc, _, err := connect(c)
@@ -54,12 +58,15 @@ func restoreCommand() *cli.Command {
 			}
 			defer nc.Close()
 			bar := newProgressBar(os.Stderr, "restoring")
-			m, restored, err := backup.Restore(c.Context, nc, dir, backup.RestoreOptions{
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
 				Streams:  c.StringSlice("stream"),
 				Replace:  c.Bool("replace"),
+				Verified: verified,
 				Progress: bar.update,
 				Notice: func(msg string) {
-					bar.done()
+					bar.clear()
 					fmt.Fprintln(c.App.ErrWriter, msg)
 				},
 			})
@@ -77,7 +84,7 @@ func restoreCommand() *cli.Command {
 }
 
 // printRestored lists the restored streams next to the manifest.
-func printRestored(w interface{ Write([]byte) (int, error) }, m *backup.Manifest, restored []backup.Restored) {
+func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tLAST SEQ\tCONSUMERS (ACK FLOOR)\tREPLACED")
 	for _, r := range restored {

@@ -1,0 +1,426 @@
+package backup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// runServer starts a JetStream server on a temporary store and returns a
+// client connection; both end with the test.
+func runServer(t *testing.T) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	return runServerSync(t, false)
+}
+
+// runServerSync is runServer with the store's sync = "always" (holdfast's
+// default) when syncAlways.
+func runServerSync(t *testing.T, syncAlways bool) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, SyncAlways: syncAlways,
+		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	nc, err := nats.Connect(s.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+func testContext(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// seed creates ORDERS (n messages, consumer WORKER1 with the first acked
+// messages acknowledged) and the memory stream CACHE.
+func seed(t *testing.T, js jetstream.JetStream, n, acked int) {
+	t.Helper()
+	ctx := testContext(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "CACHE", Subjects: []string{"cache.*"}, Storage: jetstream.MemoryStorage}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if _, err := js.Publish(ctx, "orders.created", fmt.Appendf(nil, "order %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acked == 0 {
+		return
+	}
+	batch, err := c.Fetch(acked, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got++
+	}
+	if got != acked {
+		t.Fatalf("acked %d, want %d", got, acked)
+	}
+}
+
+func TestCreateAndRestore(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 100, 30)
+	dir := filepath.Join(t.TempDir(), "b")
+	m, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "CACHE"}, HoldfastVersion: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := m.Stream("ORDERS")
+	if e == nil || e.Messages != 100 || e.FirstSeq != 1 || e.LastSeq != 100 || e.Bytes == 0 || m.Stream("CACHE") != nil {
+		t.Fatalf("manifest streams %+v", m.Streams)
+	}
+	if c := e.Consumer("WORKER1"); c == nil || c.AckFloor != 30 || c.Delivered != 30 || c.AckPending != 0 {
+		t.Fatalf("WORKER1 in the manifest: %+v", c)
+	}
+	if len(m.Skipped) != 1 || m.Skipped[0].Name != "CACHE" || !strings.Contains(m.Skipped[0].Reason, "memory") {
+		t.Fatalf("skipped: %+v", m.Skipped)
+	}
+	if v, err := Verify(dir); err != nil || v.Stream("ORDERS").LastSeq != 100 {
+		t.Fatalf("Verify: %v", err)
+	}
+
+	// Into a fresh server: created from the backup.
+	nc2, js2 := runServer(t)
+	_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(restored) != 1 || restored[0].Messages != 100 || restored[0].LastSeq != 100 || restored[0].AckFloors["WORKER1"] != 30 || restored[0].Replaced {
+		t.Fatalf("restored %+v", restored)
+	}
+	c, err := js2.Consumer(testContext(t), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := c.Next(jetstream.FetchMaxWait(5 * time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if md, _ := msg.Metadata(); md.Sequence.Stream != 31 {
+		t.Fatalf("first delivery after the restore: seq %d, want 31", md.Sequence.Stream)
+	}
+
+	// Over a stream that holds messages: refused, unless Replace.
+	_, _, err = Restore(testContext(t), nc2, dir, RestoreOptions{})
+	var ee *ExistsError
+	if !errors.As(err, &ee) || len(ee.Streams) != 1 || ee.Streams[0] != (ExistingStream{Name: "ORDERS", Messages: 100, LastSeq: 100}) {
+		t.Fatalf("restore over ORDERS: %v", err)
+	}
+	if _, restored, err = Restore(testContext(t), nc2, dir, RestoreOptions{Replace: true}); err != nil || !restored[0].Replaced || restored[0].ReplacedMessages != 100 {
+		t.Fatalf("restore --replace: %+v, %v", restored, err)
+	}
+	if _, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{Streams: []string{"NOPE"}}); err == nil || !strings.Contains(err.Error(), "NOPE is not in the backup") {
+		t.Fatalf("unknown stream: %v", err)
+	}
+
+	// Over an empty, never used stream (a fresh holdfast's bootstrap):
+	// restored without Replace.
+	nc3, js3 := runServer(t)
+	if _, err := js3.CreateStream(testContext(t), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, restored, err = Restore(testContext(t), nc3, dir, RestoreOptions{}); err != nil || restored[0].Replaced || restored[0].Messages != 100 {
+		t.Fatalf("restore over an empty stream: %+v, %v", restored, err)
+	}
+}
+
+// The chunks of a restore follow how long the server takes for each: a
+// server that needs 1 ms per 10 bytes (a store flushing every small,
+// well compressed message) gets chunks of about chunkTarget, never one of
+// more than twice that after the first, which is small; a fast one gets
+// the largest chunks.
+func TestPacedReaderFollowsTheServer(t *testing.T) {
+	for _, c := range []struct {
+		name      string
+		perByte   time.Duration
+		wantLarge bool
+	}{
+		{"slow server", 100 * time.Microsecond, false},
+		{"fast server", time.Nanosecond, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var now time.Time
+			p := &pacedReader{r: strings.NewReader(strings.Repeat("x", 4<<20)), size: firstChunk, now: func() time.Time { return now }}
+			buf := make([]byte, 64<<10)
+			var sizes []int
+			for {
+				n, err := p.Read(buf)
+				if n > 0 {
+					sizes = append(sizes, n)
+					now = now.Add(time.Duration(n) * c.perByte) // the server stores the chunk
+				}
+				if err != nil {
+					break
+				}
+			}
+			if sizes[0] > firstChunk {
+				t.Fatalf("first chunk %d bytes, want at most %d", sizes[0], firstChunk)
+			}
+			for i, n := range sizes[1:] {
+				if took := time.Duration(n) * c.perByte; took > 2*chunkTarget {
+					t.Fatalf("chunk %d: %d bytes, %s at this server (sizes %v)", i+1, n, took, sizes)
+				}
+				if n < minChunk && i+2 < len(sizes) {
+					t.Fatalf("chunk %d: %d bytes, below %d", i+1, n, minChunk)
+				}
+			}
+			if large := sizes[len(sizes)/2] == maxChunk; large != c.wantLarge {
+				t.Fatalf("chunk sizes %v", sizes)
+			}
+		})
+	}
+}
+
+// Many small, well compressed messages into a store that flushes every
+// message (holdfast's default sync = "always"), where the server answers
+// each chunk only once it stored it, and fails a restore that sends none
+// for 5 s. (On this machine 64 KiB chunks took up to 5 s with 1 KiB
+// messages; this test's 200-byte ones stay below that even without the
+// pacing, so it checks the restore through the paced reader, and
+// TestPacedReaderFollowsTheServer the pacing.)
+func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restores 30,000 messages one flush each: skipped with -short")
+	}
+	nc, js := runServer(t)
+	ctx := testContext(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 30000
+	payload := []byte(strings.Repeat("x", 200))
+	for i := 0; i < n; i += 1000 {
+		var futures []jetstream.PubAckFuture
+		for range 1000 {
+			f, err := js.PublishAsync("orders.created", payload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			futures = append(futures, f)
+		}
+		for _, f := range futures {
+			select {
+			case <-f.Ok():
+			case err := <-f.Err():
+				t.Fatal(err)
+			}
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(ctx, nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	fi, _ := os.Stat(filepath.Join(dir, "streams/ORDERS/stream.arc.s2"))
+	nc2, _ := runServerSync(t, true)
+	start := time.Now()
+	var chunks int
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Progress: func(Progress) { chunks++ }})
+	if err != nil {
+		t.Fatalf("restore of %d messages (%d bytes compressed) into a sync-always store: %v", n, fi.Size(), err)
+	}
+	if restored[0].Messages != n {
+		t.Fatalf("restored %+v", restored)
+	}
+	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d progress updates", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
+}
+
+// The running holdfast creates a stream again, empty, between its deletion
+// and the restore: the restore deletes it again and retries. When the
+// recreated stream received a message meanwhile, it is left alone and the
+// restore fails saying so.
+func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { afterDelete = nil })
+	for _, publish := range []bool{false, true} {
+		nc2, js2 := runServer(t)
+		cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
+		if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+			t.Fatal(err)
+		}
+		deletes := 0
+		afterDelete = func(string) {
+			if deletes++; deletes > 1 {
+				return
+			}
+			if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+				t.Error(err)
+			}
+			if publish {
+				if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+					t.Error(err)
+				}
+			}
+		}
+		var notices []string
+		_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Notice: func(m string) { notices = append(notices, m) }})
+		if publish {
+			if err == nil || !strings.Contains(err.Error(), "created again and received messages (last sequence 1)") {
+				t.Fatalf("recreated with a message: %v", err)
+			}
+			if st, _, _ := streamState(testContext(t), js2, "ORDERS"); st.Msgs != 1 {
+				t.Fatalf("the recreated stream's message was deleted: %+v", st)
+			}
+			continue
+		}
+		if err != nil || restored[0].Messages != 10 || restored[0].AckFloors["WORKER1"] != 4 || deletes != 2 {
+			t.Fatalf("restore: %+v, %v (%d deletes)", restored, err, deletes)
+		}
+		if len(notices) != 1 || !strings.Contains(notices[0], "created it or its consumers again") {
+			t.Fatalf("notices: %q", notices)
+		}
+	}
+}
+
+func TestCreateRefusesAndCleansUp(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 5, 0)
+	used := t.TempDir()
+	if err := os.WriteFile(filepath.Join(used, "x"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Create(testContext(t), nc, used, Options{Streams: []string{"ORDERS"}}); err == nil || !strings.Contains(err.Error(), "is not empty") {
+		t.Fatalf("into a used directory: %v", err)
+	}
+	dir := filepath.Join(t.TempDir(), "b")
+	_, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "MISSING"}})
+	if err == nil || !strings.Contains(err.Error(), "stream MISSING does not exist") {
+		t.Fatalf("missing stream: %v", err)
+	}
+	if _, serr := os.Stat(dir); !os.IsNotExist(serr) {
+		t.Fatalf("a failed backup left %s: %v", dir, serr)
+	}
+	empty := t.TempDir()
+	if _, err := Create(testContext(t), nc, empty, Options{Streams: []string{"ORDERS", "MISSING"}}); err == nil {
+		t.Fatal("missing stream: no error")
+	}
+	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
+		t.Fatalf("a failed backup left files in the empty directory it was given: %v", entries)
+	}
+}
+
+func TestVerifyNamesTheDamagedFile(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 20, 5)
+	good := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(testContext(t), nc, good, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	archive := "streams/ORDERS/stream.arc.s2"
+	edit := func(rel string, f func([]byte) []byte) func(string) error {
+		return func(dir string) error {
+			p := filepath.Join(dir, rel)
+			b, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(p, f(b), 0o600)
+		}
+	}
+	for _, c := range []struct {
+		name, file, reason string
+		damage             func(dir string) error
+	}{
+		{"flipped byte", archive, "corrupted", edit(archive, func(b []byte) []byte { b[len(b)/3] ^= 0x80; return b })},
+		{"truncated", archive, "truncated", edit(archive, func(b []byte) []byte { return b[:len(b)-1] })},
+		{"appended", archive, "longer than written", edit(archive, func(b []byte) []byte { return append(b, 0) })},
+		{"meta file missing", "streams/ORDERS/backup.json", "missing", func(dir string) error {
+			return os.Remove(filepath.Join(dir, "streams/ORDERS/backup.json"))
+		}},
+		{"manifest edited", ManifestFile, "corrupted", edit(ManifestFile, func(b []byte) []byte {
+			return []byte(strings.Replace(string(b), `"messages": 20`, `"messages": 21`, 1))
+		})},
+		{"sums edited", SumsFile, "differs from the manifest", edit(SumsFile, func(b []byte) []byte {
+			return []byte(strings.Replace(string(b), "  "+archive, "  streams/ORDERS/other", 1))
+		})},
+		{"sums garbage", SumsFile, "is not", edit(SumsFile, func([]byte) []byte { return []byte("garbage\n") })},
+		{"unfinished", ManifestFile, "did not finish", func(dir string) error {
+			os.Remove(filepath.Join(dir, SumsFile))
+			return os.Remove(filepath.Join(dir, ManifestFile))
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "b")
+			if err := os.CopyFS(dir, os.DirFS(good)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Verify(dir)
+			var de *DamagedError
+			if !errors.As(err, &de) || !errors.Is(err, ErrDamaged) || de.File != c.file || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("Verify: %v; want %s: %s", err, c.file, c.reason)
+			}
+			// Restore refuses it before it connects to anything.
+			if _, _, rerr := Restore(testContext(t), nil, dir, RestoreOptions{}); !errors.Is(rerr, ErrDamaged) {
+				t.Fatalf("Restore: %v", rerr)
+			}
+		})
+	}
+}
+
+// Verify reads SHA256SUMS and the manifest from outside: whatever they
+// hold, it returns an error or a manifest, never panics.
+func FuzzVerify(f *testing.F) {
+	f.Add([]byte("0000000000000000000000000000000000000000000000000000000000000000  manifest.json\n"), []byte(`{"format":1,"files":[{"path":"../x"}]}`))
+	f.Add([]byte("garbage"), []byte("{}"))
+	f.Fuzz(func(t *testing.T, sums, manifest []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, SumsFile), sums, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ManifestFile), manifest, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		m, err := Verify(dir)
+		if err == nil && m == nil {
+			t.Fatal("no manifest and no error")
+		}
+		if err != nil && !errors.Is(err, ErrDamaged) {
+			t.Fatalf("error not marked damaged: %v", err)
+		}
+	})
+}
