@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -130,10 +131,18 @@ type Monitor struct {
 	behindSince   map[string]time.Time
 
 	advisory *nats.Subscription
-	domain   string // the local JetStream domain, which advisories must carry
-	cancel   context.CancelFunc
-	wg       sync.WaitGroup
-	once     sync.Once
+	// restores are the server's restore advisories; restoring holds, by
+	// stream, when its restore started (mu). A stream being restored is
+	// missing until the restore is done: not a stream deleted by a client.
+	restores  *nats.Subscription
+	restoring map[string]time.Time
+	// missingSince holds when a check first found a configured stream or
+	// consumer missing (checkMu).
+	missingSince map[string]time.Time
+	domain       string // the local JetStream domain, which advisories must carry
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
+	once         sync.Once
 }
 
 type consumerKey struct{ stream, consumer string }
@@ -221,10 +230,15 @@ func (m *Monitor) Open(ctx context.Context) error {
 		return fmt.Errorf("monitor: cannot subscribe to termination advisories: %w", err)
 	}
 	m.advisory = sub
+	if m.restores, err = m.nc.Subscribe(advisoryRestorePrefix+".>", m.onRestore); err != nil {
+		_ = sub.Unsubscribe()
+		return fmt.Errorf("monitor: cannot subscribe to restore advisories: %w", err)
+	}
 	// The subscription must be registered before the first check, or a
 	// loss right after it could be missed.
 	if err := m.nc.FlushTimeout(10 * time.Second); err != nil {
 		_ = sub.Unsubscribe()
+		_ = m.restores.Unsubscribe()
 		return fmt.Errorf("monitor: %w", err)
 	}
 	runCtx, cancel := context.WithCancel(context.Background())
@@ -255,6 +269,9 @@ func (m *Monitor) Close(ctx context.Context) error {
 	m.once.Do(func() {
 		if m.advisory != nil {
 			_ = m.advisory.Unsubscribe()
+		}
+		if m.restores != nil {
+			_ = m.restores.Unsubscribe()
 		}
 		if m.cancel != nil {
 			m.cancel()
@@ -614,6 +631,57 @@ const diagnoseEvery = 10 * time.Second
 // recreateRetry is how often a failing Recreate is logged again.
 const recreateRetry = 30 * time.Second
 
+// recreateGrace is how long a configured stream or consumer must be
+// missing before it is created again: a restore deletes a stream just
+// before the server announces that it restores it.
+const recreateGrace = 2 * time.Second
+
+// advisoryRestorePrefix starts the subjects of the server's restore
+// advisories: .RESTORE_CREATE.<stream> when one starts, .RESTORE_COMPLETE.<stream>
+// when it ended.
+const advisoryRestorePrefix = "$JS.EVENT.ADVISORY.STREAM"
+
+// restoreTimeout bounds how long a restore that never announced its end
+// keeps holdfast from creating the stream again.
+const restoreTimeout = 30 * time.Minute
+
+// onRestore notes the server's restore advisories for streams of this
+// domain.
+func (m *Monitor) onRestore(msg *nats.Msg) {
+	var adv struct {
+		Type   string `json:"type"`
+		Domain string `json:"domain"`
+		Stream string `json:"stream"`
+	}
+	kind, stream, ok := strings.Cut(strings.TrimPrefix(msg.Subject, advisoryRestorePrefix+"."), ".")
+	if !ok || (kind != "RESTORE_CREATE" && kind != "RESTORE_COMPLETE") {
+		return
+	}
+	if err := json.Unmarshal(msg.Data, &adv); err != nil || adv.Stream != stream || adv.Domain != m.domain {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if kind == "RESTORE_COMPLETE" {
+		delete(m.restoring, stream)
+		return
+	}
+	if m.restoring == nil {
+		m.restoring = map[string]time.Time{}
+	}
+	m.restoring[stream] = time.Now()
+	m.log.Info("stream being restored from a backup: not created again meanwhile", "stream", stream)
+}
+
+// restoreStarted tells whether a restore of stream is under way, and
+// since when.
+func (m *Monitor) restoreStarted(stream string, now time.Time) (time.Time, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	since, ok := m.restoring[stream]
+	return since, ok && now.Sub(since) < restoreTimeout
+}
+
 // recreate creates the configured streams and consumers again when the
 // check found one missing, and reports whether it did. A stream or
 // consumer deleted while holdfast runs would otherwise leave it without
@@ -624,8 +692,15 @@ func (m *Monitor) recreate(ctx context.Context, r *Report, now time.Time) bool {
 		return false
 	}
 	var missing []string
-	for _, s := range r.Streams {
+	restoring := false
+	for i := range r.Streams {
+		s := &r.Streams[i]
 		if !s.Exists && s.Error == errStreamMissing {
+			if since, ok := m.restoreStarted(s.Name, now); ok {
+				s.Error = fmt.Sprintf("being restored from a backup (since %s)", since.UTC().Format(time.RFC3339))
+				restoring = true
+				continue
+			}
 			missing = append(missing, "stream/"+s.Name)
 		}
 	}
@@ -634,7 +709,30 @@ func (m *Monitor) recreate(ctx context.Context, r *Report, now time.Time) bool {
 			missing = append(missing, "consumer/"+c.Stream+"/"+c.Name)
 		}
 	}
-	if len(missing) == 0 {
+	// What went missing only now may be a restore about to start (the
+	// stream is deleted first, then restored): look again after
+	// recreateGrace. And nothing is created while a restore runs, since
+	// the bootstrap would create the restored stream empty.
+	seen := map[string]bool{}
+	fresh := false
+	for _, k := range missing {
+		seen[k] = true
+		if since, ok := m.missingSince[k]; !ok {
+			if m.missingSince == nil {
+				m.missingSince = map[string]time.Time{}
+			}
+			m.missingSince[k] = now
+			fresh = true
+		} else if now.Sub(since) < recreateGrace {
+			fresh = true
+		}
+	}
+	for k := range m.missingSince {
+		if !seen[k] {
+			delete(m.missingSince, k)
+		}
+	}
+	if len(missing) == 0 || fresh || restoring {
 		return false
 	}
 	if err := m.opts.Recreate(ctx); err != nil {
@@ -647,6 +745,7 @@ func (m *Monitor) recreate(ctx context.Context, r *Report, now time.Time) bool {
 	}
 	for _, k := range missing {
 		m.recreated[k]++
+		delete(m.missingSince, k)
 	}
 	m.log.Error("configured streams or consumers disappeared while running (deleted by a client such as `nats stream rm`): created them again; the messages they held are gone",
 		"recreated", missing)

@@ -171,6 +171,11 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if !strings.Contains(res.stdout, "restored 2 stream(s)") {
 		t.Fatalf("restore output:\n%s", res.stdout)
 	}
+	// The running holdfast saw the restore for what it is: no stream
+	// "disappeared" and was created again empty under it.
+	if log := dB.stderr.String(); strings.Contains(log, "disappeared while running") || !strings.Contains(log, "stream being restored from a backup") {
+		t.Errorf("the restored holdfast's log does not show the restore, or a false loss:\n%s", log)
+	}
 	for _, e := range m.Streams {
 		st := e2eStreamState(t, jsB, e.Name)
 		if st.Msgs != e.Messages || st.LastSeq != e.LastSeq || st.Bytes != e.Bytes {
