@@ -64,7 +64,8 @@ duplicate_window = %q
 }
 
 // newLeafEdge writes the config of an edge named name: ORDERS on orders.*,
-// the consumer FORWARD with the forward handler (one worker), and one
+// the consumer FORWARD with the forward handler (one worker, or
+// HOLDFAST_TEST_LEAF_WORKERS), and one
 // remote at hubAddr (the hub's leafnode port, or a proxy in front of it).
 func newLeafEdge(t *testing.T, name, hubAddr, extra string) *leafNode {
 	t.Helper()
@@ -92,9 +93,9 @@ subjects = ["orders.*"]
 [consumers.FORWARD]
 stream = "ORDERS"
 handler = "forward"
-workers = 1
+workers = %d
 backoff = ["100ms"]
-%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, extra))
+%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, leafEnvInt(t, "HOLDFAST_TEST_LEAF_WORKERS", 1), extra))
 	return n
 }
 
@@ -469,17 +470,26 @@ func TestLeafHubOutages(t *testing.T) {
 
 // leafBacklog is how many messages TestLeafHubOutages publishes while the
 // link is cut: 1,000, or HOLDFAST_TEST_LEAF_BACKLOG to measure the
-// catch-up of a larger backlog.
+// catch-up of a larger backlog (HOLDFAST_TEST_LEAF_WORKERS sets the edges'
+// forward workers, default 1).
 func leafBacklog(t *testing.T) int {
 	t.Helper()
-	if v := os.Getenv("HOLDFAST_TEST_LEAF_BACKLOG"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("HOLDFAST_TEST_LEAF_BACKLOG=%q: want a positive number", v)
-		}
-		return n
+	return leafEnvInt(t, "HOLDFAST_TEST_LEAF_BACKLOG", 1000)
+}
+
+// leafEnvInt reads a positive number from the environment variable name,
+// or returns def when it is not set.
+func leafEnvInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	return 1000
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
 }
 
 // TestLeafRefusesShortDuplicateWindow: an edge that promises no
