@@ -581,3 +581,57 @@ func TestLeafSourcesFromHub(t *testing.T) {
 		t.Errorf("edge1 healthz: %s", h)
 	}
 }
+
+// TestLeafHubCluster: the hub is a holdfast cluster of three nodes, each
+// with a leafnode listener, and the hub's EDGE stream has three replicas.
+// The edge knows one node; the node it is connected to is killed (kill -9)
+// in the middle of forwarding: the edge reconnects to another node (the
+// hub advertises them), waits while the hub elects leaders, and every
+// message arrives once.
+func TestLeafHubCluster(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	leafPorts := make([]int, len(nodes))
+	for i, nd := range nodes {
+		leafPorts[i] = e2eFreePort(t)
+		text := strings.Replace(readFile(t, nd.cfg), "[jetstream]\n", "[jetstream]\ndomain = \"hub\"\n", 1)
+		text += fmt.Sprintf("\n[leafnodes]\nlisten = \"127.0.0.1:%d\"\n\n[streams.EDGE]\nsubjects = [\"edge.>\"]\nduplicate_window = \"10m\"\n", leafPorts[i])
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", leafPorts[0]), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, nodes[1].inst)
+
+	leafPublish(t, ejs, 0, 1500)
+	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 300 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	nodes[0].proc.signal(syscall.SIGKILL)
+	killed := time.Now()
+	leafPublish(t, ejs, 1500, 500)
+	// The stream's API may not answer while its Raft group elects a
+	// leader: ask with short timeouts until all are there.
+	e2eCheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := hjs.Stream(ctx, "EDGE")
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n != 2000 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	t.Logf("all 2000 on the hub cluster %s after the kill -9 of the node the edge was connected to", time.Since(killed).Round(time.Millisecond))
+	seen := hubCounts(t, hjs, 2000, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 2000})
+	if n := strings.Count(edge.proc.stderr.String(), "leafnode connected"); n < 2 {
+		t.Errorf("the edge connected %d time(s), want a reconnect to another node", n)
+	}
+}
