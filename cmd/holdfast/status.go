@@ -48,20 +48,22 @@ func statusSubject(name string) string {
 
 // statusReply is the daemon's answer on statusSubject.
 type statusReply struct {
-	Version    string               `json:"version"`
-	NATSServer string               `json:"nats_server"`
-	ServerName string               `json:"server_name"`
-	PID        int                  `json:"pid"`
-	Started    time.Time            `json:"started"`
-	StoreDir   string               `json:"store_dir"`
-	Sync       string               `json:"sync"`
-	Domain     string               `json:"domain,omitempty"`
-	HTTPListen string               `json:"http_listen,omitempty"`
-	FailOnLoss bool                 `json:"fail_on_loss"`
-	Health     pipeline.Health      `json:"health"`
-	Report     *pipeline.Report     `json:"report"`
-	Cluster    *clusterStatus       `json:"cluster,omitempty"`
-	Leafnodes  *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	Version    string           `json:"version"`
+	NATSServer string           `json:"nats_server"`
+	ServerName string           `json:"server_name"`
+	PID        int              `json:"pid"`
+	Started    time.Time        `json:"started"`
+	StoreDir   string           `json:"store_dir"`
+	Sync       string           `json:"sync"`
+	Domain     string           `json:"domain,omitempty"`
+	HTTPListen string           `json:"http_listen,omitempty"`
+	FailOnLoss bool             `json:"fail_on_loss"`
+	Health     pipeline.Health  `json:"health"`
+	Report     *pipeline.Report `json:"report"`
+	Cluster    *clusterStatus   `json:"cluster,omitempty"`
+
+	// Leafnodes: links, forwarding, sources and edges seen (nil without).
+	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
 }
 
 // serveStatus answers statusSubject on the daemon's in-process connection
@@ -108,16 +110,17 @@ func serveStatus(d *daemon) (*nats.Subscription, error) {
 type statusOutput struct {
 	// Healthy is true when the daemon answered and reports "ok"; the
 	// exit code is 0 then, else 1.
-	Healthy   bool                 `json:"healthy"`
-	URL       string               `json:"url"`
-	Daemon    *daemonOutput        `json:"daemon"`
-	Health    *pipeline.Health     `json:"health"`
-	Problems  []string             `json:"problems,omitempty"`
-	JetStream jetStreamOutput      `json:"jetstream"`
-	Cluster   *clusterStatus       `json:"cluster,omitempty"`
+	Healthy   bool             `json:"healthy"`
+	URL       string           `json:"url"`
+	Daemon    *daemonOutput    `json:"daemon"`
+	Health    *pipeline.Health `json:"health"`
+	Problems  []string         `json:"problems,omitempty"`
+	JetStream jetStreamOutput  `json:"jetstream"`
+	Cluster   *clusterStatus   `json:"cluster,omitempty"`
+	Streams   []streamOutput   `json:"streams"`
+	Consumers []consumerOutput `json:"consumers"`
+
 	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
-	Streams   []streamOutput       `json:"streams"`
-	Consumers []consumerOutput     `json:"consumers"`
 }
 
 type daemonOutput struct {
