@@ -159,6 +159,14 @@ func leafAwait(t *testing.T, ctx context.Context, futures []jetstream.PubAckFutu
 // each origin sequence was stored; it fails on a repeated Nats-Msg-Id.
 func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) map[string]map[uint64]int {
 	t.Helper()
+	counts, _ := hubRead(t, js, want, within)
+	return counts
+}
+
+// hubRead is hubCounts that also returns each edge's origin sequences in
+// the order the hub stored them.
+func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) (map[string]map[uint64]int, map[string][]uint64) {
+	t.Helper()
 	e2eCheckFor(t, within, 100*time.Millisecond, func() error {
 		if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
 			return fmt.Errorf("hub EDGE holds %d messages, want %d", n, want)
@@ -175,6 +183,7 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 		t.Fatal(err)
 	}
 	out := map[string]map[uint64]int{}
+	order := map[string][]uint64{}
 	ids := map[string]bool{}
 	for got := uint64(0); got < want; {
 		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
@@ -202,13 +211,14 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 				out[edge] = map[uint64]int{}
 			}
 			out[edge][seq]++
+			order[edge] = append(order[edge], seq)
 		}
 		if n == 0 {
 			t.Fatalf("read %d of %d messages from the hub", got, want)
 		}
 		got += uint64(n)
 	}
-	return out
+	return out, order
 }
 
 // wantExactlyOnce checks that each edge's sequences 1..n arrived once.
@@ -228,7 +238,8 @@ func wantExactlyOnce(t *testing.T, seen map[string]map[uint64]int, edges map[str
 
 // TestLeafEdgesToHub: two edges forward to one hub over leafnodes. Every
 // message each edge acknowledged is stored once on the hub (by origin
-// header and Nats-Msg-Id), the edges' local streams stay apart, a message
+// header and Nats-Msg-Id) and in each edge's order (one forward worker),
+// the edges' local streams stay apart, a message
 // too large for the hub's stream is dead-lettered on the edge with the
 // reason and the rest flow past it; status and metrics show the links,
 // the backlog and, on the hub, each edge's last sequence.
@@ -280,8 +291,18 @@ func TestLeafEdgesToHub(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	seen := hubCounts(t, hjs, 2*perEdge, 60*time.Second)
+	seen, order := hubRead(t, hjs, 2*perEdge, 60*time.Second)
 	took := time.Since(start)
+	// One forward worker and no failures: the hub stores each edge's
+	// messages in their edge order.
+	for edge, seqs := range order {
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] <= seqs[i-1] {
+				t.Errorf("edge %s: seq %d stored after %d", edge, seqs[i], seqs[i-1])
+				break
+			}
+		}
+	}
 	t.Logf("%d messages from 2 edges stored once on the hub in %s (%.0f msg/s, publishing included)", 2*perEdge, took.Round(time.Millisecond), 2*perEdge/took.Seconds())
 	// edge1's big message took sequence perEdge/2+1.
 	for seq := uint64(1); seq <= perEdge+1; seq++ {
