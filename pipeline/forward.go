@@ -193,7 +193,6 @@ func (f *Forwarder) recheck(ctx context.Context) {
 	defer close(f.done)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	last := ""
 	for {
 		select {
 		case <-ctx.Done():
@@ -203,10 +202,7 @@ func (f *Forwarder) recheck(ctx context.Context) {
 		if f.Ready() || !f.linkUp() {
 			continue
 		}
-		if err := f.checkHub(ctx); err != nil && err.Error() != last {
-			last = err.Error()
-			f.log.Error("forwarding waits: the hub's stream cannot take this edge's messages safely", "err", err)
-		}
+		_ = f.checkHub(ctx) // logs what changed
 	}
 }
 
@@ -216,11 +212,13 @@ func (f *Forwarder) checkHub(ctx context.Context) error {
 	err := f.lookupHub(ctx)
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.checkErr = err
-	if err == nil && !f.checked {
-		f.checked = true
+	switch {
+	case err == nil && !f.checked:
 		f.log.Info("hub stream checked: forwarding", "hub_stream", f.hubStream, "subject", f.pattern())
+	case err != nil && (f.checked || f.checkErr == nil || f.checkErr.Error() != err.Error()):
+		f.log.Error("forwarding waits: the hub's stream cannot take this edge's messages now", "err", err)
 	}
+	f.checkErr = err
 	f.checked = err == nil
 	return err
 }
@@ -399,6 +397,13 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		}
 		if !f.linkUp() {
 			continue // the link fell under the publish: wait for it, same delivery
+		}
+		// The link is up: is the hub's stream there and answering (a hub
+		// restarting, its stream deleted)? Then wait for it in this
+		// delivery, as for the link; only a failure the hub's stream does
+		// not explain spends a delivery.
+		if cerr := f.checkHub(ctx); cerr != nil {
+			continue
 		}
 		return RetryLater("publish to the hub: " + err.Error())
 	}

@@ -39,13 +39,14 @@ type daemon struct {
 	monitor   *pipeline.Monitor
 	gc        groupCommit
 	statusSub *nats.Subscription
-	// edge is the leafnode view (nil without [leafnodes]); forwarders are
-	// the forward handlers by consumer.
+	failed    chan struct{} // closed by fail
+	failOnce  sync.Once
+	failErr   error
+
+	// edge is the leafnode view (nil without [leafnodes] or sources);
+	// forwarders are the forward handlers by consumer.
 	edge       *pipeline.EdgeView
 	forwarders map[string]*pipeline.Forwarder
-	failed     chan struct{} // closed by fail
-	failOnce   sync.Once
-	failErr    error
 
 	// running is cfg for other goroutines (the monitor's Recreate):
 	// stored by Open and Reload.

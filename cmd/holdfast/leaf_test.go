@@ -64,7 +64,8 @@ duplicate_window = %q
 }
 
 // newLeafEdge writes the config of an edge named name: ORDERS on orders.*,
-// the consumer FORWARD with the forward handler (one worker), and one
+// the consumer FORWARD with the forward handler (one worker, or
+// HOLDFAST_TEST_LEAF_WORKERS), and one
 // remote at hubAddr (the hub's leafnode port, or a proxy in front of it).
 func newLeafEdge(t *testing.T, name, hubAddr, extra string) *leafNode {
 	t.Helper()
@@ -92,9 +93,9 @@ subjects = ["orders.*"]
 [consumers.FORWARD]
 stream = "ORDERS"
 handler = "forward"
-workers = 1
+workers = %d
 backoff = ["100ms"]
-%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, extra))
+%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, leafEnvInt(t, "HOLDFAST_TEST_LEAF_WORKERS", 1), extra))
 	return n
 }
 
@@ -158,6 +159,14 @@ func leafAwait(t *testing.T, ctx context.Context, futures []jetstream.PubAckFutu
 // each origin sequence was stored; it fails on a repeated Nats-Msg-Id.
 func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) map[string]map[uint64]int {
 	t.Helper()
+	counts, _ := hubRead(t, js, want, within)
+	return counts
+}
+
+// hubRead is hubCounts that also returns each edge's origin sequences in
+// the order the hub stored them.
+func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) (map[string]map[uint64]int, map[string][]uint64) {
+	t.Helper()
 	e2eCheckFor(t, within, 100*time.Millisecond, func() error {
 		if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
 			return fmt.Errorf("hub EDGE holds %d messages, want %d", n, want)
@@ -174,6 +183,7 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 		t.Fatal(err)
 	}
 	out := map[string]map[uint64]int{}
+	order := map[string][]uint64{}
 	ids := map[string]bool{}
 	for got := uint64(0); got < want; {
 		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
@@ -201,13 +211,14 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 				out[edge] = map[uint64]int{}
 			}
 			out[edge][seq]++
+			order[edge] = append(order[edge], seq)
 		}
 		if n == 0 {
 			t.Fatalf("read %d of %d messages from the hub", got, want)
 		}
 		got += uint64(n)
 	}
-	return out
+	return out, order
 }
 
 // wantExactlyOnce checks that each edge's sequences 1..n arrived once.
@@ -227,7 +238,8 @@ func wantExactlyOnce(t *testing.T, seen map[string]map[uint64]int, edges map[str
 
 // TestLeafEdgesToHub: two edges forward to one hub over leafnodes. Every
 // message each edge acknowledged is stored once on the hub (by origin
-// header and Nats-Msg-Id), the edges' local streams stay apart, a message
+// header and Nats-Msg-Id) and in each edge's order (one forward worker),
+// the edges' local streams stay apart, a message
 // too large for the hub's stream is dead-lettered on the edge with the
 // reason and the rest flow past it; status and metrics show the links,
 // the backlog and, on the hub, each edge's last sequence.
@@ -279,8 +291,18 @@ func TestLeafEdgesToHub(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	seen := hubCounts(t, hjs, 2*perEdge, 60*time.Second)
+	seen, order := hubRead(t, hjs, 2*perEdge, 60*time.Second)
 	took := time.Since(start)
+	// One forward worker and no failures: the hub stores each edge's
+	// messages in their edge order.
+	for edge, seqs := range order {
+		for i := 1; i < len(seqs); i++ {
+			if seqs[i] <= seqs[i-1] {
+				t.Errorf("edge %s: seq %d stored after %d", edge, seqs[i], seqs[i-1])
+				break
+			}
+		}
+	}
 	t.Logf("%d messages from 2 edges stored once on the hub in %s (%.0f msg/s, publishing included)", 2*perEdge, took.Round(time.Millisecond), 2*perEdge/took.Seconds())
 	// edge1's big message took sequence perEdge/2+1.
 	for seq := uint64(1); seq <= perEdge+1; seq++ {
@@ -469,17 +491,26 @@ func TestLeafHubOutages(t *testing.T) {
 
 // leafBacklog is how many messages TestLeafHubOutages publishes while the
 // link is cut: 1,000, or HOLDFAST_TEST_LEAF_BACKLOG to measure the
-// catch-up of a larger backlog.
+// catch-up of a larger backlog (HOLDFAST_TEST_LEAF_WORKERS sets the edges'
+// forward workers, default 1).
 func leafBacklog(t *testing.T) int {
 	t.Helper()
-	if v := os.Getenv("HOLDFAST_TEST_LEAF_BACKLOG"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 {
-			t.Fatalf("HOLDFAST_TEST_LEAF_BACKLOG=%q: want a positive number", v)
-		}
-		return n
+	return leafEnvInt(t, "HOLDFAST_TEST_LEAF_BACKLOG", 1000)
+}
+
+// leafEnvInt reads a positive number from the environment variable name,
+// or returns def when it is not set.
+func leafEnvInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
 	}
-	return 1000
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 1 {
+		t.Fatalf("%s=%q: want a positive number", name, v)
+	}
+	return n
 }
 
 // TestLeafRefusesShortDuplicateWindow: an edge that promises no
@@ -569,5 +600,59 @@ func TestLeafSourcesFromHub(t *testing.T) {
 	}
 	if h := e1.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
 		t.Errorf("edge1 healthz: %s", h)
+	}
+}
+
+// TestLeafHubCluster: the hub is a holdfast cluster of three nodes, each
+// with a leafnode listener, and the hub's EDGE stream has three replicas.
+// The edge knows one node; the node it is connected to is killed (kill -9)
+// in the middle of forwarding: the edge reconnects to another node (the
+// hub advertises them), waits while the hub elects leaders, and every
+// message arrives once.
+func TestLeafHubCluster(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	leafPorts := make([]int, len(nodes))
+	for i, nd := range nodes {
+		leafPorts[i] = e2eFreePort(t)
+		text := strings.Replace(readFile(t, nd.cfg), "[jetstream]\n", "[jetstream]\ndomain = \"hub\"\n", 1)
+		text += fmt.Sprintf("\n[leafnodes]\nlisten = \"127.0.0.1:%d\"\n\n[streams.EDGE]\nsubjects = [\"edge.>\"]\nduplicate_window = \"10m\"\n", leafPorts[i])
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", leafPorts[0]), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, nodes[1].inst)
+
+	leafPublish(t, ejs, 0, 1500)
+	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 300 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	nodes[0].proc.signal(syscall.SIGKILL)
+	killed := time.Now()
+	leafPublish(t, ejs, 1500, 500)
+	// The stream's API may not answer while its Raft group elects a
+	// leader: ask with short timeouts until all are there.
+	e2eCheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := hjs.Stream(ctx, "EDGE")
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n != 2000 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	t.Logf("all 2000 on the hub cluster %s after the kill -9 of the node the edge was connected to", time.Since(killed).Round(time.Millisecond))
+	seen := hubCounts(t, hjs, 2000, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 2000})
+	if n := strings.Count(edge.proc.stderr.String(), "leafnode connected"); n < 2 {
+		t.Errorf("the edge connected %d time(s), want a reconnect to another node", n)
 	}
 }

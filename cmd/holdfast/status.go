@@ -123,16 +123,17 @@ type statusOutput struct {
 	Healthy bool `json:"healthy"`
 	// Error says why nothing could be read (holdfast unreachable); the
 	// other fields are empty then.
-	Error     string               `json:"error,omitempty"`
-	URL       string               `json:"url"`
-	Daemon    *daemonOutput        `json:"daemon"`
-	Health    *pipeline.Health     `json:"health"`
-	Problems  []string             `json:"problems,omitempty"`
-	JetStream jetStreamOutput      `json:"jetstream"`
-	Cluster   *clusterStatus       `json:"cluster,omitempty"`
+	Error     string           `json:"error,omitempty"`
+	URL       string           `json:"url"`
+	Daemon    *daemonOutput    `json:"daemon"`
+	Health    *pipeline.Health `json:"health"`
+	Problems  []string         `json:"problems,omitempty"`
+	JetStream jetStreamOutput  `json:"jetstream"`
+	Cluster   *clusterStatus   `json:"cluster,omitempty"`
+	Streams   []streamOutput   `json:"streams"`
+	Consumers []consumerOutput `json:"consumers"`
+
 	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
-	Streams   []streamOutput       `json:"streams"`
-	Consumers []consumerOutput     `json:"consumers"`
 }
 
 type daemonOutput struct {
