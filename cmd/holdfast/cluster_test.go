@@ -99,31 +99,39 @@ func streamClusterInfo(t *testing.T, js jetstream.JetStream, name string) *jetst
 func waitReplicasCurrent(t *testing.T, js jetstream.JetStream, name string, want int) *jetstream.StreamInfo {
 	t.Helper()
 	var info *jetstream.StreamInfo
-	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			return err
-		}
-		if info, err = s.Info(ctx); err != nil {
-			return err
-		}
-		c := info.Cluster
-		if c == nil || c.Leader == "" {
-			return fmt.Errorf("stream %s has no leader", name)
-		}
-		if len(c.Replicas)+1 != want {
-			return fmt.Errorf("stream %s has %d replicas, want %d", name, len(c.Replicas)+1, want)
-		}
-		for _, r := range c.Replicas {
-			if !r.Current || r.Offline {
-				return fmt.Errorf("replica %s of %s is not current (lag %d)", r.Name, name, r.Lag)
-			}
-		}
-		return nil
+	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() (err error) {
+		info, err = replicasCurrent(js, name, want)
+		return err
 	})
 	return info
+}
+
+// replicasCurrent says why the stream's replicas are not all current, if
+// they are not.
+func replicasCurrent(js jetstream.JetStream, name string, want int) (*jetstream.StreamInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := info.Cluster
+	if c == nil || c.Leader == "" {
+		return info, fmt.Errorf("stream %s has no leader", name)
+	}
+	if len(c.Replicas)+1 != want {
+		return info, fmt.Errorf("stream %s has %d replicas, want %d", name, len(c.Replicas)+1, want)
+	}
+	for _, r := range c.Replicas {
+		if !r.Current || r.Offline {
+			return info, fmt.Errorf("replica %s of %s is not current (lag %d)", r.Name, name, r.Lag)
+		}
+	}
+	return info, nil
 }
 
 // newRecordingCluster is newTestCluster whose nodes each run workers
