@@ -48,10 +48,11 @@ const (
 	// DefaultMaxInflight is how many batches one stream may have in
 	// flight (the server allows 50 per stream, 1000 per server).
 	DefaultMaxInflight = 4
-	// DefaultPipelineMin is how many messages must wait before a batch is
-	// sent while another is still in flight: fewer wait for the commit
-	// in flight and join one larger batch.
-	DefaultPipelineMin = 64
+	// DefaultMinBatch is the smallest batch: fewer messages are published
+	// one by one (pipelined), because an atomic batch costs a fixed
+	// ~2.4 ms (the server stages it in a store of its own) against
+	// ~0.2 ms per single flushed message on the disks measured here.
+	DefaultMinBatch = 16
 	// DefaultTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
 	DefaultTimeout = 30 * time.Second
@@ -69,7 +70,7 @@ type Options struct {
 	MaxBatch      int
 	MaxBatchBytes int
 	MaxInflight   int
-	PipelineMin   int
+	MinBatch      int
 	Timeout       time.Duration
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
@@ -153,8 +154,8 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 	if opts.MaxInflight <= 0 {
 		opts.MaxInflight = DefaultMaxInflight
 	}
-	if opts.PipelineMin <= 0 {
-		opts.PipelineMin = DefaultPipelineMin
+	if opts.MinBatch <= 0 {
+		opts.MinBatch = DefaultMinBatch
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
@@ -329,13 +330,19 @@ func (c *Committer) add(m *nats.Msg) {
 	c.pend = append(c.pend, it)
 }
 
-// dispatch sends what may go now. Order rules: everything goes out in
-// arrival order on one connection; a refused batch is published again
-// message by message only when nothing was sent after it (else its clients
-// get the server's error), and a batch that holds a Nats-Msg-Id (refused
-// whole for one duplicate against the stream's window) is "risky": it is
-// sent only when nothing is in flight and nothing follows it until it is
-// answered, so that its messages can always be published again in place.
+// dispatch sends what may go now. When nothing is in flight, what waits
+// goes at once: as one batch if at least MinBatch messages wait, else one
+// by one. While something is in flight, arrivals wait for it and form the
+// next batch — except a full batch (count or bytes), which cannot grow and
+// goes at once, up to MaxInflight.
+//
+// Order rules: everything goes out in arrival order on one connection; a
+// refused batch is published again message by message only when nothing
+// was sent after it (else its clients get the server's error), and a
+// batch that holds a Nats-Msg-Id (refused whole for one duplicate against
+// the stream's window) is "risky": it is sent only when nothing is in
+// flight and nothing follows it until it is answered, so that its messages
+// can always be published again in place.
 func (c *Committer) dispatch() {
 	for len(c.pend) > 0 && c.risky == 0 {
 		if c.pend[0].alone || c.known(c.pend[0].msgID) {
@@ -343,16 +350,18 @@ func (c *Committer) dispatch() {
 			c.pend = c.pend[1:]
 			continue
 		}
-		n, risky := c.nextBatch()
+		n, risky, full := c.nextBatch()
 		if len(c.inflight) > 0 {
-			if len(c.inflight) >= c.opts.MaxInflight || n < c.opts.PipelineMin || risky {
+			if !full || risky || len(c.inflight) >= c.opts.MaxInflight {
 				return
 			}
 		}
 		msgs := c.pend[:n:n]
 		c.pend = c.pend[n:]
-		if n == 1 {
-			c.sendAlone(msgs[0])
+		if n < c.opts.MinBatch {
+			for _, it := range msgs {
+				c.sendAlone(it)
+			}
 		} else {
 			c.sendBatch(msgs, risky)
 		}
@@ -363,20 +372,25 @@ func (c *Committer) dispatch() {
 }
 
 // nextBatch returns how many messages at the front of pend form the next
-// batch, and whether any carries a Nats-Msg-Id. A batch ends before a
-// message that goes alone, before a Nats-Msg-Id already in the batch (the
-// server would refuse the whole batch), and at the count and byte bounds.
-func (c *Committer) nextBatch() (int, bool) {
+// batch, whether any carries a Nats-Msg-Id, and whether it is full. A
+// batch ends before a message that goes alone, before a Nats-Msg-Id
+// already in the batch or sent within the duplicate window (the server
+// would refuse the whole batch), and at the count and byte bounds (full).
+func (c *Committer) nextBatch() (n int, risky, full bool) {
 	var (
 		bytes int
-		risky bool
 		ids   map[string]bool
 	)
-	n := 0
-	for n < len(c.pend) && n < c.opts.MaxBatch {
+	for n < len(c.pend) {
+		if n == c.opts.MaxBatch {
+			return n, risky, true
+		}
 		it := c.pend[n]
-		if it.alone || (n > 0 && bytes+it.size > c.opts.MaxBatchBytes) {
+		if it.alone {
 			break
+		}
+		if n > 0 && bytes+it.size > c.opts.MaxBatchBytes {
+			return n, risky, true
 		}
 		if it.msgID != "" {
 			if ids[it.msgID] || c.known(it.msgID) {
@@ -391,7 +405,7 @@ func (c *Committer) nextBatch() (int, bool) {
 		bytes += it.size
 		n++
 	}
-	return n, risky
+	return n, risky, false
 }
 
 func (c *Committer) target(m *nats.Msg) string {
