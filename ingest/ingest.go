@@ -93,6 +93,9 @@ type Stats struct {
 	Forwarded uint64
 	// Refused counts batches the server refused.
 	Refused uint64
+	// BatchTime is the time from sending to the answer, summed over the
+	// committed batches.
+	BatchTime time.Duration
 }
 
 // Committer is the group commit of one stream.
@@ -112,7 +115,7 @@ type Committer struct {
 	once    sync.Once
 	opened  bool
 
-	batches, batchedMsgs, alone, forwarded, refused atomic.Uint64
+	batches, batchedMsgs, alone, forwarded, refused, batchNanos atomic.Uint64
 
 	// Owned by the run goroutine.
 	pend     []item
@@ -263,7 +266,7 @@ func (c *Committer) Close(ctx context.Context) error {
 // Stats returns the counters since Open.
 func (c *Committer) Stats() Stats {
 	return Stats{Batches: c.batches.Load(), BatchedMsgs: c.batchedMsgs.Load(), Alone: c.alone.Load(),
-		Forwarded: c.forwarded.Load(), Refused: c.refused.Load()}
+		Forwarded: c.forwarded.Load(), Refused: c.refused.Load(), BatchTime: time.Duration(c.batchNanos.Load())}
 }
 
 func (c *Committer) run(ctx context.Context) {
@@ -509,6 +512,7 @@ func (c *Committer) answer(r *nats.Msg) {
 	}
 	c.batches.Add(1)
 	c.batchedMsgs.Add(uint64(len(u.msgs)))
+	c.batchNanos.Add(uint64(time.Since(u.start)))
 	first := ack.Seq - uint64(len(u.msgs)) + 1
 	for i, it := range u.msgs {
 		if it.m.Reply == "" {
