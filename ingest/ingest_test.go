@@ -469,3 +469,53 @@ func TestBatchesCutAtServerLimit(t *testing.T) {
 	}
 	t.Logf("stats %+v", st)
 }
+
+// TestStreamFullDiscardNew: a batch the server refuses because the stream
+// is full (discard new) is published again one by one: the messages that
+// fit are stored, the others get the server's own error, as without group
+// commit.
+func TestStreamFullDiscardNew(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	ctx := context.Background()
+	gcStream(t, js, "S", []string{"s.*"}, func(c *jetstream.StreamConfig) {
+		c.MaxMsgs, c.Discard = 10, jetstream.DiscardNew
+	})
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgs: 10, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	pjs := newJS(t, connect(t, s))
+	run := func(subj string) (stored int, codes map[jetstream.ErrorCode]int) {
+		codes = map[jetstream.ErrorCode]int{}
+		var futs []jetstream.PubAckFuture
+		for i := range 60 {
+			f, err := pjs.PublishAsync(subj, []byte(strconv.Itoa(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			futs = append(futs, f)
+		}
+		for i, f := range futs {
+			select {
+			case <-f.Ok():
+				stored++
+			case err := <-f.Err():
+				var ae *jetstream.APIError
+				if !errors.As(err, &ae) {
+					t.Fatalf("%s %d: %v", subj, i, err)
+				}
+				codes[ae.ErrorCode]++
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s %d: no answer", subj, i)
+			}
+		}
+		return stored, codes
+	}
+	wantStored, wantCodes := run("p.a")
+	stored, codes := run("s.a")
+	if stored != wantStored || fmt.Sprint(codes) != fmt.Sprint(wantCodes) {
+		t.Fatalf("group commit: %d stored, errors %v; the server: %d stored, errors %v", stored, codes, wantStored, wantCodes)
+	}
+	t.Logf("stored %d, errors %v, stats %+v", stored, codes, c.Stats())
+}

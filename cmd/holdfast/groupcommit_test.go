@@ -173,6 +173,7 @@ func TestGroupCommitReload(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	ctx := e2eContext(t)
 	subjects := func() string {
+		t.Helper()
 		s, err := js.Stream(ctx, "ORDERS")
 		if err != nil {
 			t.Fatal(err)
@@ -200,5 +201,17 @@ func TestGroupCommitReload(t *testing.T) {
 	if !strings.Contains(d.stderr.String(), "group commit off") {
 		t.Errorf("no log line for group commit off:\n%s", d.stderr.String())
 	}
+	d.stop()
+
+	// A restart switches it too.
+	editConfig(t, in.cfg, "group_commit = false\n", "group_commit = true\n")
+	d = startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js = e2eConnect(t, in)
+	if got := subjects(); got != "$HOLDFAST.GC.ORDERS.orders.*" {
+		t.Fatalf("subjects after a restart with group commit: %s", got)
+	}
+	all = append(all, gcPublish(t, in.url(), 2, 200, "restart")...)
+	gcCheckStored(t, js, all, 1600)
 	d.stop()
 }
