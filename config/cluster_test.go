@@ -71,6 +71,7 @@ func TestClusterRefusals(t *testing.T) {
 		{"route scheme", strings.Replace(clusterNode, "nats-route://127.0.0.1:6224", "http://127.0.0.1:6224", 1), "cluster.routes[2]", "nats-route://"},
 		{"listen on the client port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, `listen = "127.0.0.1:4222"`, 1), "cluster.listen", "client port"},
 		{"empty table", "[cluster]\n", "cluster", "empty"},
+		{"group commit in a cluster", clusterNode + "\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n", "streams.ORDERS.group_commit", "not supported with [cluster]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg, err := Parse(strings.NewReader(tc.toml), "test.toml")
