@@ -85,7 +85,8 @@ type Stats struct {
 	// Batches and BatchedMsgs count the atomic batches committed and the
 	// messages in them.
 	Batches, BatchedMsgs uint64
-	// Alone counts messages published alone because nothing else waited.
+	// Alone counts messages published alone because fewer than MinBatch
+	// waited (the server answers their clients directly).
 	Alone uint64
 	// Forwarded counts messages published with the client's own reply
 	// (Nats-Expected-* headers, a client's own batch, too large, and the
@@ -142,6 +143,9 @@ type unit struct {
 	order uint64 // value of sent when this unit went out
 	start time.Time
 	risky bool
+	// marker: msgs went out alone with the clients' replies, followed by
+	// a marker the stream answers after them (see sendSingles).
+	marker bool
 }
 
 // New returns a Committer for one stream on nc (an in-process connection
@@ -362,9 +366,7 @@ func (c *Committer) dispatch() {
 		msgs := c.pend[:n:n]
 		c.pend = c.pend[n:]
 		if n < c.opts.MinBatch {
-			for _, it := range msgs {
-				c.sendAlone(it)
-			}
+			c.sendSingles(msgs)
 		} else {
 			c.sendBatch(msgs, risky)
 		}
@@ -441,13 +443,29 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	return c.inbox + "." + id, u
 }
 
-// sendAlone publishes one message with this committer's reply, so that it
-// knows when the stream is idle again; the answer goes to the client.
-func (c *Committer) sendAlone(it item) {
-	reply, _ := c.newUnit([]item{it}, false)
-	c.alone.Add(1)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
-		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+// markerStream is never a stream's name (names have no spaces): a
+// message expecting it is answered at once with an error and not stored.
+const markerStream = "holdfast marker"
+
+// sendSingles publishes msgs one by one with the clients' own replies, so
+// that the server answers each client directly (no extra hop on the way
+// back), then a marker with this committer's reply: the stream applies its
+// inbound messages one at a time in order, so the marker's answer (an
+// "expected stream" error, nothing stored, nothing flushed) says that the
+// messages before it are done and the stream is idle again.
+func (c *Committer) sendSingles(msgs []item) {
+	for _, it := range msgs {
+		c.alone.Add(1)
+		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+		}
+	}
+	reply, u := c.newUnit(msgs, false)
+	u.marker = true
+	h := nats.Header{}
+	h.Set("Nats-Expected-Stream", markerStream)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(msgs[len(msgs)-1].m), Reply: reply, Header: h}); err != nil {
+		c.log.Warn("cannot publish a marker", "err", err)
 	}
 }
 
@@ -500,9 +518,8 @@ func (c *Committer) answer(r *nats.Msg) {
 		return // given up on already
 	}
 	c.finish(id, u)
-	if len(u.msgs) == 1 {
-		c.reply(u.msgs[0], r.Header, r.Data)
-		return
+	if u.marker {
+		return // the server answered the clients itself
 	}
 	var ack pubAck
 	if len(r.Data) == 0 || r.Header.Get("Status") != "" || json.Unmarshal(r.Data, &ack) != nil ||
@@ -519,7 +536,7 @@ func (c *Committer) answer(r *nats.Msg) {
 			continue
 		}
 		b, _ := json.Marshal(pubAck{Stream: ack.Stream, Domain: ack.Domain, Seq: first + uint64(i)})
-		c.reply(it, nil, b)
+		c.reply(it, b)
 	}
 }
 
@@ -529,7 +546,13 @@ func (c *Committer) finish(id string, u *unit) {
 		c.risky--
 	}
 	if m := c.opts.Metrics; m != nil {
-		m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+		if u.marker {
+			for range u.msgs {
+				m.observe(c.opts.Stream, 1, time.Since(u.start))
+			}
+		} else {
+			m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+		}
 	}
 }
 
@@ -558,35 +581,19 @@ func (c *Committer) refuse(u *unit, r *nats.Msg, e *apiError) {
 	}
 	b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: e})
 	for _, it := range u.msgs {
-		c.reply(it, nil, b)
+		c.reply(it, b)
 	}
 }
 
-// reply answers a client (a status answer, such as no responders, as the
-// same status: the client's library maps it as it would from the server).
-func (c *Committer) reply(it item, h nats.Header, data []byte) {
+// reply answers a client with a PubAck or an error (JSON, as the server
+// sends them).
+func (c *Committer) reply(it item, data []byte) {
 	if it.m.Reply == "" {
 		return
 	}
-	out := &nats.Msg{Subject: it.m.Reply, Data: data}
-	if st := h.Get("Status"); st != "" && len(data) == 0 {
-		d := h.Get("Description")
-		if st == "503" {
-			d = "no responders: stream " + c.opts.Stream + " not available"
-		}
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: atoi(st), Description: d}})
-		out.Data = b
-	} else if len(h) > 0 {
-		out.Header = h
-	}
-	if err := c.nc.PublishMsg(out); err != nil {
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: it.m.Reply, Data: data}); err != nil {
 		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
 	}
-}
-
-func atoi(s string) int {
-	n, _ := strconv.Atoi(s)
-	return n
 }
 
 // known reports whether id was sent within the duplicate window.
