@@ -75,7 +75,7 @@ FUZZTIME ?= 30s
 
 .PHONY: powerloss chaos fuzz
 
-## powerloss: $(POWERLOSS_CYCLES) simulated power cuts with sync "always" (0 lost) and "2m" (loss measured)
+## powerloss: $(POWERLOSS_CYCLES) simulated power cuts with sync "always" (0 lost), with group commit (0 lost) and "2m" (loss measured)
 powerloss:
 	set -o pipefail; CGO_ENABLED=1 HOLDFAST_POWERLOSS_CYCLES=$(POWERLOSS_CYCLES) \
 	$(GO) test -count=1 -timeout 4h -run 'TestPowerLoss' -v ./cmd/holdfast/ 2>&1 | tee $${TMPDIR:-/tmp}/holdfast-powerloss.log | grep -E '^(powerloss:|--- |ok|FAIL|PASS)'

@@ -38,3 +38,16 @@ func (c *Config) GroupCommitStreams() []string {
 	}
 	return out
 }
+
+// validateGroupCommit refuses group commit with [cluster]: each node would
+// answer the stream's subjects in one queue group, and the server may hand
+// one publisher's messages to ingests on different nodes, which would
+// store them out of order. Not tested on replicated streams either.
+func (c *Config) validateGroupCommit(v *validator) {
+	if !c.Cluster.Enabled() {
+		return
+	}
+	for _, name := range c.GroupCommitStreams() {
+		v.add("streams."+name+".group_commit", "true", "not supported with [cluster] yet (a publisher's messages could reach the ingests of different nodes and be stored out of order): set it to false")
+	}
+}

@@ -129,6 +129,7 @@ func (c *Config) validate(v *validator) {
 
 	c.validateSecurity(v)
 	c.validateStreams(v)
+	c.validateGroupCommit(v)
 	c.validateConsumers(v)
 }
 

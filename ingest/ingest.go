@@ -48,10 +48,11 @@ const (
 	// DefaultMaxInflight is how many batches one stream may have in
 	// flight (the server allows 50 per stream, 1000 per server).
 	DefaultMaxInflight = 4
-	// DefaultPipelineMin is how many messages must wait before a batch is
-	// sent while another is still in flight: fewer wait for the commit
-	// in flight and join one larger batch.
-	DefaultPipelineMin = 64
+	// DefaultMinBatch is the smallest batch: fewer messages are published
+	// one by one (pipelined), because an atomic batch costs a fixed
+	// ~2.4 ms (the server stages it in a store of its own) against
+	// ~0.2 ms per single flushed message on the disks measured here.
+	DefaultMinBatch = 16
 	// DefaultTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
 	DefaultTimeout = 30 * time.Second
@@ -69,7 +70,7 @@ type Options struct {
 	MaxBatch      int
 	MaxBatchBytes int
 	MaxInflight   int
-	PipelineMin   int
+	MinBatch      int
 	Timeout       time.Duration
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
@@ -84,7 +85,8 @@ type Stats struct {
 	// Batches and BatchedMsgs count the atomic batches committed and the
 	// messages in them.
 	Batches, BatchedMsgs uint64
-	// Alone counts messages published alone because nothing else waited.
+	// Alone counts messages published alone because fewer than MinBatch
+	// waited (the server answers their clients directly).
 	Alone uint64
 	// Forwarded counts messages published with the client's own reply
 	// (Nats-Expected-* headers, a client's own batch, too large, and the
@@ -92,6 +94,9 @@ type Stats struct {
 	Forwarded uint64
 	// Refused counts batches the server refused.
 	Refused uint64
+	// BatchTime is the time from sending to the answer, summed over the
+	// committed batches.
+	BatchTime time.Duration
 }
 
 // Committer is the group commit of one stream.
@@ -111,7 +116,7 @@ type Committer struct {
 	once    sync.Once
 	opened  bool
 
-	batches, batchedMsgs, alone, forwarded, refused atomic.Uint64
+	batches, batchedMsgs, alone, forwarded, refused, batchNanos atomic.Uint64
 
 	// Owned by the run goroutine.
 	pend     []item
@@ -138,6 +143,9 @@ type unit struct {
 	order uint64 // value of sent when this unit went out
 	start time.Time
 	risky bool
+	// marker: msgs went out alone with the clients' replies, followed by
+	// a marker the stream answers after them (see sendSingles).
+	marker bool
 }
 
 // New returns a Committer for one stream on nc (an in-process connection
@@ -153,8 +161,8 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 	if opts.MaxInflight <= 0 {
 		opts.MaxInflight = DefaultMaxInflight
 	}
-	if opts.PipelineMin <= 0 {
-		opts.PipelineMin = DefaultPipelineMin
+	if opts.MinBatch <= 0 {
+		opts.MinBatch = DefaultMinBatch
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
@@ -262,7 +270,7 @@ func (c *Committer) Close(ctx context.Context) error {
 // Stats returns the counters since Open.
 func (c *Committer) Stats() Stats {
 	return Stats{Batches: c.batches.Load(), BatchedMsgs: c.batchedMsgs.Load(), Alone: c.alone.Load(),
-		Forwarded: c.forwarded.Load(), Refused: c.refused.Load()}
+		Forwarded: c.forwarded.Load(), Refused: c.refused.Load(), BatchTime: time.Duration(c.batchNanos.Load())}
 }
 
 func (c *Committer) run(ctx context.Context) {
@@ -329,13 +337,19 @@ func (c *Committer) add(m *nats.Msg) {
 	c.pend = append(c.pend, it)
 }
 
-// dispatch sends what may go now. Order rules: everything goes out in
-// arrival order on one connection; a refused batch is published again
-// message by message only when nothing was sent after it (else its clients
-// get the server's error), and a batch that holds a Nats-Msg-Id (refused
-// whole for one duplicate against the stream's window) is "risky": it is
-// sent only when nothing is in flight and nothing follows it until it is
-// answered, so that its messages can always be published again in place.
+// dispatch sends what may go now. When nothing is in flight, what waits
+// goes at once: as one batch if at least MinBatch messages wait, else one
+// by one. While something is in flight, arrivals wait for it and form the
+// next batch — except a full batch (count or bytes), which cannot grow and
+// goes at once, up to MaxInflight.
+//
+// Order rules: everything goes out in arrival order on one connection; a
+// refused batch is published again message by message only when nothing
+// was sent after it (else its clients get the server's error), and a
+// batch that holds a Nats-Msg-Id (refused whole for one duplicate against
+// the stream's window) is "risky": it is sent only when nothing is in
+// flight and nothing follows it until it is answered, so that its messages
+// can always be published again in place.
 func (c *Committer) dispatch() {
 	for len(c.pend) > 0 && c.risky == 0 {
 		if c.pend[0].alone || c.known(c.pend[0].msgID) {
@@ -343,16 +357,16 @@ func (c *Committer) dispatch() {
 			c.pend = c.pend[1:]
 			continue
 		}
-		n, risky := c.nextBatch()
+		n, risky, full := c.nextBatch()
 		if len(c.inflight) > 0 {
-			if len(c.inflight) >= c.opts.MaxInflight || n < c.opts.PipelineMin || risky {
+			if !full || risky || len(c.inflight) >= c.opts.MaxInflight {
 				return
 			}
 		}
 		msgs := c.pend[:n:n]
 		c.pend = c.pend[n:]
-		if n == 1 {
-			c.sendAlone(msgs[0])
+		if n < c.opts.MinBatch {
+			c.sendSingles(msgs)
 		} else {
 			c.sendBatch(msgs, risky)
 		}
@@ -363,20 +377,25 @@ func (c *Committer) dispatch() {
 }
 
 // nextBatch returns how many messages at the front of pend form the next
-// batch, and whether any carries a Nats-Msg-Id. A batch ends before a
-// message that goes alone, before a Nats-Msg-Id already in the batch (the
-// server would refuse the whole batch), and at the count and byte bounds.
-func (c *Committer) nextBatch() (int, bool) {
+// batch, whether any carries a Nats-Msg-Id, and whether it is full. A
+// batch ends before a message that goes alone, before a Nats-Msg-Id
+// already in the batch or sent within the duplicate window (the server
+// would refuse the whole batch), and at the count and byte bounds (full).
+func (c *Committer) nextBatch() (n int, risky, full bool) {
 	var (
 		bytes int
-		risky bool
 		ids   map[string]bool
 	)
-	n := 0
-	for n < len(c.pend) && n < c.opts.MaxBatch {
+	for n < len(c.pend) {
+		if n == c.opts.MaxBatch {
+			return n, risky, true
+		}
 		it := c.pend[n]
-		if it.alone || (n > 0 && bytes+it.size > c.opts.MaxBatchBytes) {
+		if it.alone {
 			break
+		}
+		if n > 0 && bytes+it.size > c.opts.MaxBatchBytes {
+			return n, risky, true
 		}
 		if it.msgID != "" {
 			if ids[it.msgID] || c.known(it.msgID) {
@@ -391,7 +410,7 @@ func (c *Committer) nextBatch() (int, bool) {
 		bytes += it.size
 		n++
 	}
-	return n, risky
+	return n, risky, false
 }
 
 func (c *Committer) target(m *nats.Msg) string {
@@ -424,13 +443,29 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	return c.inbox + "." + id, u
 }
 
-// sendAlone publishes one message with this committer's reply, so that it
-// knows when the stream is idle again; the answer goes to the client.
-func (c *Committer) sendAlone(it item) {
-	reply, _ := c.newUnit([]item{it}, false)
-	c.alone.Add(1)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
-		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+// markerStream is never a stream's name (names have no spaces): a
+// message expecting it is answered at once with an error and not stored.
+const markerStream = "holdfast marker"
+
+// sendSingles publishes msgs one by one with the clients' own replies, so
+// that the server answers each client directly (no extra hop on the way
+// back), then a marker with this committer's reply: the stream applies its
+// inbound messages one at a time in order, so the marker's answer (an
+// "expected stream" error, nothing stored, nothing flushed) says that the
+// messages before it are done and the stream is idle again.
+func (c *Committer) sendSingles(msgs []item) {
+	for _, it := range msgs {
+		c.alone.Add(1)
+		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
+		}
+	}
+	reply, u := c.newUnit(msgs, false)
+	u.marker = true
+	h := nats.Header{}
+	h.Set("Nats-Expected-Stream", markerStream)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(msgs[len(msgs)-1].m), Reply: reply, Header: h}); err != nil {
+		c.log.Warn("cannot publish a marker", "err", err)
 	}
 }
 
@@ -483,9 +518,8 @@ func (c *Committer) answer(r *nats.Msg) {
 		return // given up on already
 	}
 	c.finish(id, u)
-	if len(u.msgs) == 1 {
-		c.reply(u.msgs[0], r.Header, r.Data)
-		return
+	if u.marker {
+		return // the server answered the clients itself
 	}
 	var ack pubAck
 	if len(r.Data) == 0 || r.Header.Get("Status") != "" || json.Unmarshal(r.Data, &ack) != nil ||
@@ -495,13 +529,14 @@ func (c *Committer) answer(r *nats.Msg) {
 	}
 	c.batches.Add(1)
 	c.batchedMsgs.Add(uint64(len(u.msgs)))
+	c.batchNanos.Add(uint64(time.Since(u.start)))
 	first := ack.Seq - uint64(len(u.msgs)) + 1
 	for i, it := range u.msgs {
 		if it.m.Reply == "" {
 			continue
 		}
 		b, _ := json.Marshal(pubAck{Stream: ack.Stream, Domain: ack.Domain, Seq: first + uint64(i)})
-		c.reply(it, nil, b)
+		c.reply(it, b)
 	}
 }
 
@@ -511,7 +546,13 @@ func (c *Committer) finish(id string, u *unit) {
 		c.risky--
 	}
 	if m := c.opts.Metrics; m != nil {
-		m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+		if u.marker {
+			for range u.msgs {
+				m.observe(c.opts.Stream, 1, time.Since(u.start))
+			}
+		} else {
+			m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+		}
 	}
 }
 
@@ -540,35 +581,19 @@ func (c *Committer) refuse(u *unit, r *nats.Msg, e *apiError) {
 	}
 	b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: e})
 	for _, it := range u.msgs {
-		c.reply(it, nil, b)
+		c.reply(it, b)
 	}
 }
 
-// reply answers a client (a status answer, such as no responders, as the
-// same status: the client's library maps it as it would from the server).
-func (c *Committer) reply(it item, h nats.Header, data []byte) {
+// reply answers a client with a PubAck or an error (JSON, as the server
+// sends them).
+func (c *Committer) reply(it item, data []byte) {
 	if it.m.Reply == "" {
 		return
 	}
-	out := &nats.Msg{Subject: it.m.Reply, Data: data}
-	if st := h.Get("Status"); st != "" && len(data) == 0 {
-		d := h.Get("Description")
-		if st == "503" {
-			d = "no responders: stream " + c.opts.Stream + " not available"
-		}
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: atoi(st), Description: d}})
-		out.Data = b
-	} else if len(h) > 0 {
-		out.Header = h
-	}
-	if err := c.nc.PublishMsg(out); err != nil {
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: it.m.Reply, Data: data}); err != nil {
 		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
 	}
-}
-
-func atoi(s string) int {
-	n, _ := strconv.Atoi(s)
-	return n
 }
 
 // known reports whether id was sent within the duplicate window.

@@ -15,12 +15,13 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/holdfast-io/holdfast/config"
 )
 
 // startServer runs a JetStream server with sync always on a temp store.
-func startServer(t *testing.T) *server.Server {
+func startServer(t testing.TB) *server.Server {
 	t.Helper()
 	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
 		SyncAlways: true, JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 1 << 26, NoLog: true, NoSigs: true}
@@ -36,7 +37,7 @@ func startServer(t *testing.T) *server.Server {
 	return s
 }
 
-func connect(t *testing.T, s *server.Server) *nats.Conn {
+func connect(t testing.TB, s *server.Server) *nats.Conn {
 	t.Helper()
 	nc, err := nats.Connect(s.ClientURL())
 	if err != nil {
@@ -48,7 +49,7 @@ func connect(t *testing.T, s *server.Server) *nats.Conn {
 
 // gcStream creates stream name the way holdfast does for group_commit
 // (embedded.StreamSpec): prefixed subjects, the transform back, atomic.
-func gcStream(t *testing.T, js jetstream.JetStream, name string, subjects []string, mod func(*jetstream.StreamConfig)) {
+func gcStream(t testing.TB, js jetstream.JetStream, name string, subjects []string, mod func(*jetstream.StreamConfig)) {
 	t.Helper()
 	cfg := jetstream.StreamConfig{Name: name, Subjects: config.GroupCommitSubjects(name, subjects),
 		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(name, ">"), Destination: ">"},
@@ -61,7 +62,7 @@ func gcStream(t *testing.T, js jetstream.JetStream, name string, subjects []stri
 	}
 }
 
-func openCommitter(t *testing.T, s *server.Server, opts Options) *Committer {
+func openCommitter(t testing.TB, s *server.Server, opts Options) *Committer {
 	t.Helper()
 	c := New(connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := c.Open(context.Background()); err != nil {
@@ -71,7 +72,7 @@ func openCommitter(t *testing.T, s *server.Server, opts Options) *Committer {
 	return c
 }
 
-func newJS(t *testing.T, nc *nats.Conn) jetstream.JetStream {
+func newJS(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 	t.Helper()
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -110,7 +111,8 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	gcStream(t, js, "ORDERS", []string{"orders.*", "bills.>"}, nil)
-	c := openCommitter(t, s, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}})
+	reg := prometheus.NewRegistry()
+	c := openCommitter(t, s, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}, Metrics: NewMetrics(reg)})
 
 	const publishers, each = 4, 600
 	type ack struct {
@@ -201,6 +203,19 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 		t.Fatalf("no batch committed: %+v", st)
 	}
 	t.Logf("stats %+v", st)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]uint64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			counts[mf.GetName()] += m.GetHistogram().GetSampleCount()
+		}
+	}
+	if want := st.Batches + st.Alone; counts["holdfast_group_commit_batch_size"] != want || counts["holdfast_group_commit_latency_seconds"] != want {
+		t.Fatalf("histogram counts %v, want %d commits", counts, want)
+	}
 }
 
 // TestLonePublisherGoesAlone: a synchronous publisher never waits for a
@@ -302,7 +317,11 @@ func testDedupe(t *testing.T, window time.Duration) {
 	if n := len(storedBodies(t, js, "S")); n != 550 {
 		t.Fatalf("stored %d, want 550", n)
 	}
-	t.Logf("stats %+v", c.Stats())
+	st := c.Stats()
+	t.Logf("stats %+v", st)
+	if window == 0 && st.Refused == 0 {
+		t.Fatal("no batch was refused: the one-by-one fallback was not exercised")
+	}
 }
 
 // TestErrorsAsTheServerGivesThem: a wrong expected sequence and a message
@@ -417,4 +436,86 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 	if _, err := js.Publish(context.Background(), "s.a", nil, jetstream.WithRetryAttempts(0)); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Fatalf("publish after Close: %v, want no responders", err)
 	}
+}
+
+// TestBatchesCutAtServerLimit: more waiting messages than the server's
+// maximum atomic batch (1000) go out in several batches, none refused.
+func TestBatchesCutAtServerLimit(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(5000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 4,000 at once: while the first commits, thousands wait.
+	for i := range 4000 {
+		if _, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-pjs.PublishAsyncComplete():
+	case <-time.After(30 * time.Second):
+		t.Fatal("acks missing")
+	}
+	if n := len(storedBodies(t, js, "S")); n != 4000 {
+		t.Fatalf("stored %d, want 4000", n)
+	}
+	st := c.Stats()
+	if st.Refused != 0 || st.Batches == 0 || st.BatchedMsgs/st.Batches > DefaultMaxBatch {
+		t.Fatalf("stats %+v", st)
+	}
+	t.Logf("stats %+v", st)
+}
+
+// TestStreamFullDiscardNew: a batch the server refuses because the stream
+// is full (discard new) is published again one by one: the messages that
+// fit are stored, the others get the server's own error, as without group
+// commit.
+func TestStreamFullDiscardNew(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	ctx := context.Background()
+	gcStream(t, js, "S", []string{"s.*"}, func(c *jetstream.StreamConfig) {
+		c.MaxMsgs, c.Discard = 10, jetstream.DiscardNew
+	})
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgs: 10, Discard: jetstream.DiscardNew}); err != nil {
+		t.Fatal(err)
+	}
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	pjs := newJS(t, connect(t, s))
+	run := func(subj string) (stored int, codes map[jetstream.ErrorCode]int) {
+		codes = map[jetstream.ErrorCode]int{}
+		var futs []jetstream.PubAckFuture
+		for i := range 60 {
+			f, err := pjs.PublishAsync(subj, []byte(strconv.Itoa(i)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			futs = append(futs, f)
+		}
+		for i, f := range futs {
+			select {
+			case <-f.Ok():
+				stored++
+			case err := <-f.Err():
+				var ae *jetstream.APIError
+				if !errors.As(err, &ae) {
+					t.Fatalf("%s %d: %v", subj, i, err)
+				}
+				codes[ae.ErrorCode]++
+			case <-time.After(20 * time.Second):
+				t.Fatalf("%s %d: no answer", subj, i)
+			}
+		}
+		return stored, codes
+	}
+	wantStored, wantCodes := run("p.a")
+	stored, codes := run("s.a")
+	if stored != wantStored || fmt.Sprint(codes) != fmt.Sprint(wantCodes) {
+		t.Fatalf("group commit: %d stored, errors %v; the server: %d stored, errors %v", stored, codes, wantStored, wantCodes)
+	}
+	t.Logf("stored %d, errors %v, stats %+v", stored, codes, c.Stats())
 }

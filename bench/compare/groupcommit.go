@@ -2,11 +2,16 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // groupCommit compares, with the same `nats bench js pub` runs, a stock
@@ -29,7 +34,7 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 	defer hold.stop()
 	// The stock stream is created by nats bench (--create); holdfast's
 	// benchstream comes from its config, with group commit.
-	if _, err := e.natsBench(stock.url, "js", "pub", "sync", "bench.data", "--create", "--msgs", "10"); err != nil {
+	if err := createBenchStream(stock.url); err != nil {
 		return err
 	}
 
@@ -42,7 +47,7 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 			return fmt.Errorf("-group-commit: %q is not a publisher count", c)
 		}
 		for _, kind := range []string{"async", "sync"} {
-			args := []string{"js", "pub", kind, "bench.data", "--clients", strconv.Itoa(clients)}
+			args := []string{"js", "pub", kind, "bench.data", "--clients", strconv.Itoa(clients), "--timeout", "60s"}
 			if kind == "async" {
 				args = append(args, "--batch", "500")
 			}
@@ -61,6 +66,24 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 		}
 	}
 	return nil
+}
+
+// createBenchStream creates the stream nats bench --create would:
+// benchstream on bench.data, file storage.
+func createBenchStream(url string) error {
+	nc, err := nats.Connect(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "benchstream", Subjects: []string{"bench.data"}, Storage: jetstream.FileStorage})
+	return err
 }
 
 func latency(r benchResult) string {

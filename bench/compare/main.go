@@ -88,13 +88,13 @@ func run() error {
 		time.Now().UTC().Format("2006-01-02"), *msgs, *size, *workers)
 	fmt.Fprintf(&rep, "Stock: %s, nats CLI %s; both on 127.0.0.1, stores in %s.\n\n",
 		strings.TrimSpace(string(version)), strings.TrimSpace(string(natsVersion)), parent)
-	fmt.Fprintln(&rep, "| sync | figure | stock msgs/s | holdfast msgs/s | holdfast/stock |")
-	fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
 	var rss, ratios bytes.Buffer
 	var machine string
 	var modes []string
 	if *syncs != "" {
 		modes = strings.Split(*syncs, ",")
+		fmt.Fprintln(&rep, "| sync | figure | stock msgs/s | holdfast msgs/s | holdfast/stock |")
+		fmt.Fprintln(&rep, "| --- | --- | ---: | ---: | ---: |")
 	}
 	for _, mode := range modes {
 		mode = strings.TrimSpace(mode)

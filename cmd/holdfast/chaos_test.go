@@ -60,7 +60,12 @@ func readProcessed(t *testing.T, path string) (map[uint64]int, map[string]uint64
 	return bySeq, byID
 }
 
-func TestChaosKill9(t *testing.T) {
+func TestChaosKill9(t *testing.T) { runChaosKill9(t, false) }
+
+// TestChaosKill9GroupCommit is the same with group_commit = true on ORDERS.
+func TestChaosKill9GroupCommit(t *testing.T) { runChaosKill9(t, true) }
+
+func runChaosKill9(t *testing.T, groupCommit bool) {
 	cycles := durEnvInt("HOLDFAST_CHAOS_CYCLES", 6)
 	dir := durTempDir(t, "chaos")
 	processedFile := filepath.Join(dir, "processed")
@@ -71,7 +76,7 @@ command = ["/bin/sh", "-c", "printf '%%s %%s\\n' \"$HOLDFAST_SEQ\" \"$HOLDFAST_M
 timeout = "5s"
 `, processedFile)
 	cfgPath := e2eWriteConfig(t, durConfig{store: filepath.Join(dir, "store"), port: port, workers: 4,
-		handler: "exec", extra: extra}.toml())
+		handler: "exec", extra: extra, groupCommit: groupCommit}.toml())
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	acks := newAckLog()
 	res := chaosResult{cycles: cycles}

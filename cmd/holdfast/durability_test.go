@@ -30,6 +30,8 @@ type durConfig struct {
 	workers    int
 	handler    string // "log" unless set
 	extra      string // appended verbatim
+	// groupCommit sets group_commit = true on ORDERS.
+	groupCommit bool
 }
 
 func (c durConfig) toml() string {
@@ -43,6 +45,10 @@ func (c durConfig) toml() string {
 	handler := c.handler
 	if handler == "" {
 		handler = "log"
+	}
+	stream := ""
+	if c.groupCommit {
+		stream = "group_commit = true\n"
 	}
 	return fmt.Sprintf(`[server]
 name = "holdfast-durability"
@@ -62,14 +68,14 @@ shutdown_timeout = "5s"
 
 [streams.ORDERS]
 subjects = ["orders.*"]
-
+%s
 [consumers.WORKER1]
 stream = "ORDERS"
 workers = %d
 handler = %q
 ack_wait = "5s"
 backoff = ["100ms"]
-%s`, c.port, c.store, js, c.workers, handler, c.extra)
+%s`, c.port, c.store, js, stream, c.workers, handler, c.extra)
 }
 
 // durEnvInt reads a positive integer from the environment, or def.

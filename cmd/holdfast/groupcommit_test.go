@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -15,7 +17,7 @@ import (
 // gcPublish publishes n messages on conns publishers with PublishAsync and
 // returns, per publisher, the acknowledged sequences in publish order
 // with the body each acknowledged.
-func gcPublish(t *testing.T, url string, publishers, n int, tag string) [][]gcAck {
+func gcPublish(t *testing.T, url string, publishers, n int, tag string, opts ...nats.Option) [][]gcAck {
 	t.Helper()
 	out := make([][]gcAck, publishers)
 	var wg sync.WaitGroup
@@ -24,7 +26,7 @@ func gcPublish(t *testing.T, url string, publishers, n int, tag string) [][]gcAc
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			nc, err := nats.Connect(url)
+			nc, err := nats.Connect(url, opts...)
 			if err != nil {
 				errs <- err
 				return
@@ -173,6 +175,7 @@ func TestGroupCommitReload(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	ctx := e2eContext(t)
 	subjects := func() string {
+		t.Helper()
 		s, err := js.Stream(ctx, "ORDERS")
 		if err != nil {
 			t.Fatal(err)
@@ -200,5 +203,40 @@ func TestGroupCommitReload(t *testing.T) {
 	if !strings.Contains(d.stderr.String(), "group commit off") {
 		t.Errorf("no log line for group commit off:\n%s", d.stderr.String())
 	}
+	d.stop()
+
+	// A restart switches it too.
+	editConfig(t, in.cfg, "group_commit = false\n", "group_commit = true\n")
+	d = startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js = e2eConnect(t, in)
+	if got := subjects(); got != "$HOLDFAST.GC.ORDERS.orders.*" {
+		t.Fatalf("subjects after a restart with group commit: %s", got)
+	}
+	all = append(all, gcPublish(t, in.url(), 2, 200, "restart")...)
+	gcCheckStored(t, js, all, 1600)
+	d.stop()
+}
+
+// TestGroupCommitWithAuth: with [auth], holdfast's own identity answers
+// the publishes (its response permission covers the deferred PubAcks).
+func TestGroupCommitWithAuth(t *testing.T) {
+	in := newE2EInstance(t)
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("e2e-token-0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, fmt.Sprintf("[auth]\ntoken_file = %q\n", token)),
+		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n", 1))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	acks := gcPublish(t, in.url(), 4, 300, "auth", nats.Token("e2e-token-0123456789abcdef"))
+	nc, err := nats.Connect(in.url(), nats.Token("e2e-token-0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	gcCheckStored(t, js, acks, 1200)
 	d.stop()
 }
