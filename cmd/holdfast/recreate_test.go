@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -45,11 +46,12 @@ func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
 		if _, err := js.Consumer(e2eContext(t), "ORDERS", "WORKER1"); err != nil {
 			return fmt.Errorf("consumer WORKER1: %v", err)
 		}
+		// The error line follows the creation (it names what was created).
+		if log := d.stderr.String(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "disappeared while running") {
+			return errors.New("no error line about the vanished stream")
+		}
 		return nil
 	})
-	if log := d.stderr.String(); !strings.Contains(log, "level=ERROR") || !strings.Contains(log, "disappeared while running") {
-		t.Fatalf("no error line about the vanished stream:\n%s", log)
-	}
 	e2ePublishAcked(t, js, 0, 2) // the new stream starts at sequence 1
 	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, handled(3))
 
