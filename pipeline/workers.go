@@ -88,9 +88,7 @@ type Workers struct {
 	queue       chan delivery // received messages waiting for a worker
 	slots       chan int      // the free places in held
 	held        []heldMsg     // every message received and not yet settled
-	fetcherDone chan struct{} // closed when both fetchers stopped
-	pulling     atomic.Int32  // pull requests in flight
-	pullEnded   chan struct{} // a token each time a pull request ends
+	fetcherDone chan struct{}
 	aliveStop   chan struct{} // closed when the workers stopped
 	aliveDone   chan struct{} // closed when the in-progress ticker stopped
 	acks        *acker
@@ -182,17 +180,7 @@ func (w *Workers) Open(ctx context.Context) error {
 	w.aliveStop, w.aliveDone = make(chan struct{}), make(chan struct{})
 	go w.keepHeldAlive()
 	w.fetcherDone = make(chan struct{})
-	w.pullEnded = make(chan struct{}, 1)
-	var fetchers sync.WaitGroup
-	for range fetchers2 {
-		fetchers.Add(1)
-		go func() { defer fetchers.Done(); w.fetch() }()
-	}
-	go func() {
-		fetchers.Wait()
-		close(w.queue)
-		close(w.fetcherDone)
-	}()
+	go w.fetch()
 	// Messages whose last delivery a previous stop interrupted (Close
 	// waits for it like for the other background work).
 	w.spawn(w.resumeInterrupted)
@@ -288,37 +276,35 @@ func (w *Workers) keepHeldAlive() {
 	}
 }
 
-// fetchers2 is how many fetchers pull for one consumer: two, so that one
-// pull request is in flight while the messages of the other are handled
-// (the round trip of a pull is not a pause), like nats.go's Consume
-// refilling at half its buffer.
-const fetchers2 = 2
-
 // fetch pulls as many messages as there are free places, and keeps each
 // message alive from the moment it is received (keepHeldAlive) — whether
 // a handler takes it at once or it waits in the queue behind slow
 // handlers — so that no message can outlive ack_wait in holdfast's hands
 // and be delivered a second time while the first is still being handled.
 // Pull requests are for free places only: nothing is buffered where
-// holdfast cannot see it. While the other fetcher's request is in flight,
-// a fetcher waits for half the places before it pulls, so that the two
-// requests overlap instead of splitting into pulls of one message.
+// holdfast cannot see it.
 func (w *Workers) fetch() {
+	defer close(w.fetcherDone)
+	defer close(w.queue)
 	failures := 0
 	free := make([]int, 0, cap(w.slots))
-	half := max(1, cap(w.slots)/2)
 	for {
-		var ok bool
-		if free, ok = w.takePlaces(free, half); !ok {
+		select {
+		case i := <-w.slots:
+			free = append(free[:0], i)
+		case <-w.runCtx.Done():
 			return
 		}
-		w.pulling.Add(1)
-		got, err := w.fetchBatch(free)
-		w.pulling.Add(-1)
-		select {
-		case w.pullEnded <- struct{}{}:
-		default:
+	more:
+		for len(free) < cap(w.slots) {
+			select {
+			case i := <-w.slots:
+				free = append(free, i)
+			default:
+				break more
+			}
 		}
+		got, err := w.fetchBatch(free)
 		for _, i := range free[got:] {
 			w.slots <- i
 		}
@@ -340,41 +326,6 @@ func (w *Workers) fetch() {
 		}
 		w.refreshConsumer()
 	}
-}
-
-// takePlaces takes free places into free (emptied first): at least one,
-// then as many as are free up to want, waiting for want while another
-// pull request is in flight. It returns false when the workers stop.
-func (w *Workers) takePlaces(free []int, want int) ([]int, bool) {
-	free = free[:0]
-	select {
-	case i := <-w.slots:
-		free = append(free, i)
-	case <-w.runCtx.Done():
-		return free, false
-	}
-	for len(free) < want {
-		select {
-		case i := <-w.slots:
-			free = append(free, i)
-			continue
-		default:
-		}
-		if w.pulling.Load() == 0 {
-			break // nothing in flight: pull what is free now
-		}
-		select {
-		case i := <-w.slots:
-			free = append(free, i)
-		case <-w.pullEnded: // look again
-		case <-w.runCtx.Done():
-			for _, i := range free {
-				w.slots <- i
-			}
-			return free[:0], false
-		}
-	}
-	return free, true
 }
 
 // fetchBatch sends one pull request for len(free) messages and queues
