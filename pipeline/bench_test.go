@@ -122,7 +122,7 @@ func runWorkers(b *testing.B, workers, prefetch int, h pipeline.Handler, done fu
 // and with the default prefetch.
 func BenchmarkDispatch(b *testing.B) {
 	noop := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })
-	for _, prefetch := range []int{0, 256} {
+	for _, prefetch := range []int{0, 256, 996} {
 		for _, workers := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("workers=%d/prefetch=%d", workers, prefetch), func(b *testing.B) {
 				runWorkers(b, workers, prefetch, noop, func(st *pipeline.Stats, n int) bool { return st.Acked.Load() >= uint64(n) })

@@ -97,6 +97,7 @@ type Workers struct {
 	aliveStop   chan struct{} // closed when the workers stopped
 	aliveDone   chan struct{} // closed when the in-progress ticker stopped
 	acks        *acker
+	puller      *puller
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -175,6 +176,12 @@ func (w *Workers) Open(ctx context.Context) error {
 		return err
 	}
 	capacity := w.capacity()
+	w.puller, err = newPuller(w.js, w.opts.Stream, w.opts.Consumer, capacity+16)
+	if err != nil {
+		w.cancelRun()
+		w.cancelHandler()
+		return err
+	}
 	w.queue = make(chan delivery, capacity)
 	w.slots = make(chan int, capacity)
 	w.held = make([]heldMsg, capacity)
@@ -344,24 +351,23 @@ func (w *Workers) fetch() {
 // fetchBatch sends one pull request for len(free) messages and queues
 // what arrives, in the places free names in order; it returns how many it
 // queued.
+//
+// The request runs to its end even when the workers stop (at most
+// fetchWait), so that what arrives meanwhile is given back at once.
 func (w *Workers) fetchBatch(free []int) (int, error) {
-	batch, err := w.consumer().Fetch(len(free), jetstream.FetchMaxWait(fetchWait))
-	if err != nil {
-		return 0, err
-	}
 	got := 0
-	for msg := range batch.Messages() {
+	_, err := w.puller.pull(context.Background(), len(free), fetchWait, func(msg jetstream.Msg) {
 		if w.stopping.Load() {
 			// Arrived after the drain began: give it back at once.
 			w.giveBack(msg)
-			continue
+			return
 		}
 		slot := free[got]
 		w.held[slot].set(msg, time.Now())
 		got++
 		w.queue <- delivery{msg: msg, slot: slot} // never blocks: a place was taken for it
-	}
-	return got, batch.Error()
+	})
+	return got, err
 }
 
 // pausePoll is how often paused workers ask whether to go on.
@@ -551,6 +557,7 @@ func (w *Workers) Close(ctx context.Context) error {
 			close(w.aliveStop)
 			<-w.aliveDone
 			w.acks.close() // the last acks sent and confirmed
+			w.puller.close()
 			w.closeDeadLetters()
 			close(done)
 		}()
