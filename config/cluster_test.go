@@ -76,23 +76,30 @@ func TestClusterRefusals(t *testing.T) {
 		{"group commit in a cluster", clusterNode + "\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n", "streams.ORDERS.group_commit", "not supported with [cluster]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := Parse(strings.NewReader(tc.toml), "test.toml")
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = cfg.validateFile()
-			var ve *ValidationError
-			if !errors.As(err, &ve) {
-				t.Fatalf("validate: %v, want a ValidationError", err)
-			}
-			for _, p := range ve.Problems {
-				if p.Key == tc.key && strings.Contains(p.Reason, tc.reason) {
-					return
-				}
-			}
-			t.Fatalf("no problem %s: ...%s... in\n%v", tc.key, tc.reason, err)
+			wantFileProblem(t, tc.toml, tc.key, tc.reason)
 		})
 	}
+}
+
+// wantFileProblem parses text and fails unless validating it as a file
+// reports a problem of key whose reason contains reason.
+func wantFileProblem(t *testing.T, text, key, reason string) {
+	t.Helper()
+	cfg, err := Parse(strings.NewReader(text), "test.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = cfg.validateFile()
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("validate: %v, want a ValidationError", err)
+	}
+	for _, p := range ve.Problems {
+		if p.Key == key && strings.Contains(p.Reason, reason) {
+			return
+		}
+	}
+	t.Fatalf("no problem %s: ...%s... in\n%v", key, reason, err)
 }
 
 // TestClusterSecretFiles: route secrets and certificates that cannot be

@@ -140,21 +140,7 @@ func TestLeafNodeRefusals(t *testing.T) {
 				wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "leafnodes.foo", "unknown key")
 				return
 			}
-			cfg, err := Parse(strings.NewReader(tc.toml), "test.toml")
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = cfg.validateFile()
-			var ve *ValidationError
-			if !errors.As(err, &ve) {
-				t.Fatalf("validate: %v, want a ValidationError", err)
-			}
-			for _, p := range ve.Problems {
-				if p.Key == tc.key && strings.Contains(p.Reason, tc.reason) {
-					return
-				}
-			}
-			t.Fatalf("no problem %s: ...%s... in\n%v", tc.key, tc.reason, err)
+			wantFileProblem(t, tc.toml, tc.key, tc.reason)
 		})
 	}
 }
