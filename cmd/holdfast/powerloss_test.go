@@ -127,17 +127,24 @@ func runPowerLoss(t *testing.T, syncSetting string, groupCommit bool, cycles int
 // the consumer survive, and every message is processed.
 func TestPowerLossSyncAlways(t *testing.T) {
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
-	res := runPowerLoss(t, "", false, cycles, 4)
+	requireNoLoss(t, runPowerLoss(t, "", false, cycles, 4), `sync = "always"`)
+}
+
+// requireNoLoss reports a power-loss run and fails on any acknowledged
+// message lost, any stream or consumer missing, or a loss holdfast
+// reported, under what.
+func requireNoLoss(t *testing.T, res powerLossResult, what string) {
+	t.Helper()
 	t.Log(res)
 	fmt.Println("powerloss:", res)
 	if res.acked == 0 {
 		t.Fatal("no message was acknowledged: the harness measured nothing")
 	}
 	if res.lost != 0 || res.streamVanished != 0 || res.consumerMissing != 0 {
-		t.Errorf("with sync = \"always\": %s", res)
+		t.Errorf("with %s: %s", what, res)
 	}
 	if res.lossReported != 0 {
-		t.Errorf("holdfast reported a data loss with sync = \"always\"")
+		t.Errorf("holdfast reported a data loss with %s", what)
 	}
 }
 
@@ -161,16 +168,5 @@ func TestPowerLossSyncInterval(t *testing.T) {
 // every message is processed.
 func TestPowerLossGroupCommit(t *testing.T) {
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
-	res := runPowerLoss(t, "", true, cycles, 16)
-	t.Log(res)
-	fmt.Println("powerloss:", res)
-	if res.acked == 0 {
-		t.Fatal("no message was acknowledged: the harness measured nothing")
-	}
-	if res.lost != 0 || res.streamVanished != 0 || res.consumerMissing != 0 {
-		t.Errorf("with group commit: %s", res)
-	}
-	if res.lossReported != 0 {
-		t.Errorf("holdfast reported a data loss with group commit")
-	}
+	requireNoLoss(t, runPowerLoss(t, "", true, cycles, 16), "group commit")
 }
