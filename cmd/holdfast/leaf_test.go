@@ -177,17 +177,28 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 	if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
 		t.Fatalf("hub EDGE holds %d messages after settling, want %d", n, want)
 	}
-	ctx := e2eContext(t)
-	c, err := js.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	// In a hub cluster that just lost a node, creating the consumer waits
+	// for the meta group: try again with short timeouts (the consumer
+	// makes its own contexts later).
+	var c jetstream.Consumer
+	e2eCheckFor(t, within, 200*time.Millisecond, func() (err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err = js.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
+		return err
+	})
 	out := map[string]map[uint64]int{}
 	order := map[string][]uint64{}
 	ids := map[string]bool{}
+	deadline := time.Now().Add(within)
 	for got := uint64(0); got < want; {
 		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
+			// Each Fetch of an ordered consumer creates a consumer (10 s
+			// timeout), which a hub cluster electing leaders may not answer.
+			if time.Now().Before(deadline) {
+				continue
+			}
 			t.Fatal(err)
 		}
 		n := 0
