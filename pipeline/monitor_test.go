@@ -595,8 +595,10 @@ func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
 		return nil
 	})
 	cs := waitLost(t, m, "WORKER1", 3)
-	if cs.LastLoss == nil || cs.LastLoss.Cause != "max_age" || cs.LastLoss.FirstSeq != 1 || cs.LastLoss.LastSeq != 3 {
-		t.Errorf("last loss = %+v, want seq 1..3 by max_age", cs.LastLoss)
+	// The three expire milliseconds apart: one check may see them all, or
+	// two checks a part each.
+	if cs.LastLoss == nil || cs.LastLoss.Cause != "max_age" || cs.LastLoss.LastSeq != 3 || cs.LastLoss.FirstSeq+cs.LastLoss.Count != 4 {
+		t.Errorf("last loss = %+v, want up to seq 3 by max_age", cs.LastLoss)
 	}
 	if len(cs.Warnings) != 0 {
 		t.Errorf("warnings remain with nothing left to process: %q", cs.Warnings)
