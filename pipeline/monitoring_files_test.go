@@ -116,7 +116,7 @@ func TestMonitoringFiles(t *testing.T) {
 		Handler:  pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() }),
 		OnResult: metrics.ObserveResult("ORDERS"),
 	})
-	// As the daemon sets it up (cmd/holdfast/daemon.go).
+	// As the daemon sets it up (daemon/daemon.go).
 	m := e.monitor(pipeline.MonitorOptions{
 		FileStoreLimit:   e.cfg.JetStream.MaxFileStore.Bytes,
 		MemoryStoreLimit: e.cfg.JetStream.MaxMemoryStore.Bytes,

@@ -11,6 +11,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/bench"
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/daemon"
 )
 
 func benchCommand() *cli.Command {
@@ -81,7 +82,7 @@ func runBench(c *cli.Context) error {
 	b := &bench.Bencher{
 		Params:  p,
 		Version: versionString(),
-		Wiring:  bench.Wiring{NewHandler: newHandler, ConsumerOptions: consumerOptions},
+		Wiring:  bench.Wiring{NewHandler: daemon.NewHandler, ConsumerOptions: daemon.ConsumerOptions},
 	}
 	if p.Server == "" {
 		if b.Dir, err = bench.ParentDir(c.String("dir")); err != nil {

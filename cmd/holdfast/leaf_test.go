@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,8 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/crypto/bcrypt"
-
-	"github.com/holdfast-io/holdfast/config"
 )
 
 // leafNode is one holdfast of an edge/hub test on 127.0.0.1.
@@ -541,16 +538,6 @@ func TestLeafRefusesShortDuplicateWindow(t *testing.T) {
 		if !strings.Contains(log, want) {
 			t.Errorf("edge log lacks %q:\n%s", want, log)
 		}
-	}
-}
-
-// TestLeafNodesChangeNeedsRestart: a changed [leafnodes] is named as
-// needing a restart at reload, not dropped.
-func TestLeafNodesChangeNeedsRestart(t *testing.T) {
-	cur, next := config.DefaultConfig(), config.DefaultConfig()
-	next.LeafNodes.Listen = "127.0.0.1:7422"
-	if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{"[leafnodes]"}) {
-		t.Errorf("restart names %v", got)
 	}
 }
 

@@ -10,8 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/holdfast-io/holdfast/config"
 )
 
 // TestReloadOnSIGHUP: SIGHUP applies a new handler and stream limit at
@@ -320,33 +318,6 @@ func (d *e2eProc) reloadWith(path, text string) {
 		}
 		return nil
 	})
-}
-
-// TestRestartOnlyChanges: every section a reload cannot apply is named
-// when it changed — [cluster] included, which a reload used to drop
-// without a word.
-func TestRestartOnlyChanges(t *testing.T) {
-	cur := config.DefaultConfig()
-	for _, tc := range []struct {
-		key    string
-		change func(*config.Config)
-	}{
-		{"[server]", func(c *config.Config) { c.Server.Port++ }},
-		{"[jetstream]", func(c *config.Config) { c.JetStream.Sync = "2m" }},
-		{"[cluster]", func(c *config.Config) { c.Cluster.Name = "site-a" }},
-		{"[http]", func(c *config.Config) { c.HTTP.Listen = "" }},
-		{"[tls]", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
-		{"log.format", func(c *config.Config) { c.Log.Format = "json" }},
-	} {
-		next := config.DefaultConfig()
-		tc.change(next)
-		if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{tc.key}) {
-			t.Errorf("changing %s: restart names %v", tc.key, got)
-		}
-	}
-	if got := restartOnlyChanges(cur, config.DefaultConfig()); len(got) != 0 {
-		t.Errorf("no change: restart names %v", got)
-	}
 }
 
 // TestReloadPrefetchRestartsWorkers: a changed consumers.NAME.prefetch

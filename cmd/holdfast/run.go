@@ -8,6 +8,8 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/daemon"
 )
 
 func runCommand() *cli.Command {
@@ -46,7 +48,7 @@ func runCommand() *cli.Command {
 			defer signal.Stop(hups)
 
 			n := newNotifier(log)
-			d := newDaemon(cfg, log, level, n)
+			d := daemon.New(cfg, daemon.Options{Log: log, Level: level, Notify: n, Version: versionString()})
 			ctx, cancel := context.WithCancel(c.Context)
 			defer cancel()
 			var stopSig atomic.Value // the os.Signal that asked to stop

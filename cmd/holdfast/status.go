@@ -7,106 +7,20 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
-
-// statusSubjectPrefix starts the subject where the running holdfast
-// answers `holdfast status` with a statusReply in JSON: what only the
-// daemon knows (losses to retention, workers, health). The subject ends
-// with the server's name, so that in a cluster or across a leafnode each
-// node answers for itself; any NATS client may ask:
-//
-//	nats request '$HOLDFAST.STATUS.edge-01' ''
-//
-// Only holdfast's own identity may subscribe to $HOLDFAST.> (see
-// embedded's reserved subjects), so nobody else can answer.
-const statusSubjectPrefix = "$HOLDFAST.STATUS."
-
-// statusSubject is the status subject of the server named name: its name
-// as one subject token (characters a token cannot hold become '_').
-func statusSubject(name string) string {
-	token := strings.Map(func(r rune) rune {
-		if r <= ' ' || r == '.' || r == '*' || r == '>' || r == 0x7f {
-			return '_'
-		}
-		return r
-	}, name)
-	return statusSubjectPrefix + token
-}
-
-// statusReply is the daemon's answer on statusSubject.
-type statusReply struct {
-	Version    string               `json:"version"`
-	NATSServer string               `json:"nats_server"`
-	ServerName string               `json:"server_name"`
-	PID        int                  `json:"pid"`
-	Started    time.Time            `json:"started"`
-	StoreDir   string               `json:"store_dir"`
-	Sync       string               `json:"sync"`
-	Domain     string               `json:"domain,omitempty"`
-	HTTPListen string               `json:"http_listen,omitempty"`
-	FailOnLoss bool                 `json:"fail_on_loss"`
-	Health     pipeline.Health      `json:"health"`
-	Report     *pipeline.Report     `json:"report"`
-	Cluster    *clusterStatus       `json:"cluster,omitempty"`
-	Leafnodes  *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
-	// GroupCommit holds the counters of each stream with group commit.
-	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
-}
-
-// serveStatus answers statusSubject on the daemon's in-process connection
-// with a fresh check.
-func serveStatus(d *daemon) (*nats.Subscription, error) {
-	started := time.Now()
-	cfg := d.cfg // its server, jetstream and http sections never change at reload
-	subject := statusSubject(cfg.Server.Name)
-	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		reply := statusReply{
-			Version:    versionString(),
-			NATSServer: server.VERSION,
-			ServerName: cfg.Server.Name,
-			PID:        os.Getpid(),
-			Started:    started,
-			StoreDir:   d.srv.StoreDir(),
-			Sync:       cfg.JetStream.Sync,
-			Domain:     cfg.JetStream.Domain,
-			HTTPListen: d.http.Addr(),
-			FailOnLoss: cfg.HTTP.FailOnLoss,
-			Report:     d.monitor.CheckNow(ctx),
-			Cluster:    clusterView(d.srv.NATS()),
-			Leafnodes:  d.edge.Status(ctx),
-		}
-		reply.Health = d.monitor.Health()
-		reply.GroupCommit = d.groupCommitStats()
-		data, err := json.Marshal(reply)
-		if err != nil {
-			d.log.Error("cannot encode status", "err", err)
-			return
-		}
-		if err := m.Respond(data); err != nil {
-			d.log.Warn("cannot answer status request", "err", err)
-		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("cannot serve %s: %w", subject, err)
-	}
-	return sub, nil
-}
 
 // printJSON prints v indented, as `status --json` and the HTTP endpoints do.
 func printJSON(w io.Writer, v any) error {
@@ -123,15 +37,15 @@ type statusOutput struct {
 	Healthy bool `json:"healthy"`
 	// Error says why nothing could be read (holdfast unreachable); the
 	// other fields are empty then.
-	Error     string           `json:"error,omitempty"`
-	URL       string           `json:"url"`
-	Daemon    *daemonOutput    `json:"daemon"`
-	Health    *pipeline.Health `json:"health"`
-	Problems  []string         `json:"problems,omitempty"`
-	JetStream jetStreamOutput  `json:"jetstream"`
-	Cluster   *clusterStatus   `json:"cluster,omitempty"`
-	Streams   []streamOutput   `json:"streams"`
-	Consumers []consumerOutput `json:"consumers"`
+	Error     string                `json:"error,omitempty"`
+	URL       string                `json:"url"`
+	Daemon    *daemonOutput         `json:"daemon"`
+	Health    *pipeline.Health      `json:"health"`
+	Problems  []string              `json:"problems,omitempty"`
+	JetStream jetStreamOutput       `json:"jetstream"`
+	Cluster   *daemon.ClusterStatus `json:"cluster,omitempty"`
+	Streams   []streamOutput        `json:"streams"`
+	Consumers []consumerOutput      `json:"consumers"`
 
 	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
 }
@@ -212,7 +126,7 @@ func statusCommand() *cli.Command {
 		Name:  "status",
 		Usage: "show JetStream, streams, consumers and workers of the running holdfast; exit 1 when it is not healthy",
 		Description: "Connects to the running holdfast as a NATS client, reads JetStream, every stream and consumer,\n" +
-			"and asks the daemon it is connected to (on " + statusSubjectPrefix + "<server name>) for what only it knows: losses to retention,\n" +
+			"and asks the daemon it is connected to (on " + daemon.StatusSubjectPrefix + "<server name>) for what only it knows: losses to retention,\n" +
 			"workers and health. Exit 0 when healthy, 1 when degraded or unreachable.",
 		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON instead of tables"}},
 		Action: func(c *cli.Context) error {
@@ -264,17 +178,17 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	defer cancel()
 	out := &statusOutput{}
 
-	var reply *statusReply
+	var reply *daemon.StatusReply
 	// The server this client is connected to answers, not another node of
 	// a cluster or a leafnode network.
 	name := nc.ConnectedServerName()
 	if name == "" {
 		name = cfg.Server.Name
 	}
-	subject := statusSubject(name)
+	subject := daemon.StatusSubject(name)
 	msg, err := nc.RequestWithContext(ctx, subject, nil)
 	if err == nil {
-		reply = &statusReply{}
+		reply = &daemon.StatusReply{}
 		if err = json.Unmarshal(msg.Data, reply); err != nil {
 			reply = nil
 		}
@@ -361,7 +275,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		if t := si.Config.SubjectTransform; t != nil && config.IsGroupCommitSubject(t.Source) {
 			so.GroupCommit = "on"
 		}
-		if st, ok := reply.groupCommit(name); ok {
+		if st, ok := replyGroupCommit(reply, name); ok {
 			so.GroupCommitStats = &st
 		}
 		so.LimitRatio = map[string]float64{}
@@ -643,7 +557,7 @@ func replicaText(current, offline bool, lag uint64) string {
 }
 
 // groupCommit returns the daemon's group commit counters of stream name.
-func (r *statusReply) groupCommit(name string) (ingest.Stats, bool) {
+func replyGroupCommit(r *daemon.StatusReply, name string) (ingest.Stats, bool) {
 	if r == nil {
 		return ingest.Stats{}, false
 	}
@@ -662,4 +576,60 @@ func groupCommitText(s streamOutput) string {
 		return "on"
 	}
 	return fmt.Sprintf("on: %d batches, avg %.0f msgs", st.Batches, float64(st.BatchedMsgs)/float64(st.Batches))
+}
+
+// printLeafnodes is the leafnode part of `holdfast status`.
+func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
+	if st == nil {
+		return
+	}
+	now := time.Now()
+	for _, l := range st.Links {
+		state := "connected"
+		if !l.Connected {
+			state = "DISCONNECTED"
+		}
+		fmt.Fprintf(w, "\nLeafnode   %s %s for %s (%d connect(s))\n", l.Remote, state, now.Sub(l.Since).Round(time.Second), l.Connects)
+	}
+	for _, f := range st.Forwards {
+		fmt.Fprintf(w, "Forward    %s (stream %s) -> domain %s: ", f.Consumer, f.Stream, f.Domain)
+		switch {
+		case f.Problem != "":
+			fmt.Fprintf(w, "WAITING: %s\n", f.Problem)
+		case !f.Ready:
+			fmt.Fprintf(w, "waiting for the link\n")
+		default:
+			fmt.Fprintf(w, "ready\n")
+		}
+		last := "-"
+		if !f.LastForward.IsZero() {
+			last = now.Sub(f.LastForward).Round(time.Millisecond).String() + " ago"
+		}
+		lag := "-"
+		if !f.OldestUnforwarded.IsZero() {
+			lag = now.Sub(f.OldestUnforwarded).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s; forwarded %d, duplicates %d, refused %d, errors %d\n",
+			f.Backlog, lag, last, f.Forwarded, f.Duplicates, f.Refused, f.Errors)
+	}
+	for _, s := range st.Sources {
+		kind := "source"
+		if s.Mirror {
+			kind = "mirror"
+		}
+		state := "ok"
+		switch {
+		case s.Stalled:
+			state = fmt.Sprintf("STALLED for %s", s.StalledFor.Round(time.Second))
+		case s.Unreachable:
+			state = "waiting for the link"
+		case s.Error != "":
+			state = "ERROR: " + s.Error
+		}
+		fmt.Fprintf(w, "Source     stream %s %s %s: lag %d, %s\n", s.Stream, kind, s.Source, s.Lag, state)
+	}
+	for _, e := range st.Edges {
+		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
+			e.Edge, e.Stream, e.LastSeq, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second), e.Messages)
+	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -353,7 +354,7 @@ func TestHealthzConsumerDeleted(t *testing.T) {
 	}
 	// Every monitoring endpoint of the server is served (raftz answers
 	// 404 on a single node: the server's own answer).
-	for _, ep := range natsEndpoints {
+	for _, ep := range daemon.NATSEndpoints {
 		code, body := o.get(t, "/nats/"+ep)
 		if ep == "raftz" && code == http.StatusNotFound && strings.Contains(body, "No Raft nodes") {
 			continue

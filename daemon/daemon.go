@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -19,13 +19,14 @@ import (
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
-// daemon wires the parts of `holdfast run` together: opened in order,
+// Daemon wires the parts of `holdfast run` together: opened in order,
 // closed in reverse.
-type daemon struct {
-	cfg    *config.Config // what runs; replaced (never mutated) by Reload
-	log    *slog.Logger
-	level  *slog.LevelVar
-	notify *notifier
+type Daemon struct {
+	cfg     *config.Config // what runs; replaced (never mutated) by Reload
+	log     *slog.Logger
+	level   *slog.LevelVar
+	notify  Notifier
+	version string
 
 	http      *httpServer
 	metrics   *pipeline.Metrics
@@ -57,15 +58,46 @@ type daemon struct {
 	stopWatch context.CancelFunc
 }
 
-func newDaemon(cfg *config.Config, log *slog.Logger, level *slog.LevelVar, n *notifier) *daemon {
-	return &daemon{cfg: cfg, log: log, level: level, notify: n, failed: make(chan struct{})}
+// Notifier is told what the daemon is doing while it starts and stops
+// (systemd's STATUS= line).
+type Notifier interface {
+	Status(string)
+}
+
+// Options are what the daemon takes besides the config.
+type Options struct {
+	// Log is the logger; Level its level, changed by a reload.
+	Log   *slog.Logger
+	Level *slog.LevelVar
+	// Notify, when set, is told the start-up and shutdown steps.
+	Notify Notifier
+	// Version is holdfast's version line, for metrics, status and HTTP.
+	Version string
+}
+
+type noNotifier struct{}
+
+func (noNotifier) Status(string) {}
+
+// New returns the daemon for cfg; Open starts it.
+func New(cfg *config.Config, opts Options) *Daemon {
+	if opts.Notify == nil {
+		opts.Notify = noNotifier{}
+	}
+	if opts.Log == nil {
+		opts.Log = slog.Default()
+	}
+	if opts.Level == nil {
+		opts.Level = new(slog.LevelVar)
+	}
+	return &Daemon{cfg: cfg, log: opts.Log, level: opts.Level, notify: opts.Notify, version: opts.Version, failed: make(chan struct{})}
 }
 
 // Open locks the store dir, starts the HTTP listener (503 until ready), the embedded server,
 // bootstraps streams and consumers, starts the workers, the monitor and
 // the status responder.
-func (d *daemon) Open(ctx context.Context) error {
-	d.metrics = pipeline.NewMetrics(versionString(), server.VERSION)
+func (d *Daemon) Open(ctx context.Context) error {
+	d.metrics = pipeline.NewMetrics(d.version, server.VERSION)
 	d.srv = embedded.New(d.cfg, d.log)
 	d.srv.OnStatus = d.notify.Status
 	// The store lock first: a second holdfast on the same store is told
@@ -74,7 +106,7 @@ func (d *daemon) Open(ctx context.Context) error {
 		return err
 	}
 	if d.cfg.HTTP.Listen != "" {
-		d.http = newHTTPServer(d.cfg.HTTP.Listen, d.metrics, d.log)
+		d.http = newHTTPServer(d.cfg.HTTP.Listen, d.metrics, d.log, d.version)
 		if err := d.http.Open(ctx); err != nil {
 			return err
 		}
@@ -149,14 +181,14 @@ func (d *daemon) Open(ctx context.Context) error {
 			"what the store held is gone with it. Put the directory back (restore a backup) before starting holdfast again, "+
 			"or start it to begin with an empty store", err))
 	})
-	d.log.Info("serving", "version", versionString(), "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
+	d.log.Info("serving", "version", d.version, "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
 		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
 		"consumers", d.cfg.ConsumerNames(), "workers", d.cfg.TotalWorkers())
 	return nil
 }
 
 // watchServer closes failed when the NATS server stops on its own.
-func (d *daemon) watchServer(ctx context.Context) {
+func (d *Daemon) watchServer(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -196,7 +228,7 @@ func startupLosses(srv *embedded.Server) []string {
 // recreate creates the configured streams and consumers again, for the
 // monitor when one disappeared while running; the workers resume on
 // their own once their consumer is back.
-func (d *daemon) recreate(ctx context.Context) error {
+func (d *Daemon) recreate(ctx context.Context) error {
 	return embedded.Bootstrap(ctx, d.srv.JetStream(), d.running.Load(), d.log)
 }
 
@@ -215,7 +247,7 @@ func handlerTimeout(cc *config.ConsumerConfig) time.Duration {
 }
 
 // setWorkers replaces the list of running workers.
-func (d *daemon) setWorkers(ws []*pipeline.Workers) {
+func (d *Daemon) setWorkers(ws []*pipeline.Workers) {
 	d.workersMu.Lock()
 	defer d.workersMu.Unlock()
 	d.workers = ws
@@ -223,7 +255,7 @@ func (d *daemon) setWorkers(ws []*pipeline.Workers) {
 
 // fail records why the daemon cannot go on serving and closes Failed.
 // The first reason wins.
-func (d *daemon) fail(err error) {
+func (d *Daemon) fail(err error) {
 	d.failOnce.Do(func() {
 		d.failErr = err
 		close(d.failed)
@@ -232,10 +264,10 @@ func (d *daemon) fail(err error) {
 
 // Failed is closed when the daemon cannot go on serving (the server
 // stopped without being asked to, the store dir vanished); Err says why.
-func (d *daemon) Failed() <-chan struct{} { return d.failed }
+func (d *Daemon) Failed() <-chan struct{} { return d.failed }
 
 // Err is the reason Failed was closed, nil before.
-func (d *daemon) Err() error {
+func (d *Daemon) Err() error {
 	select {
 	case <-d.failed:
 		return d.failErr
@@ -245,7 +277,7 @@ func (d *daemon) Err() error {
 }
 
 // Status is a one-line summary for systemd's STATUS=.
-func (d *daemon) Status() string {
+func (d *Daemon) Status() string {
 	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(d.cfg.Streams), len(d.cfg.Consumers), d.srv.StoreDir())
 }
 
@@ -257,7 +289,7 @@ func (d *daemon) Status() string {
 // pipeline.ConsumerStatus.Stalled); handlers running within their
 // timeout, delayed retries and a consumer without in-process workers
 // blocked by its clients do not fail it, nor does a retention loss.
-func (d *daemon) Healthy(ctx context.Context) error {
+func (d *Daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
 	}
@@ -312,7 +344,7 @@ func (d *daemon) Healthy(ctx context.Context) error {
 }
 
 // Close stops everything in reverse order of Open. It is idempotent.
-func (d *daemon) Close(ctx context.Context) error {
+func (d *Daemon) Close(ctx context.Context) error {
 	d.closeOnce.Do(func() {
 		d.http.setPhase(phaseStopping)
 		if d.stopWatch != nil {
@@ -348,7 +380,7 @@ func (d *daemon) Close(ctx context.Context) error {
 
 // openWorkers starts the workers of consumer name as cfg describes them,
 // counting on in the consumer's counters.
-func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
+func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
 	var h pipeline.Handler
 	var fw *pipeline.Forwarder
@@ -357,7 +389,7 @@ func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 		fw, err = d.openForwarder(ctx, cfg, name)
 		h = fw
 	} else {
-		h, err = newHandler(name, cc, d.log)
+		h, err = NewHandler(name, cc, d.log)
 	}
 	if err != nil {
 		return nil, err
@@ -368,7 +400,7 @@ func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 	if d.stats[name] == nil {
 		d.stats[name] = &pipeline.Stats{}
 	}
-	opts := consumerOptions(name, cc, h)
+	opts := ConsumerOptions(name, cc, h)
 	opts.OnResult = d.metrics.ObserveResult(cc.Stream)
 	opts.Stats = d.stats[name]
 	if fw != nil {
@@ -388,7 +420,7 @@ func (d *daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 // what needs a restart. It never stops the daemon: a change that fails
 // is logged and the previous setting keeps running. Reload runs on the
 // signal loop, never concurrently with Open or Close.
-func (d *daemon) Reload(ctx context.Context, next *config.Config) {
+func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 	cur := d.cfg
 	applied := *cur
 	restart := restartOnlyChanges(cur, next)
@@ -492,7 +524,7 @@ func movesKept(cur, next *config.Config, restart *[]string) map[string]*config.C
 // reloadWorkers restarts a consumer's workers when what they run with
 // changed. The old workers drain first (up to shutdown_timeout); the new
 // ones keep their counters.
-func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *config.ConsumerConfig, name string) {
+func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *config.ConsumerConfig, name string) {
 	cc := cfg.Consumers[name]
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
@@ -502,7 +534,7 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	}
 	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
 	if cc.Workers > 0 && cc.Handler != "forward" {
-		if _, err := newHandler(name, cc, d.log); err != nil {
+		if _, err := NewHandler(name, cc, d.log); err != nil {
 			d.log.Error("reload: workers keep their previous handler", "consumer", name, "err", err)
 			return
 		}
@@ -528,8 +560,8 @@ func (d *daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	d.log.Info("reload: workers restarted", "consumer", name, "workers", cc.Workers, "handler", cc.Handler)
 }
 
-// newHandler builds a consumer's configured handler.
-func newHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error) {
+// NewHandler builds a consumer's configured handler.
+func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error) {
 	hlog := log.With("component", "handler")
 	switch cc.Handler {
 	case "log":
@@ -550,7 +582,8 @@ func newHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipel
 	return nil, fmt.Errorf("consumers.%s.handler: unknown handler %q", name, cc.Handler)
 }
 
-func consumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions {
+// ConsumerOptions are the workers' options for a configured consumer.
+func ConsumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions {
 	backoff := make([]time.Duration, len(cc.Backoff))
 	for i, b := range cc.Backoff {
 		backoff[i] = b.Duration

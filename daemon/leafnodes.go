@@ -1,10 +1,8 @@
-package main
+package daemon
 
 import (
 	"context"
 	"fmt"
-	"io"
-	"time"
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/pipeline"
@@ -13,7 +11,7 @@ import (
 // openEdgeView builds the leafnode view of a hub or an edge (nil for a
 // node without [leafnodes] or sourced streams): the links, the hub's
 // tracker of edges, the sources, and the metrics.
-func (d *daemon) openEdgeView() (*pipeline.EdgeView, error) {
+func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 	l := d.cfg.LeafNodes
 	var sourced []string
 	for _, name := range d.cfg.StreamNames() {
@@ -48,7 +46,7 @@ func (d *daemon) openEdgeView() (*pipeline.EdgeView, error) {
 
 // openForwarder builds and opens the forward handler of consumer name; it
 // refuses a reachable hub whose stream's duplicate window is too short.
-func (d *daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*pipeline.Forwarder, error) {
+func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*pipeline.Forwarder, error) {
 	cc := cfg.Consumers[name]
 	f, err := pipeline.NewForwarder(d.srv.Conn(), pipeline.ForwardOptions{
 		ServerName:         cfg.Server.Name,
@@ -72,7 +70,7 @@ func (d *daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 
 // setForwarder records the forwarder of consumer name, closing the one it
 // replaces (a reload restarted the workers).
-func (d *daemon) setForwarder(name string, f *pipeline.Forwarder) {
+func (d *Daemon) setForwarder(name string, f *pipeline.Forwarder) {
 	if d.forwarders == nil {
 		d.forwarders = map[string]*pipeline.Forwarder{}
 	}
@@ -87,67 +85,11 @@ func (d *daemon) setForwarder(name string, f *pipeline.Forwarder) {
 
 // closeLeaf stops the forwarders' background checks and the hub's
 // tracker, after the workers stopped.
-func (d *daemon) closeLeaf() {
+func (d *Daemon) closeLeaf() {
 	for _, f := range d.forwarders {
 		f.Close()
 	}
 	if d.edge != nil {
 		d.edge.Hub.Close()
-	}
-}
-
-// printLeafnodes is the leafnode part of `holdfast status`.
-func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
-	if st == nil {
-		return
-	}
-	now := time.Now()
-	for _, l := range st.Links {
-		state := "connected"
-		if !l.Connected {
-			state = "DISCONNECTED"
-		}
-		fmt.Fprintf(w, "\nLeafnode   %s %s for %s (%d connect(s))\n", l.Remote, state, now.Sub(l.Since).Round(time.Second), l.Connects)
-	}
-	for _, f := range st.Forwards {
-		fmt.Fprintf(w, "Forward    %s (stream %s) -> domain %s: ", f.Consumer, f.Stream, f.Domain)
-		switch {
-		case f.Problem != "":
-			fmt.Fprintf(w, "WAITING: %s\n", f.Problem)
-		case !f.Ready:
-			fmt.Fprintf(w, "waiting for the link\n")
-		default:
-			fmt.Fprintf(w, "ready\n")
-		}
-		last := "-"
-		if !f.LastForward.IsZero() {
-			last = now.Sub(f.LastForward).Round(time.Millisecond).String() + " ago"
-		}
-		lag := "-"
-		if !f.OldestUnforwarded.IsZero() {
-			lag = now.Sub(f.OldestUnforwarded).Round(time.Millisecond).String()
-		}
-		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s; forwarded %d, duplicates %d, refused %d, errors %d\n",
-			f.Backlog, lag, last, f.Forwarded, f.Duplicates, f.Refused, f.Errors)
-	}
-	for _, s := range st.Sources {
-		kind := "source"
-		if s.Mirror {
-			kind = "mirror"
-		}
-		state := "ok"
-		switch {
-		case s.Stalled:
-			state = fmt.Sprintf("STALLED for %s", s.StalledFor.Round(time.Second))
-		case s.Unreachable:
-			state = "waiting for the link"
-		case s.Error != "":
-			state = "ERROR: " + s.Error
-		}
-		fmt.Fprintf(w, "Source     stream %s %s %s: lag %d, %s\n", s.Stream, kind, s.Source, s.Lag, state)
-	}
-	for _, e := range st.Edges {
-		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
-			e.Edge, e.Stream, e.LastSeq, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second), e.Messages)
 	}
 }

@@ -1,24 +1,24 @@
-package main
+package daemon
 
 import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// clusterStatus is this node's view of its JetStream cluster, for
+// ClusterStatus is this node's view of its JetStream cluster, for
 // `holdfast status` and the metrics.
-type clusterStatus struct {
+type ClusterStatus struct {
 	Name       string       `json:"name"`
 	Node       string       `json:"node"`
 	MetaLeader string       `json:"meta_leader,omitempty"`
 	Size       int          `json:"size"`
 	Routes     int          `json:"routes"`
-	Peers      []peerStatus `json:"peers"`
+	Peers      []PeerStatus `json:"peers"`
 }
 
-// peerStatus is another node as the meta group sees it (on the meta
+// PeerStatus is another node as the meta group sees it (on the meta
 // leader), or as this node's routes see it (elsewhere: Lag and Active are
 // then unknown, 0).
-type peerStatus struct {
+type PeerStatus struct {
 	Name    string  `json:"name"`
 	Current bool    `json:"current"`
 	Offline bool    `json:"offline,omitempty"`
@@ -28,11 +28,11 @@ type peerStatus struct {
 
 // clusterView reads the meta group from the embedded server; nil on a
 // single node.
-func clusterView(ns *server.Server) *clusterStatus {
+func clusterView(ns *server.Server) *ClusterStatus {
 	if ns == nil || !ns.JetStreamIsClustered() {
 		return nil
 	}
-	cs := &clusterStatus{Node: ns.Name(), Routes: ns.NumRoutes()}
+	cs := &ClusterStatus{Node: ns.Name(), Routes: ns.NumRoutes()}
 	jsi, err := ns.Jsz(&server.JSzOptions{})
 	if err != nil || jsi.Meta == nil {
 		return cs
@@ -55,9 +55,9 @@ func clusterView(ns *server.Server) *clusterStatus {
 			continue // a peer known twice (a node restarted with a new ID) counts once
 		}
 		seen[p.Name] = true
-		ps := peerStatus{Name: p.Name, Current: p.Current, Offline: p.Offline, Lag: p.Lag, Active: p.Active.Seconds()}
+		ps := PeerStatus{Name: p.Name, Current: p.Current, Offline: p.Offline, Lag: p.Lag, Active: p.Active.Seconds()}
 		if !leader {
-			ps = peerStatus{Name: p.Name, Current: routed[p.Name] && m.Leader != "", Offline: !routed[p.Name]}
+			ps = PeerStatus{Name: p.Name, Current: routed[p.Name] && m.Leader != "", Offline: !routed[p.Name]}
 		}
 		cs.Peers = append(cs.Peers, ps)
 	}

@@ -1,7 +1,8 @@
-package main
+package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,7 @@ const natsMonitorPrefix = "/nats/"
 // after it.
 type httpServer struct {
 	addr    string
+	version string
 	metrics *pipeline.Metrics
 	log     *slog.Logger
 
@@ -50,8 +52,8 @@ type httpServer struct {
 	once sync.Once
 }
 
-func newHTTPServer(addr string, metrics *pipeline.Metrics, log *slog.Logger) *httpServer {
-	return &httpServer{addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting}
+func newHTTPServer(addr string, metrics *pipeline.Metrics, log *slog.Logger, version string) *httpServer {
+	return &httpServer{addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting, version: version}
 }
 
 // Open listens and starts serving.
@@ -74,7 +76,7 @@ func (h *httpServer) Open(ctx context.Context) error {
 		}
 	}()
 	h.log.Info("serving metrics and health", "listen", ln.Addr().String(),
-		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(natsEndpoints, ",")+"}")
+		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(NATSEndpoints, ",")+"}")
 	return nil
 }
 
@@ -137,10 +139,10 @@ func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
 	return h.ns, h.mon, h.phase
 }
 
-// natsEndpoints are the embedded server's monitoring endpoints served
+// NATSEndpoints are the embedded server's monitoring endpoints served
 // under natsMonitorPrefix.
 // (all of nats-server's own monitoring listener, but its expvar dump).
-var natsEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz", "stacksz", "ipqueuesz"}
+var NATSEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz", "stacksz", "ipqueuesz"}
 
 func (h *httpServer) routes() http.Handler {
 	mux := http.NewServeMux()
@@ -174,8 +176,8 @@ func (h *httpServer) routes() http.Handler {
 	}
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "holdfast %s\n\n/metrics  Prometheus metrics\n/healthz  200 when healthy, 503 with a JSON reason\n/readyz   200 once start-up is complete\n", versionString())
-		for _, name := range natsEndpoints {
+		fmt.Fprintf(w, "holdfast %s\n\n/metrics  Prometheus metrics\n/healthz  200 when healthy, 503 with a JSON reason\n/readyz   200 once start-up is complete\n", h.version)
+		for _, name := range NATSEndpoints {
 			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
 		}
 	})
@@ -214,7 +216,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(code)
-	_ = printJSON(w, v)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
 }
 
 // jetStreamCheck verifies, at every monitor check, what start-up

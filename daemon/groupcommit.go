@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -25,7 +25,7 @@ type groupCommit struct {
 
 // openGroupCommit starts the ingest of stream name (its stream exists with
 // the prefixed subjects).
-func (d *daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name string) error {
+func (d *Daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name string) error {
 	g := &d.gc
 	if g.nc == nil {
 		nc, err := d.srv.Connect("holdfast-ingest")
@@ -55,7 +55,7 @@ func (d *daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name s
 }
 
 // closeGroupCommit stops the ingest of stream name, answering what it took.
-func (d *daemon) closeGroupCommit(ctx context.Context, name string) {
+func (d *Daemon) closeGroupCommit(ctx context.Context, name string) {
 	d.gc.mu.Lock()
 	c, ok := d.gc.committers[name]
 	delete(d.gc.committers, name)
@@ -69,7 +69,7 @@ func (d *daemon) closeGroupCommit(ctx context.Context, name string) {
 }
 
 // closeAllGroupCommit stops every ingest and closes their connection.
-func (d *daemon) closeAllGroupCommit(ctx context.Context) {
+func (d *Daemon) closeAllGroupCommit(ctx context.Context) {
 	d.gc.mu.Lock()
 	names := slices.Sorted(maps.Keys(d.gc.committers))
 	d.gc.mu.Unlock()
@@ -102,7 +102,7 @@ func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
 }
 
 // groupCommitStats returns the counters of each running ingest.
-func (d *daemon) groupCommitStats() map[string]ingest.Stats {
+func (d *Daemon) groupCommitStats() map[string]ingest.Stats {
 	d.gc.mu.Lock()
 	defer d.gc.mu.Unlock()
 	if len(d.gc.committers) == 0 {
