@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -71,15 +70,11 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 // createBenchStream creates the stream nats bench --create would:
 // benchstream on bench.data, file storage.
 func createBenchStream(url string) error {
-	nc, err := nats.Connect(url)
+	nc, js, err := connectJS(url)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "benchstream", Subjects: []string{"bench.data"}, Storage: jetstream.FileStorage})

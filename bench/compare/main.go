@@ -401,15 +401,11 @@ func (e *env) stockPipeline(url string) (float64, error) {
 		r, err := e.natsBenchCSV(url, "consume.csv", "js", "consume", "--acks", "explicit")
 		done <- result{r, err}
 	}()
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, js, err := connectJS(url)
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, err
-	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -594,15 +590,11 @@ handler = "log"
 // consumer WORKER's ack floor moved while it did: from the first poll that
 // saw it move to the poll that saw msgs more acked than before publish.
 func holdfastPipeline(url string, publish func() error) (float64, error) {
-	nc, err := nats.Connect(url)
+	nc, js, err := connectJS(url)
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return 0, err
-	}
 	// holdfast answers the JetStream API before its bootstrap created the
 	// stream and the consumer.
 	var c jetstream.Consumer
@@ -660,15 +652,11 @@ func holdfastPipeline(url string, publish func() error) (float64, error) {
 }
 
 func waitAcked(url, stream, consumer string, n uint64) error {
-	nc, err := nats.Connect(url)
+	nc, js, err := connectJS(url)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return err
-	}
 	deadline := time.Now().Add(5 * time.Minute)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -686,4 +674,18 @@ func waitAcked(url, stream, consumer string, n uint64) error {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+}
+
+// connectJS connects to url (5 s timeout) with a JetStream context.
+func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
 }
