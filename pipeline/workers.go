@@ -84,7 +84,6 @@ type Workers struct {
 	ShutdownTimeout time.Duration
 
 	mu       sync.Mutex
-	cons     jetstream.Consumer
 	advisory *nats.Subscription
 	replay   *nats.Subscription
 	domain   string     // the local JetStream domain, which advisories must carry
@@ -162,11 +161,10 @@ func (w *Workers) Open(ctx context.Context) error {
 	if w.opts.Handler == nil {
 		return fmt.Errorf("consumer %s: no handler", w.opts.Consumer)
 	}
-	cons, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
-	if err != nil {
+	// The pulls name the consumer by its subject; it must exist now.
+	if _, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer); err != nil {
 		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
 	}
-	w.cons = cons
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
 	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
 	// Advisories first: one about a message pulled from now on is not missed.
@@ -176,6 +174,7 @@ func (w *Workers) Open(ctx context.Context) error {
 		return err
 	}
 	capacity := w.capacity()
+	var err error
 	w.puller, err = newPuller(w.js, w.opts.Stream, w.opts.Consumer, capacity+16)
 	if err != nil {
 		w.cancelRun()
@@ -344,7 +343,6 @@ func (w *Workers) fetch() {
 			return
 		case <-time.After(time.Second):
 		}
-		w.refreshConsumer()
 	}
 }
 
@@ -374,26 +372,6 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 const pausePoll = 100 * time.Millisecond
 
 func (w *Workers) paused() bool { return w.opts.Paused != nil && w.opts.Paused() }
-
-func (w *Workers) consumer() jetstream.Consumer {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.cons
-}
-
-// refreshConsumer looks the durable consumer up again after pulls failed
-// (it was deleted and recreated, the connection dropped).
-func (w *Workers) refreshConsumer() {
-	ctx, cancel := context.WithTimeout(w.runCtx, 5*time.Second)
-	defer cancel()
-	cons, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
-	if err != nil {
-		return
-	}
-	w.mu.Lock()
-	w.cons = cons
-	w.mu.Unlock()
-}
 
 // work is worker i: it handles queued messages until the queue closes.
 func (w *Workers) work(i int) {
