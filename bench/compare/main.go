@@ -17,6 +17,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -326,21 +327,43 @@ func (e *env) natsBenchResult(url, csvName string, args ...string) (benchResult,
 		return benchResult{}, err
 	}
 	defer f.Close()
-	r := csv.NewReader(f)
-	r.FieldsPerRecord = -1
-	rows, err := r.ReadAll()
+	res, err := parseBenchCSV(f, *size)
+	if err != nil {
+		return benchResult{}, fmt.Errorf("nats bench %s: %w", args[0], err)
+	}
+	return res, nil
+}
+
+// parseBenchCSV reads the CSV `nats bench --csv` writes: one row per
+// client. Its MsgCount column is the connection's protocol messages in and
+// out (natscli v0.5.0 internal/bench.NewSample: nc.OutMsgs + nc.InMsgs, so
+// every ack and PubAck counts too, about twice the messages); the client's
+// messages are MsgBytes / size (msgSize × the client's job count).
+func parseBenchCSV(r io.Reader, size int) (benchResult, error) {
+	if size <= 0 {
+		return benchResult{}, fmt.Errorf("message size %d: must be positive", size)
+	}
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = -1
+	rows, err := cr.ReadAll()
 	if err != nil {
 		return benchResult{}, err
 	}
-	if len(rows) < 2 || len(rows[1]) < 7 {
-		return benchResult{}, fmt.Errorf("nats bench %s: unexpected CSV %q", args[0], rows)
+	if len(rows) < 2 || len(rows[0]) < 7 || rows[0][3] != "MsgBytes" || rows[0][6] != "DurationSecs" {
+		return benchResult{}, fmt.Errorf("unexpected CSV %q", rows)
 	}
 	var res benchResult
 	var msgsTotal, longest float64
 	for _, row := range rows[1:] {
-		n, _ := strconv.ParseFloat(row[2], 64)
-		d, _ := strconv.ParseFloat(row[6], 64)
-		msgsTotal += n
+		if len(row) < 7 {
+			return benchResult{}, fmt.Errorf("short CSV row %q", row)
+		}
+		b, err1 := strconv.ParseFloat(row[3], 64)
+		d, err2 := strconv.ParseFloat(row[6], 64)
+		if err := errors.Join(err1, err2); err != nil {
+			return benchResult{}, fmt.Errorf("CSV row %q: %w", row, err)
+		}
+		msgsTotal += b / float64(size)
 		longest = max(longest, d)
 		if len(row) >= 13 {
 			p50, _ := strconv.ParseFloat(row[10], 64)
@@ -350,7 +373,7 @@ func (e *env) natsBenchResult(url, csvName string, args ...string) (benchResult,
 		}
 	}
 	if longest == 0 {
-		return benchResult{}, fmt.Errorf("nats bench %s: no duration in %q", args[0], rows)
+		return benchResult{}, fmt.Errorf("no duration in %q", rows)
 	}
 	res.rate = msgsTotal / longest
 	return res, nil
