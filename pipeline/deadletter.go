@@ -138,11 +138,14 @@ func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) 
 	return nil
 }
 
+// deadLetterTimeout bounds the first attempt to store a dead letter.
+const deadLetterTimeout = 10 * time.Second
+
 // deadLetter moves a failed message to the dead-letter stream and only
 // then terminates it. If the publish fails, the message is not terminated:
 // before its last delivery it is redelivered; on its last delivery it is
 // kept (in-progress acks) and the publish is retried until it succeeds.
-func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message, reason string, lastDelivery bool) {
+func (w *Workers) deadLetter(msg jetstream.Msg, m *Message, reason string, lastDelivery bool) {
 	if w.opts.DeadLetter == "" {
 		if err := msg.TermWithReason(reason); err != nil {
 			w.stats.Failures.Add(1)
@@ -168,6 +171,8 @@ func (w *Workers) deadLetter(ctx context.Context, msg jetstream.Msg, m *Message,
 	if lastDelivery {
 		release = w.keepInHand(msg, m.Sequence)
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), deadLetterTimeout)
+	defer cancel()
 	if err := store(ctx); err != nil {
 		w.stats.Failures.Add(1)
 		if !lastDelivery {

@@ -354,6 +354,11 @@ func (w *Workers) fetch() {
 // fetchWait), so that what arrives meanwhile is given back at once.
 func (w *Workers) fetchBatch(free []int) (int, error) {
 	got := 0
+	// Every message of the request counts as received when the request
+	// was sent: no later than the server's ack-wait clock started, so its
+	// keep-alive comes early rather than late, for one clock read per
+	// request instead of one per message.
+	sent := time.Now()
 	_, err := w.puller.pull(context.Background(), len(free), fetchWait, func(msg jetstream.Msg) {
 		if w.stopping.Load() {
 			// Arrived after the drain began: give it back at once.
@@ -361,7 +366,7 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 			return
 		}
 		slot := free[got]
-		w.held[slot].set(msg, time.Now())
+		w.held[slot].set(msg, sent)
 		got++
 		w.queue <- delivery{msg: msg, slot: slot} // never blocks: a place was taken for it
 	})
@@ -455,8 +460,6 @@ func keepAlive(msg jetstream.Msg, interval time.Duration, onErr func(error)) (st
 
 // settle acks, naks or dead-letters a handled message.
 func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if w.handlerCtx.Err() != nil && res.Outcome != Success {
 		// Cancelled by shutdown: hand it back for the next start.
 		w.log.Info("handler interrupted by shutdown: message returned", "seq", m.Sequence)
@@ -471,7 +474,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 	case Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
-			w.deadLetter(ctx, msg, m, reason, true)
+			w.deadLetter(msg, m, reason, true)
 			return
 		}
 		delay := w.retryDelay(m.Delivery)
@@ -488,7 +491,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 		w.log.Warn("handler failed: will retry", "seq", m.Sequence, "subject", m.Subject,
 			"delivery", m.Delivery, "max_deliver", w.opts.MaxDeliver, "retry_in", delay, "reason", res.Reason)
 	case Permanent:
-		w.deadLetter(ctx, msg, m, res.Reason, m.Delivery >= uint64(w.opts.MaxDeliver))
+		w.deadLetter(msg, m, res.Reason, m.Delivery >= uint64(w.opts.MaxDeliver))
 	default:
 		w.log.Error("handler returned an unknown outcome: retrying", "seq", m.Sequence, "outcome", res.Outcome.String())
 		_ = msg.NakWithDelay(w.retryDelay(m.Delivery))
