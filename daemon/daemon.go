@@ -176,6 +176,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
+	go trimMemoryWhenIdle(wctx, d.log)
 	go d.srv.WatchStore(wctx, 0, func(err error) {
 		d.fail(fmt.Errorf("%w: holdfast stopped so that nothing more is acknowledged into files nobody will read; "+
 			"what the store held is gone with it. Put the directory back (restore a backup) before starting holdfast again, "+
