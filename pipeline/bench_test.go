@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -108,13 +110,38 @@ func runWorkers(b *testing.B, workers, prefetch int, h pipeline.Handler, done fu
 	w := e.workers(h, workers, prefetch)
 	b.SetBytes(128)
 	b.ReportAllocs()
+	cpu := startCPU()
 	b.ResetTimer()
 	if err := w.Open(context.Background()); err != nil {
 		b.Fatal(err)
 	}
 	benchWaitFor(b, func() bool { return done(w.Stats(), b.N) })
 	b.StopTimer()
+	cpu.report(b)
 	_ = w.Close(context.Background())
+}
+
+// cpuClock measures the CPU time of the whole process (server, client and
+// workers) over a benchmark's timed part.
+type cpuClock struct {
+	cpu  time.Duration
+	wall time.Time
+}
+
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+func startCPU() cpuClock { return cpuClock{cpu: processCPU(), wall: time.Now()} }
+
+// report adds cpu-µs/msg (the process's CPU time per message: what bounds
+// throughput on a machine whose cores are busy) and cpu% (of one core).
+func (c cpuClock) report(b *testing.B) {
+	cpu, wall := processCPU()-c.cpu, time.Since(c.wall)
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/msg")
+	b.ReportMetric(100*cpu.Seconds()/wall.Seconds(), "cpu%")
 }
 
 // BenchmarkDispatch is the success path per message: pull, build the
@@ -129,6 +156,44 @@ func BenchmarkDispatch(b *testing.B) {
 			})
 		}
 	}
+}
+
+// BenchmarkPlainConsume is the reference for BenchmarkDispatch: what a
+// plain nats.go client does in the same process with the same embedded
+// server and consumer — stock `nats bench js consume`'s loop (Consume with
+// a callback, batches of 500, a fire-and-forget Ack per message), timed
+// until the server's ack floor covers every message.
+func BenchmarkPlainConsume(b *testing.B) {
+	e := startBenchEnv(b)
+	e.fill(b, b.N)
+	ctx := context.Background()
+	cons, err := e.js.Consumer(ctx, config.DefaultStreamName, config.DefaultConsumerName)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(128)
+	b.ReportAllocs()
+	cpu := startCPU()
+	b.ResetTimer()
+	var acked atomic.Int64
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		if err := m.Ack(); err == nil {
+			acked.Add(1)
+		}
+	}, jetstream.PullMaxMessages(500))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Stop()
+	benchWaitFor(b, func() bool {
+		if acked.Load() < int64(b.N) {
+			return false
+		}
+		ci, err := cons.Info(ctx)
+		return err == nil && ci.AckFloor.Consumer >= uint64(b.N)
+	})
+	b.StopTimer()
+	cpu.report(b)
 }
 
 // BenchmarkDeadLetter is the permanent-failure path per message: publish
@@ -203,9 +268,10 @@ func TestBenchmarksRunOnce(t *testing.T) {
 	}
 	defer f.Value.Set(old)
 	for name, bench := range map[string]func(*testing.B){
-		"Dispatch":   BenchmarkDispatch,
-		"DeadLetter": BenchmarkDeadLetter,
-		"Ack":        BenchmarkAck,
+		"Dispatch":     BenchmarkDispatch,
+		"DeadLetter":   BenchmarkDeadLetter,
+		"Ack":          BenchmarkAck,
+		"PlainConsume": BenchmarkPlainConsume,
 	} {
 		if r := testing.Benchmark(bench); r.N < 1 {
 			t.Errorf("Benchmark%s did not run (N = %d)", name, r.N)

@@ -661,13 +661,15 @@ func GetDeadLetter(ctx context.Context, js jetstream.JetStream, stream string, s
 // terminated by the workers, to refuse a max-deliveries advisory for one.
 const settledWindow = 16384
 
-// settledSeqs remembers the latest settledWindow sequences the workers
-// acknowledged or terminated.
+// settledSeqs remembers the sequences the workers acknowledged or
+// terminated, one per residue modulo settledWindow: a sequence is
+// forgotten once one settledWindow (or a multiple) above it is settled.
+// A consumer settles its sequences roughly in order, so that is the
+// latest settledWindow of them, kept without a map (the ack path notes
+// every one).
 type settledSeqs struct {
 	mu   sync.Mutex
-	set  map[uint64]struct{}
-	ring []uint64
-	next int
+	seqs []uint64 // seqs[seq%settledWindow] == seq: settled
 }
 
 func (s *Stats) noteSettled(seq uint64) {
@@ -689,29 +691,17 @@ func (s *Stats) noteSettledAll(items []ackItem) {
 
 // add remembers seq; r.mu is held.
 func (r *settledSeqs) add(seq uint64) {
-	if r.set == nil {
-		r.set = make(map[uint64]struct{}, settledWindow)
-		r.ring = make([]uint64, 0, settledWindow)
+	if r.seqs == nil {
+		r.seqs = make([]uint64, settledWindow)
 	}
-	if _, ok := r.set[seq]; ok {
-		return
-	}
-	if len(r.ring) < settledWindow {
-		r.ring = append(r.ring, seq)
-	} else {
-		delete(r.set, r.ring[r.next])
-		r.ring[r.next] = seq
-		r.next = (r.next + 1) % settledWindow
-	}
-	r.set[seq] = struct{}{}
+	r.seqs[seq%settledWindow] = seq
 }
 
 func (s *Stats) settled(seq uint64) bool {
 	r := &s.settledSeqs
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	_, ok := r.set[seq]
-	return ok
+	return seq != 0 && r.seqs != nil && r.seqs[seq%settledWindow] == seq
 }
 
 func (s *Stats) deadLetterFailed(err error) {
