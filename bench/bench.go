@@ -28,6 +28,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -94,6 +95,17 @@ type Figure struct {
 type SyncRun struct {
 	Sync    string   `json:"sync"`
 	Figures []Figure `json:"figures"`
+	// GroupCommit is what the stream's group commit did over the whole
+	// run (a "+gc" mode only).
+	GroupCommit *GroupCommitStats `json:"group_commit,omitempty"`
+}
+
+// GroupCommitStats counts how the published messages were stored.
+type GroupCommitStats struct {
+	Batches     uint64 `json:"batches"`      // atomic batches committed
+	BatchedMsgs uint64 `json:"batched_msgs"` // messages in them
+	Alone       uint64 `json:"alone"`        // published one by one (few waiting)
+	Forwarded   uint64 `json:"forwarded"`    // passed on with the client's reply (bypass)
 }
 
 // Report is the whole result of `holdfast bench`.
@@ -124,9 +136,10 @@ func (p *Params) Validate() error {
 		p.ExecMsgs = p.Msgs
 	}
 	for _, s := range p.Sync {
+		s, _ = groupCommitMode(s)
 		if s != "always" {
 			if d, err := time.ParseDuration(s); err != nil || d <= 0 {
-				return fmt.Errorf("--sync %q: want \"always\" or a positive interval such as \"2m\"", s)
+				return fmt.Errorf("--sync %q: want \"always\" or a positive interval such as \"2m\", each with or without \"+gc\"", s)
 			}
 		}
 	}
@@ -284,9 +297,21 @@ func utsString[T int8 | uint8](b []T) string {
 
 // local starts a holdfast instance in a fresh store under parent with the
 // given sync mode and measures every figure against it.
+// groupCommitSuffix after a sync mode (--sync always+gc) measures it with
+// group_commit = true on the bench stream.
+const groupCommitSuffix = "+gc"
+
+// groupCommitMode splits a --sync mode into jetstream.sync and whether
+// group commit is on.
+func groupCommitMode(mode string) (string, bool) {
+	sync, gc := strings.CutSuffix(mode, groupCommitSuffix)
+	return sync, gc
+}
+
 func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, store *embedded.StoreDirCheck, err error) {
 	p := b.Params
 	run.Sync = mode
+	mode, groupCommit := groupCommitMode(mode)
 	dir, err := os.MkdirTemp(parent, "holdfast-bench-")
 	if err != nil {
 		return run, nil, fmt.Errorf("cannot create the store dir: %w", err)
@@ -300,6 +325,7 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 	defer stopHTTP()
 
 	cfg := benchConfig(dir, mode, p, httpURL)
+	cfg.Streams[benchStream].GroupCommit = groupCommit
 	if err := cfg.Validate(); err != nil {
 		return run, nil, err
 	}
@@ -314,6 +340,17 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 	}
 	if err := embedded.Bootstrap(ctx, srv.JetStream(), cfg, b.Log); err != nil {
 		return run, store, err
+	}
+	if groupCommit {
+		gc, err := b.openGroupCommit(ctx, srv, cfg)
+		if err != nil {
+			return run, store, err
+		}
+		defer func() {
+			st := gc.Stats()
+			run.GroupCommit = &GroupCommitStats{Batches: st.Batches, BatchedMsgs: st.BatchedMsgs, Alone: st.Alone, Forwarded: st.Forwarded}
+			gc.close()
+		}()
 	}
 	url := srv.NATS().ClientURL()
 
@@ -345,6 +382,36 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 		run.Figures = append(run.Figures, f)
 	}
 	return run, store, nil
+}
+
+// benchGroupCommit is the bench stream's ingest and its connection.
+type benchGroupCommit struct {
+	*ingest.Committer
+	nc *nats.Conn
+}
+
+func (g benchGroupCommit) close() {
+	_ = g.Committer.Close(context.Background())
+	g.nc.Close()
+}
+
+// openGroupCommit starts the bench stream's ingest as the daemon does
+// (daemon/groupcommit.go), on a connection of its own.
+func (b *Bencher) openGroupCommit(ctx context.Context, srv *embedded.Server, cfg *config.Config) (benchGroupCommit, error) {
+	nc, err := srv.Connect("holdfast-ingest")
+	if err != nil {
+		return benchGroupCommit{}, fmt.Errorf("group commit: %w", err)
+	}
+	sc := cfg.Streams[benchStream]
+	c := ingest.New(nc, ingest.Options{
+		Stream: benchStream, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
+		DuplicateWindow: sc.DuplicateWindow.Duration,
+	}, b.Log)
+	if err := c.Open(ctx); err != nil {
+		nc.Close()
+		return benchGroupCommit{}, fmt.Errorf("group commit: %w", err)
+	}
+	return benchGroupCommit{Committer: c, nc: nc}, nil
 }
 
 // benchConsumerName is the consumer of an e2e figure, or of "consume".

@@ -54,6 +54,16 @@ func PrintReport(w io.Writer, r *Report) {
 		}
 	}
 	_ = tw.Flush()
+	for _, run := range r.Runs {
+		if g := run.GroupCommit; g != nil {
+			per := 0.0
+			if g.Batches > 0 {
+				per = float64(g.BatchedMsgs) / float64(g.Batches)
+			}
+			fmt.Fprintf(w, "\n%s: group commit stored %d messages in %d atomic batches (%.0f per batch), %d alone, %d passed on\n",
+				run.Sync, g.BatchedMsgs, g.Batches, per, g.Alone, g.Forwarded)
+		}
+	}
 }
 
 func micros(us float64) string {

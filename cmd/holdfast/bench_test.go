@@ -79,6 +79,55 @@ func TestBenchJSON(t *testing.T) {
 	}
 }
 
+// TestBenchGroupCommit: a "+gc" sync mode measures through group commit —
+// the report says how the messages were stored, and every published
+// message went through the ingest. It asserts no speed.
+func TestBenchGroupCommit(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole pipeline: skipped with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, holdfastBin, "bench", "--msgs", "2000", "--sync", "2m,2m+gc",
+		"--handlers", "", "--workers", "2", "--dir", t.TempDir(), "--json")
+	cmd.Env = e2eEnv()
+	cmd.Dir = t.TempDir()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("holdfast bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	var rep bench.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	}
+	if len(rep.Runs) != 2 || rep.Runs[0].Sync != "2m" || rep.Runs[1].Sync != "2m+gc" {
+		t.Fatalf("runs = %+v, want 2m and 2m+gc", rep.Runs)
+	}
+	if g := rep.Runs[0].GroupCommit; g != nil {
+		t.Errorf("2m without +gc reports group commit %+v", *g)
+	}
+	g := rep.Runs[1].GroupCommit
+	if g == nil {
+		t.Fatal("2m+gc reports no group commit")
+	}
+	// publish async and publish sync: 2000 each, all through the ingest,
+	// the async ones (500 outstanding) mostly in atomic batches.
+	if got := g.BatchedMsgs + g.Alone + g.Forwarded; got != 4000 || g.Forwarded != 0 {
+		t.Errorf("group commit stored %d messages (%+v), want 4000, none passed on", got, *g)
+	}
+	if g.Batches == 0 || g.BatchedMsgs < g.Batches {
+		t.Errorf("no atomic batches: %+v", *g)
+	}
+	for _, run := range rep.Runs {
+		for _, f := range run.Figures {
+			if f.Msgs != 2000 || f.MsgsPerSec <= 0 {
+				t.Errorf("%s %s: %+v", run.Sync, f.Name, f)
+			}
+		}
+	}
+}
+
 // checkNonZero fails for every null, zero, empty or false value under v.
 func checkNonZero(t *testing.T, path string, v any) {
 	t.Helper()
@@ -119,6 +168,7 @@ func TestBenchUsageErrors(t *testing.T) {
 		{"bench", "--msgs", "0"},
 		{"bench", "--size", "4B"},
 		{"bench", "--sync", "sometimes"},
+		{"bench", "--sync", "always+gcx"},
 		{"bench", "--handlers", "noop,smtp"},
 		{"bench", "extra"},
 	} {
