@@ -454,19 +454,9 @@ func (s *Server) startRecorder() {
 	}()
 }
 
-// RecordState records the positions of every file stream and consumer
-// now, for the next start's data-loss check. Call it after the bootstrap;
-// a running server also records them every StateInterval and at Close.
-func (s *Server) RecordState(ctx context.Context) error {
-	s.mu.Lock()
-	ok := s.js != nil && !s.closed
-	s.mu.Unlock()
-	if !ok {
-		return errors.New("embedded server not open")
-	}
-	return s.recordState(ctx)
-}
-
+// recordState records the positions of every file stream and consumer
+// now (at Close; while running, startRecorder records them on every
+// stream or consumer change and every StateInterval).
 func (s *Server) recordState(ctx context.Context) error {
 	return s.writeState(ctx, true)
 }
