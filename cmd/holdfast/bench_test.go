@@ -20,29 +20,16 @@ func TestBenchJSON(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole pipeline: skipped with -short")
 	}
-	// Not runHoldfast: on a loaded machine the run may take longer than
-	// its 30s limit.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, holdfastBin, "bench", "--msgs", "2000", "--exec-msgs", "100",
-		"--sync", "2m", "--workers", "2", "--dir", t.TempDir(), "--json")
-	cmd.Env = e2eEnv()
-	cmd.Dir = t.TempDir()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("holdfast bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
-
+	out := runBenchJSON(t, "--msgs", "2000", "--exec-msgs", "100", "--sync", "2m", "--workers", "2")
 	var raw map[string]any
-	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal(out, &raw); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
 	}
 	checkNonZero(t, "", raw)
 
 	// Every section and figure is there, with the schema the docs describe.
 	var rep bench.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatal(err)
 	}
 	if rep.Params.Msgs != 2000 || rep.Params.Size != 128 || rep.Params.Workers != 2 || rep.Params.ExecMsgs != 100 {
@@ -86,20 +73,10 @@ func TestBenchGroupCommit(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the whole pipeline: skipped with -short")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, holdfastBin, "bench", "--msgs", "2000", "--sync", "2m,2m+gc",
-		"--handlers", "", "--workers", "2", "--dir", t.TempDir(), "--json")
-	cmd.Env = e2eEnv()
-	cmd.Dir = t.TempDir()
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("holdfast bench: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
+	out := runBenchJSON(t, "--msgs", "2000", "--sync", "2m,2m+gc", "--handlers", "", "--workers", "2")
 	var rep bench.Report
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("output is not JSON: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal(out, &rep); err != nil {
+		t.Fatalf("output is not JSON: %v\n%s", err, out)
 	}
 	if len(rep.Runs) != 2 || rep.Runs[0].Sync != "2m" || rep.Runs[1].Sync != "2m+gc" {
 		t.Fatalf("runs = %+v, want 2m and 2m+gc", rep.Runs)
@@ -126,6 +103,25 @@ func TestBenchGroupCommit(t *testing.T) {
 			}
 		}
 	}
+}
+
+// runBenchJSON runs `holdfast bench --json` with args on a temporary
+// store and returns its standard output. Not runHoldfast: on a loaded
+// machine the run may take longer than its 30s limit.
+func runBenchJSON(t *testing.T, args ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	args = append([]string{"bench", "--dir", t.TempDir(), "--json"}, args...)
+	cmd := exec.CommandContext(ctx, holdfastBin, args...)
+	cmd.Env = e2eEnv()
+	cmd.Dir = t.TempDir()
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("holdfast %q: %v\nstdout:\n%s\nstderr:\n%s", args, err, stdout.String(), stderr.String())
+	}
+	return stdout.Bytes()
 }
 
 // checkNonZero fails for every null, zero, empty or false value under v.
