@@ -162,8 +162,20 @@ func BenchmarkDispatch(b *testing.B) {
 // plain nats.go client does in the same process with the same embedded
 // server and consumer — stock `nats bench js consume`'s loop (Consume with
 // a callback, batches of 500, a fire-and-forget Ack per message), timed
-// until the server's ack floor covers every message.
+// until the server's ack floor covers every message. fanout=4 hands each
+// message from the callback to 4 goroutines over a channel, which ack it:
+// what any consumer with concurrent handlers pays.
 func BenchmarkPlainConsume(b *testing.B) {
+	for _, fanout := range []int{0, 4} {
+		name := "callback"
+		if fanout > 0 {
+			name = fmt.Sprintf("fanout=%d", fanout)
+		}
+		b.Run(name, func(b *testing.B) { plainConsume(b, fanout) })
+	}
+}
+
+func plainConsume(b *testing.B, fanout int) {
 	e := startBenchEnv(b)
 	e.fill(b, b.N)
 	ctx := context.Background()
@@ -176,11 +188,25 @@ func BenchmarkPlainConsume(b *testing.B) {
 	cpu := startCPU()
 	b.ResetTimer()
 	var acked atomic.Int64
-	cc, err := cons.Consume(func(m jetstream.Msg) {
+	ack := func(m jetstream.Msg) {
 		if err := m.Ack(); err == nil {
 			acked.Add(1)
 		}
-	}, jetstream.PullMaxMessages(500))
+	}
+	handle := ack
+	if fanout > 0 {
+		ch := make(chan jetstream.Msg, 256)
+		defer close(ch)
+		for range fanout {
+			go func() {
+				for m := range ch {
+					ack(m)
+				}
+			}()
+		}
+		handle = func(m jetstream.Msg) { ch <- m }
+	}
+	cc, err := cons.Consume(handle, jetstream.PullMaxMessages(500))
 	if err != nil {
 		b.Fatal(err)
 	}
