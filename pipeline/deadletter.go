@@ -232,13 +232,47 @@ func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *Message, reason st
 		"dead_letter", w.opts.DeadLetter, "reason", reason)
 }
 
-// inProgressInterval is how often a message in hand gets an in-progress
-// ack: half of ack_wait (of the server's default 30s when unknown).
+// defaultAckWait is nats-server's ack wait of a consumer created without
+// one.
+const defaultAckWait = 30 * time.Second
+
+// inProgressInterval is how long a message in hand may go without an
+// in-progress ack: half of ack_wait (of the server's default when
+// ConsumerOptions.AckWait is zero). Both the held messages
+// (keepHeldAlive) and a message kept for its dead letter (keepInHand) use
+// it.
 func (w *Workers) inProgressInterval() time.Duration {
 	if w.opts.AckWait > 0 {
 		return w.opts.AckWait / 2
 	}
-	return 15 * time.Second
+	return defaultAckWait / 2
+}
+
+// keepAlive sends an in-progress ack every interval until the returned
+// stop is called: one timer for a message that left the workers' hands
+// (keepHeldAlive covers those) while its dead letter is retried.
+func keepAlive(msg jetstream.Msg, interval time.Duration, onErr func(error)) (stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock()
+	defer mu.Unlock()
+	t = time.AfterFunc(interval, func() {
+		if err := msg.InProgress(); err != nil {
+			onErr(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !stopped {
+			t.Reset(interval)
+		}
+	})
+	return func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+		t.Stop()
+	}
 }
 
 // Retrying a dead letter that cannot be stored: from the first backoff

@@ -25,9 +25,9 @@ type ConsumerOptions struct {
 	Consumer string
 	// Workers is the number of concurrent handlers (at least 1).
 	Workers int
-	// AckWait is the consumer's ack wait; a handler running longer than
-	// half of it gets in-progress acks so the message is not redelivered
-	// under it.
+	// AckWait is the consumer's ack wait; a message held longer than half
+	// of it gets in-progress acks so that it is not redelivered while
+	// queued or handled. Zero means the server's default (30s).
 	AckWait time.Duration
 	// MaxDeliver is the consumer's max_deliver: a retry on that delivery
 	// is a dead letter instead.
@@ -262,10 +262,8 @@ func (h *heldMsg) due(now time.Time, after time.Duration) jetstream.Msg {
 // well within ack_wait/2 costs nothing here but two stores.
 func (w *Workers) keepHeldAlive() {
 	defer close(w.aliveDone)
-	if w.opts.AckWait <= 0 {
-		return
-	}
-	t := time.NewTicker(w.opts.AckWait / 4)
+	every := w.inProgressInterval()
+	t := time.NewTicker(every / 2)
 	defer t.Stop()
 	for {
 		select {
@@ -275,7 +273,7 @@ func (w *Workers) keepHeldAlive() {
 		}
 		now := time.Now()
 		for i := range w.held {
-			msg := w.held[i].due(now, w.opts.AckWait/2)
+			msg := w.held[i].due(now, every)
 			if msg == nil {
 				continue
 			}
@@ -429,33 +427,6 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 		}
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
-}
-
-// keepAlive sends an in-progress ack every interval until the returned
-// stop is called: one timer, and nothing at all for a handler faster than
-// interval.
-func keepAlive(msg jetstream.Msg, interval time.Duration, onErr func(error)) (stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	var t *time.Timer
-	mu.Lock()
-	defer mu.Unlock()
-	t = time.AfterFunc(interval, func() {
-		if err := msg.InProgress(); err != nil {
-			onErr(err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !stopped {
-			t.Reset(interval)
-		}
-	})
-	return func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
-		t.Stop()
-	}
 }
 
 // settle acks, naks or dead-letters a handled message.
