@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/nats-io/jsm.go"
@@ -26,7 +27,8 @@ type Progress struct {
 
 // Options configure Create.
 type Options struct {
-	// Streams to back up, in this order.
+	// Streams to back up, in this order; a name given twice is backed up
+	// once.
 	Streams []string
 	// HoldfastVersion is written into the manifest.
 	HoldfastVersion string
@@ -51,7 +53,8 @@ func (o *Options) timeout() time.Duration {
 // streams' points differ by the time the others took). dir must not exist
 // or be empty; on failure Create removes what it wrote.
 func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Manifest, err error) {
-	if len(opts.Streams) == 0 {
+	streams := distinct(opts.Streams)
+	if len(streams) == 0 {
 		return nil, errors.New("no stream to back up")
 	}
 	created, err := prepareDir(dir)
@@ -84,7 +87,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		Streams:           []StreamEntry{},
 		Files:             []File{},
 	}
-	for i, name := range opts.Streams {
+	for i, name := range streams {
 		st, err := mgr.LoadStream(name)
 		if err != nil {
 			if jsm.IsNatsError(err, 10059) {
@@ -102,7 +105,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		if opts.Progress != nil {
 			idx := i + 1
 			snapOpts = append(snapOpts, jsm.SnapshotNotify(func(p jsm.SnapshotProgress) {
-				opts.Progress(Progress{Stream: name, Index: idx, Count: len(opts.Streams),
+				opts.Progress(Progress{Stream: name, Index: idx, Count: len(streams),
 					Done: p.UncompressedBytesReceived(), Total: p.BytesExpected()})
 			}))
 		}
@@ -115,7 +118,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		}
 		m.Streams = append(m.Streams, entry)
 		if opts.Progress != nil { // done: the last notification may be short of it
-			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(opts.Streams), Done: entry.Bytes, Total: entry.Bytes})
+			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(streams), Done: entry.Bytes, Total: entry.Bytes})
 		}
 		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
 			if err := syncFile(filepath.Join(sdir, f)); err != nil {
@@ -150,6 +153,18 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		return nil, err
 	}
 	return m, nil
+}
+
+// distinct returns names without repeats, in the order of their first
+// appearance.
+func distinct(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // prepareDir creates dir, or accepts it when it is an empty directory;

@@ -424,3 +424,23 @@ func FuzzVerify(f *testing.F) {
 		}
 	})
 }
+
+// A stream named twice (`--stream ORDERS --stream ORDERS`) is backed up
+// and restored once.
+func TestStreamNamedTwice(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	m, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "ORDERS"}})
+	if err != nil {
+		t.Fatalf("backup of ORDERS named twice: %v", err)
+	}
+	if len(m.Streams) != 1 || len(m.Files) != 2 {
+		t.Fatalf("manifest: %+v", m)
+	}
+	nc2, _ := runServer(t)
+	_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Streams: []string{"ORDERS", "ORDERS"}})
+	if err != nil || len(restored) != 1 || restored[0].Messages != 10 {
+		t.Fatalf("restore of ORDERS named twice: %+v, %v", restored, err)
+	}
+}

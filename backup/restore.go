@@ -20,7 +20,8 @@ import (
 
 // RestoreOptions configure Restore.
 type RestoreOptions struct {
-	// Streams to restore; all of the backup's when empty.
+	// Streams to restore; all of the backup's when empty. A name given
+	// twice is restored once.
 	Streams []string
 	// Replace deletes a stream that exists and holds (or held) messages
 	// before restoring it. Without it such a stream is an *ExistsError.
@@ -109,7 +110,7 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if len(opts.Streams) == 0 {
 		todo = m.Streams
 	} else {
-		for _, name := range opts.Streams {
+		for _, name := range distinct(opts.Streams) {
 			e := m.Stream(name)
 			if e == nil {
 				var have []string
