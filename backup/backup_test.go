@@ -444,3 +444,40 @@ func TestStreamNamedTwice(t *testing.T) {
 		t.Fatalf("restore of ORDERS named twice: %+v, %v", restored, err)
 	}
 }
+
+// The running holdfast wins every race: after the last attempt the
+// restore fails, and leaves the stream that holdfast created alone, as it
+// holds nothing of the restore's, but may hold new messages.
+func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { afterDelete = nil })
+	nc2, js2 := runServer(t)
+	cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
+	if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	deletes := 0
+	afterDelete = func(string) {
+		deletes++
+		if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+			t.Error(err)
+		}
+		if deletes == restoreAttempts { // too late for the restore to see it
+			if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	_, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{})
+	if err == nil || !strings.Contains(err.Error(), "already in use") || deletes != restoreAttempts {
+		t.Fatalf("restore against a holdfast that always recreates ORDERS: %v (%d deletes)", err, deletes)
+	}
+	if st, ok, err := streamState(testContext(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 {
+		t.Fatalf("the recreated ORDERS and its new message: %+v, exists %v, %v", st, ok, err)
+	}
+}

@@ -243,12 +243,16 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			continue
 		}
 		// Whatever the failed restore left is partial: delete it, also
-		// when the restore was interrupted (ctx cancelled).
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		derr := js.DeleteStream(cleanup, e.Name)
-		cancel()
-		if derr == nil {
-			notice("deleted what the failed restore of %s left", e.Name)
+		// when the restore was interrupted (ctx cancelled). When the name
+		// was taken, the restore created nothing: the stream there is
+		// someone else's, and may hold messages published since.
+		if !errNameInUse(err) {
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			derr := js.DeleteStream(cleanup, e.Name)
+			cancel()
+			if derr == nil {
+				notice("deleted what the failed restore of %s left", e.Name)
+			}
 		}
 		return r, fmt.Errorf("restore of stream %s from %s failed (the backup is unchanged): %w", e.Name, sdir, err)
 	}
