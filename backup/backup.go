@@ -121,7 +121,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(streams), Done: entry.Bytes, Total: entry.Bytes})
 		}
 		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
-			if err := syncFile(filepath.Join(sdir, f)); err != nil {
+			if err := syncPath(filepath.Join(sdir, f)); err != nil {
 				return nil, err
 			}
 			fe, err := hashFile(dir, filepath.Join(rel, f))
@@ -130,11 +130,11 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			}
 			m.Files = append(m.Files, fe)
 		}
-		if err := syncDir(sdir); err != nil {
+		if err := syncPath(sdir); err != nil {
 			return nil, err
 		}
 	}
-	if err := syncDir(filepath.Join(dir, streamsDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := syncPath(filepath.Join(dir, streamsDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	m.Finished = time.Now().UTC()
