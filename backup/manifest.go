@@ -21,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nats-io/jsm.go"
 )
 
 const (
@@ -193,7 +195,7 @@ func Verify(dir string) (*Manifest, error) {
 		}
 	}
 	for _, s := range m.Streams {
-		for _, name := range []string{"backup.json", "stream.arc.s2"} {
+		for _, name := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
 			p := filepath.ToSlash(filepath.Join(s.Dir, name))
 			if !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == p }) {
 				return nil, damaged(ManifestFile, "stream %s: %s is not listed", s.Name, p)
