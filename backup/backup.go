@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/jsm.go/api"
 	jsmbackup "github.com/nats-io/jsm.go/backup"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -220,27 +221,18 @@ func describe(dir, rel, name string) (StreamEntry, error) {
 			e.SnapshotAt = time.Unix(0, it.Ts).UTC()
 			continue
 		case *jsmbackup.Consumer:
-			var scs struct {
-				State *struct {
-					Delivered struct {
-						Stream uint64 `json:"stream_seq"`
-					} `json:"delivered"`
-					AckFloor struct {
-						Consumer uint64 `json:"consumer_seq"`
-						Stream   uint64 `json:"stream_seq"`
-					} `json:"ack_floor"`
-					Pending map[uint64]json.RawMessage `json:"pending"`
-				} `json:"state"`
-			}
-			if err := json.Unmarshal(it.Data, &scs); err != nil || scs.State == nil {
+			// The decoder checked that it parses and holds a state.
+			var scs server.SnapshotConsumerState
+			if err := json.Unmarshal(it.Data, &scs); err != nil || scs.ConsumerState == nil {
 				return StreamEntry{}, fmt.Errorf("consumer %s: no state in the snapshot (%v)", it.Name, err)
 			}
+			st := scs.ConsumerState
 			e.Consumers = append(e.Consumers, ConsumerEntry{
 				Name:             it.Name,
-				AckFloor:         scs.State.AckFloor.Stream,
-				AckFloorConsumer: scs.State.AckFloor.Consumer,
-				Delivered:        scs.State.Delivered.Stream,
-				AckPending:       len(scs.State.Pending),
+				AckFloor:         st.AckFloor.Stream,
+				AckFloorConsumer: st.AckFloor.Consumer,
+				Delivered:        st.Delivered.Stream,
+				AckPending:       len(st.Pending),
 			})
 			continue
 		}

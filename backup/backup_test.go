@@ -481,3 +481,33 @@ func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
 		t.Fatalf("the recreated ORDERS and its new message: %+v, exists %v, %v", st, ok, err)
 	}
 }
+
+// The manifest reads each consumer's state from the snapshot: messages
+// delivered and not acknowledged count as pending.
+func TestManifestCountsPending(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	c, err := js.Consumer(testContext(t), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() { // delivered, never acknowledged
+		got++
+	}
+	if got != 3 {
+		t.Fatalf("fetched %d, want 3", got)
+	}
+	m, err := Create(testContext(t), nc, filepath.Join(t.TempDir(), "b"), Options{Streams: []string{"ORDERS"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ConsumerEntry{Name: "WORKER1", AckFloor: 4, AckFloorConsumer: 4, Delivered: 7, AckPending: 3}
+	if e := m.Stream("ORDERS").Consumer("WORKER1"); e == nil || *e != want {
+		t.Fatalf("WORKER1 in the manifest: %+v, want %+v", e, want)
+	}
+}
