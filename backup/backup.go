@@ -69,10 +69,13 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		// Also when interrupted: the snapshot stops with ctx.
 		if created {
 			os.RemoveAll(dir)
-		} else {
-			os.RemoveAll(filepath.Join(dir, streamsDir))
-			os.Remove(filepath.Join(dir, ManifestFile))
-			os.Remove(filepath.Join(dir, SumsFile))
+			return
+		}
+		// dir was empty: all it holds is what this backup wrote, the
+		// temporary files of writeFileSync included.
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}()
 	mgr, err := jsm.New(nc, jsm.WithTimeout(opts.timeout()))

@@ -339,6 +339,18 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
 		t.Fatalf("a failed backup left files in the empty directory it was given: %v", entries)
 	}
+	// Writing SHA256SUMS fails (here: a directory is in its way, made
+	// while the snapshot ran): nothing is left either, not even the
+	// temporary file it was written to.
+	_, err = Create(testContext(t), nc, empty, Options{Streams: []string{"ORDERS"}, Progress: func(Progress) {
+		os.MkdirAll(filepath.Join(empty, SumsFile, "x"), 0o750)
+	}})
+	if err == nil {
+		t.Fatal("SHA256SUMS not writable: no error")
+	}
+	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
+		t.Fatalf("a backup that failed writing %s left files in the empty directory it was given: %v (%v)", SumsFile, entries, err)
+	}
 }
 
 func TestVerifyNamesTheDamagedFile(t *testing.T) {
