@@ -40,11 +40,13 @@ type Options struct {
 	Timeout time.Duration
 }
 
-func (o *Options) timeout() time.Duration {
-	if o.Timeout <= 0 {
+// apiTimeout is the timeout of each JetStream API request of a backup or
+// restore: d, or 30 s when d is not set.
+func apiTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
 		return 30 * time.Second
 	}
-	return o.Timeout
+	return d
 }
 
 // Create writes a backup of opts.Streams into dir while the server runs:
@@ -78,7 +80,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}()
-	mgr, err := jsm.New(nc, jsm.WithTimeout(opts.timeout()))
+	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
 	if err != nil {
 		return nil, err
 	}

@@ -129,7 +129,7 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if err != nil {
 		return m, nil, err
 	}
-	mgr, err := jsm.New(nc, jsm.WithTimeout((&Options{Timeout: opts.Timeout}).timeout()))
+	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
 	if err != nil {
 		return m, nil, err
 	}
