@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,7 +179,7 @@ func TestPacedReaderFollowsTheServer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var now time.Time
-			p := &pacedReader{r: strings.NewReader(strings.Repeat("x", 4<<20)), size: firstChunk, now: func() time.Time { return now }}
+			p := &pacedReader{r: io.NopCloser(strings.NewReader(strings.Repeat("x", 4<<20))), size: firstChunk, now: func() time.Time { return now }}
 			buf := make([]byte, 64<<10)
 			var sizes []int
 			for {

@@ -189,7 +189,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			df.Close()
 			return nil, err
 		}
-		pr := &pacedReader{r: df, c: df, size: firstChunk}
+		pr := &pacedReader{r: df, size: firstChunk}
 		if opts.Progress != nil {
 			pr.progress = func(done uint64) {
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
@@ -343,8 +343,7 @@ const (
 // server took for the previous one (the time between two Reads), so that
 // each takes about chunkTarget.
 type pacedReader struct {
-	r        io.Reader
-	c        io.Closer
+	r        io.ReadCloser
 	size     int
 	last     time.Time
 	done     uint64
@@ -374,4 +373,4 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (p *pacedReader) Close() error { return p.c.Close() }
+func (p *pacedReader) Close() error { return p.r.Close() }
