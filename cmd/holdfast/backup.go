@@ -77,16 +77,10 @@ func backupCommand() *cli.Command {
 	}
 }
 
-// configuredStreams are the streams of the config and their dead-letter
-// streams, sorted.
+// configuredStreams are the streams of the config, sorted, then their
+// dead-letter streams, sorted (validation keeps the two sets apart).
 func configuredStreams(cfg *config.Config) []string {
-	names := cfg.StreamNames()
-	for _, dl := range slices.Sorted(maps.Keys(cfg.DeadLetterStreams())) {
-		if !slices.Contains(names, dl) {
-			names = append(names, dl)
-		}
-	}
-	return names
+	return append(cfg.StreamNames(), slices.Sorted(maps.Keys(cfg.DeadLetterStreams()))...)
 }
 
 // printManifest lists a backup's streams and consumers.
