@@ -132,10 +132,7 @@ func (b *progressBar) update(p backup.Progress) {
 		return
 	}
 	const width = 30
-	frac := 0.0
-	if p.Total > 0 {
-		frac = min(1, float64(p.Done)/float64(p.Total))
-	}
+	frac := min(1, float64(p.Done)/float64(p.Total))
 	fill := int(frac * width)
 	fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) [%s%s] %3.0f%% %s", b.verb, p.Stream, p.Index, p.Count,
 		strings.Repeat("#", fill), strings.Repeat(".", width-fill), frac*100, formatBytes(int64(p.Done)))
