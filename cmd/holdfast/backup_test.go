@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,20 +17,6 @@ import (
 
 	"github.com/holdfast-io/holdfast/backup"
 )
-
-// readManifest reads a backup's manifest.
-func readManifest(t *testing.T, dir string) *backup.Manifest {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(dir, backup.ManifestFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m backup.Manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	return &m
-}
 
 // seqSet reads the sequences a handler script wrote, one a line.
 func seqSet(t *testing.T, path string) map[uint64]int {
@@ -124,7 +109,10 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	t.Logf("backup while publishing: %d published before it, %d during it, %d in all\n%s", before, during, total, res.stdout)
 	dA.stop()
 
-	m := readManifest(t, dir)
+	m, err := backup.Verify(dir)
+	if err != nil {
+		t.Fatalf("the backup written under load: %v", err)
+	}
 	if m.Format != backup.FormatVersion || m.NATSServerVersion == "" || !strings.Contains(m.HoldfastVersion, "holdfast") || m.Created.IsZero() {
 		t.Fatalf("manifest header: %+v", m)
 	}
@@ -297,7 +285,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 			}
 			b[len(b)/2] ^= 0x01
 			return os.WriteFile(p, b, 0o600)
-		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": corrupted: SHA-256"},
+		}, archive + ": corrupted: SHA-256"},
 		{"truncated", func(dir string) error {
 			p := filepath.Join(dir, archive)
 			fi, err := os.Stat(p)
@@ -305,7 +293,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 				return err
 			}
 			return os.Truncate(p, fi.Size()/2)
-		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": truncated"},
+		}, archive + ": truncated"},
 		{"edited manifest", func(dir string) error {
 			p := filepath.Join(dir, backup.ManifestFile)
 			b, err := os.ReadFile(p)
