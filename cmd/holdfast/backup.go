@@ -116,11 +116,11 @@ func newProgressBar(f *os.File, verb string) *progressBar {
 }
 
 func (b *progressBar) update(p backup.Progress) {
-	if !b.on {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.on { // not a terminal, or done: jsm.go reports late, from its goroutines
+		return
+	}
 	now := time.Now()
 	if now.Sub(b.last) < 100*time.Millisecond && p.Done < p.Total {
 		return

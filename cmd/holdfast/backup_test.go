@@ -335,3 +335,58 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	}
 	d.stop()
 }
+
+// The snapshot library reports progress from its own goroutines, some of
+// them after the backup returned: the bar takes those calls while done()
+// runs, and draws nothing after it (run with -race).
+func TestBackupProgressBarAfterDone(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "tty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	bar := newProgressBar(f, "backing up")
+	bar.on = true // as on a terminal
+	var calls atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			bar.update(backup.Progress{Stream: "ORDERS", Index: 1, Count: 1, Done: i % 101, Total: 100})
+			calls.Add(1)
+		}
+	}()
+	size := func() int64 {
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if size() == 0 {
+			return fmt.Errorf("nothing drawn after %d updates", calls.Load())
+		}
+		return nil
+	})
+	bar.done()
+	drawn, after := size(), calls.Load()
+	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if n := calls.Load() - after; n < 1000 {
+			return fmt.Errorf("%d updates after done()", n)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	if n := size(); n != drawn {
+		t.Fatalf("bar drew %d bytes after done()", n-drawn)
+	}
+}
