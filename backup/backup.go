@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/jsm.go/api"
 	jsmbackup "github.com/nats-io/jsm.go/backup"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -26,7 +28,8 @@ type Progress struct {
 
 // Options configure Create.
 type Options struct {
-	// Streams to back up, in this order.
+	// Streams to back up, in this order; a name given twice is backed up
+	// once.
 	Streams []string
 	// HoldfastVersion is written into the manifest.
 	HoldfastVersion string
@@ -37,11 +40,13 @@ type Options struct {
 	Timeout time.Duration
 }
 
-func (o *Options) timeout() time.Duration {
-	if o.Timeout <= 0 {
+// apiTimeout is the timeout of each JetStream API request of a backup or
+// restore: d, or 30 s when d is not set.
+func apiTimeout(d time.Duration) time.Duration {
+	if d <= 0 {
 		return 30 * time.Second
 	}
-	return o.Timeout
+	return d
 }
 
 // Create writes a backup of opts.Streams into dir while the server runs:
@@ -51,7 +56,8 @@ func (o *Options) timeout() time.Duration {
 // streams' points differ by the time the others took). dir must not exist
 // or be empty; on failure Create removes what it wrote.
 func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Manifest, err error) {
-	if len(opts.Streams) == 0 {
+	streams := distinct(opts.Streams)
+	if len(streams) == 0 {
 		return nil, errors.New("no stream to back up")
 	}
 	created, err := prepareDir(dir)
@@ -65,13 +71,16 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		// Also when interrupted: the snapshot stops with ctx.
 		if created {
 			os.RemoveAll(dir)
-		} else {
-			os.RemoveAll(filepath.Join(dir, streamsDir))
-			os.Remove(filepath.Join(dir, ManifestFile))
-			os.Remove(filepath.Join(dir, SumsFile))
+			return
+		}
+		// dir was empty: all it holds is what this backup wrote, the
+		// temporary files of writeFileSync included.
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}()
-	mgr, err := jsm.New(nc, jsm.WithTimeout(opts.timeout()))
+	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
 	if err != nil {
 		return nil, err
 	}
@@ -84,7 +93,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		Streams:           []StreamEntry{},
 		Files:             []File{},
 	}
-	for i, name := range opts.Streams {
+	for i, name := range streams {
 		st, err := mgr.LoadStream(name)
 		if err != nil {
 			if jsm.IsNatsError(err, 10059) {
@@ -102,7 +111,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		if opts.Progress != nil {
 			idx := i + 1
 			snapOpts = append(snapOpts, jsm.SnapshotNotify(func(p jsm.SnapshotProgress) {
-				opts.Progress(Progress{Stream: name, Index: idx, Count: len(opts.Streams),
+				opts.Progress(Progress{Stream: name, Index: idx, Count: len(streams),
 					Done: p.UncompressedBytesReceived(), Total: p.BytesExpected()})
 			}))
 		}
@@ -115,10 +124,10 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		}
 		m.Streams = append(m.Streams, entry)
 		if opts.Progress != nil { // done: the last notification may be short of it
-			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(opts.Streams), Done: entry.Bytes, Total: entry.Bytes})
+			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(streams), Done: entry.Bytes, Total: entry.Bytes})
 		}
 		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
-			if err := syncFile(filepath.Join(sdir, f)); err != nil {
+			if err := syncPath(filepath.Join(sdir, f)); err != nil {
 				return nil, err
 			}
 			fe, err := hashFile(dir, filepath.Join(rel, f))
@@ -127,11 +136,11 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			}
 			m.Files = append(m.Files, fe)
 		}
-		if err := syncDir(sdir); err != nil {
+		if err := syncPath(sdir); err != nil {
 			return nil, err
 		}
 	}
-	if err := syncDir(filepath.Join(dir, streamsDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := syncPath(filepath.Join(dir, streamsDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	m.Finished = time.Now().UTC()
@@ -150,6 +159,18 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		return nil, err
 	}
 	return m, nil
+}
+
+// distinct returns names without repeats, in the order of their first
+// appearance.
+func distinct(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // prepareDir creates dir, or accepts it when it is an empty directory;
@@ -205,27 +226,18 @@ func describe(dir, rel, name string) (StreamEntry, error) {
 			e.SnapshotAt = time.Unix(0, it.Ts).UTC()
 			continue
 		case *jsmbackup.Consumer:
-			var scs struct {
-				State *struct {
-					Delivered struct {
-						Stream uint64 `json:"stream_seq"`
-					} `json:"delivered"`
-					AckFloor struct {
-						Consumer uint64 `json:"consumer_seq"`
-						Stream   uint64 `json:"stream_seq"`
-					} `json:"ack_floor"`
-					Pending map[uint64]json.RawMessage `json:"pending"`
-				} `json:"state"`
-			}
-			if err := json.Unmarshal(it.Data, &scs); err != nil || scs.State == nil {
+			// The decoder checked that it parses and holds a state.
+			var scs server.SnapshotConsumerState
+			if err := json.Unmarshal(it.Data, &scs); err != nil || scs.ConsumerState == nil {
 				return StreamEntry{}, fmt.Errorf("consumer %s: no state in the snapshot (%v)", it.Name, err)
 			}
+			st := scs.ConsumerState
 			e.Consumers = append(e.Consumers, ConsumerEntry{
 				Name:             it.Name,
-				AckFloor:         scs.State.AckFloor.Stream,
-				AckFloorConsumer: scs.State.AckFloor.Consumer,
-				Delivered:        scs.State.Delivered.Stream,
-				AckPending:       len(scs.State.Pending),
+				AckFloor:         st.AckFloor.Stream,
+				AckFloorConsumer: st.AckFloor.Consumer,
+				Delivered:        st.Delivered.Stream,
+				AckPending:       len(st.Pending),
 			})
 			continue
 		}

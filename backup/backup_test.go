@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -178,7 +179,7 @@ func TestPacedReaderFollowsTheServer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var now time.Time
-			p := &pacedReader{r: strings.NewReader(strings.Repeat("x", 4<<20)), size: firstChunk, now: func() time.Time { return now }}
+			p := &pacedReader{r: io.NopCloser(strings.NewReader(strings.Repeat("x", 4<<20))), size: firstChunk, now: func() time.Time { return now }}
 			buf := make([]byte, 64<<10)
 			var sizes []int
 			for {
@@ -339,6 +340,18 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
 		t.Fatalf("a failed backup left files in the empty directory it was given: %v", entries)
 	}
+	// Writing SHA256SUMS fails (here: a directory is in its way, made
+	// while the snapshot ran): nothing is left either, not even the
+	// temporary file it was written to.
+	_, err = Create(testContext(t), nc, empty, Options{Streams: []string{"ORDERS"}, Progress: func(Progress) {
+		os.MkdirAll(filepath.Join(empty, SumsFile, "x"), 0o750)
+	}})
+	if err == nil {
+		t.Fatal("SHA256SUMS not writable: no error")
+	}
+	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
+		t.Fatalf("a backup that failed writing %s left files in the empty directory it was given: %v (%v)", SumsFile, entries, err)
+	}
 }
 
 func TestVerifyNamesTheDamagedFile(t *testing.T) {
@@ -423,4 +436,91 @@ func FuzzVerify(f *testing.F) {
 			t.Fatalf("error not marked damaged: %v", err)
 		}
 	})
+}
+
+// A stream named twice (`--stream ORDERS --stream ORDERS`) is backed up
+// and restored once.
+func TestStreamNamedTwice(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	m, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "ORDERS"}})
+	if err != nil {
+		t.Fatalf("backup of ORDERS named twice: %v", err)
+	}
+	if len(m.Streams) != 1 || len(m.Files) != 2 {
+		t.Fatalf("manifest: %+v", m)
+	}
+	nc2, _ := runServer(t)
+	_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Streams: []string{"ORDERS", "ORDERS"}})
+	if err != nil || len(restored) != 1 || restored[0].Messages != 10 {
+		t.Fatalf("restore of ORDERS named twice: %+v, %v", restored, err)
+	}
+}
+
+// The running holdfast wins every race: after the last attempt the
+// restore fails, and leaves the stream that holdfast created alone, as it
+// holds nothing of the restore's, but may hold new messages.
+func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir := filepath.Join(t.TempDir(), "b")
+	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { afterDelete = nil })
+	nc2, js2 := runServer(t)
+	cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
+	if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	deletes := 0
+	afterDelete = func(string) {
+		deletes++
+		if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+			t.Error(err)
+		}
+		if deletes == restoreAttempts { // too late for the restore to see it
+			if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	_, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{})
+	if err == nil || !strings.Contains(err.Error(), "already in use") || deletes != restoreAttempts {
+		t.Fatalf("restore against a holdfast that always recreates ORDERS: %v (%d deletes)", err, deletes)
+	}
+	if st, ok, err := streamState(testContext(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 {
+		t.Fatalf("the recreated ORDERS and its new message: %+v, exists %v, %v", st, ok, err)
+	}
+}
+
+// The manifest reads each consumer's state from the snapshot: messages
+// delivered and not acknowledged count as pending.
+func TestManifestCountsPending(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	c, err := js.Consumer(testContext(t), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(3, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for range batch.Messages() { // delivered, never acknowledged
+		got++
+	}
+	if got != 3 {
+		t.Fatalf("fetched %d, want 3", got)
+	}
+	m, err := Create(testContext(t), nc, filepath.Join(t.TempDir(), "b"), Options{Streams: []string{"ORDERS"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := ConsumerEntry{Name: "WORKER1", AckFloor: 4, AckFloorConsumer: 4, Delivered: 7, AckPending: 3}
+	if e := m.Stream("ORDERS").Consumer("WORKER1"); e == nil || *e != want {
+		t.Fatalf("WORKER1 in the manifest: %+v, want %+v", e, want)
+	}
 }

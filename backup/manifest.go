@@ -21,6 +21,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nats-io/jsm.go"
 )
 
 const (
@@ -193,7 +195,7 @@ func Verify(dir string) (*Manifest, error) {
 		}
 	}
 	for _, s := range m.Streams {
-		for _, name := range []string{"backup.json", "stream.arc.s2"} {
+		for _, name := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
 			p := filepath.ToSlash(filepath.Join(s.Dir, name))
 			if !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == p }) {
 				return nil, damaged(ManifestFile, "stream %s: %s is not listed", s.Name, p)
@@ -206,29 +208,22 @@ func Verify(dir string) (*Manifest, error) {
 // checkFile compares a file's size (unless Size < 0) and SHA-256 with f,
 // which comes from source.
 func checkFile(dir string, f File, source string) error {
-	path := filepath.Join(dir, f.Path)
-	fh, err := os.Open(path)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return &DamagedError{Dir: dir, File: f.Path, Reason: "missing"}
-		}
-		return &DamagedError{Dir: dir, File: f.Path, Reason: err.Error()}
+	got, err := hashFile(dir, f.Path)
+	if errors.Is(err, os.ErrNotExist) {
+		return &DamagedError{Dir: dir, File: f.Path, Reason: "missing"}
 	}
-	defer fh.Close()
-	h := sha256.New()
-	n, err := io.Copy(h, fh)
 	if err != nil {
 		return &DamagedError{Dir: dir, File: f.Path, Reason: err.Error()}
 	}
-	if f.Size >= 0 && n != f.Size {
+	if f.Size >= 0 && got.Size != f.Size {
 		how := "truncated"
-		if n > f.Size {
+		if got.Size > f.Size {
 			how = "longer than written"
 		}
-		return &DamagedError{Dir: dir, File: f.Path, Reason: fmt.Sprintf("%s: %d bytes, %s says %d", how, n, source, f.Size)}
+		return &DamagedError{Dir: dir, File: f.Path, Reason: fmt.Sprintf("%s: %d bytes, %s says %d", how, got.Size, source, f.Size)}
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return &DamagedError{Dir: dir, File: f.Path, Reason: fmt.Sprintf("corrupted: SHA-256 %s, %s says %s", got, source, f.SHA256)}
+	if got.SHA256 != f.SHA256 {
+		return &DamagedError{Dir: dir, File: f.Path, Reason: fmt.Sprintf("corrupted: SHA-256 %s, %s says %s", got.SHA256, source, f.SHA256)}
 	}
 	return nil
 }
@@ -300,24 +295,16 @@ func writeFileSync(path string, data []byte) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return syncPath(filepath.Dir(path))
 }
 
-// syncFile flushes a file written by someone else (the snapshot library).
-func syncFile(path string) error {
+// syncPath flushes a file (one the snapshot library wrote) or a
+// directory (its entries) to the device.
+func syncPath(path string) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
 	return f.Sync()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

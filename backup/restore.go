@@ -20,7 +20,8 @@ import (
 
 // RestoreOptions configure Restore.
 type RestoreOptions struct {
-	// Streams to restore; all of the backup's when empty.
+	// Streams to restore; all of the backup's when empty. A name given
+	// twice is restored once.
 	Streams []string
 	// Replace deletes a stream that exists and holds (or held) messages
 	// before restoring it. Without it such a stream is an *ExistsError.
@@ -109,7 +110,7 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if len(opts.Streams) == 0 {
 		todo = m.Streams
 	} else {
-		for _, name := range opts.Streams {
+		for _, name := range distinct(opts.Streams) {
 			e := m.Stream(name)
 			if e == nil {
 				var have []string
@@ -128,7 +129,7 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if err != nil {
 		return m, nil, err
 	}
-	mgr, err := jsm.New(nc, jsm.WithTimeout((&Options{Timeout: opts.Timeout}).timeout()))
+	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
 	if err != nil {
 		return m, nil, err
 	}
@@ -188,7 +189,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			df.Close()
 			return nil, err
 		}
-		pr := &pacedReader{r: df, c: df, size: firstChunk}
+		pr := &pacedReader{r: df, size: firstChunk}
 		if opts.Progress != nil {
 			pr.progress = func(done uint64) {
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
@@ -242,12 +243,16 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			continue
 		}
 		// Whatever the failed restore left is partial: delete it, also
-		// when the restore was interrupted (ctx cancelled).
-		cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		derr := js.DeleteStream(cleanup, e.Name)
-		cancel()
-		if derr == nil {
-			notice("deleted what the failed restore of %s left", e.Name)
+		// when the restore was interrupted (ctx cancelled). When the name
+		// was taken, the restore created nothing: the stream there is
+		// someone else's, and may hold messages published since.
+		if !errNameInUse(err) {
+			cleanup, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			derr := js.DeleteStream(cleanup, e.Name)
+			cancel()
+			if derr == nil {
+				notice("deleted what the failed restore of %s left", e.Name)
+			}
 		}
 		return r, fmt.Errorf("restore of stream %s from %s failed (the backup is unchanged): %w", e.Name, sdir, err)
 	}
@@ -338,8 +343,7 @@ const (
 // server took for the previous one (the time between two Reads), so that
 // each takes about chunkTarget.
 type pacedReader struct {
-	r        io.Reader
-	c        io.Closer
+	r        io.ReadCloser
 	size     int
 	last     time.Time
 	done     uint64
@@ -369,4 +373,4 @@ func (p *pacedReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-func (p *pacedReader) Close() error { return p.c.Close() }
+func (p *pacedReader) Close() error { return p.r.Close() }

@@ -77,16 +77,10 @@ func backupCommand() *cli.Command {
 	}
 }
 
-// configuredStreams are the streams of the config and their dead-letter
-// streams, sorted.
+// configuredStreams are the streams of the config, sorted, then their
+// dead-letter streams, sorted (validation keeps the two sets apart).
 func configuredStreams(cfg *config.Config) []string {
-	names := cfg.StreamNames()
-	for _, dl := range slices.Sorted(maps.Keys(cfg.DeadLetterStreams())) {
-		if !slices.Contains(names, dl) {
-			names = append(names, dl)
-		}
-	}
-	return names
+	return append(cfg.StreamNames(), slices.Sorted(maps.Keys(cfg.DeadLetterStreams()))...)
 }
 
 // printManifest lists a backup's streams and consumers.
@@ -122,11 +116,11 @@ func newProgressBar(f *os.File, verb string) *progressBar {
 }
 
 func (b *progressBar) update(p backup.Progress) {
-	if !b.on {
-		return
-	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if !b.on { // not a terminal, or done: jsm.go reports late, from its goroutines
+		return
+	}
 	now := time.Now()
 	if now.Sub(b.last) < 100*time.Millisecond && p.Done < p.Total {
 		return
@@ -138,10 +132,7 @@ func (b *progressBar) update(p backup.Progress) {
 		return
 	}
 	const width = 30
-	frac := 0.0
-	if p.Total > 0 {
-		frac = min(1, float64(p.Done)/float64(p.Total))
-	}
+	frac := min(1, float64(p.Done)/float64(p.Total))
 	fill := int(frac * width)
 	fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) [%s%s] %3.0f%% %s", b.verb, p.Stream, p.Index, p.Count,
 		strings.Repeat("#", fill), strings.Repeat(".", width-fill), frac*100, formatBytes(int64(p.Done)))

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -18,20 +17,6 @@ import (
 
 	"github.com/holdfast-io/holdfast/backup"
 )
-
-// readManifest reads a backup's manifest.
-func readManifest(t *testing.T, dir string) *backup.Manifest {
-	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(dir, backup.ManifestFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var m backup.Manifest
-	if err := json.Unmarshal(raw, &m); err != nil {
-		t.Fatal(err)
-	}
-	return &m
-}
 
 // seqSet reads the sequences a handler script wrote, one a line.
 func seqSet(t *testing.T, path string) map[uint64]int {
@@ -124,7 +109,10 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	t.Logf("backup while publishing: %d published before it, %d during it, %d in all\n%s", before, during, total, res.stdout)
 	dA.stop()
 
-	m := readManifest(t, dir)
+	m, err := backup.Verify(dir)
+	if err != nil {
+		t.Fatalf("the backup written under load: %v", err)
+	}
 	if m.Format != backup.FormatVersion || m.NATSServerVersion == "" || !strings.Contains(m.HoldfastVersion, "holdfast") || m.Created.IsZero() {
 		t.Fatalf("manifest header: %+v", m)
 	}
@@ -297,7 +285,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 			}
 			b[len(b)/2] ^= 0x01
 			return os.WriteFile(p, b, 0o600)
-		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": corrupted: SHA-256"},
+		}, archive + ": corrupted: SHA-256"},
 		{"truncated", func(dir string) error {
 			p := filepath.Join(dir, archive)
 			fi, err := os.Stat(p)
@@ -305,7 +293,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 				return err
 			}
 			return os.Truncate(p, fi.Size()/2)
-		}, filepath.Join("streams", "ORDERS", "stream.arc.s2") + ": truncated"},
+		}, archive + ": truncated"},
 		{"edited manifest", func(dir string) error {
 			p := filepath.Join(dir, backup.ManifestFile)
 			b, err := os.ReadFile(p)
@@ -346,4 +334,59 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 		t.Fatalf("after restore --replace: %+v, want the backup's 50 messages", st)
 	}
 	d.stop()
+}
+
+// The snapshot library reports progress from its own goroutines, some of
+// them after the backup returned: the bar takes those calls while done()
+// runs, and draws nothing after it (run with -race).
+func TestBackupProgressBarAfterDone(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "tty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	bar := newProgressBar(f, "backing up")
+	bar.on = true // as on a terminal
+	var calls atomic.Uint64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			bar.update(backup.Progress{Stream: "ORDERS", Index: 1, Count: 1, Done: i % 101, Total: 100})
+			calls.Add(1)
+		}
+	}()
+	size := func() int64 {
+		fi, err := f.Stat()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fi.Size()
+	}
+	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if size() == 0 {
+			return fmt.Errorf("nothing drawn after %d updates", calls.Load())
+		}
+		return nil
+	})
+	bar.done()
+	drawn, after := size(), calls.Load()
+	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if n := calls.Load() - after; n < 1000 {
+			return fmt.Errorf("%d updates after done()", n)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	if n := size(); n != drawn {
+		t.Fatalf("bar drew %d bytes after done()", n-drawn)
+	}
 }

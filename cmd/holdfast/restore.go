@@ -4,9 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
-	"sort"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -36,21 +37,17 @@ func restoreCommand() *cli.Command {
 			}
 			dir := c.Args().First()
 			w := c.App.Writer
-			if c.Bool("verify-only") {
-				m, err := backup.Verify(dir)
-				if err != nil {
-					return runtimeError(err)
-				}
-				printManifest(w, m)
-				fmt.Fprintf(w, "backup %s is complete and intact: %d file(s) match the manifest (written %s by %s)\n",
-					dir, len(m.Files), m.Created.Format(time.RFC3339), m.HoldfastVersion)
-				return nil
-			}
 			// Verify before connecting: a damaged backup is refused even
 			// when holdfast is not running.
 			verified, err := backup.Verify(dir)
 			if err != nil {
 				return runtimeError(err)
+			}
+			if c.Bool("verify-only") {
+				printManifest(w, verified)
+				fmt.Fprintf(w, "backup %s is complete and intact: %d file(s) match the manifest (written %s by %s)\n",
+					dir, len(verified.Files), verified.Created.Format(time.RFC3339), verified.HoldfastVersion)
+				return nil
 			}
 			_, nc, _, err := connect(c)
 			if err != nil {
@@ -90,12 +87,7 @@ func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) 
 	for _, r := range restored {
 		e := m.Stream(r.Name)
 		var cons []string
-		names := make([]string, 0, len(r.AckFloors))
-		for n := range r.AckFloors {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
+		for _, n := range slices.Sorted(maps.Keys(r.AckFloors)) {
 			s := fmt.Sprintf("%s (%d", n, r.AckFloors[n])
 			if c := e.Consumer(n); c != nil && c.AckFloor != r.AckFloors[n] {
 				s += fmt.Sprintf(", %d in the backup", c.AckFloor)
