@@ -174,7 +174,8 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 // subjects: with several holdfast nodes, each publish is answered once.
 func QueueGroup(stream string) string { return "holdfast-gc-" + stream }
 
-// Open subscribes to the stream's subjects and starts committing.
+// Open subscribes to the stream's subjects and starts committing. When it
+// fails, nothing is left subscribed and Close has nothing to do.
 func (c *Committer) Open(ctx context.Context) error {
 	if c.opened {
 		return errors.New("ingest already open")
@@ -182,48 +183,56 @@ func (c *Committer) Open(ctx context.Context) error {
 	if c.opts.Stream == "" || len(c.opts.Subjects) == 0 {
 		return errors.New("ingest: stream and subjects are required")
 	}
-	c.opened = true
-	c.in = make(chan *nats.Msg, 1<<16)
-	c.replies = make(chan *nats.Msg, 1<<12)
+	if err := c.subscribe(ctx); err != nil {
+		c.unsubscribe()
+		return fmt.Errorf("ingest %s: %w", c.opts.Stream, err)
+	}
 	c.closing = make(chan struct{})
 	c.done = make(chan struct{})
 	c.inflight = make(map[string]*unit)
 	c.ids = make(map[string]time.Time)
+	rctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	c.opened = true
+	go c.run(rctx)
+	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
+	return nil
+}
+
+// subscribe subscribes to the replies and the stream's subjects and waits
+// until the server has the subscriptions.
+func (c *Committer) subscribe(ctx context.Context) error {
+	c.in = make(chan *nats.Msg, 1<<16)
+	c.replies = make(chan *nats.Msg, 1<<12)
 	c.inbox = c.nc.NewInbox()
 	var err error
 	if c.rsub, err = c.nc.ChanSubscribe(c.inbox+".*", c.replies); err != nil {
-		return fmt.Errorf("ingest %s: cannot subscribe to its replies: %w", c.opts.Stream, err)
+		return fmt.Errorf("cannot subscribe to its replies: %w", err)
 	}
 	// One channel for all subjects keeps the arrival order across them
 	// (a publisher's messages to orders.a and orders.b stay in order).
 	for _, subj := range c.opts.Subjects {
 		sub, err := c.nc.ChanQueueSubscribe(subj, QueueGroup(c.opts.Stream), c.in)
 		if err != nil {
-			c.unsubscribe()
-			_ = c.rsub.Unsubscribe()
-			return fmt.Errorf("ingest %s: cannot subscribe to %s: %w", c.opts.Stream, subj, err)
+			return fmt.Errorf("cannot subscribe to %s: %w", subj, err)
 		}
 		c.subs = append(c.subs, sub)
 	}
 	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
 	defer fcancel()
-	if err := c.nc.FlushWithContext(fctx); err != nil {
-		c.unsubscribe()
-		_ = c.rsub.Unsubscribe()
-		return fmt.Errorf("ingest %s: %w", c.opts.Stream, err)
-	}
-	rctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
-	go c.run(rctx)
-	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
-	return nil
+	return c.nc.FlushWithContext(fctx)
 }
 
+// unsubscribe drops the subscriptions a failed Open made.
 func (c *Committer) unsubscribe() {
 	for _, s := range c.subs {
 		_ = s.Unsubscribe()
 	}
 	c.subs = nil
+	if c.rsub != nil {
+		_ = c.rsub.Unsubscribe()
+		c.rsub = nil
+	}
 }
 
 // drainSubs stops the subscriptions on the stream's subjects such that

@@ -519,3 +519,22 @@ func TestStreamFullDiscardNew(t *testing.T) {
 	}
 	t.Logf("stored %d, errors %v, stats %+v", stored, codes, c.Stats())
 }
+
+// TestCloseAfterFailedOpen: a Committer whose Open failed closes at once
+// (nothing was started) and holds no subscription.
+func TestCloseAfterFailedOpen(t *testing.T) {
+	s := startServer(t)
+	nc := connect(t, s)
+	c := New(nc, Options{Stream: "S", Subjects: []string{"s.a", "bad subject"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := c.Open(context.Background()); err == nil || !strings.Contains(err.Error(), "bad subject") {
+		t.Fatalf("Open with a bad subject: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close after a failed Open: %v", err)
+	}
+	if n := nc.NumSubscriptions(); n != 0 {
+		t.Fatalf("%d subscriptions left after a failed Open", n)
+	}
+}
