@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"reflect"
 	"slices"
 	"sync"
 
@@ -90,7 +89,7 @@ func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
 		was, is := cur.Streams[name], next.Streams[name]
 		on, onNext := was != nil && was.GroupCommit, is.GroupCommit
 		same := on && onNext && slices.Equal(was.Subjects, is.Subjects) &&
-			reflect.DeepEqual(was.DuplicateWindow, is.DuplicateWindow) && cur.Server.MaxPayload == next.Server.MaxPayload
+			was.DuplicateWindow == is.DuplicateWindow && cur.Server.MaxPayload == next.Server.MaxPayload
 		if on && !same {
 			stop = append(stop, name)
 		}
