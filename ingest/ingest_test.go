@@ -397,14 +397,15 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 	}
 }
 
-// TestCloseAnswersWhatItTook: messages taken before Close are committed
-// and answered; afterwards the subjects have no responder.
+// TestCloseAnswersWhatItTook: messages taken before Close are all
+// committed and acknowledged; afterwards the subjects have no responder.
 func TestCloseAnswersWhatItTook(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	gcStream(t, js, "S", []string{"s.*"}, nil)
 	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
-	pjs := newJS(t, connect(t, s))
+	pnc := connect(t, s)
+	pjs := newJS(t, pnc)
 	var futs []jetstream.PubAckFuture
 	for i := range 500 {
 		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
@@ -413,25 +414,27 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 		}
 		futs = append(futs, f)
 	}
-	// Let the publishes reach the committer, then close while it works.
-	time.Sleep(20 * time.Millisecond)
+	// Once the server has the publishes, it has handed them to the
+	// committer; close while it works.
+	if err := pnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := c.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	acked := 0
 	for i, f := range futs {
 		select {
 		case <-f.Ok():
-			acked++
-		case <-f.Err():
+		case err := <-f.Err():
+			t.Fatalf("publish %d, taken before Close: %v", i, err)
 		case <-time.After(10 * time.Second):
 			t.Fatalf("publish %d: no answer at all", i)
 		}
 	}
-	if n := len(storedBodies(t, js, "S")); n != acked {
-		t.Fatalf("stored %d, acked %d", n, acked)
+	if n := len(storedBodies(t, js, "S")); n != len(futs) {
+		t.Fatalf("stored %d, acked %d", n, len(futs))
 	}
 	if _, err := js.Publish(context.Background(), "s.a", nil, jetstream.WithRetryAttempts(0)); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Fatalf("publish after Close: %v, want no responders", err)
