@@ -81,6 +81,19 @@ func newJS(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 	return js
 }
 
+// awaitAck waits for a PublishAsync's answer: the PubAck, the server's
+// error, or an error saying there was none within 30 seconds.
+func awaitAck(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	select {
+	case a := <-f.Ok():
+		return a, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("no answer in 30s")
+	}
+}
+
 // storedBodies reads the whole stream: subject and body per sequence.
 func storedBodies(t *testing.T, js jetstream.JetStream, stream string) map[uint64]*jetstream.RawStreamMsg {
 	t.Helper()
@@ -141,20 +154,16 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 				futs = append(futs, f)
 			}
 			for i, f := range futs {
-				select {
-				case a := <-f.Ok():
-					if a.Stream != "ORDERS" || a.Duplicate {
-						errs <- fmt.Errorf("publisher %d msg %d: ack %+v", p, i, a)
-						return
-					}
-					acks[p] = append(acks[p], ack{a.Sequence, fmt.Sprintf("%d-%d", p, i)})
-				case err := <-f.Err():
+				a, err := awaitAck(f)
+				if err != nil {
 					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
 					return
-				case <-time.After(30 * time.Second):
-					errs <- fmt.Errorf("publisher %d msg %d: no ack", p, i)
+				}
+				if a.Stream != "ORDERS" || a.Duplicate {
+					errs <- fmt.Errorf("publisher %d msg %d: ack %+v", p, i, a)
 					return
 				}
+				acks[p] = append(acks[p], ack{a.Sequence, fmt.Sprintf("%d-%d", p, i)})
 			}
 		}()
 	}
@@ -267,14 +276,11 @@ func testDedupe(t *testing.T, window time.Duration) {
 		}
 		out := make([]*jetstream.PubAck, len(ids))
 		for i, f := range futs {
-			select {
-			case a := <-f.Ok():
-				out[i] = a
-			case err := <-f.Err():
+			a, err := awaitAck(f)
+			if err != nil {
 				t.Fatalf("id %s: %v", ids[i], err)
-			case <-time.After(20 * time.Second):
-				t.Fatalf("id %s: no ack", ids[i])
 			}
+			out[i] = a
 		}
 		return out
 	}
@@ -425,12 +431,8 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
+		if _, err := awaitAck(f); err != nil {
 			t.Fatalf("publish %d, taken before Close: %v", i, err)
-		case <-time.After(10 * time.Second):
-			t.Fatalf("publish %d: no answer at all", i)
 		}
 	}
 	if n := len(storedBodies(t, js, "S")); n != len(futs) {
@@ -500,17 +502,15 @@ func TestStreamFullDiscardNew(t *testing.T) {
 			futs = append(futs, f)
 		}
 		for i, f := range futs {
-			select {
-			case <-f.Ok():
+			_, err := awaitAck(f)
+			var ae *jetstream.APIError
+			switch {
+			case err == nil:
 				stored++
-			case err := <-f.Err():
-				var ae *jetstream.APIError
-				if !errors.As(err, &ae) {
-					t.Fatalf("%s %d: %v", subj, i, err)
-				}
+			case errors.As(err, &ae):
 				codes[ae.ErrorCode]++
-			case <-time.After(20 * time.Second):
-				t.Fatalf("%s %d: no answer", subj, i)
+			default:
+				t.Fatalf("%s %d: %v", subj, i, err)
 			}
 		}
 		return stored, codes
