@@ -39,23 +39,23 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 )
 
-// Defaults for Options.
+// How batches are cut (README.md, Group commit, documents these figures).
 const (
-	// DefaultMaxBatch is nats-server's default maximum atomic batch size.
-	DefaultMaxBatch = 1000
-	// DefaultMaxBatchBytes bounds the bytes of one batch.
-	DefaultMaxBatchBytes = 8 << 20
-	// DefaultMaxInflight is how many batches one stream may have in
-	// flight (the server allows 50 per stream, 1000 per server).
-	DefaultMaxInflight = 4
-	// DefaultMinBatch is the smallest batch: fewer messages are published
-	// one by one (pipelined), because an atomic batch costs a fixed
-	// ~2.4 ms (the server stages it in a store of its own) against
-	// ~0.2 ms per single flushed message on the disks measured here.
-	DefaultMinBatch = 16
-	// DefaultTimeout is how long a batch may go unanswered before its
+	// maxBatch is nats-server's default maximum atomic batch size.
+	maxBatch = 1000
+	// maxBatchBytes bounds the bytes of one batch.
+	maxBatchBytes = 8 << 20
+	// maxInflight is how many batches one stream may have in flight (the
+	// server allows 50 per stream, 1000 per server).
+	maxInflight = 4
+	// minBatch is the smallest batch: fewer messages are published one by
+	// one (pipelined), because an atomic batch costs a fixed ~2.4 ms (the
+	// server stages it in a store of its own) against ~0.2 ms per single
+	// flushed message on the disks measured here.
+	minBatch = 16
+	// answerTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
-	DefaultTimeout = 30 * time.Second
+	answerTimeout = 30 * time.Second
 )
 
 // Options configure a Committer.
@@ -66,12 +66,7 @@ type Options struct {
 	Subjects []string
 	// MaxMsgSize: a larger message is published alone, so that the server
 	// refuses it with its own error instead of failing a batch. 0: no limit.
-	MaxMsgSize    int
-	MaxBatch      int
-	MaxBatchBytes int
-	MaxInflight   int
-	MinBatch      int
-	Timeout       time.Duration
+	MaxMsgSize int
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
 	// instead of refusing a whole batch for it).
@@ -80,12 +75,20 @@ type Options struct {
 	Metrics *Metrics
 }
 
+// OptionsFor returns the Options of stream name's ingest under cfg: what
+// a change of, on reload, means starting the ingest again.
+func OptionsFor(cfg *config.Config, name string) Options {
+	sc := cfg.Streams[name]
+	return Options{Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
+		DuplicateWindow: sc.DuplicateWindow.Duration}
+}
+
 // Stats are a Committer's counters since Open.
 type Stats struct {
 	// Batches and BatchedMsgs count the atomic batches committed and the
 	// messages in them.
 	Batches, BatchedMsgs uint64
-	// Alone counts messages published alone because fewer than MinBatch
+	// Alone counts messages published alone because fewer than minBatch
 	// waited (the server answers their clients directly).
 	Alone uint64
 	// Forwarded counts messages published with the client's own reply
@@ -152,21 +155,6 @@ type unit struct {
 // allowed to subscribe to the stream's subjects and to publish under
 // config.GroupCommitPrefix). Open starts it.
 func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
-	if opts.MaxBatch <= 0 {
-		opts.MaxBatch = DefaultMaxBatch
-	}
-	if opts.MaxBatchBytes <= 0 {
-		opts.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	if opts.MaxInflight <= 0 {
-		opts.MaxInflight = DefaultMaxInflight
-	}
-	if opts.MinBatch <= 0 {
-		opts.MinBatch = DefaultMinBatch
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
 	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
 }
 
@@ -312,7 +300,7 @@ func (c *Committer) run(ctx context.Context) {
 
 // drainIn takes what already waits, up to one full batch more.
 func (c *Committer) drainIn() {
-	for range c.opts.MaxBatch {
+	for range maxBatch {
 		select {
 		case m := <-c.in:
 			c.add(m)
@@ -340,17 +328,17 @@ func (c *Committer) add(m *nats.Msg) {
 			it.msgID = vs[0]
 		}
 	}
-	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > c.opts.MaxBatchBytes {
+	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
 }
 
 // dispatch sends what may go now. When nothing is in flight, what waits
-// goes at once: as one batch if at least MinBatch messages wait, else one
+// goes at once: as one batch if at least minBatch messages wait, else one
 // by one. While something is in flight, arrivals wait for it and form the
 // next batch — except a full batch (count or bytes), which cannot grow and
-// goes at once, up to MaxInflight.
+// goes at once, up to maxInflight.
 //
 // Order rules: everything goes out in arrival order on one connection; a
 // refused batch is published again message by message only when nothing
@@ -368,13 +356,13 @@ func (c *Committer) dispatch() {
 		}
 		n, risky, full := c.nextBatch()
 		if len(c.inflight) > 0 {
-			if !full || risky || len(c.inflight) >= c.opts.MaxInflight {
+			if !full || risky || len(c.inflight) >= maxInflight {
 				return
 			}
 		}
 		msgs := c.pend[:n:n]
 		c.pend = c.pend[n:]
-		if n < c.opts.MinBatch {
+		if n < minBatch {
 			c.sendSingles(msgs)
 		} else {
 			c.sendBatch(msgs, risky)
@@ -396,14 +384,14 @@ func (c *Committer) nextBatch() (n int, risky, full bool) {
 		ids   map[string]bool
 	)
 	for n < len(c.pend) {
-		if n == c.opts.MaxBatch {
+		if n == maxBatch {
 			return n, risky, true
 		}
 		it := c.pend[n]
 		if it.alone {
 			break
 		}
-		if n > 0 && bytes+it.size > c.opts.MaxBatchBytes {
+		if n > 0 && bytes+it.size > maxBatchBytes {
 			return n, risky, true
 		}
 		if it.msgID != "" {
@@ -638,8 +626,8 @@ func (c *Committer) forgetIDs(age time.Duration) {
 // answered.
 func (c *Committer) expire() {
 	for id, u := range c.inflight {
-		if time.Since(u.start) > c.opts.Timeout {
-			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", c.opts.Timeout)
+		if time.Since(u.start) > answerTimeout {
+			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", answerTimeout)
 			c.finish(id, u)
 		}
 	}

@@ -469,7 +469,7 @@ func TestBatchesCutAtServerLimit(t *testing.T) {
 		t.Fatalf("stored %d, want 4000", n)
 	}
 	st := c.Stats()
-	if st.Refused != 0 || st.Batches == 0 || st.BatchedMsgs/st.Batches > DefaultMaxBatch {
+	if st.Refused != 0 || st.Batches == 0 || st.BatchedMsgs/st.Batches > maxBatch {
 		t.Fatalf("stats %+v", st)
 	}
 	t.Logf("stats %+v", st)
