@@ -341,7 +341,7 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgSize: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
 
 	check := func(what string, pub func(subj string) error) {
 		t.Helper()
@@ -370,6 +370,11 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	a, err := js.Publish(ctx, "s.a", []byte("z"), jetstream.WithExpectLastSequence(1))
 	if err != nil || a.Sequence != 2 {
 		t.Fatalf("expected sequence 1: %+v %v", a, err)
+	}
+	// The three with an expected sequence or too large went with the
+	// client's reply (the server answered them), the plain one alone.
+	if st := c.Stats(); st.Forwarded != 3 || st.Alone != 1 || st.Batches != 0 || st.Refused != 0 {
+		t.Fatalf("stats %+v, want 3 forwarded, 1 alone", st)
 	}
 }
 
