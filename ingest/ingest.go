@@ -158,9 +158,9 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
 }
 
-// QueueGroup is the queue group of the subscriptions on the stream's
+// queueGroup is the queue group of the subscriptions on the stream's
 // subjects: with several holdfast nodes, each publish is answered once.
-func QueueGroup(stream string) string { return "holdfast-gc-" + stream }
+func queueGroup(stream string) string { return "holdfast-gc-" + stream }
 
 // Open subscribes to the stream's subjects and starts committing. When it
 // fails, nothing is left subscribed and Close has nothing to do.
@@ -200,7 +200,7 @@ func (c *Committer) subscribe(ctx context.Context) error {
 	// One channel for all subjects keeps the arrival order across them
 	// (a publisher's messages to orders.a and orders.b stay in order).
 	for _, subj := range c.opts.Subjects {
-		sub, err := c.nc.ChanQueueSubscribe(subj, QueueGroup(c.opts.Stream), c.in)
+		sub, err := c.nc.ChanQueueSubscribe(subj, queueGroup(c.opts.Stream), c.in)
 		if err != nil {
 			return fmt.Errorf("cannot subscribe to %s: %w", subj, err)
 		}
