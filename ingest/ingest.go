@@ -92,7 +92,7 @@ type Stats struct {
 	// waited (the server answers their clients directly).
 	Alone uint64
 	// Forwarded counts messages published with the client's own reply
-	// (Nats-Expected-* headers, a client's own batch, too large, and the
+	// (a Nats-* header other than Nats-Msg-Id, too large, and the
 	// messages of a refused batch published one by one).
 	Forwarded uint64
 	// Refused counts batches the server refused.
@@ -316,17 +316,22 @@ func (c *Committer) add(m *nats.Msg) {
 		for _, v := range vs {
 			it.size += len(k) + len(v) + 4
 		}
-		lk := strings.ToLower(k)
-		switch {
-		case strings.HasPrefix(lk, "nats-expected-"), strings.HasPrefix(lk, "nats-batch-"),
-			strings.HasPrefix(lk, "nats-required-api-level"):
-			// The server's own semantics: an expected sequence is checked
-			// against the stream as it is when this message is applied,
-			// which arrival order keeps; a client's own batch stays its own.
-			it.alone = true
-		case lk == "nats-msg-id" && len(vs) > 0:
-			it.msgID = vs[0]
+		if len(k) < len("Nats-") || !strings.EqualFold(k[:len("Nats-")], "Nats-") {
+			continue
 		}
+		if strings.EqualFold(k, "Nats-Msg-Id") {
+			if len(vs) > 0 {
+				it.msgID = vs[0]
+			}
+			continue
+		}
+		// Every other Nats-* header is the server's to act on, for this
+		// message alone: an expected sequence is checked against the
+		// stream as it is when the message is applied (arrival order
+		// keeps it), a client's own batch stays its own, and one the
+		// stream refuses (Nats-TTL without allow_msg_ttl, a rollup
+		// without allow_rollup_hdrs, ...) must not fail a whole batch.
+		it.alone = true
 	}
 	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true

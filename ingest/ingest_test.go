@@ -546,3 +546,66 @@ func TestCloseAfterFailedOpen(t *testing.T) {
 		t.Fatalf("%d subscriptions left after a failed Open", n)
 	}
 }
+
+// TestServerHeadersGoAlone: a message with a header the server acts on
+// (here Nats-TTL on a stream without per-message TTLs, which the server
+// refuses) gets the server's own error and fails none of the messages
+// published around it, however busy the committer is.
+func TestServerHeadersGoAlone(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	const publishers, each = 4, 1500
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(2000))
+			if err != nil {
+				errs <- err
+				return
+			}
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				var opts []jetstream.PublishOpt
+				if p == 0 && i == each/2 {
+					opts = append(opts, jetstream.WithMsgTTL(time.Minute))
+				}
+				f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), opts...)
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				_, err := awaitAck(f)
+				var ae *jetstream.APIError
+				switch ttl := p == 0 && i == each/2; {
+				case ttl && !errors.As(err, &ae):
+					errs <- fmt.Errorf("the message with Nats-TTL: %v, want the server's error", err)
+				case !ttl && err != nil:
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d wrong answers; stats %+v", n, c.Stats())
+	}
+	if got := len(storedBodies(t, js, "S")); got != publishers*each-1 {
+		t.Fatalf("stored %d, want %d", got, publishers*each-1)
+	}
+	t.Logf("stats %+v", c.Stats())
+}
