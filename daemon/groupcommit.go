@@ -37,11 +37,9 @@ func (d *Daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name s
 	if g.metrics == nil && d.metrics != nil {
 		g.metrics = ingest.NewMetrics(d.metrics.Registry())
 	}
-	sc := cfg.Streams[name]
-	c := ingest.New(g.nc, ingest.Options{
-		Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
-		DuplicateWindow: sc.DuplicateWindow.Duration, Metrics: g.metrics,
-	}, d.log)
+	opts := ingest.OptionsFor(cfg, name)
+	opts.Metrics = g.metrics
+	c := ingest.New(g.nc, opts, d.log)
 	if err := c.Open(ctx); err != nil {
 		return err
 	}
@@ -84,13 +82,12 @@ func (d *Daemon) closeAllGroupCommit(ctx context.Context) {
 
 // groupCommitChanged lists the streams whose ingest a reload from cur to
 // next must stop before the streams are updated (group commit switched
-// off, or its subjects or limits changed) and start after.
+// off, or what its ingest is built from changed) and start after.
 func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
 	for _, name := range next.StreamNames() {
 		was, is := cur.Streams[name], next.Streams[name]
 		on, onNext := was != nil && was.GroupCommit, is.GroupCommit
-		same := on && onNext && slices.Equal(was.Subjects, is.Subjects) &&
-			reflect.DeepEqual(was.DuplicateWindow, is.DuplicateWindow) && cur.Server.MaxPayload == next.Server.MaxPayload
+		same := on && onNext && reflect.DeepEqual(ingest.OptionsFor(cur, name), ingest.OptionsFor(next, name))
 		if on && !same {
 			stop = append(stop, name)
 		}

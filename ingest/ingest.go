@@ -39,23 +39,23 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 )
 
-// Defaults for Options.
+// How batches are cut (README.md, Group commit, documents these figures).
 const (
-	// DefaultMaxBatch is nats-server's default maximum atomic batch size.
-	DefaultMaxBatch = 1000
-	// DefaultMaxBatchBytes bounds the bytes of one batch.
-	DefaultMaxBatchBytes = 8 << 20
-	// DefaultMaxInflight is how many batches one stream may have in
-	// flight (the server allows 50 per stream, 1000 per server).
-	DefaultMaxInflight = 4
-	// DefaultMinBatch is the smallest batch: fewer messages are published
-	// one by one (pipelined), because an atomic batch costs a fixed
-	// ~2.4 ms (the server stages it in a store of its own) against
-	// ~0.2 ms per single flushed message on the disks measured here.
-	DefaultMinBatch = 16
-	// DefaultTimeout is how long a batch may go unanswered before its
+	// maxBatch is nats-server's default maximum atomic batch size.
+	maxBatch = 1000
+	// maxBatchBytes bounds the bytes of one batch.
+	maxBatchBytes = 8 << 20
+	// maxInflight is how many batches one stream may have in flight (the
+	// server allows 50 per stream, 1000 per server).
+	maxInflight = 4
+	// minBatch is the smallest batch: fewer messages are published one by
+	// one (pipelined), because an atomic batch costs a fixed ~2.4 ms (the
+	// server stages it in a store of its own) against ~0.2 ms per single
+	// flushed message on the disks measured here.
+	minBatch = 16
+	// answerTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
-	DefaultTimeout = 30 * time.Second
+	answerTimeout = 30 * time.Second
 )
 
 // Options configure a Committer.
@@ -66,12 +66,7 @@ type Options struct {
 	Subjects []string
 	// MaxMsgSize: a larger message is published alone, so that the server
 	// refuses it with its own error instead of failing a batch. 0: no limit.
-	MaxMsgSize    int
-	MaxBatch      int
-	MaxBatchBytes int
-	MaxInflight   int
-	MinBatch      int
-	Timeout       time.Duration
+	MaxMsgSize int
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
 	// instead of refusing a whole batch for it).
@@ -80,16 +75,24 @@ type Options struct {
 	Metrics *Metrics
 }
 
+// OptionsFor returns the Options of stream name's ingest under cfg: what
+// a change of, on reload, means starting the ingest again.
+func OptionsFor(cfg *config.Config, name string) Options {
+	sc := cfg.Streams[name]
+	return Options{Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
+		DuplicateWindow: sc.DuplicateWindow.Duration}
+}
+
 // Stats are a Committer's counters since Open.
 type Stats struct {
 	// Batches and BatchedMsgs count the atomic batches committed and the
 	// messages in them.
 	Batches, BatchedMsgs uint64
-	// Alone counts messages published alone because fewer than MinBatch
+	// Alone counts messages published alone because fewer than minBatch
 	// waited (the server answers their clients directly).
 	Alone uint64
 	// Forwarded counts messages published with the client's own reply
-	// (Nats-Expected-* headers, a client's own batch, too large, and the
+	// (a Nats-* header other than Nats-Msg-Id, too large, and the
 	// messages of a refused batch published one by one).
 	Forwarded uint64
 	// Refused counts batches the server refused.
@@ -152,29 +155,15 @@ type unit struct {
 // allowed to subscribe to the stream's subjects and to publish under
 // config.GroupCommitPrefix). Open starts it.
 func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
-	if opts.MaxBatch <= 0 {
-		opts.MaxBatch = DefaultMaxBatch
-	}
-	if opts.MaxBatchBytes <= 0 {
-		opts.MaxBatchBytes = DefaultMaxBatchBytes
-	}
-	if opts.MaxInflight <= 0 {
-		opts.MaxInflight = DefaultMaxInflight
-	}
-	if opts.MinBatch <= 0 {
-		opts.MinBatch = DefaultMinBatch
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = DefaultTimeout
-	}
 	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
 }
 
-// QueueGroup is the queue group of the subscriptions on the stream's
+// queueGroup is the queue group of the subscriptions on the stream's
 // subjects: with several holdfast nodes, each publish is answered once.
-func QueueGroup(stream string) string { return "holdfast-gc-" + stream }
+func queueGroup(stream string) string { return "holdfast-gc-" + stream }
 
-// Open subscribes to the stream's subjects and starts committing.
+// Open subscribes to the stream's subjects and starts committing. When it
+// fails, nothing is left subscribed and Close has nothing to do.
 func (c *Committer) Open(ctx context.Context) error {
 	if c.opened {
 		return errors.New("ingest already open")
@@ -182,48 +171,56 @@ func (c *Committer) Open(ctx context.Context) error {
 	if c.opts.Stream == "" || len(c.opts.Subjects) == 0 {
 		return errors.New("ingest: stream and subjects are required")
 	}
-	c.opened = true
-	c.in = make(chan *nats.Msg, 1<<16)
-	c.replies = make(chan *nats.Msg, 1<<12)
+	if err := c.subscribe(ctx); err != nil {
+		c.unsubscribe()
+		return fmt.Errorf("ingest %s: %w", c.opts.Stream, err)
+	}
 	c.closing = make(chan struct{})
 	c.done = make(chan struct{})
 	c.inflight = make(map[string]*unit)
 	c.ids = make(map[string]time.Time)
-	c.inbox = c.nc.NewInbox()
-	var err error
-	if c.rsub, err = c.nc.ChanSubscribe(c.inbox+".*", c.replies); err != nil {
-		return fmt.Errorf("ingest %s: cannot subscribe to its replies: %w", c.opts.Stream, err)
-	}
-	// One channel for all subjects keeps the arrival order across them
-	// (a publisher's messages to orders.a and orders.b stay in order).
-	for _, subj := range c.opts.Subjects {
-		sub, err := c.nc.ChanQueueSubscribe(subj, QueueGroup(c.opts.Stream), c.in)
-		if err != nil {
-			c.unsubscribe()
-			_ = c.rsub.Unsubscribe()
-			return fmt.Errorf("ingest %s: cannot subscribe to %s: %w", c.opts.Stream, subj, err)
-		}
-		c.subs = append(c.subs, sub)
-	}
-	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
-	defer fcancel()
-	if err := c.nc.FlushWithContext(fctx); err != nil {
-		c.unsubscribe()
-		_ = c.rsub.Unsubscribe()
-		return fmt.Errorf("ingest %s: %w", c.opts.Stream, err)
-	}
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
+	c.opened = true
 	go c.run(rctx)
 	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
 	return nil
 }
 
+// subscribe subscribes to the replies and the stream's subjects and waits
+// until the server has the subscriptions.
+func (c *Committer) subscribe(ctx context.Context) error {
+	c.in = make(chan *nats.Msg, 1<<16)
+	c.replies = make(chan *nats.Msg, 1<<12)
+	c.inbox = c.nc.NewInbox()
+	var err error
+	if c.rsub, err = c.nc.ChanSubscribe(c.inbox+".*", c.replies); err != nil {
+		return fmt.Errorf("cannot subscribe to its replies: %w", err)
+	}
+	// One channel for all subjects keeps the arrival order across them
+	// (a publisher's messages to orders.a and orders.b stay in order).
+	for _, subj := range c.opts.Subjects {
+		sub, err := c.nc.ChanQueueSubscribe(subj, queueGroup(c.opts.Stream), c.in)
+		if err != nil {
+			return fmt.Errorf("cannot subscribe to %s: %w", subj, err)
+		}
+		c.subs = append(c.subs, sub)
+	}
+	fctx, fcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer fcancel()
+	return c.nc.FlushWithContext(fctx)
+}
+
+// unsubscribe drops the subscriptions a failed Open made.
 func (c *Committer) unsubscribe() {
 	for _, s := range c.subs {
 		_ = s.Unsubscribe()
 	}
 	c.subs = nil
+	if c.rsub != nil {
+		_ = c.rsub.Unsubscribe()
+		c.rsub = nil
+	}
 }
 
 // drainSubs stops the subscriptions on the stream's subjects such that
@@ -303,7 +300,7 @@ func (c *Committer) run(ctx context.Context) {
 
 // drainIn takes what already waits, up to one full batch more.
 func (c *Committer) drainIn() {
-	for range c.opts.MaxBatch {
+	for range maxBatch {
 		select {
 		case m := <-c.in:
 			c.add(m)
@@ -319,29 +316,34 @@ func (c *Committer) add(m *nats.Msg) {
 		for _, v := range vs {
 			it.size += len(k) + len(v) + 4
 		}
-		lk := strings.ToLower(k)
-		switch {
-		case strings.HasPrefix(lk, "nats-expected-"), strings.HasPrefix(lk, "nats-batch-"),
-			strings.HasPrefix(lk, "nats-required-api-level"):
-			// The server's own semantics: an expected sequence is checked
-			// against the stream as it is when this message is applied,
-			// which arrival order keeps; a client's own batch stays its own.
-			it.alone = true
-		case lk == "nats-msg-id" && len(vs) > 0:
-			it.msgID = vs[0]
+		if len(k) < len("Nats-") || !strings.EqualFold(k[:len("Nats-")], "Nats-") {
+			continue
 		}
+		if strings.EqualFold(k, "Nats-Msg-Id") {
+			if len(vs) > 0 {
+				it.msgID = vs[0]
+			}
+			continue
+		}
+		// Every other Nats-* header is the server's to act on, for this
+		// message alone: an expected sequence is checked against the
+		// stream as it is when the message is applied (arrival order
+		// keeps it), a client's own batch stays its own, and one the
+		// stream refuses (Nats-TTL without allow_msg_ttl, a rollup
+		// without allow_rollup_hdrs, ...) must not fail a whole batch.
+		it.alone = true
 	}
-	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > c.opts.MaxBatchBytes {
+	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
 }
 
 // dispatch sends what may go now. When nothing is in flight, what waits
-// goes at once: as one batch if at least MinBatch messages wait, else one
+// goes at once: as one batch if at least minBatch messages wait, else one
 // by one. While something is in flight, arrivals wait for it and form the
 // next batch — except a full batch (count or bytes), which cannot grow and
-// goes at once, up to MaxInflight.
+// goes at once, up to maxInflight.
 //
 // Order rules: everything goes out in arrival order on one connection; a
 // refused batch is published again message by message only when nothing
@@ -359,13 +361,13 @@ func (c *Committer) dispatch() {
 		}
 		n, risky, full := c.nextBatch()
 		if len(c.inflight) > 0 {
-			if !full || risky || len(c.inflight) >= c.opts.MaxInflight {
+			if !full || risky || len(c.inflight) >= maxInflight {
 				return
 			}
 		}
 		msgs := c.pend[:n:n]
 		c.pend = c.pend[n:]
-		if n < c.opts.MinBatch {
+		if n < minBatch {
 			c.sendSingles(msgs)
 		} else {
 			c.sendBatch(msgs, risky)
@@ -387,14 +389,14 @@ func (c *Committer) nextBatch() (n int, risky, full bool) {
 		ids   map[string]bool
 	)
 	for n < len(c.pend) {
-		if n == c.opts.MaxBatch {
+		if n == maxBatch {
 			return n, risky, true
 		}
 		it := c.pend[n]
 		if it.alone {
 			break
 		}
-		if n > 0 && bytes+it.size > c.opts.MaxBatchBytes {
+		if n > 0 && bytes+it.size > maxBatchBytes {
 			return n, risky, true
 		}
 		if it.msgID != "" {
@@ -629,8 +631,8 @@ func (c *Committer) forgetIDs(age time.Duration) {
 // answered.
 func (c *Committer) expire() {
 	for id, u := range c.inflight {
-		if time.Since(u.start) > c.opts.Timeout {
-			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", c.opts.Timeout)
+		if time.Since(u.start) > answerTimeout {
+			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", answerTimeout)
 			c.finish(id, u)
 		}
 	}

@@ -81,6 +81,19 @@ func newJS(t testing.TB, nc *nats.Conn) jetstream.JetStream {
 	return js
 }
 
+// awaitAck waits for a PublishAsync's answer: the PubAck, the server's
+// error, or an error saying there was none within 30 seconds.
+func awaitAck(f jetstream.PubAckFuture) (*jetstream.PubAck, error) {
+	select {
+	case a := <-f.Ok():
+		return a, nil
+	case err := <-f.Err():
+		return nil, err
+	case <-time.After(30 * time.Second):
+		return nil, errors.New("no answer in 30s")
+	}
+}
+
 // storedBodies reads the whole stream: subject and body per sequence.
 func storedBodies(t *testing.T, js jetstream.JetStream, stream string) map[uint64]*jetstream.RawStreamMsg {
 	t.Helper()
@@ -141,20 +154,16 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 				futs = append(futs, f)
 			}
 			for i, f := range futs {
-				select {
-				case a := <-f.Ok():
-					if a.Stream != "ORDERS" || a.Duplicate {
-						errs <- fmt.Errorf("publisher %d msg %d: ack %+v", p, i, a)
-						return
-					}
-					acks[p] = append(acks[p], ack{a.Sequence, fmt.Sprintf("%d-%d", p, i)})
-				case err := <-f.Err():
+				a, err := awaitAck(f)
+				if err != nil {
 					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
 					return
-				case <-time.After(30 * time.Second):
-					errs <- fmt.Errorf("publisher %d msg %d: no ack", p, i)
+				}
+				if a.Stream != "ORDERS" || a.Duplicate {
+					errs <- fmt.Errorf("publisher %d msg %d: ack %+v", p, i, a)
 					return
 				}
+				acks[p] = append(acks[p], ack{a.Sequence, fmt.Sprintf("%d-%d", p, i)})
 			}
 		}()
 	}
@@ -267,14 +276,11 @@ func testDedupe(t *testing.T, window time.Duration) {
 		}
 		out := make([]*jetstream.PubAck, len(ids))
 		for i, f := range futs {
-			select {
-			case a := <-f.Ok():
-				out[i] = a
-			case err := <-f.Err():
+			a, err := awaitAck(f)
+			if err != nil {
 				t.Fatalf("id %s: %v", ids[i], err)
-			case <-time.After(20 * time.Second):
-				t.Fatalf("id %s: no ack", ids[i])
 			}
+			out[i] = a
 		}
 		return out
 	}
@@ -335,7 +341,7 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgSize: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
 
 	check := func(what string, pub func(subj string) error) {
 		t.Helper()
@@ -364,6 +370,11 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	a, err := js.Publish(ctx, "s.a", []byte("z"), jetstream.WithExpectLastSequence(1))
 	if err != nil || a.Sequence != 2 {
 		t.Fatalf("expected sequence 1: %+v %v", a, err)
+	}
+	// The three with an expected sequence or too large went with the
+	// client's reply (the server answered them), the plain one alone.
+	if st := c.Stats(); st.Forwarded != 3 || st.Alone != 1 || st.Batches != 0 || st.Refused != 0 {
+		t.Fatalf("stats %+v, want 3 forwarded, 1 alone", st)
 	}
 }
 
@@ -397,14 +408,15 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 	}
 }
 
-// TestCloseAnswersWhatItTook: messages taken before Close are committed
-// and answered; afterwards the subjects have no responder.
+// TestCloseAnswersWhatItTook: messages taken before Close are all
+// committed and acknowledged; afterwards the subjects have no responder.
 func TestCloseAnswersWhatItTook(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	gcStream(t, js, "S", []string{"s.*"}, nil)
 	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
-	pjs := newJS(t, connect(t, s))
+	pnc := connect(t, s)
+	pjs := newJS(t, pnc)
 	var futs []jetstream.PubAckFuture
 	for i := range 500 {
 		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
@@ -413,25 +425,23 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 		}
 		futs = append(futs, f)
 	}
-	// Let the publishes reach the committer, then close while it works.
-	time.Sleep(20 * time.Millisecond)
+	// Once the server has the publishes, it has handed them to the
+	// committer; close while it works.
+	if err := pnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := c.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	acked := 0
 	for i, f := range futs {
-		select {
-		case <-f.Ok():
-			acked++
-		case <-f.Err():
-		case <-time.After(10 * time.Second):
-			t.Fatalf("publish %d: no answer at all", i)
+		if _, err := awaitAck(f); err != nil {
+			t.Fatalf("publish %d, taken before Close: %v", i, err)
 		}
 	}
-	if n := len(storedBodies(t, js, "S")); n != acked {
-		t.Fatalf("stored %d, acked %d", n, acked)
+	if n := len(storedBodies(t, js, "S")); n != len(futs) {
+		t.Fatalf("stored %d, acked %d", n, len(futs))
 	}
 	if _, err := js.Publish(context.Background(), "s.a", nil, jetstream.WithRetryAttempts(0)); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Fatalf("publish after Close: %v, want no responders", err)
@@ -464,7 +474,7 @@ func TestBatchesCutAtServerLimit(t *testing.T) {
 		t.Fatalf("stored %d, want 4000", n)
 	}
 	st := c.Stats()
-	if st.Refused != 0 || st.Batches == 0 || st.BatchedMsgs/st.Batches > DefaultMaxBatch {
+	if st.Refused != 0 || st.Batches == 0 || st.BatchedMsgs/st.Batches > maxBatch {
 		t.Fatalf("stats %+v", st)
 	}
 	t.Logf("stats %+v", st)
@@ -497,17 +507,15 @@ func TestStreamFullDiscardNew(t *testing.T) {
 			futs = append(futs, f)
 		}
 		for i, f := range futs {
-			select {
-			case <-f.Ok():
+			_, err := awaitAck(f)
+			var ae *jetstream.APIError
+			switch {
+			case err == nil:
 				stored++
-			case err := <-f.Err():
-				var ae *jetstream.APIError
-				if !errors.As(err, &ae) {
-					t.Fatalf("%s %d: %v", subj, i, err)
-				}
+			case errors.As(err, &ae):
 				codes[ae.ErrorCode]++
-			case <-time.After(20 * time.Second):
-				t.Fatalf("%s %d: no answer", subj, i)
+			default:
+				t.Fatalf("%s %d: %v", subj, i, err)
 			}
 		}
 		return stored, codes
@@ -518,4 +526,86 @@ func TestStreamFullDiscardNew(t *testing.T) {
 		t.Fatalf("group commit: %d stored, errors %v; the server: %d stored, errors %v", stored, codes, wantStored, wantCodes)
 	}
 	t.Logf("stored %d, errors %v, stats %+v", stored, codes, c.Stats())
+}
+
+// TestCloseAfterFailedOpen: a Committer whose Open failed closes at once
+// (nothing was started) and holds no subscription.
+func TestCloseAfterFailedOpen(t *testing.T) {
+	s := startServer(t)
+	nc := connect(t, s)
+	c := New(nc, Options{Stream: "S", Subjects: []string{"s.a", "bad subject"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := c.Open(context.Background()); err == nil || !strings.Contains(err.Error(), "bad subject") {
+		t.Fatalf("Open with a bad subject: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatalf("Close after a failed Open: %v", err)
+	}
+	if n := nc.NumSubscriptions(); n != 0 {
+		t.Fatalf("%d subscriptions left after a failed Open", n)
+	}
+}
+
+// TestServerHeadersGoAlone: a message with a header the server acts on
+// (here Nats-TTL on a stream without per-message TTLs, which the server
+// refuses) gets the server's own error and fails none of the messages
+// published around it, however busy the committer is.
+func TestServerHeadersGoAlone(t *testing.T) {
+	s := startServer(t)
+	js := newJS(t, connect(t, s))
+	gcStream(t, js, "S", []string{"s.*"}, nil)
+	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	const publishers, each = 4, 1500
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(2000))
+			if err != nil {
+				errs <- err
+				return
+			}
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				var opts []jetstream.PublishOpt
+				if p == 0 && i == each/2 {
+					opts = append(opts, jetstream.WithMsgTTL(time.Minute))
+				}
+				f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), opts...)
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				_, err := awaitAck(f)
+				var ae *jetstream.APIError
+				switch ttl := p == 0 && i == each/2; {
+				case ttl && !errors.As(err, &ae):
+					errs <- fmt.Errorf("the message with Nats-TTL: %v, want the server's error", err)
+				case !ttl && err != nil:
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d wrong answers; stats %+v", n, c.Stats())
+	}
+	if got := len(storedBodies(t, js, "S")); got != publishers*each-1 {
+		t.Fatalf("stored %d, want %d", got, publishers*each-1)
+	}
+	t.Logf("stats %+v", c.Stats())
 }

@@ -31,8 +31,9 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 		return err
 	}
 	defer hold.stop()
-	// The stock stream is created by nats bench (--create); holdfast's
-	// benchstream comes from its config, with group commit.
+	// The stock stream is created here, once, as nats bench --create
+	// would; holdfast's benchstream comes from its config, with group
+	// commit.
 	if err := createBenchStream(stock.url); err != nil {
 		return err
 	}
