@@ -120,14 +120,8 @@ func leafPermissions(p *server.Permissions, cfg *config.Config) {
 	}
 	remoteSources := false
 	for _, sc := range cfg.Streams {
-		for _, src := range append(slices.Clone(sc.Sources), func() []config.SourceConfig {
-			if sc.Mirror != nil {
-				return []config.SourceConfig{*sc.Mirror}
-			}
-			return nil
-		}()...) {
-			remoteSources = remoteSources || src.Domain != ""
-		}
+		remoteSources = remoteSources || (sc.Mirror != nil && sc.Mirror.Domain != "") ||
+			slices.ContainsFunc(sc.Sources, func(src config.SourceConfig) bool { return src.Domain != "" })
 	}
 	if (len(allow) == 0 && !remoteSources) || p == nil || p.Publish == nil {
 		return

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -189,6 +190,59 @@ func TestLeafDenied(t *testing.T) {
 	if got != "$JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
 	}
+}
+
+// TestLeafPermissions: the in-process identity may publish to the
+// JetStream API of other domains only when a forward handler or a source
+// or mirror in another domain needs it, and to each forward destination;
+// a hub's identity may watch the edge subjects.
+func TestLeafPermissions(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		change    func(cfg *config.Config)
+		publish   []string // added to the publish allow list
+		subscribe []string // added to the subscribe allow list
+	}{
+		{"nothing remote", func(cfg *config.Config) {}, nil, nil},
+		{"local source", func(cfg *config.Config) {
+			cfg.Streams["COPY"] = config.DefaultStream(nil)
+			cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS"}}
+		}, nil, nil},
+		{"source in another domain", func(cfg *config.Config) {
+			cfg.Streams["COPY"] = config.DefaultStream(nil)
+			cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS"}, {Name: "CMDS", Domain: "hub"}}
+		}, []string{"$JS.*.API.>"}, nil},
+		{"mirror in another domain", func(cfg *config.Config) {
+			cfg.Streams["CMDS"] = config.DefaultStream(nil)
+			cfg.Streams["CMDS"].Mirror = &config.SourceConfig{Name: "CMDS", Domain: "hub"}
+		}, []string{"$JS.*.API.>"}, nil},
+		{"forward handler", func(cfg *config.Config) {
+			cc := config.DefaultConsumer("ORDERS")
+			cc.Handler = "forward"
+			cc.Forward.Subject = "up.{server}.{subject}"
+			cfg.Consumers["FWD"] = cc
+		}, []string{"$JS.*.API.>", "up.edge1.>"}, nil},
+		{"hub", func(cfg *config.Config) {
+			cfg.LeafNodes.Listen = "127.0.0.1:7422"
+			cfg.LeafNodes.EdgeSubjects = []string{"edge.>", "site.>"}
+		}, nil, []string{"edge.>", "site.>"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Server.Name = "edge1"
+			tc.change(cfg)
+			p := InternalPermissions()
+			base := InternalPermissions()
+			leafPermissions(p, cfg)
+			if got, want := p.Publish.Allow, append(base.Publish.Allow, tc.publish...); !slices.Equal(got, want) {
+				t.Errorf("publish allow = %q, want %q", got, want)
+			}
+			if got, want := p.Subscribe.Allow, append(base.Subscribe.Allow, tc.subscribe...); !slices.Equal(got, want) {
+				t.Errorf("subscribe allow = %q, want %q", got, want)
+			}
+		})
+	}
+	leafPermissions(nil, testConfig(t)) // no permissions (no [auth]): nothing to add to
 }
 
 // TestBootstrapSources: sources are created and changed in place (logged
