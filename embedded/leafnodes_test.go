@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 func freePort(t *testing.T) int {
@@ -178,6 +179,32 @@ func TestLeafNodesAuth(t *testing.T) {
 	time.Sleep(time.Second)
 	if wrong.LeafConnected() {
 		t.Fatal("an edge with the wrong password is connected")
+	}
+}
+
+// TestLeafNodesTLS: a hub with a TLS listener that verifies the edges'
+// certificates takes an edge that trusts its CA (ca_file) and presents a
+// certificate, and neither one that trusts another CA nor one without a
+// certificate.
+func TestLeafNodesTLS(t *testing.T) {
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubCfg := leafHubConfig(t, "", "")
+	hubCfg.LeafNodes.CertFile, hubCfg.LeafNodes.KeyFile = certs.ServerCert, certs.ServerKey
+	hubCfg.LeafNodes.CAFile, hubCfg.LeafNodes.Verify = certs.CA, true
+	runServer(t, hubCfg)
+	right := runServer(t, leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}))
+	otherCA := runServer(t, leafEdgeConfig(t, "edge2", hubCfg, config.RemoteConfig{CAFile: certs.OtherCA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}))
+	noCert := runServer(t, leafEdgeConfig(t, "edge3", hubCfg, config.RemoteConfig{CAFile: certs.CA}))
+	waitFor(t, "the edge with the CA and a certificate to connect", right.LeafConnected)
+	time.Sleep(time.Second)
+	if otherCA.LeafConnected() {
+		t.Error("an edge trusting another CA is connected")
+	}
+	if noCert.LeafConnected() {
+		t.Error("an edge without a client certificate is connected")
 	}
 }
 

@@ -388,8 +388,9 @@ func configureRoutes(opts *server.Options, cl config.ClusterConfig, sec *config.
 const tlsHandshakeTimeout = 2
 
 // linkTLS builds the TLS config of a server-to-server link (routes, the
-// leafnode listener, a leafnode remote): TLS 1.2 or later; verify asks
-// the other side for a certificate signed by ca. Errors name the table.
+// leafnode listener, a leafnode remote): TLS 1.2 or later; ca verifies
+// the certificate of the node this one dials, and with verify that of a
+// node dialing in, which must present one. Errors name the table.
 func linkTLS(table, cert, key, ca string, verify bool) (*tls.Config, error) {
 	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
 		CertFile: cert, KeyFile: key, CaFile: ca, Verify: verify, MinVersion: tls.VersionTLS12,
@@ -397,5 +398,11 @@ func linkTLS(table, cert, key, ca string, verify bool) (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s TLS: %w", table, err)
 	}
+	// GenTLSConfig puts the CA only where a listener checks the other
+	// side's certificate (ClientCAs); a node dialing out (routes it
+	// solicits, leafnode remotes) checks the server's against RootCAs,
+	// which would otherwise be the system's. nats-server's own config
+	// parsing does the same for routes, gateways and remotes.
+	tc.RootCAs = tc.ClientCAs
 	return tc, nil
 }
