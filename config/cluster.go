@@ -58,8 +58,12 @@ func (c ClusterConfig) TLSEnabled() bool {
 const ClusterReplicas = 3
 
 // ListenHostPort splits Listen.
-func (c ClusterConfig) ListenHostPort() (string, int, error) {
-	host, p, err := net.SplitHostPort(c.Listen)
+func (c ClusterConfig) ListenHostPort() (string, int, error) { return splitHostPort(c.Listen) }
+
+// splitHostPort splits a listen or advertise address, host:port with a
+// port 1-65535.
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", 0, err
 	}
@@ -108,10 +112,11 @@ func (c *Config) validateCluster(v *validator, fromFile bool) {
 		v.add("cluster.listen", q(cl.Listen), "routes on a non-loopback address need cluster.user and cluster.password_file (the same on every node): anyone who reaches the port could join the cluster and read every stream")
 	}
 	if cl.Advertise != "" {
-		if h, p, err := net.SplitHostPort(cl.Advertise); err != nil || h == "" {
-			v.add("cluster.advertise", q(cl.Advertise), "must be host:port, the address the other nodes reach this node's routes at, e.g. \"10.0.0.1:6222\"")
-		} else if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			v.add("cluster.advertise", q(cl.Advertise), "port %q is not 1-65535", p)
+		const want = "must be host:port, the address the other nodes reach this node's routes at, e.g. \"10.0.0.1:6222\""
+		if h, _, err := splitHostPort(cl.Advertise); err != nil {
+			v.add("cluster.advertise", q(cl.Advertise), want+": %v", err)
+		} else if h == "" {
+			v.add("cluster.advertise", q(cl.Advertise), want+": the host is missing")
 		}
 	}
 	if (cl.User == "") != (cl.PasswordFile == "") {

@@ -73,6 +73,7 @@ func TestClusterRefusals(t *testing.T) {
 		{"empty table", "[cluster]\n", "cluster", "empty"},
 		{"advertise without a port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1\"", 1), "cluster.advertise", "must be host:port"},
 		{"advertise port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1:70000\"", 1), "cluster.advertise", "not 1-65535"},
+		{"advertise without a host", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \":6222\"", 1), "cluster.advertise", "the host is missing"},
 		{"group commit in a cluster", clusterNode + "\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n", "streams.ORDERS.group_commit", "not supported with [cluster]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

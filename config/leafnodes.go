@@ -114,7 +114,7 @@ func (r RemoteConfig) Redacted() string {
 
 // ListenHostPort splits Listen.
 func (l LeafNodesConfig) ListenHostPort() (string, int, error) {
-	return ClusterConfig{Listen: l.Listen}.ListenHostPort()
+	return splitHostPort(l.Listen)
 }
 
 // ForwardPublishSubject is the subject pattern a forward template
