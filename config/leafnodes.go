@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -288,31 +287,22 @@ func forwardDefaults() ForwardConfig {
 // and checks that the certificate, CA and credentials files exist.
 func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 	l := c.LeafNodes
-	if f := l.PasswordFile; f != "" {
-		if pw, ok := readSecret(v, "leafnodes.password_file", f, true); ok {
-			if pw == "" {
-				v.add("leafnodes.password_file", q(f), "the file is empty")
-			}
-			sec.LeafPassword = pw
-		}
+	if l.PasswordFile != "" {
+		sec.LeafPassword = readPassword(v, "leafnodes.password_file", l.PasswordFile)
 	}
 	if l.KeyFile != "" {
 		checkSecretFile(v, "leafnodes.key_file", l.KeyFile, false)
 	}
-	files := []struct{ key, path string }{{"leafnodes.cert_file", l.CertFile}, {"leafnodes.ca_file", l.CAFile}}
+	checkExists(v, "leafnodes.cert_file", l.CertFile)
+	checkExists(v, "leafnodes.ca_file", l.CAFile)
 	sec.RemoteSecrets = make([]string, len(l.Remotes))
 	for i, r := range l.Remotes {
 		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
-		for _, f := range []struct{ key, path string }{{key + ".password_file", r.PasswordFile}, {key + ".token_file", r.TokenFile}} {
-			if f.path == "" {
-				continue
-			}
-			if s, ok := readSecret(v, f.key, f.path, true); ok {
-				if s == "" {
-					v.add(f.key, q(f.path), "the file is empty")
-				}
-				sec.RemoteSecrets[i] = s
-			}
+		if r.PasswordFile != "" {
+			sec.RemoteSecrets[i] = readPassword(v, key+".password_file", r.PasswordFile)
+		}
+		if r.TokenFile != "" {
+			sec.RemoteSecrets[i] = readPassword(v, key+".token_file", r.TokenFile)
 		}
 		if r.Credentials != "" {
 			checkSecretFile(v, key+".credentials", r.Credentials, true)
@@ -320,15 +310,8 @@ func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 		if r.KeyFile != "" {
 			checkSecretFile(v, key+".key_file", r.KeyFile, false)
 		}
-		files = append(files, struct{ key, path string }{key + ".cert_file", r.CertFile}, struct{ key, path string }{key + ".ca_file", r.CAFile})
-	}
-	for _, f := range files {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			v.add(f.key, q(f.path), "%v", unwrapPathError(err))
-		}
+		checkExists(v, key+".cert_file", r.CertFile)
+		checkExists(v, key+".ca_file", r.CAFile)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -187,6 +188,30 @@ password_file = "`+good+`"
 		}
 		if !found {
 			t.Errorf("no problem for %s in\n%v", key, err)
+		}
+	}
+
+	// An empty password file, and TLS files that are not there.
+	empty := filepath.Join(dir, "empty.password")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg = mustParse(t, hubNode)
+	cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = "leaf", empty
+	cfg.LeafNodes.CertFile = filepath.Join(dir, "missing-hub.pem")
+	cfg.LeafNodes.Remotes = []RemoteConfig{{URL: "nats-leaf://127.0.0.1:7423", TokenFile: empty, CertFile: filepath.Join(dir, "missing-edge.pem")}}
+	_, err = cfg.LoadSecrets()
+	if !errors.As(err, &ve) {
+		t.Fatalf("LoadSecrets: %v, want a ValidationError", err)
+	}
+	for key, reason := range map[string]string{
+		"leafnodes.password_file":         "the file is empty",
+		"leafnodes.cert_file":             "no such file",
+		"leafnodes.remotes[0].token_file": "the file is empty",
+		"leafnodes.remotes[0].cert_file":  "no such file",
+	} {
+		if !slices.ContainsFunc(ve.Problems, func(p Problem) bool { return p.Key == key && strings.Contains(p.Reason, reason) }) {
+			t.Errorf("no problem %q for %s in\n%v", reason, key, err)
 		}
 	}
 }
