@@ -284,9 +284,6 @@ func (f *Forwarder) Problem() string {
 // Stats returns the live counters.
 func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
 
-// Options returns the options the forwarder runs with.
-func (f *Forwarder) Options() ForwardOptions { return f.opts }
-
 // errOldIncarnation: the message was stored before the stream's current
 // incarnation was created, by one that was deleted since.
 var errOldIncarnation = errors.New("the message belongs to a stream since deleted and recreated")
