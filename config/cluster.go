@@ -67,11 +67,17 @@ func splitHostPort(addr string) (string, int, error) {
 	if err != nil {
 		return "", 0, err
 	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 1 || port > 65535 {
+	if !validPort(p) {
 		return "", 0, fmt.Errorf("port %q is not 1-65535", p)
 	}
+	port, _ := strconv.Atoi(p)
 	return host, port, nil
+}
+
+// validPort reports whether p is a TCP port number, 1-65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // validateCluster checks [cluster] and what depends on it: server.name set
@@ -138,6 +144,9 @@ func (c *Config) validateCluster(v *validator, fromFile bool) {
 			continue
 		case u.Port() == "" || u.Hostname() == "":
 			v.add(key, q(r), "must name host and port (nats-route://host:6222)")
+			continue
+		case !validPort(u.Port()):
+			v.add(key, q(r), "port %s is not 1-65535", u.Port())
 			continue
 		case u.User != nil:
 			v.add(key, q(r), "must not hold credentials: set cluster.user and cluster.password_file")

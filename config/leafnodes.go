@@ -190,6 +190,8 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 			v.add(key+".url", q(r.URL), "must start with nats-leaf:// (or tls:// for TLS)")
 		case u.Hostname() == "" || u.Port() == "":
 			v.add(key+".url", q(r.URL), "must name host and port (nats-leaf://hub.example:7422)")
+		case !validPort(u.Port()):
+			v.add(key+".url", q(r.URL), "port %s is not 1-65535", u.Port())
 		case u.User != nil:
 			v.add(key+".url", q(r.Redacted()), "must not hold credentials: use user and password_file, token_file or credentials")
 		default:

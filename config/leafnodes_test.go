@@ -111,6 +111,8 @@ func TestLeafNodeRefusals(t *testing.T) {
 		{"no server.name", strings.Replace(edgeNode, "name = \"edge1\"\n", "", 1), "server.name", "must be set in the file"},
 		{"remote without url", strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, `user = "leaf"`, 1), "leafnodes.remotes[0].url", "required"},
 		{"remote scheme", strings.Replace(edgeNode, "nats-leaf://", "http://", 1), "leafnodes.remotes[0].url", "nats-leaf://"},
+		{"remote port 0", strings.Replace(edgeNode, "127.0.0.1:7422", "127.0.0.1:0", 1), "leafnodes.remotes[0].url", "port 0 is not 1-65535"},
+		{"remote port too large", strings.Replace(edgeNode, "127.0.0.1:7422", "hub.example:74220", 1), "leafnodes.remotes[0].url", "port 74220 is not 1-65535"},
 		{"remote with credentials in the url", strings.Replace(edgeNode, "nats-leaf://", "nats-leaf://u:secret@", 1), "leafnodes.remotes[0].url", "must not hold credentials"},
 		{"remote with two auth ways", strings.Replace(edgeNode, "\n\n[streams", "\ntoken_file = \"/t\"\ncredentials = \"/c\"\n\n[streams", 1), "leafnodes.remotes[0]", "one way to authenticate"},
 		{"remote user without password", strings.Replace(edgeNode, "\n\n[streams", "\nuser = \"leaf\"\n\n[streams", 1), "leafnodes.remotes[0].user", "go together"},
