@@ -58,16 +58,26 @@ func (c ClusterConfig) TLSEnabled() bool {
 const ClusterReplicas = 3
 
 // ListenHostPort splits Listen.
-func (c ClusterConfig) ListenHostPort() (string, int, error) {
-	host, p, err := net.SplitHostPort(c.Listen)
+func (c ClusterConfig) ListenHostPort() (string, int, error) { return splitHostPort(c.Listen) }
+
+// splitHostPort splits a listen or advertise address, host:port with a
+// port 1-65535.
+func splitHostPort(addr string) (string, int, error) {
+	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
 		return "", 0, err
 	}
-	port, err := strconv.Atoi(p)
-	if err != nil || port < 1 || port > 65535 {
+	if !validPort(p) {
 		return "", 0, fmt.Errorf("port %q is not 1-65535", p)
 	}
+	port, _ := strconv.Atoi(p)
 	return host, port, nil
+}
+
+// validPort reports whether p is a TCP port number, 1-65535.
+func validPort(p string) bool {
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // validateCluster checks [cluster] and what depends on it: server.name set
@@ -108,10 +118,11 @@ func (c *Config) validateCluster(v *validator, fromFile bool) {
 		v.add("cluster.listen", q(cl.Listen), "routes on a non-loopback address need cluster.user and cluster.password_file (the same on every node): anyone who reaches the port could join the cluster and read every stream")
 	}
 	if cl.Advertise != "" {
-		if h, p, err := net.SplitHostPort(cl.Advertise); err != nil || h == "" {
-			v.add("cluster.advertise", q(cl.Advertise), "must be host:port, the address the other nodes reach this node's routes at, e.g. \"10.0.0.1:6222\"")
-		} else if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
-			v.add("cluster.advertise", q(cl.Advertise), "port %q is not 1-65535", p)
+		const want = "must be host:port, the address the other nodes reach this node's routes at, e.g. \"10.0.0.1:6222\""
+		if h, _, err := splitHostPort(cl.Advertise); err != nil {
+			v.add("cluster.advertise", q(cl.Advertise), want+": %v", err)
+		} else if h == "" {
+			v.add("cluster.advertise", q(cl.Advertise), want+": the host is missing")
 		}
 	}
 	if (cl.User == "") != (cl.PasswordFile == "") {
@@ -133,6 +144,9 @@ func (c *Config) validateCluster(v *validator, fromFile bool) {
 			continue
 		case u.Port() == "" || u.Hostname() == "":
 			v.add(key, q(r), "must name host and port (nats-route://host:6222)")
+			continue
+		case !validPort(u.Port()):
+			v.add(key, q(r), "port %s is not 1-65535", u.Port())
 			continue
 		case u.User != nil:
 			v.add(key, q(r), "must not hold credentials: set cluster.user and cluster.password_file")

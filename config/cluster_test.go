@@ -68,11 +68,14 @@ func TestClusterRefusals(t *testing.T) {
 		{"replicas 2", clusterNode + "\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\nreplicas = 2\n", "streams.ORDERS.replicas", "must be 1 or 3"},
 		{"listen beyond loopback without route auth", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, `listen = "0.0.0.0:6222"`, 1), "cluster.listen", "need cluster.user and cluster.password_file"},
 		{"no cluster name", strings.Replace(clusterNode, "name = \"site-a\"\n", "", 1), "cluster.name", "required"},
+		{"route port 0", strings.Replace(clusterNode, "nats-route://127.0.0.1:6224", "nats-route://127.0.0.1:0", 1), "cluster.routes[2]", "port 0 is not 1-65535"},
+		{"route port too large", strings.Replace(clusterNode, "nats-route://127.0.0.1:6224", "nats-route://10.0.0.3:70000", 1), "cluster.routes[2]", "port 70000 is not 1-65535"},
 		{"route scheme", strings.Replace(clusterNode, "nats-route://127.0.0.1:6224", "http://127.0.0.1:6224", 1), "cluster.routes[2]", "nats-route://"},
 		{"listen on the client port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, `listen = "127.0.0.1:4222"`, 1), "cluster.listen", "client port"},
 		{"empty table", "[cluster]\n", "cluster", "empty"},
 		{"advertise without a port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1\"", 1), "cluster.advertise", "must be host:port"},
 		{"advertise port", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \"10.0.0.1:70000\"", 1), "cluster.advertise", "not 1-65535"},
+		{"advertise without a host", strings.Replace(clusterNode, `listen = "127.0.0.1:6222"`, "listen = \"127.0.0.1:6222\"\nadvertise = \":6222\"", 1), "cluster.advertise", "the host is missing"},
 		{"group commit in a cluster", clusterNode + "\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n", "streams.ORDERS.group_commit", "not supported with [cluster]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

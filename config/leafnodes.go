@@ -3,7 +3,6 @@ package config
 import (
 	"fmt"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -114,7 +113,7 @@ func (r RemoteConfig) Redacted() string {
 
 // ListenHostPort splits Listen.
 func (l LeafNodesConfig) ListenHostPort() (string, int, error) {
-	return ClusterConfig{Listen: l.Listen}.ListenHostPort()
+	return splitHostPort(l.Listen)
 }
 
 // ForwardPublishSubject is the subject pattern a forward template
@@ -191,6 +190,8 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 			v.add(key+".url", q(r.URL), "must start with nats-leaf:// (or tls:// for TLS)")
 		case u.Hostname() == "" || u.Port() == "":
 			v.add(key+".url", q(r.URL), "must name host and port (nats-leaf://hub.example:7422)")
+		case !validPort(u.Port()):
+			v.add(key+".url", q(r.URL), "port %s is not 1-65535", u.Port())
 		case u.User != nil:
 			v.add(key+".url", q(r.Redacted()), "must not hold credentials: use user and password_file, token_file or credentials")
 		default:
@@ -288,31 +289,22 @@ func forwardDefaults() ForwardConfig {
 // and checks that the certificate, CA and credentials files exist.
 func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 	l := c.LeafNodes
-	if f := l.PasswordFile; f != "" {
-		if pw, ok := readSecret(v, "leafnodes.password_file", f, true); ok {
-			if pw == "" {
-				v.add("leafnodes.password_file", q(f), "the file is empty")
-			}
-			sec.LeafPassword = pw
-		}
+	if l.PasswordFile != "" {
+		sec.LeafPassword = readPassword(v, "leafnodes.password_file", l.PasswordFile)
 	}
 	if l.KeyFile != "" {
 		checkSecretFile(v, "leafnodes.key_file", l.KeyFile, false)
 	}
-	files := []struct{ key, path string }{{"leafnodes.cert_file", l.CertFile}, {"leafnodes.ca_file", l.CAFile}}
+	checkExists(v, "leafnodes.cert_file", l.CertFile)
+	checkExists(v, "leafnodes.ca_file", l.CAFile)
 	sec.RemoteSecrets = make([]string, len(l.Remotes))
 	for i, r := range l.Remotes {
 		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
-		for _, f := range []struct{ key, path string }{{key + ".password_file", r.PasswordFile}, {key + ".token_file", r.TokenFile}} {
-			if f.path == "" {
-				continue
-			}
-			if s, ok := readSecret(v, f.key, f.path, true); ok {
-				if s == "" {
-					v.add(f.key, q(f.path), "the file is empty")
-				}
-				sec.RemoteSecrets[i] = s
-			}
+		if r.PasswordFile != "" {
+			sec.RemoteSecrets[i] = readPassword(v, key+".password_file", r.PasswordFile)
+		}
+		if r.TokenFile != "" {
+			sec.RemoteSecrets[i] = readPassword(v, key+".token_file", r.TokenFile)
 		}
 		if r.Credentials != "" {
 			checkSecretFile(v, key+".credentials", r.Credentials, true)
@@ -320,15 +312,8 @@ func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 		if r.KeyFile != "" {
 			checkSecretFile(v, key+".key_file", r.KeyFile, false)
 		}
-		files = append(files, struct{ key, path string }{key + ".cert_file", r.CertFile}, struct{ key, path string }{key + ".ca_file", r.CAFile})
-	}
-	for _, f := range files {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			v.add(f.key, q(f.path), "%v", unwrapPathError(err))
-		}
+		checkExists(v, key+".cert_file", r.CertFile)
+		checkExists(v, key+".ca_file", r.CAFile)
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -107,10 +108,11 @@ func TestLeafNodeRefusals(t *testing.T) {
 		name, toml, key, reason string
 	}{
 		{"empty table", "[leafnodes]\n", "leafnodes", "empty table"},
-		{"unknown key", "", "", ""},
 		{"no server.name", strings.Replace(edgeNode, "name = \"edge1\"\n", "", 1), "server.name", "must be set in the file"},
 		{"remote without url", strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, `user = "leaf"`, 1), "leafnodes.remotes[0].url", "required"},
 		{"remote scheme", strings.Replace(edgeNode, "nats-leaf://", "http://", 1), "leafnodes.remotes[0].url", "nats-leaf://"},
+		{"remote port 0", strings.Replace(edgeNode, "127.0.0.1:7422", "127.0.0.1:0", 1), "leafnodes.remotes[0].url", "port 0 is not 1-65535"},
+		{"remote port too large", strings.Replace(edgeNode, "127.0.0.1:7422", "hub.example:74220", 1), "leafnodes.remotes[0].url", "port 74220 is not 1-65535"},
 		{"remote with credentials in the url", strings.Replace(edgeNode, "nats-leaf://", "nats-leaf://u:secret@", 1), "leafnodes.remotes[0].url", "must not hold credentials"},
 		{"remote with two auth ways", strings.Replace(edgeNode, "\n\n[streams", "\ntoken_file = \"/t\"\ncredentials = \"/c\"\n\n[streams", 1), "leafnodes.remotes[0]", "one way to authenticate"},
 		{"remote user without password", strings.Replace(edgeNode, "\n\n[streams", "\nuser = \"leaf\"\n\n[streams", 1), "leafnodes.remotes[0].user", "go together"},
@@ -136,13 +138,10 @@ func TestLeafNodeRefusals(t *testing.T) {
 		{"server name with a dot", strings.Replace(edgeNode, `name = "edge1"`, `name = "edge.1"`, 1) + "[jetstream]\ndomain = \"e1\"\n", "server.name", "no '.'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.toml == "" {
-				wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "leafnodes.foo", "unknown key")
-				return
-			}
 			wantFileProblem(t, tc.toml, tc.key, tc.reason)
 		})
 	}
+	wantParseError(t, "[leafnodes]\nfoo = \"bar\"\n", "leafnodes.foo", "unknown key")
 }
 
 // TestLeafNodeSecretFiles: the hub's and the remotes' secret files are
@@ -187,6 +186,30 @@ password_file = "`+good+`"
 		}
 		if !found {
 			t.Errorf("no problem for %s in\n%v", key, err)
+		}
+	}
+
+	// An empty password file, and TLS files that are not there.
+	empty := filepath.Join(dir, "empty.password")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg = mustParse(t, hubNode)
+	cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = "leaf", empty
+	cfg.LeafNodes.CertFile = filepath.Join(dir, "missing-hub.pem")
+	cfg.LeafNodes.Remotes = []RemoteConfig{{URL: "nats-leaf://127.0.0.1:7423", TokenFile: empty, CertFile: filepath.Join(dir, "missing-edge.pem")}}
+	_, err = cfg.LoadSecrets()
+	if !errors.As(err, &ve) {
+		t.Fatalf("LoadSecrets: %v, want a ValidationError", err)
+	}
+	for key, reason := range map[string]string{
+		"leafnodes.password_file":         "the file is empty",
+		"leafnodes.cert_file":             "no such file",
+		"leafnodes.remotes[0].token_file": "the file is empty",
+		"leafnodes.remotes[0].cert_file":  "no such file",
+	} {
+		if !slices.ContainsFunc(ve.Problems, func(p Problem) bool { return p.Key == key && strings.Contains(p.Reason, reason) }) {
+			t.Errorf("no problem %q for %s in\n%v", reason, key, err)
 		}
 	}
 }

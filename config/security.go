@@ -272,27 +272,17 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	if c.TLS.KeyFile != "" {
 		checkSecretFile(v, "tls.key_file", c.TLS.KeyFile, false)
 	}
+	checkExists(v, "tls.cert_file", c.TLS.CertFile)
+	checkExists(v, "tls.ca_file", c.TLS.CAFile)
 	if f := c.Cluster.PasswordFile; f != "" {
-		if pw, ok := readSecret(v, "cluster.password_file", f, true); ok {
-			if pw == "" {
-				v.add("cluster.password_file", q(f), "the file is empty")
-			}
-			sec.ClusterPassword = pw
-		}
+		sec.ClusterPassword = readPassword(v, "cluster.password_file", f)
 	}
 	if c.Cluster.KeyFile != "" {
 		checkSecretFile(v, "cluster.key_file", c.Cluster.KeyFile, false)
 	}
+	checkExists(v, "cluster.cert_file", c.Cluster.CertFile)
+	checkExists(v, "cluster.ca_file", c.Cluster.CAFile)
 	c.loadLeafSecrets(v, sec)
-	for _, f := range []struct{ key, path string }{{"tls.cert_file", c.TLS.CertFile}, {"tls.ca_file", c.TLS.CAFile},
-		{"cluster.cert_file", c.Cluster.CertFile}, {"cluster.ca_file", c.Cluster.CAFile}} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			v.add(f.key, q(f.path), "%v", unwrapPathError(err))
-		}
-	}
 	if len(v.problems) > 0 {
 		return nil, &ValidationError{Problems: v.problems}
 	}
@@ -311,6 +301,26 @@ func readSecret(v *validator, key, path string, ownerOnly bool) (string, bool) {
 		return "", false
 	}
 	return strings.TrimSpace(string(b)), true
+}
+
+// readPassword reads a password or token file, which must not be empty.
+func readPassword(v *validator, key, path string) string {
+	s, ok := readSecret(v, key, path, true)
+	if ok && s == "" {
+		v.add(key, q(path), "the file is empty")
+	}
+	return s
+}
+
+// checkExists reports a file the config names (a certificate, a CA) that
+// is not there; "" names none.
+func checkExists(v *validator, key, path string) {
+	if path == "" {
+		return
+	}
+	if _, err := os.Stat(path); err != nil {
+		v.add(key, q(path), "%v", unwrapPathError(err))
+	}
 }
 
 // checkSecretFile refuses a secret file that others (and, with ownerOnly,

@@ -2,7 +2,6 @@ package embedded
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"net"
@@ -54,14 +53,12 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 			opts.LeafNode.Password = sec.LeafPassword
 		}
 		if l.TLSEnabled() {
-			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
-				CertFile: l.CertFile, KeyFile: l.KeyFile, CaFile: l.CAFile, Verify: l.Verify, MinVersion: tls.VersionTLS12,
-			})
+			tc, err := linkTLS("leafnodes", l.CertFile, l.KeyFile, l.CAFile, l.Verify)
 			if err != nil {
-				return fmt.Errorf("leafnodes TLS: %w", err)
+				return err
 			}
 			opts.LeafNode.TLSConfig = tc
-			opts.LeafNode.TLSTimeout = 2
+			opts.LeafNode.TLSTimeout = tlsHandshakeTimeout
 		}
 	}
 	denied := LeafDenied(cfg)
@@ -87,16 +84,14 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 			DenyExports: slices.Clone(denied),
 		}
 		if r.TLSEnabled() {
-			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
-				CertFile: r.CertFile, KeyFile: r.KeyFile, CaFile: r.CAFile, MinVersion: tls.VersionTLS12,
-			})
+			tc, err := linkTLS(fmt.Sprintf("leafnodes.remotes[%d]", i), r.CertFile, r.KeyFile, r.CAFile, false)
 			if err != nil {
-				return fmt.Errorf("leafnodes.remotes[%d] TLS: %w", i, err)
+				return err
 			}
 			tc.ServerName = u.Hostname()
 			ro.TLS = true
 			ro.TLSConfig = tc
-			ro.TLSTimeout = 2
+			ro.TLSTimeout = tlsHandshakeTimeout
 		}
 		opts.LeafNode.Remotes = append(opts.LeafNode.Remotes, ro)
 	}
@@ -120,14 +115,8 @@ func leafPermissions(p *server.Permissions, cfg *config.Config) {
 	}
 	remoteSources := false
 	for _, sc := range cfg.Streams {
-		for _, src := range append(slices.Clone(sc.Sources), func() []config.SourceConfig {
-			if sc.Mirror != nil {
-				return []config.SourceConfig{*sc.Mirror}
-			}
-			return nil
-		}()...) {
-			remoteSources = remoteSources || src.Domain != ""
-		}
+		remoteSources = remoteSources || (sc.Mirror != nil && sc.Mirror.Domain != "") ||
+			slices.ContainsFunc(sc.Sources, func(src config.SourceConfig) bool { return src.Domain != "" })
 	}
 	if (len(allow) == 0 && !remoteSources) || p == nil || p.Publish == nil {
 		return

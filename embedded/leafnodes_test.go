@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 func freePort(t *testing.T) int {
@@ -180,6 +182,32 @@ func TestLeafNodesAuth(t *testing.T) {
 	}
 }
 
+// TestLeafNodesTLS: a hub with a TLS listener that verifies the edges'
+// certificates takes an edge that trusts its CA (ca_file) and presents a
+// certificate, and neither one that trusts another CA nor one without a
+// certificate.
+func TestLeafNodesTLS(t *testing.T) {
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubCfg := leafHubConfig(t, "", "")
+	hubCfg.LeafNodes.CertFile, hubCfg.LeafNodes.KeyFile = certs.ServerCert, certs.ServerKey
+	hubCfg.LeafNodes.CAFile, hubCfg.LeafNodes.Verify = certs.CA, true
+	runServer(t, hubCfg)
+	right := runServer(t, leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{CAFile: certs.CA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}))
+	otherCA := runServer(t, leafEdgeConfig(t, "edge2", hubCfg, config.RemoteConfig{CAFile: certs.OtherCA, CertFile: certs.ClientCert, KeyFile: certs.ClientKey}))
+	noCert := runServer(t, leafEdgeConfig(t, "edge3", hubCfg, config.RemoteConfig{CAFile: certs.CA}))
+	waitFor(t, "the edge with the CA and a certificate to connect", right.LeafConnected)
+	time.Sleep(time.Second)
+	if otherCA.LeafConnected() {
+		t.Error("an edge trusting another CA is connected")
+	}
+	if noCert.LeafConnected() {
+		t.Error("an edge without a client certificate is connected")
+	}
+}
+
 // TestLeafDenied: an edge keeps its streams' subjects and the dead
 // letters off the link.
 func TestLeafDenied(t *testing.T) {
@@ -189,6 +217,59 @@ func TestLeafDenied(t *testing.T) {
 	if got != "$JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
 	}
+}
+
+// TestLeafPermissions: the in-process identity may publish to the
+// JetStream API of other domains only when a forward handler or a source
+// or mirror in another domain needs it, and to each forward destination;
+// a hub's identity may watch the edge subjects.
+func TestLeafPermissions(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		change    func(cfg *config.Config)
+		publish   []string // added to the publish allow list
+		subscribe []string // added to the subscribe allow list
+	}{
+		{"nothing remote", func(cfg *config.Config) {}, nil, nil},
+		{"local source", func(cfg *config.Config) {
+			cfg.Streams["COPY"] = config.DefaultStream(nil)
+			cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS"}}
+		}, nil, nil},
+		{"source in another domain", func(cfg *config.Config) {
+			cfg.Streams["COPY"] = config.DefaultStream(nil)
+			cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS"}, {Name: "CMDS", Domain: "hub"}}
+		}, []string{"$JS.*.API.>"}, nil},
+		{"mirror in another domain", func(cfg *config.Config) {
+			cfg.Streams["CMDS"] = config.DefaultStream(nil)
+			cfg.Streams["CMDS"].Mirror = &config.SourceConfig{Name: "CMDS", Domain: "hub"}
+		}, []string{"$JS.*.API.>"}, nil},
+		{"forward handler", func(cfg *config.Config) {
+			cc := config.DefaultConsumer("ORDERS")
+			cc.Handler = "forward"
+			cc.Forward.Subject = "up.{server}.{subject}"
+			cfg.Consumers["FWD"] = cc
+		}, []string{"$JS.*.API.>", "up.edge1.>"}, nil},
+		{"hub", func(cfg *config.Config) {
+			cfg.LeafNodes.Listen = "127.0.0.1:7422"
+			cfg.LeafNodes.EdgeSubjects = []string{"edge.>", "site.>"}
+		}, nil, []string{"edge.>", "site.>"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig(t)
+			cfg.Server.Name = "edge1"
+			tc.change(cfg)
+			p := InternalPermissions()
+			base := InternalPermissions()
+			leafPermissions(p, cfg)
+			if got, want := p.Publish.Allow, append(base.Publish.Allow, tc.publish...); !slices.Equal(got, want) {
+				t.Errorf("publish allow = %q, want %q", got, want)
+			}
+			if got, want := p.Subscribe.Allow, append(base.Subscribe.Allow, tc.subscribe...); !slices.Equal(got, want) {
+				t.Errorf("subscribe allow = %q, want %q", got, want)
+			}
+		})
+	}
+	leafPermissions(nil, testConfig(t)) // no permissions (no [auth]): nothing to add to
 }
 
 // TestBootstrapSources: sources are created and changed in place (logged

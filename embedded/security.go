@@ -213,7 +213,7 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		opts.TLSCaCert = t.CAFile
 		opts.TLSCert = t.CertFile
 		opts.TLSKey = t.KeyFile
-		opts.TLSTimeout = 2
+		opts.TLSTimeout = tlsHandshakeTimeout
 	}
 
 	if err := configureRoutes(opts, cfg.Cluster, sec); err != nil {
@@ -373,14 +373,36 @@ func configureRoutes(opts *server.Options, cl config.ClusterConfig, sec *config.
 		}
 	}
 	if cl.TLSEnabled() {
-		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
-			CertFile: cl.CertFile, KeyFile: cl.KeyFile, CaFile: cl.CAFile, Verify: cl.Verify, MinVersion: tls.VersionTLS12,
-		})
+		tc, err := linkTLS("cluster", cl.CertFile, cl.KeyFile, cl.CAFile, cl.Verify)
 		if err != nil {
-			return fmt.Errorf("cluster TLS: %w", err)
+			return err
 		}
 		opts.Cluster.TLSConfig = tc
-		opts.Cluster.TLSTimeout = 2
+		opts.Cluster.TLSTimeout = tlsHandshakeTimeout
 	}
 	return nil
+}
+
+// tlsHandshakeTimeout is the TLS handshake timeout, in seconds, of the
+// client port, routes and leafnodes.
+const tlsHandshakeTimeout = 2
+
+// linkTLS builds the TLS config of a server-to-server link (routes, the
+// leafnode listener, a leafnode remote): TLS 1.2 or later; ca verifies
+// the certificate of the node this one dials, and with verify that of a
+// node dialing in, which must present one. Errors name the table.
+func linkTLS(table, cert, key, ca string, verify bool) (*tls.Config, error) {
+	tc, err := server.GenTLSConfig(&server.TLSConfigOpts{
+		CertFile: cert, KeyFile: key, CaFile: ca, Verify: verify, MinVersion: tls.VersionTLS12,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%s TLS: %w", table, err)
+	}
+	// GenTLSConfig puts the CA only where a listener checks the other
+	// side's certificate (ClientCAs); a node dialing out (routes it
+	// solicits, leafnode remotes) checks the server's against RootCAs,
+	// which would otherwise be the system's. nats-server's own config
+	// parsing does the same for routes, gateways and remotes.
+	tc.RootCAs = tc.ClientCAs
+	return tc, nil
 }

@@ -95,8 +95,7 @@ type Forwarder struct {
 	incarnations map[string]incarnation
 	hubStream    string // the hub stream that takes the destination subjects
 	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
-	checkErr     error  // why forwarding waits for the hub (nil: ready)
-	checked      bool   // the hub passed the check
+	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -213,13 +212,12 @@ func (f *Forwarder) checkHub(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
-	case err == nil && !f.checked:
+	case err == nil && f.checkErr != nil:
 		f.log.Info("hub stream checked: forwarding", "hub_stream", f.hubStream, "subject", f.pattern())
-	case err != nil && (f.checked || f.checkErr == nil || f.checkErr.Error() != err.Error()):
+	case err != nil && (f.checkErr == nil || f.checkErr.Error() != err.Error()):
 		f.log.Error("forwarding waits: the hub's stream cannot take this edge's messages now", "err", err)
 	}
 	f.checkErr = err
-	f.checked = err == nil
 	return err
 }
 
@@ -265,7 +263,7 @@ func (f *Forwarder) Ready() bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.checked
+	return f.checkErr == nil
 }
 
 // Problem is why forwarding waits on a hub that is reachable, or "".
@@ -283,9 +281,6 @@ func (f *Forwarder) Problem() string {
 
 // Stats returns the live counters.
 func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
-
-// Options returns the options the forwarder runs with.
-func (f *Forwarder) Options() ForwardOptions { return f.opts }
 
 // errOldIncarnation: the message was stored before the stream's current
 // incarnation was created, by one that was deleted since.

@@ -58,6 +58,17 @@ func (e *testEnv) hubMsgs() uint64 {
 	return s.CachedInfo().State.Msgs
 }
 
+// waitHubMsgs waits until the hub's stream holds want messages.
+func (e *testEnv) waitHubMsgs(want uint64, within time.Duration) {
+	e.t.Helper()
+	checkFor(e.t, within, func() error {
+		if n := e.hubMsgs(); n != want {
+			return fmt.Errorf("hub holds %d, want %d", n, want)
+		}
+		return nil
+	})
+}
+
 // TestForwardPausesWhileLinkDown: while the link is down the workers pull
 // nothing (no delivery spent) and say they are paused; once it is up every
 // message is stored on the hub once, with its origin headers and id.
@@ -84,12 +95,7 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 		t.Error("Activity does not say paused")
 	}
 	up.Store(true)
-	checkFor(t, 10*time.Second, func() error {
-		if n := e.hubMsgs(); n != 3 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	e.waitHubMsgs(3, 10*time.Second)
 	s, _ := e.js.Stream(context.Background(), "HUB")
 	m, err := s.GetMsg(context.Background(), 1)
 	if err != nil {
@@ -134,12 +140,7 @@ func TestForwardRecreatedStream(t *testing.T) {
 	}
 	e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
 	e.publish("orders.created", "old", nil)
-	checkFor(t, 10*time.Second, func() error {
-		if n := e.hubMsgs(); n != 1 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	e.waitHubMsgs(1, 10*time.Second)
 	ctx := context.Background()
 	if err := e.js.DeleteStream(ctx, "ORDERS"); err != nil {
 		t.Fatal(err)
@@ -151,12 +152,7 @@ func TestForwardRecreatedStream(t *testing.T) {
 	if seq := e.publish("orders.created", "new", nil); seq != 1 {
 		t.Fatalf("recreated stream gave seq %d", seq)
 	}
-	checkFor(t, 20*time.Second, func() error {
-		if n := e.hubMsgs(); n != 2 {
-			return fmt.Errorf("hub holds %d, want the new message too", n)
-		}
-		return nil
-	})
+	e.waitHubMsgs(2, 20*time.Second)
 	if d := f.Stats().Duplicates.Load(); d != 0 {
 		t.Errorf("%d duplicate PubAcks: the new message was taken for the old one", d)
 	}
@@ -236,12 +232,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	}
 	up.Store(true)
 	e.workersWith(f, 1, paused)
-	checkFor(t, 10*time.Second, func() error {
-		if n := e.hubMsgs(); n != 1 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	e.waitHubMsgs(1, 10*time.Second)
 	// The ack is confirmed off the worker's path: wait for it.
 	checkFor(t, 10*time.Second, func() error {
 		if ci := e.consumerInfo(); ci.NumAckPending != 0 || e.dlqCount() != 0 {
@@ -280,12 +271,7 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 10*time.Second, func() error {
-		if n := e.hubMsgs(); n != 1 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	e.waitHubMsgs(1, 10*time.Second)
 	// The hub holding it does not mean the edge's ack was applied yet: the
 	// ack is confirmed off the worker's path.
 	checkFor(t, 10*time.Second, func() error {

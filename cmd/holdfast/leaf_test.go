@@ -115,7 +115,7 @@ func (n *leafNode) get(t *testing.T, path string) string {
 
 // leafPublish publishes count messages to the edge with PubAck, subjects
 // alternating over two, numbered from first; it returns how many were
-// acknowledged (all, or the test fails).
+// acknowledged, and fails the test on a publish error or a missing PubAck.
 func leafPublish(t *testing.T, js jetstream.JetStream, first, count int) {
 	t.Helper()
 	ctx := e2eContext(t)
