@@ -402,11 +402,7 @@ func (b *Bencher) openGroupCommit(ctx context.Context, srv *embedded.Server, cfg
 	if err != nil {
 		return benchGroupCommit{}, fmt.Errorf("group commit: %w", err)
 	}
-	sc := cfg.Streams[benchStream]
-	c := ingest.New(nc, ingest.Options{
-		Stream: benchStream, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
-		DuplicateWindow: sc.DuplicateWindow.Duration,
-	}, b.Log)
+	c := ingest.New(nc, ingest.OptionsFor(cfg, benchStream), b.Log)
 	if err := c.Open(ctx); err != nil {
 		nc.Close()
 		return benchGroupCommit{}, fmt.Errorf("group commit: %w", err)
