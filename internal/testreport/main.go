@@ -51,10 +51,7 @@ func report(in io.Reader, out io.Writer) int {
 		case "fail":
 			failed = true
 			if e.Test == "" {
-				packages++
-				// Output outside any test: a panic, a TestMain failure.
-				printLines(out, outputs[k], func(s string) bool { return !strings.HasPrefix(s, "=== ") })
-				continue
+				packages++ // its output outside any test: a panic, a TestMain failure
 			}
 			printLines(out, outputs[k], func(s string) bool { return !strings.HasPrefix(s, "=== ") })
 		case "pass":
