@@ -609,3 +609,34 @@ func TestServerHeadersGoAlone(t *testing.T) {
 	}
 	t.Logf("stats %+v", c.Stats())
 }
+
+// TestKnownIDsBounded: past maxKnownIDs remembered Nats-Msg-Ids, the
+// oldest half is forgotten, even when all of them are within the
+// duplicate window (a fast publisher with a long window).
+func TestKnownIDsBounded(t *testing.T) {
+	c := New(nil, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c.ids = make(map[string]struct{})
+	const extra = 1000
+	for i := range maxKnownIDs + extra {
+		c.remember(item{msgID: strconv.Itoa(i)})
+	}
+	if n := len(c.ids); n > maxKnownIDs {
+		t.Fatalf("%d ids remembered, want at most %d", n, maxKnownIDs)
+	}
+	if c.known("0") || !c.known(strconv.Itoa(maxKnownIDs+extra-1)) {
+		t.Fatalf("known(first) = %v, known(last) = %v: want the oldest forgotten, the newest kept", c.known("0"), c.known(strconv.Itoa(maxKnownIDs+extra-1)))
+	}
+	// Remembering an id again keeps its first time, as the server's
+	// window counts from the stored message.
+	c.remember(item{msgID: "x"})
+	n := len(c.idOrder)
+	c.remember(item{msgID: "x"})
+	if len(c.idOrder) != n || c.idOrder[n-1].id != "x" {
+		t.Fatal("remembering an id again moved its time")
+	}
+	// forgetIDs drops what is older than its age, and only that.
+	c.forgetIDs(0)
+	if len(c.ids) != 0 {
+		t.Fatalf("%d ids left after forgetIDs(0)", len(c.ids))
+	}
+}
