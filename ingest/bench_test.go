@@ -18,8 +18,7 @@ func BenchmarkGroupCommitAsync(b *testing.B) {
 		b.Run(fmt.Sprintf("publishers=%d", pubs), func(b *testing.B) {
 			s := startServer(b)
 			js := newJS(b, connect(b, s))
-			gcStream(b, js, "S", []string{"s.*"}, nil)
-			c := openCommitter(b, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+			c := startIngest(b, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 			payload := make([]byte, 128)
 			per := b.N/pubs + 1
 			b.ResetTimer()

@@ -127,12 +127,18 @@ type Committer struct {
 	risky    int    // units in flight that must not be followed (see dispatch)
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
-	ids      map[string]time.Time // Nats-Msg-Ids sent within the duplicate window
+	ids      map[string]struct{} // Nats-Msg-Ids sent within the duplicate window
+	idOrder  []sentID            // the same ids with their time, oldest first
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
 // is forgotten (a forgotten duplicate costs one refused batch).
 const maxKnownIDs = 1 << 18
+
+type sentID struct {
+	id string
+	at time.Time
+}
 
 type item struct {
 	m     *nats.Msg
@@ -178,7 +184,7 @@ func (c *Committer) Open(ctx context.Context) error {
 	c.closing = make(chan struct{})
 	c.done = make(chan struct{})
 	c.inflight = make(map[string]*unit)
-	c.ids = make(map[string]time.Time)
+	c.ids = make(map[string]struct{})
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.opened = true
@@ -612,18 +618,33 @@ func (c *Committer) remember(it item) {
 		return
 	}
 	if len(c.ids) >= maxKnownIDs {
-		c.forgetIDs(c.opts.DuplicateWindow / 2)
+		c.forgetOldest(maxKnownIDs / 2)
 	}
-	c.ids[it.msgID] = time.Now()
+	n := len(c.ids)
+	if c.ids[it.msgID] = struct{}{}; len(c.ids) == n {
+		return // known: the server's window counts from the first one
+	}
+	c.idOrder = append(c.idOrder, sentID{it.msgID, time.Now()})
 }
 
 // forgetIDs drops the ids sent longer ago than age.
 func (c *Committer) forgetIDs(age time.Duration) {
-	for id, at := range c.ids {
-		if time.Since(at) > age {
-			delete(c.ids, id)
-		}
+	cut := time.Now().Add(-age)
+	n := 0
+	for n < len(c.idOrder) && !c.idOrder[n].at.After(cut) {
+		delete(c.ids, c.idOrder[n].id)
+		n++
 	}
+	c.idOrder = c.idOrder[n:]
+}
+
+// forgetOldest drops the oldest ids until keep are left.
+func (c *Committer) forgetOldest(keep int) {
+	n := len(c.idOrder) - keep
+	for _, e := range c.idOrder[:n] {
+		delete(c.ids, e.id)
+	}
+	c.idOrder = c.idOrder[n:]
 }
 
 // expire gives up on units unanswered for longer than the timeout; their

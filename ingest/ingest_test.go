@@ -47,12 +47,13 @@ func connect(t testing.TB, s *server.Server) *nats.Conn {
 	return nc
 }
 
-// gcStream creates stream name the way holdfast does for group_commit
-// (embedded.StreamSpec): prefixed subjects, the transform back, atomic.
-func gcStream(t testing.TB, js jetstream.JetStream, name string, subjects []string, mod func(*jetstream.StreamConfig)) {
+// startIngest creates opts.Stream on opts.Subjects the way holdfast does
+// for group_commit (embedded.StreamSpec: prefixed subjects, the transform
+// back, atomic publish; mod adjusts it) and opens a Committer with opts.
+func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Options, mod func(*jetstream.StreamConfig)) *Committer {
 	t.Helper()
-	cfg := jetstream.StreamConfig{Name: name, Subjects: config.GroupCommitSubjects(name, subjects),
-		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(name, ">"), Destination: ">"},
+	cfg := jetstream.StreamConfig{Name: opts.Stream, Subjects: config.GroupCommitSubjects(opts.Stream, opts.Subjects),
+		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(opts.Stream, ">"), Destination: ">"},
 		AllowAtomicPublish: true, Duplicates: time.Minute, Storage: jetstream.FileStorage}
 	if mod != nil {
 		mod(&cfg)
@@ -60,10 +61,6 @@ func gcStream(t testing.TB, js jetstream.JetStream, name string, subjects []stri
 	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
-}
-
-func openCommitter(t testing.TB, s *server.Server, opts Options) *Committer {
-	t.Helper()
 	c := New(connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := c.Open(context.Background()); err != nil {
 		t.Fatal(err)
@@ -123,9 +120,8 @@ func storedBodies(t *testing.T, js jetstream.JetStream, stream string) map[uint6
 func TestPublishersGetPubAcksInOrder(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "ORDERS", []string{"orders.*", "bills.>"}, nil)
 	reg := prometheus.NewRegistry()
-	c := openCommitter(t, s, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}, Metrics: NewMetrics(reg)})
+	c := startIngest(t, s, js, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}, Metrics: NewMetrics(reg)}, nil)
 
 	const publishers, each = 4, 600
 	type ack struct {
@@ -232,8 +228,7 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 func TestLonePublisherGoesAlone(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	for i := range 20 {
 		a, err := js.Publish(context.Background(), "s.a", []byte(strconv.Itoa(i)))
 		if err != nil {
@@ -262,8 +257,7 @@ func TestDedupeWithinAndAcrossBatches(t *testing.T) {
 func testDedupe(t *testing.T, window time.Duration) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: window})
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: window}, nil)
 	pjs := newJS(t, connect(t, s))
 	publish := func(ids []string) []*jetstream.PubAck {
 		futs := make([]jetstream.PubAckFuture, len(ids))
@@ -337,11 +331,10 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	ctx := context.Background()
-	gcStream(t, js, "S", []string{"s.*"}, func(c *jetstream.StreamConfig) { c.MaxMsgSize = 1000 })
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000}, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = 1000 })
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgSize: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000})
 
 	check := func(what string, pub func(subj string) error) {
 		t.Helper()
@@ -384,8 +377,7 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	ctx := context.Background()
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	for _, subj := range []string{"s.a", "s.b", "s.a"} {
 		if _, err := js.Publish(ctx, subj, []byte(subj)); err != nil {
 			t.Fatal(err)
@@ -413,8 +405,7 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 func TestCloseAnswersWhatItTook(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	pnc := connect(t, s)
 	pjs := newJS(t, pnc)
 	var futs []jetstream.PubAckFuture
@@ -453,8 +444,7 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 func TestBatchesCutAtServerLimit(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(5000))
 	if err != nil {
 		t.Fatal(err)
@@ -488,13 +478,12 @@ func TestStreamFullDiscardNew(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
 	ctx := context.Background()
-	gcStream(t, js, "S", []string{"s.*"}, func(c *jetstream.StreamConfig) {
-		c.MaxMsgs, c.Discard = 10, jetstream.DiscardNew
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, func(sc *jetstream.StreamConfig) {
+		sc.MaxMsgs, sc.Discard = 10, jetstream.DiscardNew
 	})
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgs: 10, Discard: jetstream.DiscardNew}); err != nil {
 		t.Fatal(err)
 	}
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
 	pjs := newJS(t, connect(t, s))
 	run := func(subj string) (stored int, codes map[jetstream.ErrorCode]int) {
 		codes = map[jetstream.ErrorCode]int{}
@@ -554,8 +543,7 @@ func TestCloseAfterFailedOpen(t *testing.T) {
 func TestServerHeadersGoAlone(t *testing.T) {
 	s := startServer(t)
 	js := newJS(t, connect(t, s))
-	gcStream(t, js, "S", []string{"s.*"}, nil)
-	c := openCommitter(t, s, Options{Stream: "S", Subjects: []string{"s.*"}})
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	const publishers, each = 4, 1500
 	var wg sync.WaitGroup
 	errs := make(chan error, publishers*each)
@@ -608,4 +596,35 @@ func TestServerHeadersGoAlone(t *testing.T) {
 		t.Fatalf("stored %d, want %d", got, publishers*each-1)
 	}
 	t.Logf("stats %+v", c.Stats())
+}
+
+// TestKnownIDsBounded: past maxKnownIDs remembered Nats-Msg-Ids, the
+// oldest half is forgotten, even when all of them are within the
+// duplicate window (a fast publisher with a long window).
+func TestKnownIDsBounded(t *testing.T) {
+	c := New(nil, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: time.Hour}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c.ids = make(map[string]struct{})
+	const extra = 1000
+	for i := range maxKnownIDs + extra {
+		c.remember(item{msgID: strconv.Itoa(i)})
+	}
+	if n := len(c.ids); n > maxKnownIDs {
+		t.Fatalf("%d ids remembered, want at most %d", n, maxKnownIDs)
+	}
+	if c.known("0") || !c.known(strconv.Itoa(maxKnownIDs+extra-1)) {
+		t.Fatalf("known(first) = %v, known(last) = %v: want the oldest forgotten, the newest kept", c.known("0"), c.known(strconv.Itoa(maxKnownIDs+extra-1)))
+	}
+	// Remembering an id again keeps its first time, as the server's
+	// window counts from the stored message.
+	c.remember(item{msgID: "x"})
+	n := len(c.idOrder)
+	c.remember(item{msgID: "x"})
+	if len(c.idOrder) != n || c.idOrder[n-1].id != "x" {
+		t.Fatal("remembering an id again moved its time")
+	}
+	// forgetIDs drops what is older than its age, and only that.
+	c.forgetIDs(0)
+	if len(c.ids) != 0 {
+		t.Fatalf("%d ids left after forgetIDs(0)", len(c.ids))
+	}
 }
