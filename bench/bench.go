@@ -96,16 +96,8 @@ type SyncRun struct {
 	Sync    string   `json:"sync"`
 	Figures []Figure `json:"figures"`
 	// GroupCommit is what the stream's group commit did over the whole
-	// run (a "+gc" mode only).
-	GroupCommit *GroupCommitStats `json:"group_commit,omitempty"`
-}
-
-// GroupCommitStats counts how the published messages were stored.
-type GroupCommitStats struct {
-	Batches     uint64 `json:"batches"`      // atomic batches committed
-	BatchedMsgs uint64 `json:"batched_msgs"` // messages in them
-	Alone       uint64 `json:"alone"`        // published one by one (few waiting)
-	Forwarded   uint64 `json:"forwarded"`    // passed on with the client's reply (bypass)
+	// run (a "+gc" mode only): how the published messages were stored.
+	GroupCommit *ingest.Stats `json:"group_commit,omitempty"`
 }
 
 // Report is the whole result of `holdfast bench`.
@@ -348,7 +340,7 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 		}
 		defer func() {
 			st := gc.Stats()
-			run.GroupCommit = &GroupCommitStats{Batches: st.Batches, BatchedMsgs: st.BatchedMsgs, Alone: st.Alone, Forwarded: st.Forwarded}
+			run.GroupCommit = &st
 			gc.close()
 		}()
 	}

@@ -87,19 +87,20 @@ func OptionsFor(cfg *config.Config, name string) Options {
 type Stats struct {
 	// Batches and BatchedMsgs count the atomic batches committed and the
 	// messages in them.
-	Batches, BatchedMsgs uint64
+	Batches     uint64 `json:"batches"`
+	BatchedMsgs uint64 `json:"batched_msgs"`
 	// Alone counts messages published alone because fewer than minBatch
 	// waited (the server answers their clients directly).
-	Alone uint64
+	Alone uint64 `json:"alone"`
 	// Forwarded counts messages published with the client's own reply
 	// (a Nats-* header other than Nats-Msg-Id, too large, and the
 	// messages of a refused batch published one by one).
-	Forwarded uint64
+	Forwarded uint64 `json:"forwarded"`
 	// Refused counts batches the server refused.
-	Refused uint64
+	Refused uint64 `json:"refused"`
 	// BatchTime is the time from sending to the answer, summed over the
-	// committed batches.
-	BatchTime time.Duration
+	// committed batches (nanoseconds in JSON).
+	BatchTime time.Duration `json:"batch_time_ns"`
 }
 
 // Committer is the group commit of one stream.

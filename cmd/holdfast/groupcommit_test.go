@@ -155,12 +155,19 @@ func TestGroupCommitStandardClients(t *testing.T) {
 	stj := runHoldfast(t, nil, "status", "--json", "--config", in.cfg)
 	var out struct {
 		Streams []struct {
-			Name        string `json:"name"`
-			GroupCommit string `json:"group_commit"`
+			Name        string         `json:"name"`
+			GroupCommit string         `json:"group_commit"`
+			Stats       map[string]any `json:"group_commit_stats"`
 		} `json:"streams"`
 	}
 	if err := json.Unmarshal([]byte(stj.stdout), &out); err != nil || len(out.Streams) == 0 || out.Streams[0].GroupCommit != "on" {
 		t.Fatalf("status --json: %v\n%s", err, stj.stdout)
+	}
+	// The counters in the same snake_case as the rest of the JSON.
+	for _, k := range []string{"batches", "batched_msgs", "alone", "forwarded", "refused", "batch_time_ns"} {
+		if _, ok := out.Streams[0].Stats[k]; !ok {
+			t.Errorf("status --json: group_commit_stats has no %q: %v", k, out.Streams[0].Stats)
+		}
 	}
 	d.stop()
 }
