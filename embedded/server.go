@@ -216,10 +216,8 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 	s.ncClosed = make(chan struct{})
 	closedCh := s.ncClosed
-	connOpts := []nats.Option{nats.InProcessServer(ns), nats.Name("holdfast-internal"),
-		nats.MaxReconnects(-1), nats.DrainTimeout(10 * time.Second),
-		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) })}
-	connOpts = append(connOpts, nats.UserInfo(id.user, id.password))
+	connOpts := append(s.connOptions(ns, id, "holdfast-internal"), nats.DrainTimeout(10*time.Second),
+		nats.ClosedHandler(func(*nats.Conn) { close(closedCh) }))
 	s.nc, err = nats.Connect("", connOpts...)
 	if err != nil {
 		return fmt.Errorf("cannot connect in-process: %w", err)
@@ -365,8 +363,25 @@ func (s *Server) Connect(name string) (*nats.Conn, error) {
 	if ns == nil {
 		return nil, errors.New("embedded server not open")
 	}
-	return nats.Connect("", nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
-		nats.MaxReconnects(-1))
+	return nats.Connect("", s.connOptions(ns, id, name)...)
+}
+
+// connOptions are the options of every in-process connection: holdfast's
+// internal identity, reconnecting forever, and a log line for what the
+// client library reports only asynchronously — a subscription too slow
+// for its messages (they are dropped), a permissions violation — which
+// would otherwise pass unseen.
+func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string) []nats.Option {
+	log := s.log.With("connection", name)
+	return []nats.Option{nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
+		nats.MaxReconnects(-1),
+		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			if sub != nil {
+				log.Warn("in-process connection error", "subject", sub.Subject, "err", err)
+				return
+			}
+			log.Warn("in-process connection error", "err", err)
+		})}
 }
 
 // Conn returns the in-process client connection.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 )
 
 func TestServerOpenVerifiesFileStore(t *testing.T) {
@@ -233,5 +234,41 @@ func TestOptionsFromConfig(t *testing.T) {
 	opts = Options(cfg, "/var/lib/holdfast")
 	if opts.SyncAlways || opts.SyncInterval != 2*time.Minute {
 		t.Errorf(`sync = "2m": SyncAlways %v, SyncInterval %s`, opts.SyncAlways, opts.SyncInterval)
+	}
+}
+
+// What the client library reports only asynchronously on an in-process
+// connection — here a subscription too slow for its messages, which are
+// dropped — is logged with the connection and the subject, not lost.
+func TestInProcessConnectionErrorsAreLogged(t *testing.T) {
+	log, lb := testLogger(t)
+	s := runServerWithLog(t, testConfig(t), log)
+	nc, err := s.Connect("holdfast-test-conn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.ChanSubscribe("slow.subject", make(chan *nats.Msg)); err != nil { // nobody reads it
+		t.Fatal(err)
+	}
+	for range 10 {
+		if err := nc.Publish("slow.subject", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(lb.String(), "slow consumer") {
+		if time.Now().After(deadline) {
+			t.Fatal("no log line for the slow subscription")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	for _, want := range []string{"connection=holdfast-test-conn", "subject=slow.subject"} {
+		if !strings.Contains(lb.String(), want) {
+			t.Errorf("the log line does not name %s", want)
+		}
 	}
 }
