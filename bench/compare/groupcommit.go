@@ -90,35 +90,11 @@ func latency(r benchResult) string {
 }
 
 // startGroupCommit runs `holdfast run` with benchstream on bench.data and
-// group commit on, sync always (the default), no workers.
+// group commit on, sync always, no workers.
 func (e *env) startGroupCommit(store string) (*proc, error) {
-	port, err := freePort()
+	conf, url, err := e.holdfastConfig("holdfast-gc.toml", store, "always", 0, true)
 	if err != nil {
 		return nil, err
 	}
-	conf := filepath.Join(e.work, "holdfast-gc.toml")
-	text := fmt.Sprintf(`[server]
-host = "127.0.0.1"
-port = %d
-[jetstream]
-store_dir = %q
-sync = "always"
-max_file_store = "10GB"
-[http]
-listen = ""
-[log]
-level = "warn"
-[streams.benchstream]
-subjects = ["bench.data"]
-max_msgs = -1
-max_age = "0s"
-group_commit = true
-[consumers.WORKER]
-stream = "benchstream"
-workers = 0
-`, port, store)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return nil, err
-	}
-	return e.start(e.hold, []string{"run", "--config", conf}, fmt.Sprintf("nats://127.0.0.1:%d", port))
+	return e.start(e.hold, []string{"run", "--config", conf}, url)
 }

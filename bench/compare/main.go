@@ -548,34 +548,10 @@ func (e *env) fill(url string, create bool) error {
 func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, err error) {
 	store := filepath.Join(e.work, "holdfast-rss-"+mode)
 	defer os.RemoveAll(store)
-	port, err := freePort()
+	conf, url, err := e.holdfastConfig("holdfast.toml", store, mode, *workers, false)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	conf := filepath.Join(e.work, "holdfast.toml")
-	text := fmt.Sprintf(`[server]
-host = "127.0.0.1"
-port = %d
-[jetstream]
-store_dir = %q
-sync = %q
-[http]
-listen = ""
-[log]
-level = "warn"
-[streams.benchstream]
-subjects = ["bench.data"]
-max_msgs = -1
-max_age = "0s"
-[consumers.WORKER]
-stream = "benchstream"
-workers = %d
-handler = "log"
-`, port, store, mode, *workers)
-	if err := os.WriteFile(conf, []byte(text), 0o644); err != nil {
-		return 0, 0, 0, err
-	}
-	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	args := []string{"run", "--config", conf}
 	p, err := e.start(e.hold, args, url)
 	if err != nil {
@@ -612,6 +588,41 @@ handler = "log"
 // holdfastPipeline runs publish and returns the rate at which the
 // consumer WORKER's ack floor moved while it did: from the first poll that
 // saw it move to the poll that saw msgs more acked than before publish.
+// holdfastConfig writes the config of a `holdfast run` (file name in the
+// work directory) on a free port: the stream benchstream on bench.data,
+// keeping everything, and the consumer WORKER with workers log-handler
+// workers (none: 0) at log level warn; group_commit on the stream when
+// groupCommit. It returns the file and the NATS URL.
+func (e *env) holdfastConfig(name, store, sync string, workers int, groupCommit bool) (conf, url string, err error) {
+	port, err := freePort()
+	if err != nil {
+		return "", "", err
+	}
+	conf = filepath.Join(e.work, name)
+	text := fmt.Sprintf(`[server]
+host = "127.0.0.1"
+port = %d
+[jetstream]
+store_dir = %q
+sync = %q
+max_file_store = "10GB"
+[http]
+listen = ""
+[log]
+level = "warn"
+[streams.benchstream]
+subjects = ["bench.data"]
+max_msgs = -1
+max_age = "0s"
+group_commit = %t
+[consumers.WORKER]
+stream = "benchstream"
+workers = %d
+handler = "log"
+`, port, store, sync, groupCommit, workers)
+	return conf, fmt.Sprintf("nats://127.0.0.1:%d", port), os.WriteFile(conf, []byte(text), 0o644)
+}
+
 func holdfastPipeline(url string, publish func() error) (float64, error) {
 	nc, js, err := connectJS(url)
 	if err != nil {
