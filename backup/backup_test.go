@@ -96,14 +96,22 @@ func seed(t *testing.T, js jetstream.JetStream, n, acked int) {
 	}
 }
 
+// createBackup writes a backup into a new directory and returns it with
+// the manifest.
+func createBackup(t *testing.T, nc *nats.Conn, opts Options) (string, *Manifest) {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "b")
+	m, err := Create(testContext(t), nc, dir, opts)
+	if err != nil {
+		t.Fatalf("backup of %v: %v", opts.Streams, err)
+	}
+	return dir, m
+}
+
 func TestCreateAndRestore(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 100, 30)
-	dir := filepath.Join(t.TempDir(), "b")
-	m, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "CACHE"}, HoldfastVersion: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
+	dir, m := createBackup(t, nc, Options{Streams: []string{"ORDERS", "CACHE"}, HoldfastVersion: "test"})
 	e := m.Stream("ORDERS")
 	if e == nil || e.Messages != 100 || e.FirstSeq != 1 || e.LastSeq != 100 || e.Bytes == 0 || m.Stream("CACHE") != nil {
 		t.Fatalf("manifest streams %+v", m.Streams)
@@ -245,10 +253,7 @@ func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
 			}
 		}
 	}
-	dir := filepath.Join(t.TempDir(), "b")
-	if _, err := Create(ctx, nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
 	fi, _ := os.Stat(filepath.Join(dir, "streams/ORDERS/stream.arc.s2"))
 	nc2, _ := runServerSync(t, true)
 	start := time.Now()
@@ -286,10 +291,7 @@ func recreate(t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) 
 func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 10, 4)
-	dir := filepath.Join(t.TempDir(), "b")
-	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
 	t.Cleanup(func() { afterDelete = nil })
 	for _, publish := range []bool{false, true} {
 		nc2, js2 := runServer(t)
@@ -371,10 +373,7 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 func TestVerifyNamesTheDamagedFile(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 20, 5)
-	good := filepath.Join(t.TempDir(), "b")
-	if _, err := Create(testContext(t), nc, good, Options{Streams: []string{"ORDERS"}}); err != nil {
-		t.Fatal(err)
-	}
+	good, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
 	archive := "streams/ORDERS/stream.arc.s2"
 	edit := func(rel string, f func([]byte) []byte) func(string) error {
 		return func(dir string) error {
@@ -457,11 +456,7 @@ func FuzzVerify(f *testing.F) {
 func TestStreamNamedTwice(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 10, 4)
-	dir := filepath.Join(t.TempDir(), "b")
-	m, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "ORDERS"}})
-	if err != nil {
-		t.Fatalf("backup of ORDERS named twice: %v", err)
-	}
+	dir, m := createBackup(t, nc, Options{Streams: []string{"ORDERS", "ORDERS"}})
 	if len(m.Streams) != 1 || len(m.Files) != 2 {
 		t.Fatalf("manifest: %+v", m)
 	}
@@ -478,10 +473,7 @@ func TestStreamNamedTwice(t *testing.T) {
 func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 10, 4)
-	dir := filepath.Join(t.TempDir(), "b")
-	if _, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS"}}); err != nil {
-		t.Fatal(err)
-	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
 	t.Cleanup(func() { afterDelete = nil })
 	nc2, js2 := runServer(t)
 	cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
@@ -527,10 +519,7 @@ func TestManifestCountsPending(t *testing.T) {
 	if got != 3 {
 		t.Fatalf("fetched %d, want 3", got)
 	}
-	m, err := Create(testContext(t), nc, filepath.Join(t.TempDir(), "b"), Options{Streams: []string{"ORDERS"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, m := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
 	want := ConsumerEntry{Name: "WORKER1", AckFloor: 4, AckFloorConsumer: 4, Delivered: 7, AckPending: 3}
 	if e := m.Stream("ORDERS").Consumer("WORKER1"); e == nil || *e != want {
 		t.Fatalf("WORKER1 in the manifest: %+v, want %+v", e, want)
