@@ -525,3 +525,43 @@ func TestManifestCountsPending(t *testing.T) {
 		t.Fatalf("WORKER1 in the manifest: %+v, want %+v", e, want)
 	}
 }
+
+// The restored stream differs from the backup (here the running holdfast
+// created its consumer again, fresh, as the restore ended) and received a
+// message meanwhile: the restore leaves it alone and says what it holds,
+// the backup's messages and the new one.
+func TestRestoreLeavesARestoredStreamThatReceivedMessages(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	nc2, js2 := runServer(t)
+	complete := 0
+	progress := func(p Progress) {
+		// Done reaches Total twice: as the last chunk is sent, and when
+		// the restore returned, before the restored stream is checked.
+		if p.Done < p.Total {
+			return
+		}
+		if complete++; complete != 2 {
+			return
+		}
+		ctx := testContext(t)
+		if err := js2.DeleteConsumer(ctx, "ORDERS", "WORKER1"); err != nil {
+			t.Error(err)
+		}
+		if _, err := js2.CreateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Error(err)
+		}
+		if _, err := js2.Publish(ctx, "orders.new", nil); err != nil {
+			t.Error(err)
+		}
+	}
+	_, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{Progress: progress})
+	if err == nil || !strings.Contains(err.Error(), "differs from the backup") || strings.Contains(err.Error(), "nothing of the backup is in it") {
+		t.Fatalf("restore: %v", err)
+	}
+	t.Log(err)
+	if st, _, _ := streamState(testContext(t), js2, "ORDERS"); st.Msgs != 11 || st.LastSeq != 11 {
+		t.Fatalf("ORDERS after the restore: %+v, want the backup's 10 messages and the new one", st)
+	}
+}

@@ -233,10 +233,14 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			}
 			// When the name was taken, the stream there is not the
 			// restore's: refuse to delete it once it holds messages. After
-			// a mismatch it is the restored one: at most its own messages
-			// and whatever was published into it since.
-			if ok && !opts.Replace && (errNameInUse(err) && now.LastSeq > 0 || now.LastSeq > e.LastSeq) {
+			// a mismatch it is the restored one: refuse once it holds more
+			// than the backup's, published into it since.
+			switch {
+			case !ok || opts.Replace:
+			case errNameInUse(err) && now.LastSeq > 0:
 				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
+			case !errNameInUse(err) && now.LastSeq > e.LastSeq:
+				return r, fmt.Errorf("stream %s holds the backup but differs from it (%v) and has received messages since (last sequence %d, the backup's %d): it is left as it is; run the restore again, with --replace to delete them", e.Name, err, now.LastSeq, e.LastSeq)
 			}
 			notice("stream %s: the running holdfast created it or its consumers again while the restore ran (%v): deleting it and retrying", e.Name, err)
 			st, exists = jetstream.StreamState{}, ok
