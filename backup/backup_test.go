@@ -565,3 +565,33 @@ func TestRestoreLeavesARestoredStreamThatReceivedMessages(t *testing.T) {
 		t.Fatalf("ORDERS after the restore: %+v, want the backup's 10 messages and the new one", st)
 	}
 }
+
+func TestManifestSelect(t *testing.T) {
+	m := &Manifest{Streams: []StreamEntry{{Name: "ORDERS"}, {Name: "ORDERS_DLQ"}}}
+	for _, c := range []struct {
+		manifest *Manifest
+		names    []string
+		want     string // names selected, or the error
+	}{
+		{m, nil, "ORDERS ORDERS_DLQ"},
+		{m, []string{"ORDERS_DLQ", "ORDERS", "ORDERS_DLQ"}, "ORDERS_DLQ ORDERS"},
+		{m, []string{"ORDERS", "NOPE"}, "stream NOPE is not in the backup (it holds ORDERS, ORDERS_DLQ)"},
+		{&Manifest{}, []string{"ORDERS"}, "the backup holds no stream"},
+		{&Manifest{}, nil, "the backup holds no stream"},
+	} {
+		sel, err := c.manifest.Select(c.names)
+		got := ""
+		if err != nil {
+			got = err.Error()
+		} else {
+			var names []string
+			for _, e := range sel {
+				names = append(names, e.Name)
+			}
+			got = strings.Join(names, " ")
+		}
+		if got != c.want {
+			t.Errorf("Select(%q) = %q, want %q", c.names, got, c.want)
+		}
+	}
+}

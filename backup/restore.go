@@ -106,24 +106,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 			return nil, nil, err
 		}
 	}
-	var todo []StreamEntry
-	if len(opts.Streams) == 0 {
-		todo = m.Streams
-	} else {
-		for _, name := range distinct(opts.Streams) {
-			e := m.Stream(name)
-			if e == nil {
-				var have []string
-				for _, s := range m.Streams {
-					have = append(have, s.Name)
-				}
-				return m, nil, fmt.Errorf("stream %s is not in the backup %s (it holds %s)", name, dir, strings.Join(have, ", "))
-			}
-			todo = append(todo, *e)
-		}
-	}
-	if len(todo) == 0 {
-		return m, nil, fmt.Errorf("the backup %s holds no stream", dir)
+	todo, err := m.Select(opts.Streams)
+	if err != nil {
+		return m, nil, fmt.Errorf("backup %s: %w", dir, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {

@@ -323,6 +323,12 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 		unchanged(c.name)
 	}
 
+	// A stream the backup does not hold: a usage error naming --stream,
+	// before connecting to anything.
+	if res := runHoldfast(t, nil, "restore", "--config", in.cfg, "--server", "nats://127.0.0.1:1", "--stream", "NOPE", dir); res.code != 2 ||
+		!strings.Contains(res.stderr, "--stream: stream NOPE is not in the backup (it holds ORDERS, ORDERS_DLQ)") {
+		t.Fatalf("restore --stream NOPE: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	if res := runHoldfast(t, nil, "restore", "--verify-only", dir); res.code != 0 || !strings.Contains(res.stdout, "complete and intact") {
 		t.Fatalf("verify-only of the good backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
