@@ -103,7 +103,14 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	during := published.Load() - before
-	time.Sleep(300 * time.Millisecond) // A goes on acking past the snapshot
+	// A goes on handling and acking past the snapshot point.
+	handledAtBackup := len(e2eLines(t, outA))
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := len(e2eLines(t, outA)); n < handledAtBackup+10 {
+			return fmt.Errorf("A handled %d messages since the backup", n-handledAtBackup)
+		}
+		return nil
+	})
 	stopPublishing()
 	total := published.Load()
 	t.Logf("backup while publishing: %d published before it, %d during it, %d in all\n%s", before, during, total, res.stdout)
