@@ -118,6 +118,31 @@ func (m *Manifest) Stream(name string) *StreamEntry {
 	return nil
 }
 
+// Select returns the entries of the named streams, each once, in the
+// order given, or every stream of the backup when names is empty. It fails
+// naming a stream the backup does not hold, or when it holds none.
+func (m *Manifest) Select(names []string) ([]StreamEntry, error) {
+	var have []string
+	for _, s := range m.Streams {
+		have = append(have, s.Name)
+	}
+	if len(have) == 0 {
+		return nil, errors.New("the backup holds no stream")
+	}
+	if len(names) == 0 {
+		return m.Streams, nil
+	}
+	var out []StreamEntry
+	for _, name := range distinct(names) {
+		e := m.Stream(name)
+		if e == nil {
+			return nil, fmt.Errorf("stream %s is not in the backup (it holds %s)", name, strings.Join(have, ", "))
+		}
+		out = append(out, *e)
+	}
+	return out, nil
+}
+
 // Consumer returns the entry of the named consumer, or nil.
 func (s *StreamEntry) Consumer(name string) *ConsumerEntry {
 	for i := range s.Consumers {

@@ -106,24 +106,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 			return nil, nil, err
 		}
 	}
-	var todo []StreamEntry
-	if len(opts.Streams) == 0 {
-		todo = m.Streams
-	} else {
-		for _, name := range distinct(opts.Streams) {
-			e := m.Stream(name)
-			if e == nil {
-				var have []string
-				for _, s := range m.Streams {
-					have = append(have, s.Name)
-				}
-				return m, nil, fmt.Errorf("stream %s is not in the backup %s (it holds %s)", name, dir, strings.Join(have, ", "))
-			}
-			todo = append(todo, *e)
-		}
-	}
-	if len(todo) == 0 {
-		return m, nil, fmt.Errorf("the backup %s holds no stream", dir)
+	todo, err := m.Select(opts.Streams)
+	if err != nil {
+		return m, nil, fmt.Errorf("backup %s: %w", dir, err)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -233,10 +218,14 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			}
 			// When the name was taken, the stream there is not the
 			// restore's: refuse to delete it once it holds messages. After
-			// a mismatch it is the restored one: at most its own messages
-			// and whatever was published into it since.
-			if ok && !opts.Replace && (errNameInUse(err) && now.LastSeq > 0 || now.LastSeq > e.LastSeq) {
+			// a mismatch it is the restored one: refuse once it holds more
+			// than the backup's, published into it since.
+			switch {
+			case !ok || opts.Replace:
+			case errNameInUse(err) && now.LastSeq > 0:
 				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
+			case !errNameInUse(err) && now.LastSeq > e.LastSeq:
+				return r, fmt.Errorf("stream %s holds the backup but differs from it (%v) and has received messages since (last sequence %d, the backup's %d): it is left as it is; run the restore again, with --replace to delete them", e.Name, err, now.LastSeq, e.LastSeq)
 			}
 			notice("stream %s: the running holdfast created it or its consumers again while the restore ran (%v): deleting it and retrying", e.Name, err)
 			st, exists = jetstream.StreamState{}, ok

@@ -103,7 +103,14 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	during := published.Load() - before
-	time.Sleep(300 * time.Millisecond) // A goes on acking past the snapshot
+	// A goes on handling and acking past the snapshot point.
+	handledAtBackup := len(e2eLines(t, outA))
+	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := len(e2eLines(t, outA)); n < handledAtBackup+10 {
+			return fmt.Errorf("A handled %d messages since the backup", n-handledAtBackup)
+		}
+		return nil
+	})
 	stopPublishing()
 	total := published.Load()
 	t.Logf("backup while publishing: %d published before it, %d during it, %d in all\n%s", before, during, total, res.stdout)
@@ -323,6 +330,12 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 		unchanged(c.name)
 	}
 
+	// A stream the backup does not hold: a usage error naming --stream,
+	// before connecting to anything.
+	if res := runHoldfast(t, nil, "restore", "--config", in.cfg, "--server", "nats://127.0.0.1:1", "--stream", "NOPE", dir); res.code != 2 ||
+		!strings.Contains(res.stderr, "--stream: stream NOPE is not in the backup (it holds ORDERS, ORDERS_DLQ)") {
+		t.Fatalf("restore --stream NOPE: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	if res := runHoldfast(t, nil, "restore", "--verify-only", dir); res.code != 0 || !strings.Contains(res.stdout, "complete and intact") {
 		t.Fatalf("verify-only of the good backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}

@@ -49,6 +49,11 @@ func restoreCommand() *cli.Command {
 					dir, len(verified.Files), verified.Created.Format(time.RFC3339), verified.HoldfastVersion)
 				return nil
 			}
+			if only := c.StringSlice("stream"); len(only) > 0 {
+				if _, err := verified.Select(only); err != nil {
+					return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
+				}
+			}
 			_, nc, _, err := connect(c)
 			if err != nil {
 				return err
