@@ -459,6 +459,12 @@ func Load(path string) (cfg *Config, source string, err error) {
 // StreamNames returns the configured stream names, sorted.
 func (c *Config) StreamNames() []string { return slices.Sorted(maps.Keys(c.Streams)) }
 
+// AllStreamNames returns every stream holdfast makes: the configured
+// ones, sorted, then the dead-letter streams, sorted.
+func (c *Config) AllStreamNames() []string {
+	return append(c.StreamNames(), slices.Sorted(maps.Keys(c.DeadLetterStreams()))...)
+}
+
 // TotalWorkers is the number of in-process workers of all consumers.
 func (c *Config) TotalWorkers() int {
 	n := 0

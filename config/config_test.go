@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -1029,5 +1030,18 @@ func TestIsLoopback(t *testing.T) {
 		if got := IsLoopback(host); got != want {
 			t.Errorf("IsLoopback(%q) = %v, want %v", host, got, want)
 		}
+	}
+}
+
+func TestAllStreamNames(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Streams["AUDIT"] = DefaultStream([]string{"audit.>"})
+	cc := DefaultConsumer("AUDIT")
+	cc.DeadLetter = "AUDIT_DLQ"
+	cfg.Consumers["AUDITOR"] = cc
+	got := cfg.AllStreamNames()
+	want := []string{"AUDIT", "ORDERS", "AUDIT_DLQ", "ORDERS_DLQ"}
+	if !slices.Equal(got, want) {
+		t.Errorf("AllStreamNames() = %q, want %q", got, want)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"os"
 	"os/signal"
 	"slices"
@@ -17,7 +16,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/backup"
-	"github.com/holdfast-io/holdfast/config"
 )
 
 func backupCommand() *cli.Command {
@@ -40,7 +38,7 @@ func backupCommand() *cli.Command {
 				return err
 			}
 			defer nc.Close()
-			streams := configuredStreams(cfg)
+			streams := cfg.AllStreamNames()
 			if only := c.StringSlice("stream"); len(only) > 0 {
 				for _, s := range only {
 					if !slices.Contains(streams, s) {
@@ -75,12 +73,6 @@ func backupCommand() *cli.Command {
 			return nil
 		},
 	}
-}
-
-// configuredStreams are the streams of the config, sorted, then their
-// dead-letter streams, sorted (validation keeps the two sets apart).
-func configuredStreams(cfg *config.Config) []string {
-	return append(cfg.StreamNames(), slices.Sorted(maps.Keys(cfg.DeadLetterStreams()))...)
 }
 
 // printManifest lists a backup's streams and consumers.

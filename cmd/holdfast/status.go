@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -242,10 +240,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			daemonConsumers[c.Stream+"/"+c.Name] = c
 		}
 	} else {
-		streams = cfg.StreamNames()
-		for _, dl := range slices.Sorted(maps.Keys(cfg.DeadLetterStreams())) {
-			streams = append(streams, dl)
-		}
+		streams = cfg.AllStreamNames()
 		for _, name := range cfg.ConsumerNames() {
 			cc := cfg.Consumers[name]
 			consumers = append(consumers, consumerRef{cc.Stream, name, cc.DeadLetter})
