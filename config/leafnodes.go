@@ -270,13 +270,13 @@ func (c *Config) validateForward(v *validator, name string, cc *ConsumerConfig) 
 			}
 		}
 	}
-	if !strconvSafe(c.Server.Name) {
+	if !validSubjectToken(c.Server.Name) {
 		v.add("server.name", q(c.Server.Name), "is used in the forward subject and must contain no '.', '*' or '>'")
 	}
 }
 
-// strconvSafe reports whether a server name can be one subject token.
-func strconvSafe(name string) bool {
+// validSubjectToken reports whether name can be one subject token.
+func validSubjectToken(name string) bool {
 	return name != "" && !strings.ContainsAny(name, ".*> \t")
 }
 

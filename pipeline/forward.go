@@ -162,7 +162,11 @@ func (f *Forwarder) Open(ctx context.Context) error {
 			if err == nil || errors.Is(err, ErrDuplicateWindow) || time.Now().After(deadline) {
 				break
 			}
-			time.Sleep(100 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
 		}
 		if errors.Is(err, ErrDuplicateWindow) {
 			return err

@@ -68,7 +68,7 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 	}
 	e.Messages++
 	e.LastSeen = now
-	if created != e.StreamCreated && created > e.StreamCreated {
+	if laterRFC3339(created, e.StreamCreated) {
 		// A new incarnation of the edge's stream: sequences start again.
 		e.StreamCreated, e.LastSeq = created, 0
 	}
@@ -78,6 +78,18 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 	if origin.After(e.LastOrigin) {
 		e.LastOrigin = origin
 	}
+}
+
+// laterRFC3339 reports whether time a is after b ("" or unreadable: none,
+// before any). The texts cannot be compared as strings: RFC3339Nano drops
+// trailing zeros, so "…:39.12Z" sorts after "…:39.123Z".
+func laterRFC3339(a, b string) bool {
+	ta, err := time.Parse(time.RFC3339Nano, a)
+	if err != nil {
+		return false
+	}
+	tb, err := time.Parse(time.RFC3339Nano, b)
+	return err != nil || ta.After(tb)
 }
 
 // Seen returns what was seen, by edge and stream.

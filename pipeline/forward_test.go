@@ -191,6 +191,25 @@ func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 	}
 }
 
+// TestForwardOpenInterrupted: Open returns the context's error when it
+// ends while the hub is being checked, instead of going on as if started.
+func TestForwardOpenInterrupted(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: time.Minute, LinkUp: up.Load,
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(f.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := f.Open(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Open with a cancelled context: %v, want context.Canceled", err)
+	}
+}
+
 func TestForwardSubject(t *testing.T) {
 	if got := pipeline.ForwardSubject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
 		t.Errorf("got %s", got)

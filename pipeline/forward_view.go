@@ -13,13 +13,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// LinkState is one leafnode remote (a hub) as this edge sees it.
+// LinkState is one leafnode remote (a hub) as this edge sees it, and in
+// `holdfast status`.
 type LinkState struct {
-	Remote    string
-	Connected bool
+	Remote    string `json:"remote"`
+	Connected bool   `json:"connected"`
 	// Since is when the link last changed state, or start-up.
-	Since    time.Time
-	Connects uint64
+	Since    time.Time `json:"since"`
+	Connects uint64    `json:"connects"`
 }
 
 // EdgeView gathers the leafnode links, the forwarders and, on a hub, the
@@ -101,14 +102,6 @@ func (v *EdgeView) Problems(now time.Time) []string {
 	return append(out, sourceProblems(v.checkSources(ctx, now))...)
 }
 
-// LinkStatus is one remote in `holdfast status`.
-type LinkStatus struct {
-	Remote    string    `json:"remote"`
-	Connected bool      `json:"connected"`
-	Since     time.Time `json:"since"`
-	Connects  uint64    `json:"connects"`
-}
-
 // ForwardStatus is one forwarding consumer in `holdfast status`.
 type ForwardStatus struct {
 	Consumer    string    `json:"consumer"`
@@ -130,7 +123,7 @@ type ForwardStatus struct {
 
 // EdgeStatus is the leafnode part of `holdfast status`.
 type EdgeStatus struct {
-	Links    []LinkStatus    `json:"links,omitempty"`
+	Links    []LinkState     `json:"links,omitempty"`
 	Forwards []ForwardStatus `json:"forwards,omitempty"`
 	Edges    []EdgeSeen      `json:"edges,omitempty"`
 	Sources  []SourceStatus  `json:"sources,omitempty"`
@@ -142,10 +135,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	if v == nil {
 		return nil
 	}
-	out := &EdgeStatus{Edges: v.Hub.Seen(), Sources: v.checkSources(ctx, time.Now())}
-	for _, l := range v.links() {
-		out.Links = append(out.Links, LinkStatus(l))
-	}
+	out := &EdgeStatus{Links: v.links(), Edges: v.Hub.Seen(), Sources: v.checkSources(ctx, time.Now())}
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwardStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
