@@ -547,6 +547,10 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 			"in_flight", old.Stats().InFlight.Load(), "shutdown_timeout", old.ShutdownTimeout)
 		_ = old.Close(ctx)
 	}
+	// The old workers' forwarder goes with them (openWorkers records a
+	// new one if the consumer still forwards): else its check of the hub
+	// would go on and still show in status, metrics and health.
+	d.setForwarder(name, nil)
 	var w *pipeline.Workers
 	if cc.Workers > 0 {
 		var err error

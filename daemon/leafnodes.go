@@ -69,15 +69,20 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 }
 
 // setForwarder records the forwarder of consumer name, closing the one it
-// replaces (a reload restarted the workers).
+// replaces (a reload restarted the workers); a nil f leaves the consumer
+// without one (its workers no longer forward).
 func (d *Daemon) setForwarder(name string, f *pipeline.Forwarder) {
-	if d.forwarders == nil {
-		d.forwarders = map[string]*pipeline.Forwarder{}
-	}
 	if old := d.forwarders[name]; old != nil && old != f {
 		old.Close()
 	}
-	d.forwarders[name] = f
+	if f == nil {
+		delete(d.forwarders, name)
+	} else {
+		if d.forwarders == nil {
+			d.forwarders = map[string]*pipeline.Forwarder{}
+		}
+		d.forwarders[name] = f
+	}
 	if d.edge != nil {
 		d.edge.SetForwarder(name, f)
 	}

@@ -654,3 +654,23 @@ func TestLeafHubCluster(t *testing.T) {
 		t.Errorf("the edge connected %d time(s), want a reconnect to another node", n)
 	}
 }
+
+// TestLeafReloadForwardToLog: a reload that gives a forwarding consumer
+// another handler drops its forwarder — its hub check and its metrics
+// (status and health read the same list) — instead of leaving it
+// registered beside the new workers.
+func TestLeafReloadForwardToLog(t *testing.T) {
+	hub := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t)) // nobody listens: the hub is down
+	edge := newLeafEdge(t, "edge1", hub, "")
+	edge.start(t)
+	defer edge.proc.stop()
+	const ready = `holdfast_forward_ready{consumer="FORWARD"}`
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, ready) {
+		t.Fatalf("no %s before the reload:\n%s", ready, grepLines(m, "holdfast_forward_"))
+	}
+	text := strings.Replace(readFile(t, edge.inst.cfg), `handler = "forward"`, `handler = "log"`, 1)
+	edge.proc.reloadWith(edge.inst.cfg, text)
+	if m := edge.get(t, "/metrics"); strings.Contains(m, `holdfast_forward_`) {
+		t.Errorf("the forwarder is still there after the reload:\n%s", grepLines(m, "holdfast_forward_"))
+	}
+}
