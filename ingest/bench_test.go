@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // BenchmarkGroupCommitAsync publishes b.N messages of 128 B from 4
@@ -16,8 +18,8 @@ import (
 func BenchmarkGroupCommitAsync(b *testing.B) {
 	for _, pubs := range []int{1, 4, 16} {
 		b.Run(fmt.Sprintf("publishers=%d", pubs), func(b *testing.B) {
-			s := startServer(b)
-			js := newJS(b, connect(b, s))
+			s := natstest.RunServer(b, natstest.SyncAlways)
+			js := natstest.JetStream(b, natstest.Connect(b, s))
 			c := startIngest(b, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 			payload := make([]byte, 128)
 			per := b.N/pubs + 1
@@ -27,7 +29,7 @@ func BenchmarkGroupCommitAsync(b *testing.B) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					pjs, _ := jetstream.New(connect(b, s), jetstream.WithPublishAsyncMaxPending(500))
+					pjs, _ := jetstream.New(natstest.Connect(b, s), jetstream.WithPublishAsyncMaxPending(500))
 					for range per {
 						if _, err := pjs.PublishAsync("s.a", payload, jetstream.WithStallWait(30*time.Second)); err != nil {
 							b.Error(err)

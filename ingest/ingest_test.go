@@ -13,39 +13,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
-
-// startServer runs a JetStream server with sync always on a temp store.
-func startServer(t testing.TB) *server.Server {
-	t.Helper()
-	opts := &server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
-		SyncAlways: true, JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 1 << 26, NoLog: true, NoSigs: true}
-	s, err := server.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	return s
-}
-
-func connect(t testing.TB, s *server.Server) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // startIngest creates opts.Stream on opts.Subjects the way holdfast does
 // for group_commit (embedded.StreamSpec: prefixed subjects, the transform
@@ -61,21 +34,12 @@ func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Op
 	if _, err := js.CreateStream(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	c := New(connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c := New(natstest.Connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := c.Open(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Close(context.Background()) })
 	return c
-}
-
-func newJS(t testing.TB, nc *nats.Conn) jetstream.JetStream {
-	t.Helper()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }
 
 // awaitAck waits for a PublishAsync's answer: the PubAck, the server's
@@ -118,8 +82,8 @@ func storedBodies(t *testing.T, js jetstream.JetStream, stream string) map[uint6
 // subjects get ordinary PubAcks; every acked sequence holds that message,
 // under the configured subject, each stored once, in publisher order.
 func TestPublishersGetPubAcksInOrder(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	reg := prometheus.NewRegistry()
 	c := startIngest(t, s, js, Options{Stream: "ORDERS", Subjects: []string{"orders.*", "bills.>"}, Metrics: NewMetrics(reg)}, nil)
 
@@ -135,7 +99,7 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pjs := newJS(t, connect(t, s))
+			pjs := natstest.JetStream(t, natstest.Connect(t, s))
 			futs := make([]jetstream.PubAckFuture, 0, each)
 			for i := range each {
 				subj := "orders.created"
@@ -166,7 +130,7 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 	wg.Add(1)
 	go func() { // one synchronous publisher among them
 		defer wg.Done()
-		pjs := newJS(t, connect(t, s))
+		pjs := natstest.JetStream(t, natstest.Connect(t, s))
 		for i := range 100 {
 			a, err := pjs.Publish(context.Background(), "orders.sync", fmt.Appendf(nil, "%d-%d", publishers, i))
 			if err != nil {
@@ -226,8 +190,8 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 // TestLonePublisherGoesAlone: a synchronous publisher never waits for a
 // batch: each message is published alone.
 func TestLonePublisherGoesAlone(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	for i := range 20 {
 		a, err := js.Publish(context.Background(), "s.a", []byte(strconv.Itoa(i)))
@@ -255,10 +219,10 @@ func TestDedupeWithinAndAcrossBatches(t *testing.T) {
 }
 
 func testDedupe(t *testing.T, window time.Duration) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: window}, nil)
-	pjs := newJS(t, connect(t, s))
+	pjs := natstest.JetStream(t, natstest.Connect(t, s))
 	publish := func(ids []string) []*jetstream.PubAck {
 		futs := make([]jetstream.PubAckFuture, len(ids))
 		for i, id := range ids {
@@ -328,8 +292,8 @@ func testDedupe(t *testing.T, window time.Duration) {
 // above the stream's max_msg_size get the server's own errors, and the
 // messages around them are stored.
 func TestErrorsAsTheServerGivesThem(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	ctx := context.Background()
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: 1000}, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = 1000 })
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgSize: 1000}); err != nil {
@@ -374,8 +338,8 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 // TestConsumersSeeConfiguredSubjects: what group commit stores is read
 // under the configured subjects, with a filter on them.
 func TestConsumersSeeConfiguredSubjects(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	ctx := context.Background()
 	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	for _, subj := range []string{"s.a", "s.b", "s.a"} {
@@ -403,11 +367,11 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 // TestCloseAnswersWhatItTook: messages taken before Close are all
 // committed and acknowledged; afterwards the subjects have no responder.
 func TestCloseAnswersWhatItTook(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
-	pnc := connect(t, s)
-	pjs := newJS(t, pnc)
+	pnc := natstest.Connect(t, s)
+	pjs := natstest.JetStream(t, pnc)
 	var futs []jetstream.PubAckFuture
 	for i := range 500 {
 		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
@@ -442,13 +406,10 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 // TestBatchesCutAtServerLimit: more waiting messages than the server's
 // maximum atomic batch (1000) go out in several batches, none refused.
 func TestBatchesCutAtServerLimit(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
-	pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(5000))
-	if err != nil {
-		t.Fatal(err)
-	}
+	pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(5000))
 	// 4,000 at once: while the first commits, thousands wait.
 	for i := range 4000 {
 		if _, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i))); err != nil {
@@ -475,8 +436,8 @@ func TestBatchesCutAtServerLimit(t *testing.T) {
 // fit are stored, the others get the server's own error, as without group
 // commit.
 func TestStreamFullDiscardNew(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	ctx := context.Background()
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, func(sc *jetstream.StreamConfig) {
 		sc.MaxMsgs, sc.Discard = 10, jetstream.DiscardNew
@@ -484,7 +445,7 @@ func TestStreamFullDiscardNew(t *testing.T) {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}, MaxMsgs: 10, Discard: jetstream.DiscardNew}); err != nil {
 		t.Fatal(err)
 	}
-	pjs := newJS(t, connect(t, s))
+	pjs := natstest.JetStream(t, natstest.Connect(t, s))
 	run := func(subj string) (stored int, codes map[jetstream.ErrorCode]int) {
 		codes = map[jetstream.ErrorCode]int{}
 		var futs []jetstream.PubAckFuture
@@ -520,8 +481,8 @@ func TestStreamFullDiscardNew(t *testing.T) {
 // TestCloseAfterFailedOpen: a Committer whose Open failed closes at once
 // (nothing was started) and holds no subscription.
 func TestCloseAfterFailedOpen(t *testing.T) {
-	s := startServer(t)
-	nc := connect(t, s)
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
 	c := New(nc, Options{Stream: "S", Subjects: []string{"s.a", "bad subject"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := c.Open(context.Background()); err == nil || !strings.Contains(err.Error(), "bad subject") {
 		t.Fatalf("Open with a bad subject: %v", err)
@@ -541,8 +502,8 @@ func TestCloseAfterFailedOpen(t *testing.T) {
 // refuses) gets the server's own error and fails none of the messages
 // published around it, however busy the committer is.
 func TestServerHeadersGoAlone(t *testing.T) {
-	s := startServer(t)
-	js := newJS(t, connect(t, s))
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	const publishers, each = 4, 1500
 	var wg sync.WaitGroup
@@ -551,7 +512,7 @@ func TestServerHeadersGoAlone(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			pjs, err := jetstream.New(connect(t, s), jetstream.WithPublishAsyncMaxPending(2000))
+			pjs, err := jetstream.New(natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(2000))
 			if err != nil {
 				errs <- err
 				return

@@ -1,0 +1,141 @@
+// Package natstest holds the helpers that holdfast's tests in several
+// packages need: a stock nats-server with JetStream on a temporary store,
+// clients for it, a free port, a bounded context, polling for a condition
+// and a buffer a server may log into while the test reads it.
+//
+// It is imported by _test.go files only. Everything it starts ends with the
+// test (t.Cleanup). It does not import holdfast's own packages, so that any
+// of them can use it.
+package natstest
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// RunServer starts a stock nats-server with JetStream and returns it once it
+// is ready for connections; it is shut down when the test ends. By default
+// it listens on a random port of 127.0.0.1, keeps its store in t.TempDir()
+// with limits of 1 GiB on file and 64 MiB in memory, syncs the store on the
+// server's default interval, logs nothing and handles no signals. Each tweak
+// changes the options before the server is made (see SyncAlways).
+func RunServer(t testing.TB, tweaks ...func(*server.Options)) *server.Server {
+	t.Helper()
+	opts := &server.Options{
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
+	}
+	for _, tweak := range tweaks {
+		tweak(opts)
+	}
+	s, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready")
+	}
+	return s
+}
+
+// SyncAlways is a RunServer tweak: the store flushes every write to disk
+// (sync = "always", holdfast's default).
+func SyncAlways(o *server.Options) { o.SyncAlways = true }
+
+// Connect returns a client connection to s with opts, closed when the test
+// ends: over TCP to s.ClientURL(), or in process (nats.InProcessServer) when
+// s has no client listener (DontListen).
+func Connect(t testing.TB, s *server.Server, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	if s.Addr() == nil {
+		opts = append([]nats.Option{nats.InProcessServer(s)}, opts...)
+	}
+	nc, err := nats.Connect(s.ClientURL(), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// JetStream returns a JetStream client (the jetstream package) on nc.
+func JetStream(t testing.TB, nc *nats.Conn, opts ...jetstream.JetStreamOpt) jetstream.JetStream {
+	t.Helper()
+	js, err := jetstream.New(nc, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago: the
+// listener that found it is closed again, so another process may take it
+// before the test binds it.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Context returns a context that ends with the test or after 30 seconds,
+// whichever comes first, so that a stuck call fails the test instead of
+// hanging it.
+func Context(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// CheckFor calls f until it returns nil or total has passed, sleeping sleep
+// between calls, and then fails the test with f's last error (nats-server's
+// checkFor). f is called at least once.
+func CheckFor(t testing.TB, total, sleep time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(total)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if !time.Now().Before(deadline) {
+			t.Fatalf("condition not met after %s: %v", total, err)
+		}
+		time.Sleep(sleep)
+	}
+}
+
+// Buffer is a bytes.Buffer that one goroutine may write (a logger, a
+// subprocess's output) while others read it.
+type Buffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+// Write appends p to the buffer.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}

@@ -1,0 +1,139 @@
+package natstest
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// TestRunServer: the default server listens on 127.0.0.1 with JetStream on
+// a file store that does not sync every write; a tweak is applied; a client
+// reaches it over TCP and stores a message.
+func TestRunServer(t *testing.T) {
+	s := RunServer(t)
+	if a, ok := s.Addr().(*net.TCPAddr); !ok || !a.IP.Equal(net.IPv4(127, 0, 0, 1)) {
+		t.Fatalf("server listens on %v, want 127.0.0.1", s.Addr())
+	}
+	if !s.JetStreamEnabled() || s.JetStreamConfig().SyncAlways {
+		t.Fatalf("JetStream enabled %v, config %+v; want enabled without sync always", s.JetStreamEnabled(), s.JetStreamConfig())
+	}
+	synced := RunServer(t, SyncAlways)
+	if !synced.JetStreamConfig().SyncAlways {
+		t.Fatal("SyncAlways tweak not applied")
+	}
+	nc := Connect(t, s)
+	if !strings.HasPrefix(nc.ConnectedUrl(), "nats://127.0.0.1:") {
+		t.Errorf("connected to %q, want TCP on 127.0.0.1", nc.ConnectedUrl())
+	}
+	publishOne(t, JetStream(t, nc))
+}
+
+// TestRunServerInProcess: a server without a client listener is reached
+// in process.
+func TestRunServerInProcess(t *testing.T) {
+	s := RunServer(t, func(o *server.Options) { o.DontListen = true })
+	if s.Addr() != nil {
+		t.Fatalf("server listens on %v with DontListen", s.Addr())
+	}
+	publishOne(t, JetStream(t, Connect(t, s)))
+}
+
+func publishOne(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	ctx := Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "S", Subjects: []string{"s.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	ack, err := js.Publish(ctx, "s.a", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ack.Stream != "S" || ack.Sequence != 1 {
+		t.Fatalf("ack = %+v, want S/1", ack)
+	}
+}
+
+// TestFreePort: the port can be bound at once.
+func TestFreePort(t *testing.T) {
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", FreePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+}
+
+// TestCheckFor: CheckFor returns once f succeeds, having called it until
+// then.
+func TestCheckFor(t *testing.T) {
+	calls := 0
+	CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if calls++; calls < 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	if calls != 3 {
+		t.Fatalf("f called %d times, want 3", calls)
+	}
+}
+
+// fatalTB records Fatalf and stops the goroutine, as testing.T does.
+type fatalTB struct {
+	testing.TB
+	msg string
+}
+
+func (f *fatalTB) Helper() {}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// TestCheckForFails: when f never succeeds, CheckFor fails the test with
+// f's last error after total, and f was called more than once.
+func TestCheckForFails(t *testing.T) {
+	tb := &fatalTB{TB: t}
+	calls := 0
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		CheckFor(tb, 50*time.Millisecond, 5*time.Millisecond, func() error {
+			calls++
+			return fmt.Errorf("attempt %d", calls)
+		})
+	}()
+	<-done
+	if calls < 2 || tb.msg != fmt.Sprintf("condition not met after 50ms: attempt %d", calls) {
+		t.Fatalf("after %d calls the failure is %q", calls, tb.msg)
+	}
+}
+
+// TestBuffer: writers and a reader at once (run with -race).
+func TestBuffer(t *testing.T) {
+	var b Buffer
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				io.WriteString(&b, "x")
+				_ = b.String()
+			}
+		}()
+	}
+	wg.Wait()
+	if n := len(b.String()); n != 400 {
+		t.Fatalf("len = %d, want 400", n)
+	}
+}
