@@ -1,7 +1,6 @@
 package backup
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,10 +13,13 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
-// runServer starts a JetStream server on a temporary store and returns a
-// client connection; both end with the test.
+// runServer starts a JetStream server on a temporary store
+// (natstest.RunServer) and returns a client connection; both end with the
+// test.
 func runServer(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
 	return runServerSync(t, false)
@@ -27,41 +29,16 @@ func runServer(t *testing.T) (*nats.Conn, jetstream.JetStream) {
 // default) when syncAlways.
 func runServerSync(t *testing.T, syncAlways bool) (*nats.Conn, jetstream.JetStream) {
 	t.Helper()
-	s, err := server.NewServer(&server.Options{
-		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true, SyncAlways: syncAlways,
-		JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	nc, err := nats.Connect(s.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return nc, js
-}
-
-func testContext(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
+	s := natstest.RunServer(t, func(o *server.Options) { o.SyncAlways = syncAlways })
+	nc := natstest.Connect(t, s)
+	return nc, natstest.JetStream(t, nc)
 }
 
 // seed creates ORDERS (n messages, consumer WORKER1 with the first acked
 // messages acknowledged) and the memory stream CACHE.
 func seed(t *testing.T, js jetstream.JetStream, n, acked int) {
 	t.Helper()
-	ctx := testContext(t)
+	ctx := natstest.Context(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +78,7 @@ func seed(t *testing.T, js jetstream.JetStream, n, acked int) {
 func createBackup(t *testing.T, nc *nats.Conn, opts Options) (string, *Manifest) {
 	t.Helper()
 	dir := filepath.Join(t.TempDir(), "b")
-	m, err := Create(testContext(t), nc, dir, opts)
+	m, err := Create(natstest.Context(t), nc, dir, opts)
 	if err != nil {
 		t.Fatalf("backup of %v: %v", opts.Streams, err)
 	}
@@ -128,14 +105,14 @@ func TestCreateAndRestore(t *testing.T) {
 
 	// Into a fresh server: created from the backup.
 	nc2, js2 := runServer(t)
-	_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{})
+	_, restored, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(restored) != 1 || restored[0].Messages != 100 || restored[0].LastSeq != 100 || restored[0].AckFloors["WORKER1"] != 30 || restored[0].Replaced {
 		t.Fatalf("restored %+v", restored)
 	}
-	c, err := js2.Consumer(testContext(t), "ORDERS", "WORKER1")
+	c, err := js2.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,25 +125,25 @@ func TestCreateAndRestore(t *testing.T) {
 	}
 
 	// Over a stream that holds messages: refused, unless Replace.
-	_, _, err = Restore(testContext(t), nc2, dir, RestoreOptions{})
+	_, _, err = Restore(natstest.Context(t), nc2, dir, RestoreOptions{})
 	var ee *ExistsError
 	if !errors.As(err, &ee) || len(ee.Streams) != 1 || ee.Streams[0] != (ExistingStream{Name: "ORDERS", Messages: 100, LastSeq: 100}) {
 		t.Fatalf("restore over ORDERS: %v", err)
 	}
-	if _, restored, err = Restore(testContext(t), nc2, dir, RestoreOptions{Replace: true}); err != nil || !restored[0].Replaced || restored[0].ReplacedMessages != 100 {
+	if _, restored, err = Restore(natstest.Context(t), nc2, dir, RestoreOptions{Replace: true}); err != nil || !restored[0].Replaced || restored[0].ReplacedMessages != 100 {
 		t.Fatalf("restore --replace: %+v, %v", restored, err)
 	}
-	if _, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{Streams: []string{"NOPE"}}); err == nil || !strings.Contains(err.Error(), "NOPE is not in the backup") {
+	if _, _, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Streams: []string{"NOPE"}}); err == nil || !strings.Contains(err.Error(), "NOPE is not in the backup") {
 		t.Fatalf("unknown stream: %v", err)
 	}
 
 	// Over an empty, never used stream (a fresh holdfast's bootstrap):
 	// restored without Replace.
 	nc3, js3 := runServer(t)
-	if _, err := js3.CreateStream(testContext(t), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+	if _, err := js3.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, restored, err = Restore(testContext(t), nc3, dir, RestoreOptions{}); err != nil || restored[0].Replaced || restored[0].Messages != 100 {
+	if _, restored, err = Restore(natstest.Context(t), nc3, dir, RestoreOptions{}); err != nil || restored[0].Replaced || restored[0].Messages != 100 {
 		t.Fatalf("restore over an empty stream: %+v, %v", restored, err)
 	}
 }
@@ -230,7 +207,7 @@ func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
 		t.Skip("restores 30,000 messages one flush each: skipped with -short")
 	}
 	nc, js := runServer(t)
-	ctx := testContext(t)
+	ctx := natstest.Context(t)
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -277,7 +254,7 @@ func recreate(t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig) 
 	t.Helper()
 	var err error
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if _, err = js.CreateStream(testContext(t), cfg); err == nil {
+		if _, err = js.CreateStream(natstest.Context(t), cfg); err == nil {
 			return
 		}
 	}
@@ -296,7 +273,7 @@ func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
 	for _, publish := range []bool{false, true} {
 		nc2, js2 := runServer(t)
 		cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
-		if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+		if _, err := js2.CreateStream(natstest.Context(t), cfg); err != nil {
 			t.Fatal(err)
 		}
 		deletes := 0
@@ -306,18 +283,18 @@ func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
 			}
 			recreate(t, js2, cfg)
 			if publish {
-				if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+				if _, err := js2.Publish(natstest.Context(t), "orders.new", nil); err != nil {
 					t.Error(err)
 				}
 			}
 		}
 		var notices []string
-		_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Notice: func(m string) { notices = append(notices, m) }})
+		_, restored, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Notice: func(m string) { notices = append(notices, m) }})
 		if publish {
 			if err == nil || !strings.Contains(err.Error(), "created again and received messages (last sequence 1)") {
 				t.Fatalf("recreated with a message: %v", err)
 			}
-			if st, _, _ := streamState(testContext(t), js2, "ORDERS"); st.Msgs != 1 {
+			if st, _, _ := streamState(natstest.Context(t), js2, "ORDERS"); st.Msgs != 1 {
 				t.Fatalf("the recreated stream's message was deleted: %+v", st)
 			}
 			continue
@@ -338,11 +315,11 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(used, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Create(testContext(t), nc, used, Options{Streams: []string{"ORDERS"}}); err == nil || !strings.Contains(err.Error(), "is not empty") {
+	if _, err := Create(natstest.Context(t), nc, used, Options{Streams: []string{"ORDERS"}}); err == nil || !strings.Contains(err.Error(), "is not empty") {
 		t.Fatalf("into a used directory: %v", err)
 	}
 	dir := filepath.Join(t.TempDir(), "b")
-	_, err := Create(testContext(t), nc, dir, Options{Streams: []string{"ORDERS", "MISSING"}})
+	_, err := Create(natstest.Context(t), nc, dir, Options{Streams: []string{"ORDERS", "MISSING"}})
 	if err == nil || !strings.Contains(err.Error(), "stream MISSING does not exist") {
 		t.Fatalf("missing stream: %v", err)
 	}
@@ -350,7 +327,7 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 		t.Fatalf("a failed backup left %s: %v", dir, serr)
 	}
 	empty := t.TempDir()
-	if _, err := Create(testContext(t), nc, empty, Options{Streams: []string{"ORDERS", "MISSING"}}); err == nil {
+	if _, err := Create(natstest.Context(t), nc, empty, Options{Streams: []string{"ORDERS", "MISSING"}}); err == nil {
 		t.Fatal("missing stream: no error")
 	}
 	if entries, _ := os.ReadDir(empty); len(entries) != 0 {
@@ -359,7 +336,7 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	// Writing SHA256SUMS fails (here: a directory is in its way, made
 	// while the snapshot ran): nothing is left either, not even the
 	// temporary file it was written to.
-	_, err = Create(testContext(t), nc, empty, Options{Streams: []string{"ORDERS"}, Progress: func(Progress) {
+	_, err = Create(natstest.Context(t), nc, empty, Options{Streams: []string{"ORDERS"}, Progress: func(Progress) {
 		os.MkdirAll(filepath.Join(empty, SumsFile, "x"), 0o750)
 	}})
 	if err == nil {
@@ -421,7 +398,7 @@ func TestVerifyNamesTheDamagedFile(t *testing.T) {
 				t.Fatalf("Verify: %v; want %s: %s", err, c.file, c.reason)
 			}
 			// Restore refuses it before it connects to anything.
-			if _, _, rerr := Restore(testContext(t), nil, dir, RestoreOptions{}); !errors.Is(rerr, ErrDamaged) {
+			if _, _, rerr := Restore(natstest.Context(t), nil, dir, RestoreOptions{}); !errors.Is(rerr, ErrDamaged) {
 				t.Fatalf("Restore: %v", rerr)
 			}
 		})
@@ -461,7 +438,7 @@ func TestStreamNamedTwice(t *testing.T) {
 		t.Fatalf("manifest: %+v", m)
 	}
 	nc2, _ := runServer(t)
-	_, restored, err := Restore(testContext(t), nc2, dir, RestoreOptions{Streams: []string{"ORDERS", "ORDERS"}})
+	_, restored, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Streams: []string{"ORDERS", "ORDERS"}})
 	if err != nil || len(restored) != 1 || restored[0].Messages != 10 {
 		t.Fatalf("restore of ORDERS named twice: %+v, %v", restored, err)
 	}
@@ -477,7 +454,7 @@ func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
 	t.Cleanup(func() { afterDelete = nil })
 	nc2, js2 := runServer(t)
 	cfg := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
-	if _, err := js2.CreateStream(testContext(t), cfg); err != nil {
+	if _, err := js2.CreateStream(natstest.Context(t), cfg); err != nil {
 		t.Fatal(err)
 	}
 	deletes := 0
@@ -485,16 +462,16 @@ func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
 		deletes++
 		recreate(t, js2, cfg)
 		if deletes == restoreAttempts { // too late for the restore to see it
-			if _, err := js2.Publish(testContext(t), "orders.new", nil); err != nil {
+			if _, err := js2.Publish(natstest.Context(t), "orders.new", nil); err != nil {
 				t.Error(err)
 			}
 		}
 	}
-	_, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{})
+	_, _, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{})
 	if err == nil || !strings.Contains(err.Error(), "already in use") || deletes != restoreAttempts {
 		t.Fatalf("restore against a holdfast that always recreates ORDERS: %v (%d deletes)", err, deletes)
 	}
-	if st, ok, err := streamState(testContext(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 {
+	if st, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 {
 		t.Fatalf("the recreated ORDERS and its new message: %+v, exists %v, %v", st, ok, err)
 	}
 }
@@ -504,7 +481,7 @@ func TestRestoreGivesUpWithoutDeletingTheRecreatedStream(t *testing.T) {
 func TestManifestCountsPending(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 10, 4)
-	c, err := js.Consumer(testContext(t), "ORDERS", "WORKER1")
+	c, err := js.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -545,7 +522,7 @@ func TestRestoreLeavesARestoredStreamThatReceivedMessages(t *testing.T) {
 		if complete++; complete != 2 {
 			return
 		}
-		ctx := testContext(t)
+		ctx := natstest.Context(t)
 		if err := js2.DeleteConsumer(ctx, "ORDERS", "WORKER1"); err != nil {
 			t.Error(err)
 		}
@@ -556,12 +533,12 @@ func TestRestoreLeavesARestoredStreamThatReceivedMessages(t *testing.T) {
 			t.Error(err)
 		}
 	}
-	_, _, err := Restore(testContext(t), nc2, dir, RestoreOptions{Progress: progress})
+	_, _, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Progress: progress})
 	if err == nil || !strings.Contains(err.Error(), "differs from the backup") || strings.Contains(err.Error(), "nothing of the backup is in it") {
 		t.Fatalf("restore: %v", err)
 	}
 	t.Log(err)
-	if st, _, _ := streamState(testContext(t), js2, "ORDERS"); st.Msgs != 11 || st.LastSeq != 11 {
+	if st, _, _ := streamState(natstest.Context(t), js2, "ORDERS"); st.Msgs != 11 || st.LastSeq != 11 {
 		t.Fatalf("ORDERS after the restore: %+v, want the backup's 10 messages and the new one", st)
 	}
 }
