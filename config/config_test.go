@@ -12,7 +12,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // mustParse parses text and fails the test on a parse error.
@@ -733,9 +735,12 @@ func TestSubjectsOverlappingReservedSpace(t *testing.T) {
 		{"*", true, false},              // one token: no API subject has one
 		{"dlq", true, false},            // the bare word is not a dead-letter subject
 	}
-	js := startJetStream(t)
-	dlq := &nats.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"dlq.WORKER1.>"}}
-	if _, err := js.AddStream(dlq); err != nil {
+	// A server with no listener, reached in process.
+	ns := natstest.RunServer(t, func(o *server.Options) { o.DontListen = true })
+	js := natstest.JetStream(t, natstest.Connect(t, ns))
+	ctx := natstest.Context(t)
+	dlq := jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"dlq.WORKER1.>"}}
+	if _, err := js.CreateStream(ctx, dlq); err != nil {
 		t.Fatal(err)
 	}
 	for _, tt := range tests {
@@ -749,9 +754,9 @@ func TestSubjectsOverlappingReservedSpace(t *testing.T) {
 			} else {
 				wantProblems(t, err, `streams.ORDERS.subjects = "`+tt.subject+`": reserved`)
 			}
-			_, serr := js.AddStream(&nats.StreamConfig{Name: "ORDERS", Subjects: []string{tt.subject}})
+			_, serr := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{tt.subject}})
 			if serr == nil {
-				if err := js.DeleteStream("ORDERS"); err != nil {
+				if err := js.DeleteStream(ctx, "ORDERS"); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -760,34 +765,6 @@ func TestSubjectsOverlappingReservedSpace(t *testing.T) {
 			}
 		})
 	}
-}
-
-// startJetStream runs a JetStream server on a temporary directory, with no
-// listener, and returns an in-process JetStream context.
-func startJetStream(t *testing.T) nats.JetStreamContext {
-	t.Helper()
-	ns, err := server.NewServer(&server.Options{DontListen: true, JetStream: true, StoreDir: t.TempDir(), NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	t.Cleanup(func() {
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(ns))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := nc.JetStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js
 }
 
 func TestMemoryStorage(t *testing.T) {
