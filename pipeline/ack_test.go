@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -68,7 +69,7 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 		}
 		seqs = append(seqs, ack.Sequence)
 	}
-	checkFor(t, 60*time.Second, func() error {
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
 		for _, seq := range seqs {
 			if n := len(rec.forSeq(seq)); n < 2 {
 				return fmt.Errorf("seq %d handled %d time(s), want a redelivery of its lost ack", seq, n)
@@ -113,7 +114,7 @@ func TestMaxAckPendingRespected(t *testing.T) {
 		return pipeline.Ok()
 	}), maxAckPending/2, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
 	// Half the allowed messages are being handled, the other half queued.
-	checkFor(t, 20*time.Second, func() error {
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if n := e.consumerInfo().NumAckPending; n != maxAckPending {
 			return fmt.Errorf("%d messages out, want max_ack_pending %d", n, maxAckPending)
 		}
@@ -125,7 +126,7 @@ func TestMaxAckPendingRespected(t *testing.T) {
 	}
 	close(release)
 	last := seqs[len(seqs)-1]
-	checkFor(t, 30*time.Second, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if f := e.consumerInfo().AckFloor.Stream; f != last {
 			return fmt.Errorf("ack floor %d of %d", f, last)
 		}
@@ -159,7 +160,7 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 	for i := range 20 {
 		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
 	}
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.consumerInfo().NumAckPending; n != len(seqs) {
 			return fmt.Errorf("%d of %d pulled", n, len(seqs))
 		}
@@ -179,7 +180,7 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 		return pipeline.Ok()
 	}), 4)
 	last := seqs[len(seqs)-1]
-	checkFor(t, 20*time.Second, func() error { // ack_wait is a minute
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error { // ack_wait is a minute
 		if f := e.consumerInfo().AckFloor.Stream; f != last {
 			return fmt.Errorf("ack floor %d of %d: queued messages not given back at once", f, last)
 		}
@@ -228,7 +229,7 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	for i := range n {
 		e.publish("orders.created", strconv.Itoa(i), nil)
 	}
-	checkFor(t, 30*time.Second, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if a := wf.Stats().Acked.Load(); a != n {
 			return fmt.Errorf("fast consumer acked %d of %d", a, n)
 		}
@@ -238,7 +239,7 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	if slowDone >= n {
 		t.Fatalf("slow consumer acked all %d when the fast one finished", n)
 	}
-	checkFor(t, 30*time.Second, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if a := ws.Stats().Acked.Load(); a < slowDone+3 {
 			return fmt.Errorf("slow consumer stuck at %d", a)
 		}

@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // Fuzz targets for what holdfast reads from outside: dead-letter headers,
@@ -28,24 +30,8 @@ import (
 // and returns an in-process connection to it.
 func plainNATS(f *testing.F) *nats.Conn {
 	f.Helper()
-	ns, err := server.NewServer(&server.Options{Port: -1, Host: "127.0.0.1", NoLog: true, NoSigs: true})
-	if err != nil {
-		f.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		f.Fatal("NATS server not ready")
-	}
-	nc, err := nats.Connect("", nats.InProcessServer(ns))
-	if err != nil {
-		f.Fatal(err)
-	}
-	f.Cleanup(func() {
-		nc.Close()
-		ns.Shutdown()
-		ns.WaitForShutdown()
-	})
-	return nc
+	ns := natstest.RunServer(f, func(o *server.Options) { o.JetStream = false })
+	return natstest.Connect(f, ns, nats.InProcessServer(ns))
 }
 
 // validSubject reports whether s is a literal NATS subject a message can

@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -26,7 +27,7 @@ func failing(reason string) pipeline.Handler {
 
 func (e *testEnv) waitDLQ(want uint64) {
 	e.t.Helper()
-	checkFor(e.t, 15*time.Second, func() error {
+	natstest.CheckFor(e.t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != want {
 			return fmt.Errorf("%d dead letters, want %d", n, want)
 		}
@@ -75,7 +76,7 @@ func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
 	}
 	// The originals are terminated only now that their own dead letters
 	// are stored: the workqueue stream empties.
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		s, err := e.js.Stream(ctx, "ORDERS")
 		if err != nil {
 			return err
@@ -118,7 +119,7 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 	}
 	w := e.workers(failing("bad"), 1)
 	seq := e.publish("orders.created", "the message", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Failures.Load(); n < 1 {
 			return fmt.Errorf("%d failures", n)
 		}
@@ -140,14 +141,14 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 
 // workersLogged starts workers like e.workers, with their own counters and
 // their log in the returned buffer.
-func (e *testEnv) workersLogged(h pipeline.Handler, n int) (*pipeline.Workers, *lockedBuffer) {
+func (e *testEnv) workersLogged(h pipeline.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
 	e.t.Helper()
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	var backoff []time.Duration
 	for _, b := range cc.Backoff {
 		backoff = append(backoff, b.Duration)
 	}
-	buf := &lockedBuffer{}
+	buf := &natstest.Buffer{}
 	w := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
 		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
@@ -173,9 +174,9 @@ func (e *testEnv) forgeMaxDeliveries(seq uint64, domain string) {
 
 // waitLogOrDeadLetter waits until the log holds want (count times) or a
 // dead letter appears.
-func (e *testEnv) waitLogOrDeadLetter(buf *lockedBuffer, want string, count int) {
+func (e *testEnv) waitLogOrDeadLetter(buf *natstest.Buffer, want string, count int) {
 	e.t.Helper()
-	checkFor(e.t, 15*time.Second, func() error {
+	natstest.CheckFor(e.t, 15*time.Second, 20*time.Millisecond, func() error {
 		if e.dlqCount() > 0 || strings.Count(buf.String(), want) >= count {
 			return nil
 		}
@@ -192,7 +193,7 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 	ok := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() })
 	w, buf := e.workersLogged(ok, 2)
 	seq := e.publish("orders.created", "done", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if w.Stats().Acked.Load() != 1 {
 			return fmt.Errorf("not acked yet")
 		}
@@ -238,7 +239,7 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	seq := e.publish("orders.created", "x", nil)
 	// Six failed attempts take 100+200+400+800+1600ms between them: longer
 	// than ack_wait.
-	checkFor(t, 30*time.Second, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Failures.Load(); n < 6 {
 			return fmt.Errorf("%d failures", n)
 		}
@@ -257,7 +258,7 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.waitDLQ(1)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		info := e.consumerInfo()
 		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
 			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
@@ -351,7 +352,7 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 	w := e.startWorkers(failing("bad"), 1)
 	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 1)
-	waitFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		h := m.Health()
 		if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
 			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
@@ -361,7 +362,7 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 	if err := dlq.DeleteMsg(ctx, 1); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		if h := m.Health(); h.Status != pipeline.HealthOK {
 			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
 		}

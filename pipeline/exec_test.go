@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // helperArg marks a run of the test binary as the exec helper: the test
@@ -82,22 +84,6 @@ func newExec(t *testing.T, opts ExecOptions, logger *slog.Logger) *ExecHandler {
 		t.Fatalf("NewExecHandler(%q): %v", opts.Command, err)
 	}
 	return h
-}
-
-// waitFor polls cond until it returns nil or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", timeout, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // readPID returns the pid a script wrote to path, or an error while the
@@ -511,7 +497,7 @@ func TestExecCancelKillsProcessGroup(t *testing.T) {
 	go func() { done <- h.Handle(ctx, testMessage()) }()
 
 	var pid int
-	waitFor(t, 30*time.Second, func() (err error) {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() (err error) {
 		pid, err = readPID(pidFile)
 		return err
 	})
@@ -522,7 +508,7 @@ func TestExecCancelKillsProcessGroup(t *testing.T) {
 	if r.Outcome != Retry || !strings.Contains(r.Reason, "stopped: context canceled") || !strings.Contains(r.Reason, "process group killed") {
 		t.Fatalf("result = %+v, want a retry saying it was stopped", r)
 	}
-	waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
 }
 
 func TestExecTimeoutKillsProcessGroup(t *testing.T) {
@@ -547,7 +533,7 @@ func TestExecTimeoutKillsProcessGroup(t *testing.T) {
 			t.Fatalf("the script never got to start its grandchild: %v", err)
 		}
 		killAtCleanup(t, pid)
-		waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+		natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
 		return
 	}
 }
@@ -583,7 +569,7 @@ func TestExecKillsWhatTheCommandLeftRunning(t *testing.T) {
 			if r.Outcome != tt.want {
 				t.Fatalf("result = %+v, want %v", r, tt.want)
 			}
-			waitFor(t, 10*time.Second, func() error { return processGone(pid) })
+			natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
 			if n := len(logs.Entries("handler exited but left a process outside its process group holding its stdout or stderr open")); n != 0 {
 				t.Errorf("got %d warnings about a process outside the group, want none", n)
 			}

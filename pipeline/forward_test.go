@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -61,7 +62,7 @@ func (e *testEnv) hubMsgs() uint64 {
 // waitHubMsgs waits until the hub's stream holds want messages.
 func (e *testEnv) waitHubMsgs(want uint64, within time.Duration) {
 	e.t.Helper()
-	checkFor(e.t, within, func() error {
+	natstest.CheckFor(e.t, within, 20*time.Millisecond, func() error {
 		if n := e.hubMsgs(); n != want {
 			return fmt.Errorf("hub holds %d, want %d", n, want)
 		}
@@ -170,7 +171,7 @@ func TestForwardOversizeDeadLettered(t *testing.T) {
 	e.workers(f, 1)
 	big := e.publish("orders.created", strings.Repeat("x", 2048), nil)
 	e.publish("orders.created", "small", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
 			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
 		}
@@ -233,7 +234,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	}), 1, paused)
 	w.ShutdownTimeout = time.Minute
 	e.publish("orders.created", "x", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if !w.Activity(time.Now()).Paused || len(w.Activity(time.Now()).Running) != 1 {
 			return errors.New("the handler is not waiting for the link")
 		}
@@ -253,7 +254,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	e.workersWith(f, 1, paused)
 	e.waitHubMsgs(1, 10*time.Second)
 	// The ack is confirmed off the worker's path: wait for it.
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if ci := e.consumerInfo(); ci.NumAckPending != 0 || e.dlqCount() != 0 {
 			return fmt.Errorf("ack pending %d, dead letters %d", ci.NumAckPending, e.dlqCount())
 		}
@@ -277,7 +278,7 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.publish("orders.created", "x", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if f.Ready() || !strings.Contains(f.Problem(), "no stream on edge.edge1.>") {
 			return fmt.Errorf("ready %v, problem %q", f.Ready(), f.Problem())
 		}
@@ -293,7 +294,7 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 	e.waitHubMsgs(1, 10*time.Second)
 	// The hub holding it does not mean the edge's ack was applied yet: the
 	// ack is confirmed off the worker's path.
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if ci := e.consumerInfo(); ci.Delivered.Consumer != 1 || ci.NumAckPending != 0 {
 			return fmt.Errorf("deliveries %d, ack pending %d: want one delivery, acked", ci.Delivered.Consumer, ci.NumAckPending)
 		}

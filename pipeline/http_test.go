@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // receivedRequest is what a test server saw of one request.
@@ -404,14 +407,7 @@ func TestHTTPCancel(t *testing.T) {
 }
 
 func TestHTTPConnectionRefused(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	if err := ln.Close(); err != nil {
-		t.Fatal(err)
-	}
+	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)) // nothing listens there
 	h := newHTTP(t, HTTPOptions{URL: "http://" + addr + "/orders?token=s3cret", Timeout: time.Minute}, nil)
 	r := h.Handle(context.Background(), testMessage())
 	if r.Outcome != Retry || !strings.Contains(r.Reason, "POST failed") {

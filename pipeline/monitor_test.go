@@ -1,7 +1,6 @@
 package pipeline_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -31,24 +31,7 @@ type monitorEnv struct {
 	cfg *config.Config
 	srv *embedded.Server
 	js  jetstream.JetStream
-	log *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	log *natstest.Buffer
 }
 
 // newMonitorEnv starts a server with the stream ORDERS (orders.*) and the
@@ -68,7 +51,7 @@ func newMonitorEnv(t *testing.T, tweak func(*config.Config)) *monitorEnv {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	buf := &lockedBuffer{}
+	buf := &natstest.Buffer{}
 	log := slog.New(slog.NewTextHandler(buf, nil))
 	srv := embedded.New(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := srv.Open(context.Background()); err != nil {
@@ -135,26 +118,12 @@ func consumerStatus(t *testing.T, r *pipeline.Report, name string) pipeline.Cons
 	return pipeline.ConsumerStatus{}
 }
 
-// waitFor polls f until it returns nil or the deadline passes.
-func waitFor(t *testing.T, total time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
-
 // waitLost waits until the consumer's loss count is want, and checks that
 // it stays there for a few more checks.
 func waitLost(t *testing.T, m *pipeline.Monitor, consumer string, want uint64) pipeline.ConsumerStatus {
 	t.Helper()
 	var cs pipeline.ConsumerStatus
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		cs = consumerStatus(t, m.CheckNow(context.Background()), consumer)
 		if cs.LostToRetention != want {
 			return fmt.Errorf("lost to retention = %d, want %d", cs.LostToRetention, want)
@@ -332,7 +301,7 @@ func TestMonitorHealthMissingConsumerAndStream(t *testing.T) {
 	if err := e.js.DeleteConsumer(context.Background(), "ORDERS", "WORKER1"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		h := m.Health()
 		if h.HTTPStatus() != http.StatusServiceUnavailable || !strings.Contains(h.Reason, "consumer WORKER1 on stream ORDERS: consumer does not exist") {
 			return fmt.Errorf("health = %+v", h)
@@ -342,7 +311,7 @@ func TestMonitorHealthMissingConsumerAndStream(t *testing.T) {
 	if err := e.js.DeleteStream(context.Background(), "ORDERS_DLQ"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() error {
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		h := m.Health()
 		if !strings.Contains(strings.Join(h.Problems, "\n"), "stream ORDERS_DLQ: stream does not exist") {
 			return fmt.Errorf("health = %+v", h)
@@ -366,7 +335,7 @@ func TestMonitorHealthServerCheck(t *testing.T) {
 	fail.Lock()
 	failing = true
 	fail.Unlock()
-	waitFor(t, 5*time.Second, func() error {
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if h := m.Health(); h.Reason != "JetStream is disabled" {
 			return fmt.Errorf("health = %+v", h)
 		}
@@ -395,7 +364,7 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 	w := e.startWorkers(h, 2)
 	m := e.monitor(pipeline.MonitorOptions{StallTimeout: 300 * time.Millisecond}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 5)
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		hl := m.Health()
 		if hl.HTTPStatus() != http.StatusServiceUnavailable || !strings.Contains(hl.Reason, "consumer WORKER1 on stream ORDERS is stalled") {
 			return fmt.Errorf("health = %+v", hl)
@@ -406,7 +375,7 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 		t.Errorf("consumer status = %+v, want stalled with 2 awaiting ack", cs)
 	}
 	once.Do(func() { close(release) })
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if hl := m.Health(); hl.Status != pipeline.HealthOK {
 			return fmt.Errorf("health = %+v", hl)
 		}
@@ -540,7 +509,7 @@ func TestMetricsCountProcessing(t *testing.T) {
 	e.publish("orders.ok", 5)
 	e.publish("orders.fail", 1)
 	e.publish("orders.bad", 1)
-	waitFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		m.CheckNow(context.Background())
 		f := scrape(t, ts.URL)
 		want := map[string]float64{
@@ -587,7 +556,7 @@ func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
 	})
 	m := e.monitor(pipeline.MonitorOptions{}, nil)
 	e.publish("orders.created", 3)
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
 		if cs.BacklogRatio["max_age"] < 0.8 || len(cs.Warnings) == 0 || !strings.Contains(cs.Warnings[0], "will expire unprocessed") {
 			return fmt.Errorf("no max_age warning: %+v", cs)
@@ -615,7 +584,7 @@ func TestMonitorHealthStartupLoss(t *testing.T) {
 	loss := "stream ORDERS went backwards: last sequence 20 recorded, 10 found"
 	for _, failOnLoss := range []bool{true, false} {
 		m := e.monitor(pipeline.MonitorOptions{StartupLosses: []string{loss}, FailOnLoss: failOnLoss}, nil)
-		waitFor(t, 5*time.Second, func() error {
+		natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 			h := m.Health()
 			if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, loss) {
 				return fmt.Errorf("health = %+v", h)

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -127,7 +128,7 @@ func TestMonitoringFiles(t *testing.T) {
 	defer ts.Close()
 	e.publish("orders.created", 3)
 	var live map[string]bool
-	waitFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		m.CheckNow(context.Background())
 		live = map[string]bool{}
 		for name := range scrape(t, ts.URL) {

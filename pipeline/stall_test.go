@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -64,7 +65,7 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 4) // 3 fill max_ack_pending, 1 stays pending
 	calls.Wait()
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if n := w.Stats().Retried.Load(); n != 3 {
 			return fmt.Errorf("retried = %d, want 3", n)
 		}
@@ -110,7 +111,7 @@ func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
 		t.Fatalf("consumer status = %+v: want the running message kept alive by in-progress acks and its handler reported", cs)
 	}
 	rel.Do(func() { close(release) })
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if n := w.Stats().Acked.Load(); n != 2 {
 			return fmt.Errorf("acked = %d, want 2", n)
 		}
@@ -134,7 +135,7 @@ func TestMonitorHandlerPastItsTimeoutIsAStall(t *testing.T) {
 	m := e.monitorWith(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w},
 		map[string]time.Duration{"WORKER1": 200 * time.Millisecond})
 	e.publish("orders.created", 3)
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		hl := m.Health()
 		if hl.HTTPStatus() != http.StatusServiceUnavailable || !strings.Contains(hl.Reason, "consumer WORKER1 on stream ORDERS is stalled: a handler has been running for") ||
 			!strings.Contains(hl.Reason, "its timeout is 200ms") {
@@ -143,7 +144,7 @@ func TestMonitorHandlerPastItsTimeoutIsAStall(t *testing.T) {
 		return nil
 	})
 	rel.Do(func() { close(release) })
-	waitFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		if hl := m.Health(); hl.Status != pipeline.HealthOK {
 			return fmt.Errorf("health = %+v", hl)
 		}
@@ -178,7 +179,7 @@ func TestMonitorConsumerWithoutWorkersIsBlockedNotStalled(t *testing.T) {
 	if n != 2 {
 		t.Fatalf("fetched %d messages, want 2", n)
 	}
-	waitFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
 		hl := m.Health()
 		if cs.Stalled || !cs.Blocked || hl.Status != pipeline.HealthDegraded || hl.HTTPStatus() != http.StatusOK ||

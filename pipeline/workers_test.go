@@ -17,6 +17,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -118,20 +119,6 @@ func (e *testEnv) publish(subject, data string, hdr nats.Header) uint64 {
 	return ack.Sequence
 }
 
-// checkFor polls f until it returns nil or the deadline passes.
-func checkFor(t *testing.T, total time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
-
 func (e *testEnv) consumerInfo() *jetstream.ConsumerInfo {
 	e.t.Helper()
 	c, err := e.js.Consumer(context.Background(), "ORDERS", config.DefaultConsumerName)
@@ -199,13 +186,13 @@ func TestSuccessAcks(t *testing.T) {
 	for i := 0; i < n; i++ {
 		e.publish("orders.created", fmt.Sprintf(`{"id":%d}`, i), nil)
 	}
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if f := e.consumerInfo().AckFloor.Stream; f != n {
 			return fmt.Errorf("ack floor %d, want %d", f, n)
 		}
 		return nil
 	})
-	checkFor(t, 10*time.Second, func() error { // confirmations follow the ack floor
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error { // confirmations follow the ack floor
 		if got := w.Stats().Acked.Load(); got != n {
 			return fmt.Errorf("acked %d, want %d", got, n)
 		}
@@ -255,7 +242,7 @@ func TestRetryBackoffThenSuccess(t *testing.T) {
 		return pipeline.Ok()
 	}), 2)
 	seq := e.publish("orders.created", "x", nil)
-	checkFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if f := e.consumerInfo().AckFloor.Stream; f != seq {
 			return fmt.Errorf("ack floor %d", f)
 		}
@@ -303,7 +290,7 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 		return pipeline.Fail("schema violation: no id")
 	}), 1)
 	seq := e.publish("orders.created", `{"bad":true}`, nats.Header{"Trace": []string{"abc"}, nats.MsgIdHdr: []string{"m-1"}})
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -333,7 +320,7 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 		t.Errorf("Holdfast-Failed-At: %v", err)
 	}
 	// The original is terminated: acknowledged, never delivered again.
-	checkFor(t, 5*time.Second, func() error {
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		info := e.consumerInfo()
 		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
 			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
@@ -353,7 +340,7 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 		return pipeline.RetryLater("downstream unavailable")
 	}), 2)
 	seq := e.publish("orders.created", "x", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -383,7 +370,7 @@ func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 		return pipeline.Ok()
 	}), 2)
 	seq := e.publish("orders.created", "slow", nil)
-	checkFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if f := e.consumerInfo().AckFloor.Stream; f != seq {
 			return fmt.Errorf("ack floor %d", f)
 		}
@@ -431,7 +418,7 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 				return pipeline.Ok()
 			}), 4, func(o *pipeline.ConsumerOptions) { o.Prefetch = tc.prefetch })
 			last := seqs[len(seqs)-1]
-			checkFor(t, 2*time.Minute, func() error {
+			natstest.CheckFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
 				if f := e.consumerInfo().AckFloor.Stream; f != last {
 					return fmt.Errorf("ack floor %d of %d", f, last)
 				}
@@ -466,7 +453,7 @@ func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
 		return pipeline.Fail("bad")
 	}), 1)
 	seq := e.publish("orders.created", "x", nil)
-	checkFor(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := len(rec.forSeq(seq)); n < 2 {
 			return fmt.Errorf("delivered %d times, want a redelivery after the failed dead letter", n)
 		}
@@ -479,7 +466,7 @@ func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
 	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -515,7 +502,7 @@ func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
 		rec.record(m)
 		return pipeline.Ok()
 	}), 1)
-	checkFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -579,7 +566,7 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 		rec.record(m)
 		return pipeline.Ok()
 	}), 1)
-	checkFor(t, 20*time.Second, func() error { // well below ack_wait (1m)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error { // well below ack_wait (1m)
 		if len(rec.forSeq(stuck)) != 1 {
 			return errors.New("stuck message not redelivered after nak")
 		}
@@ -602,7 +589,7 @@ func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 	hdr := nats.Header{"Trace": []string{"t-1"}}
 	hdrLen := len("NATS/1.0\r\nTrace: t-1\r\n\r\n")
 	seq := e.publish("orders.created", strings.Repeat("x", max-hdrLen), hdr)
-	checkFor(t, 15*time.Second, func() error {
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -658,7 +645,7 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 	block = false
 	mu.Unlock()
 	e.workersWith(h, 1, nil)
-	checkFor(t, 30*time.Second, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		calls := rec.forSeq(seq)
 		if len(calls) < 2 {
 			return fmt.Errorf("handler called %d time(s), want the interrupted message handed over again", len(calls))
