@@ -12,14 +12,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // bootstrapped runs a server on cfg and bootstraps it.
-func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *logBuffer) {
+func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *natstest.Buffer) {
 	t.Helper()
 	log, lb := testLogger(t)
 	s := runServerWithLog(t, cfg, log)
-	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
 	return s, lb
@@ -27,11 +28,11 @@ func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *logBuffer) {
 
 func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
 	t.Helper()
-	st, err := js.Stream(testContext(t), name)
+	st, err := js.Stream(natstest.Context(t), name)
 	if err != nil {
 		t.Fatalf("stream %s: %v", name, err)
 	}
-	info, err := st.Info(testContext(t))
+	info, err := st.Info(natstest.Context(t))
 	if err != nil {
 		t.Fatalf("stream %s info: %v", name, err)
 	}
@@ -40,11 +41,11 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 
 func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
 	t.Helper()
-	c, err := js.Consumer(testContext(t), stream, name)
+	c, err := js.Consumer(natstest.Context(t), stream, name)
 	if err != nil {
 		t.Fatalf("consumer %s on %s: %v", name, stream, err)
 	}
-	info, err := c.Info(testContext(t))
+	info, err := c.Info(natstest.Context(t))
 	if err != nil {
 		t.Fatalf("consumer %s info: %v", name, err)
 	}
@@ -54,7 +55,7 @@ func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *je
 func publish(t *testing.T, js jetstream.JetStream, subject string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
-		if _, err := js.Publish(testContext(t), subject, fmt.Appendf(nil, `{"id":"%d"}`, i)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), subject, fmt.Appendf(nil, `{"id":"%d"}`, i)); err != nil {
 			t.Fatalf("publish %d: %v", i, err)
 		}
 	}
@@ -151,7 +152,7 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 	worker := consumerInfo(t, js, "ORDERS", "WORKER1")
 
 	before := len(lb.String())
-	if err := Bootstrap(testContext(t), js, cfg, s.base); err != nil {
+	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
 		t.Fatalf("second Bootstrap: %v", err)
 	}
 	second := lb.String()[before:]
@@ -198,7 +199,7 @@ func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
 	cfg.Consumers["WORKER1"].MaxDeliver = 7
 	before := len(lb.String())
-	if err := Bootstrap(testContext(t), js, cfg, s.base); err != nil {
+	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
 		t.Fatalf("Bootstrap with changed max_age and max_deliver: %v", err)
 	}
 
@@ -253,7 +254,7 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 			if err := cfg.Validate(); err != nil {
 				t.Fatalf("changed config does not validate: %v", err)
 			}
-			err := Bootstrap(testContext(t), js, cfg, s.base)
+			err := Bootstrap(natstest.Context(t), js, cfg, s.base)
 			if err == nil {
 				t.Fatalf("Bootstrap applied a %s change", tc.field)
 			}
@@ -334,7 +335,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			log, lb := testLogger(t)
-			if err := Bootstrap(testContext(t), js, cfg, log); err != nil {
+			if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatalf("Bootstrap after moving dead_letter: %v", err)
 			}
 			if !strings.Contains(lb.String(), "dead letters of the consumer moved") {
@@ -356,7 +357,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 			}
 			// And again: nothing left to change.
 			log, lb = testLogger(t)
-			if err := Bootstrap(testContext(t), js, cfg, log); err != nil {
+			if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatal(err)
 			}
 			if bootstrapChanged(lb.String()) || strings.Contains(lb.String(), "moved") {

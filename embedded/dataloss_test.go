@@ -14,23 +14,24 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // lossServer opens a server on cfg, bootstraps it and publishes n
 // messages to ORDERS. It does not close it.
-func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *logBuffer) {
+func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *natstest.Buffer) {
 	t.Helper()
 	log, lb := testLogger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
-	if err := s.Open(testContext(t)); err != nil {
+	if err := s.Open(natstest.Context(t)); err != nil {
 		t.Fatalf("Open: %v", err)
 	}
-	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
 	for range n {
-		if _, err := s.JetStream().Publish(testContext(t), "orders.created", []byte("x")); err != nil {
+		if _, err := s.JetStream().Publish(natstest.Context(t), "orders.created", []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -38,13 +39,13 @@ func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *logBuffer) {
 }
 
 // reopen opens a second server on the same config and returns Open's error.
-func reopen(t *testing.T, cfg *config.Config, accept bool) (*Server, *logBuffer, error) {
+func reopen(t *testing.T, cfg *config.Config, accept bool) (*Server, *natstest.Buffer, error) {
 	t.Helper()
 	log, lb := testLogger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
 	s.AcceptDataLoss = accept
-	err := s.Open(testContext(t))
+	err := s.Open(natstest.Context(t))
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
 	return s, lb, err
 }
@@ -76,11 +77,11 @@ func TestCleanRestartReportsNoLoss(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := lossServer(t, cfg, 5)
 	// An operator purge keeps the last sequence: no loss either.
-	str, err := s.JetStream().Stream(testContext(t), "ORDERS")
+	str, err := s.JetStream().Stream(natstest.Context(t), "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := str.Purge(testContext(t)); err != nil {
+	if err := str.Purge(natstest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	closeServer(t, s)
@@ -187,7 +188,7 @@ func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
 		t.Errorf("log does not name the vanished stream and where its data went:\n%s", lb.String())
 	}
 	log, _ := testLogger(t)
-	if err := Bootstrap(testContext(t), s2.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s2.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap after the loss: %v", err)
 	}
 }
@@ -264,17 +265,17 @@ func TestRecorderRecordsWhileRunning(t *testing.T) {
 	log, _ := testLogger(t)
 	s := New(cfg, log)
 	s.StateInterval = 50 * time.Millisecond
-	if err := s.Open(testContext(t)); err != nil {
+	if err := s.Open(natstest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.JetStream().Publish(testContext(t), "orders.x", nil); err != nil {
+	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.x", nil); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		st, err := ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil {
 			return err
@@ -361,11 +362,11 @@ func TestCorruptMessageBlockIsReported(t *testing.T) {
 
 func corruptStreamState(t *testing.T, s *Server, name string) (jetstream.StreamState, error) {
 	t.Helper()
-	str, err := s.JetStream().Stream(testContext(t), name)
+	str, err := s.JetStream().Stream(natstest.Context(t), name)
 	if err != nil {
 		return jetstream.StreamState{}, err
 	}
-	info, err := str.Info(testContext(t))
+	info, err := str.Info(natstest.Context(t))
 	if err != nil {
 		return jetstream.StreamState{}, err
 	}
@@ -441,11 +442,11 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 	log, _ := testLogger(t)
 	s := New(cfg, log)
 	s.StateInterval = 20 * time.Millisecond
-	if err := s.Open(testContext(t)); err != nil {
+	if err := s.Open(natstest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
@@ -458,7 +459,7 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 		return fi.Sys().(*syscall.Stat_t).Ino
 	}
 	var first uint64
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		st, err := ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil || st == nil || len(st.Consumers) == 0 {
 			return fmt.Errorf("bootstrap not recorded yet: %v", err)
@@ -474,10 +475,10 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 		}
 		time.Sleep(s.StateInterval / 2)
 	}
-	if _, err := s.JetStream().Publish(testContext(t), "orders.x", nil); err != nil {
+	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.x", nil); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 		st, err := ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 1 {
 			return fmt.Errorf("ORDERS at seq 1 not recorded yet: %v", err)

@@ -1,14 +1,13 @@
 package embedded
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // testConfig returns the built-in defaults (stream ORDERS, consumer
@@ -32,31 +31,13 @@ func testConfig(t *testing.T) *config.Config {
 	return cfg
 }
 
-// logBuffer collects a test's log lines; they are printed only when the
-// test fails, so that server goroutines logging during shutdown never
-// call t.Log after the test has returned.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // testLogger returns a debug logger that writes into a buffer dumped on
-// failure.
-func testLogger(t *testing.T) (*slog.Logger, *logBuffer) {
+// failure: the lines are printed only when the test fails, so that server
+// goroutines logging during shutdown never call t.Log after the test has
+// returned.
+func testLogger(t *testing.T) (*slog.Logger, *natstest.Buffer) {
 	t.Helper()
-	lb := &logBuffer{}
+	lb := &natstest.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("log:\n%s", lb.String())
@@ -109,27 +90,4 @@ func openWithin(t *testing.T, s *Server, d time.Duration) error {
 		t.Fatalf("Open did not return within %s", d)
 		return nil
 	}
-}
-
-// checkFor calls f until it returns nil or total has passed, sleeping
-// sleep between attempts, and fails the test with f's last error.
-func checkFor(t *testing.T, total, sleep time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(sleep)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
-}
-
-// testContext returns a context that ends with the test or after a bound.
-func testContext(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
 }

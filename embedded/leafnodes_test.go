@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,18 +15,9 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
 
 // leafHubConfig is a hub with domain "hub", a leafnode listener on a free
 // port and the stream EDGE on edge.>; user/password protect the listener
@@ -37,7 +27,7 @@ func leafHubConfig(t *testing.T, user, passwordFile string) *config.Config {
 	cfg := testConfig(t)
 	cfg.Server.Name = "hub"
 	cfg.JetStream.Domain = "hub"
-	cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = user, passwordFile
 	cfg.Streams = map[string]*config.StreamConfig{"EDGE": config.DefaultStream([]string{"edge.>"})}
 	cfg.Consumers = map[string]*config.ConsumerConfig{}
@@ -86,7 +76,7 @@ func TestLeafNodesEdgeToHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	var edges []*Server
-	var logs []*logBuffer
+	var logs []*natstest.Buffer
 	for _, name := range []string{"edge1", "edge2"} {
 		cfg := leafEdgeConfig(t, name, hubCfg, config.RemoteConfig{})
 		log, lb := testLogger(t)

@@ -22,6 +22,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
@@ -78,7 +79,7 @@ func (a *asyncErrors) has(fragment string) error {
 func bootstrap(t *testing.T, s *Server, cfg *config.Config) {
 	t.Helper()
 	log, _ := testLogger(t)
-	if err := Bootstrap(testContext(t), s.JetStream(), cfg, log); err != nil {
+	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("bootstrap over the internal connection: %v", err)
 	}
 }
@@ -92,7 +93,7 @@ func checkInternalConnection(t *testing.T, s *Server, pub jetstream.JetStream) {
 	if pub == nil {
 		pub = s.JetStream()
 	}
-	ctx := testContext(t)
+	ctx := natstest.Context(t)
 	js := s.JetStream()
 	nc := s.Conn()
 	adv, err := nc.SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1")
@@ -166,7 +167,7 @@ func TestAuthUsersPermissions(t *testing.T) {
 	openServer(t, s)
 	bootstrap(t, s, cfg)
 	url := s.NATS().ClientURL()
-	ctx := testContext(t)
+	ctx := natstest.Context(t)
 
 	t.Run("anonymous refused", func(t *testing.T) {
 		if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
@@ -208,7 +209,7 @@ func TestAuthUsersPermissions(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = nc.Flush()
-		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 			return errs.has(`Permissions Violation for Publish to "payments.created"`)
 		})
 		short, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -220,14 +221,14 @@ func TestAuthUsersPermissions(t *testing.T) {
 		if m, err := nc.Request("$JS.API.STREAM.MSG.GET.ORDERS", []byte(req), 2*time.Second); err == nil {
 			t.Errorf("app read a message through the JetStream API: %s", m.Data)
 		}
-		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 			return errs.has(`Permissions Violation for Publish to "$JS.API.STREAM.MSG.GET.ORDERS"`)
 		})
 		if _, err := nc.SubscribeSync("orders.>"); err != nil {
 			t.Fatal(err)
 		}
 		_ = nc.Flush()
-		checkFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
 			return errs.has(`Permissions Violation for Subscription to "orders.>"`)
 		})
 	})
@@ -366,7 +367,7 @@ func TestAuthToken(t *testing.T) {
 	}
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
-	if _, err := js.Publish(testContext(t), "orders.token", []byte("x")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "orders.token", []byte("x")); err != nil {
 		t.Fatalf("publish with the token: %v", err)
 	}
 	checkInternalConnection(t, s, js)
@@ -425,7 +426,7 @@ func TestTLS(t *testing.T) {
 			t.Error("connection not TLS")
 		}
 		js, _ := jetstream.New(nc)
-		if _, err := js.Publish(testContext(t), "orders.tls", []byte("x")); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.tls", []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 		checkInternalConnection(t, s, nil)
@@ -447,7 +448,7 @@ func TestTLS(t *testing.T) {
 		}
 		defer nc.Close()
 		js, _ := jetstream.New(nc)
-		if _, err := js.Publish(testContext(t), "orders.mtls", []byte("x")); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.mtls", []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 		checkInternalConnection(t, s, nil)
@@ -504,7 +505,7 @@ func TestEncryptionAtRest(t *testing.T) {
 		t.Fatal(err)
 	}
 	bootstrap(t, s, cfg)
-	ctx := testContext(t)
+	ctx := natstest.Context(t)
 	for i := range 50 {
 		if _, err := s.JetStream().Publish(ctx, "orders.secret", []byte(fmt.Sprintf("%s-%d", canary, i))); err != nil {
 			t.Fatal(err)
@@ -585,7 +586,7 @@ func TestEncryptionControl(t *testing.T) {
 	cfg := testConfig(t)
 	s := runServer(t, cfg)
 	bootstrap(t, s, cfg)
-	if _, err := s.JetStream().Publish(testContext(t), "orders.plain", []byte("PLAINTEXT-CONTROL-77")); err != nil {
+	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.plain", []byte("PLAINTEXT-CONTROL-77")); err != nil {
 		t.Fatal(err)
 	}
 	if f := grepTree(t, cfg.JetStream.StoreDir, []byte("PLAINTEXT-CONTROL-77")); f == "" {
@@ -614,7 +615,7 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 	cfg := testConfig(t)
 	s := runServer(t, cfg)
 	bootstrap(t, s, cfg)
-	if _, err := s.JetStream().Publish(testContext(t), "orders.before", []byte("PLAIN-BEFORE-KEY")); err != nil {
+	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.before", []byte("PLAIN-BEFORE-KEY")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Close(context.Background()); err != nil {
@@ -622,14 +623,14 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 	}
 	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
 	s2 := runServer(t, cfg)
-	st, err := s2.JetStream().Stream(testContext(t), "ORDERS")
+	st, err := s2.JetStream().Stream(natstest.Context(t), "ORDERS")
 	if err != nil {
 		t.Fatalf("the unencrypted stream is gone after adding a key: %v", err)
 	}
 	if n := st.CachedInfo().State.Msgs; n != 1 {
 		t.Errorf("%d messages, want 1", n)
 	}
-	if _, err := s2.JetStream().Publish(testContext(t), "orders.after", []byte("PLAIN-AFTER-KEY")); err != nil {
+	if _, err := s2.JetStream().Publish(natstest.Context(t), "orders.after", []byte("PLAIN-AFTER-KEY")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s2.Close(context.Background()); err != nil {
@@ -642,7 +643,7 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 		}
 	}
 	s3 := runServer(t, cfg)
-	if st, err := s3.JetStream().Stream(testContext(t), "ORDERS"); err != nil || st.CachedInfo().State.Msgs != 2 {
+	if st, err := s3.JetStream().Stream(natstest.Context(t), "ORDERS"); err != nil || st.CachedInfo().State.Msgs != 2 {
 		t.Errorf("after conversion: %v", err)
 	}
 }
@@ -678,7 +679,7 @@ func TestReservedSubjects(t *testing.T) {
 			}
 			s := runServer(t, cfg)
 			bootstrap(t, s, cfg)
-			ctx := testContext(t)
+			ctx := natstest.Context(t)
 
 			// What holdfast itself listens to.
 			adv, err := s.Conn().SubscribeSync("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1")

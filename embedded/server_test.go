@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 func TestServerOpenVerifiesFileStore(t *testing.T) {
@@ -42,7 +44,7 @@ func TestServerOpenVerifiesFileStore(t *testing.T) {
 	if !s.Conn().IsConnected() {
 		t.Error("in-process connection is not connected")
 	}
-	if _, err := s.JetStream().AccountInfo(testContext(t)); err != nil {
+	if _, err := s.JetStream().AccountInfo(natstest.Context(t)); err != nil {
 		t.Fatalf("AccountInfo: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(want, LockFileName)); err != nil {
@@ -73,7 +75,7 @@ func TestServerSecondOnSameStoreIsRefused(t *testing.T) {
 	}
 
 	// The refusal did not disturb the first server.
-	if _, err := first.JetStream().AccountInfo(testContext(t)); err != nil {
+	if _, err := first.JetStream().AccountInfo(natstest.Context(t)); err != nil {
 		t.Fatalf("first server stopped answering: %v", err)
 	}
 	// Once the first is closed, the directory is free again.
@@ -162,7 +164,7 @@ func TestServerCloseIsIdempotent(t *testing.T) {
 	}
 
 	s := New(cfg, log)
-	if err := s.Open(testContext(t)); err != nil {
+	if err := s.Open(natstest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
 	ns := s.NATS()

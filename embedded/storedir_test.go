@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // The store dir tests run against real conditions: real mounts (tmpfs,
@@ -126,23 +128,6 @@ func startStoreHelper(t *testing.T, mode, dir string) *exec.Cmd {
 		t.Fatalf("helper %s not ready after 30s", mode)
 	}
 	return cmd
-}
-
-// pollUntil calls f until it returns nil or total has passed, and fails the
-// test with f's last error.
-func pollUntil(t *testing.T, total time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not true after %s: %v", total, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // wantStoreDirError checks that err is a one-line *StoreDirError for path
@@ -577,7 +562,7 @@ func TestLockStoreDirHeldByAnotherProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = child.Wait()
-	pollUntil(t, 10*time.Second, func() error {
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		l, err := LockStoreDir(dir)
 		if err != nil {
 			return err
