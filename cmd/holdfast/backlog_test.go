@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestGracefulRestartWithBacklog publishes a backlog while the consumer has
@@ -18,7 +20,7 @@ func TestGracefulRestartWithBacklog(t *testing.T) {
 	const total = 600
 	dir := t.TempDir()
 	processedFile := filepath.Join(dir, "processed")
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	store := filepath.Join(dir, "store")
 	extra := fmt.Sprintf(`
@@ -55,7 +57,7 @@ timeout = "10s"
 	// Workers start on the backlog; SIGTERM while they are in the middle.
 	p = startHoldfast(t, busy)
 	p.waitReady()
-	e2eCheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
 		if n := len(e2eLines(t, processedFile)); n < total/4 {
 			return fmt.Errorf("%d of %d processed", n, total)
 		}

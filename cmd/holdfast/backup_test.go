@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/backup"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // seqSet reads the sequences a handler script wrote, one a line.
@@ -35,7 +36,7 @@ func seqSet(t *testing.T, path string) map[uint64]int {
 // consumerInfo reads a consumer's info from the server.
 func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
 	t.Helper()
-	c, err := js.Consumer(e2eContext(t), stream, name)
+	c, err := js.Consumer(natstest.Context(t), stream, name)
 	if err != nil {
 		t.Fatalf("consumer %s/%s: %v", stream, name, err)
 	}
@@ -90,7 +91,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	t.Cleanup(stopPublishing)
 
 	// Under load: a backlog and workers busy with it.
-	e2eCheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
 		if n := len(e2eLines(t, outA)); n < 100 || published.Load() < 800 {
 			return fmt.Errorf("%d published, %d handled", published.Load(), n)
 		}
@@ -105,7 +106,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	during := published.Load() - before
 	// A goes on handling and acking past the snapshot point.
 	handledAtBackup := len(e2eLines(t, outA))
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := len(e2eLines(t, outA)); n < handledAtBackup+10 {
 			return fmt.Errorf("A handled %d messages since the backup", n-handledAtBackup)
 		}
@@ -186,12 +187,12 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	if err := os.WriteFile(goFile, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ack, err := jsB.Publish(e2eContext(t), "orders.created", []byte(`{"id":"after-restore"}`))
+	ack, err := jsB.Publish(natstest.Context(t), "orders.created", []byte(`{"id":"after-restore"}`))
 	if err != nil || ack.Sequence != orders.LastSeq+1 {
 		t.Fatalf("publish after the restore: %v, %+v (want seq %d)", err, ack, orders.LastSeq+1)
 	}
 	last := orders.LastSeq + 1
-	e2eCheckFor(t, 120*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 120*time.Second, 100*time.Millisecond, func() error {
 		got := seqSet(t, outB)
 		for seq := worker.AckFloor + 1; seq <= last; seq++ {
 			if got[seq] == 0 {
@@ -249,7 +250,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	}
 	e2ePublishAcked(t, js, 50, 10) // ORDERS now ends at 60, the backup at 50
 	created := func() time.Time {
-		s, err := js.Stream(e2eContext(t), "ORDERS")
+		s, err := js.Stream(natstest.Context(t), "ORDERS")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -383,7 +384,7 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 		}
 		return fi.Size()
 	}
-	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 		if size() == 0 {
 			return fmt.Errorf("nothing drawn after %d updates", calls.Load())
 		}
@@ -391,7 +392,7 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 	})
 	bar.done()
 	drawn, after := size(), calls.Load()
-	e2eCheckFor(t, 10*time.Second, time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 		if n := calls.Load() - after; n < 1000 {
 			return fmt.Errorf("%d updates after done()", n)
 		}

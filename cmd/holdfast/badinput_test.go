@@ -18,6 +18,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // Hostile and broken input at holdfast's edges, against the running
@@ -126,12 +128,12 @@ esac
 	}))
 	defer web.Close()
 
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	in := &e2eInstance{port: port, cfg: badInputConfig(t, port, script, web.URL)}
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	nc, js := e2eConnect(t, in)
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 
 	publish := func(subject, data string, h nats.Header) error {
@@ -145,7 +147,7 @@ esac
 	deadLetter := func(stream, data string) string {
 		t.Helper()
 		var reason string
-		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 			for _, dl := range e2eDeadLetters(t, js, stream) {
 				if string(dl.Data) == data {
 					reason = dl.Error
@@ -204,7 +206,7 @@ esac
 		// server stores it literally (NATS behaviour), and it is processed
 		// like any other message.
 		if err := publish("orders.*", "wildcard-subject", nil); err == nil {
-			e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+			natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 				if !strings.Contains(strings.Join(e2eLines(t, done), "\n"), "wildcard-subject") {
 					return errors.New("message on a wildcard subject not processed")
 				}
@@ -236,7 +238,7 @@ esac
 		if err := publish("orders.created", "ctl-header", nats.Header{"X-Ctl": []string{"a\x01\x1b[31m\x7fb\tc"}}); err != nil {
 			t.Fatal(err)
 		}
-		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 			if !strings.Contains(strings.Join(e2eLines(t, done), "\n"), "ctl-header") {
 				return errors.New("not processed")
 			}
@@ -262,7 +264,7 @@ esac
 		if err := publish("hooks.x", "big-header", big); err != nil {
 			t.Fatal(err)
 		}
-		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 			if !strings.Contains(strings.Join(e2eLines(t, done), "\n"), "big-header") {
 				return errors.New("exec handler did not process the message with a 60 KiB header")
 			}
@@ -303,7 +305,7 @@ esac
 		}
 		// The header HTTP cannot carry is left out (and logged); the
 		// message is delivered.
-		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 			c, err := js.Consumer(ctx, "HOOKS", "WEB")
 			if err != nil {
 				return err
@@ -366,7 +368,7 @@ func TestBadConfigFiles(t *testing.T) {
 			if _, err := os.Stat(dir); err != nil {
 				t.Skip(err)
 			}
-			cfg := e2eWriteConfig(t, e2eConfigTOML(dir, e2eFreePort(t), ""))
+			cfg := e2eWriteConfig(t, e2eConfigTOML(dir, natstest.FreePort(t), ""))
 			res := runHoldfast(t, nil, "run", "--config", cfg)
 			if res.code == 0 || !strings.Contains(res.stderr, "Error:") || !strings.Contains(res.stderr, dir) {
 				t.Fatalf("store_dir %s: exit %d, want a refusal that names it:\n%s", dir, res.code, res.stderr)

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // The crash harness: holdfast runs with exec workers whose handler appends
@@ -69,7 +71,7 @@ func runChaosKill9(t *testing.T, groupCommit bool) {
 	cycles := durEnvInt("HOLDFAST_CHAOS_CYCLES", 6)
 	dir := durTempDir(t, "chaos")
 	processedFile := filepath.Join(dir, "processed")
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	extra := fmt.Sprintf(`
 [consumers.WORKER1.exec]
 command = ["/bin/sh", "-c", "printf '%%s %%s\\n' \"$HOLDFAST_SEQ\" \"$HOLDFAST_MSG_ID\" >> %s"]

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestCheckAndRunRefuseValuesRunCannotSurvive: values that `check` used to
@@ -90,7 +92,7 @@ func TestCheckRefusesStoreShapesRunRefuses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			path := e2eWriteConfig(t, e2eConfigTOML(store, e2eFreePort(t), ""))
+			path := e2eWriteConfig(t, e2eConfigTOML(store, natstest.FreePort(t), ""))
 			check := runHoldfast(t, nil, "check", "--config", path)
 			if check.code != 1 || !strings.Contains(check.stderr, "store dir "+store+": "+tt.want) || !strings.Contains(check.stderr, "move "+entry) {
 				t.Errorf("check exited %d, want 1 and %q with the fix:\n%s%s", check.code, tt.want, check.stdout, check.stderr)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // clusterNode is one holdfast of a test cluster on 127.0.0.1.
@@ -42,9 +44,9 @@ func newTestCluster(t *testing.T, n int, consumerExtra string) []*clusterNode {
 		nodes[i] = &clusterNode{
 			name:      fmt.Sprintf("n%d", i+1),
 			store:     filepath.Join(t.TempDir(), "store"),
-			port:      e2eFreePort(t),
-			routePort: e2eFreePort(t),
-			httpAddr:  fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t)),
+			port:      natstest.FreePort(t),
+			routePort: natstest.FreePort(t),
+			httpAddr:  fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)),
 		}
 		routes = append(routes, fmt.Sprintf("%q", fmt.Sprintf("nats-route://127.0.0.1:%d", nodes[i].routePort)))
 	}
@@ -99,7 +101,7 @@ func streamClusterInfo(t *testing.T, js jetstream.JetStream, name string) *jetst
 func waitReplicasCurrent(t *testing.T, js jetstream.JetStream, name string, want int) *jetstream.StreamInfo {
 	t.Helper()
 	var info *jetstream.StreamInfo
-	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() (err error) {
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() (err error) {
 		info, err = replicasCurrent(js, name, want)
 		return err
 	})
@@ -156,7 +158,7 @@ timeout = "10s"
 func waitProcessed(t *testing.T, out string, acked map[string]bool) map[string]int {
 	t.Helper()
 	var processed map[string]int
-	e2eCheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
+	natstest.CheckFor(t, 3*time.Minute, 500*time.Millisecond, func() error {
 		processed = map[string]int{}
 		for _, l := range e2eLines(t, out) {
 			processed[l]++
@@ -228,7 +230,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 		t.Fatalf("nats stream info: replicas %d, leader %q, followers %v", si.Config.Replicas, si.Cluster.Leader, si.Cluster.Replicas)
 	}
 	// holdfast status on a node shows the cluster and each stream's group.
-	e2eCheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
 		res := runHoldfast(t, nil, "status", "--config", nodes[1].cfg, "--json")
 		var out statusOutput
 		if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
@@ -281,7 +283,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 	// /metrics: the cluster as this node sees it, and who leads ORDERS.
 	info := streamClusterInfo(t, js, "ORDERS")
 	for _, nd := range nodes {
-		e2eCheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
 			resp, err := http.Get("http://" + nd.httpAddr + "/metrics")
 			if err != nil {
 				return err
@@ -442,7 +444,7 @@ func TestClusterConflictingStreamConfig(t *testing.T) {
 	_, js := e2eConnect(t, nodes[0].inst)
 	waitReplicasCurrent(t, js, "ORDERS", 3)
 	for i := range 10 {
-		if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sys/unix"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // The disk-full tests run holdfast with its store on a small ext4 file
@@ -112,7 +114,7 @@ func publishUntilFull(t *testing.T, js jetstream.JetStream, prefix string, acks 
 // storedMsgIDs reads the Nats-Msg-Id of every message in stream ORDERS.
 func storedMsgIDs(t *testing.T, js jetstream.JetStream) map[string]bool {
 	t.Helper()
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatalf("stream ORDERS: %v", err)
@@ -175,7 +177,7 @@ func requireStoreFullError(t *testing.T, err error, took time.Duration, when str
 // a restart.
 func TestDiskFull(t *testing.T) {
 	mnt := mountExt4(t, 40)
-	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
 	in.cfg = diskFullConfig(t, mnt, in.port)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
@@ -205,7 +207,7 @@ func TestDiskFull(t *testing.T) {
 	if p.exited() {
 		t.Fatalf("holdfast exited when the store filled: %v", p.state)
 	}
-	if _, err := js.AccountInfo(e2eContext(t)); err != nil {
+	if _, err := js.AccountInfo(natstest.Context(t)); err != nil {
 		t.Fatalf("JetStream does not answer with a full store: %v", err)
 	}
 	checkAllAcked(t, js, acks, "store full")
@@ -239,7 +241,7 @@ func TestDiskFull(t *testing.T) {
 	if purge.code != 0 {
 		t.Fatalf("nats stream purge: %d\n%s%s", purge.code, purge.stdout, purge.stderr)
 	}
-	e2eCheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := js.Publish(ctx, "orders.created", diskFullPayloadBytes())
@@ -290,8 +292,8 @@ func healthz(t *testing.T, addr string) (int, string) {
 // holdfast, whose start-up caps the store to what the disk holds.
 func TestDiskFilledByAnotherProgram(t *testing.T) {
 	mnt := mountExt4(t, 40)
-	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
-	addr := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
+	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	text := strings.Replace(e2eConfigTOML(in.store, in.port, ""), `max_file_store = "1GB"`, `max_file_store = "10GB"`, 1)
 	in.cfg = e2eWriteConfig(t, strings.Replace(text, "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", addr), 1))
 	ns := newNotifySocket(t)
@@ -308,7 +310,7 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 	err, took := publishUntilFull(t, js, "fill", acks)
 	t.Logf("store failed after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
 
-	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		code, body := healthz(t, addr)
 		if code != http.StatusServiceUnavailable || !strings.Contains(body, `"reason": "the store cannot be written`) ||
 			!strings.Contains(body, "no space left on device") {
@@ -316,7 +318,7 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 		}
 		return nil
 	})
-	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
 		resp, err := http.Get("http://" + addr + "/metrics")
 		if err != nil {
 			return err
@@ -328,7 +330,7 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 		}
 		return nil
 	})
-	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		if !strings.Contains(p.stderr.String(), "withholding watchdog ping") {
 			return errors.New("the watchdog ping was not withheld")
 		}
@@ -349,7 +351,7 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 	if _, err := js.Publish(ctx, "orders.created", []byte("after")); err != nil {
 		t.Fatalf("publish after the restart: %v", err)
 	}
-	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		if code, body := healthz(t, addr); code != http.StatusOK {
 			return fmt.Errorf("/healthz after the restart: %d %s", code, body)
 		}
@@ -372,13 +374,13 @@ const (
 // acknowledge publishes it cannot store.
 func TestStoreFileSystemShutDown(t *testing.T) {
 	mnt := mountExt4(t, 40)
-	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: e2eFreePort(t)}
-	addr := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))
+	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
+	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", addr), 1))
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
-	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("before")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("before")); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(mnt)
@@ -395,7 +397,7 @@ func TestStoreFileSystemShutDown(t *testing.T) {
 	}
 	cancel()
 	var last string
-	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
 		if p.exited() {
 			// Exiting with the cause named is an answer too (the store
 			// watcher's): the log must say it.

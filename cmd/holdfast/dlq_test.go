@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // Issue 12: `dlq replay` republished a dead letter to its original
@@ -57,12 +59,12 @@ shutdown_timeout = "2s"
 		m := nats.NewMsg("orders.created")
 		m.Header.Set(nats.MsgIdHdr, id)
 		m.Data = []byte(id)
-		if _, err := js.PublishMsg(e2eContext(t), m); err != nil {
+		if _, err := js.PublishMsg(natstest.Context(t), m); err != nil {
 			t.Fatal(err)
 		}
 	}
 	publish("order-7")
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -89,7 +91,7 @@ shutdown_timeout = "2s"
 	// WORKER2 (one worker, in stream order) handles a later message; it
 	// must not have been handed the replay before it.
 	publish("sentinel")
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if got := e2eLines(t, out2); len(got) < 2 {
 			return fmt.Errorf("WORKER2 handled %q", got)
 		}

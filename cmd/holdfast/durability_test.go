@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // Helpers shared by the power-loss and crash harnesses: a config with
@@ -284,7 +286,7 @@ func waitDrained(t *testing.T, url string, timeout time.Duration) jetstream.Cons
 	defer nc.Close()
 	js, _ := jetstream.New(nc)
 	var info *jetstream.ConsumerInfo
-	e2eCheckFor(t, timeout, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, timeout, 100*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c, err := js.Consumer(ctx, "ORDERS", "WORKER1")

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 func TestVersionPrintsNATSServerVersion(t *testing.T) {
@@ -130,7 +132,7 @@ ack_wait = "soon"
 
 func TestRunWithBadConfigIsUsageError(t *testing.T) {
 	t.Parallel()
-	path := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), e2eFreePort(t), `max_deliver = 0
+	path := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), natstest.FreePort(t), `max_deliver = 0
 `))
 	res := runHoldfast(t, nil, "run", "--config", path)
 	if res.code != 2 {
@@ -141,7 +143,7 @@ func TestRunWithBadConfigIsUsageError(t *testing.T) {
 	}
 
 	// An unknown key is a config error too.
-	path = e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), e2eFreePort(t), `max_delivery = 3
+	path = e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), natstest.FreePort(t), `max_delivery = 3
 `))
 	res = runHoldfast(t, nil, "run", "--config", path)
 	if res.code != 2 || !strings.Contains(res.stderr, "Error:") || !strings.Contains(res.stderr, "max_delivery") {
@@ -190,12 +192,12 @@ func TestDurabilityAcrossRestarts(t *testing.T) {
 		t.Fatalf("after kill -9 and restart ORDERS has %d messages (seq %d..%d), want %d (1..%d)", st.Msgs, st.FirstSeq, st.LastSeq, 2*n, 2*n)
 	}
 	// Spot-check content: the first and the last acked message.
-	s, err := js.Stream(e2eContext(t), "ORDERS")
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, seq := range []uint64{1, 2 * n} {
-		m, err := s.GetMsg(e2eContext(t), seq)
+		m, err := s.GetMsg(natstest.Context(t), seq)
 		if err != nil {
 			t.Fatalf("get message %d: %v", seq, err)
 		}
@@ -210,7 +212,7 @@ func TestDurabilityAcrossRestarts(t *testing.T) {
 // waits for each PubAck.
 func e2ePublishAcked(t *testing.T, js jetstream.JetStream, from, count int) {
 	t.Helper()
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	for i := from; i < from+count; i++ {
 		ack, err := js.Publish(ctx, "orders.created", fmt.Appendf(nil, `{"id":"%d"}`, i))
 		if err != nil {
@@ -229,7 +231,7 @@ func TestSecondInstanceOnSameStoreIsRefused(t *testing.T) {
 	first.waitReady()
 
 	// Same store, another port: only the store can be the problem.
-	other := e2eWriteConfig(t, e2eConfigTOML(in.store, e2eFreePort(t), ""))
+	other := e2eWriteConfig(t, e2eConfigTOML(in.store, natstest.FreePort(t), ""))
 	res := runHoldfast(t, nil, "run", "--config", other)
 	if res.code != 1 {
 		t.Errorf("second holdfast on the same store exited %d, want 1", res.code)
@@ -301,17 +303,17 @@ func TestNATSCLI(t *testing.T) {
 	nats("pub", "orders.created", `{"id":"123"}`)
 	_, js := e2eConnect(t, in)
 	// A plain (core) publish: the stream stores it asynchronously.
-	e2eCheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 1 {
 			return fmt.Errorf("ORDERS has %d messages, want 1", got)
 		}
 		return nil
 	})
-	s, err := js.Stream(e2eContext(t), "ORDERS")
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := s.GetLastMsgForSubject(e2eContext(t), "orders.created")
+	m, err := s.GetLastMsgForSubject(natstest.Context(t), "orders.created")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // gcPublish publishes n messages on conns publishers with PublishAsync and
@@ -78,7 +80,7 @@ type gcAck struct {
 // exactly want messages.
 func gcCheckStored(t *testing.T, js jetstream.JetStream, acks [][]gcAck, want uint64) {
 	t.Helper()
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
@@ -180,7 +182,7 @@ func TestGroupCommitReload(t *testing.T) {
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js := e2eConnect(t, in)
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	subjects := func() string {
 		t.Helper()
 		s, err := js.Stream(ctx, "ORDERS")

@@ -17,6 +17,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // leafNode is one holdfast of an edge/hub test on 127.0.0.1.
@@ -33,8 +35,8 @@ type leafNode struct {
 // window; no per-edge configuration.
 func newLeafHub(t *testing.T, duplicateWindow, extra string) *leafNode {
 	t.Helper()
-	n := &leafNode{name: "hub", leafPort: e2eFreePort(t), httpAddr: fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))}
-	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	n := &leafNode{name: "hub", leafPort: natstest.FreePort(t), httpAddr: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}
+	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: natstest.FreePort(t)}
 	n.inst.cfg = e2eWriteConfig(t, fmt.Sprintf(`[server]
 name = "hub"
 host = "127.0.0.1"
@@ -66,8 +68,8 @@ duplicate_window = %q
 // remote at hubAddr (the hub's leafnode port, or a proxy in front of it).
 func newLeafEdge(t *testing.T, name, hubAddr, extra string) *leafNode {
 	t.Helper()
-	n := &leafNode{name: name, httpAddr: fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))}
-	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	n := &leafNode{name: name, httpAddr: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}
+	n.inst = &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: natstest.FreePort(t)}
 	n.inst.cfg = e2eWriteConfig(t, fmt.Sprintf(`[server]
 name = %q
 host = "127.0.0.1"
@@ -118,7 +120,7 @@ func (n *leafNode) get(t *testing.T, path string) string {
 // acknowledged, and fails the test on a publish error or a missing PubAck.
 func leafPublish(t *testing.T, js jetstream.JetStream, first, count int) {
 	t.Helper()
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	var futures []jetstream.PubAckFuture
 	for i := first; i < first+count; i++ {
 		subj := "orders.created"
@@ -164,7 +166,7 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 // the order the hub stored them.
 func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) (map[string]map[uint64]int, map[string][]uint64) {
 	t.Helper()
-	e2eCheckFor(t, within, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, within, 100*time.Millisecond, func() error {
 		if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
 			return fmt.Errorf("hub EDGE holds %d messages, want %d", n, want)
 		}
@@ -178,7 +180,7 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 	// for the meta group: try again with short timeouts (the consumer
 	// makes its own contexts later).
 	var c jetstream.Consumer
-	e2eCheckFor(t, within, 200*time.Millisecond, func() (err error) {
+	natstest.CheckFor(t, within, 200*time.Millisecond, func() (err error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		c, err = js.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
@@ -291,7 +293,7 @@ func TestLeafEdgesToHub(t *testing.T) {
 			leafPublish(t, js, 0, perEdge/2)
 			if i == 0 {
 				// Too large for the hub: dead-lettered on the edge.
-				if _, err := js.Publish(e2eContext(t), "orders.big", make([]byte, 4096)); err != nil {
+				if _, err := js.Publish(natstest.Context(t), "orders.big", make([]byte, 4096)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -339,11 +341,11 @@ func TestLeafEdgesToHub(t *testing.T) {
 		}
 	}
 	js1 := leafConnect(t, e1, "app")
-	dl, err := js1.Stream(e2eContext(t), "ORDERS_DLQ")
+	dl, err := js1.Stream(natstest.Context(t), "ORDERS_DLQ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := dl.GetLastMsgForSubject(e2eContext(t), "dlq.FORWARD.orders.big")
+	m, err := dl.GetLastMsgForSubject(natstest.Context(t), "dlq.FORWARD.orders.big")
 	if err != nil {
 		t.Fatalf("no dead letter for the oversized message: %v", err)
 	}
@@ -431,7 +433,7 @@ func TestLeafHubOutages(t *testing.T) {
 
 	// 1. The link is cut; the edge keeps taking messages.
 	proxy.Cut()
-	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
 		if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_leafnode_connected{remote="nats-leaf://`+proxy.addr()+`"} 0`) {
 			return fmt.Errorf("link still up:\n%s", grepLines(m, "holdfast_leafnode_connected"))
 		}
@@ -439,7 +441,7 @@ func TestLeafHubOutages(t *testing.T) {
 	})
 	backlog := leafBacklog(t)
 	leafPublish(t, ejs, 500, backlog)
-	e2eCheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
 		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, "unreachable for") {
 			return fmt.Errorf("healthz: %s", h)
 		}
@@ -452,7 +454,7 @@ func TestLeafHubOutages(t *testing.T) {
 	proxy.Heal()
 	hubCounts(t, hjs, uint64(500+backlog), 120*time.Second)
 	t.Logf("catch-up after the cut: %d messages in %s (%.0f msg/s, reconnect included)", backlog, time.Since(healed).Round(time.Millisecond), float64(backlog)/time.Since(healed).Seconds())
-	e2eCheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
 		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
 			return fmt.Errorf("healthz after healing: %s", h)
 		}
@@ -462,7 +464,7 @@ func TestLeafHubOutages(t *testing.T) {
 	// 2. kill -9 of the hub in the middle of forwarding, publishing on.
 	sent := 500 + backlog
 	leafPublish(t, ejs, sent, 2000)
-	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
 		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < uint64(sent+100) {
 			return fmt.Errorf("hub holds %d", n)
 		}
@@ -480,7 +482,7 @@ func TestLeafHubOutages(t *testing.T) {
 	// 3. kill -9 of the edge in the middle of forwarding; it restarts on
 	// its store and goes on where the hub's PubAcks left it.
 	leafPublish(t, ejs, sent, 1000)
-	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
 		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < uint64(sent+100) {
 			return fmt.Errorf("hub holds %d", n)
 		}
@@ -558,7 +560,7 @@ func TestLeafSourcesFromHub(t *testing.T) {
 	e1.start(t)
 	e2.start(t)
 	_, hjs := e2eConnect(t, hub.inst)
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	for i := range 2 {
 		if _, err := hjs.Publish(ctx, "cmd.reboot", []byte(strconv.Itoa(i))); err != nil {
 			t.Fatal(err)
@@ -566,7 +568,7 @@ func TestLeafSourcesFromHub(t *testing.T) {
 	}
 	for _, e := range []*leafNode{e1, e2} {
 		_, js := e2eConnect(t, e.inst)
-		e2eCheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
 			if n := e2eStreamState(t, js, "CMDS").Msgs; n != 2 {
 				return fmt.Errorf("%s CMDS holds %d, want the hub's 2 commands", e.name, n)
 			}
@@ -578,13 +580,13 @@ func TestLeafSourcesFromHub(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, js1 := e2eConnect(t, e1.inst)
-	e2eCheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
 		if n := e2eStreamState(t, js1, "CMDS").Msgs; n != 3 {
 			return fmt.Errorf("edge1 CMDS holds %d, want 3", n)
 		}
 		return nil
 	})
-	e2eCheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
 		if h := e2.get(t, "/healthz"); !strings.Contains(h, "source COMMANDS@$JS.hub.API is stalled") {
 			return fmt.Errorf("edge2 healthz: %s\n%s", h, grepLines(e2.get(t, "/metrics"), "holdfast_stream_source"))
 		}
@@ -611,7 +613,7 @@ func TestLeafHubCluster(t *testing.T) {
 	nodes := newTestCluster(t, 3, "")
 	leafPorts := make([]int, len(nodes))
 	for i, nd := range nodes {
-		leafPorts[i] = e2eFreePort(t)
+		leafPorts[i] = natstest.FreePort(t)
 		text := strings.Replace(readFile(t, nd.cfg), "[jetstream]\n", "[jetstream]\ndomain = \"hub\"\n", 1)
 		text += fmt.Sprintf("\n[leafnodes]\nlisten = \"127.0.0.1:%d\"\n\n[streams.EDGE]\nsubjects = [\"edge.>\"]\nduplicate_window = \"10m\"\n", leafPorts[i])
 		nd.cfg = e2eWriteConfig(t, text)
@@ -624,7 +626,7 @@ func TestLeafHubCluster(t *testing.T) {
 	_, hjs := e2eConnect(t, nodes[1].inst)
 
 	leafPublish(t, ejs, 0, 1500)
-	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
 		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 300 {
 			return fmt.Errorf("hub holds %d", n)
 		}
@@ -635,7 +637,7 @@ func TestLeafHubCluster(t *testing.T) {
 	leafPublish(t, ejs, 1500, 500)
 	// The stream's API may not answer while its Raft group elects a
 	// leader: ask with short timeouts until all are there.
-	e2eCheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
+	natstest.CheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		s, err := hjs.Stream(ctx, "EDGE")
@@ -660,7 +662,7 @@ func TestLeafHubCluster(t *testing.T) {
 // (status and health read the same list) — instead of leaving it
 // registered beside the new workers.
 func TestLeafReloadForwardToLog(t *testing.T) {
-	hub := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t)) // nobody listens: the hub is down
+	hub := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)) // nobody listens: the hub is down
 	edge := newLeafEdge(t, "edge1", hub, "")
 	edge.start(t)
 	defer edge.proc.stop()

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // Binaries built once by TestMain for the end-to-end tests.
@@ -94,35 +95,6 @@ func e2eEnv() []string {
 	return append(env, "HOME="+e2eHome, "XDG_CONFIG_HOME="+filepath.Join(e2eHome, ".config"))
 }
 
-// e2eBuffer is a bytes.Buffer safe for a writer goroutine and readers.
-type e2eBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *e2eBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *e2eBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// e2eFreePort returns a TCP port on 127.0.0.1 that was free a moment ago.
-func e2eFreePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
 // e2eConfigTOML is a config for one holdfast on port with its store in
 // store: the seed's ORDERS and WORKER1, without workers (nothing consumes)
 // and without the HTTP listener. extra is appended verbatim.
@@ -169,7 +141,7 @@ type e2eInstance struct {
 
 func newE2EInstance(t *testing.T) *e2eInstance {
 	t.Helper()
-	in := &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: e2eFreePort(t)}
+	in := &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: natstest.FreePort(t)}
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, ""))
 	return in
 }
@@ -222,7 +194,7 @@ func e2eRunBinary(t *testing.T, bin string, env []string, stdin []byte, args ...
 type e2eProc struct {
 	t      *testing.T
 	cmd    *exec.Cmd
-	stderr *e2eBuffer
+	stderr *natstest.Buffer
 	done   chan struct{}
 	state  *os.ProcessState
 }
@@ -242,7 +214,7 @@ func startHoldfastEnv(t *testing.T, cfg string, env ...string) *e2eProc {
 	cmd := exec.Command(holdfastBin, "run", "--config", cfg)
 	cmd.Env = append(e2eEnv(), env...)
 	cmd.Dir = t.TempDir()
-	d := &e2eProc{t: t, cmd: cmd, stderr: &e2eBuffer{}, done: make(chan struct{})}
+	d := &e2eProc{t: t, cmd: cmd, stderr: &natstest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout = d.stderr
 	cmd.Stderr = d.stderr
 	if err := cmd.Start(); err != nil {
@@ -344,37 +316,16 @@ func e2eConnect(t *testing.T, in *e2eInstance) (*nats.Conn, jetstream.JetStream)
 	return nc, js
 }
 
-func e2eContext(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // e2eStreamState reads a stream's state from the server.
 func e2eStreamState(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamState {
 	t.Helper()
-	s, err := js.Stream(e2eContext(t), name)
+	s, err := js.Stream(natstest.Context(t), name)
 	if err != nil {
 		t.Fatalf("stream %s: %v", name, err)
 	}
-	info, err := s.Info(e2eContext(t))
+	info, err := s.Info(natstest.Context(t))
 	if err != nil {
 		t.Fatalf("stream %s info: %v", name, err)
 	}
 	return info.State
-}
-
-// e2eCheckFor calls f until it returns nil or total has passed.
-func e2eCheckFor(t *testing.T, total, sleep time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = f(); err == nil {
-			return
-		}
-		time.Sleep(sleep)
-	}
-	t.Fatalf("condition not met after %s: %v", total, err)
 }

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // notifySocket is a real unix datagram socket standing in for systemd's
@@ -72,7 +74,7 @@ func (ns *notifySocket) index(line string, from int) int {
 func (ns *notifySocket) waitFor(t *testing.T, line string, from int) int {
 	t.Helper()
 	var at int
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if at = ns.index(line, from); at < 0 {
 			return fmt.Errorf("no %q after message %d in %q", line, from, ns.lines())
 		}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // tcpProxy forwards connections to target until Cut, which closes them
@@ -197,7 +199,7 @@ func TestClusterPartition(t *testing.T) {
 	}
 	t.Logf("the majority acknowledged 100 publishes within %s of the cut", time.Since(cutAt).Round(time.Millisecond))
 	// The minority refuses: an error, never a PubAck.
-	e2eCheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		if _, err := minority.Publish(ctx, "orders.created", []byte("minority"), jetstream.WithMsgID("minority")); err == nil {
@@ -215,7 +217,7 @@ func TestClusterPartition(t *testing.T) {
 		}
 		cancel()
 	}
-	e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
 		resp, err := http.Get("http://" + nodes[2].httpAddr + "/healthz")
 		if err != nil {
 			return err
@@ -263,7 +265,7 @@ func TestClusterPartition(t *testing.T) {
 	}
 	if behind != nil {
 		t.Logf("after healing: %v for %s (upstream catch-up loop): checking the node's health, then restarting it", behind, time.Since(healed).Round(time.Second))
-		e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
 			resp, err := http.Get("http://" + nodes[2].httpAddr + "/healthz")
 			if err != nil {
 				return err
@@ -281,7 +283,7 @@ func TestClusterPartition(t *testing.T) {
 		minority = conn(nodes[2])
 	}
 	waitReplicasCurrent(t, majority, "ORDERS", 3)
-	e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		s, err := minority.Stream(ctx, "ORDERS")

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -48,7 +49,7 @@ func e2eLines(t *testing.T, path string) []string {
 func e2eDeadLetters(t *testing.T, js jetstream.JetStream, stream string) []pipeline.DeadLetter {
 	t.Helper()
 	var out []pipeline.DeadLetter
-	if err := pipeline.ListDeadLetters(e2eContext(t), js, stream, "", func(dl pipeline.DeadLetter) error {
+	if err := pipeline.ListDeadLetters(natstest.Context(t), js, stream, "", func(dl pipeline.DeadLetter) error {
 		out = append(out, dl)
 		return nil
 	}); err != nil {
@@ -114,7 +115,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 		t.Fatalf("stream holds %d messages, want %d", st.Msgs, total)
 	}
 	// Kill it in the middle of the work.
-	e2eCheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
 		if n := len(e2eLines(t, out)); n < total/4 {
 			return fmt.Errorf("%d processed", n)
 		}
@@ -132,7 +133,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 	}
 	var processed map[string]int
 	var dead map[string]int
-	e2eCheckFor(t, 120*time.Second, 200*time.Millisecond, func() error {
+	natstest.CheckFor(t, 120*time.Second, 200*time.Millisecond, func() error {
 		processed = map[string]int{}
 		for _, l := range e2eLines(t, out) {
 			processed[strings.Fields(l)[0]]++
@@ -190,11 +191,11 @@ echo "done $id $HOLDFAST_DELIVERY" >> %[1]q
 	p.waitReady()
 	_, js := e2eConnect(t, in)
 	for _, id := range []string{"slow1", "slow2", "stuck"} {
-		if _, err := js.Publish(e2eContext(t), "orders.created", []byte(id)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if n := len(e2eLines(t, log)); n < 3 {
 			return fmt.Errorf("%d handlers started", n)
 		}
@@ -216,7 +217,7 @@ echo "done $id $HOLDFAST_DELIVERY" >> %[1]q
 
 	p = startHoldfast(t, in.cfg)
 	p.waitReady()
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if !strings.Contains(strings.Join(e2eLines(t, log), "\n"), "done stuck 2") {
 			return fmt.Errorf("stuck message not reprocessed")
 		}
@@ -250,11 +251,11 @@ echo "$id $HOLDFAST_HEADER_HOLDFAST_REPLAYED_FROM" >> %q
 	p.waitReady()
 	_, js := e2eConnect(t, in)
 	for _, id := range []string{"a", "b", "c"} {
-		if _, err := js.Publish(e2eContext(t), "orders.created", []byte(id)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); n != 3 {
 			return fmt.Errorf("%d dead letters", n)
 		}
@@ -275,7 +276,7 @@ echo "$id $HOLDFAST_HEADER_HOLDFAST_REPLAYED_FROM" >> %q
 	if all.code != 0 || !strings.Contains(all.stdout, "replayed 2 of 2") {
 		t.Fatalf("dlq replay --all: %d\n%s%s", all.code, all.stdout, all.stderr)
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := len(e2eLines(t, out)); n != 3 {
 			return fmt.Errorf("%d processed after replay", n)
 		}

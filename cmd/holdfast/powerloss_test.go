@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/lazyfs"
 )
 
@@ -58,7 +59,7 @@ func runPowerLoss(t *testing.T, syncSetting string, groupCommit bool, cycles int
 	t.Helper()
 	lfs := lazyMount(t)
 	t.Cleanup(func() { _ = lfs.Unmount() })
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	cfgPath := e2eWriteConfig(t, durConfig{
 		store: filepath.Join(lfs.Mountpoint, "store"), port: port, sync: syncSetting, workers: 2, groupCommit: groupCommit,
 	}.toml())

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // `nats stream rm ORDERS` while holdfast runs: holdfast creates the stream
@@ -20,7 +22,7 @@ func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "handled")
 	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_SEQ\" >> %s\n", out))
 	e2ePipelineConfig(t, in, script, "")
-	httpPort := e2eFreePort(t)
+	httpPort := natstest.FreePort(t)
 	cfg := e2eWriteConfig(t, strings.Replace(string(must(os.ReadFile(in.cfg))), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = \"127.0.0.1:%d\"", httpPort), 1))
 	d := startHoldfast(t, cfg)
 	d.waitReady()
@@ -34,16 +36,16 @@ func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
 		}
 	}
 	e2ePublishAcked(t, js, 0, 1)
-	e2eCheckFor(t, 20*time.Second, 50*time.Millisecond, handled(1))
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, handled(1))
 
-	if err := js.DeleteStream(e2eContext(t), "ORDERS"); err != nil {
+	if err := js.DeleteStream(natstest.Context(t), "ORDERS"); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
-		if _, err := js.Stream(e2eContext(t), "ORDERS"); err != nil {
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if _, err := js.Stream(natstest.Context(t), "ORDERS"); err != nil {
 			return fmt.Errorf("stream ORDERS: %v", err)
 		}
-		if _, err := js.Consumer(e2eContext(t), "ORDERS", "WORKER1"); err != nil {
+		if _, err := js.Consumer(natstest.Context(t), "ORDERS", "WORKER1"); err != nil {
 			return fmt.Errorf("consumer WORKER1: %v", err)
 		}
 		// The error line follows the creation (it names what was created).
@@ -53,9 +55,9 @@ func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
 		return nil
 	})
 	e2ePublishAcked(t, js, 0, 2) // the new stream starts at sequence 1
-	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, handled(3))
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, handled(3))
 
-	e2eCheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
 		resp, err := http.Get(fmt.Sprintf("http://127.0.0.1:%d/metrics", httpPort))
 		if err != nil {
 			return err

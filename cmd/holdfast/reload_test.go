@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestReloadOnSIGHUP: SIGHUP applies a new handler and stream limit at
@@ -33,13 +35,13 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	publish := func(id string) {
 		t.Helper()
-		if _, err := js.Publish(e2eContext(t), "orders.created", []byte(id)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(id)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitLine := func(line string) {
 		t.Helper()
-		e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 			if !strings.Contains(strings.Join(e2eLines(t, out), "\n"), line) {
 				return fmt.Errorf("no %q yet", line)
 			}
@@ -48,7 +50,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 	}
 	waitLog := func(text string) {
 		t.Helper()
-		e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 			if !strings.Contains(p.stderr.String(), text) {
 				return fmt.Errorf("no %q in the log yet", text)
 			}
@@ -106,11 +108,11 @@ func TestStopNotLostBehindReloads(t *testing.T) {
 	p.waitReady()
 	_, js := e2eConnect(t, in)
 	for i := range 4 {
-		if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "m%d", i)); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "m%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if n := len(e2eLines(t, started)); n < 4 {
 			return fmt.Errorf("%d handlers started", n)
 		}
@@ -126,7 +128,7 @@ func TestStopNotLostBehindReloads(t *testing.T) {
 		}
 	}
 	send(syscall.SIGHUP)
-	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if !strings.Contains(p.stderr.String(), "reload: draining") {
 			return fmt.Errorf("the reload is not draining the old workers yet")
 		}
@@ -157,10 +159,10 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
-	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("x")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if len(e2eLines(t, started)) == 0 {
 			return fmt.Errorf("handler not started")
 		}
@@ -169,7 +171,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
 		if !strings.Contains(p.stderr.String(), "shutting down") {
 			return fmt.Errorf("not shutting down yet")
 		}
@@ -208,13 +210,13 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "consumers.WORKER1.stream (ORDERS -> OTHER)") {
 		t.Fatalf("the reload does not say that moving WORKER1 needs a restart:\n%s", p.stderr.String())
 	}
-	if _, err := js.Consumer(e2eContext(t), "OTHER", "WORKER1"); err == nil {
+	if _, err := js.Consumer(natstest.Context(t), "OTHER", "WORKER1"); err == nil {
 		t.Fatal("the reload created WORKER1 on OTHER, half-applying the move")
 	}
-	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("one")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("one")); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if !slices.Contains(e2eLines(t, out), "ORDERS one") {
 			return fmt.Errorf("ORDERS message not processed until the restart")
 		}
@@ -225,10 +227,10 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	p = startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js = e2eConnect(t, in)
-	if _, err := js.Publish(e2eContext(t), "other.created", []byte("two")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "other.created", []byte("two")); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if !slices.Contains(e2eLines(t, out), "OTHER two") {
 			return fmt.Errorf("OTHER message not processed after the restart: %v", e2eLines(t, out))
 		}
@@ -260,14 +262,14 @@ func TestReloadCountersCarryOnThroughZeroWorkers(t *testing.T) {
 	publishN := func(n int) {
 		t.Helper()
 		for i := range n {
-			if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
 				t.Fatal(err)
 			}
 		}
 	}
 	waitProcessed := func(want uint64) {
 		t.Helper()
-		e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 			if n := processed(); n != want {
 				return fmt.Errorf("processed %d, want %d", n, want)
 			}
@@ -312,7 +314,7 @@ func (d *e2eProc) reloadWith(path, text string) {
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		d.t.Fatal(err)
 	}
-	e2eCheckFor(d.t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(d.t, 30*time.Second, 20*time.Millisecond, func() error {
 		if strings.Count(d.stderr.String(), "reload done") == before {
 			return fmt.Errorf("reload not done")
 		}
@@ -342,17 +344,17 @@ func TestReloadPrefetchRestartsWorkers(t *testing.T) {
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if s := p.stderr.String(); !strings.Contains(s, "reload: workers restarted") || !strings.Contains(s, "prefetch=32") {
 			return errors.New("workers not restarted with prefetch 32 yet")
 		}
 		return nil
 	})
 	_, js := e2eConnect(t, in)
-	if _, err := js.Publish(e2eContext(t), "orders.created", []byte("after-reload")); err != nil {
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after-reload")); err != nil {
 		t.Fatal(err)
 	}
-	e2eCheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if !slices.Contains(e2eLines(t, out), "after-reload") {
 			return errors.New("message not processed after the reload")
 		}

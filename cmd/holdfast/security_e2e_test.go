@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
 
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
@@ -84,7 +85,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	hashPassword(t, filepath.Join(etc, "ops.hash"), "ops-password-456")
 
 	store := filepath.Join(t.TempDir(), "store")
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	text := secureEdgeExample(t)
 	text = strings.ReplaceAll(text, "/etc/holdfast/tls/server.pem", certs.ServerCert)
 	text = strings.ReplaceAll(text, "/etc/holdfast/tls/server-key.pem", certs.ServerKey)
@@ -124,7 +125,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	}
 	defer app.Close()
 	appJS, _ := jetstream.New(app)
-	ctx := e2eContext(t)
+	ctx := natstest.Context(t)
 	const canary = "EDGE-CANARY-PAYLOAD"
 	for i := range 20 {
 		if _, err := appJS.Publish(ctx, "orders.created", []byte(fmt.Sprintf("%s-%02d", canary, i))); err != nil {
@@ -149,7 +150,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	defer ops.Close()
 	opsJS, _ := jetstream.New(ops)
 	// The in-process workers process everything the app stored.
-	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
 		c, err := opsJS.Consumer(ctx, "ORDERS", "WORKER1")
 		if err != nil {
 			return err
@@ -226,7 +227,7 @@ func TestSecureEdgeExample(t *testing.T) {
 func TestAnonymousNetworkListener(t *testing.T) {
 	t.Parallel()
 	store := filepath.Join(t.TempDir(), "store")
-	port := e2eFreePort(t)
+	port := natstest.FreePort(t)
 	refused := strings.Replace(e2eConfigTOML(store, port, ""), `host = "127.0.0.1"`, `host = "0.0.0.0"`, 1)
 	path := e2eWriteConfig(t, refused)
 	for _, cmd := range []string{"check", "run"} {

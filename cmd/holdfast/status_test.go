@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/holdfast-io/holdfast/daemon"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -40,7 +41,7 @@ type opsInstance struct {
 func newOpsInstance(t *testing.T, httpExtra, streamExtra, consumerExtra, tail string) *opsInstance {
 	t.Helper()
 	in := newE2EInstance(t)
-	o := &opsInstance{e2eInstance: in, http: fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t))}
+	o := &opsInstance{e2eInstance: in, http: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}
 	text := e2eConfigTOML(in.store, in.port, "")
 	text = strings.Replace(text, "listen = \"\"\n", fmt.Sprintf("listen = %q\n%s\n", o.http, httpExtra), 1)
 	text = strings.Replace(text, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\n"+streamExtra+"\n", 1)
@@ -172,12 +173,12 @@ func TestRetentionLossReportedEverywhere(t *testing.T) {
 	}
 	_, js := e2eConnect(t, o.e2eInstance)
 	for i := 0; i < 25; i++ {
-		if _, err := js.Publish(e2eContext(t), "orders.created", []byte(fmt.Sprintf("m-%d", i))); err != nil {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(fmt.Sprintf("m-%d", i))); err != nil {
 			t.Fatal(err)
 		}
 	}
 
-	e2eCheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		code, h := o.health(t)
 		if code != http.StatusServiceUnavailable || h.Status != "degraded" || h.LostToRetention["ORDERS/WORKER1"] != 15 {
 			return fmt.Errorf("/healthz = %d %+v, want 503 degraded with 15 lost", code, h)
@@ -291,7 +292,7 @@ command = [%q]
 
 	_, js := e2eConnect(t, o.e2eInstance)
 	for _, subj := range []string{"orders.ok", "orders.ok", "orders.ok", "orders.fail", "orders.bad"} {
-		if _, err := js.Publish(e2eContext(t), subj, []byte("x")); err != nil {
+		if _, err := js.Publish(natstest.Context(t), subj, []byte("x")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -304,7 +305,7 @@ command = [%q]
 		"holdfast_consumer_pending_messages":    0,
 		"holdfast_handlers_in_flight":           0,
 	}
-	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		f := o.metrics(t)
 		var bad []string
 		for name, w := range want {
@@ -370,7 +371,7 @@ func TestHealthzConsumerDeleted(t *testing.T) {
 	}
 	// The consumer is created again, with an error line, and health is
 	// back to ok.
-	e2eCheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		if !strings.Contains(d.stderr.String(), "disappeared while running") {
 			return errors.New("no error line about the deleted consumer")
 		}
@@ -408,7 +409,7 @@ shutdown_timeout = "1s"
 	if res := runHoldfast(t, nil, "pub", "--config", o.cfg, "orders.created", "long"); res.code != 0 {
 		t.Fatal(res.stderr)
 	}
-	e2eCheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
 		_, err := os.Stat(started)
 		return err
 	})
@@ -443,12 +444,12 @@ command = [%q]
 	d.waitReady()
 	_, js := e2eConnect(t, o.e2eInstance)
 	for _, subj := range []string{"orders.created", "orders.created", "orders.bad", "orders.created"} {
-		if _, err := js.Publish(e2eContext(t), subj, []byte("payload")); err != nil {
+		if _, err := js.Publish(natstest.Context(t), subj, []byte("payload")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var out statusOutput
-	e2eCheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		var res e2eResult
 		out, res = o.status(t)
 		if res.code != 0 {
@@ -557,7 +558,7 @@ func TestPubIDStoresOnce(t *testing.T) {
 // systemd.
 func TestStatusWhenNothingRuns(t *testing.T) {
 	t.Parallel()
-	path := e2eWriteConfig(t, fmt.Sprintf("[server]\nport = %d\n\n[jetstream]\nstore_dir = %q\n\n[http]\nlisten = \"\"\n", e2eFreePort(t), t.TempDir()))
+	path := e2eWriteConfig(t, fmt.Sprintf("[server]\nport = %d\n\n[jetstream]\nstore_dir = %q\n\n[http]\nlisten = \"\"\n", natstest.FreePort(t), t.TempDir()))
 	res := runHoldfast(t, nil, "status", "--config", path, "--json")
 	var out struct {
 		Healthy bool   `json:"healthy"`

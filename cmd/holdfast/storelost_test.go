@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestStoreLostWhileRunning: a store directory deleted or replaced while
@@ -33,7 +35,7 @@ func TestStoreLostWhileRunning(t *testing.T) {
 			p.waitReady()
 			_, js := e2eConnect(t, in)
 			for i := range 10 {
-				if _, err := js.Publish(e2eContext(t), "orders.created", fmt.Appendf(nil, "m%d", i)); err != nil {
+				if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "m%d", i)); err != nil {
 					t.Fatal(err)
 				}
 			}
