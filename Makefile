@@ -102,6 +102,7 @@ BENCH_MSGS ?= 20000
 BENCH_SIZE ?= 128
 BENCH_WORKERS ?= 4
 BENCH_SYNC ?= always,2m
+BENCH_RUNS ?= 3
 
 .PHONY: bench bench-compare
 
@@ -113,7 +114,7 @@ bench: build
 ## bench-compare: stock nats-server v2.15.2 + nats bench vs holdfast bench, with ratios (writes dist/bench-compare.md)
 bench-compare:
 	@mkdir -p dist
-	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync $(BENCH_SYNC) -out dist/bench-compare.md
+	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync $(BENCH_SYNC) -runs $(BENCH_RUNS) -out dist/bench-compare.md
 
 .PHONY: bench-cluster
 

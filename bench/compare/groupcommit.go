@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -38,7 +39,7 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 		return err
 	}
 
-	fmt.Fprintf(rep, "\nGroup commit: `nats bench js pub` on the same machine, %d messages of %d bytes per figure; stock nats-server with `sync_interval: always` against holdfast with `sync = \"always\"` and `group_commit = true` (latencies in µs, from nats bench: mean p50 over the clients, largest p99):\n\n", *msgs, *size)
+	fmt.Fprintf(rep, "\nGroup commit: `nats bench js pub` on the same machine, %d messages of %d bytes per figure; stock nats-server with `sync_interval: always` against holdfast with `sync = \"always\"` and `group_commit = true` (latencies in µs, from nats bench: mean p50 over the clients, largest p99; over several runs the median p50 and the largest p99):\n\n", *msgs, *size)
 	fmt.Fprintln(rep, "| publishers | publish | stock msgs/s | group commit msgs/s | group commit/stock | stock p50 / p99 | group commit p50 / p99 |")
 	fmt.Fprintln(rep, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
 	for _, c := range strings.Split(*gc, ",") {
@@ -51,18 +52,24 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 			if kind == "async" {
 				args = append(args, "--batch", "500")
 			}
-			logf("group commit: %d publisher(s), %s: stock", clients, kind)
-			st, err := e.natsBenchResult(stock.url, "bench.csv", args...)
-			if err != nil {
-				return err
+			var p pairs
+			var sts, hfs []benchResult
+			for run := 1; run <= *runs; run++ {
+				logf("group commit: %d publisher(s), %s, run %d of %d: stock", clients, kind, run, *runs)
+				st, err := e.natsBenchResult(stock.url, "bench.csv", args...)
+				if err != nil {
+					return err
+				}
+				logf("group commit: %d publisher(s), %s, run %d of %d: holdfast", clients, kind, run, *runs)
+				hf, err := e.natsBenchResult(hold.url, "bench.csv", args...)
+				if err != nil {
+					return err
+				}
+				p.stock, p.hold = append(p.stock, st.rate), append(p.hold, hf.rate)
+				sts, hfs = append(sts, st), append(hfs, hf)
 			}
-			logf("group commit: %d publisher(s), %s: holdfast", clients, kind)
-			hf, err := e.natsBenchResult(hold.url, "bench.csv", args...)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s |\n", clients, kind, num(st.rate), num(hf.rate), ratio(hf.rate, st.rate),
-				latency(st), latency(hf))
+			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s |\n", clients, kind, rate(p.stock), rate(p.hold), p.ratio(),
+				latency(sts), latency(hfs))
 		}
 	}
 	return nil
@@ -82,11 +89,18 @@ func createBenchStream(url string) error {
 	return err
 }
 
-func latency(r benchResult) string {
-	if r.p50 == 0 {
+// latency is the runs' median p50 and largest p99.
+func latency(rs []benchResult) string {
+	var p50, p99 []float64
+	for _, r := range rs {
+		if r.p50 > 0 {
+			p50, p99 = append(p50, r.p50), append(p99, r.p99)
+		}
+	}
+	if len(p50) == 0 {
 		return "–"
 	}
-	return fmt.Sprintf("%.0f / %.0f", r.p50, r.p99)
+	return fmt.Sprintf("%.0f / %.0f", median(p50), slices.Max(p99))
 }
 
 // startGroupCommit runs `holdfast run` with benchstream on bench.data and

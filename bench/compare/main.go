@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,7 @@ var (
 	dir     = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
 	out     = flag.String("out", "", "also write the markdown report to this file")
 	idle    = flag.Duration("idle", 10*time.Second, "how long each server sits idle before its RSS is read")
+	runs    = flag.Int("runs", 1, "runs of every figure, stock and holdfast alternately; ratios are reported as the median and range over the runs")
 	gc      = flag.String("group-commit", "1,4,16", "publisher counts for the group-commit comparison (stock sync_interval: always vs holdfast group_commit); empty: skip")
 )
 
@@ -57,6 +59,9 @@ type env struct {
 }
 
 func run() error {
+	if *runs < 1 {
+		return fmt.Errorf("-runs %d: give 1 or more runs", *runs)
+	}
 	parent := *dir
 	if parent == "" {
 		parent, _ = os.Getwd()
@@ -87,6 +92,9 @@ func run() error {
 	var rep bytes.Buffer
 	fmt.Fprintf(&rep, "Measured by `make bench-compare` (%s): %d messages of %d bytes, 1 publisher, holdfast with %d workers.\n\n",
 		time.Now().UTC().Format("2006-01-02"), *msgs, *size, *workers)
+	if *runs > 1 {
+		fmt.Fprintf(&rep, "Each figure measured in %d runs, stock and holdfast alternately: msgs/s are the medians; holdfast/stock is the median of the runs' ratios, then their range and each run's ratio in order.\n\n", *runs)
+	}
 	fmt.Fprintf(&rep, "Stock: %s, nats CLI %s; both on 127.0.0.1, stores in %s.\n\n",
 		strings.TrimSpace(string(version)), strings.TrimSpace(string(natsVersion)), parent)
 	var rss, ratios bytes.Buffer
@@ -99,45 +107,43 @@ func run() error {
 	}
 	for _, mode := range modes {
 		mode = strings.TrimSpace(mode)
-		logf("sync %s: stock nats-server + nats bench", mode)
-		st, err := e.stock(mode)
-		if err != nil {
-			return fmt.Errorf("stock, sync %s: %w", mode, err)
+		f := newFigures()
+		for run := 1; run <= *runs; run++ {
+			m, err := e.measure(mode, run, f)
+			if err != nil {
+				return err
+			}
+			machine = m
 		}
-		logf("sync %s: holdfast bench", mode)
-		hf, m, err := e.holdfastBench(mode)
-		if err != nil {
-			return fmt.Errorf("holdfast bench, sync %s: %w", mode, err)
+		row := func(name string) {
+			p := f.get(name)
+			fmt.Fprintf(&rep, "| %s | %s | %s | %s | %s |\n", mode, name, rate(p.stock), rate(p.hold), p.ratio())
 		}
-		machine = m
-		row := func(name string, stock, hold float64) {
-			fmt.Fprintf(&rep, "| %s | %s | %s | %s | %s |\n", mode, name, num(stock), num(hold), ratio(hold, stock))
-		}
-		row("publish async (window 500)", st.pubAsync, hf["publish async"])
-		row("publish sync", st.pubSync, hf["publish sync"])
-		row("drain: consume, explicit ack (stock: callback, batch 500, Ack; holdfast: workers, no-op handler, acks confirmed by batch)", st.consume, hf["consume (noop)"])
-		row("drain, stock with DoubleAck", st.consumeDouble, hf["consume (noop)"])
-		row("end to end, no-op handler, holdfast bench (its own publisher in-process) vs stock js consume with js pub async at once", st.pipeline, hf["e2e noop"])
-		for _, h := range []string{"exec", "http"} {
-			if v, ok := hf["e2e "+h]; ok {
-				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, num(v))
+		for _, name := range f.order {
+			if !strings.HasPrefix(name, "rss ") && !strings.HasPrefix(name, "e2e ") {
+				row(name)
 			}
 		}
-
-		logf("sync %s: idle RSS with the same data", mode)
-		stockRSS, stockRestart, err := e.stockRSS(mode)
-		if err != nil {
-			return fmt.Errorf("stock RSS: %w", err)
+		for _, h := range []string{"exec", "http"} {
+			if p := f.get("e2e " + h); len(p.hold) > 0 {
+				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, rate(p.hold))
+			}
 		}
-		holdRSS, holdRestart, holdPipeline, err := e.holdfastRSS(mode)
-		if err != nil {
-			return fmt.Errorf("holdfast RSS: %w", err)
-		}
-		row("end to end, `holdfast run` (4 workers, log handler at warn) vs stock, both fed by nats bench js pub async", st.pipeline, holdPipeline)
 		fmt.Fprintf(&ratios, "sync %s: drain %s; end to end %s with nats bench's publisher (%s with holdfast bench's); target ≥ 1.20×\n", mode,
-			ratio(hf["consume (noop)"], st.consume), ratio(holdPipeline, st.pipeline), ratio(hf["e2e noop"], st.pipeline))
-		fmt.Fprintf(&rss, "| %s | after load | %.1f | %.1f | %+.1f |\n", mode, mib(stockRSS), mib(holdRSS), mib(holdRSS-stockRSS))
-		fmt.Fprintf(&rss, "| %s | after restart | %.1f | %.1f | %+.1f |\n", mode, mib(stockRestart), mib(holdRestart), mib(holdRestart-stockRestart))
+			f.get(figDrain).ratio(), f.get(figRun).ratio(), f.get(figE2E).ratio())
+		for _, when := range []string{"after load", "after restart"} {
+			p := f.get("rss " + when)
+			var diff []float64
+			for i := range p.stock {
+				diff = append(diff, p.hold[i]-p.stock[i])
+			}
+			spread := ""
+			if len(diff) > 1 {
+				spread = fmt.Sprintf(" (%+.1f to %+.1f)", mib(int64(slices.Min(diff))), mib(int64(slices.Max(diff))))
+			}
+			fmt.Fprintf(&rss, "| %s | %s | %.1f | %.1f | %+.1f%s |\n", mode, when, mib(int64(median(p.stock))), mib(int64(median(p.hold))),
+				mib(int64(median(diff))), spread)
+		}
 	}
 	if len(modes) > 0 {
 		fmt.Fprintf(&rep, "\nIdle RSS (MiB), each holding the same %d messages with one durable consumer that acked them all, after %s idle:\n\n", 2**msgs, *idle)
@@ -164,6 +170,52 @@ func run() error {
 		return os.WriteFile(*out, rep.Bytes(), 0o644)
 	}
 	return nil
+}
+
+// The figures of a sync mode, by the name they are printed with.
+const (
+	figDrain = "drain: consume, explicit ack (stock: callback, batch 500, Ack; holdfast: workers, no-op handler, acks confirmed by batch)"
+	figE2E   = "end to end, no-op handler, holdfast bench (its own publisher in-process) vs stock js consume with js pub async at once"
+	figRun   = "end to end, `holdfast run` (4 workers, log handler at warn) vs stock, both fed by nats bench js pub async"
+)
+
+// measure runs, for sync mode, stock and then holdfast once and adds what
+// they measured to f; it returns holdfast bench's machine line.
+func (e *env) measure(mode string, run int, f *figures) (string, error) {
+	logf("sync %s, run %d of %d: stock nats-server + nats bench", mode, run, *runs)
+	st, err := e.stock(mode)
+	if err != nil {
+		return "", fmt.Errorf("stock, sync %s: %w", mode, err)
+	}
+	logf("sync %s, run %d of %d: holdfast bench", mode, run, *runs)
+	hf, machine, err := e.holdfastBench(mode)
+	if err != nil {
+		return "", fmt.Errorf("holdfast bench, sync %s: %w", mode, err)
+	}
+	f.add("publish async (window 500)", st.pubAsync, hf["publish async"])
+	f.add("publish sync", st.pubSync, hf["publish sync"])
+	f.add(figDrain, st.consume, hf["consume (noop)"])
+	f.add("drain, stock with DoubleAck", st.consumeDouble, hf["consume (noop)"])
+	f.add(figE2E, st.pipeline, hf["e2e noop"])
+	for _, h := range []string{"exec", "http"} {
+		if v, ok := hf["e2e "+h]; ok {
+			f.add("e2e "+h, 0, v)
+		}
+	}
+
+	logf("sync %s, run %d of %d: idle RSS with the same data", mode, run, *runs)
+	stockRSS, stockRestart, err := e.stockRSS(mode)
+	if err != nil {
+		return "", fmt.Errorf("stock RSS: %w", err)
+	}
+	holdRSS, holdRestart, holdPipeline, err := e.holdfastRSS(mode)
+	if err != nil {
+		return "", fmt.Errorf("holdfast RSS: %w", err)
+	}
+	f.add(figRun, st.pipeline, holdPipeline)
+	f.add("rss after load", float64(stockRSS), float64(holdRSS))
+	f.add("rss after restart", float64(stockRestart), float64(holdRestart))
+	return machine, nil
 }
 
 func logf(format string, args ...any) {
