@@ -26,32 +26,6 @@ func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *natstest.Buffer) 
 	return s, lb
 }
 
-func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
-	t.Helper()
-	st, err := js.Stream(natstest.Context(t), name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	info, err := st.Info(natstest.Context(t))
-	if err != nil {
-		t.Fatalf("stream %s info: %v", name, err)
-	}
-	return info
-}
-
-func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
-	t.Helper()
-	c, err := js.Consumer(natstest.Context(t), stream, name)
-	if err != nil {
-		t.Fatalf("consumer %s on %s: %v", name, stream, err)
-	}
-	info, err := c.Info(natstest.Context(t))
-	if err != nil {
-		t.Fatalf("consumer %s info: %v", name, err)
-	}
-	return info
-}
-
 func publish(t *testing.T, js jetstream.JetStream, subject string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
@@ -79,7 +53,7 @@ func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
 	s, _ := bootstrapped(t, testConfig(t))
 	js := s.JetStream()
 
-	sc := streamInfo(t, js, "ORDERS").Config
+	sc := natstest.StreamInfo(t, js, "ORDERS").Config
 	if !slices.Equal(sc.Subjects, []string{"orders.*"}) {
 		t.Errorf("ORDERS subjects = %q, want [orders.*]", sc.Subjects)
 	}
@@ -105,7 +79,7 @@ func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
 		t.Errorf("ORDERS max_bytes = %d, want -1", sc.MaxBytes)
 	}
 
-	cc := consumerInfo(t, js, "ORDERS", "WORKER1").Config
+	cc := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1").Config
 	if cc.Durable != "WORKER1" {
 		t.Errorf("WORKER1 durable name = %q, want WORKER1", cc.Durable)
 	}
@@ -128,7 +102,7 @@ func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
 		t.Errorf("WORKER1 has a server-side backoff %v: it would override ack_wait", cc.BackOff)
 	}
 
-	dl := streamInfo(t, js, "ORDERS_DLQ").Config
+	dl := natstest.StreamInfo(t, js, "ORDERS_DLQ").Config
 	if !slices.Equal(dl.Subjects, []string{"dlq.WORKER1.>"}) {
 		t.Errorf("ORDERS_DLQ subjects = %q, want [dlq.WORKER1.>]", dl.Subjects)
 	}
@@ -147,9 +121,9 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 	js := s.JetStream()
 	publish(t, js, "orders.created", 3)
 
-	orders := streamInfo(t, js, "ORDERS")
-	dlq := streamInfo(t, js, "ORDERS_DLQ")
-	worker := consumerInfo(t, js, "ORDERS", "WORKER1")
+	orders := natstest.StreamInfo(t, js, "ORDERS")
+	dlq := natstest.StreamInfo(t, js, "ORDERS_DLQ")
+	worker := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
 
 	before := len(lb.String())
 	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
@@ -164,7 +138,7 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 		name   string
 		before *jetstream.StreamInfo
 	}{{"ORDERS", orders}, {"ORDERS_DLQ", dlq}} {
-		after := streamInfo(t, js, c.name)
+		after := natstest.StreamInfo(t, js, c.name)
 		if !after.Created.Equal(c.before.Created) {
 			t.Errorf("%s created %s, before %s: recreated", c.name, after.Created, c.before.Created)
 		}
@@ -172,10 +146,10 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 			t.Errorf("%s config changed:\nbefore %+v\nafter  %+v", c.name, c.before.Config, after.Config)
 		}
 	}
-	if got := streamInfo(t, js, "ORDERS").State.Msgs; got != 3 {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != 3 {
 		t.Errorf("ORDERS has %d messages after the second Bootstrap, want 3", got)
 	}
-	after := consumerInfo(t, js, "ORDERS", "WORKER1")
+	after := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
 	if !after.Created.Equal(worker.Created) {
 		t.Errorf("WORKER1 created %s, before %s: recreated", after.Created, worker.Created)
 	}
@@ -193,8 +167,8 @@ func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 	s, lb := bootstrapped(t, cfg)
 	js := s.JetStream()
 	publish(t, js, "orders.created", 5)
-	streamCreated := streamInfo(t, js, "ORDERS").Created
-	consumerCreated := consumerInfo(t, js, "ORDERS", "WORKER1").Created
+	streamCreated := natstest.StreamInfo(t, js, "ORDERS").Created
+	consumerCreated := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1").Created
 
 	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
 	cfg.Consumers["WORKER1"].MaxDeliver = 7
@@ -203,7 +177,7 @@ func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 		t.Fatalf("Bootstrap with changed max_age and max_deliver: %v", err)
 	}
 
-	si := streamInfo(t, js, "ORDERS")
+	si := natstest.StreamInfo(t, js, "ORDERS")
 	if si.Config.MaxAge != 24*time.Hour {
 		t.Errorf("ORDERS max_age = %s after update, want 24h", si.Config.MaxAge)
 	}
@@ -213,7 +187,7 @@ func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 	if si.State.Msgs != 5 {
 		t.Errorf("ORDERS has %d messages after the update, want 5", si.State.Msgs)
 	}
-	ci := consumerInfo(t, js, "ORDERS", "WORKER1")
+	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
 	if ci.Config.MaxDeliver != 7 {
 		t.Errorf("WORKER1 max_deliver = %d after update, want 7", ci.Config.MaxDeliver)
 	}
@@ -248,7 +222,7 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 			s, _ := bootstrapped(t, cfg)
 			js := s.JetStream()
 			publish(t, js, "orders.created", 10)
-			before := streamInfo(t, js, "ORDERS")
+			before := natstest.StreamInfo(t, js, "ORDERS")
 
 			tc.change(cfg.Streams["ORDERS"])
 			if err := cfg.Validate(); err != nil {
@@ -275,14 +249,14 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 			}
 
 			// Nothing was deleted or changed.
-			after := streamInfo(t, js, "ORDERS")
+			after := natstest.StreamInfo(t, js, "ORDERS")
 			if after.State.Msgs != before.State.Msgs || after.State.Msgs != 10 {
 				t.Errorf("ORDERS has %d messages after the refused change, had %d", after.State.Msgs, before.State.Msgs)
 			}
 			if !after.Created.Equal(before.Created) || !reflect.DeepEqual(after.Config, before.Config) {
 				t.Errorf("ORDERS changed after the refused %s change:\nbefore %+v\nafter  %+v", tc.field, before.Config, after.Config)
 			}
-			consumerInfo(t, js, "ORDERS", "WORKER1")
+			natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
 		})
 	}
 }
@@ -294,13 +268,13 @@ func TestBootstrapAfterRestartKeepsData(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := bootstrapped(t, cfg)
 	publish(t, s.JetStream(), "orders.created", 20)
-	created := streamInfo(t, s.JetStream(), "ORDERS").Created
+	created := natstest.StreamInfo(t, s.JetStream(), "ORDERS").Created
 	if err := s.Close(t.Context()); err != nil {
 		t.Fatal(err)
 	}
 
 	s2, lb := bootstrapped(t, cfg)
-	si := streamInfo(t, s2.JetStream(), "ORDERS")
+	si := natstest.StreamInfo(t, s2.JetStream(), "ORDERS")
 	if si.State.Msgs != 20 || si.State.LastSeq != 20 {
 		t.Errorf("after restart ORDERS has %d messages (last seq %d), want 20", si.State.Msgs, si.State.LastSeq)
 	}
@@ -341,7 +315,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 			if !strings.Contains(lb.String(), "dead letters of the consumer moved") {
 				t.Fatalf("the move was not logged:\n%s", lb.String())
 			}
-			old := streamInfo(t, js, "ORDERS_DLQ")
+			old := natstest.StreamInfo(t, js, "ORDERS_DLQ")
 			if old.State.Msgs != 2 {
 				t.Fatalf("old dead-letter stream has %d messages, want its 2 kept", old.State.Msgs)
 			}
@@ -352,7 +326,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 				t.Fatalf("old dead-letter stream lost the other consumer's subject: %v", old.Config.Subjects)
 			}
 			publish(t, js, "dlq.WORKER1.orders.created", 1)
-			if n := streamInfo(t, js, "NEW_DLQ").State.Msgs; n != 1 {
+			if n := natstest.StreamInfo(t, js, "NEW_DLQ").State.Msgs; n != 1 {
 				t.Fatalf("new dead-letter stream has %d messages, want 1", n)
 			}
 			// And again: nothing left to change.

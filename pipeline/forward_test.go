@@ -52,11 +52,7 @@ func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*pipeline
 
 func (e *testEnv) hubMsgs() uint64 {
 	e.t.Helper()
-	s, err := e.js.Stream(context.Background(), "HUB")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return s.CachedInfo().State.Msgs
+	return natstest.StreamInfo(e.t, e.js, "HUB").State.Msgs
 }
 
 // waitHubMsgs waits until the hub's stream holds want messages.

@@ -119,17 +119,10 @@ func (e *testEnv) publish(subject, data string, hdr nats.Header) uint64 {
 	return ack.Sequence
 }
 
+// consumerInfo returns the info of the consumer the workers pull from.
 func (e *testEnv) consumerInfo() *jetstream.ConsumerInfo {
 	e.t.Helper()
-	c, err := e.js.Consumer(context.Background(), "ORDERS", config.DefaultConsumerName)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	info, err := c.Info(context.Background())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return info
+	return natstest.ConsumerInfo(e.t, e.js, "ORDERS", config.DefaultConsumerName)
 }
 
 func (e *testEnv) dlqCount() uint64 {

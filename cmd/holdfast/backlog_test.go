@@ -46,7 +46,7 @@ timeout = "10s"
 	case <-time.After(60 * time.Second):
 		t.Fatal("publishes not acknowledged")
 	}
-	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != total || st.LastSeq != total {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != total || st.LastSeq != total {
 		t.Fatalf("stream holds %d messages up to %d, want %d", st.Msgs, st.LastSeq, total)
 	}
 	p.stop()

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/holdfast-io/holdfast/backup"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
@@ -31,16 +29,6 @@ func seqSet(t *testing.T, path string) map[uint64]int {
 		out[n]++
 	}
 	return out
-}
-
-// consumerInfo reads a consumer's info from the server.
-func consumerInfo(t *testing.T, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
-	t.Helper()
-	c, err := js.Consumer(natstest.Context(t), stream, name)
-	if err != nil {
-		t.Fatalf("consumer %s/%s: %v", stream, name, err)
-	}
-	return c.CachedInfo()
 }
 
 // A backup taken while messages are published and processed, restored
@@ -155,7 +143,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 	dB := startHoldfast(t, inB.cfg)
 	dB.waitReady()
 	_, jsB := e2eConnect(t, inB)
-	if st := e2eStreamState(t, jsB, "ORDERS"); st.LastSeq != 0 {
+	if st := natstest.StreamInfo(t, jsB, "ORDERS").State; st.LastSeq != 0 {
 		t.Fatalf("fresh ORDERS: %+v", st)
 	}
 
@@ -173,12 +161,12 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		t.Errorf("the restored holdfast's log does not show the restore, or a false loss:\n%s", log)
 	}
 	for _, e := range m.Streams {
-		st := e2eStreamState(t, jsB, e.Name)
+		st := natstest.StreamInfo(t, jsB, e.Name).State
 		if st.Msgs != e.Messages || st.LastSeq != e.LastSeq || st.Bytes != e.Bytes {
 			t.Fatalf("restored %s: %d messages, %d bytes, last seq %d; the manifest says %d, %d, %d", e.Name, st.Msgs, st.Bytes, st.LastSeq, e.Messages, e.Bytes, e.LastSeq)
 		}
 	}
-	if ci := consumerInfo(t, jsB, "ORDERS", "WORKER1"); ci.AckFloor.Stream != worker.AckFloor || ci.AckFloor.Consumer != worker.AckFloorConsumer {
+	if ci := natstest.ConsumerInfo(t, jsB, "ORDERS", "WORKER1"); ci.AckFloor.Stream != worker.AckFloor || ci.AckFloor.Consumer != worker.AckFloorConsumer {
 		t.Fatalf("restored WORKER1 ack floor %+v, the manifest says stream %d, consumer %d", ci.AckFloor, worker.AckFloor, worker.AckFloorConsumer)
 	}
 
@@ -259,7 +247,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	origCreated := created()
 	unchanged := func(what string) {
 		t.Helper()
-		if st := e2eStreamState(t, js, "ORDERS"); st.LastSeq != 60 || st.Msgs != 60 || !created().Equal(origCreated) {
+		if st := natstest.StreamInfo(t, js, "ORDERS").State; st.LastSeq != 60 || st.Msgs != 60 || !created().Equal(origCreated) {
 			t.Fatalf("after %s: ORDERS changed: %+v", what, st)
 		}
 	}
@@ -344,7 +332,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted)") {
 		t.Fatalf("restore --replace: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if st := e2eStreamState(t, js, "ORDERS"); st.LastSeq != 50 || st.Msgs != 50 {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.LastSeq != 50 || st.Msgs != 50 {
 		t.Fatalf("after restore --replace: %+v, want the backup's 50 messages", st)
 	}
 	d.stop()

@@ -167,7 +167,7 @@ esac
 			t.Fatalf("after %s a publish fails: %v", what, err)
 		}
 	}
-	msgs := func() uint64 { return e2eStreamState(t, js, "ORDERS").Msgs }
+	msgs := func() uint64 { return natstest.StreamInfo(t, js, "ORDERS").State.Msgs }
 
 	t.Run("oversized payload", func(t *testing.T) {
 		before := msgs()

@@ -162,7 +162,7 @@ func TestDurabilityAcrossRestarts(t *testing.T) {
 	d.waitReady()
 	nc, js := e2eConnect(t, in)
 	e2ePublishAcked(t, js, 0, n)
-	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != n {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != n {
 		t.Fatalf("ORDERS has %d messages after %d acked publishes", got, n)
 	}
 	nc.Close()
@@ -171,12 +171,12 @@ func TestDurabilityAcrossRestarts(t *testing.T) {
 	d = startHoldfast(t, in.cfg)
 	d.waitReady()
 	nc, js = e2eConnect(t, in)
-	st := e2eStreamState(t, js, "ORDERS")
+	st := natstest.StreamInfo(t, js, "ORDERS").State
 	if st.Msgs != n || st.FirstSeq != 1 || st.LastSeq != n {
 		t.Fatalf("after SIGTERM and restart ORDERS has %d messages (seq %d..%d), want %d (1..%d)", st.Msgs, st.FirstSeq, st.LastSeq, n, n)
 	}
 	e2ePublishAcked(t, js, n, n)
-	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 2*n {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != 2*n {
 		t.Fatalf("ORDERS has %d messages after %d more acked publishes", got, n)
 	}
 	nc.Close()
@@ -187,7 +187,7 @@ func TestDurabilityAcrossRestarts(t *testing.T) {
 	d = startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js = e2eConnect(t, in)
-	st = e2eStreamState(t, js, "ORDERS")
+	st = natstest.StreamInfo(t, js, "ORDERS").State
 	if st.Msgs != 2*n || st.FirstSeq != 1 || st.LastSeq != 2*n {
 		t.Fatalf("after kill -9 and restart ORDERS has %d messages (seq %d..%d), want %d (1..%d)", st.Msgs, st.FirstSeq, st.LastSeq, 2*n, 2*n)
 	}
@@ -304,7 +304,7 @@ func TestNATSCLI(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	// A plain (core) publish: the stream stores it asynchronously.
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 1 {
+		if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != 1 {
 			return fmt.Errorf("ORDERS has %d messages, want 1", got)
 		}
 		return nil
@@ -343,7 +343,7 @@ func TestSIGINTStopsLikeSIGTERM(t *testing.T) {
 	d = startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js = e2eConnect(t, in)
-	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 10 {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != 10 {
 		t.Errorf("after SIGINT and restart ORDERS has %d messages, want 10", got)
 	}
 	d.stop()

@@ -85,7 +85,7 @@ func gcCheckStored(t *testing.T, js jetstream.JetStream, acks [][]gcAck, want ui
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != want {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != want {
 		t.Fatalf("ORDERS holds %d messages, want %d", got, want)
 	}
 	for p, list := range acks {
@@ -128,7 +128,7 @@ func TestGroupCommitStandardClients(t *testing.T) {
 	if res.code != 0 {
 		t.Fatalf("nats bench js pub async: %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if got := e2eStreamState(t, js, "ORDERS").Msgs; got != 4001 {
+	if got := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; got != 4001 {
 		t.Fatalf("ORDERS holds %d messages after nats bench, want 4001", got)
 	}
 

@@ -167,13 +167,13 @@ func hubCounts(t *testing.T, js jetstream.JetStream, want uint64, within time.Du
 func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Duration) (map[string]map[uint64]int, map[string][]uint64) {
 	t.Helper()
 	natstest.CheckFor(t, within, 100*time.Millisecond, func() error {
-		if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
+		if n := natstest.StreamInfo(t, js, "EDGE").State.Msgs; n != want {
 			return fmt.Errorf("hub EDGE holds %d messages, want %d", n, want)
 		}
 		return nil
 	})
 	time.Sleep(500 * time.Millisecond) // a duplicate would arrive now
-	if n := e2eStreamState(t, js, "EDGE").Msgs; n != want {
+	if n := natstest.StreamInfo(t, js, "EDGE").State.Msgs; n != want {
 		t.Fatalf("hub EDGE holds %d messages after settling, want %d", n, want)
 	}
 	// In a hub cluster that just lost a node, creating the consumer waits
@@ -336,7 +336,7 @@ func TestLeafEdgesToHub(t *testing.T) {
 		if e == e1 {
 			want++
 		}
-		if n := e2eStreamState(t, js, "ORDERS").Msgs; n != want {
+		if n := natstest.StreamInfo(t, js, "ORDERS").State.Msgs; n != want {
 			t.Errorf("%s ORDERS holds %d messages, want its own %d", e.name, n, want)
 		}
 	}
@@ -465,7 +465,7 @@ func TestLeafHubOutages(t *testing.T) {
 	sent := 500 + backlog
 	leafPublish(t, ejs, sent, 2000)
 	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < uint64(sent+100) {
+		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < uint64(sent+100) {
 			return fmt.Errorf("hub holds %d", n)
 		}
 		return nil
@@ -483,7 +483,7 @@ func TestLeafHubOutages(t *testing.T) {
 	// its store and goes on where the hub's PubAcks left it.
 	leafPublish(t, ejs, sent, 1000)
 	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < uint64(sent+100) {
+		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < uint64(sent+100) {
 			return fmt.Errorf("hub holds %d", n)
 		}
 		return nil
@@ -569,7 +569,7 @@ func TestLeafSourcesFromHub(t *testing.T) {
 	for _, e := range []*leafNode{e1, e2} {
 		_, js := e2eConnect(t, e.inst)
 		natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
-			if n := e2eStreamState(t, js, "CMDS").Msgs; n != 2 {
+			if n := natstest.StreamInfo(t, js, "CMDS").State.Msgs; n != 2 {
 				return fmt.Errorf("%s CMDS holds %d, want the hub's 2 commands", e.name, n)
 			}
 			return nil
@@ -581,7 +581,7 @@ func TestLeafSourcesFromHub(t *testing.T) {
 	}
 	_, js1 := e2eConnect(t, e1.inst)
 	natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
-		if n := e2eStreamState(t, js1, "CMDS").Msgs; n != 3 {
+		if n := natstest.StreamInfo(t, js1, "CMDS").State.Msgs; n != 3 {
 			return fmt.Errorf("edge1 CMDS holds %d, want 3", n)
 		}
 		return nil
@@ -627,7 +627,7 @@ func TestLeafHubCluster(t *testing.T) {
 
 	leafPublish(t, ejs, 0, 1500)
 	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 300 {
+		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < 300 {
 			return fmt.Errorf("hub holds %d", n)
 		}
 		return nil

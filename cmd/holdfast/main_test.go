@@ -315,17 +315,3 @@ func e2eConnect(t *testing.T, in *e2eInstance) (*nats.Conn, jetstream.JetStream)
 	}
 	return nc, js
 }
-
-// e2eStreamState reads a stream's state from the server.
-func e2eStreamState(t *testing.T, js jetstream.JetStream, name string) jetstream.StreamState {
-	t.Helper()
-	s, err := js.Stream(natstest.Context(t), name)
-	if err != nil {
-		t.Fatalf("stream %s: %v", name, err)
-	}
-	info, err := s.Info(natstest.Context(t))
-	if err != nil {
-		t.Fatalf("stream %s info: %v", name, err)
-	}
-	return info.State
-}

@@ -111,7 +111,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 	case <-time.After(60 * time.Second):
 		t.Fatal("publishes not acknowledged")
 	}
-	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != total {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != total {
 		t.Fatalf("stream holds %d messages, want %d", st.Msgs, total)
 	}
 	// Kill it in the middle of the work.

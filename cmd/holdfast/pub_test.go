@@ -3,6 +3,8 @@ package main
 import (
 	"strings"
 	"testing"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // `holdfast pub --count N` stores N messages with PubAck; with --id the
@@ -21,7 +23,7 @@ func TestPubCount(t *testing.T) {
 		t.Fatalf("pub --count 600 again: exit %d\n%s%s", again.code, again.stdout, again.stderr)
 	}
 	_, js := e2eConnect(t, in)
-	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != 600 {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != 600 {
 		t.Fatalf("ORDERS holds %d messages, want 600", st.Msgs)
 	}
 	bad := runHoldfast(t, nil, "pub", "--config", in.cfg, "--count", "0", "orders.created", "x")

@@ -204,7 +204,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	}
 	defer ops2.Close()
 	js2, _ := jetstream.New(ops2)
-	if st := e2eStreamState(t, js2, "ORDERS"); st.Msgs != 21 {
+	if st := natstest.StreamInfo(t, js2, "ORDERS").State; st.Msgs != 21 {
 		t.Errorf("%d messages after restart, want 21", st.Msgs)
 	}
 	if code := d.signal(syscall.SIGTERM); code != 0 {

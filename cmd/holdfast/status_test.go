@@ -238,7 +238,7 @@ func TestDiscardNewRefusesPublishes(t *testing.T) {
 		t.Errorf("pub to a full discard=new stream exited %d, want 1 with the server's refusal:\n%s", res.code, res.stderr)
 	}
 	_, js := e2eConnect(t, o.e2eInstance)
-	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != 10 || st.FirstSeq != 1 {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != 10 || st.FirstSeq != 1 {
 		t.Errorf("ORDERS holds %d messages from seq %d, want the first 10", st.Msgs, st.FirstSeq)
 	}
 	out, _ := o.status(t)
@@ -546,7 +546,7 @@ func TestPubIDStoresOnce(t *testing.T) {
 		t.Errorf("second pub --id: exit %d, want 0 and \"duplicate\"\n%s%s", second.code, second.stdout, second.stderr)
 	}
 	_, js := e2eConnect(t, o.e2eInstance)
-	if st := e2eStreamState(t, js, "ORDERS"); st.Msgs != 1 || st.LastSeq != 1 {
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != 1 || st.LastSeq != 1 {
 		t.Errorf("ORDERS holds %d messages (last seq %d) after the same --id twice, want 1", st.Msgs, st.LastSeq)
 	}
 	d.stop()

@@ -78,6 +78,28 @@ func JetStream(t testing.TB, nc *nats.Conn, opts ...jetstream.JetStreamOpt) jets
 	return js
 }
 
+// StreamInfo returns the stream's info as the server has it now, and
+// fails the test when the stream cannot be read.
+func StreamInfo(t testing.TB, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	st, err := js.Stream(Context(t), name) // asks the server for the info
+	if err != nil {
+		t.Fatalf("stream %s: %v", name, err)
+	}
+	return st.CachedInfo()
+}
+
+// ConsumerInfo returns the consumer's info as the server has it now, and
+// fails the test when the consumer cannot be read.
+func ConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *jetstream.ConsumerInfo {
+	t.Helper()
+	c, err := js.Consumer(Context(t), stream, name) // asks the server for the info
+	if err != nil {
+		t.Fatalf("consumer %s on %s: %v", name, stream, err)
+	}
+	return c.CachedInfo()
+}
+
 // FreePort returns a TCP port of 127.0.0.1 that was free a moment ago: the
 // listener that found it is closed again, so another process may take it
 // before the test binds it.

@@ -60,6 +60,15 @@ func publishOne(t *testing.T, js jetstream.JetStream) {
 	if ack.Stream != "S" || ack.Sequence != 1 {
 		t.Fatalf("ack = %+v, want S/1", ack)
 	}
+	if st := StreamInfo(t, js, "S").State; st.Msgs != 1 || st.LastSeq != 1 {
+		t.Fatalf("stream state %+v, want 1 message", st)
+	}
+	if _, err := js.CreateOrUpdateConsumer(ctx, "S", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	if ci := ConsumerInfo(t, js, "S", "C"); ci.NumPending != 1 {
+		t.Fatalf("consumer pending %d, want 1", ci.NumPending)
+	}
 }
 
 // TestFreePort: the port can be bound at once.
