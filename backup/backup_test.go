@@ -1,15 +1,19 @@
 package backup
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -148,12 +152,26 @@ func TestCreateAndRestore(t *testing.T) {
 	}
 }
 
-// The chunks of a restore follow how long the server takes for each: a
-// server that needs 1 ms per 10 bytes (a store flushing every small,
-// well compressed message) gets chunks of about chunkTarget, never one of
-// more than twice that after the first, which is small; a fast one gets
-// the largest chunks.
-func TestPacedReaderFollowsTheServer(t *testing.T) {
+// The chunks of a restore are whole s2 blocks that together decode to the
+// backup's data, and follow how long the server takes for each: a server
+// that needs 1 ms per 10 decompressed bytes (a store flushing every small
+// message) gets chunks of about chunkTarget, never one of more than twice
+// that after the first, which is small; a fast one gets the largest
+// chunks. The backup's data is one 4 MiB block of well compressed bytes,
+// as the server writes it.
+func TestRestoreReaderFollowsTheServer(t *testing.T) {
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i / 1000)
+	}
+	var backupData bytes.Buffer
+	w := s2.NewWriter(&backupData, s2.WriterBlockSize(4<<20))
+	if _, err := w.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name      string
 		perByte   time.Duration
@@ -164,18 +182,33 @@ func TestPacedReaderFollowsTheServer(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var now time.Time
-			p := &pacedReader{r: io.NopCloser(strings.NewReader(strings.Repeat("x", 4<<20))), size: firstChunk, now: func() time.Time { return now }}
+			var progress uint64
+			r := newRestoreReader(io.NopCloser(bytes.NewReader(backupData.Bytes())), func(done uint64) { progress = done })
+			r.now = func() time.Time { return now }
 			buf := make([]byte, 64<<10)
+			var sent []byte
 			var sizes []int
 			for {
-				n, err := p.Read(buf)
+				n, err := r.Read(buf)
 				if n > 0 {
-					sizes = append(sizes, n)
-					now = now.Add(time.Duration(n) * c.perByte) // the server stores the chunk
+					sent = append(sent, buf[:n]...)
+					size := decodedLen(t, buf[:n])
+					sizes = append(sizes, size)
+					now = now.Add(time.Duration(size) * c.perByte) // the server stores the chunk
 				}
-				if err != nil {
+				if errors.Is(err, io.EOF) {
 					break
 				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			got, err := io.ReadAll(s2.NewReader(bytes.NewReader(sent)))
+			if err != nil || !bytes.Equal(got, data) {
+				t.Fatalf("the chunks decode to %d bytes (%v), want the backup's %d", len(got), err, len(data))
+			}
+			if progress != uint64(backupData.Len()) {
+				t.Fatalf("progress ends at %d bytes, want %d", progress, backupData.Len())
 			}
 			if sizes[0] > firstChunk {
 				t.Fatalf("first chunk %d bytes, want at most %d", sizes[0], firstChunk)
@@ -188,61 +221,104 @@ func TestPacedReaderFollowsTheServer(t *testing.T) {
 					t.Fatalf("chunk %d: %d bytes, below %d", i+1, n, minChunk)
 				}
 			}
-			if large := sizes[len(sizes)/2] == maxChunk; large != c.wantLarge {
+			if large := slices.Max(sizes) == maxChunk; large != c.wantLarge {
 				t.Fatalf("chunk sizes %v", sizes)
 			}
 		})
 	}
 }
 
-// Many small, well compressed messages into a store that flushes every
-// message (holdfast's default sync = "always"), where the server answers
-// each chunk only once it stored it, and fails a restore that sends none
-// for 5 s. (On this machine 64 KiB chunks took up to 5 s with 1 KiB
-// messages; this test's 200-byte ones stay below that even without the
-// pacing, so it checks the restore through the paced reader, and
-// TestPacedReaderFollowsTheServer the pacing.)
-func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
-	if testing.Short() {
-		t.Skip("restores 30,000 messages one flush each: skipped with -short")
-	}
-	nc, js := runServer(t)
-	ctx := natstest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
-		t.Fatal(err)
-	}
-	const n = 30000
-	payload := []byte(strings.Repeat("x", 200))
-	for i := 0; i < n; i += 1000 {
-		var futures []jetstream.PubAckFuture
-		for range 1000 {
-			f, err := js.PublishAsync("orders.created", payload)
+// decodedLen is the decompressed size of a chunk of an s2 stream, which
+// must hold whole blocks: the server can then store all of it without
+// waiting for the next chunk.
+func decodedLen(t *testing.T, chunk []byte) int {
+	t.Helper()
+	size := 0
+	for len(chunk) > 0 {
+		if len(chunk) < 4 {
+			t.Fatalf("chunk ends within a block header")
+		}
+		n := int(chunk[1]) | int(chunk[2])<<8 | int(chunk[3])<<16
+		if len(chunk) < 4+n {
+			t.Fatalf("chunk ends within a block of %d bytes", n)
+		}
+		switch block := chunk[4 : 4+n]; chunk[0] {
+		case 0x00: // compressed: checksum, then the block
+			l, err := s2.DecodedLen(block[4:])
 			if err != nil {
 				t.Fatal(err)
 			}
-			futures = append(futures, f)
+			size += l
+		case 0x01: // stored: checksum, then the data
+			size += n - 4
 		}
-		for _, f := range futures {
-			select {
-			case <-f.Ok():
-			case err := <-f.Err():
+		chunk = chunk[4+n:]
+	}
+	return size
+}
+
+// Many small messages into a store that flushes every message (holdfast's
+// default sync = "always"). The server fails a restore when 5 s pass
+// between a chunk's arrival and the restore having taken all of it; it
+// takes the bytes of an s2 block only once it stored the messages of the
+// block before, and the backup's blocks are of 1 MiB decompressed: 4,000
+// messages of 200 bytes (under load, 1 run in 12 failed with "io:
+// read/write on closed pipe"), or 60,000 of zero bytes (every run failed
+// under -race, and about one in two without) when the restore sent the
+// backup's own blocks.
+func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restores 90,000 messages one flush each: skipped with -short")
+	}
+	for _, c := range []struct {
+		n, size int
+	}{
+		{30000, 200},
+		{60000, 0},
+	} {
+		t.Run(fmt.Sprintf("%d messages of %d bytes", c.n, c.size), func(t *testing.T) {
+			nc, js := runServer(t)
+			ctx := natstest.Context(t)
+			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
 				t.Fatal(err)
 			}
-		}
+			payload := []byte(strings.Repeat("x", c.size))
+			for i := 0; i < c.n; i += 1000 {
+				var futures []jetstream.PubAckFuture
+				for range 1000 {
+					f, err := js.PublishAsync("orders.created", payload)
+					if err != nil {
+						t.Fatal(err)
+					}
+					futures = append(futures, f)
+				}
+				for _, f := range futures {
+					select {
+					case <-f.Ok():
+					case err := <-f.Err():
+						t.Fatal(err)
+					}
+				}
+			}
+			dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+			fi, _ := os.Stat(filepath.Join(dir, "streams/ORDERS/stream.arc.s2"))
+			nc2, _ := runServerSync(t, true)
+			// An operator's restore has no deadline; this one only
+			// catches a hang (a loaded machine took 35 s).
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			start := time.Now()
+			var chunks int
+			_, restored, err := Restore(rctx, nc2, dir, RestoreOptions{Progress: func(Progress) { chunks++ }})
+			if err != nil {
+				t.Fatalf("restore of %d messages (%d bytes compressed) into a sync-always store: %v", c.n, fi.Size(), err)
+			}
+			if restored[0].Messages != uint64(c.n) {
+				t.Fatalf("restored %+v", restored)
+			}
+			t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d progress updates", c.n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
+		})
 	}
-	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
-	fi, _ := os.Stat(filepath.Join(dir, "streams/ORDERS/stream.arc.s2"))
-	nc2, _ := runServerSync(t, true)
-	start := time.Now()
-	var chunks int
-	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Progress: func(Progress) { chunks++ }})
-	if err != nil {
-		t.Fatalf("restore of %d messages (%d bytes compressed) into a sync-always store: %v", n, fi.Size(), err)
-	}
-	if restored[0].Messages != n {
-		t.Fatalf("restored %+v", restored)
-	}
-	t.Logf("restored %d messages (%d bytes compressed) into a sync-always store in %s, %d progress updates", n, fi.Size(), time.Since(start).Round(time.Millisecond), chunks)
 }
 
 // recreate creates a stream right after the restore deleted it, as the

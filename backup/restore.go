@@ -1,6 +1,7 @@
 package backup
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/klauspost/compress/s2"
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
@@ -174,13 +176,17 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 			df.Close()
 			return nil, err
 		}
-		pr := &pacedReader{r: df, size: firstChunk}
+		var progress func(uint64)
 		if opts.Progress != nil {
-			pr.progress = func(done uint64) {
+			progress = func(done uint64) {
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
 			}
 		}
-		return mgr.RestoreSnapshotFromBuffer(ctx, e.Name, pr, mf)
+		state, err := mgr.RestoreSnapshotFromBuffer(ctx, e.Name, newRestoreReader(df, progress), mf)
+		if err != nil && (strings.Contains(err.Error(), "closed pipe") || strings.Contains(err.Error(), "is stalled")) {
+			err = fmt.Errorf("%w: the server gave up the restore, as it does when storing one chunk of it takes over 5 s (is the store's disk that slow?)", err)
+		}
+		return state, err
 	}
 	st, exists := existing[e.Name]
 	for attempt := 1; ; attempt++ {
@@ -314,52 +320,132 @@ func limitsRetention(sdir string) bool {
 	return slices.Contains([]string{"", "limits"}, meta.Config.Retention)
 }
 
-// Chunk sizes of a restore: jsm.go sends what one Read returns, at most
-// 64 KiB.
+// Chunk sizes of a restore, in bytes of the backup's decompressed data.
+// jsm.go sends what one Read returns as one chunk (at most 64 KiB) and
+// waits for the server's answer before it reads the next.
 const (
 	minChunk   = 512
 	firstChunk = 4 << 10
-	maxChunk   = 64 << 10
-	// chunkTarget is how long the server should take for one chunk. It
-	// fails a restore that gets no chunk for 5 s, and it answers a chunk
-	// only once it has stored the messages in it: into a store with
-	// sync = "always" (a flush per message) a 64 KiB chunk of well
-	// compressed small messages takes longer than that.
-	chunkTarget = 500 * time.Millisecond
+	// maxChunk is the server's own block size: no chunk asks more of it
+	// than one block of the backup's.
+	maxChunk = 1 << 20
+	// blockSize is the s2 block size of the data sent: the server decodes
+	// a block only once it has all of it, then stores its messages.
+	blockSize = 4 << 10
+	// maxBlock is the most one block takes once compressed: s2 stores a
+	// block that does not compress as it is, with a header of 8 bytes, and
+	// starts the stream with one of 10.
+	maxBlock = blockSize + 8 + 10
+	// chunkTarget is how long the server should take for one chunk.
+	// nats-server (processStreamRestore in jetstream_api.go) fails a
+	// restore with "stalled" ("io: read/write on closed pipe" at the
+	// client) when 5 s pass between a chunk's arrival and the end of its
+	// write into the restore, or between two chunks: and a chunk's write
+	// ends only when the restore has taken all of it, that is after it
+	// stored every message of the blocks before the chunk's last. A
+	// quarter of a second leaves a factor of 20 for a store that slows
+	// down from one chunk to the next.
+	chunkTarget = 250 * time.Millisecond
 )
 
-// pacedReader hands a restore its data in chunks sized after how long the
-// server took for the previous one (the time between two Reads), so that
-// each takes about chunkTarget.
-type pacedReader struct {
-	r        io.ReadCloser
-	size     int
+// restoreReader hands a restore the backup's data (an s2 stream) again
+// s2-compressed, in chunks of whole small blocks, each sized after how
+// long the server took for the previous one (the time between two Reads)
+// so that each takes about chunkTarget.
+//
+// The backup's own blocks are the server's, of 1 MiB decompressed: the
+// server stores all the messages of such a block (60,000 of zero-byte
+// payload) before it takes any byte of the next, which into a store with
+// sync = "always" (a flush per message) took more than the 5 s the
+// server allows, however small the chunks sent.
+type restoreReader struct {
+	file     io.ReadCloser
+	read     uint64 // bytes of file read, for the progress
+	dec      *s2.Reader
+	enc      *s2.Writer
+	out      bytes.Buffer // compressed, not yet handed out
+	buf      []byte
+	size     int // decompressed bytes the next chunk should hold
+	sent     int // decompressed bytes of the last chunk
+	eof      bool
 	last     time.Time
-	done     uint64
 	progress func(done uint64)
 	now      func() time.Time // time.Now when nil
 }
 
-func (p *pacedReader) clock() time.Time {
-	if p.now != nil {
-		return p.now()
+// newRestoreReader returns a restoreReader of the backup data in file.
+func newRestoreReader(file io.ReadCloser, progress func(done uint64)) *restoreReader {
+	r := &restoreReader{file: file, size: firstChunk, buf: make([]byte, blockSize), progress: progress}
+	r.dec = s2.NewReader(countingReader{r: file, n: &r.read})
+	r.enc = s2.NewWriter(&r.out, s2.WriterBlockSize(blockSize), s2.WriterConcurrency(1))
+	return r
+}
+
+// countingReader counts the bytes read through it into n.
+type countingReader struct {
+	r io.Reader
+	n *uint64
+}
+
+func (c countingReader) Read(b []byte) (int, error) {
+	n, err := c.r.Read(b)
+	*c.n += uint64(n)
+	return n, err
+}
+
+func (r *restoreReader) clock() time.Time {
+	if r.now != nil {
+		return r.now()
 	}
 	return time.Now()
 }
 
-func (p *pacedReader) Read(b []byte) (int, error) {
-	if !p.last.IsZero() {
-		took := max(p.clock().Sub(p.last), time.Millisecond)
-		size := int(float64(p.size) * float64(chunkTarget) / float64(took))
-		p.size = min(max(size, minChunk), maxChunk, 2*p.size)
+func (r *restoreReader) Read(b []byte) (int, error) {
+	if r.out.Len() == 0 {
+		if r.eof {
+			return 0, io.EOF
+		}
+		if !r.last.IsZero() {
+			took := max(r.clock().Sub(r.last), time.Millisecond)
+			size := int(float64(r.sent) * float64(chunkTarget) / float64(took))
+			r.size = min(max(size, minChunk), maxChunk, 2*r.sent)
+		}
+		// Whole blocks, until the chunk holds r.size bytes or another
+		// block might not fit into b. Flush ends each block: the server
+		// can store all of a chunk once it has it.
+		r.sent = 0
+		for r.sent < r.size && !r.eof && (r.sent == 0 || r.out.Len()+maxBlock <= len(b)) {
+			n, err := io.ReadFull(r.dec, r.buf[:min(blockSize, r.size-r.sent)])
+			switch {
+			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+				r.eof = true
+			case err != nil:
+				return 0, fmt.Errorf("cannot read the backup data: %w", err)
+			}
+			if n == 0 {
+				break
+			}
+			if _, err := r.enc.Write(r.buf[:n]); err != nil {
+				return 0, err
+			}
+			if err := r.enc.Flush(); err != nil {
+				return 0, err
+			}
+			r.sent += n
+		}
+		if r.progress != nil {
+			r.progress(r.read)
+		}
+		if r.out.Len() == 0 {
+			return 0, io.EOF
+		}
 	}
-	n, err := p.r.Read(b[:min(len(b), p.size)])
-	p.done += uint64(n)
-	if p.progress != nil && n > 0 {
-		p.progress(p.done)
-	}
-	p.last = p.clock()
-	return n, err
+	n, _ := r.out.Read(b)
+	r.last = r.clock()
+	return n, nil
 }
 
-func (p *pacedReader) Close() error { return p.r.Close() }
+func (r *restoreReader) Close() error {
+	r.enc.Close()
+	return r.file.Close()
+}

@@ -94,6 +94,16 @@ func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreat
 // storeDeadLetter publishes dl to the dead-letter stream with PubAck; a
 // "duplicate" answer must point at this very message.
 func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
+	// A missing stream is left to the publish, which then fails.
+	s, err := w.js.Stream(ctx, w.opts.DeadLetter)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+	case err != nil:
+		return fmt.Errorf("dead-letter stream %s: %w", w.opts.DeadLetter, err)
+	case dropsDeadLetters(s.CachedInfo().Config) != "":
+		return fmt.Errorf("the dead-letter stream %s has %s, which would remove dead letters nobody handled: nothing is stored there until it is set back (restart holdfast, which does it, or nats stream edit %s)",
+			w.opts.DeadLetter, dropsDeadLetters(s.CachedInfo().Config), w.opts.DeadLetter)
+	}
 	ack, err := w.js.PublishMsg(ctx, dl)
 	if err != nil {
 		return err
@@ -111,6 +121,36 @@ func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
 	}
 	w.log.Info("dead letter already stored by an earlier attempt", "seq", dl.Header.Get(HeaderOriginalSeq), "dead_letter", w.opts.DeadLetter, "dead_letter_seq", ack.Sequence)
 	return nil
+}
+
+// dropsDeadLetters names what in a dead-letter stream's configuration
+// removes messages by itself (holdfast creates it with none of it, but a
+// nats stream edit can set it while holdfast runs): a retention other than
+// limits, a max_age, a limit with discard "old", a per-subject limit that
+// removes the oldest. "" when there is none.
+func dropsDeadLetters(c jetstream.StreamConfig) string {
+	var why []string
+	if c.Retention != jetstream.LimitsPolicy {
+		why = append(why, "retention "+c.Retention.String())
+	}
+	if c.MaxAge > 0 {
+		why = append(why, "max_age "+c.MaxAge.String())
+	}
+	if c.Discard == jetstream.DiscardOld {
+		if c.MaxMsgs > 0 {
+			why = append(why, fmt.Sprintf("max_msgs %d with discard old", c.MaxMsgs))
+		}
+		if c.MaxBytes > 0 {
+			why = append(why, fmt.Sprintf("max_bytes %d with discard old", c.MaxBytes))
+		}
+	}
+	if c.MaxMsgsPerSubject > 0 && (c.Discard == jetstream.DiscardOld || !c.DiscardNewPerSubject) {
+		why = append(why, fmt.Sprintf("max_msgs_per_subject %d", c.MaxMsgsPerSubject))
+	}
+	if c.Storage == jetstream.MemoryStorage {
+		why = append(why, "memory storage")
+	}
+	return strings.Join(why, ", ")
 }
 
 // sameDeadLetter checks that the dead letter stored at seq is dl: same

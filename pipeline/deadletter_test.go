@@ -273,6 +273,59 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	}
 }
 
+// A dead-letter stream edited while holdfast runs (nats stream edit) to
+// remove its oldest messages at a limit: the dead letters stored there
+// were removed unseen, two of four here, while their originals had been
+// terminated. Nothing is stored into it now: the originals are kept, the
+// error says why, and once the stream is set back every dead letter is
+// stored.
+func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) {
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(2 * time.Second)
+	})
+	ctx := context.Background()
+	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	edited := dlq.CachedInfo().Config
+	edited.MaxMsgs, edited.Discard = 2, jetstream.DiscardOld
+	if _, err := e.js.UpdateStream(ctx, edited); err != nil {
+		t.Fatal(err)
+	}
+	w, _ := e.workersLogged(failing("bad"), 1)
+	for i := range 4 {
+		e.publish("orders.created", fmt.Sprintf("m%d", i), nil)
+	}
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().DeadLetterFailing.Load(); n != 4 {
+			return fmt.Errorf("DeadLetterFailing = %d, want 4 (dead-lettered %d, %d in the dead-letter stream)",
+				n, w.Stats().DeadLettered.Load(), e.dlqCount())
+		}
+		return nil
+	})
+	if n := e.dlqCount(); n != 0 {
+		t.Fatalf("%d messages in the dead-letter stream that removes them", n)
+	}
+	if got := w.Stats().DeadLetterError(); !strings.Contains(got, "max_msgs 2 with discard old") {
+		t.Fatalf("dead-letter error %q does not name the limit", got)
+	}
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDLQ(4)
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		if info := e.consumerInfo(); info.NumAckPending != 0 || info.AckFloor.Stream != 4 {
+			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
+		}
+		return nil
+	})
+	if n := w.Stats().DeadLettered.Load(); n != 4 {
+		t.Fatalf("dead-lettered %d, want 4", n)
+	}
+}
+
 // Issue 12: the goroutine that dead-letters a message from a max-
 // deliveries advisory was not tracked, and Close returned while it still
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never
