@@ -177,6 +177,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := checkRemoteAddresses(ctx, s.cfg.LeafNodes.Remotes); err != nil {
+		return err
+	}
 	id, err := newInternalIdentity()
 	if err != nil {
 		return err

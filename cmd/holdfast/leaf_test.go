@@ -674,3 +674,73 @@ func TestLeafReloadForwardToLog(t *testing.T) {
 		t.Errorf("the forwarder is still there after the reload:\n%s", grepLines(m, "holdfast_forward_"))
 	}
 }
+
+// TestLeafHubClusterTwoRemotes: the same hub cluster failover as
+// TestLeafHubCluster, but the edge has a second remote (another hub,
+// down). After the kill -9 of the node it names, the first remote's link
+// comes back on an address the hub advertised: it must count as that
+// remote's link (metrics, forwarding), not as no link at all.
+func TestLeafHubClusterTwoRemotes(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	leafPorts := make([]int, len(nodes))
+	for i, nd := range nodes {
+		leafPorts[i] = e2eFreePort(t)
+		text := strings.Replace(readFile(t, nd.cfg), "[jetstream]\n", "[jetstream]\ndomain = \"hub\"\n", 1)
+		text += fmt.Sprintf("\n[leafnodes]\nlisten = \"127.0.0.1:%d\"\n\n[streams.EDGE]\nsubjects = [\"edge.>\"]\nduplicate_window = \"10m\"\n", leafPorts[i])
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	other := fmt.Sprintf("127.0.0.1:%d", e2eFreePort(t)) // another hub, down
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", leafPorts[0]),
+		fmt.Sprintf("\n[[leafnodes.remotes]]\nurl = \"nats-leaf://%s\"\n", other))
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, nodes[1].inst)
+
+	first := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://127.0.0.1:%d"} 1`, leafPorts[0])
+	e2eCheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, first) {
+			return fmt.Errorf("no %s:\n%s", first, grepLines(m, "holdfast_leafnode_connected"))
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 0, 500)
+	e2eCheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := e2eStreamState(t, hjs, "EDGE").Msgs; n < 100 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	nodes[0].proc.signal(syscall.SIGKILL)
+	// The link is back on another node's address.
+	e2eCheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := strings.Count(edge.proc.stderr.String(), "Leafnode connection created"); n < 2 {
+			return fmt.Errorf("the edge's server connected %d time(s)", n)
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 500, 500)
+	e2eCheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := hjs.Stream(ctx, "EDGE")
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n != 1000 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	seen := hubCounts(t, hjs, 1000, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 1000})
+	m := edge.get(t, "/metrics")
+	if !strings.Contains(m, first) {
+		t.Errorf("the first remote's link is up on another node, but:\n%s", grepLines(m, "holdfast_leafnode_connected"))
+	}
+	down := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://%s"} 0`, other)
+	if !strings.Contains(m, down) {
+		t.Errorf("the second remote is down, but:\n%s", grepLines(m, "holdfast_leafnode_connected"))
+	}
+}
