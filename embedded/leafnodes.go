@@ -432,6 +432,44 @@ func (s *Server) LeafLinks() []LeafLink {
 	return slices.Clone(w.links)
 }
 
+// LeafReaches reports whether a leafnode link is up to a hub that serves
+// the JetStream domain (the hub's subscriptions over the link show its
+// API): what a forward to that domain needs, whichever remote the link
+// belongs to; a link to another hub does not count.
+func (s *Server) LeafReaches(domain string) bool {
+	w := s.leaf
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ds := range w.linkDom {
+		if ds[domain] {
+			return true
+		}
+	}
+	return false
+}
+
+// LeafDomains returns the JetStream domains the hubs behind the leafnode
+// links that are up serve, sorted.
+func (s *Server) LeafDomains() []string {
+	w := s.leaf
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, ds := range w.linkDom {
+		for d := range ds {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // LeafConnected reports whether at least one remote is connected.
 func (s *Server) LeafConnected() bool {
 	for _, l := range s.LeafLinks() {

@@ -744,3 +744,70 @@ func TestLeafHubClusterTwoRemotes(t *testing.T) {
 		t.Errorf("the second remote is down, but:\n%s", grepLines(m, "holdfast_leafnode_connected"))
 	}
 }
+
+// TestLeafForwardWaitsForItsHub: an edge with two remotes, its forward
+// hub (domain "hub") down and another hub (domain "hub2") up whose stream
+// also takes edge.>. The link to hub2 is no link to the forward's hub:
+// forwarding waits for its link (ready 0, no "does not forward" in
+// /healthz). Once the hub is up, a publish would reach both hubs' streams:
+// forwarding waits and /healthz names hub2's stream, nothing is stored on
+// either or dead-lettered; once hub2's stream is gone, every message
+// reaches the hub once.
+func TestLeafForwardWaitsForItsHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub2 := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub2.inst.cfg), `domain = "hub"`, `domain = "hub2"`, 1)
+	text = strings.Replace(text, `name = "hub"`, `name = "hub2"`, 1)
+	hub2.inst.cfg = e2eWriteConfig(t, text)
+	hub2.start(t)
+	defer hub2.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort),
+		fmt.Sprintf("\n[[leafnodes.remotes]]\nurl = \"nats-leaf://127.0.0.1:%d\"\n", hub2.leafPort))
+	edge.start(t)
+	defer edge.proc.stop()
+	e2eCheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		want := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://127.0.0.1:%d"} 1`, hub2.leafPort)
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, want) {
+			return fmt.Errorf("no %s", want)
+		}
+		return nil
+	})
+	_, ejs := e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 0, 100)
+	time.Sleep(2 * time.Second) // the forwarder's hub check runs every second
+	if h := edge.get(t, "/healthz"); strings.Contains(h, "does not forward") {
+		t.Errorf("the forward hub is down, not failing: /healthz says\n%s", h)
+	}
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_ready{consumer="FORWARD"} 0`) {
+		t.Errorf("forwarding ready without its hub:\n%s", grepLines(m, "holdfast_forward_ready"))
+	}
+
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs := e2eConnect(t, hub.inst)
+	_, h2js := e2eConnect(t, hub2.inst)
+	e2eCheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `stream EDGE of JetStream domain \"hub2\"`) {
+			return fmt.Errorf("/healthz does not name hub2's stream:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	for name, js := range map[string]jetstream.JetStream{"hub": hjs, "hub2": h2js} {
+		if n := e2eStreamState(t, js, "EDGE").Msgs; n != 0 {
+			t.Errorf("%s stored %d forwarded messages while both hubs take them", name, n)
+		}
+	}
+	if n := e2eStreamState(t, ejs, "ORDERS_DLQ").Msgs; n != 0 {
+		t.Errorf("%d messages dead-lettered", n)
+	}
+
+	if err := h2js.DeleteStream(e2eContext(t), "EDGE"); err != nil {
+		t.Fatal(err)
+	}
+	seen := hubCounts(t, hjs, 100, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 100})
+	if n := e2eStreamState(t, ejs, "ORDERS_DLQ").Msgs; n != 0 {
+		t.Errorf("%d messages dead-lettered", n)
+	}
+}
