@@ -104,6 +104,12 @@ type Forwarder struct {
 	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
 	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string // the other domains when the hub was last checked
+	checkedDowns uint64 // downs when the last check that passed began
+
+	// downs counts the times the link was seen down: a check that passed
+	// before the link fell says nothing of the hub behind the link that
+	// came back (restarted with another duplicate window, a store emptied).
+	downs atomic.Uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -223,9 +229,13 @@ func (f *Forwarder) recheck(ctx context.Context) {
 // checkHub finds the hub's stream for the destination subjects and checks
 // its duplicate window, recording the result for Ready and Problem.
 func (f *Forwarder) checkHub(ctx context.Context) error {
+	downs := f.downs.Load()
 	err := f.lookupHub(ctx)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err == nil {
+		f.checkedDowns = downs
+	}
 	switch {
 	case err == nil && f.checkErr != nil:
 		f.log.Info("hub stream checked: forwarding", "hub_stream", f.hubStream, "subject", f.pattern())
@@ -300,18 +310,25 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	return nil
 }
 
-func (f *Forwarder) linkUp() bool { return f.opts.LinkUp == nil || f.opts.LinkUp() }
+func (f *Forwarder) linkUp() bool {
+	if f.opts.LinkUp == nil || f.opts.LinkUp() {
+		return true
+	}
+	f.downs.Add(1)
+	return false
+}
 
 // Ready reports whether forwarding can go on now: the link is up and the
-// hub's stream passed the check. The workers pull nothing while it is
-// false (ConsumerOptions.Paused), so an outage spends no deliveries.
+// hub's stream passed the check since the link was last seen down. The
+// workers pull nothing while it is false (ConsumerOptions.Paused), so an
+// outage spends no deliveries.
 func (f *Forwarder) Ready() bool {
 	if !f.linkUp() {
 		return false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.checkErr == nil
+	return f.checkErr == nil && f.checkedDowns == f.downs.Load()
 }
 
 // Problem is why forwarding waits on a hub that is reachable, or "".
@@ -482,7 +499,7 @@ func (f *Forwarder) cancelOnLinkDown(ctx context.Context, cancel context.CancelF
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if !f.opts.LinkUp() {
+				if !f.linkUp() {
 					cancel()
 					return
 				}

@@ -811,3 +811,49 @@ func TestLeafForwardWaitsForItsHub(t *testing.T) {
 		t.Errorf("%d messages dead-lettered", n)
 	}
 }
+
+// TestLeafHubRestartedWithShortWindow: the hub comes back from a restart
+// with a duplicate window shorter than the edge's unreachable_after. The
+// edge checks the hub's stream again after the link comes back, so it
+// stops forwarding and says why, instead of forwarding with no protection
+// against duplicates through its next outage.
+func TestLeafHubRestartedWithShortWindow(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 50)
+	hubCounts(t, hjs, 50, 30*time.Second)
+
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `duplicate_window = "10m"`, `duplicate_window = "1m"`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs = e2eConnect(t, hub.inst)
+	if w := e2eStreamInfo(t, hjs, "EDGE").Config.Duplicates; w != time.Minute {
+		t.Fatalf("the hub's stream deduplicates over %s after the restart, want 1m", w)
+	}
+	e2eCheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {
+			return fmt.Errorf("/healthz says nothing of the window:\n%s", h)
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 50, 50)
+	time.Sleep(2 * time.Second)
+	if n := e2eStreamState(t, hjs, "EDGE").Msgs; n != 50 {
+		t.Errorf("the hub holds %d: the edge forwarded to a stream whose window is too short", n)
+	}
+}
+
+func e2eStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	s, err := js.Stream(e2eContext(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo()
+}
