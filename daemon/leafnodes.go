@@ -56,7 +56,8 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 		Domain:             cc.Forward.Domain,
 		Timeout:            cc.Forward.Timeout.Duration,
 		MinDuplicateWindow: cfg.LeafNodes.UnreachableAfter.Duration,
-		LinkUp:             d.srv.LeafConnected,
+		LinkUp:             func() bool { return d.srv.LeafReaches(cc.Forward.Domain) },
+		Domains:            d.srv.LeafDomains,
 	}, d.log.With("component", "handler"))
 	if err != nil {
 		return nil, fmt.Errorf("consumers.%s.forward: %w", name, err)

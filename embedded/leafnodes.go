@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -139,11 +140,26 @@ type LeafLink struct {
 
 // leafLinks watches the configured remotes' connections and logs each
 // change.
+//
+// The server does not say which remote a leafnode connection belongs to,
+// so each new connection (a connection id in Leafz) is given to a remote
+// once and keeps it until it closes: to the remote without a link whose
+// URL's host resolves (now) to the address connected to; failing that
+// (the hub advertised another of its nodes, and the server went there) to
+// the remote without a link whose earlier links reached the same
+// JetStream domain (read from the subscriptions the hub sent over the
+// link, $JS.<domain>.API.*); failing that to the one remote without a
+// link that was ever connected. Two remotes that resolve to the same
+// address are refused at start (checkRemoteAddresses), so an address
+// names one remote.
 type leafLinks struct {
-	mu    sync.Mutex
-	links []LeafLink
-	addrs [][]string // resolved host:port of each remote
-	log   *slog.Logger
+	mu      sync.Mutex
+	links   []LeafLink
+	owner   map[uint64]int             // live connection id -> remote index (-1: none)
+	linkDom map[uint64]map[string]bool // live connection id -> JetStream domains behind it
+	domains []map[string]bool          // by remote: the domains its links reached
+	addrs   [][]string                 // by remote: host:port it resolved to last
+	log     *slog.Logger
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -159,10 +175,12 @@ func (s *Server) startLeafWatch() {
 		return
 	}
 	now := time.Now()
-	w := &leafLinks{log: s.log.With("component", "leafnodes"), done: make(chan struct{})}
+	w := &leafLinks{log: s.log.With("component", "leafnodes"), done: make(chan struct{}),
+		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}}
 	for _, r := range remotes {
 		w.links = append(w.links, LeafLink{Remote: r.Redacted(), Since: now})
 		w.addrs = append(w.addrs, nil)
+		w.domains = append(w.domains, map[string]bool{})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -192,67 +210,214 @@ func (w *leafLinks) stop() {
 	<-w.done
 }
 
-// poll compares the server's solicited leafnode connections with the
-// remotes and logs what changed.
+// poll gives the server's new solicited leafnode connections to their
+// remotes, and logs what changed.
 func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []config.RemoteConfig) {
 	lz, err := ns.Leafz(nil)
 	if err != nil {
 		return
 	}
-	var spokes []string
+	live := map[uint64]*server.LeafInfo{}
 	for _, l := range lz.Leafs {
 		if l.IsSpoke {
-			spokes = append(spokes, net.JoinHostPort(l.IP, fmt.Sprint(l.Port)))
+			live[l.ID] = l
 		}
 	}
-	for i, r := range remotes {
-		up := false
-		if len(remotes) == 1 {
-			up = len(spokes) > 0
-		} else {
-			addrs := w.resolve(ctx, i, r)
-			for _, sp := range spokes {
-				up = up || slices.Contains(addrs, sp)
-			}
+	w.mu.Lock()
+	for id := range w.owner {
+		if live[id] == nil {
+			delete(w.owner, id)
+			delete(w.linkDom, id)
 		}
+	}
+	// The domains behind a link come with the hub's subscriptions, which
+	// may arrive after the link shows in Leafz: read them again until seen.
+	var unread []uint64
+	for id := range live {
+		if len(w.linkDom[id]) == 0 {
+			unread = append(unread, id)
+		}
+	}
+	w.mu.Unlock()
+	if len(unread) > 0 {
+		if lz, err := ns.Leafz(&server.LeafzOptions{Subscriptions: true}); err == nil {
+			w.mu.Lock()
+			for _, l := range lz.Leafs {
+				if live[l.ID] != nil {
+					w.linkDom[l.ID] = linkDomains(l.Subs)
+				}
+			}
+			w.mu.Unlock()
+		}
+	}
+	var fresh []*server.LeafInfo
+	w.mu.Lock()
+	for id, l := range live {
+		if _, ok := w.owner[id]; !ok {
+			fresh = append(fresh, l)
+		}
+	}
+	w.mu.Unlock()
+	slices.SortFunc(fresh, func(a, b *server.LeafInfo) int { return cmp.Compare(a.ID, b.ID) })
+	for _, l := range fresh {
+		addr := net.JoinHostPort(l.IP, fmt.Sprint(l.Port))
+		i := w.match(ctx, addr, l.ID, remotes)
 		w.mu.Lock()
-		l := &w.links[i]
-		changed := l.Connected != up
-		if changed {
-			l.Connected = up
-			downFor := time.Since(l.Since).Round(time.Millisecond)
-			l.Since = time.Now()
-			if up {
-				l.Connects++
-				w.log.Info("leafnode connected", "remote", l.Remote, "was_down_for", downFor, "connects", l.Connects)
-			} else {
-				w.log.Warn("leafnode disconnected: local publishing goes on, forwarding waits for the link", "remote", l.Remote, "was_up_for", downFor)
+		w.owner[l.ID] = i
+		w.mu.Unlock()
+		if i < 0 {
+			w.log.Warn("a leafnode connection matches no configured remote: it is not counted as any remote's link", "address", addr, "server", l.Name)
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	up := make([]bool, len(remotes))
+	for id, i := range w.owner {
+		if i >= 0 {
+			up[i] = true
+			for d := range w.linkDom[id] {
+				w.domains[i][d] = true
 			}
 		}
-		w.mu.Unlock()
+	}
+	for i := range remotes {
+		l := &w.links[i]
+		if l.Connected == up[i] {
+			continue
+		}
+		l.Connected = up[i]
+		downFor := time.Since(l.Since).Round(time.Millisecond)
+		l.Since = time.Now()
+		if up[i] {
+			l.Connects++
+			w.log.Info("leafnode connected", "remote", l.Remote, "was_down_for", downFor, "connects", l.Connects)
+		} else {
+			w.log.Warn("leafnode disconnected: local publishing goes on, forwarding waits for the link", "remote", l.Remote, "was_up_for", downFor)
+		}
 	}
 }
 
-// resolve returns the host:port addresses remote i may be connected on.
-func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig) []string {
-	if w.addrs[i] != nil {
-		return w.addrs[i]
+// match returns the remote a new connection (to addr, id) belongs to, or
+// -1: see leafLinks.
+func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes []config.RemoteConfig) int {
+	if len(remotes) == 1 {
+		return 0
 	}
+	w.mu.Lock()
+	free := make([]bool, len(remotes))
+	for i := range free {
+		free[i] = true
+	}
+	for _, i := range w.owner {
+		if i >= 0 {
+			free[i] = false
+		}
+	}
+	w.mu.Unlock()
+	for i, r := range remotes {
+		if free[i] && slices.Contains(w.resolve(ctx, i, r), addr) {
+			return i
+		}
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range remotes {
+		for d := range w.linkDom[id] {
+			if free[i] && w.domains[i][d] {
+				return i
+			}
+		}
+	}
+	found := -1
+	for i := range remotes {
+		if free[i] && w.links[i].Connects > 0 {
+			if found >= 0 {
+				return -1
+			}
+			found = i
+		}
+	}
+	return found
+}
+
+// linkDomains returns the JetStream domains whose API a hub's
+// subscriptions over a link show ($JS.<domain>.API.*).
+func linkDomains(subs []string) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range subs {
+		rest, ok := strings.CutPrefix(s, "$JS.")
+		if !ok {
+			continue
+		}
+		if d, _, ok := strings.Cut(rest, ".API."); ok && d != "" && !strings.Contains(d, ".") {
+			out[d] = true
+		}
+	}
+	return out
+}
+
+// resolve returns the host:port addresses remote i may be connected on,
+// looked up again each time (a new connection to match): a name may
+// resolve to another address than at start. The last good lookup serves
+// when one fails.
+func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig) []string {
 	u, err := url.Parse(r.URL)
 	if err != nil {
 		return nil
 	}
+	out, err := resolveHostPort(ctx, u)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err != nil {
+		return append(out, w.addrs[i]...)
+	}
+	w.addrs[i] = out
+	return out
+}
+
+// resolveHostPort returns the URL's host:port and, for a name, each
+// address it resolves to.
+func resolveHostPort(ctx context.Context, u *url.URL) ([]string, error) {
 	port := u.Port()
 	out := []string{net.JoinHostPort(u.Hostname(), port)}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if ips, err := net.DefaultResolver.LookupHost(rctx, u.Hostname()); err == nil {
-		for _, ip := range ips {
-			out = append(out, net.JoinHostPort(ip, port))
-		}
-		w.addrs[i] = out
+	ips, err := net.DefaultResolver.LookupHost(rctx, u.Hostname())
+	for _, ip := range ips {
+		out = append(out, net.JoinHostPort(ip, port))
 	}
-	return out
+	return out, err
+}
+
+// checkRemoteAddresses refuses two remotes that reach the same address:
+// holdfast binds every remote to the same local account, and a hub server
+// takes one link from an edge per account (it drops the other as a
+// duplicate, and both links then flap), while an address could no longer
+// tell the remotes' links apart. A name that does not resolve now is
+// compared as written.
+func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) error {
+	if len(remotes) < 2 {
+		return nil
+	}
+	first := map[string]int{}
+	for i, r := range remotes {
+		u, err := url.Parse(r.URL)
+		if err != nil {
+			continue // Validate refused it
+		}
+		addrs, _ := resolveHostPort(ctx, u)
+		for _, a := range addrs {
+			if j, ok := first[a]; ok && j != i {
+				return fmt.Errorf("leafnodes.remotes[%d].url %q reaches %s like leafnodes.remotes[%d].url %q: "+
+					"a hub server takes one link per edge (the second is dropped as a duplicate and both flap); remove one of them",
+					i, r.Redacted(), a, j, remotes[j].Redacted())
+			}
+			if _, ok := first[a]; !ok {
+				first[a] = i
+			}
+		}
+	}
+	return nil
 }
 
 // LeafLinks returns the state of each configured remote, in config order;
@@ -265,6 +430,44 @@ func (s *Server) LeafLinks() []LeafLink {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return slices.Clone(w.links)
+}
+
+// LeafReaches reports whether a leafnode link is up to a hub that serves
+// the JetStream domain (the hub's subscriptions over the link show its
+// API): what a forward to that domain needs, whichever remote the link
+// belongs to; a link to another hub does not count.
+func (s *Server) LeafReaches(domain string) bool {
+	w := s.leaf
+	if w == nil {
+		return false
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, ds := range w.linkDom {
+		if ds[domain] {
+			return true
+		}
+	}
+	return false
+}
+
+// LeafDomains returns the JetStream domains the hubs behind the leafnode
+// links that are up serve, sorted.
+func (s *Server) LeafDomains() []string {
+	w := s.leaf
+	if w == nil {
+		return nil
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var out []string
+	for _, ds := range w.linkDom {
+		for d := range ds {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // LeafConnected reports whether at least one remote is connected.

@@ -309,3 +309,36 @@ func TestBootstrapSources(t *testing.T) {
 		t.Fatalf("Bootstrap with a changed mirror = %v, want a DriftError on mirror", err)
 	}
 }
+
+// TestLeafRemotesSameAddress: two remotes written differently that reach
+// the same hub address are refused at start, naming both: the hub would
+// keep one link and drop the other as a duplicate (both flap), and the
+// links could not be told apart.
+func TestLeafRemotesSameAddress(t *testing.T) {
+	hubCfg := leafHubConfig(t, "", "")
+	_, port, _ := hubCfg.LeafNodes.ListenHostPort()
+	cfg := leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{})
+	cfg.LeafNodes.Remotes = append(cfg.LeafNodes.Remotes, config.RemoteConfig{URL: fmt.Sprintf("nats-leaf://localhost:%d", port)})
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s := New(cfg, slog.New(slog.DiscardHandler))
+	err := s.Open(context.Background())
+	if err == nil {
+		_ = s.Close(context.Background())
+		t.Fatal("Open accepted two remotes to one address")
+	}
+	for _, want := range []string{"leafnodes.remotes[1].url", "leafnodes.remotes[0].url", fmt.Sprintf("127.0.0.1:%d", port)} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+}
+
+func TestLinkDomains(t *testing.T) {
+	got := linkDomains([]string{"$JS.hub.API.INFO", "$JS.hub.API.STREAM.>", "$JS.API.>", "$JS.a.b.API.INFO", "edge.>", "$JS.other.API.>", "$JS.ACK.S.C.*"})
+	want := map[string]bool{"hub": true, "other": true}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("linkDomains = %v, want %v", got, want)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -24,6 +25,52 @@ type serverLogger struct {
 	writeErrs  uint64
 	firstWrite string
 	firstAt    time.Time
+
+	// Why the other nodes refuse this node's routes, as the server last
+	// logged it, and when.
+	routeRefusal   string
+	routeRefusedAt time.Time
+}
+
+// routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
+// route's cluster name is not this node's: the remote's, then ours; or,
+// inside "Route Error '...'", what the other node sent back (ours first).
+var routeNameConflict = regexp.MustCompile(`Rejecting connection, cluster name "([^"]*)" does not match "([^"]*)"`)
+
+// noteRouteRefusal records why a route was refused, when msg says so, in
+// the words of the keys to fix.
+func (l *serverLogger) noteRouteRefusal(msg string) {
+	var why string
+	switch m := routeNameConflict.FindStringSubmatch(msg); {
+	case m != nil:
+		ours, theirs := m[2], m[1]
+		if strings.Contains(msg, "Route Error '") {
+			// The other node's words, sent back: its name comes second.
+			ours, theirs = theirs, ours
+		}
+		why = fmt.Sprintf("cluster.name is %q here but %q on the node at the other end of a route: give every node of the cluster the same cluster.name", ours, theirs)
+	case strings.Contains(msg, "Route Error 'Authorization Violation'"):
+		why = "the other nodes refuse this node's cluster.user and cluster.password_file (Authorization Violation): every node needs the same user and password"
+	default:
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.routeRefusal, l.routeRefusedAt = why, time.Now()
+}
+
+// RouteRefusal is why routes were last refused, when that was within
+// the last d; "" otherwise.
+func (l *serverLogger) RouteRefusal(d time.Duration) string {
+	if l == nil {
+		return ""
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.routeRefusal == "" || time.Since(l.routeRefusedAt) > d {
+		return ""
+	}
+	return l.routeRefusal
 }
 
 // storeWriteErrors are what nats-server (v2.15.2) logs when a write to the
@@ -78,6 +125,7 @@ const plaintextPasswordsWarning = "Plaintext passwords detected, use nkeys or bc
 func (l *serverLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
+	l.noteRouteRefusal(msg)
 	l.log.Error(msg)
 }
 

@@ -58,7 +58,8 @@ type Server struct {
 	identity *storeIdentity // what the store was at Open, for CheckStore
 	lost     atomic.Bool    // WatchStore found the store lost
 
-	leaf *leafLinks // the remotes' link states, nil without remotes
+	leaf  *leafLinks    // the remotes' link states, nil without remotes
+	nsLog *serverLogger // the server's logger: what it noticed
 
 	losses     []DataLoss
 	stopRecord context.CancelFunc
@@ -177,6 +178,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	if err := checkRemoteAddresses(ctx, s.cfg.LeafNodes.Remotes); err != nil {
+		return err
+	}
 	id, err := newInternalIdentity()
 	if err != nil {
 		return err
@@ -198,6 +202,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 	serverCreated(opts, ns)
 	logger := newServerLogger(s.base.With("component", "nats"))
+	s.nsLog = logger
 	ns.SetLoggerV2(logger, opts.Debug, false, false)
 	s.ns = ns
 	s.status("starting NATS server, recovering streams")
@@ -274,14 +279,23 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return fmt.Errorf("start-up interrupted: %w", ctx.Err())
 		}
+		refusal := s.nsLog.RouteRefusal(10 * time.Second)
 		if time.Since(start) > timeout {
+			if refusal != "" {
+				return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%d route(s) connected): routes are refused: %s", s.cfg.Cluster.Name, timeout, s.ns.NumRoutes(), refusal)
+			}
 			return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%d route(s) connected): start the other nodes, "+
 				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.ns.NumRoutes(), err)
 		}
 		if time.Since(lastSaid) >= 5*time.Second {
 			lastSaid = time.Now()
 			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %d route(s) connected, no meta leader yet", s.cfg.Cluster.Name, s.ns.NumRoutes())
-			s.log.Info(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
+			if refusal != "" {
+				msg += ": routes are refused: " + refusal
+				s.log.Error(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
+			} else {
+				s.log.Info(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
+			}
 			s.status(msg)
 		}
 		select {

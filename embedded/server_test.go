@@ -3,6 +3,7 @@ package embedded
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -271,6 +272,25 @@ func TestInProcessConnectionErrorsAreLogged(t *testing.T) {
 	for _, want := range []string{"connection=holdfast-test-conn", "subject=slow.subject"} {
 		if !strings.Contains(lb.String(), want) {
 			t.Errorf("the log line does not name %s", want)
+		}
+	}
+}
+
+// TestNoteRouteRefusal: the server's log lines about refused routes
+// become a reason naming the keys, with the cluster names in the right
+// order whichever side logged them.
+func TestNoteRouteRefusal(t *testing.T) {
+	for _, tc := range []struct{ line, want string }{
+		{`127.0.0.1:4 - rid:5 - Rejecting connection, cluster name "c1" does not match "c2"`, `cluster.name is "c2" here but "c1" on the node`},
+		{`127.0.0.1:4 - rid:5 - Route Error 'Rejecting connection, cluster name "c2" does not match "c1"'`, `cluster.name is "c2" here but "c1" on the node`},
+		{`127.0.0.1:4 - rid:5 - Route Error 'Authorization Violation'`, "cluster.user and cluster.password_file"},
+		{`127.0.0.1:4 - rid:5 - Router connection closed: Client Closed`, ""},
+	} {
+		l := newServerLogger(slog.New(slog.DiscardHandler))
+		l.Errorf("%s", tc.line)
+		got := l.RouteRefusal(time.Minute)
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("%s: RouteRefusal = %q, want %q", tc.line, got, tc.want)
 		}
 	}
 }

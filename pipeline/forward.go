@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,12 @@ type ForwardOptions struct {
 	// LinkUp reports whether a leafnode link to the hub is up; nil means
 	// always.
 	LinkUp func() bool
+	// Domains returns the JetStream domains reachable over the leafnode
+	// links now (nil: none but Domain). The check refuses to forward
+	// while a stream of another of them takes the destination subjects
+	// too: a JetStream publish goes to every stream that takes its
+	// subject, so each message would also be stored there.
+	Domains func() []string
 }
 
 // ForwardStats counts what a Forwarder did since start.
@@ -96,6 +103,13 @@ type Forwarder struct {
 	hubStream    string // the hub stream that takes the destination subjects
 	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
 	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
+	checkedDoms  string // the other domains when the hub was last checked
+	checkedDowns uint64 // downs when the last check that passed began
+
+	// downs counts the times the link was seen down: a check that passed
+	// before the link fell says nothing of the hub behind the link that
+	// came back (restarted with another duplicate window, a store emptied).
+	downs atomic.Uint64
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -191,7 +205,7 @@ func (f *Forwarder) Close() {
 }
 
 // recheck checks the hub again every second while the link is up and the
-// last check failed.
+// last check failed, or when the reachable domains changed.
 func (f *Forwarder) recheck(ctx context.Context) {
 	defer close(f.done)
 	t := time.NewTicker(time.Second)
@@ -202,7 +216,10 @@ func (f *Forwarder) recheck(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if f.Ready() || !f.linkUp() {
+		f.mu.Lock()
+		same := f.checkedDoms == f.otherDomains()
+		f.mu.Unlock()
+		if (f.Ready() && same) || !f.linkUp() {
 			continue
 		}
 		_ = f.checkHub(ctx) // logs what changed
@@ -212,9 +229,13 @@ func (f *Forwarder) recheck(ctx context.Context) {
 // checkHub finds the hub's stream for the destination subjects and checks
 // its duplicate window, recording the result for Ready and Problem.
 func (f *Forwarder) checkHub(ctx context.Context) error {
+	downs := f.downs.Load()
 	err := f.lookupHub(ctx)
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if err == nil {
+		f.checkedDowns = downs
+	}
 	switch {
 	case err == nil && f.checkErr != nil:
 		f.log.Info("hub stream checked: forwarding", "hub_stream", f.hubStream, "subject", f.pattern())
@@ -229,10 +250,43 @@ func (f *Forwarder) pattern() string {
 	return ForwardSubject(f.opts.Subject, f.opts.ServerName, ">")
 }
 
+// otherDomains are the reachable JetStream domains but the hub's, sorted,
+// as one text.
+func (f *Forwarder) otherDomains() string {
+	if f.opts.Domains == nil {
+		return ""
+	}
+	var out []string
+	for _, d := range f.opts.Domains() {
+		if d != f.opts.Domain {
+			out = append(out, d)
+		}
+	}
+	slices.Sort(out)
+	return strings.Join(slices.Compact(out), ",")
+}
+
 func (f *Forwarder) lookupHub(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 	defer cancel()
 	subj := f.pattern()
+	others := f.otherDomains()
+	f.mu.Lock()
+	f.checkedDoms = others
+	f.mu.Unlock()
+	for _, d := range strings.Split(others, ",") {
+		if d == "" {
+			continue
+		}
+		ojs, err := jetstream.NewWithDomain(f.nc, d)
+		if err != nil {
+			return err
+		}
+		if name, err := ojs.StreamNameBySubject(ctx, subj); err == nil {
+			return fmt.Errorf("stream %s of JetStream domain %q (another hub, over another leafnode link) takes %s too: a publish reaches every stream that takes its subject, so each message would be stored there as well; "+
+				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
+		}
+	}
 	name, err := f.hub.StreamNameBySubject(ctx, subj)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -256,18 +310,25 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	return nil
 }
 
-func (f *Forwarder) linkUp() bool { return f.opts.LinkUp == nil || f.opts.LinkUp() }
+func (f *Forwarder) linkUp() bool {
+	if f.opts.LinkUp == nil || f.opts.LinkUp() {
+		return true
+	}
+	f.downs.Add(1)
+	return false
+}
 
 // Ready reports whether forwarding can go on now: the link is up and the
-// hub's stream passed the check. The workers pull nothing while it is
-// false (ConsumerOptions.Paused), so an outage spends no deliveries.
+// hub's stream passed the check since the link was last seen down. The
+// workers pull nothing while it is false (ConsumerOptions.Paused), so an
+// outage spends no deliveries.
 func (f *Forwarder) Ready() bool {
 	if !f.linkUp() {
 		return false
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.checkErr == nil
+	return f.checkErr == nil && f.checkedDowns == f.downs.Load()
 }
 
 // Problem is why forwarding waits on a hub that is reachable, or "".
@@ -374,8 +435,19 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		<-watched
 		if err == nil {
 			if ack.Domain != f.opts.Domain {
-				f.stats.Refused.Add(1)
-				return Fail(fmt.Sprintf("stored by stream %s of JetStream domain %q, not by the hub's domain %q", ack.Stream, ack.Domain, f.opts.Domain))
+				// Another hub's stream took it (and answered first): the
+				// hub's may have it too, or not. Wait, in this delivery,
+				// until the check finds the hub alone again.
+				f.stats.Errors.Add(1)
+				f.mu.Lock()
+				werr := fmt.Errorf("stream %s of JetStream domain %q stored a forwarded message meant for the hub %q: a stream of another hub takes %s too",
+					ack.Stream, ack.Domain, f.opts.Domain, f.pattern())
+				if f.checkErr == nil || f.checkErr.Error() != werr.Error() {
+					f.log.Error("forwarding waits: the hub's stream cannot take this edge's messages now", "err", werr)
+				}
+				f.checkErr = werr
+				f.mu.Unlock()
+				continue
 			}
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
@@ -427,7 +499,7 @@ func (f *Forwarder) cancelOnLinkDown(ctx context.Context, cancel context.CancelF
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if !f.opts.LinkUp() {
+				if !f.linkUp() {
 					cancel()
 					return
 				}

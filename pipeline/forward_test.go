@@ -188,6 +188,41 @@ func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 	}
 }
 
+// TestForwardRechecksAfterLinkDown: a hub whose stream's window became
+// too short while the link was down (a hub restarted with another
+// config) is checked again once the link is back: forwarding waits and
+// Problem says why, instead of going on from the check made before.
+func TestForwardRechecksAfterLinkDown(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 10 * time.Minute})
+	f, err := e.forwarder(up, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !f.Ready() {
+		t.Fatal("not ready after Open")
+	}
+	up.Store(false)
+	if f.Ready() {
+		t.Fatal("ready with the link down")
+	}
+	if _, err := e.js.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	up.Store(true)
+	if f.Ready() {
+		t.Error("ready at once when the link came back, before the hub was checked again")
+	}
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if p := f.Problem(); !strings.Contains(p, "duplicate window is too short") {
+			return fmt.Errorf("Problem = %q", p)
+		}
+		return nil
+	})
+	if f.Ready() {
+		t.Error("ready with a window too short")
+	}
+}
+
 // TestForwardOpenInterrupted: Open returns the context's error when it
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {

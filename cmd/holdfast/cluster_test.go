@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -544,5 +545,42 @@ func TestClusterRollingRestart(t *testing.T) {
 	}
 	for _, nd := range nodes {
 		nd.proc.stop()
+	}
+}
+
+// TestClusterNodeRefusedByTheOthers: a node restarted with a
+// cluster.name, or a cluster password, that is not the others' never
+// joins; while it waits it says why, by key, instead of only "no meta
+// leader yet".
+func TestClusterNodeRefusedByTheOthers(t *testing.T) {
+	pw := filepath.Join(t.TempDir(), "route.password")
+	bad := filepath.Join(t.TempDir(), "bad.password")
+	for path, text := range map[string]string{pw: "s3cret-route\n", bad: "not-the-password\n"} {
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes := newTestCluster(t, 3, "")
+	for _, nd := range nodes {
+		nd.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, nd.cfg), "[cluster]\n", fmt.Sprintf("[cluster]\nuser = \"route\"\npassword_file = %q\n", pw), 1))
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	nodes[2].proc.stop() // restarted below with a wrong setting
+	for _, tc := range []struct{ name, from, to, want string }{
+		{"cluster name", `name = "test-cluster"`, `name = "other-cluster"`,
+			`routes are refused: cluster.name is \"other-cluster\" here but \"test-cluster\" on the node at the other end of a route`},
+		{"password", pw, bad, `routes are refused: the other nodes refuse this node's cluster.user and cluster.password_file`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := e2eWriteConfig(t, strings.Replace(readFile(t, nodes[2].cfg), tc.from, tc.to, 1))
+			p := startHoldfast(t, cfg) // killed when the subtest ends
+			natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+				if !strings.Contains(p.stderr.String(), tc.want) {
+					return fmt.Errorf("the node does not say %s", tc.want)
+				}
+				return nil
+			})
+		})
 	}
 }

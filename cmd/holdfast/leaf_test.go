@@ -676,3 +676,186 @@ func TestLeafReloadForwardToLog(t *testing.T) {
 		t.Errorf("the forwarder is still there after the reload:\n%s", grepLines(m, "holdfast_forward_"))
 	}
 }
+
+// TestLeafHubClusterTwoRemotes: the same hub cluster failover as
+// TestLeafHubCluster, but the edge has a second remote (another hub,
+// down). After the kill -9 of the node it names, the first remote's link
+// comes back on an address the hub advertised: it must count as that
+// remote's link (metrics, forwarding), not as no link at all.
+func TestLeafHubClusterTwoRemotes(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	leafPorts := make([]int, len(nodes))
+	for i, nd := range nodes {
+		leafPorts[i] = natstest.FreePort(t)
+		text := strings.Replace(readFile(t, nd.cfg), "[jetstream]\n", "[jetstream]\ndomain = \"hub\"\n", 1)
+		text += fmt.Sprintf("\n[leafnodes]\nlisten = \"127.0.0.1:%d\"\n\n[streams.EDGE]\nsubjects = [\"edge.>\"]\nduplicate_window = \"10m\"\n", leafPorts[i])
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	other := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)) // another hub, down
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", leafPorts[0]),
+		fmt.Sprintf("\n[[leafnodes.remotes]]\nurl = \"nats-leaf://%s\"\n", other))
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, nodes[1].inst)
+
+	first := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://127.0.0.1:%d"} 1`, leafPorts[0])
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, first) {
+			return fmt.Errorf("no %s:\n%s", first, grepLines(m, "holdfast_leafnode_connected"))
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 0, 500)
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < 100 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	nodes[0].proc.signal(syscall.SIGKILL)
+	// The link is back on another node's address.
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := strings.Count(edge.proc.stderr.String(), "Leafnode connection created"); n < 2 {
+			return fmt.Errorf("the edge's server connected %d time(s)", n)
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 500, 500)
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := hjs.Stream(ctx, "EDGE")
+		if err != nil {
+			return err
+		}
+		if n := s.CachedInfo().State.Msgs; n != 1000 {
+			return fmt.Errorf("hub holds %d", n)
+		}
+		return nil
+	})
+	seen := hubCounts(t, hjs, 1000, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 1000})
+	m := edge.get(t, "/metrics")
+	if !strings.Contains(m, first) {
+		t.Errorf("the first remote's link is up on another node, but:\n%s", grepLines(m, "holdfast_leafnode_connected"))
+	}
+	down := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://%s"} 0`, other)
+	if !strings.Contains(m, down) {
+		t.Errorf("the second remote is down, but:\n%s", grepLines(m, "holdfast_leafnode_connected"))
+	}
+}
+
+// TestLeafForwardWaitsForItsHub: an edge with two remotes, its forward
+// hub (domain "hub") down and another hub (domain "hub2") up whose stream
+// also takes edge.>. The link to hub2 is no link to the forward's hub:
+// forwarding waits for its link (ready 0, no "does not forward" in
+// /healthz). Once the hub is up, a publish would reach both hubs' streams:
+// forwarding waits and /healthz names hub2's stream, nothing is stored on
+// either or dead-lettered; once hub2's stream is gone, every message
+// reaches the hub once.
+func TestLeafForwardWaitsForItsHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub2 := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub2.inst.cfg), `domain = "hub"`, `domain = "hub2"`, 1)
+	text = strings.Replace(text, `name = "hub"`, `name = "hub2"`, 1)
+	hub2.inst.cfg = e2eWriteConfig(t, text)
+	hub2.start(t)
+	defer hub2.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort),
+		fmt.Sprintf("\n[[leafnodes.remotes]]\nurl = \"nats-leaf://127.0.0.1:%d\"\n", hub2.leafPort))
+	edge.start(t)
+	defer edge.proc.stop()
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		want := fmt.Sprintf(`holdfast_leafnode_connected{remote="nats-leaf://127.0.0.1:%d"} 1`, hub2.leafPort)
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, want) {
+			return fmt.Errorf("no %s", want)
+		}
+		return nil
+	})
+	_, ejs := e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 0, 100)
+	time.Sleep(2 * time.Second) // the forwarder's hub check runs every second
+	if h := edge.get(t, "/healthz"); strings.Contains(h, "does not forward") {
+		t.Errorf("the forward hub is down, not failing: /healthz says\n%s", h)
+	}
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_ready{consumer="FORWARD"} 0`) {
+		t.Errorf("forwarding ready without its hub:\n%s", grepLines(m, "holdfast_forward_ready"))
+	}
+
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs := e2eConnect(t, hub.inst)
+	_, h2js := e2eConnect(t, hub2.inst)
+	natstest.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `stream EDGE of JetStream domain \"hub2\"`) {
+			return fmt.Errorf("/healthz does not name hub2's stream:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(time.Second)
+	for name, js := range map[string]jetstream.JetStream{"hub": hjs, "hub2": h2js} {
+		if n := natstest.StreamInfo(t, js, "EDGE").State.Msgs; n != 0 {
+			t.Errorf("%s stored %d forwarded messages while both hubs take them", name, n)
+		}
+	}
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Errorf("%d messages dead-lettered", n)
+	}
+
+	if err := h2js.DeleteStream(natstest.Context(t), "EDGE"); err != nil {
+		t.Fatal(err)
+	}
+	seen := hubCounts(t, hjs, 100, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 100})
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Errorf("%d messages dead-lettered", n)
+	}
+}
+
+// TestLeafHubRestartedWithShortWindow: the hub comes back from a restart
+// with a duplicate window shorter than the edge's unreachable_after. The
+// edge checks the hub's stream again after the link comes back, so it
+// stops forwarding and says why, instead of forwarding with no protection
+// against duplicates through its next outage.
+func TestLeafHubRestartedWithShortWindow(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 50)
+	hubCounts(t, hjs, 50, 30*time.Second)
+
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `duplicate_window = "10m"`, `duplicate_window = "1m"`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs = e2eConnect(t, hub.inst)
+	if w := e2eStreamInfo(t, hjs, "EDGE").Config.Duplicates; w != time.Minute {
+		t.Fatalf("the hub's stream deduplicates over %s after the restart, want 1m", w)
+	}
+	natstest.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {
+			return fmt.Errorf("/healthz says nothing of the window:\n%s", h)
+		}
+		return nil
+	})
+	leafPublish(t, ejs, 50, 50)
+	time.Sleep(2 * time.Second)
+	if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n != 50 {
+		t.Errorf("the hub holds %d: the edge forwarded to a stream whose window is too short", n)
+	}
+}
+
+func e2eStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	s, err := js.Stream(natstest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo()
+}
