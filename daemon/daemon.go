@@ -439,7 +439,11 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 
 	if !slices.Equal(cur.StreamNames(), next.StreamNames()) || !slices.Equal(cur.ConsumerNames(), next.ConsumerNames()) {
 		restart = append(restart, "adding or removing streams or consumers")
-	} else if !reflect.DeepEqual(cur.Streams, next.Streams) || !reflect.DeepEqual(cur.Consumers, next.Consumers) {
+	} else {
+		// Also with the same streams and consumers: like a start, the
+		// bootstrap sets back what was edited on the server meanwhile
+		// (a limit set with nats stream edit, on a dead-letter stream
+		// one that would remove dead letters).
 		trial := applied
 		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
 		// Group commit stops before its stream leaves the configured

@@ -101,7 +101,7 @@ func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
 	case err != nil:
 		return fmt.Errorf("dead-letter stream %s: %w", w.opts.DeadLetter, err)
 	case dropsDeadLetters(s.CachedInfo().Config) != "":
-		return fmt.Errorf("the dead-letter stream %s has %s, which would remove dead letters nobody handled: nothing is stored there until it is set back (restart holdfast, which does it, or nats stream edit %s)",
+		return fmt.Errorf("the dead-letter stream %s has %s, which would remove dead letters nobody handled: nothing is stored there until it is set back (a reload of holdfast, SIGHUP, does it, or nats stream edit %s)",
 			w.opts.DeadLetter, dropsDeadLetters(s.CachedInfo().Config), w.opts.DeadLetter)
 	}
 	ack, err := w.js.PublishMsg(ctx, dl)
