@@ -293,6 +293,7 @@ func TestValidValues(t *testing.T) {
 		{"streams.subjects", "[streams.S]\nsubjects = [\"s.*\", \"t.>\", \"u\"]", func(c *Config) any { return c.Streams["S"].Subjects }, []string{"s.*", "t.>", "u"}},
 		{"streams.retention interest", streamS + "retention = \"interest\"", func(c *Config) any { return c.Streams["S"].Retention }, "interest"},
 		{"streams.retention workqueue", streamS + "retention = \"workqueue\"", func(c *Config) any { return c.Streams["S"].Retention }, "workqueue"},
+		{"consumers workqueue disjoint filters", streamS + "retention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.a\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", func(c *Config) any { return c.Consumers["B"].FilterSubject }, "s.b"},
 		{"streams.retention limits", streamS + "retention = \"limits\"", func(c *Config) any { return c.Streams["S"].Retention }, "limits"},
 		{"streams.discard new", streamS + "discard = \"new\"", func(c *Config) any { return c.Streams["S"].Discard }, "new"},
 		{"streams.discard old", streamS + "discard = \"old\"", func(c *Config) any { return c.Streams["S"].Discard }, "old"},
@@ -507,6 +508,10 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be at least 100ms"},
 		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be at least 100ms"},
 		{"consumers.dead_letter configured stream", consumerC + "dead_letter = \"S\"", `consumers.C.dead_letter = "S": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ"`},
+		{"consumers.dead_letter configured stream named like the default", consumerC + "dead_letter = \"S_DLQ\"\n[streams.S_DLQ]\nsubjects = [\"x.*\"]", `consumers.C.dead_letter = "S_DLQ": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ_DEAD"`},
+		// The server refuses these consumers; holdfast run stopped at start-up after check had passed.
+		{"consumers workqueue two unfiltered", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": stream S has retention "workqueue", where a message goes to one consumer only: consumers A and B each need a filter_subject`},
+		{"consumers workqueue overlapping filters", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.*\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": overlaps "s.*" of consumer A on stream S`},
 		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
 
 		{"http.listen non-loopback", "[http]\nlisten = \"0.0.0.0:8222\"", `http.listen = "0.0.0.0:8222": monitoring on a non-loopback address`},

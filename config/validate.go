@@ -336,7 +336,47 @@ func (c *Config) validateConsumers(v *validator) {
 			case !validName(cc.DeadLetter):
 				v.add(key+".dead_letter", q(cc.DeadLetter), "stream name must not contain spaces, '.', '*', '>' or path separators")
 			case c.Streams[cc.DeadLetter] != nil:
-				v.add(key+".dead_letter", q(cc.DeadLetter), "is a configured stream: dead-letter streams are created by holdfast, pick another name such as %q", cc.Stream+"_DLQ")
+				suggest := cc.Stream + "_DLQ"
+				for c.Streams[suggest] != nil {
+					suggest += "_DEAD"
+				}
+				v.add(key+".dead_letter", q(cc.DeadLetter), "is a configured stream: dead-letter streams are created by holdfast, pick another name such as %q", suggest)
+			}
+		}
+	}
+	c.validateWorkQueues(v)
+}
+
+// validateWorkQueues checks the consumers of each workqueue stream as the
+// server does when it creates them: a message of such a stream goes to one
+// consumer only, so with several consumers each needs a filter_subject,
+// none overlapping another's. The server refuses the second consumer
+// otherwise, and holdfast run stopped at start-up after check had passed.
+func (c *Config) validateWorkQueues(v *validator) {
+	for _, stream := range c.StreamNames() {
+		if c.Streams[stream].Retention != "workqueue" {
+			continue
+		}
+		var names []string
+		for _, name := range c.ConsumerNames() {
+			if c.Consumers[name].Stream == stream {
+				names = append(names, name)
+			}
+		}
+		for i, name := range names {
+			cc := c.Consumers[name]
+			key := "consumers." + name + ".filter_subject"
+			for _, other := range names[:i] {
+				oc := c.Consumers[other]
+				switch {
+				case cc.FilterSubject == "" || oc.FilterSubject == "":
+					v.add(key, q(cc.FilterSubject), "stream %s has retention \"workqueue\", where a message goes to one consumer only: consumers %s and %s each need a filter_subject, not overlapping the other's (or retention \"limits\" or \"interest\" for every consumer to get every message)", stream, other, name)
+				case server.SubjectsCollide(cc.FilterSubject, oc.FilterSubject):
+					v.add(key, q(cc.FilterSubject), "overlaps %q of consumer %s on stream %s, whose retention \"workqueue\" gives a message to one consumer only: pick filters that do not overlap (or retention \"limits\" or \"interest\" for every consumer to get every message)", oc.FilterSubject, other, stream)
+				default:
+					continue
+				}
+				break
 			}
 		}
 	}
