@@ -512,6 +512,12 @@ func TestInvalidValues(t *testing.T) {
 		// The server refuses these consumers; holdfast run stopped at start-up after check had passed.
 		{"consumers workqueue two unfiltered", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": stream S has retention "workqueue", where a message goes to one consumer only: consumers A and B each need a filter_subject`},
 		{"consumers workqueue overlapping filters", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.*\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": overlaps "s.*" of consumer A on stream S`},
+		// The server refuses these streams; holdfast run stopped at start-up after check had passed.
+		{"streams.max_age below the server's minimum", streamS + "max_age = \"10ms\"\nduplicate_window = \"10ms\"", `streams.S.max_age = 10ms: must be at least 100ms`},
+		{"streams.duplicate_window below the server's minimum", streamS + "duplicate_window = \"50ms\"", `streams.S.duplicate_window = 50ms: must be at least 100ms`},
+		{"streams.max_bytes together above max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"600MiB\"\n[streams.T]\nsubjects = [\"t.*\"]\nmax_bytes = \"600MiB\"", `jetstream.max_file_store = 1GiB: is less than the max_bytes of its streams together (S 600MiB + T 600MiB)`},
+		{"streams.max_bytes all of max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"1GiB\"\n[consumers.C]\nstream = \"S\"", `jetstream.max_file_store = 1GiB: is all set aside for the max_bytes of S 1GiB, and the server refuses a stream without max_bytes (S_DLQ)`},
+		{"streams.max_bytes above max_memory_store", "[jetstream]\nmax_memory_store = \"64MiB\"\n" + streamS + "storage = \"memory\"\nallow_memory = true\nmax_bytes = \"128MiB\"", `jetstream.max_memory_store = 64MiB: is less than the max_bytes of its streams together (S 128MiB)`},
 		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
 
 		{"http.listen non-loopback", "[http]\nlisten = \"0.0.0.0:8222\"", `http.listen = "0.0.0.0:8222": monitoring on a non-loopback address`},

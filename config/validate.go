@@ -2,7 +2,9 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -233,6 +235,8 @@ func (c *Config) validateStreams(v *validator) {
 		}
 		if v.duration(key+".max_age", sc.MaxAge) && sc.MaxAge.Duration < 0 {
 			v.add(key+".max_age", sc.MaxAge.String(), "must not be negative (\"0s\" keeps messages forever)")
+		} else if sc.MaxAge.Duration > 0 && sc.MaxAge.Duration < MinStreamWindow {
+			v.add(key+".max_age", sc.MaxAge.String(), "must be at least %s (the server refuses a shorter one), or \"0s\" to keep messages forever", MinStreamWindow)
 		}
 		switch sc.Storage {
 		case "file":
@@ -247,6 +251,56 @@ func (c *Config) validateStreams(v *validator) {
 			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be negative")
 		} else if sc.MaxAge.Duration > 0 && sc.DuplicateWindow.Duration > sc.MaxAge.Duration {
 			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be longer than max_age (%s)", sc.MaxAge)
+		} else if sc.DuplicateWindow.Duration > 0 && sc.DuplicateWindow.Duration < MinStreamWindow {
+			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must be at least %s (the server refuses a shorter one)", MinStreamWindow)
+		}
+	}
+	c.validateReservations(v)
+}
+
+// MinStreamWindow is the shortest max_age and duplicate_window the server
+// accepts (other than 0).
+const MinStreamWindow = 100 * time.Millisecond
+
+// validateReservations checks the streams' max_bytes against the store
+// limits: the server reserves each stream's max_bytes in its storage's
+// limit and refuses to create a stream that does not fit ("insufficient
+// storage resources"), which stopped holdfast run at start-up.
+func (c *Config) validateReservations(v *validator) {
+	for _, st := range []struct {
+		storage, key string
+		limit        Size
+	}{
+		{"file", "jetstream.max_file_store", c.JetStream.MaxFileStore},
+		{"memory", "jetstream.max_memory_store", c.JetStream.MaxMemoryStore},
+	} {
+		if st.limit.bad != nil || st.limit.Bytes <= 0 {
+			continue
+		}
+		var sum int64
+		var parts, unlimited []string
+		for _, name := range c.StreamNames() {
+			sc := c.Streams[name]
+			switch {
+			case sc.Storage != st.storage || sc.MaxBytes.bad != nil:
+			case sc.MaxBytes.Bytes <= 0:
+				unlimited = append(unlimited, name)
+			default:
+				sum += sc.MaxBytes.Bytes
+				parts = append(parts, fmt.Sprintf("%s %s", name, sc.MaxBytes))
+			}
+		}
+		if st.storage == "file" { // dead-letter streams: file storage, no max_bytes
+			unlimited = append(unlimited, slices.Sorted(maps.Keys(c.DeadLetterStreams()))...)
+		}
+		switch {
+		case sum > st.limit.Bytes:
+			v.add(st.key, st.limit.String(), "is less than the max_bytes of its streams together (%s): the server sets each stream's max_bytes aside in this limit and refuses a stream that does not fit; raise %s or lower max_bytes",
+				strings.Join(parts, " + "), st.key)
+		case sum == st.limit.Bytes && len(unlimited) > 0:
+			// The server needs a byte left for a stream without max_bytes.
+			v.add(st.key, st.limit.String(), "is all set aside for the max_bytes of %s, and the server refuses a stream without max_bytes (%s) when nothing is left; raise %s or lower max_bytes",
+				strings.Join(parts, " + "), strings.Join(unlimited, ", "), st.key)
 		}
 	}
 }
