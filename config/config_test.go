@@ -293,6 +293,8 @@ func TestValidValues(t *testing.T) {
 		{"streams.subjects", "[streams.S]\nsubjects = [\"s.*\", \"t.>\", \"u\"]", func(c *Config) any { return c.Streams["S"].Subjects }, []string{"s.*", "t.>", "u"}},
 		{"streams.retention interest", streamS + "retention = \"interest\"", func(c *Config) any { return c.Streams["S"].Retention }, "interest"},
 		{"streams.retention workqueue", streamS + "retention = \"workqueue\"", func(c *Config) any { return c.Streams["S"].Retention }, "workqueue"},
+		{"consumers.filter_subject on a mirror", "[streams.SRC]\nsubjects = [\"src.*\"]\n[streams.M]\nmirror = { name = \"SRC\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"src.a\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "src.a"},
+		{"consumers.filter_subject on a remote mirror", "[streams.M]\nmirror = { name = \"SRC\", domain = \"hub\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"src.a\"\n[[leafnodes.remotes]]\nurl = \"nats-leaf://127.0.0.1:7422\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "src.a"},
 		{"consumers workqueue disjoint filters", streamS + "retention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.a\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", func(c *Config) any { return c.Consumers["B"].FilterSubject }, "s.b"},
 		{"streams.retention limits", streamS + "retention = \"limits\"", func(c *Config) any { return c.Streams["S"].Retention }, "limits"},
 		{"streams.discard new", streamS + "discard = \"new\"", func(c *Config) any { return c.Streams["S"].Discard }, "new"},
@@ -518,6 +520,9 @@ func TestInvalidValues(t *testing.T) {
 		{"streams.max_bytes together above max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"600MiB\"\n[streams.T]\nsubjects = [\"t.*\"]\nmax_bytes = \"600MiB\"", `jetstream.max_file_store = 1GiB: is less than the max_bytes of its streams together (S 600MiB + T 600MiB)`},
 		{"streams.max_bytes all of max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"1GiB\"\n[consumers.C]\nstream = \"S\"", `jetstream.max_file_store = 1GiB: is all set aside for the max_bytes of S 1GiB, and the server refuses a stream without max_bytes (S_DLQ)`},
 		{"streams.max_bytes above max_memory_store", "[jetstream]\nmax_memory_store = \"64MiB\"\n" + streamS + "storage = \"memory\"\nallow_memory = true\nmax_bytes = \"128MiB\"", `jetstream.max_memory_store = 64MiB: is less than the max_bytes of its streams together (S 128MiB)`},
+		{"consumers.dead_letter too long", "[streams." + strings.Repeat("S", 252) + "]\nsubjects = [\"s.*\"]\n[consumers.C]\nstream = \"" + strings.Repeat("S", 252) + "\"", `_DLQ": stream name is 256 bytes long: the server takes at most 255`},
+		// A consumer on a mirror or a stream with sources filters on the origin's subjects.
+		{"consumers.filter_subject outside a mirror's origin", "[streams.SRC]\nsubjects = [\"src.*\"]\n[streams.M]\nmirror = { name = \"SRC\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"x.a\"", `consumers.C.filter_subject = "x.a": matches none of stream M's subjects [src.*]`},
 		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
 
 		{"http.listen non-loopback", "[http]\nlisten = \"0.0.0.0:8222\"", `http.listen = "0.0.0.0:8222": monitoring on a non-loopback address`},

@@ -188,6 +188,14 @@ func validName(n string) bool {
 	return n != "" && !strings.ContainsAny(n, " \t\r\n.*>/\\") && len(n) <= 255
 }
 
+// nameRule says what is wrong with a name validName refuses.
+func nameRule(kind, n string) string {
+	if len(n) > 255 {
+		return fmt.Sprintf("%s name is %d bytes long: the server takes at most 255", kind, len(n))
+	}
+	return kind + " name must not contain spaces, '.', '*', '>' or path separators"
+}
+
 func (c *Config) validateStreams(v *validator) {
 	if len(c.Streams) == 0 {
 		v.add("streams", "", "no stream configured: add a [streams.NAME] table")
@@ -198,7 +206,7 @@ func (c *Config) validateStreams(v *validator) {
 		sc := c.Streams[name]
 		key := "streams." + name
 		if !validName(name) {
-			v.add(key, "", "stream name must not contain spaces, '.', '*', '>' or path separators")
+			v.add(key, "", "%s", nameRule("stream", name))
 		}
 		if len(sc.Subjects) == 0 && sc.Mirror == nil && len(sc.Sources) == 0 {
 			v.add(key+".subjects", "[]", "at least one subject is required, such as [\"orders.*\"]")
@@ -310,9 +318,9 @@ func (c *Config) validateConsumers(v *validator) {
 		cc := c.Consumers[name]
 		key := "consumers." + name
 		if !validName(name) {
-			v.add(key, "", "consumer name must not contain spaces, '.', '*', '>' or path separators")
+			v.add(key, "", "%s", nameRule("consumer", name))
 		}
-		sc, ok := c.Streams[cc.Stream]
+		_, ok := c.Streams[cc.Stream]
 		switch {
 		case cc.Stream == "":
 			v.add(key+".stream", `""`, "must name the stream this consumer reads")
@@ -326,15 +334,15 @@ func (c *Config) validateConsumers(v *validator) {
 		if cc.FilterSubject != "" {
 			if !server.IsValidSubject(cc.FilterSubject) {
 				v.add(key+".filter_subject", q(cc.FilterSubject), "not a valid NATS subject")
-			} else if ok {
+			} else if subjects, known := c.messageSubjects(cc.Stream, 0); ok && known {
 				inStream := false
-				for _, s := range sc.Subjects {
+				for _, s := range subjects {
 					if server.SubjectsCollide(s, cc.FilterSubject) {
 						inStream = true
 					}
 				}
 				if !inStream {
-					v.add(key+".filter_subject", q(cc.FilterSubject), "matches none of stream %s's subjects %v", cc.Stream, sc.Subjects)
+					v.add(key+".filter_subject", q(cc.FilterSubject), "matches none of stream %s's subjects %v", cc.Stream, subjects)
 				}
 			}
 		}
@@ -388,7 +396,7 @@ func (c *Config) validateConsumers(v *validator) {
 		if cc.DeadLetter != "" {
 			switch {
 			case !validName(cc.DeadLetter):
-				v.add(key+".dead_letter", q(cc.DeadLetter), "stream name must not contain spaces, '.', '*', '>' or path separators")
+				v.add(key+".dead_letter", q(cc.DeadLetter), "%s", nameRule("stream", cc.DeadLetter))
 			case c.Streams[cc.DeadLetter] != nil:
 				suggest := cc.Stream + "_DLQ"
 				for c.Streams[suggest] != nil {
@@ -399,6 +407,37 @@ func (c *Config) validateConsumers(v *validator) {
 		}
 	}
 	c.validateWorkQueues(v)
+}
+
+// messageSubjects returns the subjects the messages of a configured stream
+// can have: its own, and those of what it mirrors or sources (their
+// filter, else their subjects). known is false when an origin is not a
+// stream of this config (another domain): its subjects are not known here.
+func (c *Config) messageSubjects(stream string, depth int) (subjects []string, known bool) {
+	sc := c.Streams[stream]
+	if sc == nil || depth > len(c.Streams) {
+		return nil, false
+	}
+	subjects = slices.Clone(sc.Subjects)
+	origins := slices.Clone(sc.Sources)
+	if sc.Mirror != nil {
+		origins = append(origins, *sc.Mirror)
+	}
+	for _, o := range origins {
+		switch {
+		case o.Domain != "" || c.Streams[o.Name] == nil:
+			return nil, false
+		case o.FilterSubject != "":
+			subjects = append(subjects, o.FilterSubject)
+		default:
+			sub, ok := c.messageSubjects(o.Name, depth+1)
+			if !ok {
+				return nil, false
+			}
+			subjects = append(subjects, sub...)
+		}
+	}
+	return subjects, true
 }
 
 // validateWorkQueues checks the consumers of each workqueue stream as the
