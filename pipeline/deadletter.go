@@ -3,6 +3,8 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,9 +34,24 @@ const (
 )
 
 // DeadLetterSubject is where a consumer's dead letter for subject goes.
+//
+// A subject too long to be published with that prefix (see
+// config.ControlLineBudget) becomes dlq.<CONSUMER>.long-subject.<hash>,
+// the first 16 bytes of its SHA-256 in hex; the dead letter keeps the
+// original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {
-	return "dlq." + consumer + "." + subject
+	s := "dlq." + consumer + "." + subject
+	if len(s) <= maxDeadLetterSubject {
+		return s
+	}
+	sum := sha256.Sum256([]byte(subject))
+	return "dlq." + consumer + ".long-subject." + hex.EncodeToString(sum[:16])
 }
+
+// maxDeadLetterSubject leaves room in config.ControlLineBudget for the
+// reply subject of a JetStream publish (_INBOX.<nuid>.<token>, under 64
+// bytes).
+const maxDeadLetterSubject = config.ControlLineBudget - 128
 
 // DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
 // "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix

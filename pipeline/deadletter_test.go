@@ -325,6 +325,38 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 	}
 }
 
+// A client's message whose subject fits the server's control line, but
+// not once dead-lettered with the dlq.WORKER1. prefix: the server closed
+// holdfast's in-process connection ("maximum control line exceeded"),
+// which stopped the workers and every dead letter after it. Its dead
+// letter goes to a shortened subject instead, and the workers go on.
+func TestDeadLetterOfALongSubject(t *testing.T) {
+	e := startEnv(t, nil)
+	long := "orders." + strings.Repeat("x", 4029) // 4036 bytes: 60 below the server's 4096
+	w := e.workers(pipeline.HandlerFunc(func(_ context.Context, m *pipeline.Message) pipeline.Result {
+		if m.Subject == long {
+			return pipeline.Fail("bad")
+		}
+		return pipeline.Ok()
+	}), 1)
+	e.publish(long, "long", nil)
+	e.waitDLQ(1)
+	dl := e.dlqMsg(1)
+	if got := dl.Header.Get(pipeline.HeaderOriginalSubject); got != long {
+		t.Fatalf("dead letter's original subject has %d bytes, want the %d of the message", len(got), len(long))
+	}
+	if want := pipeline.DeadLetterSubject("WORKER1", long); dl.Subject != want || !strings.HasPrefix(want, "dlq.WORKER1.long-subject.") {
+		t.Fatalf("dead letter on %q, want %q", dl.Subject, want)
+	}
+	seq := e.publish("orders.created", "after", nil)
+	checkFor(t, 10*time.Second, func() error {
+		if info := e.consumerInfo(); info.AckFloor.Stream != seq {
+			return fmt.Errorf("ack floor %d, want %d (acked %d)", info.AckFloor.Stream, seq, w.Stats().Acked.Load())
+		}
+		return nil
+	})
+}
+
 // Issue 12: the goroutine that dead-letters a message from a max-
 // deliveries advisory was not tracked, and Close returned while it still
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never
