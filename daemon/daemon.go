@@ -201,8 +201,27 @@ func (d *Daemon) watchServer(ctx context.Context) {
 				d.fail(errors.New("NATS server stopped unexpectedly"))
 				return
 			}
+			if name := d.closedConnection(); name != "" {
+				d.fail(fmt.Errorf("holdfast's in-process connection %s was closed by the server (its reason is logged above): workers, dead letters, group commit and status cannot go on without it", name))
+				return
+			}
 		}
 	}
+}
+
+// closedConnection names an in-process connection that is closed while
+// the daemon runs (the server closes a connection that breaks a protocol
+// limit; an in-process one does not reconnect), or "".
+func (d *Daemon) closedConnection() string {
+	if nc := d.srv.Conn(); nc != nil && nc.IsClosed() {
+		return "holdfast-internal"
+	}
+	d.gc.mu.Lock()
+	defer d.gc.mu.Unlock()
+	if d.gc.nc != nil && d.gc.nc.IsClosed() {
+		return "holdfast-ingest"
+	}
+	return ""
 }
 
 // fileStoreLimit is the file store limit the server runs with: the
