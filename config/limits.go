@@ -147,8 +147,8 @@ func hasPrefix(b, prefix []byte) bool {
 // subject reply header_size total_size") is longer than max_control_line,
 // 4096 bytes by default, which holdfast keeps: a client's publish that
 // fits can exceed it once holdfast adds a prefix (dlq.CONSUMER. for a
-// dead letter, $HOLDFAST.GC.STREAM. for group commit), and a closed
-// in-process connection stops the workers, the dead letters or group
-// commit until the next restart. 64 bytes are left for the operation and
-// the sizes.
-const ControlLineBudget = 4096 - 64
+// dead letter, $HOLDFAST.GC.STREAM. for group commit, the forward
+// subject's), and a closed in-process connection stops the workers, the
+// dead letters or group commit. 32 bytes are left for the sizes and
+// spaces.
+const ControlLineBudget = 4096 - 32

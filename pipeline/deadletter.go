@@ -41,17 +41,18 @@ const (
 // original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {
 	s := "dlq." + consumer + "." + subject
-	if len(s) <= maxDeadLetterSubject {
+	if len(s) <= maxPublishSubject {
 		return s
 	}
 	sum := sha256.Sum256([]byte(subject))
 	return "dlq." + consumer + ".long-subject." + hex.EncodeToString(sum[:16])
 }
 
-// maxDeadLetterSubject leaves room in config.ControlLineBudget for the
-// reply subject of a JetStream publish (_INBOX.<nuid>.<token>, under 64
-// bytes).
-const maxDeadLetterSubject = config.ControlLineBudget - 128
+// maxPublishSubject is the longest subject holdfast's workers publish to
+// (a dead letter, a forwarded message): config.ControlLineBudget less
+// room for the reply subject of a JetStream publish (_INBOX.<nuid>.<token>,
+// under 64 bytes): 4000 bytes.
+const maxPublishSubject = config.ControlLineBudget - 64
 
 // DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
 // "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix
