@@ -71,7 +71,7 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			out.Header.Add(k, v)
+			addHeader(out.Header, k, v)
 		}
 	}
 	if id := out.Header.Get(nats.MsgIdHdr); id != "" {
@@ -91,6 +91,35 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	out.Header.Set(HeaderFailedAt, failedAt.UTC().Format(time.RFC3339Nano))
 	out.Data = m.Data
 	return out
+}
+
+// HeaderUnsendable carries a header of the original message whose name
+// the NATS client refuses to publish (the server stores what a client
+// sent raw, such as "X-Eq=Name"), as the quoted name, ": " and the value.
+const HeaderUnsendable = "Holdfast-Original-Header"
+
+// addHeader adds k: v to h, or, when k is not a name the NATS client
+// publishes (printable ASCII without any of "()/,:;<=>?@[\]{} and the
+// double quote), keeps it in HeaderUnsendable: else the publish of the
+// dead letter or forwarded message would fail every time.
+func addHeader(h nats.Header, k, v string) {
+	if sendableHeaderName(k) {
+		h.Add(k, v)
+		return
+	}
+	h.Add(HeaderUnsendable, strconv.Quote(k)+": "+v)
+}
+
+func sendableHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // streamCreated is the creation time of the current incarnation of stream.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -355,6 +356,30 @@ func TestDeadLetterOfALongSubject(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A client that writes the protocol itself can store a header whose name
+// the NATS client refuses to publish ("X-Eq=Name"): the dead letter
+// copied it, its publish failed every time, and the message was kept
+// forever. The header goes into Holdfast-Original-Header instead.
+func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
+	e := startEnv(t, nil)
+	e.workers(failing("bad"), 1)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.NATS().ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hdr := "NATS/1.0\r\nX-Eq=Name: v\r\nX-Good: g\r\n\r\n"
+	body := "payload"
+	if _, err := fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"headers\":true}\r\nHPUB orders.created %d %d\r\n%s%s\r\nPING\r\n", len(hdr), len(hdr)+len(body), hdr, body); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDLQ(1)
+	dl := e.dlqMsg(1)
+	if got := dl.Header.Get(pipeline.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
+		t.Fatalf("dead letter headers %v, data %q", dl.Header, dl.Data)
+	}
 }
 
 // Issue 12: the goroutine that dead-letters a message from a max-

@@ -325,7 +325,7 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 			continue
 		}
 		for _, v := range vs {
-			out.Header.Add(k, v)
+			addHeader(out.Header, k, v)
 		}
 	}
 	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
