@@ -295,6 +295,9 @@ func TestValidValues(t *testing.T) {
 		{"streams.subjects", "[streams.S]\nsubjects = [\"s.*\", \"t.>\", \"u\"]", func(c *Config) any { return c.Streams["S"].Subjects }, []string{"s.*", "t.>", "u"}},
 		{"streams.retention interest", streamS + "retention = \"interest\"", func(c *Config) any { return c.Streams["S"].Retention }, "interest"},
 		{"streams.retention workqueue", streamS + "retention = \"workqueue\"", func(c *Config) any { return c.Streams["S"].Retention }, "workqueue"},
+		{"consumers.filter_subject on a mirror", "[streams.SRC]\nsubjects = [\"src.*\"]\n[streams.M]\nmirror = { name = \"SRC\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"src.a\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "src.a"},
+		{"consumers.filter_subject on a remote mirror", "[streams.M]\nmirror = { name = \"SRC\", domain = \"hub\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"src.a\"\n[[leafnodes.remotes]]\nurl = \"nats-leaf://127.0.0.1:7422\"", func(c *Config) any { return c.Consumers["C"].FilterSubject }, "src.a"},
+		{"consumers workqueue disjoint filters", streamS + "retention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.a\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", func(c *Config) any { return c.Consumers["B"].FilterSubject }, "s.b"},
 		{"streams.retention limits", streamS + "retention = \"limits\"", func(c *Config) any { return c.Streams["S"].Retention }, "limits"},
 		{"streams.discard new", streamS + "discard = \"new\"", func(c *Config) any { return c.Streams["S"].Discard }, "new"},
 		{"streams.discard old", streamS + "discard = \"old\"", func(c *Config) any { return c.Streams["S"].Discard }, "old"},
@@ -509,6 +512,19 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be at least 100ms"},
 		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be at least 100ms"},
 		{"consumers.dead_letter configured stream", consumerC + "dead_letter = \"S\"", `consumers.C.dead_letter = "S": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ"`},
+		{"consumers.dead_letter configured stream named like the default", consumerC + "dead_letter = \"S_DLQ\"\n[streams.S_DLQ]\nsubjects = [\"x.*\"]", `consumers.C.dead_letter = "S_DLQ": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ_DEAD"`},
+		// The server refuses these consumers; holdfast run stopped at start-up after check had passed.
+		{"consumers workqueue two unfiltered", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": stream S has retention "workqueue", where a message goes to one consumer only: consumers A and B each need a filter_subject`},
+		{"consumers workqueue overlapping filters", "[streams.S]\nsubjects = [\"s.*\"]\nretention = \"workqueue\"\n[consumers.A]\nstream = \"S\"\nfilter_subject = \"s.*\"\n[consumers.B]\nstream = \"S\"\nfilter_subject = \"s.b\"", `consumers.B.filter_subject = "s.b": overlaps "s.*" of consumer A on stream S`},
+		// The server refuses these streams; holdfast run stopped at start-up after check had passed.
+		{"streams.max_age below the server's minimum", streamS + "max_age = \"10ms\"\nduplicate_window = \"10ms\"", `streams.S.max_age = 10ms: must be at least 100ms`},
+		{"streams.duplicate_window below the server's minimum", streamS + "duplicate_window = \"50ms\"", `streams.S.duplicate_window = 50ms: must be at least 100ms`},
+		{"streams.max_bytes together above max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"600MiB\"\n[streams.T]\nsubjects = [\"t.*\"]\nmax_bytes = \"600MiB\"", `jetstream.max_file_store = 1GiB: is less than the max_bytes of its streams together (S 600MiB + T 600MiB)`},
+		{"streams.max_bytes all of max_file_store", "[jetstream]\nmax_file_store = \"1GiB\"\n" + streamS + "max_bytes = \"1GiB\"\n[consumers.C]\nstream = \"S\"", `jetstream.max_file_store = 1GiB: is all set aside for the max_bytes of S 1GiB, and the server refuses a stream without max_bytes (S_DLQ)`},
+		{"streams.max_bytes above max_memory_store", "[jetstream]\nmax_memory_store = \"64MiB\"\n" + streamS + "storage = \"memory\"\nallow_memory = true\nmax_bytes = \"128MiB\"", `jetstream.max_memory_store = 64MiB: is less than the max_bytes of its streams together (S 128MiB)`},
+		{"consumers.dead_letter too long", "[streams." + strings.Repeat("S", 252) + "]\nsubjects = [\"s.*\"]\n[consumers.C]\nstream = \"" + strings.Repeat("S", 252) + "\"", `_DLQ": stream name is 256 bytes long: the server takes at most 255`},
+		// A consumer on a mirror or a stream with sources filters on the origin's subjects.
+		{"consumers.filter_subject outside a mirror's origin", "[streams.SRC]\nsubjects = [\"src.*\"]\n[streams.M]\nmirror = { name = \"SRC\" }\n[consumers.C]\nstream = \"M\"\nfilter_subject = \"x.a\"", `consumers.C.filter_subject = "x.a": matches none of stream M's subjects [src.*]`},
 		{"consumers.dead_letter invalid", consumerC + "dead_letter = \"a.b\"", `consumers.C.dead_letter = "a.b": stream name must not contain`},
 
 		{"http.listen non-loopback", "[http]\nlisten = \"0.0.0.0:8222\"", `http.listen = "0.0.0.0:8222": monitoring on a non-loopback address`},

@@ -2,7 +2,9 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -186,6 +188,14 @@ func validName(n string) bool {
 	return n != "" && !strings.ContainsAny(n, " \t\r\n.*>/\\") && len(n) <= 255
 }
 
+// nameRule says what is wrong with a name validName refuses.
+func nameRule(kind, n string) string {
+	if len(n) > 255 {
+		return fmt.Sprintf("%s name is %d bytes long: the server takes at most 255", kind, len(n))
+	}
+	return kind + " name must not contain spaces, '.', '*', '>' or path separators"
+}
+
 func (c *Config) validateStreams(v *validator) {
 	if len(c.Streams) == 0 {
 		v.add("streams", "", "no stream configured: add a [streams.NAME] table")
@@ -196,7 +206,7 @@ func (c *Config) validateStreams(v *validator) {
 		sc := c.Streams[name]
 		key := "streams." + name
 		if !validName(name) {
-			v.add(key, "", "stream name must not contain spaces, '.', '*', '>' or path separators")
+			v.add(key, "", "%s", nameRule("stream", name))
 		}
 		if len(sc.Subjects) == 0 && sc.Mirror == nil && len(sc.Sources) == 0 {
 			v.add(key+".subjects", "[]", "at least one subject is required, such as [\"orders.*\"]")
@@ -233,6 +243,8 @@ func (c *Config) validateStreams(v *validator) {
 		}
 		if v.duration(key+".max_age", sc.MaxAge) && sc.MaxAge.Duration < 0 {
 			v.add(key+".max_age", sc.MaxAge.String(), "must not be negative (\"0s\" keeps messages forever)")
+		} else if sc.MaxAge.Duration > 0 && sc.MaxAge.Duration < MinStreamWindow {
+			v.add(key+".max_age", sc.MaxAge.String(), "must be at least %s (the server refuses a shorter one), or \"0s\" to keep messages forever", MinStreamWindow)
 		}
 		switch sc.Storage {
 		case "file":
@@ -247,6 +259,56 @@ func (c *Config) validateStreams(v *validator) {
 			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be negative")
 		} else if sc.MaxAge.Duration > 0 && sc.DuplicateWindow.Duration > sc.MaxAge.Duration {
 			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must not be longer than max_age (%s)", sc.MaxAge)
+		} else if sc.DuplicateWindow.Duration > 0 && sc.DuplicateWindow.Duration < MinStreamWindow {
+			v.add(key+".duplicate_window", sc.DuplicateWindow.String(), "must be at least %s (the server refuses a shorter one)", MinStreamWindow)
+		}
+	}
+	c.validateReservations(v)
+}
+
+// MinStreamWindow is the shortest max_age and duplicate_window the server
+// accepts (other than 0).
+const MinStreamWindow = 100 * time.Millisecond
+
+// validateReservations checks the streams' max_bytes against the store
+// limits: the server reserves each stream's max_bytes in its storage's
+// limit and refuses to create a stream that does not fit ("insufficient
+// storage resources"), which stopped holdfast run at start-up.
+func (c *Config) validateReservations(v *validator) {
+	for _, st := range []struct {
+		storage, key string
+		limit        Size
+	}{
+		{"file", "jetstream.max_file_store", c.JetStream.MaxFileStore},
+		{"memory", "jetstream.max_memory_store", c.JetStream.MaxMemoryStore},
+	} {
+		if st.limit.bad != nil || st.limit.Bytes <= 0 {
+			continue
+		}
+		var sum int64
+		var parts, unlimited []string
+		for _, name := range c.StreamNames() {
+			sc := c.Streams[name]
+			switch {
+			case sc.Storage != st.storage || sc.MaxBytes.bad != nil:
+			case sc.MaxBytes.Bytes <= 0:
+				unlimited = append(unlimited, name)
+			default:
+				sum += sc.MaxBytes.Bytes
+				parts = append(parts, fmt.Sprintf("%s %s", name, sc.MaxBytes))
+			}
+		}
+		if st.storage == "file" { // dead-letter streams: file storage, no max_bytes
+			unlimited = append(unlimited, slices.Sorted(maps.Keys(c.DeadLetterStreams()))...)
+		}
+		switch {
+		case sum > st.limit.Bytes:
+			v.add(st.key, st.limit.String(), "is less than the max_bytes of its streams together (%s): the server sets each stream's max_bytes aside in this limit and refuses a stream that does not fit; raise %s or lower max_bytes",
+				strings.Join(parts, " + "), st.key)
+		case sum == st.limit.Bytes && len(unlimited) > 0:
+			// The server needs a byte left for a stream without max_bytes.
+			v.add(st.key, st.limit.String(), "is all set aside for the max_bytes of %s, and the server refuses a stream without max_bytes (%s) when nothing is left; raise %s or lower max_bytes",
+				strings.Join(parts, " + "), strings.Join(unlimited, ", "), st.key)
 		}
 	}
 }
@@ -256,9 +318,9 @@ func (c *Config) validateConsumers(v *validator) {
 		cc := c.Consumers[name]
 		key := "consumers." + name
 		if !validName(name) {
-			v.add(key, "", "consumer name must not contain spaces, '.', '*', '>' or path separators")
+			v.add(key, "", "%s", nameRule("consumer", name))
 		}
-		sc, ok := c.Streams[cc.Stream]
+		_, ok := c.Streams[cc.Stream]
 		switch {
 		case cc.Stream == "":
 			v.add(key+".stream", `""`, "must name the stream this consumer reads")
@@ -272,15 +334,15 @@ func (c *Config) validateConsumers(v *validator) {
 		if cc.FilterSubject != "" {
 			if !server.IsValidSubject(cc.FilterSubject) {
 				v.add(key+".filter_subject", q(cc.FilterSubject), "not a valid NATS subject")
-			} else if ok {
+			} else if subjects, known := c.messageSubjects(cc.Stream, 0); ok && known {
 				inStream := false
-				for _, s := range sc.Subjects {
+				for _, s := range subjects {
 					if server.SubjectsCollide(s, cc.FilterSubject) {
 						inStream = true
 					}
 				}
 				if !inStream {
-					v.add(key+".filter_subject", q(cc.FilterSubject), "matches none of stream %s's subjects %v", cc.Stream, sc.Subjects)
+					v.add(key+".filter_subject", q(cc.FilterSubject), "matches none of stream %s's subjects %v", cc.Stream, subjects)
 				}
 			}
 		}
@@ -334,9 +396,80 @@ func (c *Config) validateConsumers(v *validator) {
 		if cc.DeadLetter != "" {
 			switch {
 			case !validName(cc.DeadLetter):
-				v.add(key+".dead_letter", q(cc.DeadLetter), "stream name must not contain spaces, '.', '*', '>' or path separators")
+				v.add(key+".dead_letter", q(cc.DeadLetter), "%s", nameRule("stream", cc.DeadLetter))
 			case c.Streams[cc.DeadLetter] != nil:
-				v.add(key+".dead_letter", q(cc.DeadLetter), "is a configured stream: dead-letter streams are created by holdfast, pick another name such as %q", cc.Stream+"_DLQ")
+				suggest := cc.Stream + "_DLQ"
+				for c.Streams[suggest] != nil {
+					suggest += "_DEAD"
+				}
+				v.add(key+".dead_letter", q(cc.DeadLetter), "is a configured stream: dead-letter streams are created by holdfast, pick another name such as %q", suggest)
+			}
+		}
+	}
+	c.validateWorkQueues(v)
+}
+
+// messageSubjects returns the subjects the messages of a configured stream
+// can have: its own, and those of what it mirrors or sources (their
+// filter, else their subjects). known is false when an origin is not a
+// stream of this config (another domain): its subjects are not known here.
+func (c *Config) messageSubjects(stream string, depth int) (subjects []string, known bool) {
+	sc := c.Streams[stream]
+	if sc == nil || depth > len(c.Streams) {
+		return nil, false
+	}
+	subjects = slices.Clone(sc.Subjects)
+	origins := slices.Clone(sc.Sources)
+	if sc.Mirror != nil {
+		origins = append(origins, *sc.Mirror)
+	}
+	for _, o := range origins {
+		switch {
+		case o.Domain != "" || c.Streams[o.Name] == nil:
+			return nil, false
+		case o.FilterSubject != "":
+			subjects = append(subjects, o.FilterSubject)
+		default:
+			sub, ok := c.messageSubjects(o.Name, depth+1)
+			if !ok {
+				return nil, false
+			}
+			subjects = append(subjects, sub...)
+		}
+	}
+	return subjects, true
+}
+
+// validateWorkQueues checks the consumers of each workqueue stream as the
+// server does when it creates them: a message of such a stream goes to one
+// consumer only, so with several consumers each needs a filter_subject,
+// none overlapping another's. The server refuses the second consumer
+// otherwise, and holdfast run stopped at start-up after check had passed.
+func (c *Config) validateWorkQueues(v *validator) {
+	for _, stream := range c.StreamNames() {
+		if c.Streams[stream].Retention != "workqueue" {
+			continue
+		}
+		var names []string
+		for _, name := range c.ConsumerNames() {
+			if c.Consumers[name].Stream == stream {
+				names = append(names, name)
+			}
+		}
+		for i, name := range names {
+			cc := c.Consumers[name]
+			key := "consumers." + name + ".filter_subject"
+			for _, other := range names[:i] {
+				oc := c.Consumers[other]
+				switch {
+				case cc.FilterSubject == "" || oc.FilterSubject == "":
+					v.add(key, q(cc.FilterSubject), "stream %s has retention \"workqueue\", where a message goes to one consumer only: consumers %s and %s each need a filter_subject, not overlapping the other's (or retention \"limits\" or \"interest\" for every consumer to get every message)", stream, other, name)
+				case server.SubjectsCollide(cc.FilterSubject, oc.FilterSubject):
+					v.add(key, q(cc.FilterSubject), "overlaps %q of consumer %s on stream %s, whose retention \"workqueue\" gives a message to one consumer only: pick filters that do not overlap (or retention \"limits\" or \"interest\" for every consumer to get every message)", oc.FilterSubject, other, stream)
+				default:
+					continue
+				}
+				break
 			}
 		}
 	}

@@ -201,8 +201,27 @@ func (d *Daemon) watchServer(ctx context.Context) {
 				d.fail(errors.New("NATS server stopped unexpectedly"))
 				return
 			}
+			if name := d.closedConnection(); name != "" {
+				d.fail(fmt.Errorf("holdfast's in-process connection %s was closed by the server (its reason is logged above): workers, dead letters, group commit and status cannot go on without it", name))
+				return
+			}
 		}
 	}
+}
+
+// closedConnection names an in-process connection that is closed while
+// the daemon runs (the server closes a connection that breaks a protocol
+// limit; an in-process one does not reconnect), or "".
+func (d *Daemon) closedConnection() string {
+	if nc := d.srv.Conn(); nc != nil && nc.IsClosed() {
+		return "holdfast-internal"
+	}
+	d.gc.mu.Lock()
+	defer d.gc.mu.Unlock()
+	if d.gc.nc != nil && d.gc.nc.IsClosed() {
+		return "holdfast-ingest"
+	}
+	return ""
 }
 
 // fileStoreLimit is the file store limit the server runs with: the
@@ -439,7 +458,11 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 
 	if !slices.Equal(cur.StreamNames(), next.StreamNames()) || !slices.Equal(cur.ConsumerNames(), next.ConsumerNames()) {
 		restart = append(restart, "adding or removing streams or consumers")
-	} else if !reflect.DeepEqual(cur.Streams, next.Streams) || !reflect.DeepEqual(cur.Consumers, next.Consumers) {
+	} else {
+		// Also with the same streams and consumers: like a start, the
+		// bootstrap sets back what was edited on the server meanwhile
+		// (a limit set with nats stream edit, on a dead-letter stream
+		// one that would remove dead letters).
 		trial := applied
 		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
 		// Group commit stops before its stream leaves the configured

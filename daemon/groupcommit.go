@@ -19,7 +19,7 @@ import (
 type groupCommit struct {
 	nc         *nats.Conn
 	metrics    *ingest.Metrics
-	mu         sync.Mutex // guards committers: status reads it
+	mu         sync.Mutex // guards nc and committers: status and the watch read them
 	committers map[string]*ingest.Committer
 }
 
@@ -27,19 +27,24 @@ type groupCommit struct {
 // the prefixed subjects).
 func (d *Daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name string) error {
 	g := &d.gc
-	if g.nc == nil {
-		nc, err := d.srv.Connect("holdfast-ingest")
-		if err != nil {
+	g.mu.Lock()
+	nc := g.nc
+	g.mu.Unlock()
+	if nc == nil {
+		var err error
+		if nc, err = d.srv.Connect("holdfast-ingest"); err != nil {
 			return fmt.Errorf("group commit: %w", err)
 		}
+		g.mu.Lock()
 		g.nc = nc
+		g.mu.Unlock()
 	}
 	if g.metrics == nil && d.metrics != nil {
 		g.metrics = ingest.NewMetrics(d.metrics.Registry())
 	}
 	opts := ingest.OptionsFor(cfg, name)
 	opts.Metrics = g.metrics
-	c := ingest.New(g.nc, opts, d.log)
+	c := ingest.New(nc, opts, d.log)
 	if err := c.Open(ctx); err != nil {
 		return err
 	}
@@ -74,9 +79,12 @@ func (d *Daemon) closeAllGroupCommit(ctx context.Context) {
 	for _, name := range names {
 		d.closeGroupCommit(ctx, name)
 	}
-	if d.gc.nc != nil {
-		d.gc.nc.Close()
-		d.gc.nc = nil
+	d.gc.mu.Lock()
+	nc := d.gc.nc
+	d.gc.nc = nil
+	d.gc.mu.Unlock()
+	if nc != nil {
+		nc.Close()
 	}
 }
 

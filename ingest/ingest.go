@@ -318,6 +318,15 @@ func (c *Committer) drainIn() {
 }
 
 func (c *Committer) add(m *nats.Msg) {
+	// What this connection publishes must fit the server's control line,
+	// or the server closes it and group commit stops answering.
+	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > config.ControlLineBudget {
+		c.log.Warn("publish refused: its subject and reply are too long for group commit", "subject_bytes", len(m.Subject), "reply_bytes", len(m.Reply))
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
+			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, config.GroupCommitSubject(c.opts.Stream, ""), config.ControlLineBudget)}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
 	for k, vs := range m.Header {
 		for _, v := range vs {

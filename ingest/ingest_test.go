@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -587,5 +588,44 @@ func TestKnownIDsBounded(t *testing.T) {
 	c.forgetIDs(0)
 	if len(c.ids) != 0 {
 		t.Fatalf("%d ids left after forgetIDs(0)", len(c.ids))
+	}
+}
+
+// TestLongSubjectRefusedConnectionKept: a publish whose subject and reply
+// fit the server's control line (4096 bytes) but not once holdfast adds
+// its prefix ($HOLDFAST.GC.S.): the server closed the committer's
+// connection ("maximum control line exceeded") and every publish after it
+// got "no response from stream". It is refused with an error instead, and
+// the next publishes are stored.
+func TestLongSubjectRefusedConnectionKept(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	ctx := context.Background()
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	// "PUB <subject> r.1 4" is 4089 bytes: it fits; with the prefix it
+	// does not.
+	long := "s." + strings.Repeat("x", 4078)
+	replies, err := nc.SubscribeSync("r.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.PublishMsg(&nats.Msg{Subject: long, Reply: "r.1", Data: []byte("long")}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := replies.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no answer to a publish to a %d-byte subject: %v", len(long), err)
+	}
+	if !strings.Contains(string(r.Data), "too long") {
+		t.Fatalf("answer to a publish to a %d-byte subject: %s, want an error saying it is too long", len(long), r.Data)
+	}
+	for i := range 3 {
+		c, cancel := context.WithTimeout(ctx, 5*time.Second)
+		a, err := js.Publish(c, "s.a", []byte("after"))
+		cancel()
+		if err != nil || a.Sequence != uint64(i+1) {
+			t.Fatalf("publish %d after the long one: %+v, %v", i, a, err)
+		}
 	}
 }

@@ -3,6 +3,8 @@ package pipeline
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -31,9 +34,25 @@ const (
 )
 
 // DeadLetterSubject is where a consumer's dead letter for subject goes.
+//
+// A subject too long to be published with that prefix (see
+// config.ControlLineBudget) becomes dlq.<CONSUMER>.long-subject.<hash>,
+// the first 16 bytes of its SHA-256 in hex; the dead letter keeps the
+// original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {
-	return "dlq." + consumer + "." + subject
+	s := "dlq." + consumer + "." + subject
+	if len(s) <= maxPublishSubject {
+		return s
+	}
+	sum := sha256.Sum256([]byte(subject))
+	return "dlq." + consumer + ".long-subject." + hex.EncodeToString(sum[:16])
 }
+
+// maxPublishSubject is the longest subject holdfast's workers publish to
+// (a dead letter, a forwarded message): config.ControlLineBudget less
+// room for the reply subject of a JetStream publish (_INBOX.<nuid>.<token>,
+// under 64 bytes): 4000 bytes.
+const maxPublishSubject = config.ControlLineBudget - 64
 
 // DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
 // "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix
@@ -52,7 +71,7 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			out.Header.Add(k, v)
+			addHeader(out.Header, k, v)
 		}
 	}
 	if id := out.Header.Get(nats.MsgIdHdr); id != "" {
@@ -72,6 +91,35 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	out.Header.Set(HeaderFailedAt, failedAt.UTC().Format(time.RFC3339Nano))
 	out.Data = m.Data
 	return out
+}
+
+// HeaderUnsendable carries a header of the original message whose name
+// the NATS client refuses to publish (the server stores what a client
+// sent raw, such as "X-Eq=Name"), as the quoted name, ": " and the value.
+const HeaderUnsendable = "Holdfast-Original-Header"
+
+// addHeader adds k: v to h, or, when k is not a name the NATS client
+// publishes (printable ASCII without any of "()/,:;<=>?@[\]{} and the
+// double quote), keeps it in HeaderUnsendable: else the publish of the
+// dead letter or forwarded message would fail every time.
+func addHeader(h nats.Header, k, v string) {
+	if sendableHeaderName(k) {
+		h.Add(k, v)
+		return
+	}
+	h.Add(HeaderUnsendable, strconv.Quote(k)+": "+v)
+}
+
+func sendableHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if c := k[i]; c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // streamCreated is the creation time of the current incarnation of stream.
@@ -101,7 +149,7 @@ func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
 	case err != nil:
 		return fmt.Errorf("dead-letter stream %s: %w", w.opts.DeadLetter, err)
 	case dropsDeadLetters(s.CachedInfo().Config) != "":
-		return fmt.Errorf("the dead-letter stream %s has %s, which would remove dead letters nobody handled: nothing is stored there until it is set back (restart holdfast, which does it, or nats stream edit %s)",
+		return fmt.Errorf("the dead-letter stream %s has %s, which would remove dead letters nobody handled: nothing is stored there until it is set back (a reload of holdfast, SIGHUP, does it, or nats stream edit %s)",
 			w.opts.DeadLetter, dropsDeadLetters(s.CachedInfo().Config), w.opts.DeadLetter)
 	}
 	ack, err := w.js.PublishMsg(ctx, dl)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"runtime"
 	"strings"
 	"testing"
@@ -323,6 +324,62 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 	})
 	if n := w.Stats().DeadLettered.Load(); n != 4 {
 		t.Fatalf("dead-lettered %d, want 4", n)
+	}
+}
+
+// A client's message whose subject fits the server's control line, but
+// not once dead-lettered with the dlq.WORKER1. prefix: the server closed
+// holdfast's in-process connection ("maximum control line exceeded"),
+// which stopped the workers and every dead letter after it. Its dead
+// letter goes to a shortened subject instead, and the workers go on.
+func TestDeadLetterOfALongSubject(t *testing.T) {
+	e := startEnv(t, nil)
+	long := "orders." + strings.Repeat("x", 4029) // 4036 bytes: 60 below the server's 4096
+	w := e.workers(pipeline.HandlerFunc(func(_ context.Context, m *pipeline.Message) pipeline.Result {
+		if m.Subject == long {
+			return pipeline.Fail("bad")
+		}
+		return pipeline.Ok()
+	}), 1)
+	e.publish(long, "long", nil)
+	e.waitDLQ(1)
+	dl := e.dlqMsg(1)
+	if got := dl.Header.Get(pipeline.HeaderOriginalSubject); got != long {
+		t.Fatalf("dead letter's original subject has %d bytes, want the %d of the message", len(got), len(long))
+	}
+	if want := pipeline.DeadLetterSubject("WORKER1", long); dl.Subject != want || !strings.HasPrefix(want, "dlq.WORKER1.long-subject.") {
+		t.Fatalf("dead letter on %q, want %q", dl.Subject, want)
+	}
+	seq := e.publish("orders.created", "after", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if info := e.consumerInfo(); info.AckFloor.Stream != seq {
+			return fmt.Errorf("ack floor %d, want %d (acked %d)", info.AckFloor.Stream, seq, w.Stats().Acked.Load())
+		}
+		return nil
+	})
+}
+
+// A client that writes the protocol itself can store a header whose name
+// the NATS client refuses to publish ("X-Eq=Name"): the dead letter
+// copied it, its publish failed every time, and the message was kept
+// forever. The header goes into Holdfast-Original-Header instead.
+func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
+	e := startEnv(t, nil)
+	e.workers(failing("bad"), 1)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.NATS().ClientURL(), "nats://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hdr := "NATS/1.0\r\nX-Eq=Name: v\r\nX-Good: g\r\n\r\n"
+	body := "payload"
+	if _, err := fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"headers\":true}\r\nHPUB orders.created %d %d\r\n%s%s\r\nPING\r\n", len(hdr), len(hdr)+len(body), hdr, body); err != nil {
+		t.Fatal(err)
+	}
+	e.waitDLQ(1)
+	dl := e.dlqMsg(1)
+	if got := dl.Header.Get(pipeline.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
+		t.Fatalf("dead letter headers %v, data %q", dl.Header, dl.Data)
 	}
 }
 

@@ -386,7 +386,7 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 			continue
 		}
 		for _, v := range vs {
-			out.Header.Add(k, v)
+			addHeader(out.Header, k, v)
 		}
 	}
 	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
@@ -412,6 +412,11 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		return RetryLater(err.Error())
 	}
 	out := NewForwardMsg(ForwardSubject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
+	if len(out.Subject) > maxPublishSubject {
+		// The server would close the connection that publishes it.
+		f.stats.Refused.Add(1)
+		return Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
+	}
 	size := out.Size()
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)

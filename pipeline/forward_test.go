@@ -178,6 +178,30 @@ func TestForwardOversizeDeadLettered(t *testing.T) {
 	}
 }
 
+// TestForwardLongSubjectDeadLettered: a message whose subject fits the
+// server's control line, but whose forward subject (edge.edge1. and its
+// last token) does not: the server closed holdfast's connection, and
+// nothing was forwarded or dead-lettered after it. It is dead-lettered.
+func TestForwardLongSubjectDeadLettered(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.workers(f, 1)
+	long := e.publish("orders."+strings.Repeat("x", 4029), "long", nil)
+	e.publish("orders.created", "small", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		}
+		return nil
+	})
+	if reason := e.dlqMsg(long).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "too long to publish") {
+		t.Errorf("dead letter reason %q", reason)
+	}
+}
+
 // TestForwardRefusesShortDuplicateWindow: Open refuses a hub stream whose
 // duplicate window is shorter than the promised outage.
 func TestForwardRefusesShortDuplicateWindow(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
@@ -28,7 +29,11 @@ func pubCommand() *cli.Command {
 			if c.NArg() < 1 || c.NArg() > 2 {
 				return usageError(errors.New("usage: holdfast pub SUBJECT [DATA|-] (DATA - or absent reads stdin)"))
 			}
-			msg := nats.NewMsg(c.Args().Get(0))
+			subj := c.Args().Get(0)
+			if !server.IsValidLiteralSubject(subj) || strings.ContainsAny(subj, " \t\r\n") {
+				return usageError(fmt.Errorf("SUBJECT %q: not a subject a message can have: tokens separated by dots, without spaces or the wildcards * and >, such as orders.created", subj))
+			}
+			msg := nats.NewMsg(subj)
 			switch data := c.Args().Get(1); {
 			case c.NArg() == 1 || data == "-":
 				b, err := io.ReadAll(os.Stdin)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -50,6 +51,19 @@ func TestFlagsAfterArgumentsNamed(t *testing.T) {
 		res := runHoldfast(t, nil, args...)
 		if res.code != 2 || !strings.Contains(res.stderr, "after the arguments: flags come first, as in holdfast "+args[0]) {
 			t.Errorf("holdfast %q exited %d: %s", args, res.code, res.stderr)
+		}
+	}
+}
+
+// TestPubRefusesWildcardSubject: a publish needs a literal subject. "orders.*"
+// was stored by ORDERS (orders.*) as a message whose subject is the
+// wildcard itself, which no consumer filtered on orders.created sees.
+func TestPubRefusesWildcardSubject(t *testing.T) {
+	t.Parallel()
+	for _, subj := range []string{"orders.*", "orders.>", "orders created", "orders..created"} {
+		res := runHoldfast(t, nil, "pub", "--server", "nats://127.0.0.1:1", subj, "hello")
+		if res.code != 2 || !strings.Contains(res.stderr, fmt.Sprintf("SUBJECT %q: not a subject a message can have", subj)) {
+			t.Errorf("holdfast pub %q exited %d: %s", subj, res.code, res.stderr)
 		}
 	}
 }

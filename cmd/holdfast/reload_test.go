@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -360,5 +362,54 @@ func TestReloadPrefetchRestartsWorkers(t *testing.T) {
 		}
 		return nil
 	})
+	p.stop()
+}
+
+// TestReloadSetsBackWhatWasEditedWhileRunning: a reload applies the
+// streams' and consumers' settings as a start does, also when the file did
+// not change: a limit set with `nats stream edit` on a stream or on a
+// dead-letter stream (where it would remove dead letters) is set back.
+// Before, a reload of an unchanged file did nothing.
+func TestReloadSetsBackWhatWasEditedWhileRunning(t *testing.T) {
+	in := newE2EInstance(t)
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	ctx := natstest.Context(t)
+	for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := s.CachedInfo().Config
+		cfg.MaxMsgs, cfg.Discard = 2, jetstream.DiscardOld
+		if _, err := js.UpdateStream(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "reload done") {
+			return errors.New("no reload done in the log yet")
+		}
+		return nil
+	})
+	for name, want := range map[string]struct {
+		msgs    int64
+		discard jetstream.DiscardPolicy
+	}{
+		"ORDERS":     {1_000_000, jetstream.DiscardOld},
+		"ORDERS_DLQ": {-1, jetstream.DiscardNew},
+	} {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := s.CachedInfo().Config; c.MaxMsgs != want.msgs || c.Discard != want.discard {
+			t.Errorf("stream %s after the reload: max_msgs %d, discard %s; want %d, %s", name, c.MaxMsgs, c.Discard, want.msgs, want.discard)
+		}
+	}
 	p.stop()
 }
