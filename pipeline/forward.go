@@ -100,7 +100,7 @@ type Forwarder struct {
 
 	mu           sync.Mutex
 	incarnations map[string]incarnation
-	hubStream    string // the hub stream that takes the destination subjects
+	hubStream    string // the hub streams that take the destination subjects (comma-separated)
 	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
 	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string // the other domains when the hub was last checked
@@ -287,22 +287,38 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
 		}
 	}
-	name, err := f.hub.StreamNameBySubject(ctx, subj)
-	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
-		}
+	// Every stream that takes a part of the destination: each must
+	// deduplicate long enough (not only the first the hub names).
+	lister := f.hub.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
+	var names []string
+	for name := range lister.Name() {
+		names = append(names, name)
+	}
+	if err := lister.Err(); err != nil {
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}
-	s, err := f.hub.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("hub stream %s: %w", name, err)
+	if len(names) == 0 {
+		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
 	}
-	cfg := s.CachedInfo().Config
-	if cfg.Duplicates < f.opts.MinDuplicateWindow {
-		return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
-			"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
-			ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+	slices.Sort(names)
+	var cfg jetstream.StreamConfig
+	for _, name := range names {
+		s, err := f.hub.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("hub stream %s: %w", name, err)
+		}
+		cfg = s.CachedInfo().Config
+		if cfg.Duplicates < f.opts.MinDuplicateWindow {
+			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
+				"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
+				ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+		}
+	}
+	name := strings.Join(names, ",")
+	if len(names) > 1 {
+		// Which stream takes a message depends on its subject: the hub
+		// refuses one too large for its stream (error 10054).
+		cfg.MaxMsgSize = 0
 	}
 	f.mu.Lock()
 	f.hubStream, f.hubMaxMsg = name, max(cfg.MaxMsgSize, 0)
