@@ -136,7 +136,14 @@ type LeafLink struct {
 	Since time.Time `json:"since"`
 	// Connects counts the times the link came up since start.
 	Connects uint64 `json:"connects"`
+	// Problem is why the hub keeps dropping the link, "" when it does not.
+	Problem string `json:"problem,omitempty"`
 }
+
+// leafDuplicateFor is how long after the hub last dropped a link as a
+// duplicate the remote still reports it: nats-server reconnects in about
+// a second, and the two connections drop each other over and over.
+const leafDuplicateFor = 30 * time.Second
 
 // leafLinks watches the configured remotes' connections and logs each
 // change.
@@ -153,13 +160,16 @@ type LeafLink struct {
 // address are refused at start (checkRemoteAddresses), so an address
 // names one remote.
 type leafLinks struct {
-	mu      sync.Mutex
-	links   []LeafLink
-	owner   map[uint64]int             // live connection id -> remote index (-1: none)
-	linkDom map[uint64]map[string]bool // live connection id -> JetStream domains behind it
-	domains []map[string]bool          // by remote: the domains its links reached
-	addrs   [][]string                 // by remote: host:port it resolved to last
-	log     *slog.Logger
+	mu         sync.Mutex
+	links      []LeafLink
+	owner      map[uint64]int             // live connection id -> remote index (-1: none)
+	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
+	domains    []map[string]bool          // by remote: the domains its links reached
+	addrs      [][]string                 // by remote: host:port it resolved to last
+	seen       [][]string                 // by remote: the addresses its links were on
+	nsLog      *serverLogger              // the hub dropping a link as a duplicate
+	serverName string
+	log        *slog.Logger
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -176,11 +186,12 @@ func (s *Server) startLeafWatch() {
 	}
 	now := time.Now()
 	w := &leafLinks{log: s.log.With("component", "leafnodes"), done: make(chan struct{}),
-		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}}
+		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}, nsLog: s.nsLog, serverName: s.cfg.Server.Name}
 	for _, r := range remotes {
 		w.links = append(w.links, LeafLink{Remote: r.Redacted(), Since: now})
 		w.addrs = append(w.addrs, nil)
 		w.domains = append(w.domains, map[string]bool{})
+		w.seen = append(w.seen, nil)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -264,6 +275,9 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 		i := w.match(ctx, addr, l.ID, remotes)
 		w.mu.Lock()
 		w.owner[l.ID] = i
+		if i >= 0 && !slices.Contains(w.seen[i], addr) {
+			w.seen[i] = append(w.seen[i], addr)
+		}
 		w.mu.Unlock()
 		if i < 0 {
 			w.log.Warn("a leafnode connection matches no configured remote: it is not counted as any remote's link", "address", addr, "server", l.Name)
@@ -282,6 +296,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	}
 	for i := range remotes {
 		l := &w.links[i]
+		w.noteDuplicate(i, l)
 		if l.Connected == up[i] {
 			continue
 		}
@@ -295,6 +310,30 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.log.Warn("leafnode disconnected: local publishing goes on, forwarding waits for the link", "remote", l.Remote, "was_up_for", downFor)
 		}
 	}
+}
+
+// noteDuplicate sets remote i's Problem while its hub drops its links as
+// duplicates, and logs each change; w.mu is held.
+func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
+	var last time.Time
+	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+		if t := w.nsLog.LeafDuplicateAt(a); t.After(last) {
+			last = t
+		}
+	}
+	p := ""
+	if !last.IsZero() && time.Since(last) < leafDuplicateFor {
+		p = fmt.Sprintf("the hub drops this link as a duplicate (last %s ago): another edge connects to it with server.name %q (server.name must be unique per edge), or another remote of this node reaches the same hub",
+			time.Since(last).Round(time.Second), w.serverName)
+	}
+	if (p == "") != (l.Problem == "") {
+		if p != "" {
+			w.log.Error("leafnode link keeps being dropped: "+p, "remote", l.Remote)
+		} else {
+			w.log.Info("leafnode link no longer dropped as a duplicate", "remote", l.Remote)
+		}
+	}
+	l.Problem = p
 }
 
 // match returns the remote a new connection (to addr, id) belongs to, or

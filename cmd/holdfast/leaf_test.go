@@ -857,3 +857,28 @@ func e2eStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream
 	}
 	return s.CachedInfo()
 }
+
+// TestLeafEdgesWithTheSameName: two edges with the same server.name. The
+// hub keeps one leafnode connection per server name and account, so each
+// edge's link drops the other's, over and over; each edge says so in
+// /healthz, naming server.name, instead of "ok".
+func TestLeafEdgesWithTheSameName(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	addr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	edges := []*leafNode{newLeafEdge(t, "edge1", addr, ""), newLeafEdge(t, "edge1", addr, "")}
+	for _, e := range edges {
+		e.start(t)
+		defer e.proc.stop()
+	}
+	for i, e := range edges {
+		e2eCheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+			h := e.get(t, "/healthz")
+			if !strings.Contains(h, "drops this link as a duplicate") || !strings.Contains(h, `server.name \"edge1\"`) {
+				return fmt.Errorf("edge %d /healthz:\n%s", i, h)
+			}
+			return nil
+		})
+	}
+}
