@@ -222,6 +222,11 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 			order[edge] = append(order[edge], seq)
 		}
 		if n == 0 {
+			// An ordered consumer whose consumer was on a node just
+			// killed gets nothing until it is created again elsewhere.
+			if time.Now().Before(deadline) {
+				continue
+			}
 			t.Fatalf("read %d of %d messages from the hub", got, want)
 		}
 		got += uint64(n)
