@@ -266,9 +266,11 @@ func (f *Forwarder) otherDomains() string {
 	return strings.Join(slices.Compact(out), ",")
 }
 
+// otherDomainTimeout bounds the question to each other domain: one that
+// does not answer (an edge behind the hub going away) takes no stream.
+const otherDomainTimeout = 2 * time.Second
+
 func (f *Forwarder) lookupHub(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
-	defer cancel()
 	subj := f.pattern()
 	others := f.otherDomains()
 	f.mu.Lock()
@@ -282,11 +284,16 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if name, err := ojs.StreamNameBySubject(ctx, subj); err == nil {
+		octx, ocancel := context.WithTimeout(ctx, min(otherDomainTimeout, f.opts.Timeout))
+		name, err := ojs.StreamNameBySubject(octx, subj)
+		ocancel()
+		if err == nil {
 			return fmt.Errorf("stream %s of JetStream domain %q (another hub, over another leafnode link) takes %s too: a publish reaches every stream that takes its subject, so each message would be stored there as well; "+
 				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
 		}
 	}
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
 	// Every stream that takes a part of the destination: each must
 	// deduplicate long enough (not only the first the hub names).
 	lister := f.hub.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
