@@ -353,19 +353,44 @@ func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes [
 		}
 	}
 	w.mu.Unlock()
+	var byAddr []int
 	for i, r := range remotes {
 		if free[i] && slices.Contains(w.resolve(ctx, i, r), addr) {
-			return i
+			byAddr = append(byAddr, i)
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for i := range remotes {
-		for d := range w.linkDom[id] {
-			if free[i] && w.domains[i][d] {
-				return i
+	byDomain := func(among []int) int {
+		for _, i := range among {
+			for d := range w.linkDom[id] {
+				if w.domains[i][d] {
+					return i
+				}
 			}
 		}
+		return -1
+	}
+	switch len(byAddr) {
+	case 0:
+	case 1:
+		return byAddr[0]
+	default:
+		// TLS remotes behind one address (a proxy that routes by server
+		// name): the domains their links reached before tell them apart.
+		if i := byDomain(byAddr); i >= 0 {
+			return i
+		}
+		return byAddr[0]
+	}
+	var freeIdx []int
+	for i := range remotes {
+		if free[i] {
+			freeIdx = append(freeIdx, i)
+		}
+	}
+	if i := byDomain(freeIdx); i >= 0 {
+		return i
 	}
 	found := -1
 	for i := range remotes {
@@ -432,8 +457,9 @@ func resolveHostPort(ctx context.Context, u *url.URL) ([]string, error) {
 // holdfast binds every remote to the same local account, and a hub server
 // takes one link from an edge per account (it drops the other as a
 // duplicate, and both links then flap), while an address could no longer
-// tell the remotes' links apart. A name that does not resolve now is
-// compared as written.
+// tell the remotes' links apart. Two TLS remotes with different host
+// names may share an address (a proxy that routes by server name). A name
+// that does not resolve now is compared as written.
 func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) error {
 	if len(remotes) < 2 {
 		return nil
@@ -446,7 +472,7 @@ func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) er
 		}
 		addrs, _ := resolveHostPort(ctx, u)
 		for _, a := range addrs {
-			if j, ok := first[a]; ok && j != i {
+			if j, ok := first[a]; ok && j != i && !sniApart(remotes[i], remotes[j]) {
 				return fmt.Errorf("leafnodes.remotes[%d].url %q reaches %s like leafnodes.remotes[%d].url %q: "+
 					"a hub server takes one link per edge (the second is dropped as a duplicate and both flap); remove one of them",
 					i, r.Redacted(), a, j, remotes[j].Redacted())
@@ -457,6 +483,15 @@ func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) er
 		}
 	}
 	return nil
+}
+
+// sniApart reports whether two remotes use TLS with different host names,
+// which a proxy at one address can route to different hubs.
+func sniApart(a, b config.RemoteConfig) bool {
+	ua, erra := url.Parse(a.URL)
+	ub, errb := url.Parse(b.URL)
+	return erra == nil && errb == nil && a.TLSEnabled() && b.TLSEnabled() &&
+		!strings.EqualFold(ua.Hostname(), ub.Hostname())
 }
 
 // LeafLinks returns the state of each configured remote, in config order;
