@@ -261,26 +261,31 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.mu.Unlock()
 		}
 	}
+	// New links, and links no remote took yet (their hub's domains may
+	// have arrived since): matched again each poll, names looked up only
+	// for a new one.
 	var fresh []*server.LeafInfo
+	isNew := map[uint64]bool{}
 	w.mu.Lock()
 	for id, l := range live {
-		if _, ok := w.owner[id]; !ok {
+		if i, ok := w.owner[id]; !ok || i < 0 {
 			fresh = append(fresh, l)
+			isNew[id] = !ok
 		}
 	}
 	w.mu.Unlock()
 	slices.SortFunc(fresh, func(a, b *server.LeafInfo) int { return cmp.Compare(a.ID, b.ID) })
 	for _, l := range fresh {
 		addr := net.JoinHostPort(l.IP, fmt.Sprint(l.Port))
-		i := w.match(ctx, addr, l.ID, remotes)
+		i := w.match(ctx, addr, l.ID, remotes, isNew[l.ID])
 		w.mu.Lock()
 		w.owner[l.ID] = i
 		if i >= 0 && !slices.Contains(w.seen[i], addr) {
 			w.seen[i] = append(w.seen[i], addr)
 		}
 		w.mu.Unlock()
-		if i < 0 {
-			w.log.Warn("a leafnode connection matches no configured remote: it is not counted as any remote's link", "address", addr, "server", l.Name)
+		if i < 0 && isNew[l.ID] {
+			w.log.Warn("a leafnode connection matches no configured remote (yet): it is not counted as any remote's link", "address", addr, "server", l.Name)
 		}
 	}
 	w.mu.Lock()
@@ -338,7 +343,7 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 
 // match returns the remote a new connection (to addr, id) belongs to, or
 // -1: see leafLinks.
-func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes []config.RemoteConfig) int {
+func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes []config.RemoteConfig, lookup bool) int {
 	if len(remotes) == 1 {
 		return 0
 	}
@@ -355,7 +360,7 @@ func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes [
 	w.mu.Unlock()
 	var byAddr []int
 	for i, r := range remotes {
-		if free[i] && slices.Contains(w.resolve(ctx, i, r), addr) {
+		if free[i] && slices.Contains(w.resolve(ctx, i, r, lookup), addr) {
 			byAddr = append(byAddr, i)
 		}
 	}
@@ -421,13 +426,21 @@ func linkDomains(subs []string) map[string]bool {
 }
 
 // resolve returns the host:port addresses remote i may be connected on,
-// looked up again each time (a new connection to match): a name may
-// resolve to another address than at start. The last good lookup serves
-// when one fails.
-func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig) []string {
+// looked up again when lookup is set (a new connection to match): a name
+// may resolve to another address than at start. The last good lookup
+// serves otherwise, and when one fails.
+func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig, lookup bool) []string {
 	u, err := url.Parse(r.URL)
 	if err != nil {
 		return nil
+	}
+	if !lookup {
+		w.mu.Lock()
+		cached := w.addrs[i]
+		w.mu.Unlock()
+		if cached != nil {
+			return append([]string{net.JoinHostPort(u.Hostname(), u.Port())}, cached...)
+		}
 	}
 	out, err := resolveHostPort(ctx, u)
 	w.mu.Lock()
