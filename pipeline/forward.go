@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // Headers a forwarded message carries: where it came from.
@@ -285,9 +287,10 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 			return err
 		}
 		octx, ocancel := context.WithTimeout(ctx, min(otherDomainTimeout, f.opts.Timeout))
-		name, err := ojs.StreamNameBySubject(octx, subj)
+		found, err := hubStreamNames(octx, ojs, subj)
 		ocancel()
-		if err == nil {
+		if err == nil && len(found) > 0 {
+			name := found[0]
 			return fmt.Errorf("stream %s of JetStream domain %q (another hub, over another leafnode link) takes %s too: a publish reaches every stream that takes its subject, so each message would be stored there as well; "+
 				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
 		}
@@ -296,18 +299,13 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	defer cancel()
 	// Every stream that takes a part of the destination: each must
 	// deduplicate long enough (not only the first the hub names).
-	lister := f.hub.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
-	var names []string
-	for name := range lister.Name() {
-		names = append(names, name)
-	}
-	if err := lister.Err(); err != nil {
+	names, err := hubStreamNames(ctx, f.hub, subj)
+	if err != nil {
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}
 	if len(names) == 0 {
 		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
 	}
-	slices.Sort(names)
 	var cfg jetstream.StreamConfig
 	for _, name := range names {
 		s, err := f.hub.Stream(ctx, name)
@@ -331,6 +329,25 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	f.hubStream, f.hubMaxMsg = name, max(cfg.MaxMsgSize, 0)
 	f.mu.Unlock()
 	return nil
+}
+
+// hubStreamNames returns, sorted, the streams of js that take a part of
+// subj: on subj itself, or, for a holdfast stream with group_commit, on
+// its prefixed form (holdfast answers the publishes to subj and stores
+// them there: config.GroupCommitSubject).
+func hubStreamNames(ctx context.Context, js jetstream.JetStream, subj string) ([]string, error) {
+	var names []string
+	for _, filter := range []string{subj, config.GroupCommitSubject("*", subj)} {
+		lister := js.StreamNames(ctx, jetstream.WithStreamListSubject(filter))
+		for name := range lister.Name() {
+			names = append(names, name)
+		}
+		if err := lister.Err(); err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 func (f *Forwarder) linkUp() bool {

@@ -887,3 +887,24 @@ func TestLeafEdgesWithTheSameName(t *testing.T) {
 		})
 	}
 }
+
+// TestLeafHubGroupCommit: the hub's EDGE stream has group_commit = true
+// (it listens on $HOLDFAST.GC.EDGE.edge.> and the hub answers edge.>
+// itself). The edge's hub check finds it there, and every message reaches
+// it once, under its edge.<name>.… subject.
+func TestLeafHubGroupCommit(t *testing.T) {
+	hub := newLeafHub(t, "10m", "group_commit = true\n")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 300)
+	seen := hubCounts(t, hjs, 300, 30*time.Second)
+	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 300})
+	if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+		t.Errorf("edge /healthz: %s", h)
+	}
+}
