@@ -28,7 +28,7 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 		v.Links = func() []pipeline.LinkState {
 			var out []pipeline.LinkState
 			for _, ll := range d.srv.LeafLinks() {
-				out = append(out, pipeline.LinkState{Remote: ll.Remote, Connected: ll.Connected, Since: ll.Since, Connects: ll.Connects})
+				out = append(out, pipeline.LinkState{Remote: ll.Remote, Connected: ll.Connected, Since: ll.Since, Connects: ll.Connects, Problem: ll.Problem})
 			}
 			return out
 		}

@@ -136,7 +136,14 @@ type LeafLink struct {
 	Since time.Time `json:"since"`
 	// Connects counts the times the link came up since start.
 	Connects uint64 `json:"connects"`
+	// Problem is why the hub keeps dropping the link, "" when it does not.
+	Problem string `json:"problem,omitempty"`
 }
+
+// leafDuplicateFor is how long after the hub last dropped a link as a
+// duplicate the remote still reports it: nats-server reconnects in about
+// a second, and the two connections drop each other over and over.
+const leafDuplicateFor = 30 * time.Second
 
 // leafLinks watches the configured remotes' connections and logs each
 // change.
@@ -153,13 +160,16 @@ type LeafLink struct {
 // address are refused at start (checkRemoteAddresses), so an address
 // names one remote.
 type leafLinks struct {
-	mu      sync.Mutex
-	links   []LeafLink
-	owner   map[uint64]int             // live connection id -> remote index (-1: none)
-	linkDom map[uint64]map[string]bool // live connection id -> JetStream domains behind it
-	domains []map[string]bool          // by remote: the domains its links reached
-	addrs   [][]string                 // by remote: host:port it resolved to last
-	log     *slog.Logger
+	mu         sync.Mutex
+	links      []LeafLink
+	owner      map[uint64]int             // live connection id -> remote index (-1: none)
+	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
+	domains    []map[string]bool          // by remote: the domains its links reached
+	addrs      [][]string                 // by remote: host:port it resolved to last
+	seen       [][]string                 // by remote: the addresses its links were on
+	nsLog      *serverLogger              // the hub dropping a link as a duplicate
+	serverName string
+	log        *slog.Logger
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -176,11 +186,12 @@ func (s *Server) startLeafWatch() {
 	}
 	now := time.Now()
 	w := &leafLinks{log: s.log.With("component", "leafnodes"), done: make(chan struct{}),
-		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}}
+		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}, nsLog: s.nsLog, serverName: s.cfg.Server.Name}
 	for _, r := range remotes {
 		w.links = append(w.links, LeafLink{Remote: r.Redacted(), Since: now})
 		w.addrs = append(w.addrs, nil)
 		w.domains = append(w.domains, map[string]bool{})
+		w.seen = append(w.seen, nil)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -250,23 +261,31 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.mu.Unlock()
 		}
 	}
+	// New links, and links no remote took yet (their hub's domains may
+	// have arrived since): matched again each poll, names looked up only
+	// for a new one.
 	var fresh []*server.LeafInfo
+	isNew := map[uint64]bool{}
 	w.mu.Lock()
 	for id, l := range live {
-		if _, ok := w.owner[id]; !ok {
+		if i, ok := w.owner[id]; !ok || i < 0 {
 			fresh = append(fresh, l)
+			isNew[id] = !ok
 		}
 	}
 	w.mu.Unlock()
 	slices.SortFunc(fresh, func(a, b *server.LeafInfo) int { return cmp.Compare(a.ID, b.ID) })
 	for _, l := range fresh {
 		addr := net.JoinHostPort(l.IP, fmt.Sprint(l.Port))
-		i := w.match(ctx, addr, l.ID, remotes)
+		i := w.match(ctx, addr, l.ID, remotes, isNew[l.ID])
 		w.mu.Lock()
 		w.owner[l.ID] = i
+		if i >= 0 && !slices.Contains(w.seen[i], addr) {
+			w.seen[i] = append(w.seen[i], addr)
+		}
 		w.mu.Unlock()
-		if i < 0 {
-			w.log.Warn("a leafnode connection matches no configured remote: it is not counted as any remote's link", "address", addr, "server", l.Name)
+		if i < 0 && isNew[l.ID] {
+			w.log.Warn("a leafnode connection matches no configured remote (yet): it is not counted as any remote's link", "address", addr, "server", l.Name)
 		}
 	}
 	w.mu.Lock()
@@ -282,6 +301,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	}
 	for i := range remotes {
 		l := &w.links[i]
+		w.noteDuplicate(i, l)
 		if l.Connected == up[i] {
 			continue
 		}
@@ -297,9 +317,33 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	}
 }
 
+// noteDuplicate sets remote i's Problem while its hub drops its links as
+// duplicates, and logs each change; w.mu is held.
+func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
+	var last time.Time
+	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+		if t := w.nsLog.LeafDuplicateAt(a); t.After(last) {
+			last = t
+		}
+	}
+	p := ""
+	if !last.IsZero() && time.Since(last) < leafDuplicateFor {
+		p = fmt.Sprintf("the hub drops this link as a duplicate (last %s ago): another edge connects to it with server.name %q (server.name must be unique per edge), or another remote of this node reaches the same hub",
+			time.Since(last).Round(time.Second), w.serverName)
+	}
+	if (p == "") != (l.Problem == "") {
+		if p != "" {
+			w.log.Error("leafnode link keeps being dropped: "+p, "remote", l.Remote)
+		} else {
+			w.log.Info("leafnode link no longer dropped as a duplicate", "remote", l.Remote)
+		}
+	}
+	l.Problem = p
+}
+
 // match returns the remote a new connection (to addr, id) belongs to, or
 // -1: see leafLinks.
-func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes []config.RemoteConfig) int {
+func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes []config.RemoteConfig, lookup bool) int {
 	if len(remotes) == 1 {
 		return 0
 	}
@@ -314,19 +358,44 @@ func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes [
 		}
 	}
 	w.mu.Unlock()
+	var byAddr []int
 	for i, r := range remotes {
-		if free[i] && slices.Contains(w.resolve(ctx, i, r), addr) {
-			return i
+		if free[i] && slices.Contains(w.resolve(ctx, i, r, lookup), addr) {
+			byAddr = append(byAddr, i)
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for i := range remotes {
-		for d := range w.linkDom[id] {
-			if free[i] && w.domains[i][d] {
-				return i
+	byDomain := func(among []int) int {
+		for _, i := range among {
+			for d := range w.linkDom[id] {
+				if w.domains[i][d] {
+					return i
+				}
 			}
 		}
+		return -1
+	}
+	switch len(byAddr) {
+	case 0:
+	case 1:
+		return byAddr[0]
+	default:
+		// TLS remotes behind one address (a proxy that routes by server
+		// name): the domains their links reached before tell them apart.
+		if i := byDomain(byAddr); i >= 0 {
+			return i
+		}
+		return byAddr[0]
+	}
+	var freeIdx []int
+	for i := range remotes {
+		if free[i] {
+			freeIdx = append(freeIdx, i)
+		}
+	}
+	if i := byDomain(freeIdx); i >= 0 {
+		return i
 	}
 	found := -1
 	for i := range remotes {
@@ -357,13 +426,21 @@ func linkDomains(subs []string) map[string]bool {
 }
 
 // resolve returns the host:port addresses remote i may be connected on,
-// looked up again each time (a new connection to match): a name may
-// resolve to another address than at start. The last good lookup serves
-// when one fails.
-func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig) []string {
+// looked up again when lookup is set (a new connection to match): a name
+// may resolve to another address than at start. The last good lookup
+// serves otherwise, and when one fails.
+func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig, lookup bool) []string {
 	u, err := url.Parse(r.URL)
 	if err != nil {
 		return nil
+	}
+	if !lookup {
+		w.mu.Lock()
+		cached := w.addrs[i]
+		w.mu.Unlock()
+		if cached != nil {
+			return append([]string{net.JoinHostPort(u.Hostname(), u.Port())}, cached...)
+		}
 	}
 	out, err := resolveHostPort(ctx, u)
 	w.mu.Lock()
@@ -393,8 +470,9 @@ func resolveHostPort(ctx context.Context, u *url.URL) ([]string, error) {
 // holdfast binds every remote to the same local account, and a hub server
 // takes one link from an edge per account (it drops the other as a
 // duplicate, and both links then flap), while an address could no longer
-// tell the remotes' links apart. A name that does not resolve now is
-// compared as written.
+// tell the remotes' links apart. Two TLS remotes with different host
+// names may share an address (a proxy that routes by server name). A name
+// that does not resolve now is compared as written.
 func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) error {
 	if len(remotes) < 2 {
 		return nil
@@ -407,7 +485,7 @@ func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) er
 		}
 		addrs, _ := resolveHostPort(ctx, u)
 		for _, a := range addrs {
-			if j, ok := first[a]; ok && j != i {
+			if j, ok := first[a]; ok && j != i && !sniApart(remotes[i], remotes[j]) {
 				return fmt.Errorf("leafnodes.remotes[%d].url %q reaches %s like leafnodes.remotes[%d].url %q: "+
 					"a hub server takes one link per edge (the second is dropped as a duplicate and both flap); remove one of them",
 					i, r.Redacted(), a, j, remotes[j].Redacted())
@@ -418,6 +496,15 @@ func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) er
 		}
 	}
 	return nil
+}
+
+// sniApart reports whether two remotes use TLS with different host names,
+// which a proxy at one address can route to different hubs.
+func sniApart(a, b config.RemoteConfig) bool {
+	ua, erra := url.Parse(a.URL)
+	ub, errb := url.Parse(b.URL)
+	return erra == nil && errb == nil && a.TLSEnabled() && b.TLSEnabled() &&
+		!strings.EqualFold(ua.Hostname(), ub.Hostname())
 }
 
 // LeafLinks returns the state of each configured remote, in config order;

@@ -342,3 +342,21 @@ func TestLinkDomains(t *testing.T) {
 		t.Errorf("linkDomains = %v, want %v", got, want)
 	}
 }
+
+// TestCheckRemoteAddresses: two plain remotes at one address are refused;
+// two TLS remotes with different host names at one address (a proxy that
+// routes by server name) are not.
+func TestCheckRemoteAddresses(t *testing.T) {
+	ctx := context.Background()
+	plain := []config.RemoteConfig{{URL: "nats-leaf://127.0.0.1:7422"}, {URL: "nats-leaf://localhost:7422"}}
+	if err := checkRemoteAddresses(ctx, plain); err == nil || !strings.Contains(err.Error(), "leafnodes.remotes[1].url") {
+		t.Errorf("plain remotes at one address: %v", err)
+	}
+	tls := []config.RemoteConfig{{URL: "tls://127.0.0.1:7422"}, {URL: "tls://localhost:7422"}}
+	if err := checkRemoteAddresses(ctx, tls); err != nil {
+		t.Errorf("TLS remotes with two host names: %v", err)
+	}
+	if err := checkRemoteAddresses(ctx, []config.RemoteConfig{{URL: "nats-leaf://127.0.0.1:7422"}, {URL: "nats-leaf://127.0.0.1:7423"}}); err != nil {
+		t.Errorf("two ports: %v", err)
+	}
+}

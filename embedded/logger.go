@@ -30,6 +30,42 @@ type serverLogger struct {
 	// logged it, and when.
 	routeRefusal   string
 	routeRefusedAt time.Time
+
+	// When the hub at an address (host:port) last dropped this node's
+	// leafnode connection as a duplicate.
+	leafDups map[string]time.Time
+}
+
+// leafDuplicate is what nats-server (v2.15.2) logs on an edge whose hub
+// dropped its leafnode connection because another one came from a server
+// of the same name (or the same server, over a second remote), in the same
+// account; the connection's prefix names the hub's address.
+var leafDuplicate = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Duplicate Remote LeafNode Connection'`)
+
+// noteLeafDuplicate records the hub's address when msg says it dropped a
+// leafnode connection as a duplicate.
+func (l *serverLogger) noteLeafDuplicate(msg string) {
+	m := leafDuplicate.FindStringSubmatch(msg)
+	if m == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.leafDups == nil {
+		l.leafDups = map[string]time.Time{}
+	}
+	l.leafDups[m[1]] = time.Now()
+}
+
+// LeafDuplicateAt returns when the hub at addr last dropped a leafnode
+// connection of this node as a duplicate (zero: never).
+func (l *serverLogger) LeafDuplicateAt(addr string) time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leafDups[addr]
 }
 
 // routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
@@ -126,6 +162,7 @@ func (l *serverLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
 	l.noteRouteRefusal(msg)
+	l.noteLeafDuplicate(msg)
 	l.log.Error(msg)
 }
 

@@ -294,3 +294,17 @@ func TestNoteRouteRefusal(t *testing.T) {
 		}
 	}
 }
+
+// TestNoteLeafDuplicate: the edge's log line about a link its hub dropped
+// as a duplicate is recorded under the hub's address.
+func TestNoteLeafDuplicate(t *testing.T) {
+	l := newServerLogger(slog.New(slog.DiscardHandler))
+	l.Errorf("%s", "127.0.0.1:7422 - lid:5 - Leafnode Error 'Duplicate Remote LeafNode Connection'")
+	l.Errorf("%s", "127.0.0.1:7423 - lid:6 - Leafnode connection closed: Client Closed")
+	if at := l.LeafDuplicateAt("127.0.0.1:7422"); time.Since(at) > time.Minute {
+		t.Errorf("LeafDuplicateAt(7422) = %v, want now", at)
+	}
+	if at := l.LeafDuplicateAt("127.0.0.1:7423"); !at.IsZero() {
+		t.Errorf("LeafDuplicateAt(7423) = %v, want zero", at)
+	}
+}

@@ -14,6 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // Headers a forwarded message carries: where it came from.
@@ -100,7 +102,7 @@ type Forwarder struct {
 
 	mu           sync.Mutex
 	incarnations map[string]incarnation
-	hubStream    string // the hub stream that takes the destination subjects
+	hubStream    string // the hub streams that take the destination subjects (comma-separated)
 	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
 	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string // the other domains when the hub was last checked
@@ -266,9 +268,11 @@ func (f *Forwarder) otherDomains() string {
 	return strings.Join(slices.Compact(out), ",")
 }
 
+// otherDomainTimeout bounds the question to each other domain: one that
+// does not answer (an edge behind the hub going away) takes no stream.
+const otherDomainTimeout = 2 * time.Second
+
 func (f *Forwarder) lookupHub(ctx context.Context) error {
-	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
-	defer cancel()
 	subj := f.pattern()
 	others := f.otherDomains()
 	f.mu.Lock()
@@ -282,32 +286,68 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if name, err := ojs.StreamNameBySubject(ctx, subj); err == nil {
+		octx, ocancel := context.WithTimeout(ctx, min(otherDomainTimeout, f.opts.Timeout))
+		found, err := hubStreamNames(octx, ojs, subj)
+		ocancel()
+		if err == nil && len(found) > 0 {
+			name := found[0]
 			return fmt.Errorf("stream %s of JetStream domain %q (another hub, over another leafnode link) takes %s too: a publish reaches every stream that takes its subject, so each message would be stored there as well; "+
 				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
 		}
 	}
-	name, err := f.hub.StreamNameBySubject(ctx, subj)
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	// Every stream that takes a part of the destination: each must
+	// deduplicate long enough (not only the first the hub names).
+	names, err := hubStreamNames(ctx, f.hub, subj)
 	if err != nil {
-		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
-		}
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}
-	s, err := f.hub.Stream(ctx, name)
-	if err != nil {
-		return fmt.Errorf("hub stream %s: %w", name, err)
+	if len(names) == 0 {
+		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
 	}
-	cfg := s.CachedInfo().Config
-	if cfg.Duplicates < f.opts.MinDuplicateWindow {
-		return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
-			"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
-			ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+	var cfg jetstream.StreamConfig
+	for _, name := range names {
+		s, err := f.hub.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("hub stream %s: %w", name, err)
+		}
+		cfg = s.CachedInfo().Config
+		if cfg.Duplicates < f.opts.MinDuplicateWindow {
+			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
+				"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
+				ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+		}
+	}
+	name := strings.Join(names, ",")
+	if len(names) > 1 {
+		// Which stream takes a message depends on its subject: the hub
+		// refuses one too large for its stream (error 10054).
+		cfg.MaxMsgSize = 0
 	}
 	f.mu.Lock()
 	f.hubStream, f.hubMaxMsg = name, max(cfg.MaxMsgSize, 0)
 	f.mu.Unlock()
 	return nil
+}
+
+// hubStreamNames returns, sorted, the streams of js that take a part of
+// subj: on subj itself, or, for a holdfast stream with group_commit, on
+// its prefixed form (holdfast answers the publishes to subj and stores
+// them there: config.GroupCommitSubject).
+func hubStreamNames(ctx context.Context, js jetstream.JetStream, subj string) ([]string, error) {
+	var names []string
+	for _, filter := range []string{subj, config.GroupCommitSubject("*", subj)} {
+		lister := js.StreamNames(ctx, jetstream.WithStreamListSubject(filter))
+		for name := range lister.Name() {
+			names = append(names, name)
+		}
+		if err := lister.Err(); err != nil {
+			return nil, err
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names), nil
 }
 
 func (f *Forwarder) linkUp() bool {

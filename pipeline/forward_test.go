@@ -247,6 +247,28 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 	}
 }
 
+// TestForwardChecksEveryHubStream: the hub splits the destination over
+// two streams; the one the hub does not name first deduplicates over too
+// short a window, and Open refuses it by name.
+func TestForwardChecksEveryHubStream(t *testing.T) {
+	e := startEnv(t, nil)
+	ctx := context.Background()
+	for _, sc := range []jetstream.StreamConfig{
+		{Name: "A_ORDERS", Subjects: []string{"edge.*.orders.>"}, Duplicates: 10 * time.Minute},
+		{Name: "Z_METRICS", Subjects: []string{"edge.*.metrics.>"}, Duplicates: time.Minute},
+	} {
+		if _, err := e.js.CreateStream(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var up atomic.Bool
+	up.Store(true)
+	_, err := e.forwarder(&up, 5*time.Minute)
+	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
+		t.Fatalf("Open = %v, want ErrDuplicateWindow naming Z_METRICS", err)
+	}
+}
+
 // TestForwardOpenInterrupted: Open returns the context's error when it
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {

@@ -21,6 +21,8 @@ type LinkState struct {
 	// Since is when the link last changed state, or start-up.
 	Since    time.Time `json:"since"`
 	Connects uint64    `json:"connects"`
+	// Problem is why the hub keeps dropping the link ("" when it does not).
+	Problem string `json:"problem,omitempty"`
 }
 
 // EdgeView gathers the leafnode links, the forwarders and, on a hub, the
@@ -90,6 +92,9 @@ func (v *EdgeView) Problems(now time.Time) []string {
 		if down := now.Sub(l.Since); !l.Connected && down >= v.UnreachableAfter {
 			out = append(out, fmt.Sprintf("leafnode %s has been unreachable for %s (leafnodes.unreachable_after = %s): messages wait here for forwarding; local publishing goes on",
 				l.Remote, down.Round(time.Second), v.UnreachableAfter))
+		}
+		if l.Problem != "" {
+			out = append(out, fmt.Sprintf("leafnode %s: %s", l.Remote, l.Problem))
 		}
 	}
 	for _, f := range v.forwarderList() {

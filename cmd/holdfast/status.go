@@ -585,6 +585,9 @@ func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
 			state = "DISCONNECTED"
 		}
 		fmt.Fprintf(w, "\nLeafnode   %s %s for %s (%d connect(s))\n", l.Remote, state, now.Sub(l.Since).Round(time.Second), l.Connects)
+		if l.Problem != "" {
+			fmt.Fprintf(w, "           DROPPED: %s\n", l.Problem)
+		}
 	}
 	for _, f := range st.Forwards {
 		fmt.Fprintf(w, "Forward    %s (stream %s) -> domain %s: ", f.Consumer, f.Stream, f.Domain)
