@@ -224,7 +224,38 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 			return err
 		}
 	}
+	warnUnconfiguredConsumers(ctx, js, cfg, log)
 	return nil
+}
+
+// warnUnconfiguredConsumers logs each durable consumer of a configured
+// interest or workqueue stream that the config does not name (removed
+// from the file, or made by a client). holdfast never deletes it, and on
+// such a stream it holds every message it has not acknowledged (on a
+// workqueue stream the messages of its filter go to it alone): nothing
+// else would tell that they are kept, or not processed, for it.
+func warnUnconfiguredConsumers(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) {
+	for _, name := range cfg.StreamNames() {
+		sc := cfg.Streams[name]
+		if sc.Retention != "interest" && sc.Retention != "workqueue" {
+			continue
+		}
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			continue
+		}
+		lister := s.ListConsumers(ctx)
+		for ci := range lister.Info() {
+			if cc := cfg.Consumers[ci.Name]; ci.Config.Durable == "" || (cc != nil && cc.Stream == name) {
+				continue
+			}
+			log.Warn("consumer not in the config: holdfast leaves it, and the stream keeps for it every message it has not acknowledged (on a workqueue stream the messages of its filter go to it alone); remove it with nats consumer rm if nothing uses it",
+				"stream", name, "consumer", ci.Name, "retention", sc.Retention, "pending", ci.NumPending, "ack_pending", ci.NumAckPending)
+		}
+		if err := lister.Err(); err != nil {
+			log.Debug("cannot list the stream's consumers", "stream", name, "err", err)
+		}
+	}
 }
 
 // releaseMovedDeadLetters handles a consumer whose dead_letter moved to

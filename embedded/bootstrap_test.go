@@ -340,3 +340,25 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 		})
 	}
 }
+
+// TestBootstrapWarnsOfUnconfiguredConsumers: a durable consumer on an
+// interest stream that the config no longer names (removed from the file)
+// keeps every message it has not acknowledged; holdfast leaves it, and
+// nothing said so (status lists configured consumers only).
+func TestBootstrapWarnsOfUnconfiguredConsumers(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Streams["ORDERS"].Retention = "interest"
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	if _, err := js.CreateOrUpdateConsumer(natstest.Context(t), "ORDERS", jetstream.ConsumerConfig{Durable: "OLD", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "orders.created", 3)
+	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatal(err)
+	}
+	if log := lb.String(); !strings.Contains(log, "consumer not in the config") || !strings.Contains(log, "consumer=OLD") || !strings.Contains(log, "pending=3") || strings.Contains(log, "consumer=WORKER1 retention") {
+		t.Fatalf("log:\n%s", log)
+	}
+}
