@@ -102,11 +102,12 @@ type Forwarder struct {
 
 	mu           sync.Mutex
 	incarnations map[string]incarnation
-	hubStream    string // the hub streams that take the destination subjects (comma-separated)
-	hubMaxMsg    int32  // its max_msg_size, 0 when unlimited
-	checkErr     error  // why forwarding waits for the hub (nil: the hub passed the check)
-	checkedDoms  string // the other domains when the hub was last checked
-	checkedDowns uint64 // downs when the last check that passed began
+	hubStream    string   // the hub streams that take the destination subjects (comma-separated)
+	hubMaxMsg    int32    // its max_msg_size, 0 when unlimited
+	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
+	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
+	checkedDoms  string   // the other domains when the hub was last checked
+	checkedDowns uint64   // downs when the last check that passed began
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -307,12 +308,16 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
 	}
 	var cfg jetstream.StreamConfig
+	var subjects []string
 	for _, name := range names {
 		s, err := f.hub.Stream(ctx, name)
 		if err != nil {
 			return fmt.Errorf("hub stream %s: %w", name, err)
 		}
 		cfg = s.CachedInfo().Config
+		for _, sub := range cfg.Subjects {
+			subjects = append(subjects, strings.TrimPrefix(sub, config.GroupCommitSubject(name, "")))
+		}
 		if cfg.Duplicates < f.opts.MinDuplicateWindow {
 			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
 				"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
@@ -326,9 +331,35 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		cfg.MaxMsgSize = 0
 	}
 	f.mu.Lock()
-	f.hubStream, f.hubMaxMsg = name, max(cfg.MaxMsgSize, 0)
+	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, max(cfg.MaxMsgSize, 0), subjects
 	f.mu.Unlock()
 	return nil
+}
+
+// hubTakes reports whether a stream of the hub takes subject, as last
+// checked (true while not known).
+func (f *Forwarder) hubTakes(subject string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.hubSubjects == nil {
+		return true
+	}
+	return slices.ContainsFunc(f.hubSubjects, func(filter string) bool { return subjectMatches(subject, filter) })
+}
+
+// subjectMatches reports whether the literal subject matches filter
+// (tokens, '*' for one, '>' for the rest).
+func subjectMatches(subject, filter string) bool {
+	st, ft := strings.Split(subject, "."), strings.Split(filter, ".")
+	for i, f := range ft {
+		if f == ">" {
+			return len(st) > i
+		}
+		if i >= len(st) || (f != "*" && f != st[i]) {
+			return false
+		}
+	}
+	return len(st) == len(ft)
 }
 
 // hubStreamNames returns, sorted, the streams of js that take a part of
@@ -461,6 +492,17 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
 		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
+	}
+	if !f.hubTakes(out.Subject) {
+		// Checked again first: the hub's streams may have changed.
+		if err := f.checkHub(ctx); err == nil && !f.hubTakes(out.Subject) {
+			f.stats.Refused.Add(1)
+			f.mu.Lock()
+			streams, subjects := f.hubStream, f.hubSubjects
+			f.mu.Unlock()
+			return Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
+				f.opts.Domain, out.Subject, streams, strings.Join(subjects, ", ")))
+		}
 	}
 	f.mu.Lock()
 	hubMax := f.hubMaxMsg

@@ -202,6 +202,35 @@ func TestForwardLongSubjectDeadLettered(t *testing.T) {
 	}
 }
 
+// TestForwardSubjectNoHubStreamTakes: the hub's stream takes only
+// edge.*.orders.created; a message on orders.paid is dead-lettered at
+// once, saying which subject no hub stream takes (before, each attempt
+// waited out the publish timeout), and the rest keep flowing.
+func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
+	e := startEnv(t, nil)
+	if _, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.*.orders.created"}, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var up atomic.Bool
+	up.Store(true)
+	f, err := e.forwarder(&up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.workers(f, 1)
+	paid := e.publish("orders.paid", "p", nil)
+	e.publish("orders.created", "c", nil)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		}
+		return nil
+	})
+	if reason := e.dlqMsg(paid).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "no stream of the hub") || !strings.Contains(reason, "edge.edge1.orders.paid") {
+		t.Errorf("dead letter reason %q", reason)
+	}
+}
+
 // TestForwardRefusesShortDuplicateWindow: Open refuses a hub stream whose
 // duplicate window is shorter than the promised outage.
 func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
