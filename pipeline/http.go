@@ -77,7 +77,9 @@ type HTTPOptions struct {
 // response gives (seconds or an HTTP date, at most an hour). Other 5xx
 // responses, timeouts and connection errors retry. Every other status fails
 // the message permanently, with the status and the start of the body as the
-// reason. Redirects are followed only when they keep the POST and its body
+// reason (a 101 Switching Protocols included, without reading what follows).
+// The status decides: a 2xx whose body is cut off or never ends succeeds, and
+// the timeout bounds reading the body as well as the request. Redirects are followed only when they keep the POST and its body
 // (307, 308); a 301, 302 or 303 fails the message.
 type HTTPHandler struct {
 	url        string
@@ -182,9 +184,18 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 		}
 		return RetryLater(fmt.Sprintf("POST failed: %v", err))
 	}
+	// The timeout covers reading the body too: a 101's body is the raw
+	// connection, which the request's context no longer watches.
+	stop := context.AfterFunc(ctx, func() { _ = resp.Body.Close() })
+	defer stop()
+	code := resp.StatusCode
+	if code == http.StatusSwitchingProtocols {
+		// Not asked for: what follows is not HTTP, so read none of it.
+		_ = resp.Body.Close()
+		return Fail("HTTP 101 Switching Protocols: the endpoint switched to another protocol, which holdfast never asks for")
+	}
 	defer drainAndClose(resp.Body)
 
-	code := resp.StatusCode
 	status := strconv.Itoa(code)
 	if text := http.StatusText(code); text != "" {
 		status += " " + text

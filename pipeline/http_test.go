@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -611,6 +612,85 @@ func TestHTTPMessageCannotSetCredentialsOrTrustHeaders(t *testing.T) {
 				if got := req.Header.Get("Holdfast-Header-" + name); got != v {
 					t.Errorf("Holdfast-Header-%s = %q, want the message's %q", name, got, v)
 				}
+			}
+		})
+	}
+}
+
+// rawHTTPServer answers every request with resp, written as is, and keeps
+// the connection open, sending nothing more, until the test ends.
+func rawHTTPServer(t *testing.T, resp string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		close(done)
+		_ = ln.Close()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, resp)
+				<-done
+			}()
+		}
+	}()
+	return "http://" + ln.Addr().String() + "/hook"
+}
+
+// An endpoint that answers 101 hands over its raw connection; reading it
+// must not outlast the timeout, or the worker hangs for as long as the
+// endpoint keeps the connection open.
+func TestHTTPSwitchingProtocolsFailsWithoutHanging(t *testing.T) {
+	url := rawHTTPServer(t, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+	h := newHTTP(t, HTTPOptions{URL: url, Timeout: 200 * time.Millisecond}, nil)
+	got := make(chan Result, 1)
+	go func() { got <- h.Handle(context.Background(), testMessage()) }()
+	select {
+	case r := <-got:
+		if r.Outcome != Permanent || !strings.Contains(r.Reason, "HTTP 101 Switching Protocols") {
+			t.Fatalf("result = %+v, want a permanent failure naming the 101", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Handle still running 30s after a 101 with a 200ms timeout")
+	}
+}
+
+// A 2xx whose body never ends is a success, judged by its status; reading
+// what is left of the body stops at the timeout.
+func TestHTTPEndlessBodyAfterStatus(t *testing.T) {
+	for name, resp := range map[string]string{
+		"short content-length": "HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\nabc",
+		"unfinished chunks":    "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHTTP(t, HTTPOptions{URL: rawHTTPServer(t, resp), Timeout: 200 * time.Millisecond}, nil)
+			got := make(chan Result, 1)
+			go func() { got <- h.Handle(context.Background(), testMessage()) }()
+			select {
+			case r := <-got:
+				if r.Outcome != Success {
+					t.Fatalf("result = %+v, want success", r)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("Handle still running 30s after the response with a 200ms timeout")
 			}
 		})
 	}
