@@ -31,6 +31,21 @@ const (
 // prometheus-nats-exporter (pointed at http://LISTEN/nats) work.
 const natsMonitorPrefix = "/nats/"
 
+// Limits of the [http] listener, so that clients that are slow or that
+// keep connections open cannot hold its connections (and file
+// descriptors, shared with the NATS server) for ever.
+const (
+	// httpReadHeaderTimeout bounds reading a request's header.
+	httpReadHeaderTimeout = 10 * time.Second
+	// httpReadTimeout bounds reading a whole request, body included.
+	httpReadTimeout = 30 * time.Second
+	// httpWriteTimeout bounds answering a request, from the end of its
+	// header; it exceeds the 10s /metrics gathers may take.
+	httpWriteTimeout = time.Minute
+	// httpIdleTimeout closes a keep-alive connection no request uses.
+	httpIdleTimeout = 2 * time.Minute
+)
+
 // httpServer serves [http] listen: /metrics, /healthz, /readyz and the
 // embedded NATS server's monitoring under /nats/. It starts before the
 // NATS server (answering 503 while the store is recovered) and stops
@@ -46,6 +61,9 @@ type httpServer struct {
 	mon   *pipeline.Monitor
 	phase string
 
+	// Timeouts of the server, the http* constants unless a test sets them.
+	readTimeout, writeTimeout, idleTimeout time.Duration
+
 	ln   net.Listener
 	srv  *http.Server
 	done chan struct{}
@@ -53,7 +71,10 @@ type httpServer struct {
 }
 
 func newHTTPServer(addr string, metrics *pipeline.Metrics, log *slog.Logger, version string) *httpServer {
-	return &httpServer{addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting, version: version}
+	return &httpServer{
+		addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting, version: version,
+		readTimeout: httpReadTimeout, writeTimeout: httpWriteTimeout, idleTimeout: httpIdleTimeout,
+	}
 }
 
 // Open listens and starts serving.
@@ -65,7 +86,11 @@ func (h *httpServer) Open(ctx context.Context) error {
 	h.ln = ln
 	h.srv = &http.Server{
 		Handler:           h.routes(),
-		ReadHeaderTimeout: 10 * time.Second,
+		ReadHeaderTimeout: min(httpReadHeaderTimeout, h.readTimeout),
+		ReadTimeout:       h.readTimeout,
+		WriteTimeout:      h.writeTimeout,
+		IdleTimeout:       h.idleTimeout,
+		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(h.log.Handler(), slog.LevelWarn),
 	}
 	h.done = make(chan struct{})
