@@ -509,6 +509,12 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.exec.timeout garbage", consumerC + "[consumers.C.exec]\ntimeout = \"long\"", `consumers.C.exec.timeout = "long": not a duration`},
 		{"consumers.http without url", consumerC + "handler = \"http\"", `consumers.C.http.url = "": handler = "http" needs a url`},
 		{"consumers.http bad scheme", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"ftp://127.0.0.1/x\"", `consumers.C.http.url = "ftp://127.0.0.1/x": must be an http:// or https:// URL`},
+		// check passed these; run refused the first two or retried and dead-lettered every message.
+		{"consumers.http no host", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http:///x\"", `consumers.C.http.url = "http:///x": has no host, such as http://127.0.0.1:8080/orders`},
+		{"consumers.http bad url", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http://127.0.0.1/%zz\"", `consumers.C.http.url = "http://127.0.0.1/%zz": is not a valid URL: invalid URL escape "%zz"`},
+		{"consumers.http port too big", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http://127.0.0.1:99999/x\"", `consumers.C.http.url = "http://127.0.0.1:99999/x": port 99999 is not between 1 and 65535`},
+		{"consumers.http port 0", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http://127.0.0.1:0/x\"", `consumers.C.http.url = "http://127.0.0.1:0/x": port 0 is not between 1 and 65535`},
+		{"consumers.http password not shown", consumerC + "handler = \"http\"\n[consumers.C.http]\nurl = \"http://u:hunter2@127.0.0.1:70000/x\"", `consumers.C.http.url = "http://u:xxxxx@127.0.0.1:70000/x": port 70000`},
 		{"consumers.http.timeout 0", consumerC + "[consumers.C.http]\ntimeout = \"0s\"", "consumers.C.http.timeout = 0s: must be at least 100ms"},
 		{"consumers.http.timeout negative", consumerC + "[consumers.C.http]\ntimeout = \"-3s\"", "consumers.C.http.timeout = -3s: must be at least 100ms"},
 		{"consumers.dead_letter configured stream", consumerC + "dead_letter = \"S\"", `consumers.C.dead_letter = "S": is a configured stream: dead-letter streams are created by holdfast, pick another name such as "S_DLQ"`},

@@ -1,9 +1,11 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net"
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -381,8 +383,8 @@ func (c *Config) validateConsumers(v *validator) {
 		case "http":
 			if cc.HTTP.URL == "" {
 				v.add(key+".http.url", `""`, "handler = \"http\" needs a url, such as \"http://127.0.0.1:8080/orders\"")
-			} else if !strings.HasPrefix(cc.HTTP.URL, "http://") && !strings.HasPrefix(cc.HTTP.URL, "https://") {
-				v.add(key+".http.url", q(cc.HTTP.URL), "must be an http:// or https:// URL")
+			} else if shown, problem := checkHTTPURL(cc.HTTP.URL); problem != "" {
+				v.add(key+".http.url", q(shown), "%s", problem)
 			}
 		default:
 			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http, forward")
@@ -509,4 +511,32 @@ func (c *Config) validateStallTimeout(v *validator) {
 	} else if d.Duration < minStallTimeout {
 		v.add("http.stall_timeout", d.String(), "must be at least %s, such as \"5m\": the monitor checks once a second", minStallTimeout)
 	}
+}
+
+// checkHTTPURL returns what is wrong with an http handler's url, or "", and
+// the url as an error may show it (without its password). It refuses what
+// the handler refuses at start-up, and a port no request can reach, which
+// would retry and then dead-letter every message.
+func checkHTTPURL(raw string) (shown, problem string) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		var uerr *url.Error
+		if errors.As(err, &uerr) {
+			err = uerr.Err // it quotes the url again
+		}
+		return raw, "is not a valid URL: " + err.Error()
+	}
+	shown = u.Redacted()
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return shown, "must be an http:// or https:// URL"
+	}
+	if u.Hostname() == "" {
+		return shown, "has no host, such as http://127.0.0.1:8080/orders"
+	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return shown, "port " + port + " is not between 1 and 65535"
+		}
+	}
+	return shown, ""
 }

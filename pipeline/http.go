@@ -107,6 +107,11 @@ func NewHTTPHandler(cfg HTTPOptions, logger *slog.Logger) (*HTTPHandler, error) 
 	if u.Hostname() == "" {
 		return nil, fmt.Errorf("http handler: url %s: no host", u.Redacted())
 	}
+	if port := u.Port(); port != "" {
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("http handler: url %s: port %s is not between 1 and 65535", u.Redacted(), port)
+		}
+	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("http handler: timeout %s is negative", cfg.Timeout)
 	}

@@ -71,6 +71,8 @@ func TestNewHTTPHandlerValidation(t *testing.T) {
 		{"port only", HTTPOptions{URL: "http://:8080/orders"}, "no host"},
 		{"password is not shown", HTTPOptions{URL: "http://user:hunter2@/orders"}, "user:xxxxx@"},
 		{"bad escape", HTTPOptions{URL: "http://127.0.0.1/%zz"}, "invalid url"},
+		{"port too big", HTTPOptions{URL: "http://u:hunter2@127.0.0.1:99999/orders"}, "url http://u:xxxxx@127.0.0.1:99999/orders: port 99999 is not between 1 and 65535"},
+		{"port 0", HTTPOptions{URL: "http://127.0.0.1:0/orders"}, "port 0 is not between 1 and 65535"},
 		{"negative timeout", HTTPOptions{URL: "http://127.0.0.1/", Timeout: -time.Second}, "timeout -1s is negative"},
 		{"http", HTTPOptions{URL: "http://127.0.0.1:8080/orders", Timeout: time.Second}, ""},
 		{"https", HTTPOptions{URL: "https://localhost/orders?team=a"}, ""},
