@@ -3,10 +3,14 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/embedded"
 )
 
@@ -34,6 +38,9 @@ func checkCommand() *cli.Command {
 				if _, serr := cfg.LoadSecrets(); serr != nil {
 					problems = append(problems, serr)
 				}
+			}
+			if cfg != nil {
+				problems = append(problems, checkHandlers(cfg)...)
 			}
 			if cfg != nil && cfg.JetStream.StoreDir != "" {
 				// Without side effects: nothing is created or left behind.
@@ -64,6 +71,24 @@ func checkCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// checkHandlers builds the exec and http handlers as run does, so that a
+// command run would refuse (missing, a directory, not executable) fails
+// check too. It starts nothing and sends nothing.
+func checkHandlers(cfg *config.Config) []error {
+	var problems []error
+	names := slices.Sorted(maps.Keys(cfg.Consumers))
+	for _, name := range names {
+		cc := cfg.Consumers[name]
+		if cc.Workers == 0 || (cc.Handler != "exec" && cc.Handler != "http") {
+			continue // run builds no handler for it
+		}
+		if _, err := daemon.NewHandler(name, cc, slog.New(slog.DiscardHandler)); err != nil {
+			problems = append(problems, err)
+		}
+	}
+	return problems
 }
 
 func errUnexpectedArgs(c *cli.Context) error {

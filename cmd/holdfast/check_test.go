@@ -162,3 +162,37 @@ func TestCheckLeavesNoTrace(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckRefusesHandlerCommandRunRefuses: an exec command that is
+// missing, a directory or not executable passed `check` and stopped `run`.
+// Both refuse it now, naming the consumer and the path.
+func TestCheckRefusesHandlerCommandRunRefuses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, command, want string
+	}{
+		{"missing", filepath.Join(dir, "missing"), "no such file or directory"},
+		{"directory", dir, "is a directory"},
+		{"not executable", notExec, "is not executable"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			extra := fmt.Sprintf("\n[consumers.WORKER2]\nstream = \"ORDERS\"\nhandler = \"exec\"\n[consumers.WORKER2.exec]\ncommand = [%q]\n", tt.command)
+			path := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), natstest.FreePort(t), extra))
+			want := "consumers.WORKER2.exec: exec handler: command " + tt.command
+			check := runHoldfast(t, nil, "check", "--config", path)
+			if check.code != 1 || !strings.Contains(check.stderr, want) || !strings.Contains(check.stderr, tt.want) {
+				t.Errorf("check exited %d, want 1 and %q ... %q:\n%s%s", check.code, want, tt.want, check.stdout, check.stderr)
+			}
+			run := runHoldfast(t, nil, "run", "--config", path)
+			if run.code == 0 || !strings.Contains(run.stderr, want) {
+				t.Errorf("run exited %d, want a failure that says %q:\n%s", run.code, want, run.stderr)
+			}
+		})
+	}
+}
