@@ -36,6 +36,12 @@ const (
 	// stdoutDebugLimit is how much stdout is kept for the debug log.
 	stdoutDebugLimit = 4 << 10
 
+	// maxLoggedLines bounds the log records of one run's stderr (and
+	// stdout): a command printing many short lines must not drown
+	// holdfast's own log lines (or trip journald's rate limit) for each
+	// message. The last ones are logged.
+	maxLoggedLines = 100
+
 	// reasonLineLimit bounds the stderr line quoted in a Result's Reason,
 	// which ends up in a dead letter's Holdfast-Error header.
 	reasonLineLimit = 200
@@ -96,7 +102,8 @@ type ExecOptions struct {
 // reading their stdout and stderr 2 seconds after the command exited.
 //
 // Stderr goes to the log line by line, at warn level, or info level when the
-// command succeeded. Stdout is discarded, unless the logger is enabled for
+// command succeeded: its last 100 lines within its last StderrLimit bytes,
+// after one record saying how much was dropped. Stdout is discarded, unless the logger is enabled for
 // debug level: then its last 4 KiB are logged at debug level.
 type ExecHandler struct {
 	command     []string
@@ -254,13 +261,28 @@ func (h *ExecHandler) logOutput(ctx context.Context, level slog.Level, text stri
 			extra,
 		}
 	}
-	if dropped := out.Dropped(); dropped > 0 {
-		h.logger.LogAttrs(ctx, level, text+" truncated", attrs(slog.Int64("dropped_bytes", dropped))...)
+	var lines [][]byte
+	for data := out.Bytes(); len(data) > 0; {
+		var line []byte
+		line, data, _ = bytes.Cut(data, []byte{'\n'})
+		lines = append(lines, line)
 	}
-	data := out.Bytes()
-	for len(data) > 0 {
-		line, rest, _ := bytes.Cut(data, []byte{'\n'})
-		data = rest
+	droppedBytes, droppedLines := out.Dropped(), 0
+	if n := len(lines) - maxLoggedLines; n > 0 {
+		for _, line := range lines[:n] {
+			droppedBytes += int64(len(line)) + 1
+		}
+		droppedLines = n
+		lines = lines[n:]
+	}
+	if droppedBytes > 0 {
+		extra := []slog.Attr{slog.Int64("dropped_bytes", droppedBytes)}
+		if droppedLines > 0 {
+			extra = append(extra, slog.Int("dropped_lines", droppedLines))
+		}
+		h.logger.LogAttrs(ctx, level, text+" truncated", append(attrs(extra[0]), extra[1:]...)...)
+	}
+	for _, line := range lines {
 		h.logger.LogAttrs(ctx, level, text, attrs(slog.String("line", string(bytes.TrimSuffix(line, []byte{'\r'}))))...)
 	}
 }

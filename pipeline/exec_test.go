@@ -486,6 +486,28 @@ exit 1`
 	}
 }
 
+// A command printing many short lines logged one record each: 3 MB of
+// newlines made 65,536 records per message, drowning holdfast's own log.
+func TestExecStderrLinesBounded(t *testing.T) {
+	logger, logs := newTestLogger(t, slog.LevelInfo)
+	h := newExec(t, ExecOptions{Command: shCommand(`i=1; while [ $i -le 5000 ]; do echo $i; i=$((i+1)); done >&2; exit 1`)}, logger)
+	if r := h.Handle(context.Background(), testMessage()); r.Outcome != Retry || !strings.HasSuffix(r.Reason, ": 5000") {
+		t.Fatalf("result = %+v, want a retry ending with the last stderr line", r)
+	}
+	lines := logs.Entries("handler stderr")
+	if len(lines) != maxLoggedLines || lines[0].Attrs["line"] != "4901" || lines[len(lines)-1].Attrs["line"] != "5000" {
+		t.Fatalf("got %d stderr records, want the last %d lines, 4901 to 5000", len(lines), maxLoggedLines)
+	}
+	truncated := logs.Entries("handler stderr truncated")
+	if len(truncated) != 1 || truncated[0].Attrs["dropped_lines"] != "4900" {
+		t.Fatalf("truncation records = %v, want one with dropped_lines=4900", truncated)
+	}
+	// 1..4900 with their newlines.
+	if got, want := truncated[0].Attrs["dropped_bytes"], "23393"; got != want {
+		t.Errorf("dropped_bytes = %s, want %s", got, want)
+	}
+}
+
 func TestExecCancelKillsProcessGroup(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
 	script := `sleep 300 & echo $! > "$1"; wait`
