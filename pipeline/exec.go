@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -192,6 +193,7 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 		// The program may be being replaced by a deployment; try again.
 		return RetryLater(fmt.Sprintf("cannot start %s: %v", h.command[0], err))
 	}
+	trackCommand(cmd.Process.Pid)
 	// Wait for the command to exit without reaping it: while it is a
 	// zombie its pid, which is its process group's id, cannot be reused,
 	// so the kill below reaches only what it started.
@@ -199,6 +201,8 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 	if exited {
 		_ = killProcessGroup(cmd.Process.Pid)
 	}
+	// Untracked before it is reaped, after which its pid may be reused.
+	untrackCommand(cmd.Process.Pid)
 	waitErr := cmd.Wait()
 	if !exited {
 		_ = killProcessGroup(cmd.Process.Pid)
@@ -297,6 +301,47 @@ func waitExited(pid int) bool {
 			return err == nil
 		}
 	}
+}
+
+// runningCommands holds the process group ids of the exec commands running
+// now, for KillRunningCommands.
+var runningCommands struct {
+	sync.Mutex
+	pgids map[int]struct{}
+}
+
+func trackCommand(pgid int) {
+	runningCommands.Lock()
+	defer runningCommands.Unlock()
+	if runningCommands.pgids == nil {
+		runningCommands.pgids = make(map[int]struct{})
+	}
+	runningCommands.pgids[pgid] = struct{}{}
+}
+
+func untrackCommand(pgid int) {
+	runningCommands.Lock()
+	defer runningCommands.Unlock()
+	delete(runningCommands.pgids, pgid)
+}
+
+// KillRunningCommands sends SIGKILL to the process group of every exec
+// handler command running now and returns how many it signalled. A program
+// that exits without waiting for its handlers (holdfast on a second stop
+// signal) calls it first: their commands run in process groups of their
+// own, which no signal to the program reaches, and would go on running,
+// unsupervised and past their timeout, while their messages are delivered
+// again after the restart.
+func KillRunningCommands() int {
+	runningCommands.Lock()
+	defer runningCommands.Unlock()
+	n := 0
+	for pgid := range runningCommands.pgids {
+		if killProcessGroup(pgid) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // killProcessGroup sends SIGKILL to the process group pgid.

@@ -726,3 +726,35 @@ func handleConcurrently(t *testing.T, h Handler, n int) {
 		}
 	}
 }
+
+// KillRunningCommands kills the process group of a running command, so a
+// program exiting at once leaves none of its handlers' commands behind.
+func TestKillRunningCommands(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	h := newExec(t, ExecOptions{Command: shCommand(`sleep 300 & echo $! > "$1"; wait`, pidFile), Timeout: 5 * time.Minute}, nil)
+	done := make(chan Result, 1)
+	go func() { done <- h.Handle(context.Background(), testMessage()) }()
+	var pid int
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() (err error) {
+		b, err := os.ReadFile(pidFile)
+		if err == nil {
+			pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
+		}
+		return err
+	})
+	if n := KillRunningCommands(); n != 1 {
+		t.Errorf("KillRunningCommands() = %d, want 1", n)
+	}
+	select {
+	case r := <-done:
+		if r.Outcome != Retry || !strings.Contains(r.Reason, "killed by signal") {
+			t.Errorf("result = %+v, want a retry: killed by signal", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Handle still running 30s after its command was killed")
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
+	if n := KillRunningCommands(); n != 0 {
+		t.Errorf("KillRunningCommands() = %d after the command ended, want 0", n)
+	}
+}

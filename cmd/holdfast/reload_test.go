@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -150,11 +152,12 @@ func TestStopNotLostBehindReloads(t *testing.T) {
 }
 
 // TestSecondSignalExitsAtOnce: while a graceful shutdown waits for a
-// handler, a second SIGTERM exits at once with code 1.
+// handler, a second SIGTERM exits at once with code 1, and kills the
+// handler's command, which used to run on, orphaned and past its timeout.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	dir := t.TempDir()
 	started := filepath.Join(dir, "started")
-	stuck := e2eScript(t, fmt.Sprintf("echo x >> %q\nsleep 120\n", started))
+	stuck := e2eScript(t, fmt.Sprintf("echo $$ >> %q\nsleep 120\n", started))
 	in := newE2EInstance(t)
 	e2ePipelineConfig(t, in, stuck, "")
 	editConfig(t, in.cfg, `shutdown_timeout = "2s"`, `shutdown_timeout = "5m"`)
@@ -186,6 +189,18 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	if !strings.Contains(p.stderr.String(), "second signal") {
 		t.Fatalf("no \"second signal\" in the log:\n%s", p.stderr.String())
 	}
+	pid, err := strconv.Atoi(e2eLines(t, started)[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		// Gone, or a zombie nobody reaps yet: killed either way.
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err == nil && !bytes.Contains(stat, []byte(") Z ")) {
+			return fmt.Errorf("the handler's command (pid %d) still runs after holdfast exited", pid)
+		}
+		return nil
+	})
 }
 
 // TestReloadConsumerMovedToAnotherStream: a SIGHUP that moves a consumer

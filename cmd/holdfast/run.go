@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/daemon"
+	"github.com/holdfast-io/holdfast/pipeline"
 )
 
 func runCommand() *cli.Command {
@@ -57,7 +58,8 @@ func runCommand() *cli.Command {
 				stopSig.Store(sig)
 				cancel()
 				sig = <-stopSigs
-				log.Error("second signal: exiting at once", "signal", sig.String())
+				log.Error("second signal: exiting at once", "signal", sig.String(),
+					"handler_commands_killed", pipeline.KillRunningCommands())
 				os.Exit(1)
 			}()
 			opened := make(chan error, 1)
