@@ -79,10 +79,14 @@ type HTTPOptions struct {
 // the message permanently, with the status and the start of the body as the
 // reason (a 101 Switching Protocols included, without reading what follows).
 // The status decides: a 2xx whose body is cut off or never ends succeeds, and
-// the timeout bounds reading the body as well as the request. Redirects are followed only when they keep the POST and its body
-// (307, 308); a 301, 302 or 303 fails the message.
+// the timeout bounds reading the body as well as the request. Redirects are
+// followed only when they keep the POST and its body (307, 308) and lead to
+// an http or https URL; a 301, 302 or 303, or a 307 or 308 to another
+// scheme, fails the message. A failure after a redirect names where it led
+// (without password, query or fragment).
 type HTTPHandler struct {
 	url        string
+	errURL     string // url as net/http's errors show it
 	timeout    time.Duration
 	timeoutErr error
 	client     *http.Client
@@ -139,16 +143,25 @@ func NewHTTPHandler(cfg HTTPOptions, logger *slog.Logger) (*HTTPHandler, error) 
 			if req.Method != http.MethodPost || len(via) >= maxRedirects {
 				return http.ErrUseLastResponse
 			}
+			if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+				return http.ErrUseLastResponse // judged by the 3xx itself
+			}
 			return nil
 		},
 	}
-	return &HTTPHandler{
+	h := &HTTPHandler{
 		url:        u.String(),
+		errURL:     u.String(),
 		timeout:    cfg.Timeout,
 		timeoutErr: fmt.Errorf("timed out after %s", cfg.Timeout),
 		client:     client,
 		logger:     logger,
-	}, nil
+	}
+	if _, ok := u.User.Password(); ok {
+		// net/http's errors show the password as ***.
+		h.errURL = strings.Replace(h.url, u.User.String()+"@", u.User.Username()+":***@", 1)
+	}
+	return h, nil
 }
 
 // CloseIdleConnections closes the connections kept alive for reuse. Call it
@@ -186,6 +199,11 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 		var uerr *url.Error
 		if errors.As(err, &uerr) {
 			err = uerr.Err
+			if uerr.URL != h.url && uerr.URL != h.errURL {
+				// Failed at the place a 307 or 308 sent it to, which the
+				// operator must be told of: the error names only it.
+				return RetryLater(fmt.Sprintf("POST failed after a redirect to %s: %v", redirectTarget(uerr.URL), err))
+			}
 		}
 		return RetryLater(fmt.Sprintf("POST failed: %v", err))
 	}
@@ -219,7 +237,11 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 		if loc := resp.Header.Get("Location"); loc != "" {
 			reason += " to " + oneLine(loc, bodySnippetLimit)
 			if code == http.StatusTemporaryRedirect || code == http.StatusPermanentRedirect {
-				reason += fmt.Sprintf(" (not followed: more than %d redirects)", maxRedirects)
+				if target, err := resp.Request.URL.Parse(loc); err == nil && target.Scheme != "http" && target.Scheme != "https" {
+					reason += " (not followed: not an http or https URL)"
+				} else {
+					reason += fmt.Sprintf(" (not followed: more than %d redirects)", maxRedirects)
+				}
 			} else {
 				reason += " (not followed: only 307 and 308 keep the POST and its body)"
 			}
@@ -227,6 +249,17 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 		return Fail(withLine(reason, bodySnippet(resp.Body)))
 	}
 	return Fail(withLine("HTTP "+status, bodySnippet(resp.Body)))
+}
+
+// redirectTarget shows a URL a redirect led to without its password, query
+// and fragment, which may hold tokens.
+func redirectTarget(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(an unparsable URL)"
+	}
+	u.RawQuery, u.ForceQuery, u.Fragment, u.RawFragment = "", false, "", ""
+	return u.Redacted()
 }
 
 // setHeaders fills a request's header from msg. It returns a reason to fail

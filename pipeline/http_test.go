@@ -697,3 +697,32 @@ func TestHTTPEndlessBodyAfterStatus(t *testing.T) {
 		})
 	}
 }
+
+// A 307 to a place holdfast cannot POST to failed as a retry whose reason
+// named neither the redirect nor (for another scheme) the failure for what
+// it is: "POST failed: dial tcp 127.0.0.1:1: ..." for a url the operator
+// never configured.
+func TestHTTPRedirectFailuresNameTheRedirect(t *testing.T) {
+	refused := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)) // nothing listens there
+	for _, tc := range []struct {
+		name, location string
+		outcome        Outcome
+		want, not      string
+	}{
+		{"other scheme", "ftp://127.0.0.1/x", Permanent, "HTTP 307 Temporary Redirect to ftp://127.0.0.1/x (not followed: not an http or https URL)", ""},
+		{"no redirect", "", Retry, "POST failed: dial tcp " + refused, "redirect"},
+		{"unreachable", "http://u:pw@" + refused + "/x?token=s3cret#frag", Retry, "POST failed after a redirect to http://u:xxxxx@" + refused + "/x: dial tcp " + refused, "s3cret"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := "http://u:pw@" + refused + "/x?token=s3cret"
+			if tc.location != "" {
+				url = rawHTTPServer(t, "HTTP/1.1 307 Temporary Redirect\r\nLocation: "+tc.location+"\r\nContent-Length: 0\r\n\r\n")
+			}
+			h := newHTTP(t, HTTPOptions{URL: url, Timeout: 10 * time.Second}, nil)
+			r := h.Handle(context.Background(), testMessage())
+			if r.Outcome != tc.outcome || !strings.Contains(r.Reason, tc.want) || (tc.not != "" && strings.Contains(r.Reason, tc.not)) {
+				t.Fatalf("result = %+v, want %s with %q", r, tc.outcome, tc.want)
+			}
+		})
+	}
+}
