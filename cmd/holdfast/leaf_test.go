@@ -469,12 +469,7 @@ func TestLeafHubOutages(t *testing.T) {
 	// 2. kill -9 of the hub in the middle of forwarding, publishing on.
 	sent := 500 + backlog
 	leafPublish(t, ejs, sent, 2000)
-	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < uint64(sent+100) {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAtLeast(t, hjs, uint64(sent+100))
 	hub.proc.signal(syscall.SIGKILL)
 	leafPublish(t, ejs, sent+2000, 500)
 	sent += 2500
@@ -487,12 +482,7 @@ func TestLeafHubOutages(t *testing.T) {
 	// 3. kill -9 of the edge in the middle of forwarding; it restarts on
 	// its store and goes on where the hub's PubAcks left it.
 	leafPublish(t, ejs, sent, 1000)
-	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < uint64(sent+100) {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAtLeast(t, hjs, uint64(sent+100))
 	firstLog := edge.proc.stderr.String()
 	edge.proc.signal(syscall.SIGKILL)
 	sent += 1000
@@ -631,29 +621,11 @@ func TestLeafHubCluster(t *testing.T) {
 	_, hjs := e2eConnect(t, nodes[1].inst)
 
 	leafPublish(t, ejs, 0, 1500)
-	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < 300 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAtLeast(t, hjs, 300)
 	nodes[0].proc.signal(syscall.SIGKILL)
 	killed := time.Now()
 	leafPublish(t, ejs, 1500, 500)
-	// The stream's API may not answer while its Raft group elects a
-	// leader: ask with short timeouts until all are there.
-	natstest.CheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		s, err := hjs.Stream(ctx, "EDGE")
-		if err != nil {
-			return err
-		}
-		if n := s.CachedInfo().State.Msgs; n != 2000 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAll(t, hjs, 2000, 90*time.Second)
 	t.Logf("all 2000 on the hub cluster %s after the kill -9 of the node the edge was connected to", time.Since(killed).Round(time.Millisecond))
 	seen := hubCounts(t, hjs, 2000, 30*time.Second)
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 2000})
@@ -713,12 +685,7 @@ func TestLeafHubClusterTwoRemotes(t *testing.T) {
 		return nil
 	})
 	leafPublish(t, ejs, 0, 500)
-	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
-		if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n < 100 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAtLeast(t, hjs, 100)
 	nodes[0].proc.signal(syscall.SIGKILL)
 	// The link is back on another node's address.
 	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
@@ -728,18 +695,7 @@ func TestLeafHubClusterTwoRemotes(t *testing.T) {
 		return nil
 	})
 	leafPublish(t, ejs, 500, 500)
-	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		defer cancel()
-		s, err := hjs.Stream(ctx, "EDGE")
-		if err != nil {
-			return err
-		}
-		if n := s.CachedInfo().State.Msgs; n != 1000 {
-			return fmt.Errorf("hub holds %d", n)
-		}
-		return nil
-	})
+	hubHoldsAll(t, hjs, 1000, 60*time.Second)
 	seen := hubCounts(t, hjs, 1000, 30*time.Second)
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 1000})
 	m := edge.get(t, "/metrics")
@@ -909,4 +865,36 @@ func TestLeafHubGroupCommit(t *testing.T) {
 	if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
 		t.Errorf("edge /healthz: %s", h)
 	}
+}
+
+// hubHoldsAtLeast waits up to 30 s until the hub's stream EDGE holds at
+// least n messages, polling often: the tests use it to strike in the
+// middle of forwarding.
+func hubHoldsAtLeast(t *testing.T, hjs jetstream.JetStream, n uint64) {
+	t.Helper()
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got < n {
+			return fmt.Errorf("hub holds %d, waiting for %d", got, n)
+		}
+		return nil
+	})
+}
+
+// hubHoldsAll waits up to within until the hub's stream EDGE holds exactly
+// n messages. A hub cluster's stream may not answer while its Raft group
+// elects a leader: it asks with short timeouts, an error is a retry.
+func hubHoldsAll(t *testing.T, hjs jetstream.JetStream, n uint64, within time.Duration) {
+	t.Helper()
+	natstest.CheckFor(t, within, 500*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		s, err := hjs.Stream(ctx, "EDGE")
+		if err != nil {
+			return err
+		}
+		if got := s.CachedInfo().State.Msgs; got != n {
+			return fmt.Errorf("hub holds %d, want %d", got, n)
+		}
+		return nil
+	})
 }
