@@ -30,12 +30,15 @@ const (
 )
 
 // ForwardMsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
-// stream incarnation (its creation time) and sequence, so that the hub's
-// stream stores each message once however often it is sent, and a stream
-// recreated on the edge (sequences from 1 again) is not taken for the old
-// one.
-func ForwardMsgID(server, stream string, streamCreated time.Time, seq uint64) string {
-	return server + ":" + stream + ":" + strconv.FormatInt(streamCreated.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
+// stream incarnation (its creation time), sequence and the time the edge
+// stored the message, so that the hub's stream stores each message once
+// however often it is sent, a stream recreated on the edge (sequences from
+// 1 again) is not taken for the old one, and neither is a store restored
+// from an older backup (same creation time, the backup's sequences used
+// again by new messages).
+func ForwardMsgID(server, stream string, streamCreated time.Time, seq uint64, stored time.Time) string {
+	return server + ":" + stream + ":" + strconv.FormatInt(streamCreated.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10) +
+		":" + strconv.FormatInt(stored.UnixNano(), 10)
 }
 
 // ForwardSubject fills a destination template: {server} is the edge's
@@ -463,7 +466,7 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
 		out.Header.Set(HeaderOriginMsgID, id)
 	}
-	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, streamCreated, m.Sequence))
+	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, streamCreated, m.Sequence, m.Published))
 	out.Header.Set(HeaderOriginServer, server)
 	out.Header.Set(HeaderOriginStream, m.Stream)
 	out.Header.Set(HeaderOriginStreamCreated, streamCreated.UTC().Format(time.RFC3339Nano))
