@@ -214,7 +214,8 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 			if !strings.HasPrefix(m.Subject(), "edge."+edge+".orders.") {
 				t.Fatalf("subject %s from edge %q", m.Subject(), edge)
 			}
-			if want := fmt.Sprintf("%s:ORDERS:", edge); !strings.HasPrefix(id, want) || !strings.HasSuffix(id, ":"+strconv.FormatUint(seq, 10)) {
+			// <server>:<stream>:<created>:<seq>:<stored>
+			if parts := strings.Split(id, ":"); len(parts) != 5 || parts[0] != edge || parts[1] != "ORDERS" || parts[3] != strconv.FormatUint(seq, 10) {
 				t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, seq)
 			}
 			if out[edge] == nil {
@@ -908,5 +909,65 @@ func TestLeafHubGroupCommit(t *testing.T) {
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 300})
 	if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
 		t.Errorf("edge /healthz: %s", h)
+	}
+}
+
+// TestLeafEdgeRestoredFromOlderBackup: an edge's store directory is put
+// back from a copy taken before its last messages were forwarded (README:
+// "put the directory back from a backup"). The stream keeps its creation
+// time and continues the copy's sequences, so new messages get the
+// sequences of messages the hub already holds: each must still be stored
+// on the hub (its id names when the edge stored it), not dropped as a
+// duplicate of the old one while the edge acks it.
+func TestLeafEdgeRestoredFromOlderBackup(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 20)
+	hubCounts(t, hjs, 20, 30*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 20 {
+			return fmt.Errorf("FORWARD ack floor %d, want 20", ci.AckFloor.Stream)
+		}
+		return nil
+	})
+	created := natstest.StreamInfo(t, ejs, "ORDERS").Created
+	edge.proc.stop()
+	backup := filepath.Join(t.TempDir(), "store")
+	if err := os.CopyFS(backup, os.DirFS(edge.inst.store)); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	_, ejs = e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 20, 30)
+	hubCounts(t, hjs, 50, 30*time.Second)
+
+	edge.proc.stop()
+	if err := os.RemoveAll(edge.inst.store); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(backup, edge.inst.store); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs = e2eConnect(t, edge.inst)
+	if si := natstest.StreamInfo(t, ejs, "ORDERS"); si.State.LastSeq != 20 || !si.Created.Equal(created) {
+		t.Fatalf("restored ORDERS ends at seq %d, created %s: want the copy's 20 and %s", si.State.LastSeq, si.Created, created)
+	}
+	leafPublish(t, ejs, 50, 30) // sequences 21..50 again, other messages
+	seen := hubCounts(t, hjs, 80, 30*time.Second)
+	for seq := uint64(1); seq <= 50; seq++ {
+		want := 1
+		if seq > 20 {
+			want = 2 // forwarded before the restore, and its successor after
+		}
+		if c := seen["edge1"][seq]; c != want {
+			t.Errorf("origin seq %d stored %d times on the hub, want %d", seq, c, want)
+		}
 	}
 }
