@@ -214,8 +214,8 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 			if !strings.HasPrefix(m.Subject(), "edge."+edge+".orders.") {
 				t.Fatalf("subject %s from edge %q", m.Subject(), edge)
 			}
-			// <server>:<stream>:<created>:<seq>:<stored>
-			if parts := strings.Split(id, ":"); len(parts) != 5 || parts[0] != edge || parts[1] != "ORDERS" || parts[3] != strconv.FormatUint(seq, 10) {
+			// <server>:<stream>:<seq>:<stored>
+			if parts := strings.Split(id, ":"); len(parts) != 4 || parts[0] != edge || parts[1] != "ORDERS" || parts[2] != strconv.FormatUint(seq, 10) {
 				t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, seq)
 			}
 			if out[edge] == nil {
@@ -969,5 +969,60 @@ func TestLeafEdgeRestoredFromOlderBackup(t *testing.T) {
 		if c := seen["edge1"][seq]; c != want {
 			t.Errorf("origin seq %d stored %d times on the hub, want %d", seq, c, want)
 		}
+	}
+}
+
+// TestLeafEdgeRestoredResendsDeduplicated: `holdfast restore` of an edge's
+// stream from a backup taken while messages waited for the hub, the common
+// way after a disk loss (restore, then restart). The restore gives the
+// stream a new creation time, later than its messages; the restored forward
+// consumer sends the messages again, already on the hub by then. Each is
+// forwarded (not retried as belonging to a stream since deleted) and, within
+// the hub's duplicate window, stored once: the forwarded id names the
+// message's sequence and stored time, which the restore keeps.
+func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 10)
+	hubCounts(t, hjs, 10, 30*time.Second)
+
+	hub.proc.stop()
+	leafPublish(t, ejs, 10, 20) // sequences 11..30 wait for the hub
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", edge.inst.cfg, "--stream", "ORDERS", dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	hub.start(t)
+	hubCounts(t, leafConnect(t, hub, ""), 30, 30*time.Second)
+	forwarded := func() error {
+		if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 30 || ci.NumAckPending != 0 {
+			return fmt.Errorf("FORWARD ack floor %d, ack pending %d", ci.AckFloor.Stream, ci.NumAckPending)
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, forwarded)
+
+	hub.proc.stop()
+	if res := runHoldfast(t, nil, "restore", "--config", edge.inst.cfg, "--replace", dir); res.code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 10 {
+		t.Fatalf("restored FORWARD ack floor %d, want the backup's 10", ci.AckFloor.Stream)
+	}
+	edge.proc.stop()
+	edge.start(t)
+	defer edge.proc.stop()
+	hub.start(t)
+	defer hub.proc.stop()
+	_, ejs = e2eConnect(t, edge.inst)
+	_, hjs = e2eConnect(t, hub.inst)
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, forwarded)
+	wantExactlyOnce(t, hubCounts(t, hjs, 30, 30*time.Second), map[string]uint64{"edge1": 30})
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Errorf("%d dead letters on the edge", n)
 	}
 }
