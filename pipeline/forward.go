@@ -30,12 +30,16 @@ const (
 )
 
 // ForwardMsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
-// stream incarnation (its creation time) and sequence, so that the hub's
-// stream stores each message once however often it is sent, and a stream
-// recreated on the edge (sequences from 1 again) is not taken for the old
-// one.
-func ForwardMsgID(server, stream string, streamCreated time.Time, seq uint64) string {
-	return server + ":" + stream + ":" + strconv.FormatInt(streamCreated.UnixNano(), 10) + ":" + strconv.FormatUint(seq, 10)
+// stream, sequence and the time the edge stored the message, so that the
+// hub's stream stores each message once however often it is sent. The
+// stored time tells apart messages with the same sequence: those of a
+// stream recreated on the edge (sequences from 1 again) and those
+// published after a store was put back from an older backup (the backup's
+// sequences used again). It names no stream creation time: a restore
+// (holdfast restore) gives the stream a new one but keeps its messages,
+// which are then sent again under the same ids.
+func ForwardMsgID(server, stream string, seq uint64, stored time.Time) string {
+	return server + ":" + stream + ":" + strconv.FormatUint(seq, 10) + ":" + strconv.FormatInt(stored.UnixNano(), 10)
 }
 
 // ForwardSubject fills a destination template: {server} is the edge's
@@ -418,18 +422,18 @@ func (f *Forwarder) Problem() string {
 // Stats returns the live counters.
 func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
 
-// errOldIncarnation: the message was stored before the stream's current
-// incarnation was created, by one that was deleted since.
-var errOldIncarnation = errors.New("the message belongs to a stream since deleted and recreated")
-
-// streamCreated returns the creation time of the incarnation of stream
-// that stored a message at published, looking the stream up only when
-// the message is newer than the last lookup.
+// streamCreated returns the creation time of stream as last looked up,
+// looking it up again when the message is newer than that look (the
+// stream may have been created again since). A message stored before that
+// creation time is forwarded all the same, under the creation time looked
+// up: a stream restored from a backup (holdfast restore) gets a new
+// creation time and keeps its messages, older than it. The forwarded id
+// does not depend on it (ForwardMsgID).
 func (f *Forwarder) streamCreated(ctx context.Context, stream string, published time.Time) (time.Time, error) {
 	f.mu.Lock()
 	inc, ok := f.incarnations[stream]
 	f.mu.Unlock()
-	if !ok || published.After(inc.seenAt) || published.Before(inc.created) {
+	if !ok || published.After(inc.seenAt) {
 		at := time.Now()
 		s, err := f.local.Stream(ctx, stream)
 		if err != nil {
@@ -439,9 +443,6 @@ func (f *Forwarder) streamCreated(ctx context.Context, stream string, published 
 		f.mu.Lock()
 		f.incarnations[stream] = inc
 		f.mu.Unlock()
-	}
-	if published.Before(inc.created) {
-		return time.Time{}, errOldIncarnation
 	}
 	return inc.created, nil
 }
@@ -463,7 +464,7 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
 		out.Header.Set(HeaderOriginMsgID, id)
 	}
-	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, streamCreated, m.Sequence))
+	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, m.Sequence, m.Published))
 	out.Header.Set(HeaderOriginServer, server)
 	out.Header.Set(HeaderOriginStream, m.Stream)
 	out.Header.Set(HeaderOriginStreamCreated, streamCreated.UTC().Format(time.RFC3339Nano))

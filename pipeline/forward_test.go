@@ -100,8 +100,12 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 	}
 	orders, _ := e.js.Stream(context.Background(), "ORDERS")
 	created := orders.CachedInfo().Created
+	first, err := orders.GetMsg(context.Background(), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := map[string]string{
-		nats.MsgIdHdr:                      pipeline.ForwardMsgID("edge1", "ORDERS", created, 1),
+		nats.MsgIdHdr:                      pipeline.ForwardMsgID("edge1", "ORDERS", 1, first.Time),
 		pipeline.HeaderOriginServer:        "edge1",
 		pipeline.HeaderOriginStream:        "ORDERS",
 		pipeline.HeaderOriginSeq:           "1",
@@ -406,4 +410,77 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestForwardRestoredStreamReusesSequences: an edge store restored from a
+// backup older than what it forwarded continues the backup's sequences
+// under the same stream creation time (a restore keeps it), so a new
+// message gets the sequence of one the hub already stored. It must not be
+// taken for that one (a duplicate PubAck, acked locally, never stored);
+// the same message sent again still is.
+func TestForwardRestoredStreamReusesSequences(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.publish("orders.created", "stored before the backup", nil)
+	ctx := context.Background()
+	orders, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := orders.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forwarded := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+		Data: []byte("forwarded before the restore"), Published: stored.Time}
+	// What the restored store holds at sequence 1 afterwards: another
+	// message, stored later.
+	reused := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+		Data: []byte("published after the restore"), Published: stored.Time.Add(time.Second)}
+	for _, m := range []*pipeline.Message{forwarded, forwarded, reused} {
+		if r := f.Handle(ctx, m); r.Outcome != pipeline.Success {
+			t.Fatalf("Handle(%q): %+v", m.Data, r)
+		}
+	}
+	if n := e.hubMsgs(); n != 2 {
+		t.Errorf("hub holds %d messages, want 2: the message published after the restore was taken for the one forwarded before", n)
+	}
+	if d := f.Stats().Duplicates.Load(); d != 1 {
+		t.Errorf("%d duplicate PubAcks, want 1 (the same message sent twice)", d)
+	}
+}
+
+// TestForwardMessageOlderThanItsStream: holdfast restore gives a stream
+// a new creation time and keeps its messages, stored before it. They are
+// forwarded (not retried until max_deliver as belonging to a stream since
+// deleted), under ids that do not depend on the creation time, so a
+// message the hub took before the restore is a duplicate, not a second
+// copy.
+func TestForwardMessageOlderThanItsStream(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := e.forwarder(up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	orders, err := e.js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
+		Data: []byte("stored before the restore"), Published: orders.CachedInfo().Created.Add(-time.Hour)}
+	for i := range 2 {
+		if r := f.Handle(ctx, restored); r.Outcome != pipeline.Success {
+			t.Fatalf("Handle #%d of a message older than its stream: %+v", i+1, r)
+		}
+	}
+	if n := e.hubMsgs(); n != 1 {
+		t.Errorf("hub holds %d messages, want 1", n)
+	}
+	if d := f.Stats().Duplicates.Load(); d != 1 {
+		t.Errorf("%d duplicate PubAcks, want 1", d)
+	}
 }

@@ -214,7 +214,8 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 			if !strings.HasPrefix(m.Subject(), "edge."+edge+".orders.") {
 				t.Fatalf("subject %s from edge %q", m.Subject(), edge)
 			}
-			if want := fmt.Sprintf("%s:ORDERS:", edge); !strings.HasPrefix(id, want) || !strings.HasSuffix(id, ":"+strconv.FormatUint(seq, 10)) {
+			// <server>:<stream>:<seq>:<stored>
+			if parts := strings.Split(id, ":"); len(parts) != 4 || parts[0] != edge || parts[1] != "ORDERS" || parts[2] != strconv.FormatUint(seq, 10) {
 				t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, seq)
 			}
 			if out[edge] == nil {
@@ -897,4 +898,119 @@ func hubHoldsAll(t *testing.T, hjs jetstream.JetStream, n uint64, within time.Du
 		}
 		return nil
 	})
+}
+
+// TestLeafEdgeRestoredFromOlderBackup: an edge's store directory is put
+// back from a copy taken before its last messages were forwarded (README:
+// "put the directory back from a backup"). The stream keeps its creation
+// time and continues the copy's sequences, so new messages get the
+// sequences of messages the hub already holds: each must still be stored
+// on the hub (its id names when the edge stored it), not dropped as a
+// duplicate of the old one while the edge acks it.
+func TestLeafEdgeRestoredFromOlderBackup(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 20)
+	hubCounts(t, hjs, 20, 30*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 20 {
+			return fmt.Errorf("FORWARD ack floor %d, want 20", ci.AckFloor.Stream)
+		}
+		return nil
+	})
+	created := natstest.StreamInfo(t, ejs, "ORDERS").Created
+	edge.proc.stop()
+	backup := filepath.Join(t.TempDir(), "store")
+	if err := os.CopyFS(backup, os.DirFS(edge.inst.store)); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	_, ejs = e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 20, 30)
+	hubCounts(t, hjs, 50, 30*time.Second)
+
+	edge.proc.stop()
+	if err := os.RemoveAll(edge.inst.store); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(backup, edge.inst.store); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs = e2eConnect(t, edge.inst)
+	if si := natstest.StreamInfo(t, ejs, "ORDERS"); si.State.LastSeq != 20 || !si.Created.Equal(created) {
+		t.Fatalf("restored ORDERS ends at seq %d, created %s: want the copy's 20 and %s", si.State.LastSeq, si.Created, created)
+	}
+	leafPublish(t, ejs, 50, 30) // sequences 21..50 again, other messages
+	seen := hubCounts(t, hjs, 80, 30*time.Second)
+	for seq := uint64(1); seq <= 50; seq++ {
+		want := 1
+		if seq > 20 {
+			want = 2 // forwarded before the restore, and its successor after
+		}
+		if c := seen["edge1"][seq]; c != want {
+			t.Errorf("origin seq %d stored %d times on the hub, want %d", seq, c, want)
+		}
+	}
+}
+
+// TestLeafEdgeRestoredResendsDeduplicated: `holdfast restore` of an edge's
+// stream from a backup taken while messages waited for the hub, the common
+// way after a disk loss (restore, then restart). The restore gives the
+// stream a new creation time, later than its messages; the restored forward
+// consumer sends the messages again, already on the hub by then. Each is
+// forwarded (not retried as belonging to a stream since deleted) and, within
+// the hub's duplicate window, stored once: the forwarded id names the
+// message's sequence and stored time, which the restore keeps.
+func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 10)
+	hubCounts(t, hjs, 10, 30*time.Second)
+
+	hub.proc.stop()
+	leafPublish(t, ejs, 10, 20) // sequences 11..30 wait for the hub
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", edge.inst.cfg, "--stream", "ORDERS", dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	hub.start(t)
+	hubCounts(t, leafConnect(t, hub, ""), 30, 30*time.Second)
+	forwarded := func() error {
+		if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 30 || ci.NumAckPending != 0 {
+			return fmt.Errorf("FORWARD ack floor %d, ack pending %d", ci.AckFloor.Stream, ci.NumAckPending)
+		}
+		return nil
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, forwarded)
+
+	hub.proc.stop()
+	if res := runHoldfast(t, nil, "restore", "--config", edge.inst.cfg, "--replace", dir); res.code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if ci := natstest.ConsumerInfo(t, ejs, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 10 {
+		t.Fatalf("restored FORWARD ack floor %d, want the backup's 10", ci.AckFloor.Stream)
+	}
+	edge.proc.stop()
+	edge.start(t)
+	defer edge.proc.stop()
+	hub.start(t)
+	defer hub.proc.stop()
+	_, ejs = e2eConnect(t, edge.inst)
+	_, hjs = e2eConnect(t, hub.inst)
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, forwarded)
+	wantExactlyOnce(t, hubCounts(t, hjs, 30, 30*time.Second), map[string]uint64{"edge1": 30})
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Errorf("%d dead letters on the edge", n)
+	}
 }
