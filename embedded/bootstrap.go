@@ -145,29 +145,34 @@ func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConf
 // it changes and stops at a difference the server cannot apply.
 func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	log = log.With("component", "bootstrap")
-	if cfg.Cluster.Enabled() {
-		// Right after the meta leader is elected, a stream another node
-		// just created may have no leader of its own for a moment: its
-		// info times out, a placement lacks peers. Those pass.
-		return retryTransient(ctx, log, func() error { return bootstrapOnce(ctx, js, cfg, log) })
-	}
-	return bootstrapOnce(ctx, js, cfg, log)
+	// Right after the meta leader is elected, a stream another node just
+	// created may have no leader of its own for a moment: its info times
+	// out, a placement lacks peers. On one node, a server busy with a slow
+	// disk may answer an API request after the client's timeout (the
+	// workers' consumer lookup right after the bootstrap timed out so
+	// under load, and holdfast run stopped at start-up). Those pass: every
+	// step is idempotent, so it is tried again.
+	clustered := cfg.Cluster.Enabled()
+	return retryTransient(ctx, log, clustered, func() error { return bootstrapOnce(ctx, js, cfg, log) })
 }
 
-// clusterSettleTimeout bounds how long Bootstrap retries transient
-// cluster errors.
-const clusterSettleTimeout = 2 * time.Minute
+// settleTimeout bounds how long Bootstrap retries transient errors.
+const settleTimeout = 2 * time.Minute
 
-// retryTransient calls f until it returns nil or an error that is not a
-// transient cluster condition, for up to clusterSettleTimeout.
-func retryTransient(ctx context.Context, log *slog.Logger, f func() error) error {
-	deadline := time.Now().Add(clusterSettleTimeout)
+// retryTransient calls f until it returns nil or an error that is not
+// transient (transientError), for up to settleTimeout.
+func retryTransient(ctx context.Context, log *slog.Logger, clustered bool, f func() error) error {
+	deadline := time.Now().Add(settleTimeout)
 	for attempt := 1; ; attempt++ {
 		err := f()
-		if err == nil || !transientClusterError(err) || time.Now().After(deadline) {
+		if err == nil || !transientError(err, clustered) || time.Now().After(deadline) {
 			return err
 		}
-		log.Info("the cluster is settling: bootstrap tries again", "attempt", attempt, "err", err)
+		if clustered {
+			log.Info("the cluster is settling: bootstrap tries again", "attempt", attempt, "err", err)
+		} else {
+			log.Warn("the server did not answer in time: bootstrap tries again", "attempt", attempt, "err", err)
+		}
 		select {
 		case <-ctx.Done():
 			return err
@@ -176,16 +181,18 @@ func retryTransient(ctx context.Context, log *slog.Logger, f func() error) error
 	}
 }
 
-// transientClusterError reports an error a JetStream cluster answers
+// transientError reports an error that passes: a request the server did
+// not answer in time, and, in a cluster, what a JetStream cluster answers
 // while it settles (a stream or meta leader being elected, peers
-// joining), as opposed to a config the cluster refuses.
-func transientClusterError(err error) bool {
+// joining), as opposed to a config the server refuses. On one node those
+// API errors are refusals (insufficient resources is a store limit).
+func transientError(err error, clustered bool) bool {
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
 		errors.Is(err, jetstream.ErrNoStreamResponse) {
 		return true
 	}
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) {
+	if clustered && errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case 10008, // JetStream system temporarily unavailable
 			10009, // cluster can not handle request (no leader)

@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"reflect"
@@ -360,5 +361,50 @@ func TestBootstrapWarnsOfUnconfiguredConsumers(t *testing.T) {
 	}
 	if log := lb.String(); !strings.Contains(log, "consumer not in the config") || !strings.Contains(log, "consumer=OLD") || !strings.Contains(log, "pending=3") || strings.Contains(log, "consumer=WORKER1 retention") {
 		t.Fatalf("log:\n%s", log)
+	}
+}
+
+// lateOnce is a JetStream client whose first CreateConsumer is carried out
+// by the server but answered after the client gave up, as a server busy
+// with a slow disk does.
+type lateOnce struct {
+	jetstream.JetStream
+	calls int
+}
+
+func (j *lateOnce) CreateConsumer(ctx context.Context, stream string, cfg jetstream.ConsumerConfig) (jetstream.Consumer, error) {
+	j.calls++
+	c, err := j.JetStream.CreateConsumer(ctx, stream, cfg)
+	if j.calls == 1 && err == nil {
+		return nil, fmt.Errorf("consumer %s on stream %s: %w", cfg.Durable, stream, context.DeadlineExceeded)
+	}
+	return c, err
+}
+
+// TestBootstrapRetriesTimeoutOnOneNode: on a single node too, a request the
+// server answered too late is tried again (the consumer it created is
+// then found and checked), instead of failing the start; a refusal still
+// fails at once.
+func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	log, lb := testLogger(t)
+	s := runServerWithLog(t, cfg, log)
+	js := &lateOnce{JetStream: s.JetStream()}
+	if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
+		t.Fatalf("Bootstrap after one late answer: %v", err)
+	}
+	if !strings.Contains(lb.String(), "bootstrap tries again") {
+		t.Errorf("no retry logged:\n%s", lb.String())
+	}
+	natstest.ConsumerInfo(t, s.JetStream(), "ORDERS", "WORKER1")
+
+	// A refusal (10023 is insufficient resources on one node: a store
+	// limit) is not tried again.
+	if transientError(&jetstream.APIError{ErrorCode: 10023}, false) {
+		t.Error("insufficient resources on one node taken for transient")
+	}
+	if !transientError(&jetstream.APIError{ErrorCode: 10023}, true) {
+		t.Error("insufficient resources in a settling cluster not taken for transient")
 	}
 }

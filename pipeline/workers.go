@@ -162,8 +162,8 @@ func (w *Workers) Open(ctx context.Context) error {
 		return fmt.Errorf("consumer %s: no handler", w.opts.Consumer)
 	}
 	// The pulls name the consumer by its subject; it must exist now.
-	if _, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer); err != nil {
-		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
+	if err := w.lookUpConsumer(ctx); err != nil {
+		return err
 	}
 	w.runCtx, w.cancelRun = context.WithCancel(context.Background())
 	w.handlerCtx, w.cancelHandler = context.WithCancel(context.Background())
@@ -202,6 +202,36 @@ func (w *Workers) Open(ctx context.Context) error {
 	}
 	w.log.Info("workers started", "workers", w.opts.Workers, "prefetch", capacity-w.opts.Workers, "dead_letter", w.opts.DeadLetter)
 	return nil
+}
+
+// lookUpSettle bounds how long Open asks again for a consumer whose info
+// did not come in time.
+const lookUpSettle = 2 * time.Minute
+
+// lookUpConsumer checks that the consumer exists. A server busy with a
+// slow disk, or a clustered consumer electing its leader right after the
+// bootstrap created it, may answer after the client's timeout (seen under
+// load: "consumer WORKER1 on stream ORDERS: context deadline exceeded",
+// and holdfast run stopped at start-up): that is asked again, once a
+// second, for up to lookUpSettle; any other error fails at once.
+func (w *Workers) lookUpConsumer(ctx context.Context) error {
+	deadline := time.Now().Add(lookUpSettle)
+	for attempt := 1; ; attempt++ {
+		_, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
+		if err == nil {
+			return nil
+		}
+		late := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
+		if !late || ctx.Err() != nil || time.Now().After(deadline) {
+			return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
+		}
+		w.log.Warn("the consumer's info did not come in time: asking again", "consumer", w.opts.Consumer, "attempt", attempt, "err", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 // fetchWait bounds each pull request: an idle consumer sends one such

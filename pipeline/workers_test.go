@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -659,5 +660,57 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 	}
 	if n := len(rec.forSeq(seq)); n != 2 {
 		t.Fatalf("handler called %d times, want 2", n)
+	}
+}
+
+// lateLookUp is a JetStream client whose first consumer lookup is answered
+// after the client gave up, as a server busy with a slow disk does.
+type lateLookUp struct {
+	jetstream.JetStream
+	calls atomic.Int32
+}
+
+func (j *lateLookUp) Consumer(ctx context.Context, stream, name string) (jetstream.Consumer, error) {
+	if j.calls.Add(1) == 1 {
+		return nil, context.DeadlineExceeded
+	}
+	return j.JetStream.Consumer(ctx, stream, name)
+}
+
+// TestWorkersOpenAsksAgainForALateConsumer: a consumer lookup that timed
+// out is asked again instead of failing the start ("consumer WORKER1 on
+// stream ORDERS: context deadline exceeded" stopped holdfast run under
+// load); the workers then process as usual. A consumer that is not there
+// still fails at once.
+func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
+	e := startEnv(t, nil)
+	js := &lateLookUp{JetStream: e.js}
+	var handled atomic.Int32
+	h := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
+		handled.Add(1)
+		return pipeline.Ok()
+	})
+	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
+		AckWait: 30 * time.Second, MaxDeliver: 5, Handler: h}
+	w := pipeline.NewWorkers(js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := w.Open(natstest.Context(t)); err != nil {
+		t.Fatalf("Open after one late lookup: %v", err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	if n := js.calls.Load(); n < 2 {
+		t.Errorf("consumer looked up %d time(s), want 2", n)
+	}
+	e.publish("orders.created", "m", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := handled.Load(); n != 1 {
+			return fmt.Errorf("handled %d, want 1", n)
+		}
+		return nil
+	})
+
+	opts.Consumer = "NOPE"
+	if err := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil))).Open(natstest.Context(t)); err == nil ||
+		!errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Errorf("Open of a missing consumer: %v, want consumer not found at once", err)
 	}
 }
