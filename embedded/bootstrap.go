@@ -10,10 +10,10 @@ import (
 	"sort"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
 // ErrDrift is the sentinel for a difference between the config and an
@@ -153,32 +153,13 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 	// under load, and holdfast run stopped at start-up). Those pass: every
 	// step is idempotent, so it is tried again.
 	clustered := cfg.Cluster.Enabled()
-	return retryTransient(ctx, log, clustered, func() error { return bootstrapOnce(ctx, js, cfg, log) })
-}
-
-// settleTimeout bounds how long Bootstrap retries transient errors.
-const settleTimeout = 2 * time.Minute
-
-// retryTransient calls f until it returns nil or an error that is not
-// transient (transientError), for up to settleTimeout.
-func retryTransient(ctx context.Context, log *slog.Logger, clustered bool, f func() error) error {
-	deadline := time.Now().Add(settleTimeout)
-	for attempt := 1; ; attempt++ {
-		err := f()
-		if err == nil || !transientError(err, clustered) || time.Now().After(deadline) {
-			return err
-		}
+	return settle.Retry(ctx, func(err error) bool { return transientError(err, clustered) }, func(attempt int, err error) {
 		if clustered {
 			log.Info("the cluster is settling: bootstrap tries again", "attempt", attempt, "err", err)
 		} else {
 			log.Warn("the server did not answer in time: bootstrap tries again", "attempt", attempt, "err", err)
 		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(time.Second):
-		}
-	}
+	}, func() error { return bootstrapOnce(ctx, js, cfg, log) })
 }
 
 // transientError reports an error that passes: a request the server did
@@ -187,8 +168,7 @@ func retryTransient(ctx context.Context, log *slog.Logger, clustered bool, f fun
 // joining), as opposed to a config the server refuses. On one node those
 // API errors are refusals (insufficient resources is a store limit).
 func transientError(err error, clustered bool) bool {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders) ||
-		errors.Is(err, jetstream.ErrNoStreamResponse) {
+	if settle.Late(err) {
 		return true
 	}
 	var apiErr *jetstream.APIError

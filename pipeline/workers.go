@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
 // DefaultRetryDelay is the delay before a retry when no backoff is
@@ -204,34 +206,23 @@ func (w *Workers) Open(ctx context.Context) error {
 	return nil
 }
 
-// lookUpSettle bounds how long Open asks again for a consumer whose info
-// did not come in time.
-const lookUpSettle = 2 * time.Minute
-
 // lookUpConsumer checks that the consumer exists. A server busy with a
 // slow disk, or a clustered consumer electing its leader right after the
 // bootstrap created it, may answer after the client's timeout (seen under
 // load: "consumer WORKER1 on stream ORDERS: context deadline exceeded",
-// and holdfast run stopped at start-up): that is asked again, once a
-// second, for up to lookUpSettle; any other error fails at once.
+// and holdfast run stopped at start-up): that is asked again
+// (settle.Retry); any other error fails at once.
 func (w *Workers) lookUpConsumer(ctx context.Context) error {
-	deadline := time.Now().Add(lookUpSettle)
-	for attempt := 1; ; attempt++ {
-		_, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
-		if err == nil {
-			return nil
-		}
-		late := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
-		if !late || ctx.Err() != nil || time.Now().After(deadline) {
-			return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
-		}
+	err := settle.Retry(ctx, settle.Late, func(attempt int, err error) {
 		w.log.Warn("the consumer's info did not come in time: asking again", "consumer", w.opts.Consumer, "attempt", attempt, "err", err)
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
-		case <-time.After(time.Second):
-		}
+	}, func() error {
+		_, err := w.js.Consumer(ctx, w.opts.Stream, w.opts.Consumer)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("consumer %s on stream %s: %w", w.opts.Consumer, w.opts.Stream, err)
 	}
+	return nil
 }
 
 // fetchWait bounds each pull request: an idle consumer sends one such
