@@ -285,16 +285,7 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(2 * time.Second)
 	})
-	ctx := context.Background()
-	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	edited := dlq.CachedInfo().Config
-	edited.MaxMsgs, edited.Discard = 2, jetstream.DiscardOld
-	if _, err := e.js.UpdateStream(ctx, edited); err != nil {
-		t.Fatal(err)
-	}
+	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 2, jetstream.DiscardOld })
 	w, _ := e.workersLogged(failing("bad"), 1)
 	for i := range 4 {
 		e.publish("orders.created", fmt.Sprintf("m%d", i), nil)
@@ -312,7 +303,7 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 	if got := w.Stats().DeadLetterError(); !strings.Contains(got, "max_msgs 2 with discard old") {
 		t.Fatalf("dead-letter error %q does not name the limit", got)
 	}
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := embedded.Bootstrap(context.Background(), e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	e.waitDLQ(4)
@@ -447,15 +438,7 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 	})
 	ctx := context.Background()
 	// The dead-letter stream exists but is full: it refuses the dead letter.
-	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	full := dlq.CachedInfo().Config
-	full.MaxMsgs, full.Discard = 1, jetstream.DiscardNew
-	if _, err := e.js.UpdateStream(ctx, full); err != nil {
-		t.Fatal(err)
-	}
+	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 1, jetstream.DiscardNew })
 	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
 		t.Fatal(err)
 	}
@@ -469,6 +452,10 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 		}
 		return nil
 	})
+	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := dlq.DeleteMsg(ctx, 1); err != nil {
 		t.Fatal(err)
 	}

@@ -392,15 +392,7 @@ func TestReloadSetsBackWhatWasEditedWhileRunning(t *testing.T) {
 	_, js := e2eConnect(t, in)
 	ctx := natstest.Context(t)
 	for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg := s.CachedInfo().Config
-		cfg.MaxMsgs, cfg.Discard = 2, jetstream.DiscardOld
-		if _, err := js.UpdateStream(ctx, cfg); err != nil {
-			t.Fatal(err)
-		}
+		natstest.EditStream(t, js, name, func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 2, jetstream.DiscardOld })
 	}
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)

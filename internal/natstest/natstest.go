@@ -161,3 +161,14 @@ func (b *Buffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// EditStream changes stream name's configuration as `nats stream edit`
+// would: edit gets the current one and changes it in place.
+func EditStream(t testing.TB, js jetstream.JetStream, name string, edit func(*jetstream.StreamConfig)) {
+	t.Helper()
+	cfg := StreamInfo(t, js, name).Config
+	edit(&cfg)
+	if _, err := js.UpdateStream(Context(t), cfg); err != nil {
+		t.Fatalf("edit stream %s: %v", name, err)
+	}
+}
