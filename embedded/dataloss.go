@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -54,6 +55,33 @@ type StoreState struct {
 	Streams map[string]StreamRecord `json:"streams"`
 	// Consumers by "STREAM/CONSUMER": durable consumers of those streams.
 	Consumers map[string]ConsumerRecord `json:"consumers"`
+	// Unavailable names the streams and consumers ("STREAM/CONSUMER") the
+	// cluster knows but whose leader did not answer, with the reason:
+	// their positions are unknown, so they are neither compared nor
+	// recorded anew (never written).
+	Unavailable map[string]string `json:"-"`
+}
+
+// keepUnavailable copies from old the records of what is unavailable in
+// st: a stream whose leader does not answer keeps its recorded position
+// instead of losing it.
+func (st *StoreState) keepUnavailable(old *StoreState) {
+	if old == nil {
+		return
+	}
+	for key := range st.Unavailable {
+		if rec, ok := old.Streams[key]; ok {
+			st.Streams[key] = rec
+			for ckey, crec := range old.Consumers {
+				if crec.Stream == key {
+					st.Consumers[ckey] = crec
+				}
+			}
+		}
+		if rec, ok := old.Consumers[key]; ok {
+			st.Consumers[key] = rec
+		}
+	}
 }
 
 // StreamRecord is one stream's position when the state was recorded.
@@ -194,41 +222,112 @@ func syncDir(dir string) error {
 
 // CollectStoreState reads the position of every file stream and of its
 // durable consumers from the server.
+//
+// In a cluster a stream's position is its leader's: a stream the meta
+// group knows but whose leader does not answer (being elected, its peers
+// offline, or too slow for the meta leader's stream list under load) is
+// neither vanished nor empty. It is left out of Streams and named in
+// Unavailable with the reason, and so is a consumer whose leader does not
+// answer: its position is unknown.
 func CollectStoreState(ctx context.Context, js jetstream.JetStream) (*StoreState, error) {
 	st := &StoreState{Version: 1, Written: time.Now().UTC(),
-		Streams: map[string]StreamRecord{}, Consumers: map[string]ConsumerRecord{}}
-	streams := js.ListStreams(ctx)
-	for info := range streams.Info() {
-		if info.Config.Storage != jetstream.FileStorage {
-			continue
-		}
-		st.Streams[info.Config.Name] = StreamRecord{Created: info.Created.UTC(),
-			FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, Msgs: info.State.Msgs}
+		Streams: map[string]StreamRecord{}, Consumers: map[string]ConsumerRecord{}, Unavailable: map[string]string{}}
+	// Names come from the meta group's assignments: a stream is known
+	// whether or not its leader answers.
+	lister := js.StreamNames(ctx)
+	var names []string
+	for name := range lister.Name() {
+		names = append(names, name)
 	}
-	if err := streams.Err(); err != nil {
+	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("cannot list streams: %w", err)
 	}
-	for name := range st.Streams {
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			if errors.Is(err, jetstream.ErrStreamNotFound) {
-				delete(st.Streams, name) // deleted meanwhile
-				continue
-			}
-			return nil, fmt.Errorf("cannot read stream %s: %w", name, err)
-		}
-		consumers := s.ListConsumers(ctx)
-		for ci := range consumers.Info() {
-			if ci.Config.Durable == "" {
-				continue
-			}
-			st.Consumers[name+"/"+ci.Name] = ConsumerRecord{Stream: name, Name: ci.Name, AckFloor: ci.AckFloor.Stream}
-		}
-		if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
-			return nil, fmt.Errorf("cannot list consumers of stream %s: %w", name, err)
+	for _, name := range names {
+		if err := collectStream(ctx, js, name, st); err != nil {
+			return nil, err
 		}
 	}
 	return st, nil
+}
+
+// streamAnswerTimeout bounds the wait for one stream's (or its consumers')
+// leader, the meta leader's own wait for a stream list.
+const streamAnswerTimeout = 4 * time.Second
+
+// offlineReason is the Unavailable reason of a stream none of whose
+// replicas is online: no leader is elected for it until one comes back.
+const offlineReason = "every replica of the stream is offline"
+
+func isStreamOffline(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && uint16(apiErr.ErrorCode) == uint16(server.JSStreamOfflineErr)
+}
+
+func collectStream(ctx context.Context, js jetstream.JetStream, name string, st *StoreState) error {
+	sctx, cancel := context.WithTimeout(ctx, streamAnswerTimeout)
+	defer cancel()
+	s, err := js.Stream(sctx, name)
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound):
+		return nil // deleted meanwhile
+	case ctx.Err() != nil:
+		return fmt.Errorf("cannot read stream %s: %w", name, ctx.Err())
+	case isStreamOffline(err):
+		st.Unavailable[name] = offlineReason
+		return nil
+	case err != nil:
+		st.Unavailable[name] = err.Error()
+		return nil
+	}
+	info := s.CachedInfo()
+	if info.Config.Storage != jetstream.FileStorage {
+		return nil
+	}
+	if info.Cluster != nil && info.Cluster.Leader == "" {
+		// A replica without a leader answers with its own state.
+		st.Unavailable[name] = "the stream has no leader"
+		return nil
+	}
+	st.Streams[name] = StreamRecord{Created: info.Created.UTC(),
+		FirstSeq: info.State.FirstSeq, LastSeq: info.State.LastSeq, Msgs: info.State.Msgs}
+
+	durables := map[string]bool{}
+	cnames := s.ConsumerNames(sctx)
+	for c := range cnames.Name() {
+		durables[c] = true
+	}
+	if err := cnames.Err(); err != nil {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			delete(st.Streams, name)
+			return nil
+		}
+		st.Unavailable[name] = "cannot list its consumers: " + err.Error()
+		return nil
+	}
+	consumers := s.ListConsumers(sctx)
+	for ci := range consumers.Info() {
+		if ci.Config.Durable == "" || !durables[ci.Name] {
+			delete(durables, ci.Name)
+			continue
+		}
+		key := name + "/" + ci.Name
+		if ci.Cluster != nil && ci.Cluster.Leader == "" {
+			st.Unavailable[key] = "the consumer has no leader"
+		} else {
+			st.Consumers[key] = ConsumerRecord{Stream: name, Name: ci.Name, AckFloor: ci.AckFloor.Stream}
+		}
+		delete(durables, ci.Name)
+	}
+	if err := consumers.Err(); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+		st.Unavailable[name] = "cannot list its consumers: " + err.Error()
+		return nil
+	}
+	// Known to the meta group, left out of the list: its leader did not
+	// answer in time.
+	for c := range durables {
+		st.Unavailable[name+"/"+c] = "the consumer's leader did not answer"
+	}
+	return nil
 }
 
 // CompareStoreState lists what the store lost against what was recorded:
@@ -240,6 +339,9 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 	}
 	var losses []DataLoss
 	for _, name := range slices.Sorted(maps.Keys(recorded.Streams)) {
+		if _, unknown := now.Unavailable[name]; unknown {
+			continue
+		}
 		rec := recorded.Streams[name]
 		cur, ok := now.Streams[name]
 		switch {
@@ -254,7 +356,10 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 	for _, key := range slices.Sorted(maps.Keys(recorded.Consumers)) {
 		rec := recorded.Consumers[key]
 		if _, ok := now.Streams[rec.Stream]; !ok {
-			continue // the stream's loss is reported
+			continue // the stream's loss is reported, or it is unavailable
+		}
+		if _, unknown := now.Unavailable[key]; unknown {
+			continue
 		}
 		cur, ok := now.Consumers[key]
 		switch {
@@ -364,9 +469,15 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 	if recorded == nil {
 		return nil
 	}
-	now, err := CollectStoreState(ctx, s.js)
+	now, err := s.collectForCheck(ctx, recorded)
 	if err != nil {
 		return fmt.Errorf("cannot check the store for data loss: %w", err)
+	}
+	for _, key := range slices.Sorted(maps.Keys(now.Unavailable)) {
+		if _, stream := recorded.Streams[key]; stream {
+			s.log.Warn("stream not checked for data loss at start-up: its leader does not answer; the cluster keeps its data, and this node's replica catches up from the others once the stream has a leader",
+				"stream", key, "reason", now.Unavailable[key], "recorded_last_seq", recorded.Streams[key].LastSeq)
+		}
 	}
 	losses := CompareStoreState(recorded, now)
 	if len(losses) == 0 {
@@ -384,8 +495,12 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 		return &DataLossError{Losses: losses, StateFile: filepath.Join(dir, StateFileName)}
 	}
 	at := time.Now()
+	clustered := s.cfg.Cluster.Enabled()
 	for i, l := range losses {
-		if l.Vanished && l.Consumer == "" {
+		// In a cluster the server owns every replica's directory: a stream
+		// the meta group no longer knows is removed by the server itself,
+		// and moving a directory it may be recovering breaks the replica.
+		if l.Vanished && l.Consumer == "" && !clustered {
 			moved, err := moveOrphan(dir, l.Stream, at)
 			if err != nil {
 				return err
@@ -403,6 +518,38 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 	}
 	s.losses = losses
 	return nil
+}
+
+// unavailableWait is how long the start-up check of a cluster node waits
+// for the leaders of recorded streams that do not answer yet (an election
+// after a node restarted takes a few seconds) before it leaves them
+// unchecked.
+const unavailableWait = 15 * time.Second
+
+// collectForCheck collects the store state for the start-up check; in a
+// cluster it asks again, for up to unavailableWait, while a recorded
+// stream's leader does not answer.
+func (s *Server) collectForCheck(ctx context.Context, recorded *StoreState) (*StoreState, error) {
+	deadline := time.Now().Add(unavailableWait)
+	for {
+		now, err := CollectStoreState(ctx, s.js)
+		if err != nil {
+			return nil, err
+		}
+		waiting := false
+		for key, reason := range now.Unavailable {
+			_, stream := recorded.Streams[key]
+			waiting = waiting || (stream && reason != offlineReason)
+		}
+		if !waiting || !s.cfg.Cluster.Enabled() || time.Now().After(deadline) {
+			return now, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // startRecorder records the store state every StateInterval until Close.
@@ -481,9 +628,11 @@ func (s *Server) writeState(ctx context.Context, always bool) error {
 	if err := s.CheckStore(); err != nil {
 		return err
 	}
-	if !always {
-		// The file is read from the page cache: no write, no wear.
-		if old, err := ReadStoreState(s.store.Path); err == nil && sameStoreState(old, st) {
+	// The file is read from the page cache: no write, no wear.
+	old, err := ReadStoreState(s.store.Path)
+	if err == nil {
+		st.keepUnavailable(old)
+		if !always && sameStoreState(old, st) {
 			return nil
 		}
 	}

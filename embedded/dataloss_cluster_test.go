@@ -1,0 +1,178 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
+)
+
+// testClusterConfigs returns the configs of n nodes that form one
+// JetStream cluster on 127.0.0.1, each with its own store.
+func testClusterConfigs(t *testing.T, n int) []*config.Config {
+	t.Helper()
+	ports := make([]int, n)
+	var routes []string
+	for i := range ports {
+		ports[i] = natstest.FreePort(t)
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i]))
+	}
+	cfgs := make([]*config.Config, n)
+	for i, p := range ports {
+		cfg := testConfig(t)
+		cfg.Server.Name = fmt.Sprintf("node%d", i+1)
+		cfg.Cluster = config.ClusterConfig{Name: "loss", Listen: fmt.Sprintf("127.0.0.1:%d", p), Routes: routes}
+		cfg.JetStream.OnDataLoss = "refuse"
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		cfgs[i] = cfg
+	}
+	return cfgs
+}
+
+// openCluster opens a server per config at the same moment (none is
+// ready before a quorum is up).
+func openCluster(t *testing.T, cfgs []*config.Config) ([]*Server, []*natstest.Buffer) {
+	t.Helper()
+	servers := make([]*Server, len(cfgs))
+	logs := make([]*natstest.Buffer, len(cfgs))
+	errs := make(chan error, len(cfgs))
+	for i, cfg := range cfgs {
+		var log *slog.Logger
+		log, logs[i] = testLogger(t)
+		servers[i] = New(cfg, log)
+		servers[i].ReadyTimeout = time.Minute
+		servers[i].StateInterval = 50 * time.Millisecond
+		go func() { errs <- servers[i].Open(natstest.Context(t)) }()
+	}
+	for range cfgs {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range servers {
+		t.Cleanup(func() { _ = s.Close(context.Background()) })
+	}
+	return servers, logs
+}
+
+// TestClusterCheckNeverTakesAnUnansweredStreamForLost: in a cluster, a
+// stream whose leader does not answer when a node starts (its only
+// replica is down here; in a rolling restart under load the leader may
+// answer the meta leader's stream list too late) is neither vanished nor
+// empty. The start-up check once reported such a stream "vanished with
+// every message it held" and moved the node's replica of it aside while
+// the server was recovering it (the replica never caught up), or, with
+// on_data_loss = "refuse", would refuse to start; and the recorder
+// overwrote the stream's recorded position with nothing.
+func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
+	cfgs := testClusterConfigs(t, 3)
+	servers, _ := openCluster(t, cfgs)
+
+	ctx := natstest.Context(t)
+	js := servers[0].JetStream()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ONE", Subjects: []string{"one.>"},
+		Storage: jetstream.FileStorage, Replicas: 1}); err != nil {
+		t.Fatal(err)
+	}
+	const n = 10
+	for range n {
+		if _, err := js.Publish(ctx, "one.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info := streamInfo(t, js, "ONE")
+	host := -1
+	for i, cfg := range cfgs {
+		if info.Cluster != nil && info.Cluster.Leader == cfg.Server.Name {
+			host = i
+		}
+	}
+	if host < 0 {
+		t.Fatalf("stream ONE has no leader among the nodes: %+v", info.Cluster)
+	}
+	restarted := (host + 1) % len(cfgs)
+	dir := cfgs[restarted].JetStream.StoreDir
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(dir)
+		if err != nil {
+			return err
+		}
+		if st == nil || st.Streams["ONE"].LastSeq != n {
+			return fmt.Errorf("%s has not recorded ONE at %d yet", cfgs[restarted].Server.Name, n)
+		}
+		return nil
+	})
+
+	// The stream's only replica goes, then another node restarts.
+	closeServer(t, servers[host])
+	closeServer(t, servers[restarted])
+	log, lb := testLogger(t)
+	s := New(cfgs[restarted], log)
+	s.ReadyTimeout = time.Minute
+	s.StateInterval = 50 * time.Millisecond
+	if err := s.Open(natstest.Context(t)); err != nil {
+		t.Fatalf("a node restarted while another node holding a stream is down must start: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	if losses := s.DataLosses(); len(losses) > 0 {
+		t.Fatalf("reported %v for a stream that is only unavailable", losses)
+	}
+	if logged := lb.String(); !strings.Contains(logged, "stream not checked for data loss") || !strings.Contains(logged, "stream=ONE") {
+		t.Errorf("the log does not say that stream ONE could not be checked:\n%s", lb.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, OrphanDirName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("something was moved aside: %v", err)
+	}
+	// The recorder keeps ONE's position while it is unavailable.
+	time.Sleep(500 * time.Millisecond)
+	st, err := ReadStoreState(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := st.Streams["ONE"].LastSeq; got != n {
+		t.Errorf("recorded position of ONE while it is unavailable: %d, want %d kept", got, n)
+	}
+
+	// Its node back, the stream answers and is recorded as it is.
+	log, _ = testLogger(t)
+	back := New(cfgs[host], log)
+	back.ReadyTimeout = time.Minute
+	if err := back.Open(natstest.Context(t)); err != nil {
+		t.Fatalf("the stream's node restarted: %v", err)
+	}
+	t.Cleanup(func() { _ = back.Close(context.Background()) })
+	if _, err := s.JetStream().Publish(natstest.Context(t), "one.x", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		st, err := ReadStoreState(dir)
+		if err != nil {
+			return err
+		}
+		if got := st.Streams["ONE"].LastSeq; got != n+1 {
+			return fmt.Errorf("ONE recorded at %d, want %d", got, n+1)
+		}
+		return nil
+	})
+}
+
+func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
+	t.Helper()
+	s, err := js.Stream(natstest.Context(t), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.CachedInfo()
+}
