@@ -111,14 +111,25 @@ type DataLoss struct {
 	// Messages is how many acknowledged messages are gone at least
 	// (RecordedLast - FoundLast, or RecordedLast for a vanished stream).
 	Messages uint64
+	// Recreated: the stream found is another one of the same name (created
+	// at another time) than the one recorded.
+	Recreated bool
+	// ByCluster: a cluster node found the stream vanished or recreated.
+	// The meta group deleted or replaced it, by an operator's decision
+	// while this node was down or through a loss of the whole cluster:
+	// one node cannot tell which, so it reports and never refuses.
+	ByCluster bool
 	// MovedTo is where the orphaned data directory of a vanished stream
 	// was moved, if it was.
 	MovedTo string
 }
 
 // Lost reports whether a stream lost data: it vanished, or acknowledged
-// messages are gone. A consumer that lost its position only redelivers.
-func (d DataLoss) Lost() bool { return d.Consumer == "" && (d.Vanished || d.Messages > 0) }
+// messages are gone. A consumer that lost its position only redelivers,
+// and a stream the cluster deleted or replaced is reported, not lost.
+func (d DataLoss) Lost() bool {
+	return d.Consumer == "" && !d.ByCluster && (d.Vanished || d.Messages > 0)
+}
 
 func (d DataLoss) String() string {
 	if d.Consumer != "" {
@@ -126,6 +137,14 @@ func (d DataLoss) String() string {
 			return fmt.Sprintf("consumer %s on stream %s vanished (its ack floor was %d): it is created anew and the stream's messages are delivered again", d.Consumer, d.Stream, d.RecordedLast)
 		}
 		return fmt.Sprintf("consumer %s on stream %s went back from ack floor %d to %d: %d messages are delivered again", d.Consumer, d.Stream, d.RecordedLast, d.FoundLast, d.RecordedLast-d.FoundLast)
+	}
+	if d.ByCluster {
+		what := "is not in the cluster any more"
+		if d.Recreated {
+			what = fmt.Sprintf("was created anew in the cluster (last sequence %d recorded, %d found)", d.RecordedLast, d.FoundLast)
+		}
+		return fmt.Sprintf("stream %s %s: deleted while this node was down, or lost by the whole cluster (a jetstream.sync interval and a power cut of most nodes); "+
+			"this node cannot tell which: the other nodes' logs at their start-up say if it was lost", d.Stream, what)
 	}
 	var s string
 	if d.Vanished {
@@ -349,7 +368,9 @@ func CompareStoreState(recorded, now *StoreState) []DataLoss {
 			losses = append(losses, DataLoss{Stream: name, Vanished: true, RecordedLast: rec.LastSeq, Messages: rec.LastSeq})
 			continue
 		case cur.LastSeq < rec.LastSeq:
-			losses = append(losses, DataLoss{Stream: name, RecordedLast: rec.LastSeq, FoundLast: cur.LastSeq, Messages: rec.LastSeq - cur.LastSeq})
+			recreated := !rec.Created.IsZero() && !cur.Created.IsZero() && !rec.Created.Equal(cur.Created)
+			losses = append(losses, DataLoss{Stream: name, RecordedLast: rec.LastSeq, FoundLast: cur.LastSeq, Messages: rec.LastSeq - cur.LastSeq,
+				Recreated: recreated})
 			continue
 		}
 	}
@@ -483,6 +504,12 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 	if len(losses) == 0 {
 		return nil
 	}
+	clustered := s.cfg.Cluster.Enabled()
+	if clustered {
+		for i, l := range losses {
+			losses[i].ByCluster = l.Consumer == "" && (l.Vanished || l.Recreated)
+		}
+	}
 	refuse := s.cfg.JetStream.OnDataLoss == "refuse" && !s.AcceptDataLoss
 	lost := false
 	for _, l := range losses {
@@ -490,12 +517,11 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 	}
 	if refuse && lost {
 		for _, l := range losses {
-			s.log.Error("data loss: "+l.String(), "stream", l.Stream, "on_data_loss", "refuse")
+			s.logLoss(l, recorded.Written)
 		}
 		return &DataLossError{Losses: losses, StateFile: filepath.Join(dir, StateFileName)}
 	}
 	at := time.Now()
-	clustered := s.cfg.Cluster.Enabled()
 	for i, l := range losses {
 		// In a cluster the server owns every replica's directory: a stream
 		// the meta group no longer knows is removed by the server itself,
@@ -506,18 +532,26 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 				return err
 			}
 			losses[i].MovedTo = moved
-			l = losses[i]
 		}
-		if l.Lost() {
-			s.log.Error("data loss: "+l.String(), "stream", l.Stream, "lost_messages", l.Messages,
-				"recorded_last_seq", l.RecordedLast, "found_last_seq", l.FoundLast,
-				"on_data_loss", s.cfg.JetStream.OnDataLoss, "recorded_at", recorded.Written)
-		} else {
-			s.log.Warn("store state lost: "+l.String(), "stream", l.Stream, "consumer", l.Consumer, "recorded_at", recorded.Written)
-		}
+		s.logLoss(losses[i], recorded.Written)
 	}
 	s.losses = losses
 	return nil
+}
+
+// logLoss logs one difference found by the start-up check: a lost
+// acknowledged message at error level, the rest as warnings.
+func (s *Server) logLoss(l DataLoss, recordedAt time.Time) {
+	switch {
+	case l.ByCluster:
+		s.log.Warn(l.String(), "stream", l.Stream, "recorded_last_seq", l.RecordedLast, "found_last_seq", l.FoundLast, "recorded_at", recordedAt)
+	case l.Lost():
+		s.log.Error("data loss: "+l.String(), "stream", l.Stream, "lost_messages", l.Messages,
+			"recorded_last_seq", l.RecordedLast, "found_last_seq", l.FoundLast,
+			"on_data_loss", s.cfg.JetStream.OnDataLoss, "recorded_at", recordedAt)
+	default:
+		s.log.Warn("store state lost: "+l.String(), "stream", l.Stream, "consumer", l.Consumer, "recorded_at", recordedAt)
+	}
 }
 
 // unavailableWait is how long the start-up check of a cluster node waits

@@ -176,3 +176,89 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 	}
 	return s.CachedInfo()
 }
+
+// TestClusterStreamDeletedWhileANodeWasDown: a stream deleted (or deleted
+// and created anew) by an operator while one node was down is not a data
+// loss for that node: the cluster decided it. The node starts with
+// on_data_loss = "refuse" and says what changed.
+func TestClusterStreamDeletedWhileANodeWasDown(t *testing.T) {
+	cfgs := testClusterConfigs(t, 3)
+	servers, _ := openCluster(t, cfgs)
+	js := servers[0].JetStream()
+	for _, name := range []string{"GONE", "AGAIN"} {
+		if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: name, Subjects: []string{strings.ToLower(name) + ".>"},
+			Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
+			t.Fatal(err)
+		}
+		for range 5 {
+			if _, err := js.Publish(natstest.Context(t), strings.ToLower(name)+".x", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	down := 2
+	dir := cfgs[down].JetStream.StoreDir
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		st, err := ReadStoreState(dir)
+		if err != nil {
+			return err
+		}
+		if st == nil || st.Streams["GONE"].LastSeq != 5 || st.Streams["AGAIN"].LastSeq != 5 {
+			return errors.New("GONE and AGAIN not recorded at 5 yet")
+		}
+		return nil
+	})
+	closeServer(t, servers[down])
+	// A stream deleted while it elects a leader is deleted without an
+	// answer, and its info is not answered either (ask again): wait for
+	// the leaders first.
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		for _, name := range []string{"GONE", "AGAIN"} {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			s, err := js.Stream(ctx, name)
+			cancel()
+			if err != nil {
+				return err
+			}
+			if c := s.CachedInfo().Cluster; c == nil || c.Leader == "" || c.Leader == cfgs[down].Server.Name {
+				return fmt.Errorf("stream %s has no leader among the running nodes yet", name)
+			}
+		}
+		return nil
+	})
+	for _, name := range []string{"GONE", "AGAIN"} {
+		// The answer to a delete may get lost in a leader change: ask
+		// again until the stream is gone.
+		natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if err := js.DeleteStream(ctx, name); err != nil && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return err
+			}
+			return nil
+		})
+	}
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "AGAIN", Subjects: []string{"again.>"},
+		Storage: jetstream.FileStorage, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+
+	log, lb := testLogger(t)
+	s := New(cfgs[down], log)
+	s.ReadyTimeout = time.Minute
+	if err := s.Open(natstest.Context(t)); err != nil {
+		t.Fatalf("a node whose streams were deleted by the cluster while it was down must start: %v", err)
+	}
+	t.Cleanup(func() { _ = s.Close(context.Background()) })
+	for _, l := range s.DataLosses() {
+		if l.Lost() {
+			t.Errorf("reported as lost: %v", l)
+		}
+	}
+	logged := lb.String()
+	for _, want := range []string{"stream GONE is not in the cluster any more", "stream AGAIN was created anew in the cluster"} {
+		if !strings.Contains(logged, want) {
+			t.Errorf("the log does not say %q:\n%s", want, logged)
+		}
+	}
+}
