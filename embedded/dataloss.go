@@ -554,15 +554,16 @@ func (s *Server) logLoss(l DataLoss, recordedAt time.Time) {
 	}
 }
 
-// unavailableWait is how long the start-up check of a cluster node waits
+// unavailableWait is how long the start-up check waits
 // for the leaders of recorded streams that do not answer yet (an election
 // after a node restarted takes a few seconds) before it leaves them
 // unchecked.
 const unavailableWait = 15 * time.Second
 
-// collectForCheck collects the store state for the start-up check; in a
-// cluster it asks again, for up to unavailableWait, while a recorded
-// stream's leader does not answer.
+// collectForCheck collects the store state for the start-up check. While
+// a recorded stream's leader does not answer it asks again, for up to
+// unavailableWait; then a cluster node leaves the stream unchecked, and
+// a single node fails (it answers for its own streams).
 func (s *Server) collectForCheck(ctx context.Context, recorded *StoreState) (*StoreState, error) {
 	deadline := time.Now().Add(unavailableWait)
 	for {
@@ -575,8 +576,20 @@ func (s *Server) collectForCheck(ctx context.Context, recorded *StoreState) (*St
 			_, stream := recorded.Streams[key]
 			waiting = waiting || (stream && reason != offlineReason)
 		}
-		if !waiting || !s.cfg.Cluster.Enabled() || time.Now().After(deadline) {
+		if !waiting {
 			return now, nil
+		}
+		if time.Now().After(deadline) {
+			if s.cfg.Cluster.Enabled() {
+				return now, nil // left unchecked, with a warning
+			}
+			// One node answers for its own streams once it recovered
+			// them: not an election to wait out.
+			for _, key := range slices.Sorted(maps.Keys(now.Unavailable)) {
+				if _, stream := recorded.Streams[key]; stream {
+					return nil, fmt.Errorf("stream %s does not answer: %s", key, now.Unavailable[key])
+				}
+			}
 		}
 		select {
 		case <-ctx.Done():
