@@ -195,6 +195,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if secrets.EncryptionKey != "" {
 		s.log.Info("store encrypted at rest", "cipher", opts.JetStreamCipher.String(), "key_file", js.EncryptionKeyFile,
 			"old_key_file", js.EncryptionOldKeyFile)
+		if err := s.rekey(secrets); err != nil {
+			return err
+		}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {

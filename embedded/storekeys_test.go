@@ -1,0 +1,233 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
+)
+
+// keyedStore fills an encrypted store: three streams of several message
+// blocks each (MaxBytes 120000 makes 32 KB blocks), each with a durable
+// consumer that acknowledged its first 7 messages. It returns the store's
+// config (closed).
+func keyedStore(t *testing.T, keyFile, cipher string) *config.Config {
+	t.Helper()
+	cfg := testConfig(t)
+	cfg.JetStream.EncryptionKeyFile = keyFile
+	cfg.JetStream.EncryptionCipher = cipher
+	log, _ := testLogger(t)
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	if err := openWithin(t, s, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx := natstest.Context(t)
+	js := s.JetStream()
+	payload := []byte(strings.Repeat("p", 1000))
+	for i := range 3 {
+		name := fmt.Sprintf("K%d", i)
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("k%d.>", i)}, MaxBytes: 120_000}); err != nil {
+			t.Fatal(err)
+		}
+		for range 100 {
+			if _, err := js.Publish(ctx, fmt.Sprintf("k%d.x", i), payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, err := js.CreateConsumer(ctx, name, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Fetch(7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// checkKeyedStore opens cfg and checks every stream, message and consumer
+// of keyedStore is there.
+func checkKeyedStore(t *testing.T, cfg *config.Config) {
+	t.Helper()
+	log, lb := testLogger(t)
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	if err := openWithin(t, s, 30*time.Second); err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s.Close(context.Background())
+	ctx := natstest.Context(t)
+	for i := range 3 {
+		st, err := s.JetStream().Stream(ctx, fmt.Sprintf("K%d", i))
+		if err != nil {
+			t.Fatalf("stream K%d: %v", i, err)
+		}
+		state := st.CachedInfo().State
+		if state.LastSeq != 100 || state.Msgs < 50 {
+			t.Errorf("stream K%d: %+v", i, state)
+		}
+		for seq := state.FirstSeq; seq <= state.LastSeq; seq++ {
+			if m, err := st.GetMsg(ctx, seq); err != nil || len(m.Data) != 1000 {
+				t.Fatalf("stream K%d message %d: %v", i, seq, err)
+			}
+		}
+		c, err := st.Consumer(ctx, "C")
+		if err != nil {
+			t.Fatalf("consumer C of stream K%d: %v", i, err)
+		}
+		if f := c.CachedInfo().AckFloor.Stream; f != 7 {
+			t.Errorf("consumer C of stream K%d: ack floor %d, want 7", i, f)
+		}
+	}
+	if strings.Contains(lb.String(), "store state lost") {
+		t.Errorf("the data-loss check reported a loss:\n%s", lb.String())
+	}
+}
+
+// countKeyFiles counts the store's key files of each kind.
+func countKeyFiles(t *testing.T, storeDir string) (streams, blocks, consumers int) {
+	t.Helper()
+	files, err := listStoreKeyFiles(filepath.Join(storeDir, "jetstream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range files {
+		switch {
+		case strings.HasPrefix(f.what, "stream "):
+			streams++
+		case strings.HasPrefix(f.what, "message block "):
+			blocks++
+		default:
+			consumers++
+		}
+	}
+	return
+}
+
+// TestKeyRotationKeepsConsumers: a rotation (encryption_old_key_file)
+// keeps every stream, message and consumer. Before, the server loaded the
+// streams but could not open their consumers' key files (it rotates a
+// consumer only between ciphers, not between keys), skipped them with a
+// warning, and the consumers were lost: created anew, the stream
+// delivered again from the start.
+func TestKeyRotationKeepsConsumers(t *testing.T) {
+	t.Parallel()
+	for _, cipher := range []string{"chacha", "aes"} {
+		t.Run(cipher, func(t *testing.T) {
+			t.Parallel()
+			keys := t.TempDir()
+			oldKey := writeKey(t, keys, "old", strings.Repeat("o", 40))
+			newKey := writeKey(t, keys, "new", strings.Repeat("n", 44))
+			cfg := keyedStore(t, oldKey, cipher)
+			streams, blocks, consumers := countKeyFiles(t, cfg.JetStream.StoreDir)
+			if streams != 3 || consumers != 3 || blocks < 9 {
+				t.Fatalf("key files: %d streams, %d blocks, %d consumers; want 3, at least 9, 3", streams, blocks, consumers)
+			}
+
+			rotated := *cfg
+			rotated.JetStream.EncryptionKeyFile = newKey
+			rotated.JetStream.EncryptionOldKeyFile = oldKey
+			checkKeyedStore(t, &rotated)
+
+			rotated.JetStream.EncryptionOldKeyFile = ""
+			checkKeyedStore(t, &rotated)
+			before := treeDigest(t, cfg.JetStream.StoreDir)
+			log, _ := testLogger(t)
+			s := New(cfg, log)
+			s.ReadyTimeout = 30 * time.Second
+			err := openWithin(t, s, 30*time.Second)
+			if err == nil {
+				s.Close(context.Background())
+				t.Fatal("the old key alone opened the store after the rotation")
+			}
+			if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "encryption_old_key_file") ||
+				!strings.Contains(err.Error(), "nothing was changed on disk") {
+				t.Errorf("error %v", err)
+			}
+			if after := treeDigest(t, cfg.JetStream.StoreDir); after != before {
+				t.Error("the refused start changed the store")
+			}
+		})
+	}
+}
+
+// TestKeyRotationInterrupted: a rotation stopped half-way (kill -9 during
+// the start that rotates) leaves some key files under the old key. A start
+// with the new key alone refuses, names them and changes nothing; the
+// next start with both keys finishes the rotation. Before, the start with
+// the new key alone went on without the consumers still under the old
+// key (created anew: the stream delivered again).
+func TestKeyRotationInterrupted(t *testing.T) {
+	t.Parallel()
+	keys := t.TempDir()
+	oldKey := writeKey(t, keys, "old", strings.Repeat("o", 40))
+	newKey := writeKey(t, keys, "new", strings.Repeat("n", 44))
+	cfg := keyedStore(t, oldKey, "chacha")
+	files, err := listStoreKeyFiles(filepath.Join(cfg.JetStream.StoreDir, "jetstream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every other key file (a consumer's among them) stays under the old
+	// key, the others are rotated: what a crash in the middle leaves.
+	oldContent := map[string][]byte{}
+	for i, f := range files {
+		if i%2 == 0 || strings.HasPrefix(f.what, "consumer K1") {
+			b, err := os.ReadFile(f.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			oldContent[f.path] = b
+		}
+	}
+	rotated := *cfg
+	rotated.JetStream.EncryptionKeyFile = newKey
+	rotated.JetStream.EncryptionOldKeyFile = oldKey
+	checkKeyedStore(t, &rotated)
+	for p, b := range oldContent {
+		if err := os.WriteFile(p, b, 0o640); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	rotated.JetStream.EncryptionOldKeyFile = ""
+	before := treeDigest(t, cfg.JetStream.StoreDir)
+	log, _ := testLogger(t)
+	s := New(&rotated, log)
+	s.ReadyTimeout = 30 * time.Second
+	err = openWithin(t, s, 30*time.Second)
+	if err == nil {
+		s.Close(context.Background())
+		t.Fatal("started with the new key alone while key files are under the old key")
+	}
+	if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "consumer K1 > C") ||
+		!strings.Contains(err.Error(), "jetstream.encryption_old_key_file") || !strings.Contains(err.Error(), "nothing was changed on disk") {
+		t.Errorf("error %v", err)
+	}
+	if after := treeDigest(t, cfg.JetStream.StoreDir); after != before {
+		t.Error("the refused start changed the store")
+	}
+
+	rotated.JetStream.EncryptionOldKeyFile = oldKey
+	checkKeyedStore(t, &rotated)
+	rotated.JetStream.EncryptionOldKeyFile = ""
+	checkKeyedStore(t, &rotated)
+}
