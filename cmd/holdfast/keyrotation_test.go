@@ -1,0 +1,150 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
+)
+
+// rotationStreams are the streams the key rotation test fills: several
+// message blocks each (MaxBytes 120000 makes 32 KB blocks) and a durable
+// consumer that acknowledged the first rotationAcked messages.
+const (
+	rotationStreams = 6
+	rotationMsgs    = 100
+	rotationAcked   = 7
+)
+
+func rotationConfig(store string, port int, key, oldKey string) string {
+	js := fmt.Sprintf("encryption_key_file = %q\n", key)
+	if oldKey != "" {
+		js += fmt.Sprintf("encryption_old_key_file = %q\n", oldKey)
+	}
+	return strings.Replace(e2eConfigTOML(store, port, ""), "[http]", js+"\n[http]", 1)
+}
+
+// checkRotationStore starts holdfast on cfg and checks that every stream,
+// message and consumer ack floor the test made is there.
+func checkRotationStore(t *testing.T, cfg string, port int, what string) {
+	t.Helper()
+	p := startHoldfast(t, cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, &e2eInstance{port: port})
+	ctx := natstest.Context(t)
+	for i := range rotationStreams {
+		st, err := js.Stream(ctx, fmt.Sprintf("R%d", i))
+		if err != nil {
+			t.Fatalf("%s: stream R%d: %v", what, i, err)
+		}
+		state := st.CachedInfo().State
+		if state.LastSeq != rotationMsgs {
+			t.Fatalf("%s: stream R%d: %+v", what, i, state)
+		}
+		for seq := state.FirstSeq; seq <= state.LastSeq; seq++ {
+			if m, err := st.GetMsg(ctx, seq); err != nil || len(m.Data) != 1000 {
+				t.Fatalf("%s: stream R%d message %d: %v", what, i, seq, err)
+			}
+		}
+		c, err := st.Consumer(ctx, "C")
+		if err != nil {
+			t.Fatalf("%s: consumer C of stream R%d: %v", what, i, err)
+		}
+		if f := c.CachedInfo().AckFloor.Stream; f != rotationAcked {
+			t.Fatalf("%s: consumer C of stream R%d: ack floor %d, want %d", what, i, f, rotationAcked)
+		}
+	}
+	if out := p.stderr.String(); strings.Contains(out, "store state lost") {
+		t.Fatalf("%s: holdfast reported a loss:\n%s", what, out)
+	}
+	p.stop()
+}
+
+// TestKeyRotationKill9: holdfast killed (SIGKILL) at random moments of
+// the start that rotates the encryption key, then started again with
+// both keys, then with the new key alone, keeps every stream, message and
+// consumer. Before, nats-server's own rotation lost every consumer even
+// without a kill.
+func TestKeyRotationKill9(t *testing.T) {
+	dir := durTempDir(t, "rotation")
+	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
+	for p, k := range map[string]string{keyA: strings.Repeat("A", 44), keyB: strings.Repeat("B", 44)} {
+		if err := os.WriteFile(p, []byte(k+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	port := natstest.FreePort(t)
+	original := filepath.Join(dir, "original")
+	p := startHoldfast(t, e2eWriteConfig(t, rotationConfig(original, port, keyA, "")))
+	p.waitReady()
+	_, js := e2eConnect(t, &e2eInstance{port: port})
+	ctx := natstest.Context(t)
+	payload := []byte(strings.Repeat("r", 1000))
+	for i := range rotationStreams {
+		name := fmt.Sprintf("R%d", i)
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{fmt.Sprintf("r%d.>", i)}, MaxBytes: 120_000}); err != nil {
+			t.Fatal(err)
+		}
+		for range rotationMsgs {
+			if _, err := js.Publish(ctx, fmt.Sprintf("r%d.x", i), payload); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c, err := js.CreateConsumer(ctx, name, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy})
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := c.Fetch(rotationAcked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	p.stop()
+
+	cycles := durEnvInt("HOLDFAST_ROTATION_CYCLES", 6)
+	for cycle := range cycles {
+		store := filepath.Join(dir, fmt.Sprintf("store%d", cycle))
+		if out, err := exec.Command("cp", "-a", original, store).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+		both := e2eWriteConfig(t, rotationConfig(store, port, keyB, keyA))
+		// Killed in turn just before the rotation, after it, while the
+		// server recovers the streams (where nats-server rotates what is
+		// left), and once ready; each a random 0-5 ms after the line.
+		p := startHoldfast(t, both)
+		marker := rotationKillMarkers[cycle%len(rotationKillMarkers)]
+		for !strings.Contains(p.stderr.String(), marker) && !p.exited() {
+			time.Sleep(200 * time.Microsecond)
+		}
+		time.Sleep(randDuration(0, 5*time.Millisecond))
+		_ = p.cmd.Process.Kill()
+		p.wait(30 * time.Second)
+		t.Logf("cycle %d: killed after %q", cycle, lastLine(p.stderr.String()))
+
+		checkRotationStore(t, both, port, fmt.Sprintf("cycle %d, both keys", cycle))
+		checkRotationStore(t, e2eWriteConfig(t, rotationConfig(store, port, keyB, "")), port, fmt.Sprintf("cycle %d, new key alone", cycle))
+	}
+}
+
+// rotationKillMarkers are the log lines after which the rotating start
+// is killed.
+var rotationKillMarkers = []string{"store encrypted at rest", "Starting JetStream", "Starting restore for stream '$G > R2'",
+	"Recovering 1 consumers for stream - '$G > R1'", "NATS server ready", "holdfast ready"}
+
+// lastLine returns the last non-empty line of s.
+func lastLine(s string) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	return lines[len(lines)-1]
+}
