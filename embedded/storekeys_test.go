@@ -1,6 +1,7 @@
 package embedded
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -230,4 +231,104 @@ func TestKeyRotationInterrupted(t *testing.T) {
 	checkKeyedStore(t, &rotated)
 	rotated.JetStream.EncryptionOldKeyFile = ""
 	checkKeyedStore(t, &rotated)
+}
+
+// TestEncryptionAddedToUnusedStream: a key added to a store whose
+// streams were never written to (a fresh install's ORDERS and dead-letter
+// stream) keeps them over every later start. Before, the server left the
+// stream's clear state file and empty message block as they were; the
+// second start with the key could read neither ("corrupt state file"),
+// dropped the streams, and holdfast reported them as lost data (refusing
+// to start with on_data_loss = "refuse").
+func TestEncryptionAddedToUnusedStream(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.JetStream.OnDataLoss = "refuse"
+	s := runServer(t, cfg)
+	bootstrap(t, s, cfg)
+	if err := s.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	for start := range 3 {
+		log, lb := testLogger(t)
+		s := New(cfg, log)
+		s.ReadyTimeout = 30 * time.Second
+		if err := openWithin(t, s, 30*time.Second); err != nil {
+			t.Fatalf("start %d with the key: %v", start, err)
+		}
+		for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
+			if _, err := s.JetStream().Stream(natstest.Context(t), name); err != nil {
+				t.Errorf("start %d: stream %s: %v", start, name, err)
+			}
+		}
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(lb.String(), "corrupt state") {
+			t.Errorf("start %d: the server could not read a stream:\n%s", start, lb.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the clear-text copies are still there: %v", err)
+	}
+}
+
+// TestEncryptingStartInterrupted: what a start killed while the server
+// encrypted a clear-text store leaves (the copies complete, a stream half
+// converted: here a key file written before its metadata) is put back
+// from the copies at the next start, and encrypted again. A copy without
+// its completion mark is only removed: the server never started on it.
+func TestEncryptingStartInterrupted(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 10)
+	closeServer(t, s)
+	store := cfg.JetStream.StoreDir
+	orders := filepath.Join(store, "jetstream", "$G", "streams", "ORDERS")
+
+	// An incomplete copy: removed, the stream untouched.
+	partial := filepath.Join(store, EncryptingDirName, "$G", "ORDERS")
+	if err := os.MkdirAll(partial, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(partial, "meta.inf"), []byte("torn"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	s2, _, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("with an incomplete copy: %v", err)
+	}
+	closeServer(t, s2)
+	if _, err := os.Stat(filepath.Join(store, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the incomplete copy is still there: %v", err)
+	}
+
+	// A complete copy and a half-encrypted stream: put back, encrypted.
+	dirs, err := clearStreams(filepath.Join(store, "jetstream"))
+	if err != nil || len(dirs) != 2 {
+		t.Fatalf("clear streams %v, %v", dirs, err)
+	}
+	if err := copyClearStreams(store, dirs, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(orders, "meta.key"), bytes.Repeat([]byte{7}, 72), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	s3, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("after an interrupted encrypting start: %v", err)
+	}
+	st, err := s3.JetStream().Stream(natstest.Context(t), "ORDERS")
+	if err != nil || st.CachedInfo().State.Msgs != 10 {
+		t.Fatalf("ORDERS after the copies were put back: %v", err)
+	}
+	closeServer(t, s3)
+	if !strings.Contains(lb.String(), "put back as they were") {
+		t.Errorf("no word of the copies put back:\n%s", lb.String())
+	}
+	if _, err := os.Stat(filepath.Join(orders, "meta.key")); err != nil {
+		t.Errorf("ORDERS not encrypted: %v", err)
+	}
 }

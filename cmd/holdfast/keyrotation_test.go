@@ -24,7 +24,10 @@ const (
 )
 
 func rotationConfig(store string, port int, key, oldKey string) string {
-	js := fmt.Sprintf("encryption_key_file = %q\n", key)
+	js := ""
+	if key != "" {
+		js += fmt.Sprintf("encryption_key_file = %q\n", key)
+	}
 	if oldKey != "" {
 		js += fmt.Sprintf("encryption_old_key_file = %q\n", oldKey)
 	}
@@ -61,7 +64,7 @@ func checkRotationStore(t *testing.T, cfg string, port int, what string) {
 			t.Fatalf("%s: consumer C of stream R%d: ack floor %d, want %d", what, i, f, rotationAcked)
 		}
 	}
-	if out := p.stderr.String(); strings.Contains(out, "store state lost") {
+	if out := p.stderr.String(); strings.Contains(out, "store state lost") || strings.Contains(out, "data loss") {
 		t.Fatalf("%s: holdfast reported a loss:\n%s", what, out)
 	}
 	p.stop()
@@ -72,7 +75,17 @@ func checkRotationStore(t *testing.T, cfg string, port int, what string) {
 // both keys, then with the new key alone, keeps every stream, message and
 // consumer. Before, nats-server's own rotation lost every consumer even
 // without a kill.
-func TestKeyRotationKill9(t *testing.T) {
+func TestKeyRotationKill9(t *testing.T) { runKeyChangeKill9(t, "A", "B", "A") }
+
+// TestEncryptionAddedKill9 is the same for a key added to a store in
+// clear text.
+func TestEncryptionAddedKill9(t *testing.T) { runKeyChangeKill9(t, "", "B", "") }
+
+// runKeyChangeKill9 fills a store written with key from (a name, "" for
+// none), then, on fresh copies of it, kills the start with key to (and
+// old key old) at several moments, and checks every message and consumer
+// with the same keys and with to alone.
+func runKeyChangeKill9(t *testing.T, from, to, old string) {
 	dir := durTempDir(t, "rotation")
 	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
 	for p, k := range map[string]string{keyA: strings.Repeat("A", 44), keyB: strings.Repeat("B", 44)} {
@@ -82,7 +95,8 @@ func TestKeyRotationKill9(t *testing.T) {
 	}
 	port := natstest.FreePort(t)
 	original := filepath.Join(dir, "original")
-	p := startHoldfast(t, e2eWriteConfig(t, rotationConfig(original, port, keyA, "")))
+	keyOf := map[string]string{"": "", "A": keyA, "B": keyB}
+	p := startHoldfast(t, e2eWriteConfig(t, rotationConfig(original, port, keyOf[from], "")))
 	p.waitReady()
 	_, js := e2eConnect(t, &e2eInstance{port: port})
 	ctx := natstest.Context(t)
@@ -119,7 +133,7 @@ func TestKeyRotationKill9(t *testing.T) {
 		if out, err := exec.Command("cp", "-a", original, store).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v %s", err, out)
 		}
-		both := e2eWriteConfig(t, rotationConfig(store, port, keyB, keyA))
+		both := e2eWriteConfig(t, rotationConfig(store, port, keyOf[to], keyOf[old]))
 		// Killed in turn just before the rotation, after it, while the
 		// server recovers the streams (where nats-server rotates what is
 		// left), and once ready; each a random 0-5 ms after the line.
@@ -134,13 +148,13 @@ func TestKeyRotationKill9(t *testing.T) {
 		t.Logf("cycle %d: killed after %q", cycle, lastLine(p.stderr.String()))
 
 		checkRotationStore(t, both, port, fmt.Sprintf("cycle %d, both keys", cycle))
-		checkRotationStore(t, e2eWriteConfig(t, rotationConfig(store, port, keyB, "")), port, fmt.Sprintf("cycle %d, new key alone", cycle))
+		checkRotationStore(t, e2eWriteConfig(t, rotationConfig(store, port, keyOf[to], "")), port, fmt.Sprintf("cycle %d, new key alone", cycle))
 	}
 }
 
 // rotationKillMarkers are the log lines after which the rotating start
 // is killed.
-var rotationKillMarkers = []string{"store encrypted at rest", "Starting JetStream", "Starting restore for stream '$G > R2'",
+var rotationKillMarkers = []string{"store encrypted at rest", "Starting restore for stream '$G > R0'", "Starting restore for stream '$G > R2'",
 	"Recovering 1 consumers for stream - '$G > R1'", "NATS server ready", "holdfast ready"}
 
 // lastLine returns the last non-empty line of s.

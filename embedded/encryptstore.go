@@ -1,0 +1,359 @@
+package embedded
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// The server encrypts a stream kept in clear text in place, at the first
+// start with a key: it writes the stream's key file, then its metadata and
+// checksum, and for each message block a key file and then the block
+// again, each step on its own. A start killed between two steps leaves a
+// stream it cannot load with any key or without one: measured with the
+// built binary (kill -9 during that start): "checksums do not match",
+// "unable to recover keys", "corrupt state file", the stream skipped and
+// its messages lost. holdfast therefore copies every clear-text stream
+// aside before such a start, puts the copies back if the start did not
+// finish, and removes them once the server has encrypted every one.
+
+// EncryptingDirName is the directory in the store dir holding the copies
+// of the clear-text streams while the server encrypts them.
+const EncryptingDirName = "holdfast-encrypting"
+
+// encryptingComplete marks a finished copy: without it the copy is
+// incomplete, and the server never started on the streams it copied.
+const encryptingComplete = "COPY-COMPLETE"
+
+// clearStreams lists the stream directories (jetstream/<account>/streams/
+// <name>) that hold a stream in clear text: metadata and no key file.
+func clearStreams(jsDir string) ([]string, error) {
+	var out []string
+	accounts, err := os.ReadDir(jsDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot list %s: %w", jsDir, err)
+	}
+	for _, a := range accounts {
+		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") || a.Name() == "_js_" {
+			continue
+		}
+		sdir := filepath.Join(jsDir, a.Name(), "streams")
+		streams, err := os.ReadDir(sdir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cannot list %s: %w", sdir, err)
+		}
+		for _, st := range streams {
+			dir := filepath.Join(sdir, st.Name())
+			if !st.IsDir() || strings.HasPrefix(st.Name(), ".") {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(dir, server.JetStreamMetaFile)); err != nil {
+				continue
+			}
+			if _, err := os.Stat(filepath.Join(dir, keyFileName)); err == nil {
+				continue
+			}
+			out = append(out, dir)
+		}
+	}
+	sort.Strings(out)
+	return out, nil
+}
+
+// restoreClearCopies puts back the clear-text copies of an encrypting
+// start that did not finish, and removes the directory. It returns the
+// streams put back.
+func restoreClearCopies(storeDir string) ([]string, error) {
+	dir := filepath.Join(storeDir, EncryptingDirName)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	var restored []string
+	if _, err := os.Stat(filepath.Join(dir, encryptingComplete)); err == nil {
+		accounts, err := os.ReadDir(dir)
+		if err != nil {
+			return nil, fmt.Errorf("cannot list %s: %w", dir, err)
+		}
+		for _, a := range accounts {
+			if !a.IsDir() {
+				continue
+			}
+			streams, err := os.ReadDir(filepath.Join(dir, a.Name()))
+			if err != nil {
+				return nil, fmt.Errorf("cannot list %s: %w", filepath.Join(dir, a.Name()), err)
+			}
+			for _, st := range streams {
+				src := filepath.Join(dir, a.Name(), st.Name())
+				dest := filepath.Join(storeDir, server.JetStreamStoreDir, a.Name(), "streams", st.Name())
+				if err := os.RemoveAll(dest); err != nil {
+					return nil, fmt.Errorf("cannot remove the half-encrypted stream %s: %w", dest, err)
+				}
+				if err := os.MkdirAll(filepath.Dir(dest), 0o750); err != nil {
+					return nil, err
+				}
+				if err := os.Rename(src, dest); err != nil {
+					return nil, fmt.Errorf("cannot put the clear-text copy %s back: %w", src, err)
+				}
+				if err := syncDir(filepath.Dir(dest)); err != nil {
+					return nil, err
+				}
+				restored = append(restored, st.Name())
+			}
+		}
+	}
+	// Without the mark the copy was cut short before the server started:
+	// the streams themselves were never touched.
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, fmt.Errorf("cannot remove %s: %w", dir, err)
+	}
+	return restored, syncDir(storeDir)
+}
+
+// copyClearStreams copies each clear-text stream directory into the
+// encrypting directory (files fsynced), then marks the copy complete. It
+// refuses when the disk cannot hold the copies.
+func copyClearStreams(storeDir string, dirs []string, free int64) error {
+	var need int64
+	for _, d := range dirs {
+		n, err := treeSize(d)
+		if err != nil {
+			return err
+		}
+		need += n
+	}
+	if need+need/10 > free {
+		return fmt.Errorf("cannot encrypt the store's %d clear-text stream(s) safely: the copy kept while the server encrypts them needs %s and %s is free in %s; "+
+			"free space, or back up (holdfast backup), start an empty store with the key and restore the backup into it",
+			len(dirs), humanBytes(need), humanBytes(free), storeDir)
+	}
+	dir := filepath.Join(storeDir, EncryptingDirName)
+	for _, d := range dirs {
+		account := filepath.Base(filepath.Dir(filepath.Dir(d)))
+		if err := copyTree(d, filepath.Join(dir, account, filepath.Base(d))); err != nil {
+			return fmt.Errorf("cannot copy the clear-text stream %s before encrypting it: %w", d, err)
+		}
+	}
+	if err := replaceFile(filepath.Join(dir, encryptingComplete), []byte("clear-text copies of the streams being encrypted; holdfast removes them\n")); err != nil {
+		return err
+	}
+	if err := syncDir(storeDir); err != nil {
+		return err
+	}
+	for _, d := range dirs {
+		if err := dropClearState(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// dropClearState removes, from a clear-text stream about to be encrypted,
+// what the server would not encrypt and could then not read: its state
+// file (msgs/index.db, which it reads in clear at the encrypting start and
+// keeps as it is, then fails to decrypt at every later start) and its
+// empty message blocks without a key (a stream never written to has one:
+// at the second start with the key the server tried to encrypt it,
+// failed with "corrupt state file" and dropped the stream). The server
+// rebuilds the state from the blocks and writes it encrypted. Called once
+// the copy is complete, so a crash puts the stream back as it was.
+func dropClearState(streamDir string) error {
+	mdir := filepath.Join(streamDir, "msgs")
+	if err := os.Remove(filepath.Join(mdir, "index.db")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("cannot remove the clear-text state of %s: %w", streamDir, err)
+	}
+	files, err := os.ReadDir(mdir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	for _, f := range files {
+		idx, ok := strings.CutSuffix(f.Name(), blockSuffix)
+		if !ok || f.IsDir() {
+			continue
+		}
+		if fi, err := f.Info(); err != nil || fi.Size() != 0 {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(mdir, idx+blockKeySuffix)); err == nil {
+			continue
+		}
+		if err := os.Remove(filepath.Join(mdir, f.Name())); err != nil {
+			return fmt.Errorf("cannot remove the empty message block %s: %w", filepath.Join(mdir, f.Name()), err)
+		}
+	}
+	return syncDir(mdir)
+}
+
+func treeSize(dir string) (int64, error) {
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.Type().IsRegular() {
+			fi, err := d.Info()
+			if err != nil {
+				return err
+			}
+			n += fi.Size()
+		}
+		return nil
+	})
+	return n, err
+}
+
+// copyTree copies the directories and regular files under src to dest,
+// each file fsynced, each directory fsynced once filled.
+func copyTree(src, dest string) error {
+	var dirs []string
+	err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		to := filepath.Join(dest, rel)
+		switch {
+		case d.IsDir():
+			dirs = append(dirs, to)
+			return os.MkdirAll(to, 0o750)
+		case d.Type().IsRegular():
+			return copyFileSynced(p, to)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for i := len(dirs) - 1; i >= 0; i-- {
+		if err := syncDir(dirs[i]); err != nil {
+			return err
+		}
+	}
+	return syncDir(filepath.Dir(dest))
+}
+
+func copyFileSynced(src, dest string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// protectClearStreams runs before the server starts: it puts back the
+// copies of an encrypting start that did not finish and, with a key,
+// re-seals the key files under it (rekey) and copies the clear-text
+// streams the server is about to encrypt. It returns the streams copied.
+func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
+	restored, err := restoreClearCopies(s.store.Path)
+	if err != nil {
+		return nil, err
+	}
+	if len(restored) > 0 {
+		s.log.Warn("the start that encrypted the store did not finish: the streams it was encrypting are put back as they were, in clear text",
+			"streams", strings.Join(restored, ","))
+	}
+	if sec.EncryptionKey == "" {
+		return nil, nil
+	}
+	js := s.cfg.JetStream
+	s.log.Info("store encrypted at rest", "cipher", js.EncryptionCipher, "key_file", js.EncryptionKeyFile,
+		"old_key_file", js.EncryptionOldKeyFile)
+	if err := s.rekey(sec); err != nil {
+		return nil, err
+	}
+	dirs, err := clearStreams(filepath.Join(s.store.Path, server.JetStreamStoreDir))
+	if err != nil || len(dirs) == 0 {
+		return nil, err
+	}
+	if err := copyClearStreams(s.store.Path, dirs, s.store.Free); err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, d := range dirs {
+		names = append(names, filepath.Base(d))
+	}
+	s.log.Info("encrypting the clear-text streams: a copy is kept until the server has encrypted them all",
+		"streams", strings.Join(names, ","), "copy", filepath.Join(s.store.Path, EncryptingDirName))
+	return names, nil
+}
+
+// finishEncrypting runs once the server is ready (it recovers, and so
+// encrypts, every stream before it listens): it removes the copy of each
+// stream the server encrypted. A stream it did not encrypt (it could not
+// load it: its warning says why) keeps its copy, to be put back at the
+// next start, and the start is refused.
+func (s *Server) finishEncrypting(names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	jsDir := filepath.Join(s.store.Path, server.JetStreamStoreDir)
+	left, err := clearStreams(jsDir)
+	if err != nil {
+		return err
+	}
+	still := map[string]bool{}
+	for _, d := range left {
+		still[filepath.Base(filepath.Dir(filepath.Dir(d)))+"/"+filepath.Base(d)] = true
+	}
+	dir := filepath.Join(s.store.Path, EncryptingDirName)
+	var kept []string
+	accounts, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("cannot list %s: %w", dir, err)
+	}
+	for _, a := range accounts {
+		if !a.IsDir() {
+			continue
+		}
+		streams, err := os.ReadDir(filepath.Join(dir, a.Name()))
+		if err != nil {
+			return err
+		}
+		for _, st := range streams {
+			if still[a.Name()+"/"+st.Name()] {
+				kept = append(kept, st.Name())
+				continue
+			}
+			if err := os.RemoveAll(filepath.Join(dir, a.Name(), st.Name())); err != nil {
+				return fmt.Errorf("cannot remove the clear-text copy of stream %s: %w", st.Name(), err)
+			}
+		}
+	}
+	if len(kept) > 0 {
+		return fmt.Errorf("the server did not encrypt stream(s) %s (its warnings above say why): their clear-text copies stay in %s "+
+			"and are put back at the next start", strings.Join(kept, ", "), dir)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("cannot remove the clear-text copies: %w", err)
+	}
+	s.log.Info("clear-text streams encrypted at rest; their copies removed", "streams", strings.Join(names, ","))
+	return syncDir(s.store.Path)
+}
