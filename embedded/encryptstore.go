@@ -306,10 +306,11 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 }
 
 // finishEncrypting runs once the server is ready (it recovers, and so
-// encrypts, every stream before it listens): it removes the copy of each
-// stream the server encrypted. A stream it did not encrypt (it could not
-// load it: its warning says why) keeps its copy, to be put back at the
-// next start, and the start is refused.
+// encrypts, every stream before it listens): it removes the copies. A
+// stream the server did not encrypt could not be loaded (its warnings say
+// why) and may be half converted: its copy is put back, so that it is as
+// it was before this start, and the data-loss check deals with it as with
+// any stream the server could not load.
 func (s *Server) finishEncrypting(names []string) error {
 	if len(names) == 0 {
 		return nil
@@ -319,37 +320,28 @@ func (s *Server) finishEncrypting(names []string) error {
 	if err != nil {
 		return err
 	}
-	still := map[string]bool{}
-	for _, d := range left {
-		still[filepath.Base(filepath.Dir(filepath.Dir(d)))+"/"+filepath.Base(d)] = true
-	}
 	dir := filepath.Join(s.store.Path, EncryptingDirName)
-	var kept []string
-	accounts, err := os.ReadDir(dir)
-	if err != nil {
-		return fmt.Errorf("cannot list %s: %w", dir, err)
-	}
-	for _, a := range accounts {
-		if !a.IsDir() {
-			continue
+	var putBack []string
+	for _, d := range left {
+		account := filepath.Base(filepath.Dir(filepath.Dir(d)))
+		cp := filepath.Join(dir, account, filepath.Base(d))
+		if _, err := os.Stat(cp); err != nil {
+			continue // not one this start copied
 		}
-		streams, err := os.ReadDir(filepath.Join(dir, a.Name()))
-		if err != nil {
+		if err := os.RemoveAll(d); err != nil {
+			return fmt.Errorf("cannot remove the stream %s the server did not encrypt: %w", d, err)
+		}
+		if err := os.Rename(cp, d); err != nil {
+			return fmt.Errorf("cannot put the clear-text copy %s back: %w", cp, err)
+		}
+		if err := syncDir(filepath.Dir(d)); err != nil {
 			return err
 		}
-		for _, st := range streams {
-			if still[a.Name()+"/"+st.Name()] {
-				kept = append(kept, st.Name())
-				continue
-			}
-			if err := os.RemoveAll(filepath.Join(dir, a.Name(), st.Name())); err != nil {
-				return fmt.Errorf("cannot remove the clear-text copy of stream %s: %w", st.Name(), err)
-			}
-		}
+		putBack = append(putBack, filepath.Base(d))
 	}
-	if len(kept) > 0 {
-		return fmt.Errorf("the server did not encrypt stream(s) %s (its warnings above say why): their clear-text copies stay in %s "+
-			"and are put back at the next start", strings.Join(kept, ", "), dir)
+	if len(putBack) > 0 {
+		s.log.Warn("the server did not load (and so not encrypt) these clear-text streams, see its warnings: put back as they were before this start",
+			"streams", strings.Join(putBack, ","))
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("cannot remove the clear-text copies: %w", err)

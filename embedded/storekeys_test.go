@@ -332,3 +332,41 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 		t.Errorf("ORDERS not encrypted: %v", err)
 	}
 }
+
+// TestEncryptingKeepsAStreamTheServerCannotLoad: a clear-text stream the
+// server cannot load (its checksum file damaged) when a key is added is
+// left as it was, and the data-loss check deals with it as without a key,
+// instead of holdfast refusing every start.
+func TestEncryptingKeepsAStreamTheServerCannotLoad(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 3)
+	closeServer(t, s)
+	sum := filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS", "meta.sum")
+	if err := os.WriteFile(sum, []byte("0000000000000000"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.ReadFile(filepath.Join(filepath.Dir(sum), "meta.inf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("start with the key: %v", err)
+	}
+	closeServer(t, s2)
+	if !strings.Contains(lb.String(), "stream ORDERS vanished") {
+		t.Errorf("the data-loss check did not report ORDERS:\n%s", lb.String())
+	}
+	moved, _ := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, OrphanDirName, "*ORDERS*", "meta.inf"))
+	if len(moved) != 1 {
+		t.Fatalf("ORDERS's directory not moved aside: %v", moved)
+	}
+	if after, err := os.ReadFile(moved[0]); err != nil || !bytes.Equal(after, before) {
+		t.Errorf("ORDERS's metadata changed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the clear-text copies are still there: %v", err)
+	}
+}
