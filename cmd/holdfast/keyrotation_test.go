@@ -162,3 +162,78 @@ func lastLine(s string) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	return lines[len(lines)-1]
 }
+
+// TestBackupOfEncryptedStore: `holdfast backup` of a store encrypted at
+// rest says that the backup is not (the server's snapshots are clear
+// text), and writes its files 0640 like the manifest (they were 0644);
+// the backup restores into a holdfast with another key, which stores the
+// messages encrypted again.
+func TestBackupOfEncryptedStore(t *testing.T) {
+	const canary = "BACKUP-CANARY-5e1d"
+	dir := t.TempDir()
+	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
+	for p, k := range map[string]string{keyA: strings.Repeat("A", 44), keyB: strings.Repeat("B", 44)} {
+		if err := os.WriteFile(p, []byte(k+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	portA, portB := natstest.FreePort(t), natstest.FreePort(t)
+	storeA, storeB := filepath.Join(dir, "a"), filepath.Join(dir, "b")
+	cfgA := e2eWriteConfig(t, rotationConfig(storeA, portA, keyA, ""))
+	cfgB := e2eWriteConfig(t, rotationConfig(storeB, portB, keyB, ""))
+	a := startHoldfast(t, cfgA)
+	a.waitReady()
+	_, js := e2eConnect(t, &e2eInstance{port: portA})
+	for i := range 20 {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%s-%d", canary, i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bdir := filepath.Join(dir, "backup")
+	res := runHoldfast(t, nil, "backup", "--config", cfgA, bdir)
+	if res.code != 0 {
+		t.Fatalf("backup: %d %s", res.code, res.stderr)
+	}
+	if !strings.Contains(res.stderr, "the backup is not") || !strings.Contains(res.stderr, "clear text") {
+		t.Errorf("backup of an encrypted store does not say it is in clear text: %q", res.stderr)
+	}
+	err := filepath.WalkDir(bdir, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil && fi.Mode().Perm()&0o027 != 0 {
+			t.Errorf("%s: mode %04o, want at most 0640", p, fi.Mode().Perm())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stop()
+
+	b := startHoldfast(t, cfgB)
+	b.waitReady()
+	if res := runHoldfast(t, nil, "restore", "--config", cfgB, bdir); res.code != 0 {
+		t.Fatalf("restore into another key: %d %s %s", res.code, res.stdout, res.stderr)
+	}
+	_, jsB := e2eConnect(t, &e2eInstance{port: portB})
+	st, err := jsB.Stream(natstest.Context(t), "ORDERS")
+	if err != nil || st.CachedInfo().State.Msgs != 20 {
+		t.Fatalf("ORDERS after the restore: %v", err)
+	}
+	b.stop()
+	err = filepath.WalkDir(storeB, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		body, err := os.ReadFile(p)
+		if err == nil && strings.Contains(string(body), canary) {
+			t.Errorf("restored message in clear text in %s", p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
