@@ -75,6 +75,50 @@ func clearStreams(jsDir string) ([]string, error) {
 	return out, nil
 }
 
+// storeCipher is the cipher jetstream.encryption_cipher names.
+func storeCipher(name string) server.StoreCipher {
+	if name == "aes" {
+		return server.AES
+	}
+	return server.ChaCha
+}
+
+// otherCipherStreams lists the stream directories whose key file opens
+// with key only under the other cipher than sc: the server converts them
+// at its start, the same way as it encrypts a clear-text stream (it
+// removes the key file first, and writes the new one at the end).
+func otherCipherStreams(jsDir, key string, sc server.StoreCipher) ([]string, error) {
+	files, err := listStoreKeyFiles(jsDir)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, kf := range files {
+		if !strings.HasPrefix(kf.what, "stream ") {
+			continue
+		}
+		sealed, err := os.ReadFile(kf.path)
+		if err != nil {
+			return nil, err
+		}
+		if _, got, ok := openKeyFile(key, kf, sealed); ok && got != sc {
+			out = append(out, filepath.Dir(kf.path))
+		}
+	}
+	return out, nil
+}
+
+// convertingStreams lists the streams the server is to convert at its
+// start with key and cipher sc: those in clear text and those under the
+// other cipher.
+func convertingStreams(jsDir, key string, sc server.StoreCipher) (clear, other []string, err error) {
+	if clear, err = clearStreams(jsDir); err != nil {
+		return nil, nil, err
+	}
+	other, err = otherCipherStreams(jsDir, key, sc)
+	return clear, other, err
+}
+
 // restoreClearCopies puts back the clear-text copies of an encrypting
 // start that did not finish, and removes the directory. It returns the
 // streams put back.
@@ -127,7 +171,8 @@ func restoreClearCopies(storeDir string) ([]string, error) {
 // copyClearStreams copies each clear-text stream directory into the
 // encrypting directory (files fsynced), then marks the copy complete. It
 // refuses when the disk cannot hold the copies.
-func copyClearStreams(storeDir string, dirs []string, free int64) error {
+func copyClearStreams(storeDir string, clear, other []string, free int64) error {
+	dirs := append(append([]string{}, clear...), other...)
 	var need int64
 	for _, d := range dirs {
 		n, err := treeSize(d)
@@ -137,7 +182,7 @@ func copyClearStreams(storeDir string, dirs []string, free int64) error {
 		need += n
 	}
 	if need+need/10 > free {
-		return fmt.Errorf("cannot encrypt the store's %d clear-text stream(s) safely: the copy kept while the server encrypts them needs %s and %s is free in %s; "+
+		return fmt.Errorf("cannot convert the store's %d stream(s) to encrypted or to the configured cipher safely: the copy kept while the server converts them needs %s and %s is free in %s; "+
 			"free space, or back up (holdfast backup), start an empty store with the key and restore the backup into it",
 			len(dirs), humanBytes(need), humanBytes(free), storeDir)
 	}
@@ -154,8 +199,13 @@ func copyClearStreams(storeDir string, dirs []string, free int64) error {
 	if err := syncDir(storeDir); err != nil {
 		return err
 	}
-	for _, d := range dirs {
+	for _, d := range clear {
 		if err := dropClearState(d); err != nil {
+			return err
+		}
+	}
+	for _, d := range other {
+		if err := dropEmptyBlocks(d, true); err != nil {
 			return err
 		}
 	}
@@ -166,18 +216,30 @@ func copyClearStreams(storeDir string, dirs []string, free int64) error {
 // what the server would not encrypt and could then not read: its state
 // file (msgs/index.db, which it reads in clear at the encrypting start and
 // keeps as it is, then fails to decrypt at every later start) and its
-// empty message blocks without a key (a stream never written to has one:
-// at the second start with the key the server tried to encrypt it,
-// failed with "corrupt state file" and dropped the stream). The server
-// rebuilds the state from the blocks and writes it encrypted. Called once
-// the copy is complete, so a crash puts the stream back as it was.
+// empty message blocks (a stream never written to has one: at the second
+// start with the key the server tried to encrypt it, failed with "corrupt
+// state file" and dropped the stream). The server rebuilds the state from
+// the blocks and writes it encrypted. Called once the copy is complete, so
+// a crash puts the stream back as it was.
 func dropClearState(streamDir string) error {
-	mdir := filepath.Join(streamDir, "msgs")
-	if err := os.Remove(filepath.Join(mdir, "index.db")); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(filepath.Join(streamDir, "msgs", "index.db")); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("cannot remove the clear-text state of %s: %w", streamDir, err)
 	}
+	return dropEmptyBlocks(streamDir, false)
+}
+
+// dropEmptyBlocks removes the zero-length message blocks of a stream the
+// server is about to convert, with their key files when withKeys (else a
+// block with a key file is kept): converting an empty block fails
+// ("corrupt state file"), and the server then dropped the whole stream
+// (measured for a stream never written to, at a cipher change).
+func dropEmptyBlocks(streamDir string, withKeys bool) error {
+	mdir := filepath.Join(streamDir, "msgs")
 	files, err := os.ReadDir(mdir)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
 		return err
 	}
 	for _, f := range files {
@@ -188,8 +250,14 @@ func dropClearState(streamDir string) error {
 		if fi, err := f.Info(); err != nil || fi.Size() != 0 {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(mdir, idx+blockKeySuffix)); err == nil {
-			continue
+		key := filepath.Join(mdir, idx+blockKeySuffix)
+		if _, err := os.Stat(key); err == nil {
+			if !withKeys {
+				continue
+			}
+			if err := os.Remove(key); err != nil {
+				return fmt.Errorf("cannot remove the key of the empty message block %s: %w", key, err)
+			}
 		}
 		if err := os.Remove(filepath.Join(mdir, f.Name())); err != nil {
 			return fmt.Errorf("cannot remove the empty message block %s: %w", filepath.Join(mdir, f.Name()), err)
@@ -277,7 +345,7 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 		return nil, err
 	}
 	if len(restored) > 0 {
-		s.log.Warn("the start that encrypted the store did not finish: the streams it was encrypting are put back as they were, in clear text",
+		s.log.Warn("the start that converted streams (encrypted them, or to another cipher) did not finish: they are put back as they were before it",
 			"streams", strings.Join(restored, ","))
 	}
 	if sec.EncryptionKey == "" {
@@ -289,19 +357,21 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 	if err := s.rekey(sec); err != nil {
 		return nil, err
 	}
-	dirs, err := clearStreams(filepath.Join(s.store.Path, server.JetStreamStoreDir))
-	if err != nil || len(dirs) == 0 {
+	clear, other, err := convertingStreams(filepath.Join(s.store.Path, server.JetStreamStoreDir), sec.EncryptionKey, storeCipher(js.EncryptionCipher))
+	if err != nil || len(clear)+len(other) == 0 {
 		return nil, err
 	}
-	if err := copyClearStreams(s.store.Path, dirs, s.store.Free); err != nil {
+	if err := copyClearStreams(s.store.Path, clear, other, s.store.Free); err != nil {
 		return nil, err
 	}
 	var names []string
-	for _, d := range dirs {
+	for _, d := range append(clear, other...) {
 		names = append(names, filepath.Base(d))
 	}
-	s.log.Info("encrypting the clear-text streams: a copy is kept until the server has encrypted them all",
-		"streams", strings.Join(names, ","), "copy", filepath.Join(s.store.Path, EncryptingDirName))
+	sort.Strings(names)
+	s.log.Info("the server converts streams at this start (clear text to encrypted, or to jetstream.encryption_cipher): "+
+		"a copy is kept until it has converted them all", "streams", strings.Join(names, ","), "cipher", js.EncryptionCipher,
+		"copy", filepath.Join(s.store.Path, EncryptingDirName))
 	return names, nil
 }
 
@@ -311,41 +381,58 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 // why) and may be half converted: its copy is put back, so that it is as
 // it was before this start, and the data-loss check deals with it as with
 // any stream the server could not load.
-func (s *Server) finishEncrypting(names []string) error {
+func (s *Server) finishEncrypting(names []string, key string) error {
 	if len(names) == 0 {
 		return nil
 	}
-	jsDir := filepath.Join(s.store.Path, server.JetStreamStoreDir)
-	left, err := clearStreams(jsDir)
-	if err != nil {
-		return err
-	}
+	sc := storeCipher(s.cfg.JetStream.EncryptionCipher)
 	dir := filepath.Join(s.store.Path, EncryptingDirName)
+	accounts, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("cannot list %s: %w", dir, err)
+	}
 	var putBack []string
-	for _, d := range left {
-		account := filepath.Base(filepath.Dir(filepath.Dir(d)))
-		cp := filepath.Join(dir, account, filepath.Base(d))
-		if _, err := os.Stat(cp); err != nil {
-			continue // not one this start copied
+	for _, a := range accounts {
+		if !a.IsDir() {
+			continue
 		}
-		if err := os.RemoveAll(d); err != nil {
-			return fmt.Errorf("cannot remove the stream %s the server did not encrypt: %w", d, err)
-		}
-		if err := os.Rename(cp, d); err != nil {
-			return fmt.Errorf("cannot put the clear-text copy %s back: %w", cp, err)
-		}
-		if err := syncDir(filepath.Dir(d)); err != nil {
+		streams, err := os.ReadDir(filepath.Join(dir, a.Name()))
+		if err != nil {
 			return err
 		}
-		putBack = append(putBack, filepath.Base(d))
+		for _, st := range streams {
+			live := filepath.Join(s.store.Path, server.JetStreamStoreDir, a.Name(), "streams", st.Name())
+			kf := storeKeyFile{account: a.Name(), context: st.Name()}
+			if sealed, err := os.ReadFile(filepath.Join(live, keyFileName)); err == nil {
+				if _, got, ok := openKeyFile(key, kf, sealed); ok && got == sc {
+					continue // converted
+				}
+			}
+			// Not loaded, and maybe half converted or removed by the
+			// server: put back as it was.
+			cp := filepath.Join(dir, a.Name(), st.Name())
+			if err := os.RemoveAll(live); err != nil {
+				return fmt.Errorf("cannot remove the stream %s the server did not convert: %w", live, err)
+			}
+			if err := os.MkdirAll(filepath.Dir(live), 0o750); err != nil {
+				return err
+			}
+			if err := os.Rename(cp, live); err != nil {
+				return fmt.Errorf("cannot put the copy %s back: %w", cp, err)
+			}
+			if err := syncDir(filepath.Dir(live)); err != nil {
+				return err
+			}
+			putBack = append(putBack, st.Name())
+		}
 	}
 	if len(putBack) > 0 {
-		s.log.Warn("the server did not load (and so not encrypt) these clear-text streams, see its warnings: put back as they were before this start",
+		s.log.Warn("the server did not load (and so not convert) these streams, see its warnings: put back as they were before this start",
 			"streams", strings.Join(putBack, ","))
 	}
 	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("cannot remove the clear-text copies: %w", err)
+		return fmt.Errorf("cannot remove the copies: %w", err)
 	}
-	s.log.Info("clear-text streams encrypted at rest; their copies removed", "streams", strings.Join(names, ","))
+	s.log.Info("streams converted (encrypted, or to jetstream.encryption_cipher); their copies removed", "streams", strings.Join(names, ","))
 	return syncDir(s.store.Path)
 }

@@ -214,7 +214,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err := s.waitReady(ctx, logger); err != nil {
 		return err
 	}
-	if err := s.finishEncrypting(encrypting); err != nil {
+	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
 		return err
 	}
 	if err := s.verify(); err != nil {

@@ -242,14 +242,36 @@ func TestKeyRotationInterrupted(t *testing.T) {
 // to start with on_data_loss = "refuse").
 func TestEncryptionAddedToUnusedStream(t *testing.T) {
 	t.Parallel()
+	checkUnusedStreamsConverted(t, func(c *config.Config) {}, func(c *config.Config) {
+		c.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	})
+}
+
+// TestCipherChangeKeepsUnusedStream: the same for a change of
+// jetstream.encryption_cipher: the server's conversion of a stream never
+// written to failed ("corrupt state file") and it removed the stream's
+// directory; holdfast reported the streams as lost data.
+func TestCipherChangeKeepsUnusedStream(t *testing.T) {
+	t.Parallel()
+	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	checkUnusedStreamsConverted(t, func(c *config.Config) {
+		c.JetStream.EncryptionKeyFile = key
+	}, func(c *config.Config) { c.JetStream.EncryptionCipher = "aes" })
+}
+
+// checkUnusedStreamsConverted bootstraps a store configured by before
+// (ORDERS and ORDERS_DLQ never written to), then starts it three times as
+// configured by after: the streams must stay.
+func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config)) {
 	cfg := testConfig(t)
 	cfg.JetStream.OnDataLoss = "refuse"
+	before(cfg)
 	s := runServer(t, cfg)
 	bootstrap(t, s, cfg)
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	cfg.JetStream.EncryptionKeyFile = writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	after(cfg)
 	for start := range 3 {
 		log, lb := testLogger(t)
 		s := New(cfg, log)
@@ -265,7 +287,7 @@ func TestEncryptionAddedToUnusedStream(t *testing.T) {
 		if err := s.Close(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if strings.Contains(lb.String(), "corrupt state") {
+		if strings.Contains(lb.String(), "Error recreating stream") {
 			t.Errorf("start %d: the server could not read a stream:\n%s", start, lb.String())
 		}
 	}
@@ -309,7 +331,7 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 	if err != nil || len(dirs) != 2 {
 		t.Fatalf("clear streams %v, %v", dirs, err)
 	}
-	if err := copyClearStreams(store, dirs, 1<<40); err != nil {
+	if err := copyClearStreams(store, dirs, nil, 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(orders, "meta.key"), bytes.Repeat([]byte{7}, 72), 0o640); err != nil {
@@ -325,7 +347,7 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 		t.Fatalf("ORDERS after the copies were put back: %v", err)
 	}
 	closeServer(t, s3)
-	if !strings.Contains(lb.String(), "put back as they were") {
+	if !strings.Contains(lb.String(), "are put back as they were") {
 		t.Errorf("no word of the copies put back:\n%s", lb.String())
 	}
 	if _, err := os.Stat(filepath.Join(orders, "meta.key")); err != nil {

@@ -24,7 +24,16 @@ const (
 )
 
 func rotationConfig(store string, port int, key, oldKey string) string {
+	return rotationConfigCipher(store, port, key, oldKey, "")
+}
+
+// rotationConfigCipher is rotationConfig with jetstream.encryption_cipher
+// (when not "").
+func rotationConfigCipher(store string, port int, key, oldKey, cipher string) string {
 	js := ""
+	if cipher != "" {
+		js += fmt.Sprintf("encryption_cipher = %q\n", cipher)
+	}
 	if key != "" {
 		js += fmt.Sprintf("encryption_key_file = %q\n", key)
 	}
@@ -75,17 +84,21 @@ func checkRotationStore(t *testing.T, cfg string, port int, what string) {
 // both keys, then with the new key alone, keeps every stream, message and
 // consumer. Before, nats-server's own rotation lost every consumer even
 // without a kill.
-func TestKeyRotationKill9(t *testing.T) { runKeyChangeKill9(t, "A", "B", "A") }
+func TestKeyRotationKill9(t *testing.T) { runKeyChangeKill9(t, "A", "B", "A", "") }
 
 // TestEncryptionAddedKill9 is the same for a key added to a store in
 // clear text.
-func TestEncryptionAddedKill9(t *testing.T) { runKeyChangeKill9(t, "", "B", "") }
+func TestEncryptionAddedKill9(t *testing.T) { runKeyChangeKill9(t, "", "B", "", "") }
+
+// TestCipherChangeKill9 is the same for jetstream.encryption_cipher
+// changed from chacha to aes, with the same key.
+func TestCipherChangeKill9(t *testing.T) { runKeyChangeKill9(t, "A", "A", "", "aes") }
 
 // runKeyChangeKill9 fills a store written with key from (a name, "" for
 // none), then, on fresh copies of it, kills the start with key to (and
-// old key old) at several moments, and checks every message and consumer
-// with the same keys and with to alone.
-func runKeyChangeKill9(t *testing.T, from, to, old string) {
+// old key old, cipher cipher) at several moments, and checks every
+// message and consumer with the same keys and with to alone.
+func runKeyChangeKill9(t *testing.T, from, to, old, cipher string) {
 	dir := durTempDir(t, "rotation")
 	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")
 	for p, k := range map[string]string{keyA: strings.Repeat("A", 44), keyB: strings.Repeat("B", 44)} {
@@ -133,7 +146,7 @@ func runKeyChangeKill9(t *testing.T, from, to, old string) {
 		if out, err := exec.Command("cp", "-a", original, store).CombinedOutput(); err != nil {
 			t.Fatalf("cp: %v %s", err, out)
 		}
-		both := e2eWriteConfig(t, rotationConfig(store, port, keyOf[to], keyOf[old]))
+		both := e2eWriteConfig(t, rotationConfigCipher(store, port, keyOf[to], keyOf[old], cipher))
 		// Killed in turn just before the rotation, after it, while the
 		// server recovers the streams (where nats-server rotates what is
 		// left), and once ready; each a random 0-5 ms after the line.
@@ -148,7 +161,7 @@ func runKeyChangeKill9(t *testing.T, from, to, old string) {
 		t.Logf("cycle %d: killed after %q", cycle, lastLine(p.stderr.String()))
 
 		checkRotationStore(t, both, port, fmt.Sprintf("cycle %d, both keys", cycle))
-		checkRotationStore(t, e2eWriteConfig(t, rotationConfig(store, port, keyOf[to], "")), port, fmt.Sprintf("cycle %d, new key alone", cycle))
+		checkRotationStore(t, e2eWriteConfig(t, rotationConfigCipher(store, port, keyOf[to], "", cipher)), port, fmt.Sprintf("cycle %d, new key alone", cycle))
 	}
 }
 
