@@ -190,7 +190,8 @@ func copyClearStreams(storeDir string, clear, other []string, free int64) error 
 	for _, d := range dirs {
 		account := filepath.Base(filepath.Dir(filepath.Dir(d)))
 		if err := copyTree(d, filepath.Join(dir, account, filepath.Base(d))); err != nil {
-			return fmt.Errorf("cannot copy the clear-text stream %s before encrypting it: %w", d, err)
+			os.RemoveAll(dir) // incomplete: the streams were not touched
+			return fmt.Errorf("cannot copy the stream %s before the server converts it (nothing was changed): %w", d, err)
 		}
 	}
 	if err := replaceFile(filepath.Join(dir, encryptingComplete), []byte("clear-text copies of the streams being encrypted; holdfast removes them\n")); err != nil {
