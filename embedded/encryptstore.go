@@ -321,7 +321,13 @@ func copyFileSynced(src, dest string) error {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	// The server's own mode (0600): a copy of a clear-text stream is no
+	// more readable than the stream.
+	out, err := os.OpenFile(dest, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, fi.Mode().Perm())
 	if err != nil {
 		return err
 	}

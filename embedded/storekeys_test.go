@@ -392,3 +392,38 @@ func TestEncryptingKeepsAStreamTheServerCannotLoad(t *testing.T) {
 		t.Errorf("the clear-text copies are still there: %v", err)
 	}
 }
+
+// TestEncryptingCopyKeepsModes: the clear-text copies holdfast keeps
+// while the server encrypts a store are no more readable than the
+// streams (the server writes 0600); they were 0640.
+func TestEncryptingCopyKeepsModes(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 3)
+	closeServer(t, s)
+	store := cfg.JetStream.StoreDir
+	dirs, err := clearStreams(filepath.Join(store, "jetstream"))
+	if err != nil || len(dirs) == 0 {
+		t.Fatalf("clear streams %v, %v", dirs, err)
+	}
+	if err := copyClearStreams(store, dirs, nil, 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(filepath.Join(store, EncryptingDirName), func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() == encryptingComplete {
+			return err
+		}
+		rel, _ := filepath.Rel(filepath.Join(store, EncryptingDirName, "$G"), p)
+		orig, err := os.Stat(filepath.Join(store, "jetstream", "$G", "streams", rel))
+		if err != nil {
+			return nil // removed from the stream after the copy (index.db)
+		}
+		if fi, err := d.Info(); err == nil && fi.Mode().Perm() != orig.Mode().Perm() {
+			t.Errorf("%s: mode %04o, the stream's file is %04o", p, fi.Mode().Perm(), orig.Mode().Perm())
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
