@@ -161,6 +161,7 @@ func openKeyFile(key string, kf storeKeyFile, sealed []byte) (seed []byte, sc se
 type rekeyResult struct {
 	total     int
 	rewrapped int
+	damaged   []string        // key files too short to hold a key
 	streams   map[string]bool // streams with at least one file re-sealed
 }
 
@@ -203,8 +204,11 @@ func rekeyStore(jsDir, newKey, oldKey, keyFile, oldKeyFile string) (rekeyResult,
 			return res, fmt.Errorf("cannot read the key file of %s: %w", kf.what, err)
 		}
 		if len(sealed) < minKeyFileLength {
-			refused = append(refused, fmt.Sprintf("%s (%s: %d bytes, damaged: what it protects is lost; move it and its data file out of the store to start without it)",
-				kf.what, kf.path, len(sealed)))
+			// No key opens a damaged file: what it protects is lost
+			// whatever the key. Left to the server (it drops that
+			// block or consumer, or skips that stream) and to the
+			// data-loss check, under jetstream.on_data_loss.
+			res.damaged = append(res.damaged, fmt.Sprintf("%s (%s, %d bytes)", kf.what, kf.path, len(sealed)))
 			continue
 		}
 		if _, _, ok := openKeyFile(newKey, kf, sealed); ok {
@@ -297,6 +301,9 @@ func (s *Server) rekey(sec *config.Secrets) error {
 		js.EncryptionKeyFile, js.EncryptionOldKeyFile)
 	if err != nil {
 		return err
+	}
+	for _, d := range res.damaged {
+		s.log.Warn("damaged key file: what it protects cannot be read with any key; the server drops it, and the data-loss check reports what is lost", "key_file", d)
 	}
 	switch {
 	case res.rewrapped > 0:

@@ -427,3 +427,31 @@ func TestEncryptingCopyKeepsModes(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDamagedKeyFileFollowsOnDataLoss: a key file too short to hold a
+// key (damaged: no key opens it) does not stop start-up by itself; the
+// server drops the block, and the data-loss check reports the lost
+// messages under jetstream.on_data_loss, as for any damaged block. 57b4bca
+// refused every start until the file was moved by hand, whatever
+// on_data_loss said.
+func TestDamagedKeyFileFollowsOnDataLoss(t *testing.T) {
+	t.Parallel()
+	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	cfg := keyedStore(t, key, "chacha")
+	blocks, err := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "K0", "msgs", "*.key"))
+	if err != nil || len(blocks) < 2 {
+		t.Fatalf("block keys %v, %v", blocks, err)
+	}
+	if err := os.WriteFile(blocks[len(blocks)-1], []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "K0", "msgs", "index.db"))
+	s, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatalf("start with a damaged block key and on_data_loss = warn: %v", err)
+	}
+	closeServer(t, s)
+	if !strings.Contains(lb.String(), "damaged key file") || !strings.Contains(lb.String(), "data loss: stream K0") {
+		t.Errorf("the damaged key file and the loss are not reported:\n%s", lb.String())
+	}
+}
