@@ -39,8 +39,10 @@ const (
 
 // storeKeyFile is one key file of the store.
 type storeKeyFile struct {
-	path    string
-	account string // the account directory: its name goes into the key derivation
+	path string
+	// account goes into the key derivation with context: the account's
+	// name for its streams, the group's name for a cluster log.
+	account string
 	context string
 	stream  string
 	what    string // for messages: "stream ORDERS", "consumer ORDERS > WORKER1", "message block 3 of stream ORDERS"
@@ -65,6 +67,11 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") || a.Name() == "_js_" {
 			continue
 		}
+		logs, err := clusterLogKeyFiles(filepath.Join(jsDir, a.Name(), "_js_"))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, logs...)
 		sdir := filepath.Join(jsDir, a.Name(), "streams")
 		streams, err := os.ReadDir(sdir)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -116,6 +123,56 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 	sort.Slice(out, func(i, j int) bool { return out[i].path < out[j].path })
 	return out, nil
 }
+
+// clusterLogKeyFiles returns the key files of the cluster's logs (the
+// meta group's and each stream's and consumer's raft log, in the system
+// account's _js_ directory): a file store each, named for its group, whose
+// key the server derives with the group's name where a stream's has the
+// account's. The server opens them with the configured key only: after a
+// rotation it failed with "Can't start JetStream: chacha20poly1305:
+// message authentication failed" (measured on a three-node cluster).
+func clusterLogKeyFiles(dir string) ([]storeKeyFile, error) {
+	groups, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot list %s: %w", dir, err)
+	}
+	var out []storeKeyFile
+	for _, g := range groups {
+		name := g.Name()
+		if !g.IsDir() || strings.HasPrefix(name, ".") {
+			continue
+		}
+		gdir := filepath.Join(dir, name)
+		if p := filepath.Join(gdir, keyFileName); fileExists(p) {
+			out = append(out, storeKeyFile{path: p, account: name, context: name, stream: "cluster log " + name, what: "cluster log " + name})
+		}
+		mdir := filepath.Join(gdir, "msgs")
+		files, err := os.ReadDir(mdir)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("cannot list %s: %w", mdir, err)
+		}
+		for _, f := range files {
+			idx, ok := strings.CutSuffix(f.Name(), blockKeySuffix)
+			if !ok || f.IsDir() {
+				continue
+			}
+			if _, err := strconv.ParseUint(idx, 10, 32); err != nil || !fileExists(filepath.Join(mdir, idx+blockSuffix)) {
+				continue
+			}
+			out = append(out, storeKeyFile{path: filepath.Join(mdir, f.Name()), account: name, context: name + ":" + idx,
+				stream: "cluster log " + name, what: "block " + idx + " of cluster log " + name})
+		}
+	}
+	return out, nil
+}
+
+func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // keyEncryptionKey derives the key a key file is sealed with, as the
 // server does (jsKeyGen, genEncryptionKey).
