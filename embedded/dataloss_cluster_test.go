@@ -351,3 +351,52 @@ func TestClusterKeyRotation(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterKeyAddedKeepsNoCopies: a key added on cluster nodes is
+// applied by the server as it loads the streams, once the meta group
+// runs (after the server is ready): no copy is taken or put back there,
+// where it could move a replica the server is opening, and the
+// replicated stream comes back encrypted.
+func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
+	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	cfgs := testClusterConfigs(t, 3)
+	servers, _ := openCluster(t, cfgs)
+	ctx := natstest.Context(t)
+	js := servers[0].JetStream()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	for range 20 {
+		if _, err := js.Publish(ctx, "r.x", []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, s := range servers {
+		if err := s.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range cfgs {
+		c.JetStream.EncryptionKeyFile = key
+	}
+	servers, logs := openCluster(t, cfgs)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := servers[0].JetStream().Stream(ctx, "R")
+		if err == nil && st.CachedInfo().State.Msgs == 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("stream R not back with its 20 messages: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for i, c := range cfgs {
+		if _, err := os.Stat(filepath.Join(c.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s keeps copies: %v", c.Server.Name, err)
+		}
+		if !strings.Contains(logs[i].String(), "without the copy a single node keeps") {
+			t.Errorf("%s does not say the conversion is unprotected", c.Server.Name)
+		}
+	}
+}

@@ -368,6 +368,16 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 	if err != nil || len(clear)+len(other) == 0 {
 		return nil, err
 	}
+	if s.cfg.Cluster.Enabled() {
+		// A cluster node loads its streams once the meta group runs,
+		// after the server is ready: the copies could not be told from
+		// streams still to come, and putting one back could move a
+		// replica the server is opening. Its replicas are on the others.
+		s.log.Warn("the server converts streams at this start (clear text to encrypted, or to jetstream.encryption_cipher) without the copy a single node keeps: "+
+			"a node killed during it may lose its replicas of them and catch up from the other nodes; convert one node at a time",
+			"streams", len(clear)+len(other))
+		return nil, nil
+	}
 	if err := copyClearStreams(s.store.Path, clear, other, s.store.Free); err != nil {
 		return nil, err
 	}
