@@ -455,3 +455,22 @@ func TestDamagedKeyFileFollowsOnDataLoss(t *testing.T) {
 		t.Errorf("the damaged key file and the loss are not reported:\n%s", lb.String())
 	}
 }
+
+// TestDamagedStreamKeyFileSaysSo: a stream whose key file is damaged
+// (too short to hold a key) stops start-up with an error that says so and
+// names the file. Before, it said the key was "not the key the store was
+// written with", sending the operator after the wrong key.
+func TestDamagedStreamKeyFileSaysSo(t *testing.T) {
+	t.Parallel()
+	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	cfg := keyedStore(t, key, "chacha")
+	p := filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "K1", "meta.key")
+	if err := os.WriteFile(p, []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := reopen(t, cfg, false)
+	if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "damaged") ||
+		strings.Contains(err.Error(), "not the key the store was written with") {
+		t.Fatalf("start with a damaged stream key file: %v", err)
+	}
+}
