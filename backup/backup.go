@@ -127,6 +127,11 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			opts.Progress(Progress{Stream: name, Index: i + 1, Count: len(streams), Done: entry.Bytes, Total: entry.Bytes})
 		}
 		for _, f := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
+			// jsm.go creates them 0644 (less the umask): the messages are
+			// in clear text even from an encrypted store; mode as the manifest.
+			if err := os.Chmod(filepath.Join(sdir, f), 0o640); err != nil {
+				return nil, err
+			}
 			if err := syncPath(filepath.Join(sdir, f)); err != nil {
 				return nil, err
 			}

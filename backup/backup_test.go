@@ -648,3 +648,43 @@ func TestManifestSelect(t *testing.T) {
 		}
 	}
 }
+
+// TestRestoreRefusesOverlappingSubjects: a backup stream whose subjects
+// overlap a stream on the server that the restore keeps is refused before
+// anything changed, naming both. Before, the server refused it halfway:
+// ORDERS (first in the backup) was restored, ZZZ not, with "subjects
+// overlap with an existing stream" naming neither.
+func TestRestoreRefusesOverlappingSubjects(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 3)
+	ctx := natstest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ZZZ", Subjects: []string{"zzz.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS", "ZZZ"}})
+
+	nc2, js2 := runServer(t)
+	if _, err := js2.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"zzz.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{})
+	if err == nil || !strings.Contains(err.Error(), "ZZZ (subject zzz.*) overlaps stream OTHER on the server (subject zzz.>)") ||
+		!strings.Contains(err.Error(), "nothing was restored") {
+		t.Fatalf("restore over an overlapping stream: %+v, %v", restored, err)
+	}
+	if _, err := js2.Stream(ctx, "ORDERS"); !errors.Is(err, jetstream.ErrStreamNotFound) {
+		t.Errorf("ORDERS was restored although the restore was refused: %v", err)
+	}
+	// The others restore.
+	if _, restored, err = Restore(ctx, nc2, dir, RestoreOptions{Streams: []string{"ORDERS"}}); err != nil || len(restored) != 1 {
+		t.Fatalf("restore --stream ORDERS: %+v, %v", restored, err)
+	}
+	// A stream the restore replaces does not count.
+	nc3, js3 := runServer(t)
+	if _, err := js3.CreateStream(ctx, jetstream.StreamConfig{Name: "ZZZ", Subjects: []string{"zzz.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := Restore(ctx, nc3, dir, RestoreOptions{}); err != nil {
+		t.Fatalf("restore over its own (empty) ZZZ: %v", err)
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/klauspost/compress/s2"
 	"github.com/nats-io/jsm.go"
 	"github.com/nats-io/jsm.go/api"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -138,6 +139,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	}
 	if len(conflicts) > 0 {
 		return m, nil, &ExistsError{Streams: conflicts}
+	}
+	if err := checkOverlaps(ctx, js, dir, todo); err != nil {
+		return m, nil, err
 	}
 
 	var out []Restored
@@ -448,4 +452,70 @@ func (r *restoreReader) Read(b []byte) (int, error) {
 func (r *restoreReader) Close() error {
 	r.enc.Close()
 	return r.file.Close()
+}
+
+// snapshotSubjects returns the subjects of the stream in a snapshot
+// directory.
+func snapshotSubjects(sdir string) ([]string, error) {
+	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
+	if err != nil {
+		return nil, err
+	}
+	var meta struct {
+		Config struct {
+			Subjects []string `json:"subjects"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+	}
+	return meta.Config.Subjects, nil
+}
+
+// checkOverlaps refuses, before anything changed, a restore of a stream
+// whose subjects overlap those of a stream on the server that the restore
+// keeps (another name): the server would refuse that stream halfway, with
+// the streams before it restored and the others not ("subjects overlap
+// with an existing stream", naming neither).
+func checkOverlaps(ctx context.Context, js jetstream.JetStream, dir string, todo []StreamEntry) error {
+	restoring := map[string]bool{}
+	for _, e := range todo {
+		restoring[e.Name] = true
+	}
+	type onServer struct {
+		name     string
+		subjects []string
+	}
+	var others []onServer
+	lister := js.ListStreams(ctx)
+	for info := range lister.Info() {
+		if !restoring[info.Config.Name] {
+			others = append(others, onServer{info.Config.Name, info.Config.Subjects})
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return fmt.Errorf("cannot list the streams on the server: %w", err)
+	}
+	var problems []string
+	for _, e := range todo {
+		subjects, err := snapshotSubjects(filepath.Join(dir, filepath.FromSlash(e.Dir)))
+		if err != nil {
+			return fmt.Errorf("stream %s of the backup: %w", e.Name, err)
+		}
+		for _, o := range others {
+			for _, a := range subjects {
+				for _, b := range o.subjects {
+					if server.SubjectsCollide(a, b) {
+						problems = append(problems, fmt.Sprintf("%s (subject %s) overlaps stream %s on the server (subject %s)", e.Name, a, o.name, b))
+					}
+				}
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("the server cannot hold stream(s) of the backup beside its own: %s; nothing was restored: "+
+			"delete or change the server's stream (nats stream edit/rm), or restore the others with --stream",
+			strings.Join(problems, "; "))
+	}
+	return nil
 }

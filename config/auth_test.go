@@ -210,6 +210,10 @@ func TestLoadSecrets(t *testing.T) {
 		}, []string{"tls.key_file", "mode 0644", "others"}},
 		{"short token file", func(c *Config) { c.Auth.TokenFile = writeModeFile(t, dir, "t3", "abc", 0o600) }, []string{"auth.token_file", "too short"}},
 		{"directory as key", func(c *Config) { c.JetStream.EncryptionKeyFile = dir }, []string{"not a regular file"}},
+		{"empty old key", func(c *Config) {
+			c.JetStream.EncryptionKeyFile = writeModeFile(t, dir, "k4", strings.Repeat("k", 40), 0o600)
+			c.JetStream.EncryptionOldKeyFile = writeModeFile(t, dir, "k5", "\r\n", 0o600)
+		}, []string{"jetstream.encryption_old_key_file", "the file is empty"}},
 	}
 	for _, tt := range bad {
 		t.Run(tt.name, func(t *testing.T) {

@@ -266,6 +266,11 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	}
 	if js.EncryptionOldKeyFile != "" {
 		if k, ok := readSecret(v, "jetstream.encryption_old_key_file", js.EncryptionOldKeyFile, true); ok {
+			if k == "" {
+				// An empty old key would be no old key: the rotation would
+				// not happen, and the start fail on the store's key files.
+				v.add("jetstream.encryption_old_key_file", q(js.EncryptionOldKeyFile), "the file is empty: it must hold the key the store was written with")
+			}
 			sec.OldEncryptionKey = k
 		}
 	}

@@ -196,7 +196,26 @@ func ReadStoreState(dir string) (*StoreState, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("cannot parse %s (remove it to start afresh): %w", path, err)
 	}
+	// holdfast writes only names the server accepted: another one means
+	// the file was edited or damaged (and ".." would name a directory
+	// outside the streams' when a vanished stream's files are moved aside).
+	for name := range st.Streams {
+		if !validStreamName(name) {
+			return nil, fmt.Errorf("%s records a stream named %q, which no stream can be: the file was edited or damaged; remove it to start afresh", path, name)
+		}
+	}
+	for key, c := range st.Consumers {
+		if !validStreamName(c.Stream) || c.Name == "" || key != c.Stream+"/"+c.Name {
+			return nil, fmt.Errorf("%s records a consumer %q (stream %q, name %q) that does not match its key: the file was edited or damaged; remove it to start afresh", path, key, c.Stream, c.Name)
+		}
+	}
 	return &st, nil
+}
+
+// validStreamName reports whether name can be a stream's (and so a
+// directory's in the store).
+func validStreamName(name string) bool {
+	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\\ \t\r\n*>")
 }
 
 // WriteStoreState records st in dir atomically and durably: a temp file,

@@ -486,3 +486,28 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 		return nil
 	})
 }
+
+// TestStateFileWithInvalidNames: a state file naming a stream no stream
+// can be named ("..", "../x": edited or damaged) stops start-up with an
+// error that names the file and says to remove it. Before, the error was
+// `cannot look for the data directory of stream "..": not a valid stream
+// name`, which named neither the file nor what to do.
+func TestStateFileWithInvalidNames(t *testing.T) {
+	for _, body := range []string{
+		`{"version":1,"streams":{"..":{"last_seq":10}}}`,
+		`{"version":1,"streams":{"../x":{"last_seq":10}}}`,
+		`{"version":1,"streams":{},"consumers":{"ORDERS/W":{"stream":"../ORDERS","name":"W","ack_floor":3}}}`,
+	} {
+		cfg := testConfig(t)
+		s, _ := lossServer(t, cfg, 3)
+		closeServer(t, s)
+		path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
+		if err := os.WriteFile(path, []byte(body), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := reopen(t, cfg, false)
+		if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "remove it to start afresh") {
+			t.Errorf("state file %s: %v", body, err)
+		}
+	}
+}

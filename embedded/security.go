@@ -335,15 +335,26 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 		return fmt.Errorf("cannot list the loaded streams: %w", err)
 	}
 	keyFile := s.cfg.JetStream.EncryptionKeyFile
-	var unreadable []string
+	var unreadable, damaged []string
 	for _, e := range entries {
 		if !e.IsDir() || loaded[e.Name()] {
 			continue
 		}
-		if _, err := os.Stat(filepath.Join(dir, e.Name(), "meta.key")); err != nil {
+		fi, err := os.Stat(filepath.Join(dir, e.Name(), "meta.key"))
+		if err != nil {
 			continue // not encrypted: the data-loss check deals with it
 		}
+		if fi.Size() < minKeyFileLength {
+			damaged = append(damaged, filepath.Join(dir, e.Name(), "meta.key"))
+			continue
+		}
 		unreadable = append(unreadable, e.Name())
+	}
+	if len(damaged) > 0 {
+		sort.Strings(damaged)
+		return fmt.Errorf("%w: the key file of stream(s) %s is damaged (too short to hold a key): no key can read those streams any more; "+
+			"move their directories out of %s to start without them (the data-loss check then reports them), or put them back from a copy; nothing was changed on disk",
+			ErrEncryptionKey, strings.Join(damaged, ", "), dir)
 	}
 	if len(unreadable) == 0 {
 		return nil

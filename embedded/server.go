@@ -166,7 +166,6 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err = s.prepareStoreLocked(); err != nil {
 		return err
 	}
-	js := s.cfg.JetStream
 
 	opts := Options(s.cfg, s.store.Path)
 	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {
@@ -192,9 +191,11 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err := configureSecurity(opts, s.cfg, secrets, id); err != nil {
 		return err
 	}
-	if secrets.EncryptionKey != "" {
-		s.log.Info("store encrypted at rest", "cipher", opts.JetStreamCipher.String(), "key_file", js.EncryptionKeyFile,
-			"old_key_file", js.EncryptionOldKeyFile)
+	// First put back what an interrupted encrypting start left, then
+	// re-seal the key files, then copy what the server is to encrypt.
+	encrypting, err := s.protectClearStreams(secrets)
+	if err != nil {
+		return err
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -211,6 +212,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	go func() { defer close(started); ns.Start() }()
 
 	if err := s.waitReady(ctx, logger); err != nil {
+		return err
+	}
+	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
 		return err
 	}
 	if err := s.verify(); err != nil {

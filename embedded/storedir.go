@@ -185,6 +185,7 @@ var storeEntries = []struct {
 	{LockFileName, false, "holdfast's lock file"},
 	{StateFileName, false, "where holdfast records stream positions for the data-loss check"},
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
+	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
 }
 
 // checkStoreEntries refuses a store directory in which one of the names

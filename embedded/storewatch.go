@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -30,6 +32,12 @@ const DefaultStoreCheckInterval = time.Second
 type storeIdentity struct {
 	paths []string
 	ids   []fileID
+
+	// The accounts' directories (and their streams directories) appear
+	// when the first stream of the account is created: each is recorded
+	// when first seen, then compared like the others.
+	mu       sync.Mutex
+	accounts map[string]fileID
 }
 
 type fileID struct{ dev, ino uint64 }
@@ -71,8 +79,63 @@ func (s *Server) recordStoreIdentity() error {
 	return nil
 }
 
+// accountDirs lists the directories of the accounts in JetStream's
+// directory, each with its streams directory: swapped while running (a
+// copy put back by hand), the server writes on into the files it holds
+// open, moved away, and acknowledges what nothing will read again.
+func (s *Server) accountDirs() []string {
+	js := filepath.Join(s.store.Path, server.JetStreamStoreDir)
+	entries, err := os.ReadDir(js)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		out = append(out, filepath.Join(js, e.Name()))
+		if fi, err := os.Stat(filepath.Join(js, e.Name(), "streams")); err == nil && fi.IsDir() {
+			out = append(out, filepath.Join(js, e.Name(), "streams"))
+		}
+	}
+	return out
+}
+
+// checkAccountDirs compares the accounts' directories with what was
+// recorded, and records those seen for the first time.
+func (s *Server) checkAccountDirs(id *storeIdentity) error {
+	id.mu.Lock()
+	defer id.mu.Unlock()
+	if id.accounts == nil {
+		id.accounts = map[string]fileID{}
+	}
+	for p, was := range id.accounts {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return fmt.Errorf("%w: %s is gone (%v)", ErrStoreLost, p, errors.Unwrap(err))
+		}
+		if now, ok := idOf(fi); ok && now != was {
+			return fmt.Errorf("%w: %s was replaced by another directory (device/inode %d/%d, was %d/%d)",
+				ErrStoreLost, p, now.dev, now.ino, was.dev, was.ino)
+		}
+	}
+	for _, p := range s.accountDirs() {
+		if _, known := id.accounts[p]; known {
+			continue
+		}
+		if fi, err := os.Stat(p); err == nil {
+			if fid, ok := idOf(fi); ok {
+				id.accounts[p] = fid
+			}
+		}
+	}
+	return nil
+}
+
 // CheckStore reports, wrapping ErrStoreLost, when the store directory,
-// JetStream's directory in it or the lock file is no longer at its path
+// JetStream's directory in it, an account's directory or its streams
+// directory, or the lock file is no longer at its path
 // with the identity it had when the server opened it, or when the store
 // can no longer be written (file system read-only, permission gone). It
 // only reads metadata: nothing is written.
@@ -90,6 +153,9 @@ func (s *Server) CheckStore() error {
 			return fmt.Errorf("%w: %s was replaced by another file or directory (device/inode %d/%d, was %d/%d)",
 				ErrStoreLost, p, now.dev, now.ino, id.ids[i].dev, id.ids[i].ino)
 		}
+	}
+	if err := s.checkAccountDirs(id); err != nil {
+		return err
 	}
 	var st unix.Statfs_t
 	if err := unix.Statfs(s.store.Path, &st); err == nil && st.Flags&unix.ST_RDONLY != 0 {
@@ -141,7 +207,8 @@ func (s *Server) WatchStore(ctx context.Context, interval time.Duration, onLost 
 
 // notifyStoreChanges sends on changed (without blocking) whenever inotify
 // reports a deletion, move or attribute change of the store directory,
-// of an entry in it or of JetStream's directory. stop ends it.
+// of an entry in it, of JetStream's directory or of an entry in it (an
+// account's directory). stop ends it.
 func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
@@ -152,7 +219,7 @@ func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err e
 		mask uint32
 	}{
 		{s.store.Path, unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM},
-		{filepath.Join(s.store.Path, server.JetStreamStoreDir), unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB},
+		{filepath.Join(s.store.Path, server.JetStreamStoreDir), unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM},
 	}
 	for _, w := range watches {
 		if _, err := unix.InotifyAddWatch(fd, w.path, w.mask); err != nil {

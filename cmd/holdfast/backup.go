@@ -70,6 +70,11 @@ func backupCommand() *cli.Command {
 			}
 			fmt.Fprintf(w, "backup of %d stream(s) written to %s (%s) in %s; check it with: holdfast restore --verify-only %s\n",
 				len(m.Streams), dir, formatBytes(size), time.Since(start).Round(time.Millisecond), dir)
+			if cfg.JetStream.EncryptionKeyFile != "" {
+				fmt.Fprintf(c.App.ErrWriter, "note: the store is encrypted at rest (jetstream.encryption_key_file), the backup is not: "+
+					"the server's snapshots hold the messages in clear text; keep %s on encrypted storage or encrypt it (a restore into "+
+					"an encrypted holdfast stores them encrypted again, under its key)\n", dir)
+			}
 			return nil
 		},
 	}

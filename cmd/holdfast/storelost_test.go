@@ -28,6 +28,16 @@ func TestStoreLostWhileRunning(t *testing.T) {
 			}
 			return os.Mkdir(store, 0o750)
 		}},
+		// The account's directory (every stream of it) swapped, say for
+		// a copy put back by hand: the server went on writing into the
+		// files it held open, moved away.
+		{"account replaced", func(store string) error {
+			acc := filepath.Join(store, "jetstream", "$G")
+			if err := os.Rename(acc, filepath.Join(store, "jetstream", "old-G")); err != nil {
+				return err
+			}
+			return os.Mkdir(acc, 0o750)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			in := newE2EInstance(t)
