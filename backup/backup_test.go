@@ -186,17 +186,29 @@ func TestRestoreIntoCluster(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	batch, err := c.Fetch(30, jetstream.FetchMaxWait(5*time.Second))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for m := range batch.Messages() {
-		if err := m.DoubleAck(ctx); err != nil {
-			t.Fatal(err)
+	// A consumer without a leader yet hands out nothing: fetch until 30.
+	acked := 0
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		batch, err := c.Fetch(30-acked, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
 		}
-	}
+		for m := range batch.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				return err
+			}
+			acked++
+		}
+		if acked < 30 {
+			return fmt.Errorf("%d of 30 acknowledged", acked)
+		}
+		return nil
+	})
 	dir, m := createBackup(t, nc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
 	floor := m.Stream("ORDERS").Consumer("WORKER1").AckFloor
+	if floor != 30 {
+		t.Fatalf("WORKER1's ack floor in the backup: %d, want 30", floor)
+	}
 	for i := range 10 {
 		if _, err := js.Publish(ctx, "orders.created", fmt.Appendf(nil, "after %d", i)); err != nil {
 			t.Fatal(err)
@@ -224,14 +236,17 @@ func TestRestoreIntoCluster(t *testing.T) {
 		if info.State.Msgs != 100 || info.Config.Replicas != 3 {
 			t.Fatalf("%s: ORDERS holds %d messages with %d replicas", what, info.State.Msgs, info.Config.Replicas)
 		}
-		cons, err := js2.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		msg, err := cons.Next(jetstream.FetchMaxWait(5 * time.Second))
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
+		// A pull may find no responders while the new consumer leader's
+		// subscription travels to this node.
+		var msg jetstream.Msg
+		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			cons, err := js2.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
+			if err != nil {
+				return err
+			}
+			msg, err = cons.Next(jetstream.FetchMaxWait(2 * time.Second))
+			return err
+		})
 		if md, _ := msg.Metadata(); md.Sequence.Stream != floor+1 {
 			t.Fatalf("%s: first delivery after the restore: seq %d, want %d", what, md.Sequence.Stream, floor+1)
 		}
