@@ -161,6 +161,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		StoreWriteErrors: d.srv.StoreWriteErrors,
 		ServerName:       d.cfg.Server.Name,
 		ClusterPeers:     clusterPeers(d.srv.NATS()),
+		ClusterNodes:     len(d.cfg.Cluster.Routes),
 		Degraded:         d.edge.Problems,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {

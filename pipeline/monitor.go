@@ -81,6 +81,11 @@ type MonitorOptions struct {
 	// cluster this one sees current (itself included) and how many the
 	// cluster has; ok is false on a single node.
 	ClusterPeers func() (current, size int, ok bool)
+	// ClusterNodes is how many nodes the config's cluster.routes name:
+	// a cluster whose meta group counts more, one of them not current,
+	// keeps a node replaced under another name (or taken away) as a
+	// member.
+	ClusterNodes int
 	// Recreate, when set, creates the configured streams and consumers
 	// again (the bootstrap). The Monitor calls it when one of them
 	// disappeared while running (`nats stream rm`, `nats consumer rm`),
@@ -314,6 +319,17 @@ type ClusterView struct {
 	Size    int `json:"size"`
 	// IsolatedFor is how long this node has reached none of its peers.
 	IsolatedFor time.Duration `json:"isolated_for_ns,omitempty"`
+	// Configured is the number of nodes cluster.routes names (0 when
+	// unknown).
+	Configured int `json:"configured,omitempty"`
+}
+
+// Lingering tells whether the meta group counts more nodes than the
+// config names, one of them not current: a node replaced under another
+// name (or taken away) that is still a member. The streams keep a replica
+// on it, and the meta group needs a majority of all its members.
+func (c *ClusterView) Lingering() bool {
+	return c != nil && c.Configured > 0 && c.Size > c.Configured && c.Current < c.Size
 }
 
 // NoQuorum tells whether this node is outside a majority of its cluster.
@@ -582,7 +598,7 @@ func (m *Monitor) clusterView(now time.Time) *ClusterView {
 		m.isolatedSince = time.Time{}
 		return nil
 	}
-	v := &ClusterView{Current: current, Size: size}
+	v := &ClusterView{Current: current, Size: size, Configured: m.opts.ClusterNodes}
 	if current > 1 {
 		m.isolatedSince = time.Time{}
 		return v
