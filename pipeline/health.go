@@ -190,6 +190,9 @@ func (m *Monitor) evaluate(r *Report) Health {
 			problem("%s", p)
 		}
 	}
+	if f := m.opts.Warnings; f != nil {
+		h.Warnings = append(h.Warnings, f()...)
+	}
 	switch {
 	case unhealthyNow:
 		h.Status = HealthUnhealthy

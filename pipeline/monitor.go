@@ -99,6 +99,10 @@ type MonitorOptions struct {
 	// Degraded, when set, names problems that degrade the health without
 	// making it unhealthy (a hub unreachable for too long).
 	Degraded func(now time.Time) []string
+	// Warnings, when set, names what the health should warn of without
+	// changing its status (the streams and consumers that differ from
+	// this node's config).
+	Warnings func() []string
 }
 
 // Monitor watches the JetStream state behind holdfast: that every stream

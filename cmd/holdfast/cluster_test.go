@@ -666,3 +666,66 @@ func TestClusterNodeReplacedUnderANewName(t *testing.T) {
 		nd.proc.stop()
 	}
 }
+
+// TestClusterConfigsDiffer: a reload (SIGHUP) of one node with another
+// stream limit changes the stream for the whole cluster; the others, whose
+// config still says the old value and whose next start would set it back,
+// said nothing. Now their /healthz and holdfast status warn of it.
+func TestClusterConfigsDiffer(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	text, err := os.ReadFile(nodes[0].cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := strings.Replace(string(text), "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nmax_msgs = 500\n", 1)
+	if changed == string(text) {
+		t.Fatal("the test config has no ORDERS subjects line to follow")
+	}
+	if err := os.WriteFile(nodes[0].cfg, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].proc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if m := streamClusterInfo(t, js, "ORDERS").Config.MaxMsgs; m != 500 {
+			return fmt.Errorf("ORDERS max_msgs %d after n1's reload", m)
+		}
+		return nil
+	})
+
+	want := "stream ORDERS differs from this node's config ([streams.ORDERS]): max_msgs is 500 on the server, 1000000 in this node's config"
+	natstest.CheckFor(t, 40*time.Second, 500*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + nodes[1].httpAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var h struct {
+			Status   string   `json:"status"`
+			Warnings []string `json:"warnings"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			return err
+		}
+		for _, w := range h.Warnings {
+			if strings.Contains(w, want) {
+				return nil
+			}
+		}
+		return fmt.Errorf("n2's /healthz: %s, warnings %q", h.Status, h.Warnings)
+	})
+	if res := runHoldfast(t, nil, "status", "--config", nodes[1].cfg); !strings.Contains(res.stdout, want) {
+		t.Fatalf("holdfast status on n2 does not warn:\n%s%s", res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "status", "--config", nodes[0].cfg); strings.Contains(res.stdout, "differs from this node's config") {
+		t.Fatalf("holdfast status on n1, whose config the stream follows, warns:\n%s", res.stdout)
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+}
