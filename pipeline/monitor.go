@@ -658,7 +658,7 @@ const recreateGrace = 2 * time.Second
 
 // advisoryRestorePrefix starts the subjects of the server's restore
 // advisories: .RESTORE_CREATE.<stream> when one starts, .RESTORE_COMPLETE.<stream>
-// when it ended.
+// when it ended, and of .DELETED.<stream>, which ends a restore given up.
 const advisoryRestorePrefix = "$JS.EVENT.ADVISORY.STREAM"
 
 // restoreTimeout bounds how long a restore that never announced its end
@@ -674,7 +674,7 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 		Stream string `json:"stream"`
 	}
 	kind, stream, ok := strings.Cut(strings.TrimPrefix(msg.Subject, advisoryRestorePrefix+"."), ".")
-	if !ok || (kind != "RESTORE_CREATE" && kind != "RESTORE_COMPLETE") {
+	if !ok || (kind != "RESTORE_CREATE" && kind != "RESTORE_COMPLETE" && kind != "DELETED") {
 		return
 	}
 	if err := json.Unmarshal(msg.Data, &adv); err != nil || adv.Stream != stream || adv.Domain != m.domain {
@@ -684,6 +684,17 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 	defer m.mu.Unlock()
 	if kind == "RESTORE_COMPLETE" {
 		delete(m.restoring, stream)
+		return
+	}
+	if kind == "DELETED" {
+		// A restore given up by its client (interrupted, or failed) is
+		// never announced complete: nats-server 2.15.2 ends it after 5 s
+		// without data and publishes no RESTORE_COMPLETE. The client
+		// deletes what it left, and that deletion ends the restore here.
+		if _, ok := m.restoring[stream]; ok {
+			delete(m.restoring, stream)
+			m.log.Warn("stream deleted while being restored (a restore given up): created again if it stays missing", "stream", stream)
+		}
 		return
 	}
 	if m.restoring == nil {
