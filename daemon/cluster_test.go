@@ -26,9 +26,13 @@ func TestClusterPeersOnTheLeaderWhosePeersDied(t *testing.T) {
 		t.Fatal("no meta leader")
 	}
 	peers := clusterPeers(leader)
-	if current, size, ok := peers(); !ok || current != 3 || size != 3 {
-		t.Fatalf("before: %d of %d current (ok %v), want 3 of 3", current, size, ok)
-	}
+	// Every route up and every peer current, as the cluster settles.
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if current, size, ok := peers(); !ok || current != 3 || size != 3 {
+			return fmt.Errorf("before: %d of %d current (ok %v), want 3 of 3", current, size, ok)
+		}
+		return nil
+	})
 	for _, s := range servers {
 		if s != leader {
 			s.Shutdown()

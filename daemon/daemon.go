@@ -102,7 +102,12 @@ func New(cfg *config.Config, opts Options) *Daemon {
 func (d *Daemon) Open(ctx context.Context) error {
 	d.metrics = pipeline.NewMetrics(d.version, server.VERSION)
 	d.srv = embedded.New(d.cfg, d.log)
-	d.srv.OnStatus = d.notify.Status
+	// What start-up is doing goes to systemd and, until holdfast serves,
+	// to /healthz: a node waiting for its cluster says so there too.
+	d.srv.OnStatus = func(msg string) {
+		d.notify.Status(msg)
+		d.http.setStep(msg)
+	}
 	// The store lock first: a second holdfast on the same store is told
 	// which process holds it, not that a port is in use.
 	if err := d.srv.PrepareStore(); err != nil {
@@ -120,6 +125,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 	d.http.setNATS(d.srv.NATS())
 	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
+	d.http.setStep("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
 	}

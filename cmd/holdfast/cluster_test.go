@@ -729,3 +729,28 @@ func TestClusterConfigsDiffer(t *testing.T) {
 		nd.proc.stop()
 	}
 }
+
+// TestClusterNodeAloneSaysWhatItWaitsFor: a node started while the others
+// are down waits for the cluster's meta leader; its /healthz answered only
+// "starting: not serving yet", and now names the wait as systemd's status
+// line does.
+func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	nd := nodes[0]
+	nd.proc = startHoldfast(t, nd.cfg)
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		code, status, reason, err := clusterHealth(nd)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || status != "unhealthy" ||
+			!strings.Contains(reason, "starting: not serving yet: waiting for the JetStream cluster test-cluster: ") ||
+			!strings.Contains(reason, "no meta leader yet") {
+			return fmt.Errorf("/healthz of the lone node: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	if code := nd.proc.signal(syscall.SIGTERM); code != 0 {
+		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nd.proc.stderr.String())
+	}
+}
