@@ -152,6 +152,124 @@ func TestCreateAndRestore(t *testing.T) {
 	}
 }
 
+// A backup of an R3 stream restored into a three-node cluster, through a
+// node that is not the stream's leader: over the stream (Replace) and into
+// a cluster without it. nats-server assigns a restored stream's consumers
+// only after it answered the restore (the stream leader proposes them once
+// its restore is done), so a consumer looked up at once was "not found":
+// the restore failed and deleted the stream it had just restored — with
+// Replace, after deleting the one that held the messages. A moment later
+// the consumer is answered by the leader's unassigned copy or a replica
+// without a leader, with ack floor 0, which the restore took for a
+// consumer created anew by holdfast: it deleted the stream and restored it
+// again, up to five times, then failed.
+func TestRestoreIntoCluster(t *testing.T) {
+	servers := natstest.RunCluster(t, 3)
+	nc := natstest.Connect(t, servers[0])
+	js := natstest.JetStream(t, nc)
+	ctx := natstest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if c := natstest.StreamInfo(t, js, "ORDERS").Cluster; c == nil || c.Leader == "" {
+			return errors.New("ORDERS has no leader yet")
+		}
+		return nil
+	})
+	for i := range 100 {
+		if _, err := js.Publish(ctx, "orders.created", fmt.Appendf(nil, "order %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A consumer without a leader yet hands out nothing: fetch until 30.
+	acked := 0
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		batch, err := c.Fetch(30-acked, jetstream.FetchMaxWait(time.Second))
+		if err != nil {
+			return err
+		}
+		for m := range batch.Messages() {
+			if err := m.DoubleAck(ctx); err != nil {
+				return err
+			}
+			acked++
+		}
+		if acked < 30 {
+			return fmt.Errorf("%d of 30 acknowledged", acked)
+		}
+		return nil
+	})
+	dir, m := createBackup(t, nc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
+	floor := m.Stream("ORDERS").Consumer("WORKER1").AckFloor
+	if floor != 30 {
+		t.Fatalf("WORKER1's ack floor in the backup: %d, want 30", floor)
+	}
+	for i := range 10 {
+		if _, err := js.Publish(ctx, "orders.created", fmt.Appendf(nil, "after %d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	leader := natstest.StreamInfo(t, js, "ORDERS").Cluster.Leader
+	var other *server.Server
+	for _, s := range servers {
+		if s.Name() != leader {
+			other = s
+		}
+	}
+	nc2 := natstest.Connect(t, other)
+	js2 := natstest.JetStream(t, nc2)
+	check := func(what string, restored []Restored, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if len(restored) != 1 || restored[0].Messages != 100 || restored[0].LastSeq != 100 || restored[0].AckFloors["WORKER1"] != floor {
+			t.Fatalf("%s: restored %+v", what, restored)
+		}
+		info := natstest.StreamInfo(t, js2, "ORDERS")
+		if info.State.Msgs != 100 || info.Config.Replicas != 3 {
+			t.Fatalf("%s: ORDERS holds %d messages with %d replicas", what, info.State.Msgs, info.Config.Replicas)
+		}
+		// A pull may find no responders while the new consumer leader's
+		// subscription travels to this node.
+		var msg jetstream.Msg
+		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			cons, err := js2.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
+			if err != nil {
+				return err
+			}
+			msg, err = cons.Next(jetstream.FetchMaxWait(2 * time.Second))
+			return err
+		})
+		if md, _ := msg.Metadata(); md.Sequence.Stream != floor+1 {
+			t.Fatalf("%s: first delivery after the restore: seq %d, want %d", what, md.Sequence.Stream, floor+1)
+		}
+	}
+	// Nothing races with these restores: a notice that something created
+	// the stream or its consumers again is a restore misreading the
+	// cluster.
+	notice := func(msg string) {
+		t.Log(msg)
+		if strings.Contains(msg, "again") {
+			t.Errorf("notice: %s", msg)
+		}
+	}
+	_, restored, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Replace: true, Notice: notice})
+	check("restore --replace", restored, err)
+
+	if err := js2.DeleteStream(natstest.Context(t), "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	_, restored, err = Restore(natstest.Context(t), nc2, dir, RestoreOptions{Notice: notice})
+	check("restore of a missing stream", restored, err)
+}
+
 // The chunks of a restore are whole s2 blocks that together decode to the
 // backup's data, and follow how long the server takes for each: a server
 // that needs 1 ms per 10 decompressed bytes (a store flushing every small

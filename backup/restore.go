@@ -117,10 +117,6 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if err != nil {
 		return m, nil, err
 	}
-	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
-	if err != nil {
-		return m, nil, err
-	}
 
 	existing := map[string]jetstream.StreamState{}
 	var conflicts []ExistingStream
@@ -146,7 +142,7 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 
 	var out []Restored
 	for i, e := range todo {
-		r, err := restoreStream(ctx, js, mgr, dir, e, i+1, len(todo), existing, opts)
+		r, err := restoreStream(ctx, js, nc, dir, e, i+1, len(todo), existing, opts)
 		if err != nil {
 			return m, out, err
 		}
@@ -156,8 +152,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 }
 
 // restoreStream restores one stream and checks it against the manifest.
-func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager, dir string, e StreamEntry,
+func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
+	timeout := apiTimeout(opts.Timeout)
 	notice := func(format string, args ...any) {
 		if opts.Notice != nil {
 			opts.Notice(fmt.Sprintf(format, args...))
@@ -186,7 +183,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
 			}
 		}
-		state, err := mgr.RestoreSnapshotFromBuffer(ctx, e.Name, newRestoreReader(df, progress), mf)
+		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf)
 		if err != nil && (strings.Contains(err.Error(), "closed pipe") || strings.Contains(err.Error(), "is stalled")) {
 			err = fmt.Errorf("%w: the server gave up the restore, as it does when storing one chunk of it takes over 5 s (is the store's disk that slow?)", err)
 		}
@@ -257,6 +254,102 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, mgr *jsm.Manager
 	}
 }
 
+// firstChunkWait bounds how long the first chunk of a restore is sent
+// again while nobody takes it.
+const firstChunkWait = 3 * time.Second
+
+// restoreSnapshot runs nats-server's restore protocol for stream as jsm.go's
+// RestoreSnapshotFromBuffer does: the request with the snapshot's metadata
+// (stream configuration and state), each chunk data returns as a request
+// to the subject the server named, answered once stored, then an empty
+// one answered with the restored stream. Unlike jsm.go it sends the first
+// chunk again while no one receives it: in a cluster the stream's leader
+// answers the request through one route and announces its subscription to
+// the chunks through another, and the answer may arrive first ("no
+// responders" for the first chunk, seen in one of eight restores through a
+// node that is not the new stream's leader); the server then waited 5 s for
+// a chunk, gave up without its RESTORE_COMPLETE advisory, and the restore
+// failed.
+func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser) (*api.StreamState, error) {
+	defer data.Close()
+	defer meta.Close()
+	raw, err := io.ReadAll(meta)
+	if err != nil {
+		return nil, err
+	}
+	var req api.JSApiStreamRestoreRequest
+	if err := json.Unmarshal(raw, &req); err != nil {
+		return nil, fmt.Errorf("%s: %w", jsm.SnapshotMetaFile, err)
+	}
+	if req.Config.Name != stream {
+		return nil, fmt.Errorf("%s names stream %q, not %s", jsm.SnapshotMetaFile, req.Config.Name, stream)
+	}
+	if req.Config.Storage == api.MemoryStorage {
+		return nil, jsm.ErrMemoryStreamNotSupported
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	msg, err := nc.Request(fmt.Sprintf(api.JSApiStreamRestoreT, stream), body, timeout)
+	if err != nil {
+		return nil, err
+	}
+	var resp api.JSApiStreamRestoreResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("restore request: %w", err)
+	}
+	if resp.IsError() {
+		return nil, resp.ToError()
+	}
+	chunk := make([]byte, 64<<10)
+	for first := true; ; first = false {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		n, err := data.Read(chunk)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		reply, err := nc.Request(resp.DeliverSubject, chunk[:n], timeout)
+		for deadline := time.Now().Add(firstChunkWait); first && errors.Is(err, nats.ErrNoResponders) && time.Now().Before(deadline); {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-time.After(20 * time.Millisecond):
+			}
+			reply, err = nc.Request(resp.DeliverSubject, chunk[:n], timeout)
+		}
+		if err != nil {
+			return nil, err
+		}
+		if jsm.IsErrorResponse(reply) {
+			return nil, fmt.Errorf("restore failed: %q", reply.Data)
+		}
+	}
+	// The server stores what it received before it answers: any time.
+	final, cancel := context.WithTimeout(ctx, time.Hour)
+	defer cancel()
+	msg, err = nc.RequestWithContext(final, resp.DeliverSubject, nil)
+	if err != nil {
+		return nil, err
+	}
+	var created api.JSApiStreamCreateResponse
+	if err := json.Unmarshal(msg.Data, &created); err != nil {
+		return nil, fmt.Errorf("restore result: %w", err)
+	}
+	if created.IsError() {
+		return nil, created.ToError()
+	}
+	if created.StreamInfo == nil {
+		return nil, fmt.Errorf("restore result without the stream: %q", msg.Data)
+	}
+	return &created.State, nil
+}
+
 // errMismatch marks a restored stream or consumer that differs from the
 // manifest.
 var errMismatch = errors.New("differs from the backup")
@@ -278,18 +371,82 @@ func checkRestored(ctx context.Context, js jetstream.JetStream, e StreamEntry, s
 	if limitsRetention(sdir) && r.Messages != e.Messages {
 		return fmt.Errorf("restored stream %s holds %d messages, the manifest says %d: %w", e.Name, r.Messages, e.Messages, errMismatch)
 	}
+	clustered := false
+	if len(e.Consumers) > 0 {
+		s, err := js.Stream(ctx, e.Name)
+		if err != nil {
+			return fmt.Errorf("stream %s after the restore: %w", e.Name, err)
+		}
+		// A clustered server names its cluster in every stream's info.
+		clustered = s.CachedInfo().Cluster != nil && s.CachedInfo().Cluster.Name != ""
+	}
 	for _, c := range e.Consumers {
-		cons, err := js.Consumer(ctx, e.Name, c.Name)
+		info, err := restoredConsumer(ctx, js, e.Name, c.Name, c.AckFloor, clustered)
 		if err != nil {
 			return fmt.Errorf("consumer %s of stream %s after the restore: %w", c.Name, e.Name, err)
 		}
-		floor := cons.CachedInfo().AckFloor.Stream
+		floor := info.AckFloor.Stream
 		if floor < c.AckFloor {
 			return fmt.Errorf("restored consumer %s of stream %s has ack floor %d, the manifest says %d: %w", c.Name, e.Name, floor, c.AckFloor, errMismatch)
 		}
 		r.AckFloors[c.Name] = floor
 	}
 	return nil
+}
+
+// consumerWait bounds how long a restored consumer may take to appear
+// and elect its leader; unassignedWait how long one without cluster
+// information may take to show the backup's ack floor.
+const (
+	consumerWait   = 30 * time.Second
+	unassignedWait = 5 * time.Second
+)
+
+// restoredConsumer looks up a consumer of a stream just restored, whose
+// ack floor should be at least floor. In a cluster nats-server answers the
+// restore before the consumers are assigned: the stream's leader proposes
+// them to the meta leader only once its restore is done (monitorStream in
+// nats-server's jetstream_cluster.go). Until then a consumer is "not
+// found", or answered by the stream leader's unassigned copy (no cluster
+// information, ack floor 0), or by a replica while no leader is elected.
+// Each of these is asked again: the first and last for up to consumerWait,
+// the unassigned copy, when clustered, for up to unassignedWait (on a
+// single server no consumer has cluster information).
+func restoredConsumer(ctx context.Context, js jetstream.JetStream, stream, name string, floor uint64, clustered bool) (*jetstream.ConsumerInfo, error) {
+	start := time.Now()
+	for {
+		var info *jetstream.ConsumerInfo
+		// A consumer not yet assigned may be left unanswered.
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		cons, err := js.Consumer(rctx, stream, name)
+		cancel()
+		waited := time.Since(start)
+		switch {
+		case err == nil:
+			info = cons.CachedInfo()
+			switch {
+			case clustered && info.Cluster == nil && info.AckFloor.Stream < floor && waited < unassignedWait:
+			case info.Cluster != nil && info.Cluster.Leader == "":
+				err = fmt.Errorf("no leader elected %s after the restore", consumerWait)
+			default:
+				return info, nil
+			}
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			err = fmt.Errorf("%w: not there %s after the restore", err, consumerWait)
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			err = fmt.Errorf("unanswered %s after the restore: %w", consumerWait, err)
+		default:
+			return nil, err
+		}
+		if waited >= consumerWait {
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // streamState returns a stream's state and whether it exists.

@@ -41,7 +41,10 @@ func clusterView(ns *server.Server) *ClusterStatus {
 	cs.Name, cs.MetaLeader, cs.Size = m.Name, m.Leader, m.Size
 	// Only the meta leader tracks how current its followers are; a
 	// follower reports a peer current when a route to it is up and the
-	// meta group has a leader.
+	// meta group has a leader. The leader's Raft calls a peer current for
+	// about 10 s after it last heard from it: a peer whose routes are all
+	// down is not current on the leader either (with both peers killed,
+	// the leader answered "ok" for 10 s while it took no publish).
 	leader := m.Leader == ns.Name()
 	routed := map[string]bool{}
 	if rz, err := ns.Routez(nil); err == nil {
@@ -55,7 +58,7 @@ func clusterView(ns *server.Server) *ClusterStatus {
 			continue // a peer known twice (a node restarted with a new ID) counts once
 		}
 		seen[p.Name] = true
-		ps := PeerStatus{Name: p.Name, Current: p.Current, Offline: p.Offline, Lag: p.Lag, Active: p.Active.Seconds()}
+		ps := PeerStatus{Name: p.Name, Current: p.Current && routed[p.Name] && !p.Offline, Offline: p.Offline, Lag: p.Lag, Active: p.Active.Seconds()}
 		if !leader {
 			ps = PeerStatus{Name: p.Name, Current: routed[p.Name] && m.Leader != "", Offline: !routed[p.Name]}
 		}

@@ -53,6 +53,9 @@ type Daemon struct {
 	// stored by Open and Reload.
 	running atomic.Pointer[config.Config]
 
+	// configDiff is what embedded.ConfigDiff last found.
+	configDiff atomic.Pointer[[]string]
+
 	closeOnce sync.Once
 	closeErr  error
 	stopWatch context.CancelFunc
@@ -99,7 +102,12 @@ func New(cfg *config.Config, opts Options) *Daemon {
 func (d *Daemon) Open(ctx context.Context) error {
 	d.metrics = pipeline.NewMetrics(d.version, server.VERSION)
 	d.srv = embedded.New(d.cfg, d.log)
-	d.srv.OnStatus = d.notify.Status
+	// What start-up is doing goes to systemd and, until holdfast serves,
+	// to /healthz: a node waiting for its cluster says so there too.
+	d.srv.OnStatus = func(msg string) {
+		d.notify.Status(msg)
+		d.http.setStep(msg)
+	}
 	// The store lock first: a second holdfast on the same store is told
 	// which process holds it, not that a port is in use.
 	if err := d.srv.PrepareStore(); err != nil {
@@ -117,6 +125,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 	d.http.setNATS(d.srv.NATS())
 	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
+	d.http.setStep("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		return err
 	}
@@ -161,7 +170,9 @@ func (d *Daemon) Open(ctx context.Context) error {
 		StoreWriteErrors: d.srv.StoreWriteErrors,
 		ServerName:       d.cfg.Server.Name,
 		ClusterPeers:     clusterPeers(d.srv.NATS()),
+		ClusterNodes:     len(d.cfg.Cluster.Routes),
 		Degraded:         d.edge.Problems,
+		Warnings:         d.configDiffs,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err
@@ -176,6 +187,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
+	go d.watchConfigDiff(wctx)
 	go trimMemoryWhenIdle(wctx, d.log)
 	go d.srv.WatchStore(wctx, 0, func(err error) {
 		d.fail(fmt.Errorf("%w: holdfast stopped so that nothing more is acknowledged into files nobody will read; "+
@@ -207,6 +219,44 @@ func (d *Daemon) watchServer(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// configDiffEvery is how often the streams and consumers are compared
+// with this node's config.
+const configDiffEvery = 10 * time.Second
+
+// watchConfigDiff compares the streams and consumers with the running
+// config every configDiffEvery (embedded.ConfigDiff), and logs what newly
+// differs as a warning; the health carries it as a warning too.
+func (d *Daemon) watchConfigDiff(ctx context.Context) {
+	t := time.NewTicker(configDiffEvery)
+	defer t.Stop()
+	var last []string
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rctx, cancel := context.WithTimeout(ctx, configDiffEvery)
+		diff := embedded.ConfigDiff(rctx, d.srv.JetStream(), d.running.Load())
+		cancel()
+		d.configDiff.Store(&diff)
+		for _, w := range diff {
+			if !slices.Contains(last, w) {
+				d.log.Warn(w)
+			}
+		}
+		last = diff
+	}
+}
+
+// configDiffs returns what watchConfigDiff last found.
+func (d *Daemon) configDiffs() []string {
+	if p := d.configDiff.Load(); p != nil {
+		return *p
+	}
+	return nil
 }
 
 // closedConnection names an in-process connection that is closed while

@@ -60,6 +60,9 @@ type httpServer struct {
 	ns    *server.Server
 	mon   *pipeline.Monitor
 	phase string
+	// step is what start-up is doing (the sd_notify STATUS= line), for
+	// /healthz while it is not serving.
+	step string
 
 	// Timeouts of the server, the http* constants unless a test sets them.
 	readTimeout, writeTimeout, idleTimeout time.Duration
@@ -158,6 +161,16 @@ func (h *httpServer) setPhase(phase string) {
 	h.phase = phase
 }
 
+// setStep records what start-up is doing.
+func (h *httpServer) setStep(step string) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.step = step
+}
+
 func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -216,6 +229,11 @@ func (h *httpServer) healthz(w http.ResponseWriter, r *http.Request) {
 	_, mon, phase := h.state()
 	if mon == nil || phase != phaseReady {
 		reason := phase + ": not serving yet"
+		h.mu.Lock()
+		if h.step != "" {
+			reason += ": " + h.step
+		}
+		h.mu.Unlock()
 		if phase == phaseStopping {
 			reason = "stopping"
 		}

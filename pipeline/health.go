@@ -15,8 +15,9 @@ const (
 	// before a consumer acknowledged them, or a consumer without
 	// in-process workers is blocked by the clients that read it; or, in
 	// a cluster, this node is in a minority (for less than a minute), a
-	// stream or consumer has no leader, or this node's replica of a
-	// stream has been behind its leader for more than 30s.
+	// stream or consumer has no leader, this node's replica of a stream
+	// has been behind its leader for more than 30s, or the cluster counts
+	// an absent node beyond those cluster.routes names.
 	HealthDegraded = "degraded"
 	// HealthUnhealthy: something in the HealthOK list is not true.
 	HealthUnhealthy = "unhealthy"
@@ -107,6 +108,10 @@ func (m *Monitor) evaluate(r *Report) Health {
 		}
 		unreachable = problem
 	}
+	if c := r.Cluster; c.Lingering() {
+		problem("the cluster counts %d nodes, %d of them current, but cluster.routes names %d: a node replaced under another name (or taken away) is still a member, the streams keep a replica on it and one more node down loses the quorum; once it will not come back, remove it: nats --user system server raft peer-remove NAME (the peer holdfast status shows offline)",
+			c.Size, c.Current, c.Configured)
+	}
 	if r.JetStream.Diagnosis != "" {
 		unhealthy("%s", r.JetStream.Diagnosis)
 	}
@@ -184,6 +189,9 @@ func (m *Monitor) evaluate(r *Report) Health {
 		for _, p := range f(time.Now()) {
 			problem("%s", p)
 		}
+	}
+	if f := m.opts.Warnings; f != nil {
+		h.Warnings = append(h.Warnings, f()...)
 	}
 	switch {
 	case unhealthyNow:

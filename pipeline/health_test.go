@@ -48,6 +48,11 @@ func TestHealthInCluster(t *testing.T) {
 		{"replica behind for long", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
 			Streams: []StreamStatus{{Name: "ORDERS", Exists: true, Leader: "n1", BehindFor: replicaBehindAfter, BehindBy: 900}}},
 			HealthDegraded, "replica of stream ORDERS has not been current with the leader n1 for 30s (900 operations behind)"},
+		{"a replaced node lingers", Report{Cluster: &ClusterView{Current: 3, Size: 4, Configured: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}},
+			HealthDegraded, "the cluster counts 4 nodes, 3 of them current, but cluster.routes names 3"},
+		{"more nodes than routes, all current", Report{Cluster: &ClusterView{Current: 5, Size: 5, Configured: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
 		{"single node: API down is unhealthy", Report{JetStream: JetStreamStatus{Error: timeout}}, HealthUnhealthy, "JetStream does not answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

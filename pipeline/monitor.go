@@ -81,6 +81,11 @@ type MonitorOptions struct {
 	// cluster this one sees current (itself included) and how many the
 	// cluster has; ok is false on a single node.
 	ClusterPeers func() (current, size int, ok bool)
+	// ClusterNodes is how many nodes the config's cluster.routes name:
+	// a cluster whose meta group counts more, one of them not current,
+	// keeps a node replaced under another name (or taken away) as a
+	// member.
+	ClusterNodes int
 	// Recreate, when set, creates the configured streams and consumers
 	// again (the bootstrap). The Monitor calls it when one of them
 	// disappeared while running (`nats stream rm`, `nats consumer rm`),
@@ -94,6 +99,10 @@ type MonitorOptions struct {
 	// Degraded, when set, names problems that degrade the health without
 	// making it unhealthy (a hub unreachable for too long).
 	Degraded func(now time.Time) []string
+	// Warnings, when set, names what the health should warn of without
+	// changing its status (the streams and consumers that differ from
+	// this node's config).
+	Warnings func() []string
 }
 
 // Monitor watches the JetStream state behind holdfast: that every stream
@@ -314,6 +323,17 @@ type ClusterView struct {
 	Size    int `json:"size"`
 	// IsolatedFor is how long this node has reached none of its peers.
 	IsolatedFor time.Duration `json:"isolated_for_ns,omitempty"`
+	// Configured is the number of nodes cluster.routes names (0 when
+	// unknown).
+	Configured int `json:"configured,omitempty"`
+}
+
+// Lingering tells whether the meta group counts more nodes than the
+// config names, one of them not current: a node replaced under another
+// name (or taken away) that is still a member. The streams keep a replica
+// on it, and the meta group needs a majority of all its members.
+func (c *ClusterView) Lingering() bool {
+	return c != nil && c.Configured > 0 && c.Size > c.Configured && c.Current < c.Size
 }
 
 // NoQuorum tells whether this node is outside a majority of its cluster.
@@ -582,7 +602,7 @@ func (m *Monitor) clusterView(now time.Time) *ClusterView {
 		m.isolatedSince = time.Time{}
 		return nil
 	}
-	v := &ClusterView{Current: current, Size: size}
+	v := &ClusterView{Current: current, Size: size, Configured: m.opts.ClusterNodes}
 	if current > 1 {
 		m.isolatedSince = time.Time{}
 		return v
@@ -638,7 +658,7 @@ const recreateGrace = 2 * time.Second
 
 // advisoryRestorePrefix starts the subjects of the server's restore
 // advisories: .RESTORE_CREATE.<stream> when one starts, .RESTORE_COMPLETE.<stream>
-// when it ended.
+// when it ended, and of .DELETED.<stream>, which ends a restore given up.
 const advisoryRestorePrefix = "$JS.EVENT.ADVISORY.STREAM"
 
 // restoreTimeout bounds how long a restore that never announced its end
@@ -654,7 +674,7 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 		Stream string `json:"stream"`
 	}
 	kind, stream, ok := strings.Cut(strings.TrimPrefix(msg.Subject, advisoryRestorePrefix+"."), ".")
-	if !ok || (kind != "RESTORE_CREATE" && kind != "RESTORE_COMPLETE") {
+	if !ok || (kind != "RESTORE_CREATE" && kind != "RESTORE_COMPLETE" && kind != "DELETED") {
 		return
 	}
 	if err := json.Unmarshal(msg.Data, &adv); err != nil || adv.Stream != stream || adv.Domain != m.domain {
@@ -664,6 +684,17 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 	defer m.mu.Unlock()
 	if kind == "RESTORE_COMPLETE" {
 		delete(m.restoring, stream)
+		return
+	}
+	if kind == "DELETED" {
+		// A restore given up by its client (interrupted, or failed) is
+		// never announced complete: nats-server 2.15.2 ends it after 5 s
+		// without data and publishes no RESTORE_COMPLETE. The client
+		// deletes what it left, and that deletion ends the restore here.
+		if _, ok := m.restoring[stream]; ok {
+			delete(m.restoring, stream)
+			m.log.Warn("stream deleted while being restored (a restore given up): created again if it stays missing", "stream", stream)
+		}
 		return
 	}
 	if m.restoring == nil {

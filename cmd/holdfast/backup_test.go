@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -390,5 +391,70 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 	wg.Wait()
 	if n := size(); n != drawn {
 		t.Fatalf("bar drew %d bytes after done()", n-drawn)
+	}
+}
+
+// TestRestoreInterruptedStreamCreatedAgain: a restore interrupted (Ctrl-C)
+// deletes what it left, and nats-server 2.15.2 never announces the end of
+// a restore its client gave up (no RESTORE_COMPLETE advisory), so the
+// running holdfast took the stream for "being restored" for 30 minutes:
+// unhealthy, the stream missing, every publish to it failing. The
+// deletion now ends the restore for holdfast, which creates the stream
+// again.
+func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	ctx := natstest.Context(t)
+	// Enough messages that the restore into a sync = "always" store takes
+	// a few seconds; published in windows of 500.
+	for i := 0; i < 30000; i += 500 {
+		for j := range 500 {
+			if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i+j)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		select {
+		case <-js.PublishAsyncComplete():
+		case <-ctx.Done():
+			t.Fatal("publishing did not complete")
+		}
+	}
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+
+	restore := exec.Command(holdfastBin, "restore", "--config", in.cfg, "--replace", dir)
+	restore.Env = e2eEnv()
+	var out natstest.Buffer
+	restore.Stdout, restore.Stderr = &out, &out
+	if err := restore.Start(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(d.stderr.String(), "stream being restored from a backup") {
+			return errors.New("the restore has not started")
+		}
+		return nil
+	})
+	if err := restore.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	werr := restore.Wait()
+	if werr == nil {
+		t.Skipf("the restore finished before the interrupt reached it:\n%s", out.String())
+	}
+	t.Logf("interrupted restore (%v):\n%s", werr, out.String())
+
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if _, err := js.Stream(natstest.Context(t), "ORDERS"); err != nil {
+			return fmt.Errorf("ORDERS after the interrupted restore: %w", err)
+		}
+		return nil
+	})
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil {
+		t.Fatalf("publish after the interrupted restore: %v", err)
 	}
 }

@@ -584,3 +584,173 @@ func TestClusterNodeRefusedByTheOthers(t *testing.T) {
 		})
 	}
 }
+
+// clusterHealth reads a node's /healthz.
+func clusterHealth(nd *clusterNode) (code int, status, reason string, err error) {
+	resp, err := http.Get("http://" + nd.httpAddr + "/healthz")
+	if err != nil {
+		return 0, "", "", err
+	}
+	defer resp.Body.Close()
+	var h struct {
+		Status string `json:"status"`
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return resp.StatusCode, "", "", err
+	}
+	return resp.StatusCode, h.Status, h.Reason, nil
+}
+
+// TestClusterNodeReplacedUnderANewName: a node replaced by one with a
+// wiped store and another server.name (n3 by n4, same address) joins, but
+// the meta group keeps n3 as a member: four nodes, the streams with a
+// replica on the absent n3, and one more node down loses the quorum. Every
+// node's /healthz said "ok"; now it is degraded and names the way out,
+// which the test takes (nats server raft peer-remove), after which the
+// replicas move to n4 and the health is ok again.
+func TestClusterNodeReplacedUnderANewName(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	old := nodes[2]
+	old.proc.stop()
+	if err := os.RemoveAll(old.store); err != nil {
+		t.Fatal(err)
+	}
+	text, err := os.ReadFile(old.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n4 := *old
+	n4.name = "n4"
+	n4.cfg = e2eWriteConfig(t, strings.Replace(string(text), `name = "n3"`, `name = "n4"`, 1))
+	n4.proc = startHoldfast(t, n4.cfg)
+	n4.proc.waitReadyWithin(2 * time.Minute)
+
+	for _, nd := range []*clusterNode{nodes[0], nodes[1], &n4} {
+		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+			code, status, reason, err := clusterHealth(nd)
+			if err != nil {
+				return err
+			}
+			if code != http.StatusOK || status != "degraded" || !strings.Contains(reason, "the cluster counts 4 nodes, 3 of them current, but cluster.routes names 3") {
+				return fmt.Errorf("/healthz of %s: %d %s: %s", nd.name, code, status, reason)
+			}
+			return nil
+		})
+	}
+	res := runHoldfast(t, nil, "status", "--config", nodes[0].cfg)
+	if !strings.Contains(res.stdout, "peer     n3: offline") || !strings.Contains(res.stdout+res.stderr, "raft peer-remove") {
+		t.Fatalf("holdfast status on n1 does not show the lingering n3:\n%s%s", res.stdout, res.stderr)
+	}
+
+	rm := e2eRunBinary(t, natsBin, nil, nil, "--server", nodes[0].url(), "--user", "system", "server", "raft", "peer-remove", "n3", "-f")
+	if rm.code != 0 {
+		t.Fatalf("nats server raft peer-remove n3: exit %d\n%s%s", rm.code, rm.stdout, rm.stderr)
+	}
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		if _, err := replicasCurrent(js, "ORDERS", 3); err != nil {
+			return err
+		}
+		for _, nd := range []*clusterNode{nodes[0], nodes[1], &n4} {
+			if code, status, reason, err := clusterHealth(nd); err != nil || code != http.StatusOK || status != "ok" {
+				return fmt.Errorf("/healthz of %s: %d %s: %s (%v)", nd.name, code, status, reason, err)
+			}
+		}
+		return nil
+	})
+	for _, nd := range []*clusterNode{nodes[0], nodes[1], &n4} {
+		nd.proc.stop()
+	}
+}
+
+// TestClusterConfigsDiffer: a reload (SIGHUP) of one node with another
+// stream limit changes the stream for the whole cluster; the others, whose
+// config still says the old value and whose next start would set it back,
+// said nothing. Now their /healthz and holdfast status warn of it.
+func TestClusterConfigsDiffer(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	text, err := os.ReadFile(nodes[0].cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	changed := strings.Replace(string(text), "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nmax_msgs = 500\n", 1)
+	if changed == string(text) {
+		t.Fatal("the test config has no ORDERS subjects line to follow")
+	}
+	if err := os.WriteFile(nodes[0].cfg, []byte(changed), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := nodes[0].proc.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if m := streamClusterInfo(t, js, "ORDERS").Config.MaxMsgs; m != 500 {
+			return fmt.Errorf("ORDERS max_msgs %d after n1's reload", m)
+		}
+		return nil
+	})
+
+	want := "stream ORDERS differs from this node's config ([streams.ORDERS]): max_msgs is 500 on the server, 1000000 in this node's config"
+	natstest.CheckFor(t, 40*time.Second, 500*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + nodes[1].httpAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		var h struct {
+			Status   string   `json:"status"`
+			Warnings []string `json:"warnings"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			return err
+		}
+		for _, w := range h.Warnings {
+			if strings.Contains(w, want) {
+				return nil
+			}
+		}
+		return fmt.Errorf("n2's /healthz: %s, warnings %q", h.Status, h.Warnings)
+	})
+	if res := runHoldfast(t, nil, "status", "--config", nodes[1].cfg); !strings.Contains(res.stdout, want) {
+		t.Fatalf("holdfast status on n2 does not warn:\n%s%s", res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "status", "--config", nodes[0].cfg); strings.Contains(res.stdout, "differs from this node's config") {
+		t.Fatalf("holdfast status on n1, whose config the stream follows, warns:\n%s", res.stdout)
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+}
+
+// TestClusterNodeAloneSaysWhatItWaitsFor: a node started while the others
+// are down waits for the cluster's meta leader; its /healthz answered only
+// "starting: not serving yet", and now names the wait as systemd's status
+// line does.
+func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	nd := nodes[0]
+	nd.proc = startHoldfast(t, nd.cfg)
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		code, status, reason, err := clusterHealth(nd)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || status != "unhealthy" ||
+			!strings.Contains(reason, "starting: not serving yet: waiting for the JetStream cluster test-cluster: ") ||
+			!strings.Contains(reason, "no meta leader yet") {
+			return fmt.Errorf("/healthz of the lone node: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	if code := nd.proc.signal(syscall.SIGTERM); code != 0 {
+		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nd.proc.stderr.String())
+	}
+}

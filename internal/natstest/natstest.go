@@ -11,7 +11,9 @@ package natstest
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -46,6 +48,66 @@ func RunServer(t testing.TB, tweaks ...func(*server.Options)) *server.Server {
 		t.Fatal("NATS server not ready")
 	}
 	return s
+}
+
+// RunCluster starts n stock nats-servers (RunServer, each with its own
+// store) that form one JetStream cluster on routes of 127.0.0.1, named
+// node1..noden, and returns them once the cluster has a meta leader that
+// every server knows and that sees every server online (so that a stream
+// of n replicas can be placed). Each tweak changes every server's options.
+func RunCluster(t testing.TB, n int, tweaks ...func(*server.Options)) []*server.Server {
+	t.Helper()
+	ports := make([]int, n)
+	var routes []*url.URL
+	for i := range ports {
+		ports[i] = FreePort(t)
+		routes = append(routes, &url.URL{Scheme: "nats-route", Host: fmt.Sprintf("127.0.0.1:%d", ports[i])})
+	}
+	servers := make([]*server.Server, n)
+	for i := range servers {
+		opts := &server.Options{
+			ServerName: fmt.Sprintf("node%d", i+1), Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+			JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
+			Cluster: server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
+			Routes:  routes,
+		}
+		for _, tweak := range tweaks {
+			tweak(opts)
+		}
+		s, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go s.Start()
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		servers[i] = s
+	}
+	for _, s := range servers {
+		if !s.ReadyForConnections(30 * time.Second) {
+			t.Fatalf("NATS server %s not ready", s.Name())
+		}
+	}
+	CheckFor(t, time.Minute, 50*time.Millisecond, func() error {
+		leaders := 0
+		for _, s := range servers {
+			if !s.JetStreamIsCurrent() {
+				return fmt.Errorf("%s is not current with the JetStream meta leader", s.Name())
+			}
+			if s.JetStreamIsLeader() {
+				leaders++
+				// Stream placement takes only the peers the leader has
+				// stats of.
+				if peers := s.JetStreamClusterPeers(); len(peers) != n {
+					return fmt.Errorf("meta leader %s sees %d of %d JetStream peers online", s.Name(), len(peers), n)
+				}
+			}
+		}
+		if leaders != 1 {
+			return fmt.Errorf("%d JetStream meta leaders", leaders)
+		}
+		return nil
+	})
+	return servers
 }
 
 // SyncAlways is a RunServer tweak: the store flushes every write to disk

@@ -1,0 +1,73 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// ConfigDiff compares the configured streams, dead-letter streams and
+// consumers with what the server has now, as Bootstrap would, without
+// changing anything, and describes each that differs. A node applies its
+// config only when it starts or reloads; in a cluster another node's
+// start or reload with another config (or `nats stream edit`) changes the
+// shared stream under it, and this node's next start or reload would
+// change it back. A stream or consumer that does not answer is left out
+// (the Monitor reports it).
+func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
+	var out []string
+	stream := func(want jetstream.StreamConfig, table string) {
+		s, err := js.Stream(ctx, want.Name)
+		if err != nil {
+			return
+		}
+		_, changes, err := diffStream(s.CachedInfo().Config, want)
+		out = append(out, diffText("stream", want.Name, table, changes, err)...)
+	}
+	for _, name := range cfg.StreamNames() {
+		stream(StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), "[streams."+name+"]")
+	}
+	dls := cfg.DeadLetterStreams()
+	for _, name := range slices.Sorted(maps.Keys(dls)) {
+		stream(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), "the dead letters of "+strings.Join(dls[name], ", "))
+	}
+	for _, name := range cfg.ConsumerNames() {
+		cc := cfg.Consumers[name]
+		c, err := js.Consumer(ctx, cc.Stream, name)
+		if err != nil {
+			continue
+		}
+		_, changes, err := diffConsumer(cc.Stream, c.CachedInfo().Config, ConsumerSpec(name, cc))
+		out = append(out, diffText("consumer", name, "[consumers."+name+"]", changes, err)...)
+	}
+	return out
+}
+
+// diffText describes what differs between a stream or consumer on the
+// server and this node's config.
+func diffText(kind, name, table string, changes []Change, err error) []string {
+	if err != nil {
+		var de *DriftError
+		if !errors.As(err, &de) {
+			return []string{fmt.Sprintf("%s %s: %v", kind, name, err)}
+		}
+		return []string{fmt.Sprintf("%s %s: %s is %s on the server, %s in this node's config (%s): this node would refuse to start",
+			kind, name, de.Field, de.Have, de.Want, table)}
+	}
+	if len(changes) == 0 {
+		return nil
+	}
+	var fields []string
+	for _, c := range changes {
+		fields = append(fields, fmt.Sprintf("%s is %s on the server, %s in this node's config", c.Field, c.Old, c.New))
+	}
+	return []string{fmt.Sprintf("%s %s differs from this node's config (%s): %s; another node's config, a reload there or a client (nats %s edit) changed it, and this node's next start or reload changes it back: make the config the same on every node",
+		kind, name, table, strings.Join(fields, ", "), kind)}
+}
