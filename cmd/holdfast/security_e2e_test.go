@@ -219,7 +219,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	if code := d.wait(30 * time.Second); code != 1 {
 		t.Fatalf("exit %d with the wrong key, want 1", code)
 	}
-	if out := d.stderr.String(); !strings.Contains(out, "cannot be decrypted with the key in") || !strings.Contains(out, "nothing was changed on disk") {
+	if out := d.stderr.String(); !strings.Contains(out, "do not open with the key in") || !strings.Contains(out, "nothing was changed on disk") {
 		t.Errorf("no clear error with the wrong key:\n%s", out)
 	}
 }
