@@ -754,3 +754,54 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nd.proc.stderr.String())
 	}
 }
+
+// TestClusterWholeRestart: the whole site loses power — every node killed
+// (SIGKILL) under load at the same moment — and comes back: the cluster
+// forms again, every acknowledged message is still there and processed,
+// and publishing goes on. Run twice in a row (a second whole restart
+// recovers from what the first left).
+func TestClusterWholeRestart(t *testing.T) {
+	nodes, out := newRecordingCluster(t, 2)
+	startAll(t, nodes)
+	var urls []string
+	for _, nd := range nodes {
+		urls = append(urls, nd.url())
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	acked := map[string]bool{}
+	publish := func(round, n int) {
+		for i := range n {
+			id := fmt.Sprintf("w%d-%04d", round, i)
+			natstest.CheckFor(t, 2*time.Minute, 100*time.Millisecond, func() error {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_, err := js.Publish(ctx, "orders.created", []byte(id), jetstream.WithMsgID(id))
+				return err
+			})
+			acked[id] = true
+		}
+	}
+	for round := range 2 {
+		publish(round, 200)
+		for _, nd := range nodes {
+			nd.proc.signal(syscall.SIGKILL)
+		}
+		startAll(t, nodes)
+		waitReplicasCurrent(t, js, "ORDERS", 3)
+	}
+	publish(2, 100)
+	waitProcessed(t, out, acked)
+	if st := streamClusterInfo(t, js, "ORDERS").State; st.Msgs != uint64(len(acked)) {
+		t.Fatalf("stream holds %d messages, %d were acknowledged (each once, by message id)", st.Msgs, len(acked))
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+}
