@@ -756,7 +756,7 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 }
 
 // TestClusterWholeRestart: the whole site loses power — every node killed
-// (SIGKILL) under load at the same moment — and comes back: the cluster
+// (SIGKILL) at the same moment while its workers process — and comes back: the cluster
 // forms again, every acknowledged message is still there and processed,
 // and publishing goes on. Run twice in a row (a second whole restart
 // recovers from what the first left).
