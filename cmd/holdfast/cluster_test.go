@@ -81,6 +81,25 @@ func startAll(t *testing.T, nodes []*clusterNode) {
 	}
 }
 
+// clusterJetStream connects to every node's client port (moving to
+// another node when one goes away) and waits until ORDERS has a leader and
+// its three replicas are current.
+func clusterJetStream(t *testing.T, nodes []*clusterNode) jetstream.JetStream {
+	t.Helper()
+	var urls []string
+	for _, nd := range nodes {
+		urls = append(urls, nd.url())
+	}
+	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	return js
+}
+
 // streamClusterInfo reads a stream's info through any node.
 func streamClusterInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.StreamInfo {
 	t.Helper()
@@ -475,17 +494,7 @@ func TestClusterConflictingStreamConfig(t *testing.T) {
 func TestClusterRollingRestart(t *testing.T) {
 	nodes, out := newRecordingCluster(t, 2)
 	startAll(t, nodes)
-	var urls []string
-	for _, nd := range nodes {
-		urls = append(urls, nd.url())
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	waitReplicasCurrent(t, js, "ORDERS", 3)
+	js := clusterJetStream(t, nodes)
 
 	var mu sync.Mutex
 	acked := map[string]bool{}
@@ -763,17 +772,7 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 func TestClusterWholeRestart(t *testing.T) {
 	nodes, out := newRecordingCluster(t, 2)
 	startAll(t, nodes)
-	var urls []string
-	for _, nd := range nodes {
-		urls = append(urls, nd.url())
-	}
-	nc, err := nats.Connect(strings.Join(urls, ","), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, _ := jetstream.New(nc)
-	waitReplicasCurrent(t, js, "ORDERS", 3)
+	js := clusterJetStream(t, nodes)
 
 	acked := map[string]bool{}
 	publish := func(round, n int) {
