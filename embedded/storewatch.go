@@ -102,6 +102,38 @@ func (s *Server) accountDirs() []string {
 	return out
 }
 
+// accountOfDir names the account of an account's directory
+// (jetstream/<account>) or of its streams directory.
+func accountOfDir(p string) string {
+	if filepath.Base(p) == "streams" {
+		p = filepath.Dir(p)
+	}
+	return filepath.Base(p)
+}
+
+// holdsFileStreams reports whether the server holds a stream on file in
+// the account (a replica, in a cluster). When it cannot tell, it says yes.
+func (s *Server) holdsFileStreams(account string) bool {
+	if s.ns == nil {
+		return true
+	}
+	jsz, err := s.ns.Jsz(&server.JSzOptions{Account: account, Streams: true, Config: true})
+	if err != nil {
+		return true
+	}
+	for _, a := range jsz.AccountDetails {
+		if a.Name != account && a.Id != account {
+			continue
+		}
+		for _, st := range a.Streams {
+			if st.Config == nil || st.Config.Storage == server.FileStorage {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // checkAccountDirs compares the accounts' directories with what was
 // recorded, and records those seen for the first time.
 func (s *Server) checkAccountDirs(id *storeIdentity) error {
@@ -112,6 +144,12 @@ func (s *Server) checkAccountDirs(id *storeIdentity) error {
 	}
 	for p, was := range id.accounts {
 		fi, err := os.Stat(p)
+		if errors.Is(err, os.ErrNotExist) && !s.holdsFileStreams(accountOfDir(p)) {
+			// The server removes an account's directories when its last
+			// stream is deleted.
+			delete(id.accounts, p)
+			continue
+		}
 		if err != nil {
 			return fmt.Errorf("%w: %s is gone (%v)", ErrStoreLost, p, errors.Unwrap(err))
 		}

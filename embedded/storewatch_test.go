@@ -3,6 +3,7 @@ package embedded
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestCheckStore: each way the store can change under a running server is
@@ -86,6 +90,53 @@ func TestWatchStoreStopsJetStream(t *testing.T) {
 func mustDo(t *testing.T, err error) {
 	t.Helper()
 	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLastStreamDeletedIsNoStoreLoss: the server removes an account's
+// directory (jetstream/$G and its streams directory) when the account's
+// last stream is deleted. The store watch once took that for a store lost
+// while running, and holdfast exited 1 after a `nats stream rm` of the
+// last stream.
+func TestLastStreamDeletedIsNoStoreLoss(t *testing.T) {
+	s := runServer(t, testConfig(t))
+	js := s.JetStream()
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ONLY", Subjects: []string{"only.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckStore(); err != nil { // records the account's directories
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(natstest.Context(t), "ONLY"); err != nil {
+		t.Fatal(err)
+	}
+	// The server removes the (empty) directories in a goroutine of its
+	// own, which finds the streams directory still holding the stream's
+	// directory, renamed for removal, in some runs and then leaves both:
+	// do what it does once that is gone.
+	acc := filepath.Join(s.StoreDir(), "jetstream", "$G")
+	streams := filepath.Join(acc, "streams")
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		entries, err := os.ReadDir(streams)
+		if err == nil && len(entries) > 0 {
+			return fmt.Errorf("%s still holds %s", streams, entries[0].Name())
+		}
+		return nil
+	})
+	_ = os.Remove(streams)
+	_ = os.Remove(acc)
+	if _, err := os.Stat(acc); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("%s still there (%v)", acc, err)
+	}
+	if err := s.CheckStore(); err != nil {
+		t.Fatalf("the server removed the directory of an account without streams: %v", err)
+	}
+	// A stream created again makes the directories anew; they are watched.
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "AGAIN", Subjects: []string{"again.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CheckStore(); err != nil {
 		t.Fatal(err)
 	}
 }
