@@ -181,12 +181,25 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 		t.Fatalf("publish after the restore: %v, %+v (want seq %d)", err, ack, orders.LastSeq+1)
 	}
 	last := orders.LastSeq + 1
+	// Above the floor, the backup holds as acknowledged what was delivered
+	// and not pending at the snapshot (A acked it out of order): B never
+	// gets those; every other sequence up to the last it must handle.
+	ackedAbove := int(worker.Delivered-worker.AckFloor) - worker.AckPending
 	natstest.CheckFor(t, 120*time.Second, 100*time.Millisecond, func() error {
 		got := seqSet(t, outB)
+		var byA []uint64
 		for seq := worker.AckFloor + 1; seq <= last; seq++ {
-			if got[seq] == 0 {
-				return fmt.Errorf("seq %d not handled by B yet (%d handled)", seq, len(got))
+			if got[seq] > 0 {
+				continue
 			}
+			if seq > worker.Delivered || handledA[seq] == 0 {
+				return fmt.Errorf("seq %d not handled by B yet (%d handled), nor acked by A above the floor before the backup", seq, len(got))
+			}
+			byA = append(byA, seq)
+		}
+		if len(byA) != ackedAbove {
+			return fmt.Errorf("%d sequences above the floor handled by A only (%v), the backup holds %d as acknowledged above its floor (delivered %d, floor %d, %d pending)",
+				len(byA), byA, ackedAbove, worker.Delivered, worker.AckFloor, worker.AckPending)
 		}
 		return nil
 	})
