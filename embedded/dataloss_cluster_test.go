@@ -280,14 +280,7 @@ func TestClusterKeyRotation(t *testing.T) {
 	servers, _ := openCluster(t, cfgs)
 	ctx := natstest.Context(t)
 	js := servers[0].JetStream()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	for range 20 {
-		if _, err := js.Publish(ctx, "r.x", []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createFilled(t, js, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}, "r.x", 20)
 	c, err := js.CreateConsumer(ctx, "R", jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, Replicas: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -363,14 +356,7 @@ func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 	servers, _ := openCluster(t, cfgs)
 	ctx := natstest.Context(t)
 	js := servers[0].JetStream()
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	for range 20 {
-		if _, err := js.Publish(ctx, "r.x", []byte("x")); err != nil {
-			t.Fatal(err)
-		}
-	}
+	createFilled(t, js, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}, "r.x", 20)
 	for _, s := range servers {
 		if err := s.Close(context.Background()); err != nil {
 			t.Fatal(err)
@@ -397,6 +383,19 @@ func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 		}
 		if !strings.Contains(logs[i].String(), "without the copy a single node keeps") {
 			t.Errorf("%s does not say the conversion is unprotected", c.Server.Name)
+		}
+	}
+}
+
+// createFilled creates a stream and publishes n messages to subject.
+func createFilled(t *testing.T, js jetstream.JetStream, cfg jetstream.StreamConfig, subject string, n int) {
+	t.Helper()
+	if _, err := js.CreateStream(natstest.Context(t), cfg); err != nil {
+		t.Fatal(err)
+	}
+	for range n {
+		if _, err := js.Publish(natstest.Context(t), subject, []byte("x")); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
