@@ -806,3 +806,57 @@ func TestRestoreRefusesOverlappingSubjects(t *testing.T) {
 		t.Fatalf("restore over its own (empty) ZZZ: %v", err)
 	}
 }
+
+// An interrupted restore ends the server's restore before it returns:
+// nats-server 2.15.2 keeps a restore whose client stopped sending for 5 s,
+// then gives it up without announcing its end (no RESTORE_COMPLETE, which
+// the running holdfast waits for, up to 30 min, before it creates the
+// stream again) and, when the first chunk had arrived, leaves the stream
+// it registered for the restore in place with what it had stored, after
+// the client's clean-up delete found nothing to delete. Cancelled before
+// the first chunk and after it: the restore's end is announced and no
+// stream is left.
+func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 3000, 10)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	t.Cleanup(func() { afterDelete = nil })
+	for _, when := range []string{"before the first chunk", "after the first chunk"} {
+		t.Run(when, func(t *testing.T) {
+			nc2, js2 := runServer(t)
+			seed(t, js2, 1, 0)
+			ended := make(chan struct{}, 1)
+			sub, err := nc2.Subscribe("$JS.EVENT.ADVISORY.STREAM.RESTORE_COMPLETE.ORDERS", func(*nats.Msg) {
+				ended <- struct{}{}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			ctx, cancel := context.WithCancel(natstest.Context(t))
+			defer cancel()
+			opts := RestoreOptions{Replace: true}
+			afterDelete = nil
+			if when == "before the first chunk" {
+				afterDelete = func(string) { cancel() }
+			} else {
+				opts.Progress = func(p Progress) {
+					if p.Done > 0 {
+						cancel()
+					}
+				}
+			}
+			if _, _, err := Restore(ctx, nc2, dir, opts); !errors.Is(err, context.Canceled) {
+				t.Fatalf("interrupted restore: %v", err)
+			}
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the server's restore was not ended: no RESTORE_COMPLETE advisory 10 s after the interrupted restore returned")
+			}
+			if st, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || ok {
+				t.Fatalf("after the interrupted restore ORDERS exists (%v): %+v, %v", ok, st, err)
+			}
+		})
+	}
+}

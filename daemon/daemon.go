@@ -173,6 +173,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		ClusterNodes:     len(d.cfg.Cluster.Routes),
 		Degraded:         d.edge.Problems,
 		Warnings:         d.configDiffs,
+		RestoreRunning:   d.srv.RestoreRunning,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
 		return err

@@ -103,6 +103,12 @@ type MonitorOptions struct {
 	// changing its status (the streams and consumers that differ from
 	// this node's config).
 	Warnings func() []string
+	// RestoreRunning, when set, tells whether the server still runs a
+	// restore of stream; known is false where it cannot tell (in a
+	// cluster the restore runs on the stream's leader). A restore whose
+	// client was killed ends without an advisory: asked, it ends there
+	// instead of after restoreTimeout.
+	RestoreRunning func(stream string) (running, known bool)
 }
 
 // Monitor watches the JetStream state behind holdfast: that every stream
@@ -708,9 +714,26 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 // since when.
 func (m *Monitor) restoreStarted(stream string, now time.Time) (time.Time, bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	since, ok := m.restoring[stream]
-	return since, ok && now.Sub(since) < restoreTimeout
+	m.mu.Unlock()
+	if !ok || now.Sub(since) >= restoreTimeout {
+		return since, false
+	}
+	// The server announces a restore before it takes the restore's
+	// data: give it recreateGrace to start.
+	if m.opts.RestoreRunning == nil || now.Sub(since) < recreateGrace {
+		return since, true
+	}
+	if running, known := m.opts.RestoreRunning(stream); running || !known {
+		return since, true
+	}
+	m.mu.Lock()
+	if m.restoring[stream] == since {
+		delete(m.restoring, stream)
+	}
+	m.mu.Unlock()
+	m.log.Warn("restore of the stream ended without announcing it (its client stopped sending: killed, or disconnected): created again if it stays missing", "stream", stream)
+	return since, false
 }
 
 // recreate creates the configured streams and consumers again when the

@@ -47,9 +47,9 @@ func backupCommand() *cli.Command {
 				}
 				streams = only
 			}
-			// Interrupted (Ctrl-C, systemctl stop), the backup stops and
-			// removes what it wrote.
-			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
+			// backup stops and removes what it wrote.
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			bar := newProgressBar(os.Stderr, "backing up")
 			start := time.Now()

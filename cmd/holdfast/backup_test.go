@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -414,7 +415,16 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 // unhealthy, the stream missing, every publish to it failing. The
 // deletion now ends the restore for holdfast, which creates the stream
 // again.
+//
+// A closed terminal (SIGHUP: an ssh session lost) interrupts it alike;
+// it killed the restore before, with nothing cleaned up.
 func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
+		t.Run(sig.String(), func(t *testing.T) { testRestoreInterrupted(t, sig) })
+	}
+}
+
+func testRestoreInterrupted(t *testing.T, sig os.Signal) {
 	in := newE2EInstance(t)
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
@@ -452,7 +462,7 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 		}
 		return nil
 	})
-	if err := restore.Process.Signal(os.Interrupt); err != nil {
+	if err := restore.Process.Signal(sig); err != nil {
 		t.Fatal(err)
 	}
 	werr := restore.Wait()
@@ -461,9 +471,15 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 	}
 	t.Logf("interrupted restore (%v):\n%s", werr, out.String())
 
+	// The restore deleted what it left (nothing of the backup stays
+	// behind), and holdfast created ORDERS again, empty.
 	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		if _, err := js.Stream(natstest.Context(t), "ORDERS"); err != nil {
+		s, err := js.Stream(natstest.Context(t), "ORDERS")
+		if err != nil {
 			return fmt.Errorf("ORDERS after the interrupted restore: %w", err)
+		}
+		if st := s.CachedInfo().State; st.LastSeq != 0 {
+			t.Fatalf("ORDERS after the interrupted restore holds part of the backup: %+v", st)
 		}
 		return nil
 	})

@@ -60,7 +60,9 @@ func restoreCommand() *cli.Command {
 			}
 			defer nc.Close()
 			bar := newProgressBar(os.Stderr, "restoring")
-			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
+			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
+			// restore ends the server's restore and deletes what it left.
+			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
 				Streams:  c.StringSlice("stream"),
