@@ -461,19 +461,13 @@ func orphanDirs(storeDir, stream string) ([]string, error) {
 		return nil, fmt.Errorf("cannot look for the data directory of stream %q: not a valid stream name", stream)
 	}
 	root := filepath.Join(storeDir, "jetstream")
-	accounts, err := os.ReadDir(root)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
+	accounts, err := storeAccounts(root)
 	if err != nil {
 		return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
 	}
 	var dirs []string
 	for _, a := range accounts {
-		if !a.IsDir() {
-			continue
-		}
-		dir := filepath.Join(root, a.Name(), "streams", stream)
+		dir := filepath.Join(root, a, "streams", stream)
 		fi, err := os.Lstat(dir)
 		switch {
 		case errors.Is(err, os.ErrNotExist):

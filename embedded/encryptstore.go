@@ -38,30 +38,17 @@ const encryptingComplete = "COPY-COMPLETE"
 // <name>) that hold a stream in clear text: metadata and no key file.
 func clearStreams(jsDir string) ([]string, error) {
 	var out []string
-	accounts, err := os.ReadDir(jsDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	accounts, err := storeAccounts(jsDir)
 	if err != nil {
-		return nil, fmt.Errorf("cannot list %s: %w", jsDir, err)
+		return nil, err
 	}
 	for _, a := range accounts {
-		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") || a.Name() == "_js_" {
-			continue
-		}
-		sdir := filepath.Join(jsDir, a.Name(), "streams")
-		streams, err := os.ReadDir(sdir)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
+		streams, err := accountStreams(filepath.Join(jsDir, a))
 		if err != nil {
-			return nil, fmt.Errorf("cannot list %s: %w", sdir, err)
+			return nil, err
 		}
 		for _, st := range streams {
-			dir := filepath.Join(sdir, st.Name())
-			if !st.IsDir() || strings.HasPrefix(st.Name(), ".") {
-				continue
-			}
+			dir := filepath.Join(jsDir, a, "streams", st)
 			if _, err := os.Stat(filepath.Join(dir, server.JetStreamMetaFile)); err != nil {
 				continue
 			}

@@ -54,40 +54,26 @@ type storeKeyFile struct {
 // directory are left out; so is the key of a block whose data file is
 // gone.
 func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
-	accounts, err := os.ReadDir(jsDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
+	accounts, err := storeAccounts(jsDir)
 	if err != nil {
-		return nil, fmt.Errorf("cannot list %s: %w", jsDir, err)
+		return nil, err
 	}
 	var out []storeKeyFile
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
-	for _, a := range accounts {
-		if !a.IsDir() || strings.HasPrefix(a.Name(), ".") || a.Name() == "_js_" {
-			continue
-		}
-		logs, err := clusterLogKeyFiles(filepath.Join(jsDir, a.Name(), "_js_"))
+	for _, account := range accounts {
+		logs, err := clusterLogKeyFiles(filepath.Join(jsDir, account, "_js_"))
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, logs...)
-		sdir := filepath.Join(jsDir, a.Name(), "streams")
-		streams, err := os.ReadDir(sdir)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
+		streams, err := accountStreams(filepath.Join(jsDir, account))
 		if err != nil {
-			return nil, fmt.Errorf("cannot list %s: %w", sdir, err)
+			return nil, err
 		}
-		for _, st := range streams {
-			name := st.Name()
-			if !st.IsDir() || strings.HasPrefix(name, ".") {
-				continue
-			}
-			dir := filepath.Join(sdir, name)
+		for _, name := range streams {
+			dir := filepath.Join(jsDir, account, "streams", name)
 			if p := filepath.Join(dir, keyFileName); exists(p) {
-				out = append(out, storeKeyFile{path: p, account: a.Name(), context: name, stream: name, what: "stream " + name})
+				out = append(out, storeKeyFile{path: p, account: account, context: name, stream: name, what: "stream " + name})
 			}
 			mdir := filepath.Join(dir, "msgs")
 			if files, err := os.ReadDir(mdir); err == nil {
@@ -99,7 +85,7 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 					if _, err := strconv.ParseUint(idx, 10, 32); err != nil || !exists(filepath.Join(mdir, idx+blockSuffix)) {
 						continue
 					}
-					out = append(out, storeKeyFile{path: filepath.Join(mdir, f.Name()), account: a.Name(),
+					out = append(out, storeKeyFile{path: filepath.Join(mdir, f.Name()), account: account,
 						context: name + ":" + idx, stream: name, what: "message block " + idx + " of stream " + name})
 				}
 			} else if !errors.Is(err, fs.ErrNotExist) {
@@ -112,7 +98,7 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 					if !c.IsDir() || strings.HasPrefix(c.Name(), ".") || !exists(p) {
 						continue
 					}
-					out = append(out, storeKeyFile{path: p, account: a.Name(), context: name + "." + c.Name(), stream: name,
+					out = append(out, storeKeyFile{path: p, account: account, context: name + "." + c.Name(), stream: name,
 						what: "consumer " + name + " > " + c.Name()})
 				}
 			} else if !errors.Is(err, fs.ErrNotExist) {
