@@ -759,6 +759,11 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 		}
 		return nil
 	})
+	// holdfast status says it too (the daemon answers only once it serves).
+	res := runHoldfast(t, nil, "status", "--config", nd.cfg)
+	if res.code != 1 || !strings.Contains(res.stdout, "UNHEALTHY") || !strings.Contains(res.stdout, "waiting for the JetStream cluster test-cluster") {
+		t.Fatalf("holdfast status of the lone node: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	if code := nd.proc.signal(syscall.SIGTERM); code != 0 {
 		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nd.proc.stderr.String())
 	}

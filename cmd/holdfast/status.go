@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -192,6 +194,13 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		}
 	}
 	if reply == nil {
+		// A daemon still starting (a cluster node waiting for its quorum,
+		// a store being recovered) does not answer yet; its /healthz
+		// says what it waits for.
+		if h := localHealthz(ctx, cfg.HTTP.Listen); h != nil {
+			out.Health = h
+			out.Problems = append(out.Problems, "/healthz on "+cfg.HTTP.Listen+": "+h.Reason)
+		}
 		out.Problems = append(out.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", subject, err))
 	} else {
 		out.Daemon = &daemonOutput{Version: reply.Version, NATSServer: reply.NATSServer, ServerName: reply.ServerName,
@@ -630,4 +639,32 @@ func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
 		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
 			e.Edge, e.Stream, e.LastSeq, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second), e.Messages)
 	}
+}
+
+// localHealthz reads the /healthz of the holdfast listening on listen (the
+// config's http.listen; on this host when it names no address), or nil.
+func localHealthz(ctx context.Context, listen string) *pipeline.Health {
+	host, port, err := net.SplitHostPort(listen)
+	if listen == "" || err != nil {
+		return nil
+	}
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	if err != nil {
+		return nil
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil
+	}
+	defer resp.Body.Close()
+	var h pipeline.Health
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&h); err != nil || h.Status == "" {
+		return nil
+	}
+	return &h
 }
