@@ -1,14 +1,9 @@
 package daemon
 
 import (
-	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/holdfast-io/holdfast/config"
 )
 
 // TestClosedInProcessConnectionFails: the server closes a connection that
@@ -17,19 +12,7 @@ import (
 // worker, dead letter or status answer, while /healthz said OK. The
 // daemon now fails (holdfast run exits 1, systemd restarts it).
 func TestClosedInProcessConnectionFails(t *testing.T) {
-	cfg := config.DefaultConfig()
-	cfg.Server.Port = -1
-	cfg.HTTP.Listen = ""
-	cfg.JetStream.StoreDir = t.TempDir()
-	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	d := New(cfg, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := d.Open(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	d := openDefault(t)
 	if err := d.srv.Conn().Publish("orders."+strings.Repeat("x", 5000), nil); err != nil {
 		t.Fatal(err)
 	}

@@ -1,18 +1,14 @@
 package daemon
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -23,19 +19,7 @@ import (
 // created the stream again: ORDERS missing, every publish failing, the
 // health unhealthy. It now sees that the server's restore is gone.
 func TestRestoreWhoseClientDiedEnds(t *testing.T) {
-	cfg := config.DefaultConfig()
-	cfg.Server.Port = -1
-	cfg.HTTP.Listen = ""
-	cfg.JetStream.StoreDir = t.TempDir()
-	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	d := New(cfg, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := d.Open(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	d := openDefault(t)
 	nc := natstest.Connect(t, d.srv.NATS())
 	js := natstest.JetStream(t, nc)
 	ctx := natstest.Context(t)
