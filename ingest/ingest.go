@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,8 +65,10 @@ type Options struct {
 	Stream string
 	// Subjects are the configured subjects the clients publish to.
 	Subjects []string
-	// MaxMsgSize: a larger message is published alone, so that the server
-	// refuses it with its own error instead of failing a batch. 0: no limit.
+	// MaxMsgSize is the stream's max_msg_size: a message that would
+	// exceed it in a batch (data and header block with the batch headers
+	// added) is published alone, so that the server stores it, or refuses
+	// it with its own error, instead of failing a batch. 0: no limit.
 	MaxMsgSize int
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
@@ -349,10 +352,33 @@ func (c *Committer) add(m *nats.Msg) {
 		// without allow_rollup_hdrs, ...) must not fail a whole batch.
 		it.alone = true
 	}
-	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
+	// The stream's max_msg_size counts the header block, and in a batch
+	// that holds the batch headers too: a message the server would store
+	// alone may be too large inside a batch, where it would fail the
+	// whole batch.
+	if (c.opts.MaxMsgSize > 0 && len(m.Data)+batchedHeaderBytes(m.Header) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
+}
+
+// batchHeaderBytes is what sendBatch adds to a message's header block at
+// most: Nats-Batch-Id (a nuid), Nats-Batch-Sequence (up to maxBatch) and
+// Nats-Batch-Commit, each "Key: value\r\n".
+var batchHeaderBytes = len("Nats-Batch-Id: \r\n") + len(nuid.Next()) +
+	len("Nats-Batch-Sequence: \r\n") + len(strconv.Itoa(maxBatch)) + len("Nats-Batch-Commit: 1\r\n")
+
+// batchedHeaderBytes is the size of h's header block as sendBatch sends
+// it (encoded as nats.go does: "NATS/1.0\r\n", "Key: value\r\n" per value
+// with the value trimmed, "\r\n"), batch headers included.
+func batchedHeaderBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n") + batchHeaderBytes
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(textproto.TrimString(v)) + len("\r\n")
+		}
+	}
+	return n
 }
 
 // dispatch sends what may go now. When nothing is in flight, what waits

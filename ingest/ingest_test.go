@@ -336,6 +336,73 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	}
 }
 
+// TestMessagesAtMaxMsgSizeFailNoBatch: a message of exactly the stream's
+// max_msg_size (data alone, or data and headers) is stored by the server;
+// inside a batch the batch headers pushed it over, the server abandoned
+// the batch, and 1,000 other clients got "atomic publish batch is
+// incomplete" (err_code 10176), an error no plain publish ever gets. Now
+// every message is acknowledged and stored, as without group commit.
+func TestMessagesAtMaxMsgSizeFailNoBatch(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	const maxSize = 1000
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: maxSize}, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = maxSize })
+	// What the header block "NATS/1.0\r\nX: y\r\n\r\n" takes of the limit.
+	const hdrBytes = len("NATS/1.0\r\nX: y\r\n\r\n")
+	const publishers, each = 4, 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				m := nats.NewMsg("s.a")
+				m.Data = []byte(strconv.Itoa(i))
+				switch {
+				case p == 0 && i == each/2:
+					m.Data = make([]byte, maxSize)
+				case p == 1 && i == each/2:
+					m.Data = make([]byte, maxSize-hdrBytes)
+					m.Header.Set("X", "y")
+				}
+				f, err := pjs.PublishMsgAsync(m)
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				if _, err := awaitAck(f); err != nil {
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d publishes failed; stats %+v", n, c.Stats())
+	}
+	if got := len(storedBodies(t, js, "S")); got != publishers*each {
+		t.Fatalf("stored %d, want %d", got, publishers*each)
+	}
+	st := c.Stats()
+	if st.Batches == 0 || st.Refused != 0 {
+		t.Fatalf("stats %+v: want batches, none refused", st)
+	}
+	t.Logf("stats %+v", st)
+}
+
 // TestConsumersSeeConfiguredSubjects: what group commit stores is read
 // under the configured subjects, with a filter on them.
 func TestConsumersSeeConfiguredSubjects(t *testing.T) {
