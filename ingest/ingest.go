@@ -330,6 +330,16 @@ func (c *Committer) add(m *nats.Msg) {
 		c.reply(item{m: m}, b)
 		return
 	}
+	// What the NATS client cannot publish again would be lost on the way:
+	// alone, its client got no answer; in a batch, the server abandoned
+	// the whole batch for the missing message.
+	if why := unsendableHeader(m); why != "" {
+		c.log.Warn("publish refused: group commit cannot pass its headers on", "subject", m.Subject, "why", why)
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
+			Description: "group commit cannot pass this message on: " + why}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -379,6 +389,24 @@ func batchedHeaderBytes(h nats.Header) int {
 		}
 	}
 	return n
+}
+
+// unsendableHeader says why the NATS client could not publish m's
+// headers again, or "". The server stores any header block a client
+// writes, but the client library decodes it into a map (a block it cannot
+// decode arrives as none, Msg.Size still counting it) and publishes only
+// names of printable ASCII without any of "()/,:;<=>?@[\]{} and the
+// double quote (nats.go isHeaderKeyValid; PublishMsg fails otherwise).
+func unsendableHeader(m *nats.Msg) string {
+	if m.Header == nil && m.Size() > len(m.Subject)+len(m.Reply)+len(m.Data) {
+		return "its header block is not one the NATS client can read"
+	}
+	for k := range m.Header {
+		if k == "" || strings.IndexFunc(k, func(r rune) bool { return r < 33 || r > 126 || strings.ContainsRune(`"()/,:;<=>?@[\]{}`, r) }) >= 0 {
+			return fmt.Sprintf("header name %q is not one the NATS client can publish", k)
+		}
+	}
+	return ""
 }
 
 // dispatch sends what may go now. When nothing is in flight, what waits
