@@ -132,7 +132,11 @@ type Committer struct {
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
 	ids      map[string]struct{} // Nats-Msg-Ids sent within the duplicate window
-	idOrder  []sentID            // the same ids with their time, oldest first
+	// unflushed is the target of the last message published with its
+	// client's reply since the last unit went out, or "": the stream may
+	// not have applied it yet (see run).
+	unflushed string
+	idOrder   []sentID // the same ids with their time, oldest first
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -303,7 +307,15 @@ func (c *Committer) run(ctx context.Context) {
 		}
 		c.dispatch()
 		if closing == nil && len(c.in) == 0 && len(c.pend) == 0 && len(c.inflight) == 0 {
-			return
+			// What went out with the clients' replies is answered by the
+			// stream itself: a marker's answer says it applied all of it.
+			// Without it, a reload that turns group commit off could
+			// remove the transform while the stream still held some of
+			// them, and store them under the prefixed subjects.
+			if c.unflushed == "" {
+				return
+			}
+			c.sendMarker(c.unflushed, nil)
 		}
 	}
 }
@@ -495,7 +507,8 @@ func (c *Committer) forward(it item) {
 	c.remember(it)
 	c.sent++
 	c.forwarded.Add(1)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+	c.unflushed = c.target(it.m)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
 		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 	}
 }
@@ -509,6 +522,7 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	}
 	u := &unit{msgs: msgs, order: c.sent, start: time.Now(), risky: risky}
 	c.inflight[id] = u
+	c.unflushed = "" // the stream answers u after what went before it
 	if risky {
 		c.risky++
 	}
@@ -532,11 +546,17 @@ func (c *Committer) sendSingles(msgs []item) {
 			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 		}
 	}
+	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs)
+}
+
+// sendMarker publishes a marker to target (a subject of the stream) as
+// the unit of msgs, which went out before it with their clients' replies.
+func (c *Committer) sendMarker(target string, msgs []item) {
 	reply, u := c.newUnit(msgs, false)
 	u.marker = true
 	h := nats.Header{}
 	h.Set("Nats-Expected-Stream", markerStream)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(msgs[len(msgs)-1].m), Reply: reply, Header: h}); err != nil {
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: target, Reply: reply, Header: h}); err != nil {
 		c.log.Warn("cannot publish a marker", "err", err)
 	}
 }

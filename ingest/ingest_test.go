@@ -574,6 +574,55 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 	}
 }
 
+// TestCloseWaitsForForwarded: Close returns only once the stream applied
+// what went out with the clients' own replies (here with a
+// Nats-Expected-Stream header), so the reload that turns group commit off
+// right after cannot have them stored under the prefixed subjects. Close
+// returned when its batches were answered, and a stream update removing
+// the transform at once left 2,729 of 3,000 acknowledged messages stored
+// as $HOLDFAST.GC.S.s.a.
+func TestCloseWaitsForForwarded(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	pnc := natstest.Connect(t, s)
+	pjs := natstest.JetStream(t, pnc, jetstream.WithPublishAsyncMaxPending(5000))
+	const n = 3000
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), jetstream.WithExpectStream("S"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	if err := pnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What a reload turning group commit off does next.
+	natstest.EditStream(t, js, "S", func(sc *jetstream.StreamConfig) { sc.Subjects, sc.SubjectTransform = []string{"s.*"}, nil })
+	for i, f := range futs {
+		if _, err := awaitAck(f); err != nil {
+			t.Fatalf("publish %d, taken before Close: %v", i, err)
+		}
+	}
+	stored := storedBodies(t, js, "S")
+	prefixed := 0
+	for _, m := range stored {
+		if m.Subject != "s.a" {
+			prefixed++
+		}
+	}
+	if len(stored) != n || prefixed > 0 {
+		t.Fatalf("stored %d of %d acknowledged, %d of them not under s.a; stats %+v", len(stored), n, prefixed, c.Stats())
+	}
+}
+
 // TestBatchesCutAtServerLimit: more waiting messages than the server's
 // maximum atomic batch (1000) go out in several batches, none refused.
 func TestBatchesCutAtServerLimit(t *testing.T) {
