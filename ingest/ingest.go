@@ -27,6 +27,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net/textproto"
 	"strconv"
 	"strings"
 	"sync"
@@ -64,8 +65,10 @@ type Options struct {
 	Stream string
 	// Subjects are the configured subjects the clients publish to.
 	Subjects []string
-	// MaxMsgSize: a larger message is published alone, so that the server
-	// refuses it with its own error instead of failing a batch. 0: no limit.
+	// MaxMsgSize is the stream's max_msg_size: a message that would
+	// exceed it in a batch (data and header block with the batch headers
+	// added) is published alone, so that the server stores it, or refuses
+	// it with its own error, instead of failing a batch. 0: no limit.
 	MaxMsgSize int
 	// DuplicateWindow is the stream's duplicate window: a Nats-Msg-Id sent
 	// within it goes alone next time (the server answers "duplicate"
@@ -129,7 +132,11 @@ type Committer struct {
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
 	ids      map[string]struct{} // Nats-Msg-Ids sent within the duplicate window
-	idOrder  []sentID            // the same ids with their time, oldest first
+	// unflushed is the target of the last message published with its
+	// client's reply since the last unit went out, or "": the stream may
+	// not have applied it yet (see run).
+	unflushed string
+	idOrder   []sentID // the same ids with their time, oldest first
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -300,7 +307,15 @@ func (c *Committer) run(ctx context.Context) {
 		}
 		c.dispatch()
 		if closing == nil && len(c.in) == 0 && len(c.pend) == 0 && len(c.inflight) == 0 {
-			return
+			// What went out with the clients' replies is answered by the
+			// stream itself: a marker's answer says it applied all of it.
+			// Without it, a reload that turns group commit off could
+			// remove the transform while the stream still held some of
+			// them, and store them under the prefixed subjects.
+			if c.unflushed == "" {
+				return
+			}
+			c.sendMarker(c.unflushed, nil)
 		}
 	}
 }
@@ -327,6 +342,16 @@ func (c *Committer) add(m *nats.Msg) {
 		c.reply(item{m: m}, b)
 		return
 	}
+	// What the NATS client cannot publish again would be lost on the way:
+	// alone, its client got no answer; in a batch, the server abandoned
+	// the whole batch for the missing message.
+	if why := unsendableHeader(m); why != "" {
+		c.log.Warn("publish refused: group commit cannot pass its headers on", "subject", m.Subject, "why", why)
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
+			Description: "group commit cannot pass this message on: " + why}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -349,10 +374,51 @@ func (c *Committer) add(m *nats.Msg) {
 		// without allow_rollup_hdrs, ...) must not fail a whole batch.
 		it.alone = true
 	}
-	if (c.opts.MaxMsgSize > 0 && len(m.Data) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
+	// The stream's max_msg_size counts the header block, and in a batch
+	// that holds the batch headers too: a message the server would store
+	// alone may be too large inside a batch, where it would fail the
+	// whole batch.
+	if (c.opts.MaxMsgSize > 0 && len(m.Data)+batchedHeaderBytes(m.Header) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
+}
+
+// batchHeaderBytes is what sendBatch adds to a message's header block at
+// most: Nats-Batch-Id (a nuid), Nats-Batch-Sequence (up to maxBatch) and
+// Nats-Batch-Commit, each "Key: value\r\n".
+var batchHeaderBytes = len("Nats-Batch-Id: \r\n") + len(nuid.Next()) +
+	len("Nats-Batch-Sequence: \r\n") + len(strconv.Itoa(maxBatch)) + len("Nats-Batch-Commit: 1\r\n")
+
+// batchedHeaderBytes is the size of h's header block as sendBatch sends
+// it (encoded as nats.go does: "NATS/1.0\r\n", "Key: value\r\n" per value
+// with the value trimmed, "\r\n"), batch headers included.
+func batchedHeaderBytes(h nats.Header) int {
+	n := len("NATS/1.0\r\n\r\n") + batchHeaderBytes
+	for k, vs := range h {
+		for _, v := range vs {
+			n += len(k) + len(": ") + len(textproto.TrimString(v)) + len("\r\n")
+		}
+	}
+	return n
+}
+
+// unsendableHeader says why the NATS client could not publish m's
+// headers again, or "". The server stores any header block a client
+// writes, but the client library decodes it into a map (a block it cannot
+// decode arrives as none, Msg.Size still counting it) and publishes only
+// names of printable ASCII without any of "()/,:;<=>?@[\]{} and the
+// double quote (nats.go isHeaderKeyValid; PublishMsg fails otherwise).
+func unsendableHeader(m *nats.Msg) string {
+	if m.Header == nil && m.Size() > len(m.Subject)+len(m.Reply)+len(m.Data) {
+		return "its header block is not one the NATS client can read"
+	}
+	for k := range m.Header {
+		if k == "" || strings.IndexFunc(k, func(r rune) bool { return r < 33 || r > 126 || strings.ContainsRune(`"()/,:;<=>?@[\]{}`, r) }) >= 0 {
+			return fmt.Sprintf("header name %q is not one the NATS client can publish", k)
+		}
+	}
+	return ""
 }
 
 // dispatch sends what may go now. When nothing is in flight, what waits
@@ -441,7 +507,8 @@ func (c *Committer) forward(it item) {
 	c.remember(it)
 	c.sent++
 	c.forwarded.Add(1)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+	c.unflushed = c.target(it.m)
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
 		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 	}
 }
@@ -455,6 +522,7 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	}
 	u := &unit{msgs: msgs, order: c.sent, start: time.Now(), risky: risky}
 	c.inflight[id] = u
+	c.unflushed = "" // the stream answers u after what went before it
 	if risky {
 		c.risky++
 	}
@@ -478,11 +546,17 @@ func (c *Committer) sendSingles(msgs []item) {
 			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 		}
 	}
+	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs)
+}
+
+// sendMarker publishes a marker to target (a subject of the stream) as
+// the unit of msgs, which went out before it with their clients' replies.
+func (c *Committer) sendMarker(target string, msgs []item) {
 	reply, u := c.newUnit(msgs, false)
 	u.marker = true
 	h := nats.Header{}
 	h.Set("Nats-Expected-Stream", markerStream)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(msgs[len(msgs)-1].m), Reply: reply, Header: h}); err != nil {
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: target, Reply: reply, Header: h}); err != nil {
 		c.log.Warn("cannot publish a marker", "err", err)
 	}
 }

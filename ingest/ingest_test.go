@@ -1,11 +1,13 @@
 package ingest
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -336,6 +338,174 @@ func TestErrorsAsTheServerGivesThem(t *testing.T) {
 	}
 }
 
+// TestMessagesAtMaxMsgSizeFailNoBatch: a message of exactly the stream's
+// max_msg_size (data alone, or data and headers) is stored by the server;
+// inside a batch the batch headers pushed it over, the server abandoned
+// the batch, and 1,000 other clients got "atomic publish batch is
+// incomplete" (err_code 10176), an error no plain publish ever gets. Now
+// every message is acknowledged and stored, as without group commit.
+func TestMessagesAtMaxMsgSizeFailNoBatch(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	const maxSize = 1000
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: maxSize}, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = maxSize })
+	// What the header block "NATS/1.0\r\nX: y\r\n\r\n" takes of the limit.
+	const hdrBytes = len("NATS/1.0\r\nX: y\r\n\r\n")
+	const publishers, each = 4, 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				m := nats.NewMsg("s.a")
+				m.Data = []byte(strconv.Itoa(i))
+				switch {
+				case p == 0 && i == each/2:
+					m.Data = make([]byte, maxSize)
+				case p == 1 && i == each/2:
+					m.Data = make([]byte, maxSize-hdrBytes)
+					m.Header.Set("X", "y")
+				}
+				f, err := pjs.PublishMsgAsync(m)
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				if _, err := awaitAck(f); err != nil {
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d publishes failed; stats %+v", n, c.Stats())
+	}
+	if got := len(storedBodies(t, js, "S")); got != publishers*each {
+		t.Fatalf("stored %d, want %d", got, publishers*each)
+	}
+	st := c.Stats()
+	if st.Batches == 0 || st.Refused != 0 {
+		t.Fatalf("stats %+v: want batches, none refused", st)
+	}
+	t.Logf("stats %+v", st)
+}
+
+// TestUnsendableHeadersRefusedAlone: a client writing the protocol itself
+// may send a header the NATS client cannot publish again (a name with
+// "=", or a line without a colon). The committer's publish of it failed:
+// alone, its client got no answer at all; in a batch, the server
+// abandoned the batch for the missing message and up to 1,000 other
+// clients got "atomic publish batch is incomplete". Each such publish now
+// gets an error saying why, and every other publish is stored.
+func TestUnsendableHeadersRefusedAlone(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+
+	conn, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	raw := bufio.NewReader(conn)
+	if _, err := raw.ReadString('\n'); err != nil { // INFO
+		t.Fatal(err)
+	}
+	if _, err := fmt.Fprint(conn, "CONNECT {\"verbose\":false,\"headers\":true,\"protocol\":1}\r\nSUB raw.> 1\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	blocks := []string{"NATS/1.0\r\nX-Eq=Name: v\r\n\r\n", "NATS/1.0\r\nno colon\r\n\r\n"}
+	const bad = 20
+
+	const publishers, each = 4, 3000
+	var wg sync.WaitGroup
+	errs := make(chan error, publishers*each)
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			for i := range each {
+				f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for i, f := range futs {
+				if _, err := awaitAck(f); err != nil {
+					errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+				}
+			}
+		}()
+	}
+	// Among them, the raw client's publishes.
+	for i := range bad {
+		hdr := blocks[i%len(blocks)]
+		if _, err := fmt.Fprintf(conn, "HPUB s.a raw.%d %d %d\r\n%sx\r\n", i, len(hdr), len(hdr)+1, hdr); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	answers := map[string]string{}
+	if err := conn.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for len(answers) < bad {
+		line, err := raw.ReadString('\n')
+		if err != nil {
+			t.Fatalf("%d of %d raw publishes answered: %v", len(answers), bad, err)
+		}
+		var subj, sid string
+		var size int
+		if n, _ := fmt.Sscanf(line, "MSG %s %s %d", &subj, &sid, &size); n != 3 {
+			continue // PING, INFO
+		}
+		body := make([]byte, size+2)
+		if _, err := io.ReadFull(raw, body); err != nil {
+			t.Fatal(err)
+		}
+		answers[subj] = string(body[:size])
+	}
+	for subj, a := range answers {
+		if !strings.Contains(a, `"code":400`) || !strings.Contains(a, "cannot pass") {
+			t.Errorf("%s: answer %s, want an error saying group commit cannot pass it on", subj, a)
+		}
+	}
+	wg.Wait()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d publishes failed; stats %+v", n, c.Stats())
+	}
+	if got := len(storedBodies(t, js, "S")); got != publishers*each {
+		t.Fatalf("stored %d, want %d", got, publishers*each)
+	}
+	t.Logf("stats %+v", c.Stats())
+}
+
 // TestConsumersSeeConfiguredSubjects: what group commit stores is read
 // under the configured subjects, with a filter on them.
 func TestConsumersSeeConfiguredSubjects(t *testing.T) {
@@ -401,6 +571,55 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 	}
 	if _, err := js.Publish(context.Background(), "s.a", nil, jetstream.WithRetryAttempts(0)); !errors.Is(err, jetstream.ErrNoStreamResponse) {
 		t.Fatalf("publish after Close: %v, want no responders", err)
+	}
+}
+
+// TestCloseWaitsForForwarded: Close returns only once the stream applied
+// what went out with the clients' own replies (here with a
+// Nats-Expected-Stream header), so the reload that turns group commit off
+// right after cannot have them stored under the prefixed subjects. Close
+// returned when its batches were answered, and a stream update removing
+// the transform at once left 2,729 of 3,000 acknowledged messages stored
+// as $HOLDFAST.GC.S.s.a.
+func TestCloseWaitsForForwarded(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	pnc := natstest.Connect(t, s)
+	pjs := natstest.JetStream(t, pnc, jetstream.WithPublishAsyncMaxPending(5000))
+	const n = 3000
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), jetstream.WithExpectStream("S"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	if err := pnc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// What a reload turning group commit off does next.
+	natstest.EditStream(t, js, "S", func(sc *jetstream.StreamConfig) { sc.Subjects, sc.SubjectTransform = []string{"s.*"}, nil })
+	for i, f := range futs {
+		if _, err := awaitAck(f); err != nil {
+			t.Fatalf("publish %d, taken before Close: %v", i, err)
+		}
+	}
+	stored := storedBodies(t, js, "S")
+	prefixed := 0
+	for _, m := range stored {
+		if m.Subject != "s.a" {
+			prefixed++
+		}
+	}
+	if len(stored) != n || prefixed > 0 {
+		t.Fatalf("stored %d of %d acknowledged, %d of them not under s.a; stats %+v", len(stored), n, prefixed, c.Stats())
 	}
 }
 

@@ -77,9 +77,16 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	if id := out.Header.Get(nats.MsgIdHdr); id != "" {
 		out.Header.Set(HeaderOriginalMsgID, id)
 	}
-	// Server-set headers of the original must not steer the new publish.
-	for _, h := range []string{nats.ExpectedStreamHdr, nats.ExpectedLastSeqHdr, nats.ExpectedLastSubjSeqHdr, nats.ExpectedLastMsgIdHdr, "Nats-TTL"} {
-		out.Header.Del(h)
+	// Server-set headers of the original must not steer the new publish:
+	// its expected-state checks, its TTL, and the Nats-Batch-* headers the
+	// server keeps on every message of an atomic batch (group commit
+	// stores through them), which would make the dead letter's publish an
+	// atomic batch message the dead-letter stream refuses. The server
+	// drops the same prefixes when it sources a message.
+	for k := range out.Header {
+		if l := strings.ToLower(k); strings.HasPrefix(l, "nats-expected-") || strings.HasPrefix(l, "nats-batch-") || l == "nats-ttl" {
+			delete(out.Header, k)
+		}
 	}
 	out.Header.Set(nats.MsgIdHdr, DeadLetterMsgID(m.Stream, consumer, m.Sequence, streamCreated))
 	out.Header.Set(HeaderError, reason)

@@ -374,6 +374,54 @@ func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
 	}
 }
 
+// A stream with group_commit stores what holdfast's ingest sends as
+// atomic batches, and the server keeps the batch headers on every stored
+// message (Nats-Batch-Id, Nats-Batch-Sequence, Nats-Batch-Commit on the
+// last). The dead letter copied them, so its publish was an atomic batch
+// message the dead-letter stream refused ("atomic publish is disabled",
+// 10174) every time: the messages were never dead-lettered. They are
+// dropped, as the server drops them when it sources a message.
+func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
+	e := startEnvWith(t, func(cfg *config.Config) { cfg.Streams["ORDERS"].GroupCommit = true })
+	e.workers(failing("bad"), 1)
+	nc := e.srv.Conn()
+	inbox := nc.NewInbox()
+	reply, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	for i := 1; i <= n; i++ {
+		m := nats.NewMsg(config.GroupCommitSubject("ORDERS", "orders.created"))
+		m.Data = []byte(fmt.Sprint(i))
+		m.Header.Set("X-Mine", "kept")
+		m.Header.Set("Nats-Batch-Id", "b1")
+		m.Header.Set("Nats-Batch-Sequence", fmt.Sprint(i))
+		if i == n {
+			m.Header.Set("Nats-Batch-Commit", "1")
+			m.Reply = inbox
+		}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := reply.NextMsg(10 * time.Second); err != nil || !strings.Contains(string(r.Data), `"count":3`) {
+		t.Fatalf("batch not committed: %v %v", r, err)
+	}
+	e.waitDLQ(n)
+	for seq := uint64(1); seq <= n; seq++ {
+		dl := e.dlqMsg(seq)
+		for k := range dl.Header {
+			if strings.HasPrefix(k, "Nats-Batch-") {
+				t.Fatalf("dead letter %d carries %s", seq, k)
+			}
+		}
+		if dl.Header.Get("X-Mine") != "kept" {
+			t.Fatalf("dead letter %d lost the message's own header: %v", seq, dl.Header)
+		}
+	}
+}
+
 // Issue 12: the goroutine that dead-letters a message from a max-
 // deliveries advisory was not tracked, and Close returned while it still
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never

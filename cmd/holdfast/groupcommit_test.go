@@ -249,3 +249,45 @@ func TestGroupCommitWithAuth(t *testing.T) {
 	gcCheckStored(t, js, acks, 1200)
 	d.stop()
 }
+
+// TestGroupCommitDeadLetters: messages that group commit stored in a
+// batch carry the server's Nats-Batch-* headers; a handler that fails them
+// has every one dead-lettered (the dead letters drop those headers; with
+// them, the dead-letter stream refused every publish as an atomic batch
+// message and the messages were never dead-lettered).
+func TestGroupCommitDeadLetters(t *testing.T) {
+	in := newE2EInstance(t)
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	text := strings.Replace(e2eConfigTOML(in.store, in.port, ""), "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n", 1)
+	in.cfg = e2eWriteConfig(t, strings.Replace(text, "workers = 0\n", fmt.Sprintf("workers = 4\nhandler = \"exec\"\n\n[consumers.WORKER1.exec]\ncommand = [%q]\ntimeout = \"20s\"\n", script), 1))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	acks := gcPublish(t, in.url(), 4, 40, "dl")
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batched := 0
+	for _, list := range acks {
+		for _, a := range list {
+			m, err := s.GetMsg(natstest.Context(t), a.seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Header.Get("Nats-Batch-Id") != "" {
+				batched++
+			}
+		}
+	}
+	if batched == 0 {
+		t.Fatal("no message was stored in a batch: the test proves nothing")
+	}
+	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
+		if n := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); n != 160 {
+			return fmt.Errorf("%d dead letters, want 160 (%d of them stored in batches)", n, batched)
+		}
+		return nil
+	})
+	d.stop()
+}
