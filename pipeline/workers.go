@@ -333,6 +333,12 @@ func (w *Workers) fetch() {
 		case <-w.runCtx.Done():
 			return
 		}
+		if w.runCtx.Err() != nil {
+			// The select may take a freed place over the stop: no pull
+			// request after the drain began (see giveBack).
+			w.slots <- free[0]
+			return
+		}
 	more:
 		for len(free) < cap(w.slots) {
 			select {
@@ -370,9 +376,13 @@ func (w *Workers) fetch() {
 // queued.
 //
 // The request runs to its end even when the workers stop (at most
-// fetchWait), so that what arrives meanwhile is given back at once.
+// fetchWait); what arrives after the drain began is given back when the
+// request has ended, not before: a message given back while the request
+// is open is delivered to it again at once, and again, each time spending
+// a delivery of max_deliver (see giveBack).
 func (w *Workers) fetchBatch(free []int) (int, error) {
 	got := 0
+	var late []jetstream.Msg
 	// Every message of the request counts as received when the request
 	// was sent: no later than the server's ack-wait clock started, so its
 	// keep-alive comes early rather than late, for one clock read per
@@ -380,8 +390,7 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 	sent := time.Now()
 	_, err := w.puller.pull(context.Background(), len(free), fetchWait, func(msg jetstream.Msg) {
 		if w.stopping.Load() {
-			// Arrived after the drain began: give it back at once.
-			w.giveBack(msg)
+			late = append(late, msg)
 			return
 		}
 		slot := free[got]
@@ -389,6 +398,9 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 		got++
 		w.queue <- delivery{msg: msg, slot: slot} // never blocks: a place was taken for it
 	})
+	for _, msg := range late {
+		w.giveBack(msg)
+	}
 	return got, err
 }
 
@@ -403,7 +415,9 @@ func (w *Workers) work(i int) {
 	defer w.wg.Done()
 	for d := range w.queue {
 		if w.stopping.Load() {
-			// Queued when the drain began: give it back at once.
+			// Queued when the drain began: give it back once the last
+			// pull request has ended (see giveBack).
+			<-w.fetcherDone
 			w.giveBack(d.msg)
 		} else {
 			w.process(i, d.msg)
@@ -453,8 +467,10 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 // settle acks, naks or dead-letters a handled message.
 func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 	if w.handlerCtx.Err() != nil && res.Outcome != Success {
-		// Cancelled by shutdown: hand it back for the next start.
+		// Cancelled by shutdown: hand it back for the next start, once
+		// the last pull request has ended (see giveBack).
 		w.log.Info("handler interrupted by shutdown: message returned", "seq", m.Sequence)
+		<-w.fetcherDone
 		w.giveBack(msg)
 		return
 	}
