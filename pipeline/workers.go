@@ -97,8 +97,12 @@ type Workers struct {
 	fetcherDone chan struct{}
 	aliveStop   chan struct{} // closed when the workers stopped
 	aliveDone   chan struct{} // closed when the in-progress ticker stopped
-	acks        *acker
-	puller      *puller
+	// ackWait is the consumer's ack_wait in nanoseconds (see AckWait);
+	// ackWaitChanged wakes the in-progress ticker when it changed.
+	ackWait        atomic.Int64
+	ackWaitChanged chan struct{}
+	acks           *acker
+	puller         *puller
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -134,6 +138,8 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		ShutdownTimeout: 20 * time.Second,
 	}
 	w.activity.running = make([]atomic.Int64, opts.Workers)
+	w.ackWait.Store(int64(opts.AckWait))
+	w.ackWaitChanged = make(chan struct{}, 1)
 	return w
 }
 
@@ -281,6 +287,9 @@ func (h *heldMsg) due(now time.Time, after time.Duration) jetstream.Msg {
 // none goes ack_wait without one (at most 3/4 of it) — whether it waits in
 // the queue behind slow handlers or is being handled. A message handled
 // well within ack_wait/2 costs nothing here but two stores.
+//
+// The pace follows the consumer's ack_wait as the server has it now (see
+// SetAckWait), not only the one the workers started with.
 func (w *Workers) keepHeldAlive() {
 	defer close(w.aliveDone)
 	every := w.inProgressInterval()
@@ -289,19 +298,28 @@ func (w *Workers) keepHeldAlive() {
 	for {
 		select {
 		case <-t.C:
+		case <-w.ackWaitChanged:
+			every = w.inProgressInterval()
+			t.Reset(every / 2)
+			continue
 		case <-w.aliveStop:
 			return
 		}
-		now := time.Now()
-		for i := range w.held {
-			msg := w.held[i].due(now, every)
-			if msg == nil {
-				continue
-			}
-			// Already acked: it was settled since; nothing to keep alive.
-			if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
-			}
+		w.sendInProgress(time.Now(), every)
+	}
+}
+
+// sendInProgress sends an in-progress ack for every held message whose
+// last sign of life (receipt or in-progress ack) is at least after old at now.
+func (w *Workers) sendInProgress(now time.Time, after time.Duration) {
+	for i := range w.held {
+		msg := w.held[i].due(now, after)
+		if msg == nil {
+			continue
+		}
+		// Already acked: it was settled since; nothing to keep alive.
+		if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
 		}
 	}
 }
