@@ -39,7 +39,10 @@ type ConsumerOptions struct {
 	// DeadLetter is the dead-letter stream, or "" to terminate failed
 	// messages with a log line only.
 	DeadLetter string
-	Handler    Handler
+	// Handler handles each message. When it keeps connections for reuse
+	// (it has a CloseIdleConnections method, as HTTPHandler does), Close
+	// closes them once the workers stopped.
+	Handler Handler
 	// OnResult, when set, is called after each handled message (metrics).
 	OnResult func(consumer string, res Result, took time.Duration)
 	// Stats, when set, receives the counters, so that workers replaced at
@@ -581,6 +584,12 @@ func (w *Workers) Close(ctx context.Context) error {
 			<-done
 		}
 		w.cancelHandler()
+		// A reload replaces the handler: its keep-alive connections would
+		// stay open, idle, until the endpoint or the idle timeout (90s)
+		// closed them — one per worker at each reload.
+		if c, ok := w.opts.Handler.(interface{ CloseIdleConnections() }); ok {
+			c.CloseIdleConnections()
+		}
 		w.log.Info("workers stopped", "processed", w.stats.Processed.Load(), "acked", w.stats.Acked.Load(),
 			"retried", w.stats.Retried.Load(), "dead_lettered", w.stats.DeadLettered.Load())
 	})
