@@ -516,6 +516,16 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 		// one that would remove dead letters).
 		trial := applied
 		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
+		// The server applies a shorter ack_wait to the messages already
+		// delivered, while the consumers' workers still run and drain one
+		// after another below: they keep their messages alive at its pace
+		// from now on, or those would be delivered again while their
+		// handlers run.
+		for _, w := range d.workers {
+			if cc := trial.Consumers[w.Options().Consumer]; cc != nil && cc.AckWait.Duration > 0 && cc.AckWait.Duration < w.AckWait() {
+				w.SetAckWait(cc.AckWait.Duration)
+			}
+		}
 		// Group commit stops before its stream leaves the configured
 		// subjects to clients, and starts once it has the prefixed ones.
 		stopGC, startGC := groupCommitChanged(cur, &trial)

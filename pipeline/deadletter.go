@@ -309,7 +309,7 @@ func (w *Workers) keepInHand(msg jetstream.Msg, seq uint64) (release func()) {
 	if err := msg.InProgress(); err != nil {
 		onErr(err)
 	}
-	return keepAlive(msg, w.inProgressInterval(), onErr)
+	return keepAlive(msg, w.inProgressInterval, onErr)
 }
 
 // terminateDeadLettered terminates a message whose dead letter is stored.
@@ -332,34 +332,66 @@ func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *Message, reason st
 const defaultAckWait = 30 * time.Second
 
 // inProgressInterval is how long a message in hand may go without an
-// in-progress ack: half of ack_wait (of the server's default when
-// ConsumerOptions.AckWait is zero). Both the held messages
-// (keepHeldAlive) and a message kept for its dead letter (keepInHand) use
-// it.
+// in-progress ack: half of the consumer's ack_wait (see AckWait). Both the
+// held messages (keepHeldAlive) and a message kept for its dead letter
+// (keepInHand) use it.
 func (w *Workers) inProgressInterval() time.Duration {
-	if w.opts.AckWait > 0 {
-		return w.opts.AckWait / 2
-	}
-	return defaultAckWait / 2
+	return w.AckWait() / 2
 }
 
-// keepAlive sends an in-progress ack every interval until the returned
+// AckWait is the consumer's ack_wait the workers keep their messages
+// alive for: ConsumerOptions.AckWait (the server's default, 30s, when
+// zero) until SetAckWait tells them another.
+func (w *Workers) AckWait() time.Duration {
+	if d := time.Duration(w.ackWait.Load()); d > 0 {
+		return d
+	}
+	return defaultAckWait
+}
+
+// SetAckWait tells the workers the consumer's ack_wait as the server has
+// it now, when it may have changed while they run: a reload that changes
+// it (before the server applies it), nats consumer edit, another cluster
+// node's config (the Monitor passes on what it reads). Their in-progress
+// acks follow it. A shorter one takes effect before SetAckWait returns:
+// every message they hold whose last in-progress ack is older than half of
+// it gets one at once — else the server, which applies a new ack_wait to
+// the messages already delivered, would deliver them again while their
+// handlers still run. A zero or negative d is ignored.
+func (w *Workers) SetAckWait(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	old := time.Duration(w.ackWait.Swap(int64(d)))
+	if old == d || w.held == nil {
+		return
+	}
+	if old <= 0 || d < old {
+		w.sendInProgress(time.Now(), d/2)
+	}
+	select {
+	case w.ackWaitChanged <- struct{}{}:
+	default:
+	}
+}
+
+// keepAlive sends an in-progress ack every interval() until the returned
 // stop is called: one timer for a message that left the workers' hands
 // (keepHeldAlive covers those) while its dead letter is retried.
-func keepAlive(msg jetstream.Msg, interval time.Duration, onErr func(error)) (stop func()) {
+func keepAlive(msg jetstream.Msg, interval func() time.Duration, onErr func(error)) (stop func()) {
 	var mu sync.Mutex
 	stopped := false
 	var t *time.Timer
 	mu.Lock()
 	defer mu.Unlock()
-	t = time.AfterFunc(interval, func() {
+	t = time.AfterFunc(interval(), func() {
 		if err := msg.InProgress(); err != nil {
 			onErr(err)
 		}
 		mu.Lock()
 		defer mu.Unlock()
 		if !stopped {
-			t.Reset(interval)
+			t.Reset(interval())
 		}
 	})
 	return func() {

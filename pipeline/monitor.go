@@ -907,6 +907,11 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 		return cs
 	}
 	ci := c.CachedInfo()
+	if t.mc.Workers != nil {
+		// ack_wait changed by nats consumer edit or another node's
+		// config: the workers' in-progress acks follow it.
+		t.mc.Workers.SetAckWait(ci.Config.AckWait)
+	}
 	var obs observation
 	if filtered(si.Config.Subjects, ci.Config) {
 		obs, err = m.observeFiltered(ctx, s, si, ci, t)

@@ -53,6 +53,14 @@ func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *Messa
 // they are stopping: Nak (redelivered at once, at the next start at the
 // latest), or — on its last allowed delivery, with a dead-letter stream —
 // parked for the next start.
+//
+// The workers call it only when no pull request of theirs is open any
+// more: the server would deliver the message to that request again at
+// once, the workers (stopping) would give it back again, and so on until
+// the request's batch ran out — each round spending a delivery, so that a
+// message published during a stop reached max_deliver in milliseconds
+// without a handler ever seeing it (parked, or with dead_letter = ""
+// given up by the server).
 func (w *Workers) giveBack(msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err == nil && w.opts.MaxDeliver > 0 && md.NumDelivered >= uint64(w.opts.MaxDeliver) && w.opts.DeadLetter != "" {

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -117,6 +118,65 @@ func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAckWaitEditedWhileHandlersRun: when the consumer's ack_wait is
+// lowered on the server while a handler runs (nats consumer edit, another
+// node's config), the workers learn it from the Monitor and keep the
+// message alive at the new pace. They used to keep the pace of the
+// ack_wait they started with (20s: an in-progress ack every 10s), and the
+// server delivered the message again 3s after its receipt while its 5s
+// handler still ran, and again 3s later: 3 concurrent runs of one message.
+func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 2
+		cc.AckWait = config.Dur(20 * time.Second)
+	})
+	var mu sync.Mutex
+	runs := map[uint64][]uint64{} // seq -> deliveries handled
+	started := make(chan struct{}, 10)
+	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+		mu.Lock()
+		runs[msg.Sequence] = append(runs[msg.Sequence], msg.Delivery)
+		mu.Unlock()
+		started <- struct{}{}
+		select {
+		case <-time.After(5 * time.Second):
+		case <-ctx.Done():
+		}
+		return pipeline.Ok()
+	})
+	w := e.startWorkersWith(pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "WORKER1", Workers: 2, AckWait: 20 * time.Second, MaxDeliver: 5, Handler: h,
+	})
+	e.monitor(pipeline.MonitorOptions{StallTimeout: time.Minute}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.publish("orders.created", 1)
+	<-started
+	c, err := e.js.Consumer(context.Background(), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := c.CachedInfo().Config
+	cfg.AckWait = 3 * time.Second
+	if _, err := e.js.UpdateConsumer(context.Background(), "ORDERS", cfg); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().Acked.Load(); n == 0 {
+			return errors.New("not acked yet")
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // a redelivery while the handler ran would have shown by now
+	mu.Lock()
+	defer mu.Unlock()
+	if d := runs[1]; len(d) != 1 {
+		t.Fatalf("the message was handled %d times (deliveries %v) while its first handler ran, want once", len(d), d)
+	}
+	if got := w.AckWait(); got != 3*time.Second {
+		t.Errorf("workers keep messages alive for ack_wait %s, want the server's 3s", got)
+	}
 }
 
 // A handler stuck past its timeout is a real stall: the worker does not

@@ -39,7 +39,10 @@ type ConsumerOptions struct {
 	// DeadLetter is the dead-letter stream, or "" to terminate failed
 	// messages with a log line only.
 	DeadLetter string
-	Handler    Handler
+	// Handler handles each message. When it keeps connections for reuse
+	// (it has a CloseIdleConnections method, as HTTPHandler does), Close
+	// closes them once the workers stopped.
+	Handler Handler
 	// OnResult, when set, is called after each handled message (metrics).
 	OnResult func(consumer string, res Result, took time.Duration)
 	// Stats, when set, receives the counters, so that workers replaced at
@@ -97,8 +100,12 @@ type Workers struct {
 	fetcherDone chan struct{}
 	aliveStop   chan struct{} // closed when the workers stopped
 	aliveDone   chan struct{} // closed when the in-progress ticker stopped
-	acks        *acker
-	puller      *puller
+	// ackWait is the consumer's ack_wait in nanoseconds (see AckWait);
+	// ackWaitChanged wakes the in-progress ticker when it changed.
+	ackWait        atomic.Int64
+	ackWaitChanged chan struct{}
+	acks           *acker
+	puller         *puller
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -134,6 +141,8 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		ShutdownTimeout: 20 * time.Second,
 	}
 	w.activity.running = make([]atomic.Int64, opts.Workers)
+	w.ackWait.Store(int64(opts.AckWait))
+	w.ackWaitChanged = make(chan struct{}, 1)
 	return w
 }
 
@@ -281,6 +290,9 @@ func (h *heldMsg) due(now time.Time, after time.Duration) jetstream.Msg {
 // none goes ack_wait without one (at most 3/4 of it) — whether it waits in
 // the queue behind slow handlers or is being handled. A message handled
 // well within ack_wait/2 costs nothing here but two stores.
+//
+// The pace follows the consumer's ack_wait as the server has it now (see
+// SetAckWait), not only the one the workers started with.
 func (w *Workers) keepHeldAlive() {
 	defer close(w.aliveDone)
 	every := w.inProgressInterval()
@@ -289,19 +301,28 @@ func (w *Workers) keepHeldAlive() {
 	for {
 		select {
 		case <-t.C:
+		case <-w.ackWaitChanged:
+			every = w.inProgressInterval()
+			t.Reset(every / 2)
+			continue
 		case <-w.aliveStop:
 			return
 		}
-		now := time.Now()
-		for i := range w.held {
-			msg := w.held[i].due(now, every)
-			if msg == nil {
-				continue
-			}
-			// Already acked: it was settled since; nothing to keep alive.
-			if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-				w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
-			}
+		w.sendInProgress(time.Now(), every)
+	}
+}
+
+// sendInProgress sends an in-progress ack for every held message whose
+// last sign of life (receipt or in-progress ack) is at least after old at now.
+func (w *Workers) sendInProgress(now time.Time, after time.Duration) {
+	for i := range w.held {
+		msg := w.held[i].due(now, after)
+		if msg == nil {
+			continue
+		}
+		// Already acked: it was settled since; nothing to keep alive.
+		if err := msg.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+			w.log.Warn("in-progress ack failed", "subject", msg.Subject(), "err", err)
 		}
 	}
 }
@@ -331,6 +352,12 @@ func (w *Workers) fetch() {
 		case i := <-w.slots:
 			free = append(free[:0], i)
 		case <-w.runCtx.Done():
+			return
+		}
+		if w.runCtx.Err() != nil {
+			// The select may take a freed place over the stop: no pull
+			// request after the drain began (see giveBack).
+			w.slots <- free[0]
 			return
 		}
 	more:
@@ -370,9 +397,13 @@ func (w *Workers) fetch() {
 // queued.
 //
 // The request runs to its end even when the workers stop (at most
-// fetchWait), so that what arrives meanwhile is given back at once.
+// fetchWait); what arrives after the drain began is given back when the
+// request has ended, not before: a message given back while the request
+// is open is delivered to it again at once, and again, each time spending
+// a delivery of max_deliver (see giveBack).
 func (w *Workers) fetchBatch(free []int) (int, error) {
 	got := 0
+	var late []jetstream.Msg
 	// Every message of the request counts as received when the request
 	// was sent: no later than the server's ack-wait clock started, so its
 	// keep-alive comes early rather than late, for one clock read per
@@ -380,8 +411,7 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 	sent := time.Now()
 	_, err := w.puller.pull(context.Background(), len(free), fetchWait, func(msg jetstream.Msg) {
 		if w.stopping.Load() {
-			// Arrived after the drain began: give it back at once.
-			w.giveBack(msg)
+			late = append(late, msg)
 			return
 		}
 		slot := free[got]
@@ -389,6 +419,9 @@ func (w *Workers) fetchBatch(free []int) (int, error) {
 		got++
 		w.queue <- delivery{msg: msg, slot: slot} // never blocks: a place was taken for it
 	})
+	for _, msg := range late {
+		w.giveBack(msg)
+	}
 	return got, err
 }
 
@@ -403,7 +436,9 @@ func (w *Workers) work(i int) {
 	defer w.wg.Done()
 	for d := range w.queue {
 		if w.stopping.Load() {
-			// Queued when the drain began: give it back at once.
+			// Queued when the drain began: give it back once the last
+			// pull request has ended (see giveBack).
+			<-w.fetcherDone
 			w.giveBack(d.msg)
 		} else {
 			w.process(i, d.msg)
@@ -453,8 +488,10 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 // settle acks, naks or dead-letters a handled message.
 func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 	if w.handlerCtx.Err() != nil && res.Outcome != Success {
-		// Cancelled by shutdown: hand it back for the next start.
+		// Cancelled by shutdown: hand it back for the next start, once
+		// the last pull request has ended (see giveBack).
 		w.log.Info("handler interrupted by shutdown: message returned", "seq", m.Sequence)
+		<-w.fetcherDone
 		w.giveBack(msg)
 		return
 	}
@@ -547,6 +584,12 @@ func (w *Workers) Close(ctx context.Context) error {
 			<-done
 		}
 		w.cancelHandler()
+		// A reload replaces the handler: its keep-alive connections would
+		// stay open, idle, until the endpoint or the idle timeout (90s)
+		// closed them — one per worker at each reload.
+		if c, ok := w.opts.Handler.(interface{ CloseIdleConnections() }); ok {
+			c.CloseIdleConnections()
+		}
 		w.log.Info("workers stopped", "processed", w.stats.Processed.Load(), "acked", w.stats.Acked.Load(),
 			"retried", w.stats.Retried.Load(), "dead_lettered", w.stats.DeadLettered.Load())
 	})

@@ -571,6 +571,65 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 	}
 }
 
+// TestStopGivesBackWithoutSpendingDeliveries: messages that arrive in the
+// workers' last pull request after a stop began are given back once,
+// not bounced between that open request and the stopping workers. They
+// used to be: each of 3 messages published during a stop was delivered 5
+// times within milliseconds and reached max_deliver without a handler
+// seeing it — parked in the dead-letter stream, or, with dead_letter = "",
+// never delivered again.
+func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
+	for _, dlq := range []string{"ORDERS_DLQ", ""} {
+		t.Run("dead_letter="+dlq, func(t *testing.T) {
+			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+			tweak := func(o *pipeline.ConsumerOptions) { o.DeadLetter = dlq; o.Prefetch = 16 }
+			w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+				return pipeline.Ok()
+			}), 1, tweak)
+			natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+				if n := e.consumerInfo().NumWaiting; n == 0 {
+					return errors.New("no pull request waiting")
+				}
+				return nil
+			})
+			closed := make(chan struct{})
+			go func() { _ = w.Close(context.Background()); close(closed) }()
+			for w.Running() {
+				time.Sleep(time.Millisecond)
+			}
+			// The idle workers' pull request (for 17 messages, open up to a
+			// second) is still waiting.
+			var seqs []uint64
+			for i := range 3 {
+				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+			}
+			<-closed
+
+			rec := &recorder{}
+			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+				rec.record(m)
+				return pipeline.Ok()
+			}), 1, tweak)
+			natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+				for _, seq := range seqs {
+					if len(rec.forSeq(seq)) == 0 {
+						return fmt.Errorf("seq %d not handled after the restart", seq)
+					}
+				}
+				return nil
+			})
+			for _, seq := range seqs {
+				if c := rec.forSeq(seq); len(c) != 1 || c[0].delivery > 2 {
+					t.Errorf("seq %d handled %d times, first on delivery %d: want once, on delivery 1 or 2", seq, len(c), c[0].delivery)
+				}
+			}
+			if n := e.dlqCount(); n != 0 {
+				t.Errorf("%d messages in the dead-letter stream, want none", n)
+			}
+		})
+	}
+}
+
 // A message of the largest size max_payload allows still fits in its dead
 // letter (the server accepts headroom for the Holdfast-* headers), and a
 // larger one is refused at publish by the stream.
