@@ -75,7 +75,8 @@ type HTTPOptions struct {
 //
 // A 2xx response succeeds. 429 and 503 retry, after the Retry-After the
 // response gives (seconds or an HTTP date, at most an hour). Other 5xx
-// responses, timeouts and connection errors retry. Every other status fails
+// responses, timeouts (a 408 Request Timeout and a 425 Too Early too: the
+// endpoint did not take the request) and connection errors retry. Every other status fails
 // the message permanently, with the status and the start of the body as the
 // reason (a 101 Switching Protocols included, without reading what follows).
 // The status decides: a 2xx whose body is cut off or never ends succeeds, and
@@ -231,6 +232,11 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 		r.RetryAfter = parseRetryAfter(resp.Header.Get("Retry-After"), time.Now())
 		return r
 	case code >= 500 && code <= 599:
+		return RetryLater(withLine("HTTP "+status, bodySnippet(resp.Body)))
+	case code == http.StatusRequestTimeout || code == http.StatusTooEarly:
+		// The endpoint did not take the request (it timed out reading
+		// it, or will not act on it yet): a timeout, not a verdict on
+		// the message (RFC 9110 15.5.9; RFC 8470).
 		return RetryLater(withLine("HTTP "+status, bodySnippet(resp.Body)))
 	case code >= 300 && code <= 399:
 		reason := "HTTP " + status

@@ -147,6 +147,9 @@ func TestHTTPStatus(t *testing.T) {
 		{path: "/404", want: Permanent, reason: "HTTP 404 Not Found: body of 404"},
 		{path: "/409", want: Permanent, reason: "HTTP 409 Conflict"},
 		{path: "/422", want: Permanent, reason: "HTTP 422 Unprocessable Entity: body of 422"},
+		// The endpoint did not take the request: a timeout, not a verdict.
+		{path: "/408", want: Retry, reason: "HTTP 408 Request Timeout: body of 408"},
+		{path: "/425", want: Retry, reason: "HTTP 425 Too Early"},
 		{path: "/429?retry-after=7", want: Retry, reason: "HTTP 429 Too Many Requests: body of 429", minRA: 7 * time.Second, maxRA: 7 * time.Second},
 		{path: "/429", want: Retry, reason: "HTTP 429"},
 		{path: "/429?retry-after=soon", want: Retry, reason: "HTTP 429"},
