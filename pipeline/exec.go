@@ -122,6 +122,13 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 		return nil, errors.New("exec handler: no command given")
 	}
 	path := cfg.Command[0]
+	for i, arg := range cfg.Command {
+		if strings.IndexByte(arg, 0) >= 0 {
+			// exec fails with EINVAL for every message, which would
+			// retry each up to max_deliver and dead-letter it.
+			return nil, fmt.Errorf("exec handler: command[%d] %q contains a NUL byte, which no program or argument can carry", i, arg)
+		}
+	}
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("exec handler: command %q is not an absolute path: it runs without a shell or PATH lookup", path)
 	}

@@ -148,6 +148,8 @@ func TestNewExecHandlerValidation(t *testing.T) {
 		{"missing", ExecOptions{Command: []string{filepath.Join(dir, "missing")}}, filepath.Join(dir, "missing")},
 		{"directory", ExecOptions{Command: []string{dir}}, dir + " is a directory"},
 		{"not executable", ExecOptions{Command: []string{plain}}, plain + " is not executable"},
+		{"NUL in an argument", ExecOptions{Command: []string{script, "a\x00b"}}, `command[1] "a\x00b" contains a NUL byte`},
+		{"NUL in the program", ExecOptions{Command: []string{script + "\x00"}}, "command[0]"},
 		{"negative timeout", ExecOptions{Command: []string{script}, Timeout: -time.Second}, "timeout -1s is negative"},
 		{"negative stderr limit", ExecOptions{Command: []string{script}, StderrLimit: -1}, "stderr limit -1 is negative"},
 		{"valid", ExecOptions{Command: []string{script, "--flag"}, Timeout: time.Second}, ""},
