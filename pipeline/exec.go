@@ -333,18 +333,23 @@ func untrackCommand(pgid int) {
 }
 
 // KillRunningCommands sends SIGKILL to the process group of every exec
-// handler command running now and returns how many it signalled. A program
-// that exits without waiting for its handlers (holdfast on a second stop
-// signal) calls it first: their commands run in process groups of their
-// own, which no signal to the program reaches, and would go on running,
-// unsupervised and past their timeout, while their messages are delivered
-// again after the restart.
+// handler command running now, and to the command itself, and returns how
+// many it signalled. A program that exits without waiting for its handlers
+// (holdfast on a second stop signal) calls it first: their commands run in
+// process groups of their own, which no signal to the program reaches, and
+// would go on running, unsupervised and past their timeout, while their
+// messages are delivered again after the restart. The command itself is
+// signalled too because it may have moved to another process group
+// (setpgid); its pid cannot have been reused, since it is tracked only
+// until it is reaped.
 func KillRunningCommands() int {
 	runningCommands.Lock()
 	defer runningCommands.Unlock()
 	n := 0
 	for pgid := range runningCommands.pgids {
-		if killProcessGroup(pgid) == nil {
+		groupErr := killProcessGroup(pgid)
+		cmdErr := syscall.Kill(pgid, syscall.SIGKILL)
+		if groupErr == nil || cmdErr == nil {
 			n++
 		}
 	}

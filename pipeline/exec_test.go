@@ -760,3 +760,36 @@ func TestKillRunningCommands(t *testing.T) {
 		t.Errorf("KillRunningCommands() = %d after the command ended, want 0", n)
 	}
 }
+
+// TestKillRunningCommandsReachesACommandThatLeftItsGroup: a command that
+// moved itself to another process group (here: its parent's) is killed
+// too. It used to survive: only its own, now empty, group was signalled,
+// and holdfast exited on a second signal leaving it running.
+func TestKillRunningCommandsReachesACommandThatLeftItsGroup(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("no perl to call setpgrp:", err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "command.pid")
+	script := `setpgrp(0, getpgrp(getppid())) or die "setpgrp: $!"; open F, ">", $ARGV[0] or die; print F "$$\n"; close F; sleep 300;`
+	h := newExec(t, ExecOptions{Command: []string{"/usr/bin/perl", "-e", script, pidFile}, Timeout: 5 * time.Minute}, nil)
+	done := make(chan Result, 1)
+	go func() { done <- h.Handle(context.Background(), testMessage()) }()
+	var pid int
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() (err error) {
+		pid, err = readPID(pidFile)
+		return err
+	})
+	killAtCleanup(t, pid)
+	if n := KillRunningCommands(); n != 1 {
+		t.Errorf("KillRunningCommands() = %d, want 1", n)
+	}
+	select {
+	case r := <-done:
+		if r.Outcome != Retry || !strings.Contains(r.Reason, "killed by signal") {
+			t.Errorf("result = %+v, want a retry: killed by signal", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Handle still running 30s after KillRunningCommands: the command survived")
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
+}
