@@ -142,6 +142,12 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 	if fi.Mode()&0o111 == 0 {
 		return nil, fmt.Errorf("exec handler: command %s is not executable (mode %s)", path, fi.Mode())
 	}
+	// The mode may let others run it but not this process's user (a
+	// root-owned 0700 script for the holdfast user), or the file system
+	// may be mounted noexec: every message would then fail to start.
+	if err := unix.Access(path, unix.X_OK); err != nil {
+		return nil, fmt.Errorf("exec handler: command %s cannot be executed by this process (uid %d, mode %s): %w", path, os.Getuid(), fi.Mode(), err)
+	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("exec handler: timeout %s is negative", cfg.Timeout)
 	}

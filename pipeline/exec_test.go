@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,11 +30,24 @@ import (
 // binary then acts as a handler command, see TestExecHelperProcess.
 const helperArg = "holdfast-exec-helper"
 
+// helperNewArg makes a run of the test binary call NewExecHandler on the
+// command given after it and print the error or "ok" (see
+// TestExecHelperProcess).
+const helperNewArg = "holdfast-exec-new-handler"
+
 // TestExecHelperProcess is not a test: run with "-- holdfast-exec-helper DIR"
 // it writes its stdin to DIR/stdin and its environment (as JSON) to DIR/env,
 // then exits 0.
 func TestExecHelperProcess(t *testing.T) {
 	args := flag.Args()
+	if len(args) == 2 && args[0] == helperNewArg {
+		if _, err := NewExecHandler(ExecOptions{Command: []string{args[1]}}, nil); err != nil {
+			fmt.Println(err)
+		} else {
+			fmt.Println("ok")
+		}
+		os.Exit(0)
+	}
 	if len(args) != 2 || args[0] != helperArg {
 		return
 	}
@@ -792,4 +806,75 @@ func TestKillRunningCommandsReachesACommandThatLeftItsGroup(t *testing.T) {
 		t.Fatal("Handle still running 30s after KillRunningCommands: the command survived")
 	}
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
+}
+
+// TestNewExecHandlerRefusesACommandItsUserCannotRun: a command whose mode
+// lets someone run it, but not the user holdfast runs as (a root-owned
+// 0700 script for the holdfast user), is refused when the handler is made
+// (holdfast check, run, a reload). It used to pass, and every message then
+// failed to start ("permission denied") until max_deliver dead-lettered
+// it. As root the check runs as nobody, in a copy of the test binary.
+func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "handler.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	want := "cannot be executed by this process"
+	if os.Geteuid() != 0 {
+		// Executable by others, not by its owner.
+		if err := os.Chmod(script, 0o601); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewExecHandler(ExecOptions{Command: []string{script}}, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("NewExecHandler(%s, mode 0601) = %v, want an error containing %q", script, err, want)
+		}
+		return
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no unprivileged user to make the handler as: %v", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	// nobody must reach the directory and run a copy of the test binary
+	// (the original may sit in a private build directory).
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binary := filepath.Join(dir, "pipeline.test")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(binary, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	newAs := func(t *testing.T) string {
+		t.Helper()
+		cmd := exec.Command(binary, "-test.run=^TestExecHelperProcess$", "--", helperNewArg, script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("helper as %s: %v\n%s", nobody.Username, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if out := newAs(t); !strings.Contains(out, want) || !strings.Contains(out, "permission denied") {
+		t.Errorf("NewExecHandler as nobody on a root-owned 0700 script: %q, want %q and permission denied", out, want)
+	}
+	// The same script, once nobody may run it, is accepted.
+	if err := os.Chmod(script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out := newAs(t); out != "ok" {
+		t.Errorf("NewExecHandler as nobody on a 0755 script: %q, want ok", out)
+	}
 }
