@@ -503,6 +503,7 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.exec empty command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = []", `consumers.C.exec.command = []: handler = "exec" needs a command`},
 		{"consumers.exec empty program", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"\", \"x\"]", `consumers.C.exec.command = []: handler = "exec" needs a command`},
 		{"consumers.exec relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"process-order\"]", `consumers.C.exec.command = "process-order": must be an absolute path`},
+		{"consumers.exec NUL in an argument", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"/bin/p\", \"a\\u0000b\"]", `consumers.C.exec.command[1] = "a\x00b": contains a NUL byte`},
 		{"consumers.exec dot-relative command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"./bin/p\"]", `consumers.C.exec.command = "./bin/p": must be an absolute path`},
 		{"consumers.exec.timeout 0", consumerC + "[consumers.C.exec]\ntimeout = \"0s\"", "consumers.C.exec.timeout = 0s: must be at least 100ms"},
 		{"consumers.exec.timeout 1ms", consumerC + "[consumers.C.exec]\ntimeout = \"1ms\"", "consumers.C.exec.timeout = 1ms: must be at least 100ms"},

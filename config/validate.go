@@ -379,6 +379,13 @@ func (c *Config) validateConsumers(v *validator) {
 			} else if !strings.HasPrefix(cc.Exec.Command[0], "/") {
 				v.add(key+".exec.command", q(cc.Exec.Command[0]), "must be an absolute path: the handler runs without a shell or PATH lookup")
 			}
+			for i, arg := range cc.Exec.Command {
+				if strings.IndexByte(arg, 0) >= 0 {
+					// The command could never start: every message would
+					// be retried up to max_deliver and dead-lettered.
+					v.add(fmt.Sprintf("%s.exec.command[%d]", key, i), q(arg), "contains a NUL byte (\\u0000), which no program or argument can carry")
+				}
+			}
 		case "forward": // validateLeafNodes
 		case "http":
 			if cc.HTTP.URL == "" {

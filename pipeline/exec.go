@@ -122,6 +122,13 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 		return nil, errors.New("exec handler: no command given")
 	}
 	path := cfg.Command[0]
+	for i, arg := range cfg.Command {
+		if strings.IndexByte(arg, 0) >= 0 {
+			// exec fails with EINVAL for every message, which would
+			// retry each up to max_deliver and dead-letter it.
+			return nil, fmt.Errorf("exec handler: command[%d] %q contains a NUL byte, which no program or argument can carry", i, arg)
+		}
+	}
 	if !filepath.IsAbs(path) {
 		return nil, fmt.Errorf("exec handler: command %q is not an absolute path: it runs without a shell or PATH lookup", path)
 	}
@@ -134,6 +141,12 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 	}
 	if fi.Mode()&0o111 == 0 {
 		return nil, fmt.Errorf("exec handler: command %s is not executable (mode %s)", path, fi.Mode())
+	}
+	// The mode may let others run it but not this process's user (a
+	// root-owned 0700 script for the holdfast user), or the file system
+	// may be mounted noexec: every message would then fail to start.
+	if err := unix.Access(path, unix.X_OK); err != nil {
+		return nil, fmt.Errorf("exec handler: command %s cannot be executed by this process (uid %d, mode %s): %w", path, os.Getuid(), fi.Mode(), err)
 	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("exec handler: timeout %s is negative", cfg.Timeout)
@@ -326,18 +339,23 @@ func untrackCommand(pgid int) {
 }
 
 // KillRunningCommands sends SIGKILL to the process group of every exec
-// handler command running now and returns how many it signalled. A program
-// that exits without waiting for its handlers (holdfast on a second stop
-// signal) calls it first: their commands run in process groups of their
-// own, which no signal to the program reaches, and would go on running,
-// unsupervised and past their timeout, while their messages are delivered
-// again after the restart.
+// handler command running now, and to the command itself, and returns how
+// many it signalled. A program that exits without waiting for its handlers
+// (holdfast on a second stop signal) calls it first: their commands run in
+// process groups of their own, which no signal to the program reaches, and
+// would go on running, unsupervised and past their timeout, while their
+// messages are delivered again after the restart. The command itself is
+// signalled too because it may have moved to another process group
+// (setpgid); its pid cannot have been reused, since it is tracked only
+// until it is reaped.
 func KillRunningCommands() int {
 	runningCommands.Lock()
 	defer runningCommands.Unlock()
 	n := 0
 	for pgid := range runningCommands.pgids {
-		if killProcessGroup(pgid) == nil {
+		groupErr := killProcessGroup(pgid)
+		cmdErr := syscall.Kill(pgid, syscall.SIGKILL)
+		if groupErr == nil || cmdErr == nil {
 			n++
 		}
 	}

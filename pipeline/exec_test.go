@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -29,11 +30,24 @@ import (
 // binary then acts as a handler command, see TestExecHelperProcess.
 const helperArg = "holdfast-exec-helper"
 
+// helperNewArg makes a run of the test binary call NewExecHandler on the
+// command given after it and print the error or "ok" (see
+// TestExecHelperProcess).
+const helperNewArg = "holdfast-exec-new-handler"
+
 // TestExecHelperProcess is not a test: run with "-- holdfast-exec-helper DIR"
 // it writes its stdin to DIR/stdin and its environment (as JSON) to DIR/env,
 // then exits 0.
 func TestExecHelperProcess(t *testing.T) {
 	args := flag.Args()
+	if len(args) == 2 && args[0] == helperNewArg {
+		if _, err := NewExecHandler(ExecOptions{Command: []string{args[1]}}, nil); err != nil {
+			fmt.Println(err)
+		} else {
+			fmt.Println("ok")
+		}
+		os.Exit(0)
+	}
 	if len(args) != 2 || args[0] != helperArg {
 		return
 	}
@@ -148,6 +162,8 @@ func TestNewExecHandlerValidation(t *testing.T) {
 		{"missing", ExecOptions{Command: []string{filepath.Join(dir, "missing")}}, filepath.Join(dir, "missing")},
 		{"directory", ExecOptions{Command: []string{dir}}, dir + " is a directory"},
 		{"not executable", ExecOptions{Command: []string{plain}}, plain + " is not executable"},
+		{"NUL in an argument", ExecOptions{Command: []string{script, "a\x00b"}}, `command[1] "a\x00b" contains a NUL byte`},
+		{"NUL in the program", ExecOptions{Command: []string{script + "\x00"}}, "command[0]"},
 		{"negative timeout", ExecOptions{Command: []string{script}, Timeout: -time.Second}, "timeout -1s is negative"},
 		{"negative stderr limit", ExecOptions{Command: []string{script}, StderrLimit: -1}, "stderr limit -1 is negative"},
 		{"valid", ExecOptions{Command: []string{script, "--flag"}, Timeout: time.Second}, ""},
@@ -756,5 +772,109 @@ func TestKillRunningCommands(t *testing.T) {
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
 	if n := KillRunningCommands(); n != 0 {
 		t.Errorf("KillRunningCommands() = %d after the command ended, want 0", n)
+	}
+}
+
+// TestKillRunningCommandsReachesACommandThatLeftItsGroup: a command that
+// moved itself to another process group (here: its parent's) is killed
+// too. It used to survive: only its own, now empty, group was signalled,
+// and holdfast exited on a second signal leaving it running.
+func TestKillRunningCommandsReachesACommandThatLeftItsGroup(t *testing.T) {
+	if _, err := os.Stat("/usr/bin/perl"); err != nil {
+		t.Skip("no perl to call setpgrp:", err)
+	}
+	pidFile := filepath.Join(t.TempDir(), "command.pid")
+	script := `setpgrp(0, getpgrp(getppid())) or die "setpgrp: $!"; open F, ">", $ARGV[0] or die; print F "$$\n"; close F; sleep 300;`
+	h := newExec(t, ExecOptions{Command: []string{"/usr/bin/perl", "-e", script, pidFile}, Timeout: 5 * time.Minute}, nil)
+	done := make(chan Result, 1)
+	go func() { done <- h.Handle(context.Background(), testMessage()) }()
+	var pid int
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() (err error) {
+		pid, err = readPID(pidFile)
+		return err
+	})
+	killAtCleanup(t, pid)
+	if n := KillRunningCommands(); n != 1 {
+		t.Errorf("KillRunningCommands() = %d, want 1", n)
+	}
+	select {
+	case r := <-done:
+		if r.Outcome != Retry || !strings.Contains(r.Reason, "killed by signal") {
+			t.Errorf("result = %+v, want a retry: killed by signal", r)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Handle still running 30s after KillRunningCommands: the command survived")
+	}
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
+}
+
+// TestNewExecHandlerRefusesACommandItsUserCannotRun: a command whose mode
+// lets someone run it, but not the user holdfast runs as (a root-owned
+// 0700 script for the holdfast user), is refused when the handler is made
+// (holdfast check, run, a reload). It used to pass, and every message then
+// failed to start ("permission denied") until max_deliver dead-lettered
+// it. As root the check runs as nobody, in a copy of the test binary.
+func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "handler.sh")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	want := "cannot be executed by this process"
+	if os.Geteuid() != 0 {
+		// Executable by others, not by its owner.
+		if err := os.Chmod(script, 0o601); err != nil {
+			t.Fatal(err)
+		}
+		_, err := NewExecHandler(ExecOptions{Command: []string{script}}, nil)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("NewExecHandler(%s, mode 0601) = %v, want an error containing %q", script, err, want)
+		}
+		return
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no unprivileged user to make the handler as: %v", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	gid, _ := strconv.Atoi(nobody.Gid)
+	// nobody must reach the directory and run a copy of the test binary
+	// (the original may sit in a private build directory).
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	binary := filepath.Join(dir, "pipeline.test")
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(self)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(binary, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	newAs := func(t *testing.T) string {
+		t.Helper()
+		cmd := exec.Command(binary, "-test.run=^TestExecHelperProcess$", "--", helperNewArg, script)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}}
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("helper as %s: %v\n%s", nobody.Username, err, out)
+		}
+		return strings.TrimSpace(string(out))
+	}
+	if out := newAs(t); !strings.Contains(out, want) || !strings.Contains(out, "permission denied") {
+		t.Errorf("NewExecHandler as nobody on a root-owned 0700 script: %q, want %q and permission denied", out, want)
+	}
+	// The same script, once nobody may run it, is accepted.
+	if err := os.Chmod(script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out := newAs(t); out != "ok" {
+		t.Errorf("NewExecHandler as nobody on a 0755 script: %q, want ok", out)
 	}
 }

@@ -313,7 +313,8 @@ func (w *Workers) keepHeldAlive() {
 }
 
 // sendInProgress sends an in-progress ack for every held message whose
-// last sign of life (receipt or in-progress ack) is at least after old at now.
+// last sign of life (receipt or in-progress ack) was at least after
+// before now.
 func (w *Workers) sendInProgress(now time.Time, after time.Duration) {
 	for i := range w.held {
 		msg := w.held[i].due(now, after)
