@@ -312,8 +312,8 @@ func (c *Committer) run(ctx context.Context) {
 			// Without it, a reload that turns group commit off could
 			// remove the transform while the stream still held some of
 			// them, and store them under the prefixed subjects.
-			if c.unflushed == "" {
-				return
+			if c.unflushed == "" || c.nc.IsClosed() {
+				return // (a closed connection answers nothing more)
 			}
 			c.sendMarker(c.unflushed, nil)
 		}
