@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -430,5 +432,41 @@ func TestGroupCommitToggledUnderLoadThenKilled(t *testing.T) {
 		t.Fatalf("only %d messages acknowledged: too few to prove anything", total)
 	}
 	t.Logf("%d acknowledged, %d stored", total, info.State.Msgs)
+	d.stop()
+}
+
+// TestGroupCommitStreamRemoved: after `nats stream rm ORDERS` a publish
+// gets "no responders" at once, as from the server, until holdfast has
+// created the stream again; then publishes are stored again.
+func TestGroupCommitStreamRemoved(t *testing.T) {
+	in := newE2EInstance(t)
+	editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n")
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	gcPublish(t, in.url(), 2, 100, "before")
+	if res := e2eRunBinary(t, natsBin, nil, nil, "--server", in.url(), "stream", "rm", "ORDERS", "-f"); res.code != 0 {
+		t.Fatalf("nats stream rm: %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	noResponders := 0
+	natstest.CheckFor(t, 60*time.Second, 0, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := js.Publish(ctx, "orders.created", []byte("x"), jetstream.WithRetryAttempts(0))
+		switch {
+		case errors.Is(err, jetstream.ErrNoStreamResponse):
+			noResponders++
+			time.Sleep(50 * time.Millisecond)
+			return err
+		case err != nil:
+			t.Fatalf("publish while ORDERS is missing: %v, want no responders", err)
+		}
+		return nil
+	})
+	if noResponders == 0 {
+		t.Fatal("no publish saw the stream missing: the test proves nothing")
+	}
+	acks := gcPublish(t, in.url(), 2, 100, "after")
+	gcCheckStored(t, js, acks, natstest.StreamInfo(t, js, "ORDERS").State.Msgs)
 	d.stop()
 }
