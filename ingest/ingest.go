@@ -132,12 +132,12 @@ type Committer struct {
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
 	ids      map[string]struct{} // Nats-Msg-Ids sent within the duplicate window
+	idOrder  []sentID            // the same ids with their time, oldest first
 	// unflushed is the target of the last message published with its
 	// client's reply since the last unit went out, or "": the stream may
 	// not have applied it yet (see run). fwd are those messages.
 	unflushed string
 	fwd       []item
-	idOrder   []sentID // the same ids with their time, oldest first
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -629,7 +629,9 @@ func (c *Committer) answer(r *nats.Msg) {
 		// here. Each client gets it, as without group commit (nats.go's
 		// js.Publish retries it); publishing u's messages again would
 		// reach no stream either.
-		c.refused.Add(1)
+		if !u.marker {
+			c.refused.Add(1)
+		}
 		for _, it := range u.before {
 			c.noResponders(it)
 		}
