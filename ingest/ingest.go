@@ -132,11 +132,12 @@ type Committer struct {
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
 	ids      map[string]struct{} // Nats-Msg-Ids sent within the duplicate window
+	idOrder  []sentID            // the same ids with their time, oldest first
 	// unflushed is the target of the last message published with its
 	// client's reply since the last unit went out, or "": the stream may
-	// not have applied it yet (see run).
+	// not have applied it yet (see run). fwd are those messages.
 	unflushed string
-	idOrder   []sentID // the same ids with their time, oldest first
+	fwd       []item
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -163,6 +164,10 @@ type unit struct {
 	// marker: msgs went out alone with the clients' replies, followed by
 	// a marker the stream answers after them (see sendSingles).
 	marker bool
+	// before are the messages published with their clients' replies
+	// just before this unit: if the stream is missing, the server's
+	// "no responders" for them came to this connection, not to them.
+	before []item
 }
 
 // New returns a Committer for one stream on nc (an in-process connection
@@ -312,8 +317,8 @@ func (c *Committer) run(ctx context.Context) {
 			// Without it, a reload that turns group commit off could
 			// remove the transform while the stream still held some of
 			// them, and store them under the prefixed subjects.
-			if c.unflushed == "" {
-				return
+			if c.unflushed == "" || c.nc.IsClosed() {
+				return // (a closed connection answers nothing more)
 			}
 			c.sendMarker(c.unflushed, nil)
 		}
@@ -458,6 +463,11 @@ func (c *Committer) dispatch() {
 	if len(c.pend) == 0 {
 		c.pend = nil // let the backing array go
 	}
+	// A marker after what went out with the clients' replies: its
+	// answer says whether the stream was there for them (see answer).
+	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
+		c.sendMarker(c.unflushed, nil)
+	}
 }
 
 // nextBatch returns how many messages at the front of pend form the next
@@ -508,6 +518,7 @@ func (c *Committer) forward(it item) {
 	c.sent++
 	c.forwarded.Add(1)
 	c.unflushed = c.target(it.m)
+	c.fwd = append(c.fwd, it)
 	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
 		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 	}
@@ -522,7 +533,8 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	}
 	u := &unit{msgs: msgs, order: c.sent, start: time.Now(), risky: risky}
 	c.inflight[id] = u
-	c.unflushed = "" // the stream answers u after what went before it
+	// The stream answers u after what went before it.
+	u.before, c.fwd, c.unflushed = c.fwd, nil, ""
 	if risky {
 		c.risky++
 	}
@@ -610,6 +622,24 @@ func (c *Committer) answer(r *nats.Msg) {
 		return // given up on already
 	}
 	c.finish(id, u)
+	if isNoResponders(r) {
+		// No stream on the subject (deleted, not yet created again):
+		// nothing of u is stored, and the server's "no responders" for
+		// the messages that went out with their clients' replies came
+		// here. Each client gets it, as without group commit (nats.go's
+		// js.Publish retries it); publishing u's messages again would
+		// reach no stream either.
+		if !u.marker {
+			c.refused.Add(1)
+		}
+		for _, it := range u.before {
+			c.noResponders(it)
+		}
+		for _, it := range u.msgs {
+			c.noResponders(it)
+		}
+		return
+	}
 	if u.marker {
 		return // the server answered the clients itself
 	}
@@ -674,6 +704,23 @@ func (c *Committer) refuse(u *unit, r *nats.Msg, e *apiError) {
 	b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: e})
 	for _, it := range u.msgs {
 		c.reply(it, b)
+	}
+}
+
+// isNoResponders reports whether r is the server's "no responders"
+// status: nothing subscribed to what r answers.
+func isNoResponders(r *nats.Msg) bool {
+	return len(r.Data) == 0 && r.Header.Get("Status") == "503"
+}
+
+// noResponders answers a client as the server does when nothing listens
+// on the subject (nats.go reads the Status header as its status line).
+func (c *Committer) noResponders(it item) {
+	if it.m.Reply == "" {
+		return
+	}
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: it.m.Reply, Header: nats.Header{"Status": {"503"}}}); err != nil {
+		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
 	}
 }
 

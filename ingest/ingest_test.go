@@ -623,6 +623,58 @@ func TestCloseWaitsForForwarded(t *testing.T) {
 	}
 }
 
+// TestStreamMissingAnswersNoResponders: while the stream is missing
+// (deleted with `nats stream rm`, until holdfast creates it again), the
+// server answers a publish with "no responders", which nats.go's
+// js.Publish retries. Through group commit the server sent that answer
+// to the committer's connection instead of the client (for a message
+// published alone, passed on with a Nats-* header, or refused in a batch
+// and published again), and the client waited for its own timeout. Each
+// now gets "no responders" at once, as from the server.
+func TestStreamMissingAnswersNoResponders(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	ctx := context.Background()
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	if _, err := js.Publish(ctx, "s.a", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	if err := js.DeleteStream(ctx, "S"); err != nil {
+		t.Fatal(err)
+	}
+	pjs := natstest.JetStream(t, natstest.Connect(t, s))
+	for _, opts := range [][]jetstream.PublishOpt{nil, {jetstream.WithExpectStream("S")}} {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := pjs.Publish(pctx, "s.a", []byte("alone"), append(opts, jetstream.WithRetryAttempts(0))...)
+		cancel()
+		if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+			t.Fatalf("publish (options %d) to a missing stream: %v, want no responders", len(opts), err)
+		}
+	}
+	// A burst: batches, refused, their messages one by one.
+	futs := make([]jetstream.PubAckFuture, 0, 300)
+	for i := range 300 {
+		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), jetstream.WithRetryAttempts(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	deadline := time.After(10 * time.Second)
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+			t.Fatalf("publish %d to a missing stream acknowledged", i)
+		case err := <-f.Err():
+			if !errors.Is(err, jetstream.ErrNoStreamResponse) {
+				t.Fatalf("publish %d to a missing stream: %v, want no responders", i, err)
+			}
+		case <-deadline:
+			t.Fatalf("publish %d of 300 to a missing stream: no answer", i)
+		}
+	}
+}
+
 // TestBatchesCutAtServerLimit: more waiting messages than the server's
 // maximum atomic batch (1000) go out in several batches, none refused.
 func TestBatchesCutAtServerLimit(t *testing.T) {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -289,5 +291,182 @@ func TestGroupCommitDeadLetters(t *testing.T) {
 		}
 		return nil
 	})
+	d.stop()
+}
+
+// TestGroupCommitToggledUnderLoadThenKilled: publishers keep publishing
+// (plain messages, some with a Nats-Expected-Stream header that the
+// ingest passes on with the client's reply, some with a Nats-Msg-Id)
+// while SIGHUP turns group commit off and on four times; holdfast is
+// killed with SIGKILL right after the last reload and started again.
+// Every acknowledged message is stored exactly once, at its acknowledged
+// sequence, under its own subject, and in publisher order for the
+// publishers that do not retry: nats.go's PublishAsync publishes again
+// 250 ms later what got "no responders" while the stream's subjects
+// changed, after the messages behind it (README, Group commit).
+func TestGroupCommitToggledUnderLoadThenKilled(t *testing.T) {
+	in := newE2EInstance(t)
+	on := editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n")
+	off := strings.Replace(on, "group_commit = true\n", "group_commit = false\n", 1)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+
+	const publishers = 3
+	acks := make([][]gcAck, publishers)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for p := range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nc, err := nats.Connect(in.url(), nats.MaxReconnects(0))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer nc.Close()
+			js, _ := jetstream.New(nc)
+			for round := 0; ; round++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				type sent struct {
+					f    jetstream.PubAckFuture
+					body string
+				}
+				var batch []sent
+				for i := range 200 {
+					body := fmt.Sprintf("%d-%d-%d", p, round, i)
+					var opts []jetstream.PublishOpt
+					if p > 0 {
+						opts = append(opts, jetstream.WithRetryAttempts(0))
+					}
+					switch i % 10 {
+					case 3:
+						opts = append(opts, jetstream.WithExpectStream("ORDERS"))
+					case 7:
+						opts = append(opts, jetstream.WithMsgID(body))
+					}
+					f, err := js.PublishAsync("orders.created", []byte(body), opts...)
+					if err != nil {
+						break
+					}
+					batch = append(batch, sent{f, body})
+				}
+				// One deadline for the round: once holdfast is killed,
+				// the futures left are never answered.
+				deadline := time.After(10 * time.Second)
+			wait:
+				for _, s := range batch {
+					select {
+					case a := <-s.f.Ok():
+						acks[p] = append(acks[p], gcAck{a.Sequence, s.body})
+					case <-s.f.Err():
+					case <-deadline:
+						break wait
+					}
+				}
+				if nc.IsClosed() {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	for i := range 4 {
+		text := off
+		if i%2 == 1 {
+			text = on
+		}
+		d.reloadWith(in.cfg, text)
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := d.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	d.wait(10 * time.Second)
+	close(stop)
+	wg.Wait()
+
+	d = startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	ctx := natstest.Context(t)
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info := natstest.StreamInfo(t, js, "ORDERS")
+	count := map[string]int{}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		m, err := s.GetMsg(ctx, seq)
+		if err != nil {
+			continue // a gap
+		}
+		if m.Subject != "orders.created" {
+			t.Errorf("seq %d stored under %s", seq, m.Subject)
+		}
+		count[string(m.Data)]++
+	}
+	total := 0
+	for p, list := range acks {
+		var last uint64
+		for _, a := range list {
+			total++
+			m, err := s.GetMsg(ctx, a.seq)
+			if err != nil || string(m.Data) != a.body {
+				t.Fatalf("seq %d acknowledged for %s: %v %v", a.seq, a.body, m, err)
+			}
+			if count[a.body] != 1 {
+				t.Fatalf("%s acknowledged, stored %d times", a.body, count[a.body])
+			}
+			if a.seq <= last && p > 0 {
+				t.Fatalf("publisher %d: seq %d after %d", p, a.seq, last)
+			}
+			last = a.seq
+		}
+	}
+	if total < 1000 {
+		t.Fatalf("only %d messages acknowledged: too few to prove anything", total)
+	}
+	t.Logf("%d acknowledged, %d stored", total, info.State.Msgs)
+	d.stop()
+}
+
+// TestGroupCommitStreamRemoved: after `nats stream rm ORDERS` a publish
+// gets "no responders" at once, as from the server, until holdfast has
+// created the stream again; then publishes are stored again.
+func TestGroupCommitStreamRemoved(t *testing.T) {
+	in := newE2EInstance(t)
+	editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n")
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
+	gcPublish(t, in.url(), 2, 100, "before")
+	if res := e2eRunBinary(t, natsBin, nil, nil, "--server", in.url(), "stream", "rm", "ORDERS", "-f"); res.code != 0 {
+		t.Fatalf("nats stream rm: %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	noResponders := 0
+	natstest.CheckFor(t, 60*time.Second, 0, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := js.Publish(ctx, "orders.created", []byte("x"), jetstream.WithRetryAttempts(0))
+		switch {
+		case errors.Is(err, jetstream.ErrNoStreamResponse):
+			noResponders++
+			time.Sleep(50 * time.Millisecond)
+			return err
+		case err != nil:
+			t.Fatalf("publish while ORDERS is missing: %v, want no responders", err)
+		}
+		return nil
+	})
+	if noResponders == 0 {
+		t.Fatal("no publish saw the stream missing: the test proves nothing")
+	}
+	acks := gcPublish(t, in.url(), 2, 100, "after")
+	gcCheckStored(t, js, acks, natstest.StreamInfo(t, js, "ORDERS").State.Msgs)
 	d.stop()
 }
