@@ -331,6 +331,19 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	if err != nil {
 		return err
 	}
+	if !deadLetter {
+		kept, err := keepLimitsThatWouldLoseMessages(ctx, s, have, &next)
+		if err != nil {
+			return err
+		}
+		for _, k := range kept {
+			log.Error(k, "stream", want.Name)
+		}
+		changes = slices.DeleteFunc(changes, func(c Change) bool {
+			return (c.Field == "max_msgs" && next.MaxMsgs == have.MaxMsgs) || (c.Field == "max_bytes" && next.MaxBytes == have.MaxBytes) ||
+				(c.Field == "max_age" && next.MaxAge == have.MaxAge)
+		})
+	}
 	if len(changes) == 0 {
 		log.Debug("stream up to date", "stream", want.Name)
 		return nil

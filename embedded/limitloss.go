@@ -1,0 +1,140 @@
+package embedded
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// keepLimitsThatWouldLoseMessages undoes in next each lowered limit
+// (max_msgs, max_bytes, max_age) that the server would enforce at once by
+// deleting messages a durable consumer of the stream has not processed
+// yet, and returns one line per limit kept, naming the key, the consumer
+// and what to do. A config edit is not a retention loss: without this, a
+// reload or start that lowered max_msgs below the backlog deleted the
+// unprocessed messages in the same instant (measured: max_msgs 1000000 ->
+// 5 with 20 waiting removed 15), and holdfast only reported the loss
+// afterwards.
+//
+// The server enforces max_msgs and max_bytes on an update only with
+// discard old; max_age always. max_bytes is judged with the stream's
+// average message size, max_msgs by counting from the first sequence (a
+// stream with interior deletes may lose a little more than estimated).
+func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig) ([]string, error) {
+	lowered := func(h, n int64) bool { return n > 0 && (h <= 0 || n < h) }
+	msgs := lowered(have.MaxMsgs, next.MaxMsgs) && next.Discard == jetstream.DiscardOld
+	bytes := lowered(have.MaxBytes, next.MaxBytes) && next.Discard == jetstream.DiscardOld
+	age := lowered(int64(have.MaxAge), int64(next.MaxAge))
+	if !msgs && !bytes && !age {
+		return nil, nil
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read stream %s: %w", have.Name, err)
+	}
+	st := info.State
+	if st.Msgs == 0 {
+		return nil, nil
+	}
+	// removedUpTo is the last sequence a limit would remove (0: none).
+	removedUpTo := func(n uint64) uint64 {
+		if n == 0 {
+			return 0
+		}
+		return st.FirstSeq + n - 1
+	}
+	var msgsTo, bytesTo uint64
+	if msgs && st.Msgs > uint64(next.MaxMsgs) {
+		msgsTo = removedUpTo(st.Msgs - uint64(next.MaxMsgs))
+	}
+	if bytes && st.Bytes > uint64(next.MaxBytes) {
+		avg := max(1, st.Bytes/st.Msgs)
+		bytesTo = removedUpTo(min(st.Msgs, (st.Bytes-uint64(next.MaxBytes)+avg-1)/avg))
+	}
+	cutoff := time.Now().Add(-next.MaxAge)
+	if msgsTo == 0 && bytesTo == 0 && (!age || !st.FirstTime.Before(cutoff)) {
+		return nil, nil
+	}
+
+	var kept []string
+	keep := func(field, value, consumer string, seq uint64) {
+		kept = append(kept, fmt.Sprintf("streams.%s.%s = %s not applied: it would delete at once messages consumer %s has not processed yet (from stream sequence %d); "+
+			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise the value; to drop them on purpose, set it with nats stream edit %s",
+			have.Name, field, value, consumer, seq, field, limitValue(field, have), have.Name))
+	}
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		if ci.Config.Durable == "" || ci.NumPending+uint64(ci.NumAckPending) == 0 {
+			continue
+		}
+		first, t, err := firstUnprocessed(ctx, s, ci)
+		if err != nil {
+			return nil, err
+		}
+		if first == 0 {
+			continue
+		}
+		if msgs && first <= msgsTo {
+			keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first)
+			next.MaxMsgs, msgs = have.MaxMsgs, false
+		}
+		if bytes && first <= bytesTo {
+			keep("max_bytes", fmt.Sprint(next.MaxBytes), ci.Name, first)
+			next.MaxBytes, bytes = have.MaxBytes, false
+		}
+		if age && t.Before(cutoff) {
+			keep("max_age", next.MaxAge.String(), ci.Name, first)
+			next.MaxAge, age = have.MaxAge, false
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return nil, fmt.Errorf("cannot list the consumers of stream %s: %w", have.Name, err)
+	}
+	return kept, nil
+}
+
+// limitValue is the current value of a limit, for the log.
+func limitValue(field string, c jetstream.StreamConfig) string {
+	switch field {
+	case "max_msgs":
+		return fmt.Sprint(c.MaxMsgs)
+	case "max_bytes":
+		return fmt.Sprint(c.MaxBytes)
+	}
+	return c.MaxAge.String()
+}
+
+// firstUnprocessed returns the sequence and time of the oldest message
+// consumer ci has not acknowledged (awaiting an ack, or not delivered yet
+// and matching its filter), or 0 when the stream no longer holds one.
+func firstUnprocessed(ctx context.Context, s jetstream.Stream, ci *jetstream.ConsumerInfo) (uint64, time.Time, error) {
+	from := ci.Delivered.Stream + 1
+	if ci.NumAckPending > 0 {
+		from = ci.AckFloor.Stream + 1
+	}
+	filters := ci.Config.FilterSubjects
+	if ci.Config.FilterSubject != "" {
+		filters = []string{ci.Config.FilterSubject}
+	}
+	if len(filters) == 0 || ci.NumAckPending > 0 {
+		filters = []string{">"}
+	}
+	var seq uint64
+	var t time.Time
+	for _, f := range filters {
+		m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(f))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return 0, time.Time{}, fmt.Errorf("cannot read stream %s at sequence %d for consumer %s: %w", ci.Stream, from, ci.Name, err)
+		}
+		if seq == 0 || m.Sequence < seq {
+			seq, t = m.Sequence, m.Time
+		}
+	}
+	return seq, t, nil
+}
