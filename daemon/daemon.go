@@ -533,7 +533,10 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 			d.closeGroupCommit(ctx, name)
 		}
 		if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
-			d.log.Error("reload: streams and consumers not changed", "err", err)
+			// Drift is found before anything changes; a refusal by the
+			// server stops at that stream or consumer, after those
+			// logged as updated above.
+			d.log.Error("reload: stream and consumer settings not applied (except any logged as updated just above); workers keep theirs; still running the previous config for them", "err", err)
 			for _, name := range stopGC {
 				if err := d.openGroupCommit(ctx, cur, name); err != nil {
 					d.log.Error("reload: group commit not restarted", "stream", name, "err", err)

@@ -185,6 +185,9 @@ func transientError(err error, clustered bool) bool {
 }
 
 func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
+	if err := checkDrift(ctx, js, cfg); err != nil {
+		return err
+	}
 	for _, name := range cfg.StreamNames() {
 		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
 			return err
@@ -213,6 +216,44 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 	}
 	warnUnconfiguredConsumers(ctx, js, cfg, log)
 	return nil
+}
+
+// checkDrift returns every difference the server cannot apply in place
+// (DriftError) between the config and the streams, dead-letter streams
+// and consumers that exist, before anything is changed: else the streams
+// sorted before the one that drifted were updated, and a reload then said
+// "not changed" and kept the old config as the running one (measured:
+// max_age of ORDERS 72h -> 24h applied while ZZZ's retention change was
+// refused).
+func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) error {
+	var errs []error
+	check := func(want jetstream.StreamConfig) {
+		s, err := js.Stream(ctx, want.Name)
+		if err != nil {
+			return // missing (created later) or unreadable (reported then)
+		}
+		if _, _, err := diffStream(s.CachedInfo().Config, want); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, name := range cfg.StreamNames() {
+		check(StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)))
+	}
+	dls := cfg.DeadLetterStreams()
+	for _, name := range slices.Sorted(maps.Keys(dls)) {
+		check(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)))
+	}
+	for _, name := range cfg.ConsumerNames() {
+		cc := cfg.Consumers[name]
+		c, err := js.Consumer(ctx, cc.Stream, name)
+		if err != nil {
+			continue
+		}
+		if _, _, err := diffConsumer(cc.Stream, c.CachedInfo().Config, ConsumerSpec(name, cc)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // warnUnconfiguredConsumers logs each durable consumer of a configured

@@ -408,3 +408,46 @@ func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
 		t.Error("insufficient resources in a settling cluster not taken for transient")
 	}
 }
+
+// TestBootstrapDriftChangesNothing: a difference the server cannot apply
+// on one stream stops the bootstrap before anything else changes, and
+// every such difference is named at once. The streams sorted before the
+// drifting one used to be updated first, and a reload then said "not
+// changed" while keeping the old config as the running one.
+func TestBootstrapDriftChangesNothing(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Streams["ZZZ"] = config.DefaultStream([]string{"zzz.*"})
+	cfg.Streams["ZZZ"].MaxBytes = config.Bytes(1 << 20)
+	cfg.Streams["ORDERS"].MaxBytes = config.Bytes(1 << 20)
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, _ := bootstrapped(t, cfg)
+	js := s.JetStream()
+	before := natstest.StreamInfo(t, js, "ORDERS").Config
+
+	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
+	cfg.Streams["ZZZ"].Retention = "workqueue"
+	// A server-side backoff set by a client is drift too.
+	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
+	ci.Config.BackOff = []time.Duration{time.Second}
+	if _, err := js.UpdateConsumer(natstest.Context(t), "ORDERS", ci.Config); err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("changed config does not validate: %v", err)
+	}
+	err := Bootstrap(natstest.Context(t), js, cfg, s.base)
+	if !errors.Is(err, ErrDrift) {
+		t.Fatalf("Bootstrap = %v, want ErrDrift", err)
+	}
+	for _, want := range []string{"streams.ZZZ.retention", "consumers.WORKER1", "backoff"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if after := natstest.StreamInfo(t, js, "ORDERS").Config; !reflect.DeepEqual(after, before) {
+		t.Errorf("ORDERS changed although the bootstrap was refused:\nbefore %+v\nafter  %+v", before, after)
+	}
+}
