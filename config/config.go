@@ -306,18 +306,24 @@ type fileLayout struct {
 // drop the workers); each table starts from DefaultStream/DefaultConsumer.
 // Parse does not validate values: call Validate.
 func Parse(r io.Reader, source string) (*Config, error) {
+	cfg, _, err := parse(r, source)
+	return cfg, err
+}
+
+// parse is Parse, also returning whether the file sets any key.
+func parse(r io.Reader, source string) (*Config, bool, error) {
 	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
 	if err != nil {
-		return nil, fmt.Errorf("cannot read %s: %w", source, err)
+		return nil, false, fmt.Errorf("cannot read %s: %w", source, err)
 	}
 	if err := checkShape(data); err != nil {
-		return nil, &ParseError{Source: source, Err: err}
+		return nil, false, &ParseError{Source: source, Err: err}
 	}
 	cfg := DefaultConfig()
 	layout := fileLayout{Config: *cfg}
 	md, err := toml.Decode(string(data), &layout)
 	if err != nil {
-		return nil, &ParseError{Source: source, Err: tomlError(err)}
+		return nil, false, &ParseError{Source: source, Err: tomlError(err)}
 	}
 	var problems []string
 	// The decoder leaves a map alone when the TOML value is not a table,
@@ -370,9 +376,9 @@ func Parse(r io.Reader, source string) (*Config, error) {
 		problems = append(problems, fmt.Sprintf("line %d: %s: unknown key; `holdfast config` prints every valid key", keyLine(string(data), k), k.String()))
 	}
 	if len(problems) > 0 {
-		return nil, &ParseError{Source: source, Err: errors.New(strings.Join(problems, "\n  "))}
+		return nil, false, &ParseError{Source: source, Err: errors.New(strings.Join(problems, "\n  "))}
 	}
-	return &out, nil
+	return &out, len(md.Keys()) > 0, nil
 }
 
 // keyLine finds the line that defines key, for error messages: a line
@@ -429,22 +435,45 @@ func tomlError(err error) error {
 // DefaultPath if that exists and the built-in defaults otherwise; the
 // returned source says which ("" for defaults).
 func Load(path string) (cfg *Config, source string, err error) {
+	return load(path, false)
+}
+
+// ErrNoKeys is the sentinel for a config file that sets no key (empty, or
+// only comments and blank lines), refused by LoadForReload.
+var ErrNoKeys = errors.New("the config file sets no key")
+
+// LoadForReload is Load for a reload of a running holdfast: it also
+// refuses (ErrNoKeys) a file that sets no key, and a default path that no
+// longer exists, instead of returning the built-in defaults. Such a file
+// is one caught while being written (`cat > FILE` truncates first):
+// applied as the defaults, it gave every consumer the default log
+// handler, which acknowledged the waiting messages without the
+// configured handler seeing them.
+func LoadForReload(path string) (cfg *Config, source string, err error) {
+	return load(path, true)
+}
+
+func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 	explicit := path != ""
 	if !explicit {
 		path = DefaultPath
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		if !explicit && errors.Is(err, os.ErrNotExist) {
+		if !explicit && !needKeys && errors.Is(err, os.ErrNotExist) {
 			cfg := DefaultConfig()
 			return cfg, "", cfg.validateFile()
 		}
 		return nil, path, fmt.Errorf("cannot open config: %w (pass --config or set HOLDFAST_CONFIG to a readable file)", err)
 	}
 	defer f.Close()
-	cfg, err = Parse(f, path)
+	cfg, keys, err := parse(f, path)
 	if err != nil {
 		return nil, path, err
+	}
+	if needKeys && !keys {
+		return nil, path, fmt.Errorf("%s: %w (empty or only comments: caught while being written?); "+
+			"write the file again and reload, or restart holdfast to run on the built-in defaults", path, ErrNoKeys)
 	}
 	if verr := cfg.validateFile(); verr != nil {
 		var ve *ValidationError

@@ -1045,3 +1045,27 @@ func TestAllStreamNames(t *testing.T) {
 		t.Errorf("AllStreamNames() = %q, want %q", got, want)
 	}
 }
+
+// TestLoadForReloadRefusesFileWithoutKeys: an empty or comment-only file
+// is the built-in defaults for Load, an ErrNoKeys for LoadForReload.
+func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
+	for _, text := range []string{"", "\n  \n", "# all commented out\n# [server]\n"} {
+		path := filepath.Join(t.TempDir(), "holdfast.toml")
+		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := Load(path); err != nil {
+			t.Errorf("Load(%q) = %v, want the built-in defaults", text, err)
+		}
+		if _, _, err := LoadForReload(path); !errors.Is(err, ErrNoKeys) || !strings.Contains(err.Error(), path) {
+			t.Errorf("LoadForReload(%q) = %v, want ErrNoKeys naming the file", text, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "holdfast.toml")
+	if err := os.WriteFile(path, []byte("[log]\nlevel = \"debug\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if cfg, _, err := LoadForReload(path); err != nil || cfg.Log.Level != "debug" {
+		t.Errorf("LoadForReload of a file with a key = %v, %v", cfg, err)
+	}
+}

@@ -420,3 +420,48 @@ func TestReloadSetsBackWhatWasEditedWhileRunning(t *testing.T) {
 	}
 	p.stop()
 }
+
+// TestReloadRefusesEmptyFile: a SIGHUP that finds the config file empty
+// (truncated by `cat > FILE` and not written yet) keeps the running
+// config. It used to apply the built-in defaults: WORKER1 got 4 workers
+// with the log handler, which acknowledged every waiting message without
+// the configured handler ever seeing it.
+func TestReloadRefusesEmptyFile(t *testing.T) {
+	in := newE2EInstance(t)
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	for i := range 3 {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, text := range []string{"", "\n# only a comment\n\n"} {
+		if err := os.WriteFile(in.cfg, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		// Either answer ends the reload: refused, or applied ("reload done").
+		reloads := func() int {
+			return strings.Count(p.stderr.String(), "reload refused") + strings.Count(p.stderr.String(), `msg="reload done"`)
+		}
+		before := reloads()
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if reloads() == before {
+				return errors.New("the reload has not ended yet")
+			}
+			return nil
+		})
+	}
+	if !strings.Contains(p.stderr.String(), "sets no key") {
+		t.Errorf("the refusal does not say why:\n%s", p.stderr.String())
+	}
+	time.Sleep(500 * time.Millisecond) // workers that started would have acked by now
+	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
+	if ci.NumPending != 3 || ci.AckFloor.Stream != 0 {
+		t.Errorf("WORKER1 after the empty file's reload: %d pending, ack floor %d; want 3 pending, none acknowledged", ci.NumPending, ci.AckFloor.Stream)
+	}
+	p.stop()
+}
