@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -348,7 +349,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	s, err := js.Stream(ctx, want.Name)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		if _, err := js.CreateStream(ctx, want); err != nil {
-			return fmt.Errorf("cannot create stream %s: %w", want.Name, err)
+			return fmt.Errorf("cannot create stream %s: %w%s", want.Name, err, overlapHint(ctx, js, want, deadLetter, err))
 		}
 		log.Info("stream created", "stream", want.Name, "subjects", want.Subjects, "retention", want.Retention.String(),
 			"storage", want.Storage.String(), "max_msgs", want.MaxMsgs, "max_bytes", want.MaxBytes, "max_age", want.MaxAge)
@@ -390,12 +391,56 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return nil
 	}
 	if _, err := js.UpdateStream(ctx, next); err != nil {
-		return fmt.Errorf("cannot update stream %s (%s): %w", want.Name, describe(changes), err)
+		return fmt.Errorf("cannot update stream %s (%s): %w%s", want.Name, describe(changes), err, overlapHint(ctx, js, want, deadLetter, err))
 	}
 	for _, c := range changes {
 		log.Info("stream updated", "stream", want.Name, "field", c.Field, "old", c.Old, "new", c.New)
 	}
 	return nil
+}
+
+// errSubjectOverlap is the server's error code for a stream whose
+// subjects overlap another's.
+const errSubjectOverlap jetstream.ErrorCode = 10065
+
+// overlapHint names, for the server's "subjects overlap with an existing
+// stream", the streams that hold the subjects and what to do; "" for any
+// other error. The configured streams cannot overlap one another (Validate
+// refuses that), so the other is a stream the config no longer names (one
+// renamed in the file: holdfast never deletes it or moves its messages) or
+// one a client made. The server's error names neither.
+func overlapHint(ctx context.Context, js jetstream.JetStream, want jetstream.StreamConfig, deadLetter bool, err error) string {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != errSubjectOverlap {
+		return ""
+	}
+	var others []string
+	seen := map[string]bool{want.Name: true}
+	for _, subj := range want.Subjects {
+		names := js.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
+		for n := range names.Name() {
+			if seen[n] {
+				continue
+			}
+			seen[n] = true
+			desc := n
+			if s, err := js.Stream(ctx, n); err == nil {
+				info := s.CachedInfo()
+				desc = fmt.Sprintf("%s (subjects %v, %d messages)", n, info.Config.Subjects, info.State.Msgs)
+			}
+			others = append(others, desc)
+		}
+	}
+	key := fmt.Sprintf("streams.%s.subjects = %v", want.Name, want.Subjects)
+	if deadLetter {
+		key = fmt.Sprintf("the dead-letter subjects %v of stream %s", want.Subjects, want.Name)
+	}
+	if len(others) == 0 {
+		return fmt.Sprintf(": %s overlap a stream outside the config (nats stream ls)", key)
+	}
+	return fmt.Sprintf(": %s overlap stream %s, which the config does not name (renamed in the file? holdfast never deletes a stream or moves its messages); "+
+		"process or back up its messages, then remove it (nats stream rm) or give it other subjects (nats stream edit), or choose other subjects",
+		key, strings.Join(others, ", "))
 }
 
 // diffStream returns have with the managed fields of want applied, and the

@@ -451,3 +451,34 @@ func TestBootstrapDriftChangesNothing(t *testing.T) {
 		t.Errorf("ORDERS changed although the bootstrap was refused:\nbefore %+v\nafter  %+v", before, after)
 	}
 }
+
+// TestBootstrapOverlapNamesTheOtherStream: a stream renamed in the config
+// (ORDERS -> SALES, same subjects) cannot be created beside the old one,
+// which holdfast never deletes; the error names the key, the old stream
+// with its messages, and what to do. The server's error named neither
+// ("subjects overlap with an existing stream").
+func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	s, _ := bootstrapped(t, cfg)
+	js := s.JetStream()
+	publish(t, js, "orders.created", 3)
+
+	cfg.Streams = map[string]*config.StreamConfig{"SALES": cfg.Streams["ORDERS"]}
+	cfg.Consumers["WORKER1"].Stream, cfg.Consumers["WORKER1"].DeadLetter = "SALES", "SALES_DLQ"
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	err := Bootstrap(natstest.Context(t), js, cfg, s.base)
+	if err == nil {
+		t.Fatal("Bootstrap created SALES beside ORDERS on the same subjects")
+	}
+	for _, want := range []string{"streams.SALES.subjects = [orders.*]", "overlap stream ORDERS", "3 messages", "nats stream rm"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q: %v", want, err)
+		}
+	}
+	if si := natstest.StreamInfo(t, js, "ORDERS"); si.State.Msgs != 3 {
+		t.Errorf("ORDERS holds %d messages, want 3", si.State.Msgs)
+	}
+}
