@@ -489,7 +489,9 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		f.stats.Refused.Add(1)
 		return Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
 	}
-	size := out.Size()
+	// Header block and data, as the server and the client count a
+	// payload against max_payload and max_msg_size (not the subject).
+	size := out.Size() - len(out.Subject) - len(out.Reply)
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
 		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))

@@ -298,8 +298,9 @@ func TestLeafEdgesToHub(t *testing.T) {
 			defer wg.Done()
 			leafPublish(t, js, 0, perEdge/2)
 			if i == 0 {
-				// Too large for the hub: dead-lettered on the edge.
-				if _, err := js.Publish(natstest.Context(t), "orders.big", make([]byte, 4096)); err != nil {
+				// Too large for the hub (its EDGE stream takes 2KB
+				// plus config.ForwardHeadroom): dead-lettered on the edge.
+				if _, err := js.Publish(natstest.Context(t), "orders.big", make([]byte, 7000)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -1012,5 +1013,49 @@ func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
 	wantExactlyOnce(t, hubCounts(t, hjs, 30, 30*time.Second), map[string]uint64{"edge1": 30})
 	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
 		t.Errorf("%d dead letters on the edge", n)
+	}
+}
+
+// TestLeafLargestMessageReachesHub: hub and edge with the same
+// server.max_payload (the default, 1MiB), as the README asks ("a hub
+// max_payload at least the edges'"). A message the edge stored, of the
+// largest size its stream takes, must reach the hub, although forwarding
+// adds the origin headers to it; it must not be dead-lettered on the edge
+// as larger than the hub stream's max_msg_size.
+func TestLeafLargestMessageReachesHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	m := nats.NewMsg("orders.created")
+	m.Header.Set("Trace", "t-1")
+	m.Data = make([]byte, 1<<20-len("Trace: t-1")-20)
+	if _, err := ejs.PublishMsg(ctx, m); err != nil {
+		t.Fatalf("edge refused the message: %v", err)
+	}
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != 2 {
+			return fmt.Errorf("hub holds %d, want 2; edge status:\n%s", got, edge.get(t, "/healthz"))
+		}
+		return nil
+	})
+	hs, err := hjs.Stream(ctx, "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := hs.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Data) != len(m.Data) || got.Header.Get("Trace") != "t-1" {
+		t.Fatalf("hub holds %d bytes, Trace %q", len(got.Data), got.Header.Get("Trace"))
 	}
 }
