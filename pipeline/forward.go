@@ -112,6 +112,12 @@ type Forwarder struct {
 	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string   // the other domains when the hub was last checked
 	checkedDowns uint64   // downs when the last check that passed began
+	// storeErr is why the hub's stream refused the last publish while it
+	// cannot store for now (full with discard new, out of storage,
+	// sealed), "" otherwise; forwarding waits until storeRetryAt and
+	// tries again.
+	storeErr     string
+	storeRetryAt time.Time
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -403,7 +409,7 @@ func (f *Forwarder) Ready() bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.checkErr == nil && f.checkedDowns == f.downs.Load()
+	return f.checkErr == nil && f.checkedDowns == f.downs.Load() && !time.Now().Before(f.storeRetryAt)
 }
 
 // Problem is why forwarding waits on a hub that is reachable, or "".
@@ -414,9 +420,36 @@ func (f *Forwarder) Problem() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.checkErr == nil {
-		return ""
+		return f.storeErr
 	}
 	return f.checkErr.Error()
+}
+
+// storeRetry is how long forwarding waits before sending again to a hub
+// stream that cannot store for now.
+const storeRetry = time.Second
+
+// hubCannotStore records that the hub's stream refused a message because
+// it cannot store for now: forwarding waits storeRetry and tries again,
+// and Problem names the cause.
+func (f *Forwarder) hubCannotStore(reason string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	msg := fmt.Sprintf("the hub's stream %s cannot store messages now: %s; messages wait on this edge (make room on the hub: raise its limits or purge; forwarding tries again every %s)", f.hubStream, reason, storeRetry)
+	if f.storeErr != msg {
+		f.log.Error("forwarding waits: the hub's stream refuses to store", "hub_stream", f.hubStream, "err", reason)
+	}
+	f.storeErr, f.storeRetryAt = msg, time.Now().Add(storeRetry)
+}
+
+// hubStores records that the hub's stream stored a message.
+func (f *Forwarder) hubStores() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.storeErr != "" {
+		f.log.Info("the hub's stream stores again: forwarding", "hub_stream", f.hubStream)
+		f.storeErr = ""
+	}
 }
 
 // Stats returns the live counters.
@@ -539,6 +572,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 				f.mu.Unlock()
 				continue
 			}
+			f.hubStores()
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
 			} else {
@@ -552,6 +586,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		if reason, permanent := permanentForwardError(err); permanent {
 			f.stats.Refused.Add(1)
 			return Fail("the hub refused the message: " + reason)
+		}
+		if reason, full := hubStoreRefusal(err); full {
+			// The hub's stream explains it: wait in this delivery, as
+			// for the link, instead of spending deliveries on it.
+			f.hubCannotStore(reason)
+			continue
 		}
 		if ctx.Err() != nil {
 			return RetryLater(err.Error())
@@ -621,6 +661,23 @@ func permanentForwardError(err error) (string, bool) {
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum: // 10054
+			return apiErr.Error(), true
+		}
+	}
+	return "", false
+}
+
+// hubStoreRefusal reports whether the hub's stream refused to store the
+// message for now, for what it holds or where it stands rather than for
+// what the message is: full with discard new (10077: maximum messages,
+// bytes or messages per subject exceeded), storage or memory used up
+// (10047, 10028, 10023), sealed (10109). Space made on the hub, or the
+// stream replaced, lets the same message through.
+func hubStoreRefusal(err error) (string, bool) {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10077, 10047, 10028, 10023, 10109:
 			return apiErr.Error(), true
 		}
 	}

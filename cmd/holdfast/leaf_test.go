@@ -1059,3 +1059,54 @@ func TestLeafLargestMessageReachesHub(t *testing.T) {
 		t.Fatalf("hub holds %d bytes, Trace %q", len(got.Data), got.Header.Get("Trace"))
 	}
 }
+
+// TestLeafHubStreamFull: the hub's stream is full with discard = "new"
+// (it refuses new messages until space is made). The edge's messages wait
+// for it, spending no deliveries (the hub's stream explains the failure),
+// /healthz names the cause, and once space is made every message reaches
+// the hub once; none is dead-lettered on the edge.
+func TestLeafHubStreamFull(t *testing.T) {
+	hub := newLeafHub(t, "10m", "max_msgs = 5\ndiscard = \"new\"\n")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "max_deliver = 3\n")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 10)
+	hubHoldsAll(t, hjs, 5, 30*time.Second)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "maximum messages exceeded") {
+			return fmt.Errorf("edge /healthz does not name the full hub stream:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // deliveries would be spent meanwhile
+	ctx := natstest.Context(t)
+	if s, err := ejs.Stream(ctx, "ORDERS_DLQ"); err == nil {
+		if n := s.CachedInfo().State.Msgs; n != 0 {
+			t.Fatalf("the edge dead-lettered %d message(s) while the hub's stream was full", n)
+		}
+	}
+	hs, err := hjs.Stream(ctx, "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hubHoldsAll(t, hjs, 5, 30*time.Second)
+	seen := hubCounts(t, hjs, 5, 10*time.Second)
+	for seq := uint64(6); seq <= 10; seq++ {
+		if seen["edge1"][seq] != 1 {
+			t.Errorf("edge1 seq %d stored %d times after the purge", seq, seen["edge1"][seq])
+		}
+	}
+	natstest.CheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+			return fmt.Errorf("edge /healthz: %s", h)
+		}
+		return nil
+	})
+}
