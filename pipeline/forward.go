@@ -107,7 +107,7 @@ type Forwarder struct {
 	mu           sync.Mutex
 	incarnations map[string]incarnation
 	hubStream    string   // the hub streams that take the destination subjects (comma-separated)
-	hubMaxMsg    int32    // its max_msg_size, 0 when unlimited
+	hubMaxMsg    int32    // the largest max_msg_size of those streams, 0 when one is unlimited
 	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
 	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string   // the other domains when the hub was last checked
@@ -319,12 +319,22 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	var cfg jetstream.StreamConfig
 	var subjects []string
+	// The largest max_msg_size of the streams (0: one takes any size): a
+	// message over it fits none of them, so none can store it. Sent all
+	// the same, one over the hub's max_payload would make the hub close
+	// the link (Maximum Payload Violation), again at each reconnect.
+	var maxMsg int32
+	unlimited := false
 	for _, name := range names {
 		s, err := f.hub.Stream(ctx, name)
 		if err != nil {
 			return fmt.Errorf("hub stream %s: %w", name, err)
 		}
 		cfg = s.CachedInfo().Config
+		if cfg.MaxMsgSize <= 0 {
+			unlimited = true
+		}
+		maxMsg = max(maxMsg, cfg.MaxMsgSize)
 		for _, sub := range cfg.Subjects {
 			subjects = append(subjects, strings.TrimPrefix(sub, config.GroupCommitSubject(name, "")))
 		}
@@ -335,13 +345,11 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		}
 	}
 	name := strings.Join(names, ",")
-	if len(names) > 1 {
-		// Which stream takes a message depends on its subject: the hub
-		// refuses one too large for its stream (error 10054).
-		cfg.MaxMsgSize = 0
+	if unlimited {
+		maxMsg = 0
 	}
 	f.mu.Lock()
-	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, max(cfg.MaxMsgSize, 0), subjects
+	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, subjects
 	f.mu.Unlock()
 	return nil
 }
@@ -541,11 +549,13 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		}
 	}
 	f.mu.Lock()
-	hubMax := f.hubMaxMsg
+	hubMax, hubStreams := f.hubMaxMsg, f.hubStream
 	f.mu.Unlock()
 	if hubMax > 0 && size > int(hubMax) {
+		// With several hub streams, one smaller than hubMax may refuse a
+		// smaller message itself (10054, permanentForwardError).
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d", size, hubMax))
+		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
 	}
 	for {
 		if err := f.waitReady(ctx); err != nil {

@@ -1110,3 +1110,51 @@ func TestLeafHubStreamFull(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLeafSplitHubStreamsOversize: the hub splits the edges' messages over
+// two streams (EDGE on edge.*.orders.created, EDGE2 on
+// edge.*.orders.paid) and has a smaller max_payload than the edge. A
+// message larger than both streams take is dead-lettered on the edge with
+// the reason; sent, it would make the hub close the leafnode link
+// (Maximum Payload Violation) at each reconnect, and nothing behind it
+// would be forwarded.
+func TestLeafSplitHubStreamsOversize(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
+	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.*.orders.created"]`, 1)
+	text += "\n[streams.EDGE2]\nsubjects = [\"edge.*.orders.paid\"]\nduplicate_window = \"10m\"\n"
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	if _, err := ejs.Publish(ctx, "orders.created", make([]byte, 12000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("small")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != 1 {
+			return fmt.Errorf("hub holds %d, want 1; edge /healthz:\n%s", got, edge.get(t, "/healthz"))
+		}
+		return nil
+	})
+	dl, err := ejs.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dl.GetLastMsgForSubject(ctx, "dlq.FORWARD.orders.created")
+	if err != nil {
+		t.Fatalf("no dead letter for the oversized message: %v", err)
+	}
+	if reason := m.Header.Get("Holdfast-Error"); !strings.Contains(reason, "max_msg_size") {
+		t.Errorf("dead letter reason %q does not name the hub's limit", reason)
+	}
+}
