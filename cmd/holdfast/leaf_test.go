@@ -1158,3 +1158,38 @@ func TestLeafSplitHubStreamsOversize(t *testing.T) {
 		t.Errorf("dead letter reason %q does not name the hub's limit", reason)
 	}
 }
+
+// TestLeafHubClosesLinkForOversize: the hub has a smaller max_payload than
+// the edge, and the stream that takes the edge's messages (created by hand,
+// not by holdfast) sets no max_msg_size, so the edge cannot know the limit.
+// The hub closes the link for a message over it, again after each
+// reconnect, and nothing behind it moves: the edge's /healthz must say so,
+// naming the hub's max_payload, instead of "ok".
+func TestLeafHubClosesLinkForOversize(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
+	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.other.>"]`, 1)
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	if _, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: "BYHAND", Subjects: []string{"edge.edge1.>"}, Duplicates: 10 * time.Minute, MaxMsgSize: -1}); err != nil {
+		t.Fatal(err)
+	}
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	if _, err := ejs.Publish(ctx, "orders.created", make([]byte, 12000)); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "larger than its max_payload") {
+			return fmt.Errorf("edge /healthz does not name the hub's max_payload:\n%s", h)
+		}
+		return nil
+	})
+}
