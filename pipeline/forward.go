@@ -440,10 +440,10 @@ const storeRetry = time.Second
 // hubCannotStore records that the hub's stream refused a message because
 // it cannot store for now: forwarding waits storeRetry and tries again,
 // and Problem names the cause.
-func (f *Forwarder) hubCannotStore(reason string) {
+func (f *Forwarder) hubCannotStore(reason, hint string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	msg := fmt.Sprintf("the hub's stream %s cannot store messages now: %s; messages wait on this edge (make room on the hub: raise its limits or purge; forwarding tries again every %s)", f.hubStream, reason, storeRetry)
+	msg := fmt.Sprintf("the hub's stream %s cannot store messages now: %s; messages wait on this edge (%s; forwarding tries again every %s)", f.hubStream, reason, hint, storeRetry)
 	if f.storeErr != msg {
 		f.log.Error("forwarding waits: the hub's stream refuses to store", "hub_stream", f.hubStream, "err", reason)
 	}
@@ -600,7 +600,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		if reason, full := hubStoreRefusal(err); full {
 			// The hub's stream explains it: wait in this delivery, as
 			// for the link, instead of spending deliveries on it.
-			f.hubCannotStore(reason)
+			f.hubCannotStore(reason, "make room on the hub: raise its limits or purge")
 			continue
 		}
 		if ctx.Err() != nil {
@@ -614,6 +614,15 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		// delivery, as for the link; only a failure the hub's stream does
 		// not explain spends a delivery.
 		if cerr := f.checkHub(ctx); cerr != nil {
+			continue
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			// No PubAck within the timeout, from a hub whose stream is
+			// there: the publish may have been swallowed (its stream
+			// deleted and created again meanwhile) or the hub is slow.
+			// Send it again in this delivery, holding its place; the
+			// same Nats-Msg-Id stores it once.
+			f.hubCannotStore(fmt.Sprintf("no PubAck within forward.timeout (%s)", f.opts.Timeout), "check the hub's stream: `nats stream info` on the hub")
 			continue
 		}
 		return RetryLater("publish to the hub: " + err.Error())

@@ -1193,3 +1193,68 @@ func TestLeafHubClosesLinkForOversize(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLeafHubStreamRecreatedKeepsOrder: the hub's stream is deleted in the
+// middle of forwarding and created again 3 s later. The publish in flight
+// gets no PubAck (the hub swallows it with its stream) and times out once
+// the stream is back; it must be sent again in its place, not handed back
+// for a later delivery behind the messages after it: the new stream holds
+// a contiguous run of origin sequences up to the last, each once, and
+// nothing is dead-lettered.
+func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	const n = 1500
+	leafPublish(t, ejs, 0, n)
+	hubHoldsAtLeast(t, hjs, 200)
+	cfg := natstest.StreamInfo(t, hjs, "EDGE").Config
+	if err := hjs.DeleteStream(ctx, "EDGE"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if _, err := hjs.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_backlog_messages{consumer="FORWARD"} 0`) {
+			return fmt.Errorf("backlog")
+		}
+		return nil
+	})
+	info := natstest.StreamInfo(t, hjs, "EDGE")
+	c, err := hjs.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for uint64(len(seqs)) < info.State.Msgs {
+		b, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			s, _ := strconv.ParseUint(m.Headers().Get("Holdfast-Origin-Seq"), 10, 64)
+			seqs = append(seqs, s)
+		}
+	}
+	t.Logf("the new stream holds origin sequences %d..%d (%d); edge: %s", seqs[0], seqs[len(seqs)-1], len(seqs),
+		grepLines(edge.get(t, "/metrics"), "holdfast_forward_errors_total"))
+	for i, s := range seqs {
+		if s != seqs[0]+uint64(i) {
+			t.Fatalf("the new stream's message %d has origin sequence %d, want %d (out of order, or missing)", i, s, seqs[0]+uint64(i))
+		}
+	}
+	if seqs[len(seqs)-1] != n {
+		t.Fatalf("the new stream's last origin sequence is %d, want %d", seqs[len(seqs)-1], n)
+	}
+	if s, err := ejs.Stream(ctx, "ORDERS_DLQ"); err == nil && s.CachedInfo().State.Msgs != 0 {
+		t.Fatalf("the edge dead-lettered %d message(s)", s.CachedInfo().State.Msgs)
+	}
+}
