@@ -320,13 +320,16 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 // noteDuplicate sets remote i's Problem while its hub drops its links as
 // duplicates, and logs each change; w.mu is held.
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
-	var last, lastPayload time.Time
+	var last, lastPayload, lastAuth time.Time
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
 		if t := w.nsLog.LeafDuplicateAt(a); t.After(last) {
 			last = t
 		}
 		if t := w.nsLog.LeafPayloadViolationAt(a); t.After(lastPayload) {
 			lastPayload = t
+		}
+		if t := w.nsLog.LeafAuthViolationAt(a); t.After(lastAuth) {
+			lastAuth = t
 		}
 	}
 	p := ""
@@ -339,6 +342,11 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 		// again at each reconnect, it holds up everything behind it.
 		p = fmt.Sprintf("the hub closes this link for a message larger than its max_payload (Maximum Payload Violation, last %s ago), again after each reconnect, and nothing behind that message is forwarded: give the hub a server.max_payload at least this edge's, or its stream a max_msg_size (a holdfast hub sets one) so that the edge dead-letters such a message",
 			time.Since(lastPayload).Round(time.Second))
+	case !lastAuth.IsZero() && time.Since(lastAuth) < leafDuplicateFor && !l.Connected:
+		// Credentials refused do not heal by waiting: say so now, not
+		// after unreachable_after.
+		p = fmt.Sprintf("the hub refuses this edge's leafnode credentials (Authorization Violation, last %s ago): check the remote's user and password_file, token_file or credentials against the hub's leafnodes.user / password_file (or [auth])",
+			time.Since(lastAuth).Round(time.Second))
 	}
 	if (p == "") != (l.Problem == "") {
 		if p != "" {

@@ -37,6 +37,9 @@ type serverLogger struct {
 	// When the hub at an address last closed this node's leafnode
 	// connection for a message over its max_payload.
 	leafPayload map[string]time.Time
+	// When the hub at an address last refused this node's leafnode
+	// credentials.
+	leafAuth map[string]time.Time
 }
 
 // leafDuplicate is what nats-server (v2.15.2) logs on an edge whose hub
@@ -50,6 +53,10 @@ var leafDuplicate = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Dupli
 // max_payload (leafnode.go, maxPayloadViolation).
 var leafPayloadViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Maximum Payload Violation'`)
 
+// leafAuthViolation is what nats-server (v2.15.2) logs on an edge whose
+// hub refused its leafnode credentials.
+var leafAuthViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Authorization Violation'`)
+
 // noteLeafDuplicate records the hub's address when msg says it dropped a
 // leafnode connection as a duplicate, or closed it for a message over its
 // max_payload.
@@ -57,6 +64,9 @@ func (l *serverLogger) noteLeafDuplicate(msg string) {
 	at, m := &l.leafDups, leafDuplicate.FindStringSubmatch(msg)
 	if m == nil {
 		at, m = &l.leafPayload, leafPayloadViolation.FindStringSubmatch(msg)
+	}
+	if m == nil {
+		at, m = &l.leafAuth, leafAuthViolation.FindStringSubmatch(msg)
 	}
 	if m == nil {
 		return
@@ -67,6 +77,17 @@ func (l *serverLogger) noteLeafDuplicate(msg string) {
 		*at = map[string]time.Time{}
 	}
 	(*at)[m[1]] = time.Now()
+}
+
+// LeafAuthViolationAt returns when the hub at addr last refused this
+// node's leafnode credentials (zero: never).
+func (l *serverLogger) LeafAuthViolationAt(addr string) time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leafAuth[addr]
 }
 
 // LeafPayloadViolationAt returns when the hub at addr last closed a

@@ -319,4 +319,12 @@ func TestNoteLeafDuplicate(t *testing.T) {
 	if at := l.LeafPayloadViolationAt("127.0.0.1:7422"); !at.IsZero() {
 		t.Errorf("LeafPayloadViolationAt(7422) = %v, want zero", at)
 	}
+	// And one whose credentials the hub refused.
+	l.Errorf("%s", "127.0.0.1:7425 - lid:8 - Leafnode Error 'Authorization Violation'")
+	if at := l.LeafAuthViolationAt("127.0.0.1:7425"); time.Since(at) > time.Minute {
+		t.Errorf("LeafAuthViolationAt(7425) = %v, want now", at)
+	}
+	if at := l.LeafPayloadViolationAt("127.0.0.1:7425"); !at.IsZero() {
+		t.Errorf("LeafPayloadViolationAt(7425) = %v, want zero", at)
+	}
 }

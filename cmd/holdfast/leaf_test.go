@@ -1258,3 +1258,49 @@ func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
 		t.Fatalf("the edge dead-lettered %d message(s)", s.CachedInfo().State.Msgs)
 	}
 }
+
+// TestLeafPasswordRevokedNamedInHealth: the hub is restarted with another
+// leafnode password. The edge's link is refused at each reconnect and its
+// messages wait; /healthz must name the refused credentials at once, not
+// say "ok" until unreachable_after (5 minutes) has passed.
+func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
+	dir := t.TempDir()
+	pw := dir + "/leaf.pw"
+	if err := os.WriteFile(pw, []byte("first-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	epw := dir + "/edge.pw"
+	if err := os.WriteFile(epw, []byte("first-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "no_advertise = true", fmt.Sprintf("no_advertise = true\nuser = \"leaf\"\npassword_file = %q", pw), 1)
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	text = strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", epw), 1)
+	if err := os.WriteFile(edge.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 50)
+	hubHoldsAll(t, hjs, 50, 20*time.Second)
+	hub.proc.stop()
+	if err := os.WriteFile(pw, []byte("second-password-456\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	leafPublish(t, ejs, 50, 50)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "refuses this edge's leafnode credentials") {
+			return fmt.Errorf("edge /healthz does not name the refused credentials:\n%s", h)
+		}
+		return nil
+	})
+}
