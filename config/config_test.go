@@ -1069,3 +1069,27 @@ func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
 		t.Errorf("LoadForReload of a file with a key = %v, %v", cfg, err)
 	}
 }
+
+// TestStreamMaxMsgSize: a hub's stream that takes edge_subjects takes
+// ForwardHeadroom more than max_payload (the origin headers an edge adds
+// to a message of its largest size); other streams, and every stream of a
+// node that is no hub, take max_payload.
+func TestStreamMaxMsgSize(t *testing.T) {
+	tests := []struct {
+		name, text string
+		want       int64
+	}{
+		{"hub stream on edge.>", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[streams.S]\nsubjects = [\"edge.>\"]\n", 1<<20 + ForwardHeadroom},
+		{"hub stream on a part", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[streams.S]\nsubjects = [\"edge.site1.>\"]\n", 1<<20 + ForwardHeadroom},
+		{"hub stream elsewhere", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[streams.S]\nsubjects = [\"orders.*\"]\n", 1 << 20},
+		{"hub without edge_subjects", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\nedge_subjects = []\n[streams.S]\nsubjects = [\"edge.>\"]\n", 1 << 20},
+		{"no hub", "[streams.S]\nsubjects = [\"edge.>\"]\n", 1 << 20},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := mustParse(t, tt.text).StreamMaxMsgSize("S"); got != tt.want {
+				t.Errorf("StreamMaxMsgSize = %d, want %d", got, tt.want)
+			}
+		})
+	}
+}

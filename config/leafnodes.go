@@ -85,6 +85,34 @@ const (
 // where DefaultForwardSubject sends.
 var DefaultEdgeSubjects = []string{"edge.>"}
 
+// ForwardHeadroom is how much more than server.max_payload a hub's stream
+// on leafnodes.edge_subjects takes: room for the origin headers an edge's
+// forward handler adds (about 250 bytes, plus twice the edge's server
+// name and stream name, plus the message's subject), so that a message of
+// the largest size an edge with the same max_payload stores still reaches
+// the hub. The server itself accepts 8KiB more than max_payload, so the
+// dead letter of such a message on the hub fits too.
+const ForwardHeadroom = 4 << 10
+
+// StreamMaxMsgSize is the max_msg_size of the configured stream name:
+// server.max_payload, plus ForwardHeadroom on a hub for a stream that
+// takes a part of leafnodes.edge_subjects (the edges' forwarded messages).
+func (c *Config) StreamMaxMsgSize(name string) int64 {
+	size := c.Server.MaxPayload.Bytes
+	sc := c.Streams[name]
+	if sc == nil || !c.LeafNodes.Hub() {
+		return size
+	}
+	for _, s := range sc.Subjects {
+		for _, e := range c.LeafNodes.EdgeSubjects {
+			if server.SubjectsCollide(s, e) {
+				return size + ForwardHeadroom
+			}
+		}
+	}
+	return size
+}
+
 // Hub reports whether this node accepts leafnode connections.
 func (l LeafNodesConfig) Hub() bool { return l.Listen != "" }
 

@@ -45,7 +45,8 @@ type Change struct {
 
 // StreamSpec turns a configured stream into the server's stream config.
 //
-// maxMsgSize is server.max_payload: the server itself accepts
+// maxMsgSize is server.max_payload (config.StreamMaxMsgSize: more on a
+// hub's stream of edge messages): the server itself accepts
 // DeadLetterHeadroom more (see Options), so that a message of the largest
 // allowed size still fits in its dead letter with the Holdfast-* headers
 // added; configured streams refuse anything larger than max_payload.
@@ -190,7 +191,7 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 		return err
 	}
 	for _, name := range cfg.StreamNames() {
-		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)), false, log); err != nil {
+		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.StreamMaxMsgSize(name))), false, log); err != nil {
 			return err
 		}
 	}

@@ -320,22 +320,39 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 // noteDuplicate sets remote i's Problem while its hub drops its links as
 // duplicates, and logs each change; w.mu is held.
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
-	var last time.Time
+	var last, lastPayload, lastAuth time.Time
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
 		if t := w.nsLog.LeafDuplicateAt(a); t.After(last) {
 			last = t
 		}
+		if t := w.nsLog.LeafPayloadViolationAt(a); t.After(lastPayload) {
+			lastPayload = t
+		}
+		if t := w.nsLog.LeafAuthViolationAt(a); t.After(lastAuth) {
+			lastAuth = t
+		}
 	}
 	p := ""
-	if !last.IsZero() && time.Since(last) < leafDuplicateFor {
+	switch {
+	case !last.IsZero() && time.Since(last) < leafDuplicateFor:
 		p = fmt.Sprintf("the hub drops this link as a duplicate (last %s ago): another edge connects to it with server.name %q (server.name must be unique per edge), or another remote of this node reaches the same hub",
 			time.Since(last).Round(time.Second), w.serverName)
+	case !lastPayload.IsZero() && time.Since(lastPayload) < leafDuplicateFor:
+		// A forwarded message the hub's streams did not limit: sent
+		// again at each reconnect, it holds up everything behind it.
+		p = fmt.Sprintf("the hub closes this link for a message larger than its max_payload (Maximum Payload Violation, last %s ago), again after each reconnect, and nothing behind that message is forwarded: give the hub a server.max_payload at least this edge's, or its stream a max_msg_size (a holdfast hub sets one) so that the edge dead-letters such a message",
+			time.Since(lastPayload).Round(time.Second))
+	case !lastAuth.IsZero() && time.Since(lastAuth) < leafDuplicateFor && !l.Connected:
+		// Credentials refused do not heal by waiting: say so now, not
+		// after unreachable_after.
+		p = fmt.Sprintf("the hub refuses this edge's leafnode credentials (Authorization Violation, last %s ago): check the remote's user and password_file, token_file or credentials against the hub's leafnodes.user / password_file (or [auth])",
+			time.Since(lastAuth).Round(time.Second))
 	}
 	if (p == "") != (l.Problem == "") {
 		if p != "" {
 			w.log.Error("leafnode link keeps being dropped: "+p, "remote", l.Remote)
 		} else {
-			w.log.Info("leafnode link no longer dropped as a duplicate", "remote", l.Remote)
+			w.log.Info("leafnode link no longer dropped by the hub", "remote", l.Remote)
 		}
 	}
 	l.Problem = p

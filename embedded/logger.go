@@ -34,6 +34,12 @@ type serverLogger struct {
 	// When the hub at an address (host:port) last dropped this node's
 	// leafnode connection as a duplicate.
 	leafDups map[string]time.Time
+	// When the hub at an address last closed this node's leafnode
+	// connection for a message over its max_payload.
+	leafPayload map[string]time.Time
+	// When the hub at an address last refused this node's leafnode
+	// credentials.
+	leafAuth map[string]time.Time
 }
 
 // leafDuplicate is what nats-server (v2.15.2) logs on an edge whose hub
@@ -42,19 +48,58 @@ type serverLogger struct {
 // account; the connection's prefix names the hub's address.
 var leafDuplicate = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Duplicate Remote LeafNode Connection'`)
 
+// leafPayloadViolation is what nats-server (v2.15.2) logs on an edge whose
+// hub closed its leafnode connection for a message larger than the hub's
+// max_payload (leafnode.go, maxPayloadViolation).
+var leafPayloadViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Maximum Payload Violation'`)
+
+// leafAuthViolation is what nats-server (v2.15.2) logs on an edge whose
+// hub refused its leafnode credentials.
+var leafAuthViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Authorization Violation'`)
+
 // noteLeafDuplicate records the hub's address when msg says it dropped a
-// leafnode connection as a duplicate.
+// leafnode connection as a duplicate, or closed it for a message over its
+// max_payload.
 func (l *serverLogger) noteLeafDuplicate(msg string) {
-	m := leafDuplicate.FindStringSubmatch(msg)
+	at, m := &l.leafDups, leafDuplicate.FindStringSubmatch(msg)
+	if m == nil {
+		at, m = &l.leafPayload, leafPayloadViolation.FindStringSubmatch(msg)
+	}
+	if m == nil {
+		at, m = &l.leafAuth, leafAuthViolation.FindStringSubmatch(msg)
+	}
 	if m == nil {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.leafDups == nil {
-		l.leafDups = map[string]time.Time{}
+	if *at == nil {
+		*at = map[string]time.Time{}
 	}
-	l.leafDups[m[1]] = time.Now()
+	(*at)[m[1]] = time.Now()
+}
+
+// LeafAuthViolationAt returns when the hub at addr last refused this
+// node's leafnode credentials (zero: never).
+func (l *serverLogger) LeafAuthViolationAt(addr string) time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leafAuth[addr]
+}
+
+// LeafPayloadViolationAt returns when the hub at addr last closed a
+// leafnode connection of this node for a message over its max_payload
+// (zero: never).
+func (l *serverLogger) LeafPayloadViolationAt(addr string) time.Time {
+	if l == nil {
+		return time.Time{}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leafPayload[addr]
 }
 
 // LeafDuplicateAt returns when the hub at addr last dropped a leafnode

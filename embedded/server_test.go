@@ -307,4 +307,24 @@ func TestNoteLeafDuplicate(t *testing.T) {
 	if at := l.LeafDuplicateAt("127.0.0.1:7423"); !at.IsZero() {
 		t.Errorf("LeafDuplicateAt(7423) = %v, want zero", at)
 	}
+	// A link closed for a message over the hub's max_payload is recorded
+	// apart.
+	l.Errorf("%s", "127.0.0.1:7424 - lid:7 - Leafnode Error 'Maximum Payload Violation'")
+	if at := l.LeafPayloadViolationAt("127.0.0.1:7424"); time.Since(at) > time.Minute {
+		t.Errorf("LeafPayloadViolationAt(7424) = %v, want now", at)
+	}
+	if at := l.LeafDuplicateAt("127.0.0.1:7424"); !at.IsZero() {
+		t.Errorf("LeafDuplicateAt(7424) = %v, want zero", at)
+	}
+	if at := l.LeafPayloadViolationAt("127.0.0.1:7422"); !at.IsZero() {
+		t.Errorf("LeafPayloadViolationAt(7422) = %v, want zero", at)
+	}
+	// And one whose credentials the hub refused.
+	l.Errorf("%s", "127.0.0.1:7425 - lid:8 - Leafnode Error 'Authorization Violation'")
+	if at := l.LeafAuthViolationAt("127.0.0.1:7425"); time.Since(at) > time.Minute {
+		t.Errorf("LeafAuthViolationAt(7425) = %v, want now", at)
+	}
+	if at := l.LeafPayloadViolationAt("127.0.0.1:7425"); !at.IsZero() {
+		t.Errorf("LeafPayloadViolationAt(7425) = %v, want zero", at)
+	}
 }

@@ -82,7 +82,7 @@ type Options struct {
 // a change of, on reload, means starting the ingest again.
 func OptionsFor(cfg *config.Config, name string) Options {
 	sc := cfg.Streams[name]
-	return Options{Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.Server.MaxPayload.Bytes),
+	return Options{Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.StreamMaxMsgSize(name)),
 		DuplicateWindow: sc.DuplicateWindow.Duration}
 }
 

@@ -107,11 +107,17 @@ type Forwarder struct {
 	mu           sync.Mutex
 	incarnations map[string]incarnation
 	hubStream    string   // the hub streams that take the destination subjects (comma-separated)
-	hubMaxMsg    int32    // its max_msg_size, 0 when unlimited
+	hubMaxMsg    int32    // the largest max_msg_size of those streams, 0 when one is unlimited
 	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
 	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string   // the other domains when the hub was last checked
 	checkedDowns uint64   // downs when the last check that passed began
+	// storeErr is why the hub's stream refused the last publish while it
+	// cannot store for now (full with discard new, out of storage,
+	// sealed), "" otherwise; forwarding waits until storeRetryAt and
+	// tries again.
+	storeErr     string
+	storeRetryAt time.Time
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -313,12 +319,22 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	var cfg jetstream.StreamConfig
 	var subjects []string
+	// The largest max_msg_size of the streams (0: one takes any size): a
+	// message over it fits none of them, so none can store it. Sent all
+	// the same, one over the hub's max_payload would make the hub close
+	// the link (Maximum Payload Violation), again at each reconnect.
+	var maxMsg int32
+	unlimited := false
 	for _, name := range names {
 		s, err := f.hub.Stream(ctx, name)
 		if err != nil {
 			return fmt.Errorf("hub stream %s: %w", name, err)
 		}
 		cfg = s.CachedInfo().Config
+		if cfg.MaxMsgSize <= 0 {
+			unlimited = true
+		}
+		maxMsg = max(maxMsg, cfg.MaxMsgSize)
 		for _, sub := range cfg.Subjects {
 			subjects = append(subjects, strings.TrimPrefix(sub, config.GroupCommitSubject(name, "")))
 		}
@@ -329,13 +345,11 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		}
 	}
 	name := strings.Join(names, ",")
-	if len(names) > 1 {
-		// Which stream takes a message depends on its subject: the hub
-		// refuses one too large for its stream (error 10054).
-		cfg.MaxMsgSize = 0
+	if unlimited {
+		maxMsg = 0
 	}
 	f.mu.Lock()
-	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, max(cfg.MaxMsgSize, 0), subjects
+	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, subjects
 	f.mu.Unlock()
 	return nil
 }
@@ -403,7 +417,7 @@ func (f *Forwarder) Ready() bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.checkErr == nil && f.checkedDowns == f.downs.Load()
+	return f.checkErr == nil && f.checkedDowns == f.downs.Load() && !time.Now().Before(f.storeRetryAt)
 }
 
 // Problem is why forwarding waits on a hub that is reachable, or "".
@@ -414,9 +428,36 @@ func (f *Forwarder) Problem() string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.checkErr == nil {
-		return ""
+		return f.storeErr
 	}
 	return f.checkErr.Error()
+}
+
+// storeRetry is how long forwarding waits before sending again to a hub
+// stream that cannot store for now.
+const storeRetry = time.Second
+
+// hubCannotStore records that the hub's stream refused a message because
+// it cannot store for now: forwarding waits storeRetry and tries again,
+// and Problem names the cause.
+func (f *Forwarder) hubCannotStore(reason, hint string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	msg := fmt.Sprintf("the hub's stream %s cannot store messages now: %s; messages wait on this edge (%s; forwarding tries again every %s)", f.hubStream, reason, hint, storeRetry)
+	if f.storeErr != msg {
+		f.log.Error("forwarding waits: the hub's stream refuses to store", "hub_stream", f.hubStream, "err", reason)
+	}
+	f.storeErr, f.storeRetryAt = msg, time.Now().Add(storeRetry)
+}
+
+// hubStores records that the hub's stream stored a message.
+func (f *Forwarder) hubStores() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.storeErr != "" {
+		f.log.Info("the hub's stream stores again: forwarding", "hub_stream", f.hubStream)
+		f.storeErr = ""
+	}
 }
 
 // Stats returns the live counters.
@@ -489,7 +530,9 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		f.stats.Refused.Add(1)
 		return Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
 	}
-	size := out.Size()
+	// Header block and data, as the server and the client count a
+	// payload against max_payload and max_msg_size (not the subject).
+	size := out.Size() - len(out.Subject) - len(out.Reply)
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
 		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
@@ -506,11 +549,13 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		}
 	}
 	f.mu.Lock()
-	hubMax := f.hubMaxMsg
+	hubMax, hubStreams := f.hubMaxMsg, f.hubStream
 	f.mu.Unlock()
 	if hubMax > 0 && size > int(hubMax) {
+		// With several hub streams, one smaller than hubMax may refuse a
+		// smaller message itself (10054, permanentForwardError).
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d", size, hubMax))
+		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
 	}
 	for {
 		if err := f.waitReady(ctx); err != nil {
@@ -537,6 +582,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 				f.mu.Unlock()
 				continue
 			}
+			f.hubStores()
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
 			} else {
@@ -551,6 +597,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			f.stats.Refused.Add(1)
 			return Fail("the hub refused the message: " + reason)
 		}
+		if reason, full := hubStoreRefusal(err); full {
+			// The hub's stream explains it: wait in this delivery, as
+			// for the link, instead of spending deliveries on it.
+			f.hubCannotStore(reason, "make room on the hub: raise its limits or purge")
+			continue
+		}
 		if ctx.Err() != nil {
 			return RetryLater(err.Error())
 		}
@@ -562,6 +614,15 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		// delivery, as for the link; only a failure the hub's stream does
 		// not explain spends a delivery.
 		if cerr := f.checkHub(ctx); cerr != nil {
+			continue
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			// No PubAck within the timeout, from a hub whose stream is
+			// there: the publish may have been swallowed (its stream
+			// deleted and created again meanwhile) or the hub is slow.
+			// Send it again in this delivery, holding its place; the
+			// same Nats-Msg-Id stores it once.
+			f.hubCannotStore(fmt.Sprintf("no PubAck within forward.timeout (%s)", f.opts.Timeout), "check the hub's stream: `nats stream info` on the hub")
 			continue
 		}
 		return RetryLater("publish to the hub: " + err.Error())
@@ -619,6 +680,23 @@ func permanentForwardError(err error) (string, bool) {
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
 		case jetstream.JSErrCodeStreamMessageExceedsMaximum: // 10054
+			return apiErr.Error(), true
+		}
+	}
+	return "", false
+}
+
+// hubStoreRefusal reports whether the hub's stream refused to store the
+// message for now, for what it holds or where it stands rather than for
+// what the message is: full with discard new (10077: maximum messages,
+// bytes or messages per subject exceeded), storage or memory used up
+// (10047, 10028, 10023), sealed (10109). Space made on the hub, or the
+// stream replaced, lets the same message through.
+func hubStoreRefusal(err error) (string, bool) {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		switch apiErr.ErrorCode {
+		case 10077, 10047, 10028, 10023, 10109:
 			return apiErr.Error(), true
 		}
 	}

@@ -298,8 +298,9 @@ func TestLeafEdgesToHub(t *testing.T) {
 			defer wg.Done()
 			leafPublish(t, js, 0, perEdge/2)
 			if i == 0 {
-				// Too large for the hub: dead-lettered on the edge.
-				if _, err := js.Publish(natstest.Context(t), "orders.big", make([]byte, 4096)); err != nil {
+				// Too large for the hub (its EDGE stream takes 2KB
+				// plus config.ForwardHeadroom): dead-lettered on the edge.
+				if _, err := js.Publish(natstest.Context(t), "orders.big", make([]byte, 7000)); err != nil {
 					t.Error(err)
 				}
 			}
@@ -1013,4 +1014,293 @@ func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
 	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
 		t.Errorf("%d dead letters on the edge", n)
 	}
+}
+
+// TestLeafLargestMessageReachesHub: hub and edge with the same
+// server.max_payload (the default, 1MiB), as the README asks ("a hub
+// max_payload at least the edges'"). A message the edge stored, of the
+// largest size its stream takes, must reach the hub, although forwarding
+// adds the origin headers to it; it must not be dead-lettered on the edge
+// as larger than the hub stream's max_msg_size.
+func TestLeafLargestMessageReachesHub(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	m := nats.NewMsg("orders.created")
+	m.Header.Set("Trace", "t-1")
+	m.Data = make([]byte, 1<<20-len("Trace: t-1")-20)
+	if _, err := ejs.PublishMsg(ctx, m); err != nil {
+		t.Fatalf("edge refused the message: %v", err)
+	}
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != 2 {
+			return fmt.Errorf("hub holds %d, want 2; edge status:\n%s", got, edge.get(t, "/healthz"))
+		}
+		return nil
+	})
+	hs, err := hjs.Stream(ctx, "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := hs.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Data) != len(m.Data) || got.Header.Get("Trace") != "t-1" {
+		t.Fatalf("hub holds %d bytes, Trace %q", len(got.Data), got.Header.Get("Trace"))
+	}
+}
+
+// TestLeafHubStreamFull: the hub's stream is full with discard = "new"
+// (it refuses new messages until space is made). The edge's messages wait
+// for it, spending no deliveries (the hub's stream explains the failure),
+// /healthz names the cause, and once space is made every message reaches
+// the hub once; none is dead-lettered on the edge.
+func TestLeafHubStreamFull(t *testing.T) {
+	hub := newLeafHub(t, "10m", "max_msgs = 5\ndiscard = \"new\"\n")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "max_deliver = 3\n")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 10)
+	hubHoldsAll(t, hjs, 5, 30*time.Second)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "maximum messages exceeded") {
+			return fmt.Errorf("edge /healthz does not name the full hub stream:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // deliveries would be spent meanwhile
+	ctx := natstest.Context(t)
+	if s, err := ejs.Stream(ctx, "ORDERS_DLQ"); err == nil {
+		if n := s.CachedInfo().State.Msgs; n != 0 {
+			t.Fatalf("the edge dead-lettered %d message(s) while the hub's stream was full", n)
+		}
+	}
+	hs, err := hjs.Stream(ctx, "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := hs.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	hubHoldsAll(t, hjs, 5, 30*time.Second)
+	seen := hubCounts(t, hjs, 5, 10*time.Second)
+	for seq := uint64(6); seq <= 10; seq++ {
+		if seen["edge1"][seq] != 1 {
+			t.Errorf("edge1 seq %d stored %d times after the purge", seq, seen["edge1"][seq])
+		}
+	}
+	natstest.CheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+			return fmt.Errorf("edge /healthz: %s", h)
+		}
+		return nil
+	})
+}
+
+// TestLeafSplitHubStreamsOversize: the hub splits the edges' messages over
+// two streams (EDGE on edge.*.orders.created, EDGE2 on
+// edge.*.orders.paid) and has a smaller max_payload than the edge. A
+// message larger than both streams take is dead-lettered on the edge with
+// the reason; sent, it would make the hub close the leafnode link
+// (Maximum Payload Violation) at each reconnect, and nothing behind it
+// would be forwarded.
+func TestLeafSplitHubStreamsOversize(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
+	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.*.orders.created"]`, 1)
+	text += "\n[streams.EDGE2]\nsubjects = [\"edge.*.orders.paid\"]\nduplicate_window = \"10m\"\n"
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	if _, err := ejs.Publish(ctx, "orders.created", make([]byte, 12000)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("small")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != 1 {
+			return fmt.Errorf("hub holds %d, want 1; edge /healthz:\n%s", got, edge.get(t, "/healthz"))
+		}
+		return nil
+	})
+	dl, err := ejs.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := dl.GetLastMsgForSubject(ctx, "dlq.FORWARD.orders.created")
+	if err != nil {
+		t.Fatalf("no dead letter for the oversized message: %v", err)
+	}
+	if reason := m.Header.Get("Holdfast-Error"); !strings.Contains(reason, "max_msg_size") {
+		t.Errorf("dead letter reason %q does not name the hub's limit", reason)
+	}
+}
+
+// TestLeafHubClosesLinkForOversize: the hub has a smaller max_payload than
+// the edge, and the stream that takes the edge's messages (created by hand,
+// not by holdfast) sets no max_msg_size, so the edge cannot know the limit.
+// The hub closes the link for a message over it, again after each
+// reconnect, and nothing behind it moves: the edge's /healthz must say so,
+// naming the hub's max_payload, instead of "ok".
+func TestLeafHubClosesLinkForOversize(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
+	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.other.>"]`, 1)
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	if _, err := hjs.CreateStream(ctx, jetstream.StreamConfig{Name: "BYHAND", Subjects: []string{"edge.edge1.>"}, Duplicates: 10 * time.Minute, MaxMsgSize: -1}); err != nil {
+		t.Fatal(err)
+	}
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	if _, err := ejs.Publish(ctx, "orders.created", make([]byte, 12000)); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "larger than its max_payload") {
+			return fmt.Errorf("edge /healthz does not name the hub's max_payload:\n%s", h)
+		}
+		return nil
+	})
+}
+
+// TestLeafHubStreamRecreatedKeepsOrder: the hub's stream is deleted in the
+// middle of forwarding and created again 3 s later. The publish in flight
+// gets no PubAck (the hub swallows it with its stream) and times out once
+// the stream is back; it must be sent again in its place, not handed back
+// for a later delivery behind the messages after it: the new stream holds
+// a contiguous run of origin sequences up to the last, each once, and
+// nothing is dead-lettered.
+func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+	const n = 1500
+	leafPublish(t, ejs, 0, n)
+	hubHoldsAtLeast(t, hjs, 200)
+	cfg := natstest.StreamInfo(t, hjs, "EDGE").Config
+	if err := hjs.DeleteStream(ctx, "EDGE"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	if _, err := hjs.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_backlog_messages{consumer="FORWARD"} 0`) {
+			return fmt.Errorf("backlog")
+		}
+		return nil
+	})
+	info := natstest.StreamInfo(t, hjs, "EDGE")
+	c, err := hjs.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []uint64
+	for uint64(len(seqs)) < info.State.Msgs {
+		b, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range b.Messages() {
+			s, _ := strconv.ParseUint(m.Headers().Get("Holdfast-Origin-Seq"), 10, 64)
+			seqs = append(seqs, s)
+		}
+	}
+	t.Logf("the new stream holds origin sequences %d..%d (%d); edge: %s", seqs[0], seqs[len(seqs)-1], len(seqs),
+		grepLines(edge.get(t, "/metrics"), "holdfast_forward_errors_total"))
+	for i, s := range seqs {
+		if s != seqs[0]+uint64(i) {
+			t.Fatalf("the new stream's message %d has origin sequence %d, want %d (out of order, or missing)", i, s, seqs[0]+uint64(i))
+		}
+	}
+	if seqs[len(seqs)-1] != n {
+		t.Fatalf("the new stream's last origin sequence is %d, want %d", seqs[len(seqs)-1], n)
+	}
+	if s, err := ejs.Stream(ctx, "ORDERS_DLQ"); err == nil && s.CachedInfo().State.Msgs != 0 {
+		t.Fatalf("the edge dead-lettered %d message(s)", s.CachedInfo().State.Msgs)
+	}
+}
+
+// TestLeafPasswordRevokedNamedInHealth: the hub is restarted with another
+// leafnode password. The edge's link is refused at each reconnect and its
+// messages wait; /healthz must name the refused credentials at once, not
+// say "ok" until unreachable_after (5 minutes) has passed.
+func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
+	dir := t.TempDir()
+	pw := dir + "/leaf.pw"
+	if err := os.WriteFile(pw, []byte("first-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	epw := dir + "/edge.pw"
+	if err := os.WriteFile(epw, []byte("first-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", "")
+	text := strings.Replace(readFile(t, hub.inst.cfg), "no_advertise = true", fmt.Sprintf("no_advertise = true\nuser = \"leaf\"\npassword_file = %q", pw), 1)
+	if err := os.WriteFile(hub.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	text = strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", epw), 1)
+	if err := os.WriteFile(edge.inst.cfg, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 50)
+	hubHoldsAll(t, hjs, 50, 20*time.Second)
+	hub.proc.stop()
+	if err := os.WriteFile(pw, []byte("second-password-456\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	defer hub.proc.stop()
+	leafPublish(t, ejs, 50, 50)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "refuses this edge's leafnode credentials") {
+			return fmt.Errorf("edge /healthz does not name the refused credentials:\n%s", h)
+		}
+		return nil
+	})
 }
