@@ -104,6 +104,31 @@ func (n *leafNode) start(t *testing.T) {
 	n.proc.waitReady()
 }
 
+// startLeafPair starts a hub (newLeafHub with duplicateWindow and
+// hubExtra) and an edge "edge1" linked to it (edgeExtra), connects a
+// client to each, and stops both when the test ends, each required to
+// stop cleanly (edge first; one a test stopped itself is left alone).
+func startLeafPair(t *testing.T, duplicateWindow, hubExtra, edgeExtra string) (hub, edge *leafNode, hjs, ejs jetstream.JetStream) {
+	t.Helper()
+	hub = newLeafHub(t, duplicateWindow, hubExtra)
+	hub.start(t)
+	t.Cleanup(func() {
+		if !hub.proc.exited() {
+			hub.proc.stop()
+		}
+	})
+	edge = newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), edgeExtra)
+	edge.start(t)
+	t.Cleanup(func() {
+		if !edge.proc.exited() {
+			edge.proc.stop()
+		}
+	})
+	_, ejs = e2eConnect(t, edge.inst)
+	_, hjs = e2eConnect(t, hub.inst)
+	return hub, edge, hjs, ejs
+}
+
 func (n *leafNode) get(t *testing.T, path string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + n.httpAddr + path)
@@ -853,14 +878,7 @@ func TestLeafEdgesWithTheSameName(t *testing.T) {
 // itself). The edge's hub check finds it there, and every message reaches
 // it once, under its edge.<name>.… subject.
 func TestLeafHubGroupCommit(t *testing.T) {
-	hub := newLeafHub(t, "10m", "group_commit = true\n")
-	hub.start(t)
-	defer hub.proc.stop()
-	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
-	edge.start(t)
-	defer edge.proc.stop()
-	_, ejs := e2eConnect(t, edge.inst)
-	_, hjs := e2eConnect(t, hub.inst)
+	_, edge, hjs, ejs := startLeafPair(t, "10m", "group_commit = true\n", "")
 	leafPublish(t, ejs, 0, 300)
 	seen := hubCounts(t, hjs, 300, 30*time.Second)
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 300})
@@ -1023,14 +1041,7 @@ func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
 // adds the origin headers to it; it must not be dead-lettered on the edge
 // as larger than the hub stream's max_msg_size.
 func TestLeafLargestMessageReachesHub(t *testing.T) {
-	hub := newLeafHub(t, "10m", "")
-	hub.start(t)
-	defer hub.proc.stop()
-	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
-	edge.start(t)
-	defer edge.proc.stop()
-	_, ejs := e2eConnect(t, edge.inst)
-	_, hjs := e2eConnect(t, hub.inst)
+	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
 	m := nats.NewMsg("orders.created")
 	m.Header.Set("Trace", "t-1")
@@ -1066,14 +1077,7 @@ func TestLeafLargestMessageReachesHub(t *testing.T) {
 // /healthz names the cause, and once space is made every message reaches
 // the hub once; none is dead-lettered on the edge.
 func TestLeafHubStreamFull(t *testing.T) {
-	hub := newLeafHub(t, "10m", "max_msgs = 5\ndiscard = \"new\"\n")
-	hub.start(t)
-	defer hub.proc.stop()
-	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "max_deliver = 3\n")
-	edge.start(t)
-	defer edge.proc.stop()
-	_, ejs := e2eConnect(t, edge.inst)
-	_, hjs := e2eConnect(t, hub.inst)
+	_, edge, hjs, ejs := startLeafPair(t, "10m", "max_msgs = 5\ndiscard = \"new\"\n", "max_deliver = 3\n")
 	leafPublish(t, ejs, 0, 10)
 	hubHoldsAll(t, hjs, 5, 30*time.Second)
 	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
@@ -1202,14 +1206,7 @@ func TestLeafHubClosesLinkForOversize(t *testing.T) {
 // a contiguous run of origin sequences up to the last, each once, and
 // nothing is dead-lettered.
 func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
-	hub := newLeafHub(t, "10m", "")
-	hub.start(t)
-	defer hub.proc.stop()
-	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
-	edge.start(t)
-	defer edge.proc.stop()
-	_, ejs := e2eConnect(t, edge.inst)
-	_, hjs := e2eConnect(t, hub.inst)
+	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
 	const n = 1500
 	leafPublish(t, ejs, 0, n)
