@@ -385,16 +385,7 @@ func TestMessagesAtMaxMsgSizeFailNoBatch(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	n := 0
-	for err := range errs {
-		if n++; n <= 3 {
-			t.Error(err)
-		}
-	}
-	if n > 0 {
-		t.Fatalf("%d publishes failed; stats %+v", n, c.Stats())
-	}
+	failOnErrs(t, errs, "publishes failed", c)
 	if got := len(storedBodies(t, js, "S")); got != publishers*each {
 		t.Fatalf("stored %d, want %d", got, publishers*each)
 	}
@@ -490,16 +481,7 @@ func TestUnsendableHeadersRefusedAlone(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	close(errs)
-	n := 0
-	for err := range errs {
-		if n++; n <= 3 {
-			t.Error(err)
-		}
-	}
-	if n > 0 {
-		t.Fatalf("%d publishes failed; stats %+v", n, c.Stats())
-	}
+	failOnErrs(t, errs, "publishes failed", c)
 	if got := len(storedBodies(t, js, "S")); got != publishers*each {
 		t.Fatalf("stored %d, want %d", got, publishers*each)
 	}
@@ -815,16 +797,7 @@ func TestServerHeadersGoAlone(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	n := 0
-	for err := range errs {
-		if n++; n <= 3 {
-			t.Error(err)
-		}
-	}
-	if n > 0 {
-		t.Fatalf("%d wrong answers; stats %+v", n, c.Stats())
-	}
+	failOnErrs(t, errs, "wrong answers", c)
 	if got := len(storedBodies(t, js, "S")); got != publishers*each-1 {
 		t.Fatalf("stored %d, want %d", got, publishers*each-1)
 	}
@@ -898,5 +871,21 @@ func TestLongSubjectRefusedConnectionKept(t *testing.T) {
 		if err != nil || a.Sequence != uint64(i+1) {
 			t.Fatalf("publish %d after the long one: %+v, %v", i, a, err)
 		}
+	}
+}
+
+// failOnErrs closes errs, reports the first three errors on it and fails
+// with their count (what they are) and c's stats.
+func failOnErrs(t *testing.T, errs chan error, what string, c *Committer) {
+	t.Helper()
+	close(errs)
+	n := 0
+	for err := range errs {
+		if n++; n <= 3 {
+			t.Error(err)
+		}
+	}
+	if n > 0 {
+		t.Fatalf("%d %s; stats %+v", n, what, c.Stats())
 	}
 }
