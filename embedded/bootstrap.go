@@ -43,14 +43,16 @@ type Change struct {
 	Old, New string
 }
 
-// StreamSpec turns a configured stream into the server's stream config.
+// StreamSpec turns the configured stream name into the server's stream
+// config.
 //
-// maxMsgSize is server.max_payload (config.StreamMaxMsgSize: more on a
-// hub's stream of edge messages): the server itself accepts
+// Its max_msg_size is cfg.StreamMaxMsgSize: server.max_payload (more on a
+// hub's stream of edge messages). The server itself accepts
 // DeadLetterHeadroom more (see Options), so that a message of the largest
 // allowed size still fits in its dead letter with the Holdfast-* headers
-// added; configured streams refuse anything larger than max_payload.
-func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstream.StreamConfig {
+// added; configured streams refuse anything larger.
+func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
+	sc := cfg.Streams[name]
 	c := jetstream.StreamConfig{
 		Name:              name,
 		Subjects:          slices.Clone(sc.Subjects),
@@ -61,7 +63,7 @@ func StreamSpec(name string, sc *config.StreamConfig, maxMsgSize int32) jetstrea
 		Duplicates:        sc.DuplicateWindow.Duration,
 		MaxMsgsPerSubject: -1,
 		MaxConsumers:      -1,
-		MaxMsgSize:        maxMsgSize,
+		MaxMsgSize:        int32(cfg.StreamMaxMsgSize(name)),
 	}
 	c.Sources, c.Mirror = streamSources(sc)
 	switch sc.Retention {
@@ -191,7 +193,7 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 		return err
 	}
 	for _, name := range cfg.StreamNames() {
-		if err := ensureStreamRaced(ctx, js, StreamSpec(name, cfg.Streams[name], int32(cfg.StreamMaxMsgSize(name))), false, log); err != nil {
+		if err := ensureStreamRaced(ctx, js, StreamSpec(cfg, name), false, log); err != nil {
 			return err
 		}
 	}
@@ -239,7 +241,7 @@ func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 		}
 	}
 	for _, name := range cfg.StreamNames() {
-		check(StreamSpec(name, cfg.Streams[name], int32(cfg.Server.MaxPayload.Bytes)))
+		check(StreamSpec(cfg, name))
 	}
 	dls := cfg.DeadLetterStreams()
 	for _, name := range slices.Sorted(maps.Keys(dls)) {

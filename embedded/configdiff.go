@@ -32,7 +32,7 @@ func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 		out = append(out, diffText("stream", want.Name, table, changes, err)...)
 	}
 	for _, name := range cfg.StreamNames() {
-		stream(StreamSpec(name, cfg.Streams[name], int32(cfg.StreamMaxMsgSize(name))), "[streams."+name+"]")
+		stream(StreamSpec(cfg, name), "[streams."+name+"]")
 	}
 	dls := cfg.DeadLetterStreams()
 	for _, name := range slices.Sorted(maps.Keys(dls)) {
