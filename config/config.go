@@ -11,6 +11,7 @@ import (
 	"io"
 	"maps"
 	"os"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -442,15 +443,24 @@ func Load(path string) (cfg *Config, source string, err error) {
 // only comments and blank lines), refused by LoadForReload.
 var ErrNoKeys = errors.New("the config file sets no key")
 
-// LoadForReload is Load for a reload of a running holdfast: it also
-// refuses (ErrNoKeys) a file that sets no key, and a default path that no
-// longer exists, instead of returning the built-in defaults. Such a file
-// is one caught while being written (`cat > FILE` truncates first):
-// applied as the defaults, it gave every consumer the default log
-// handler, which acknowledged the waiting messages without the
-// configured handler seeing them.
-func LoadForReload(path string) (cfg *Config, source string, err error) {
-	return load(path, true)
+// LoadForReload is Load for a reload of a holdfast running on running.
+// A file that sets no key (empty, or only comments and blank lines) and a
+// default path that no longer exists stand for the built-in defaults, as
+// for Load — but when those differ from running, they are refused
+// (ErrNoKeys): such a file is one caught while being written (`cat >
+// FILE` truncates first), and applied as the defaults it gave every
+// consumer the default log handler, which acknowledged the waiting
+// messages without the configured handler seeing them. A holdfast that
+// runs on the defaults reloads them.
+func LoadForReload(path string, running *Config) (cfg *Config, source string, err error) {
+	cfg, source, err = load(path, true)
+	if errors.Is(err, ErrNoKeys) {
+		def := DefaultConfig()
+		if verr := def.validateFile(); verr == nil && reflect.DeepEqual(def, running) {
+			return def, "", nil
+		}
+	}
+	return cfg, source, err
 }
 
 func load(path string, needKeys bool) (cfg *Config, source string, err error) {
@@ -460,7 +470,11 @@ func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		if !explicit && !needKeys && errors.Is(err, os.ErrNotExist) {
+		if !explicit && errors.Is(err, os.ErrNotExist) {
+			if needKeys {
+				return nil, path, fmt.Errorf("%s is gone: %w; "+
+					"write it again and reload, or restart holdfast to run on the built-in defaults", path, ErrNoKeys)
+			}
 			cfg := DefaultConfig()
 			return cfg, "", cfg.validateFile()
 		}

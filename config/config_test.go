@@ -1047,8 +1047,15 @@ func TestAllStreamNames(t *testing.T) {
 }
 
 // TestLoadForReloadRefusesFileWithoutKeys: an empty or comment-only file
-// is the built-in defaults for Load, an ErrNoKeys for LoadForReload.
+// is the built-in defaults for Load; for LoadForReload it is an ErrNoKeys
+// while holdfast runs on a config that differs from them, and the
+// defaults again while it runs on them.
 func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
+	running := mustParse(t, "[log]\nlevel = \"debug\"\n")
+	defaults := DefaultConfig()
+	if err := defaults.validateFile(); err != nil {
+		t.Fatal(err)
+	}
 	for _, text := range []string{"", "\n  \n", "# all commented out\n# [server]\n"} {
 		path := filepath.Join(t.TempDir(), "holdfast.toml")
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
@@ -1057,15 +1064,18 @@ func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
 		if _, _, err := Load(path); err != nil {
 			t.Errorf("Load(%q) = %v, want the built-in defaults", text, err)
 		}
-		if _, _, err := LoadForReload(path); !errors.Is(err, ErrNoKeys) || !strings.Contains(err.Error(), path) {
-			t.Errorf("LoadForReload(%q) = %v, want ErrNoKeys naming the file", text, err)
+		if _, _, err := LoadForReload(path, running); !errors.Is(err, ErrNoKeys) || !strings.Contains(err.Error(), path) {
+			t.Errorf("LoadForReload(%q) of a holdfast on another config = %v, want ErrNoKeys naming the file", text, err)
+		}
+		if cfg, _, err := LoadForReload(path, defaults); err != nil || !reflect.DeepEqual(cfg, defaults) {
+			t.Errorf("LoadForReload(%q) of a holdfast on the defaults = %v, want the defaults", text, err)
 		}
 	}
 	path := filepath.Join(t.TempDir(), "holdfast.toml")
 	if err := os.WriteFile(path, []byte("[log]\nlevel = \"debug\"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if cfg, _, err := LoadForReload(path); err != nil || cfg.Log.Level != "debug" {
+	if cfg, _, err := LoadForReload(path, running); err != nil || cfg.Log.Level != "debug" {
 		t.Errorf("LoadForReload of a file with a key = %v, %v", cfg, err)
 	}
 }

@@ -333,6 +333,10 @@ func (d *Daemon) fail(err error) {
 	})
 }
 
+// Running is the config the daemon runs on (the last one a reload
+// applied).
+func (d *Daemon) Running() *config.Config { return d.running.Load() }
+
 // Failed is closed when the daemon cannot go on serving (the server
 // stopped without being asked to, the store dir vanished); Err says why.
 func (d *Daemon) Failed() <-chan struct{} { return d.failed }

@@ -103,7 +103,7 @@ func runCommand() *cli.Command {
 						continue // a stop request won the race: no reload now
 					}
 					n.Reloading()
-					if next, _, err := config.LoadForReload(configPath(c)); err != nil {
+					if next, _, err := config.LoadForReload(configPath(c), d.Running()); err != nil {
 						log.Error("reload refused: the config has problems; still running the previous one", "err", err)
 					} else {
 						d.Reload(ctx, next)
