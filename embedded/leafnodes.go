@@ -322,13 +322,13 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 	var last, lastPayload, lastAuth time.Time
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
-		if t := w.nsLog.LeafDuplicateAt(a); t.After(last) {
+		if t := w.nsLog.LeafErrorAt(a, leafDuplicate); t.After(last) {
 			last = t
 		}
-		if t := w.nsLog.LeafPayloadViolationAt(a); t.After(lastPayload) {
+		if t := w.nsLog.LeafErrorAt(a, leafPayloadViolation); t.After(lastPayload) {
 			lastPayload = t
 		}
-		if t := w.nsLog.LeafAuthViolationAt(a); t.After(lastAuth) {
+		if t := w.nsLog.LeafErrorAt(a, leafAuthViolation); t.After(lastAuth) {
 			lastAuth = t
 		}
 	}

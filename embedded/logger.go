@@ -31,86 +31,62 @@ type serverLogger struct {
 	routeRefusal   string
 	routeRefusedAt time.Time
 
-	// When the hub at an address (host:port) last dropped this node's
-	// leafnode connection as a duplicate.
-	leafDups map[string]time.Time
-	// When the hub at an address last closed this node's leafnode
-	// connection for a message over its max_payload.
-	leafPayload map[string]time.Time
-	// When the hub at an address last refused this node's leafnode
-	// credentials.
-	leafAuth map[string]time.Time
+	// When the hub at an address (host:port) last sent this node's
+	// leafnode connection each of the errors leafErrorKinds names.
+	leafErrs map[leafErrKey]time.Time
 }
 
-// leafDuplicate is what nats-server (v2.15.2) logs on an edge whose hub
-// dropped its leafnode connection because another one came from a server
-// of the same name (or the same server, over a second remote), in the same
-// account; the connection's prefix names the hub's address.
-var leafDuplicate = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Duplicate Remote LeafNode Connection'`)
+// The leafnode errors a hub sends an edge that holdfast reports, as
+// nats-server (v2.15.2) words them.
+const (
+	// leafDuplicate: the hub dropped the connection because another one
+	// came from a server of the same name (or the same server, over a
+	// second remote), in the same account.
+	leafDuplicate = "Duplicate Remote LeafNode Connection"
+	// leafPayloadViolation: the hub closed it for a message larger than
+	// its max_payload (leafnode.go, maxPayloadViolation).
+	leafPayloadViolation = "Maximum Payload Violation"
+	// leafAuthViolation: the hub refused its credentials.
+	leafAuthViolation = "Authorization Violation"
+)
 
-// leafPayloadViolation is what nats-server (v2.15.2) logs on an edge whose
-// hub closed its leafnode connection for a message larger than the hub's
-// max_payload (leafnode.go, maxPayloadViolation).
-var leafPayloadViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Maximum Payload Violation'`)
+// leafError is how nats-server (v2.15.2) logs on an edge an error its hub
+// sent over a leafnode connection; the connection's prefix names the
+// hub's address.
+var leafError = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error '([^']*)'`)
 
-// leafAuthViolation is what nats-server (v2.15.2) logs on an edge whose
-// hub refused its leafnode credentials.
-var leafAuthViolation = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error 'Authorization Violation'`)
+type leafErrKey struct{ addr, kind string }
 
-// noteLeafDuplicate records the hub's address when msg says it dropped a
-// leafnode connection as a duplicate, or closed it for a message over its
-// max_payload.
-func (l *serverLogger) noteLeafDuplicate(msg string) {
-	at, m := &l.leafDups, leafDuplicate.FindStringSubmatch(msg)
+// noteLeafError records the hub's address when msg says it sent one of
+// the leafnode errors above.
+func (l *serverLogger) noteLeafError(msg string) {
+	m := leafError.FindStringSubmatch(msg)
 	if m == nil {
-		at, m = &l.leafPayload, leafPayloadViolation.FindStringSubmatch(msg)
+		return
 	}
-	if m == nil {
-		at, m = &l.leafAuth, leafAuthViolation.FindStringSubmatch(msg)
-	}
-	if m == nil {
+	switch m[2] {
+	case leafDuplicate, leafPayloadViolation, leafAuthViolation:
+	default:
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if *at == nil {
-		*at = map[string]time.Time{}
+	if l.leafErrs == nil {
+		l.leafErrs = map[leafErrKey]time.Time{}
 	}
-	(*at)[m[1]] = time.Now()
+	l.leafErrs[leafErrKey{m[1], m[2]}] = time.Now()
 }
 
-// LeafAuthViolationAt returns when the hub at addr last refused this
-// node's leafnode credentials (zero: never).
-func (l *serverLogger) LeafAuthViolationAt(addr string) time.Time {
+// LeafErrorAt returns when the hub at addr last sent this node's leafnode
+// connection the error kind (leafDuplicate, leafPayloadViolation,
+// leafAuthViolation); zero: never.
+func (l *serverLogger) LeafErrorAt(addr, kind string) time.Time {
 	if l == nil {
 		return time.Time{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.leafAuth[addr]
-}
-
-// LeafPayloadViolationAt returns when the hub at addr last closed a
-// leafnode connection of this node for a message over its max_payload
-// (zero: never).
-func (l *serverLogger) LeafPayloadViolationAt(addr string) time.Time {
-	if l == nil {
-		return time.Time{}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.leafPayload[addr]
-}
-
-// LeafDuplicateAt returns when the hub at addr last dropped a leafnode
-// connection of this node as a duplicate (zero: never).
-func (l *serverLogger) LeafDuplicateAt(addr string) time.Time {
-	if l == nil {
-		return time.Time{}
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.leafDups[addr]
+	return l.leafErrs[leafErrKey{addr, kind}]
 }
 
 // routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
@@ -207,7 +183,7 @@ func (l *serverLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
 	l.noteRouteRefusal(msg)
-	l.noteLeafDuplicate(msg)
+	l.noteLeafError(msg)
 	l.log.Error(msg)
 }
 

@@ -295,36 +295,38 @@ func TestNoteRouteRefusal(t *testing.T) {
 	}
 }
 
-// TestNoteLeafDuplicate: the edge's log line about a link its hub dropped
-// as a duplicate is recorded under the hub's address.
+// TestNoteLeafDuplicate: the edge's log lines about a link its hub
+// dropped as a duplicate, closed for a message over its max_payload, or
+// whose credentials it refused are each recorded under the hub's address
+// and that error alone; other leafnode lines are not.
 func TestNoteLeafDuplicate(t *testing.T) {
 	l := newServerLogger(slog.New(slog.DiscardHandler))
-	l.Errorf("%s", "127.0.0.1:7422 - lid:5 - Leafnode Error 'Duplicate Remote LeafNode Connection'")
-	l.Errorf("%s", "127.0.0.1:7423 - lid:6 - Leafnode connection closed: Client Closed")
-	if at := l.LeafDuplicateAt("127.0.0.1:7422"); time.Since(at) > time.Minute {
-		t.Errorf("LeafDuplicateAt(7422) = %v, want now", at)
+	for _, line := range []string{
+		"127.0.0.1:7422 - lid:5 - Leafnode Error 'Duplicate Remote LeafNode Connection'",
+		"127.0.0.1:7423 - lid:6 - Leafnode connection closed: Client Closed",
+		"127.0.0.1:7424 - lid:7 - Leafnode Error 'Maximum Payload Violation'",
+		"127.0.0.1:7425 - lid:8 - Leafnode Error 'Authorization Violation'",
+	} {
+		l.Errorf("%s", line)
 	}
-	if at := l.LeafDuplicateAt("127.0.0.1:7423"); !at.IsZero() {
-		t.Errorf("LeafDuplicateAt(7423) = %v, want zero", at)
-	}
-	// A link closed for a message over the hub's max_payload is recorded
-	// apart.
-	l.Errorf("%s", "127.0.0.1:7424 - lid:7 - Leafnode Error 'Maximum Payload Violation'")
-	if at := l.LeafPayloadViolationAt("127.0.0.1:7424"); time.Since(at) > time.Minute {
-		t.Errorf("LeafPayloadViolationAt(7424) = %v, want now", at)
-	}
-	if at := l.LeafDuplicateAt("127.0.0.1:7424"); !at.IsZero() {
-		t.Errorf("LeafDuplicateAt(7424) = %v, want zero", at)
-	}
-	if at := l.LeafPayloadViolationAt("127.0.0.1:7422"); !at.IsZero() {
-		t.Errorf("LeafPayloadViolationAt(7422) = %v, want zero", at)
-	}
-	// And one whose credentials the hub refused.
-	l.Errorf("%s", "127.0.0.1:7425 - lid:8 - Leafnode Error 'Authorization Violation'")
-	if at := l.LeafAuthViolationAt("127.0.0.1:7425"); time.Since(at) > time.Minute {
-		t.Errorf("LeafAuthViolationAt(7425) = %v, want now", at)
-	}
-	if at := l.LeafPayloadViolationAt("127.0.0.1:7425"); !at.IsZero() {
-		t.Errorf("LeafPayloadViolationAt(7425) = %v, want zero", at)
+	for _, c := range []struct {
+		addr, kind string
+		noted      bool
+	}{
+		{"127.0.0.1:7422", leafDuplicate, true},
+		{"127.0.0.1:7423", leafDuplicate, false},
+		{"127.0.0.1:7424", leafPayloadViolation, true},
+		{"127.0.0.1:7424", leafDuplicate, false},
+		{"127.0.0.1:7422", leafPayloadViolation, false},
+		{"127.0.0.1:7425", leafAuthViolation, true},
+		{"127.0.0.1:7425", leafPayloadViolation, false},
+	} {
+		at := l.LeafErrorAt(c.addr, c.kind)
+		if c.noted && time.Since(at) > time.Minute {
+			t.Errorf("LeafErrorAt(%s, %q) = %v, want now", c.addr, c.kind, at)
+		}
+		if !c.noted && !at.IsZero() {
+			t.Errorf("LeafErrorAt(%s, %q) = %v, want zero", c.addr, c.kind, at)
+		}
 	}
 }
