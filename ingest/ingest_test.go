@@ -525,14 +525,7 @@ func TestCloseAnswersWhatItTook(t *testing.T) {
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
 	pnc := natstest.Connect(t, s)
 	pjs := natstest.JetStream(t, pnc)
-	var futs []jetstream.PubAckFuture
-	for i := range 500 {
-		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
+	futs := publishNumbered(t, pjs, 500)
 	// Once the server has the publishes, it has handed them to the
 	// committer; close while it works.
 	if err := pnc.Flush(); err != nil {
@@ -570,14 +563,7 @@ func TestCloseWaitsForForwarded(t *testing.T) {
 	pnc := natstest.Connect(t, s)
 	pjs := natstest.JetStream(t, pnc, jetstream.WithPublishAsyncMaxPending(5000))
 	const n = 3000
-	futs := make([]jetstream.PubAckFuture, 0, n)
-	for i := range n {
-		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), jetstream.WithExpectStream("S"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
+	futs := publishNumbered(t, pjs, n, jetstream.WithExpectStream("S"))
 	if err := pnc.Flush(); err != nil {
 		t.Fatal(err)
 	}
@@ -634,14 +620,7 @@ func TestStreamMissingAnswersNoResponders(t *testing.T) {
 		}
 	}
 	// A burst: batches, refused, their messages one by one.
-	futs := make([]jetstream.PubAckFuture, 0, 300)
-	for i := range 300 {
-		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), jetstream.WithRetryAttempts(0))
-		if err != nil {
-			t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
+	futs := publishNumbered(t, pjs, 300, jetstream.WithRetryAttempts(0))
 	deadline := time.After(10 * time.Second)
 	for i, f := range futs {
 		select {
@@ -888,4 +867,19 @@ func failOnErrs(t *testing.T, errs chan error, what string, c *Committer) {
 	if n > 0 {
 		t.Fatalf("%d %s; stats %+v", n, what, c.Stats())
 	}
+}
+
+// publishNumbered publishes n messages, "0" to "n-1", to s.a
+// asynchronously with opts and returns their futures.
+func publishNumbered(t *testing.T, pjs jetstream.JetStream, n int, opts ...jetstream.PublishOpt) []jetstream.PubAckFuture {
+	t.Helper()
+	futs := make([]jetstream.PubAckFuture, 0, n)
+	for i := range n {
+		f, err := pjs.PublishAsync("s.a", []byte(strconv.Itoa(i)), opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	return futs
 }
