@@ -748,28 +748,7 @@ func handleConcurrently(t *testing.T, h Handler, n int) {
 func TestKillRunningCommands(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
 	h := newExec(t, ExecOptions{Command: shCommand(`sleep 300 & echo $! > "$1"; wait`, pidFile), Timeout: 5 * time.Minute}, nil)
-	done := make(chan Result, 1)
-	go func() { done <- h.Handle(context.Background(), testMessage()) }()
-	var pid int
-	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() (err error) {
-		b, err := os.ReadFile(pidFile)
-		if err == nil {
-			pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
-		}
-		return err
-	})
-	if n := KillRunningCommands(); n != 1 {
-		t.Errorf("KillRunningCommands() = %d, want 1", n)
-	}
-	select {
-	case r := <-done:
-		if r.Outcome != Retry || !strings.Contains(r.Reason, "killed by signal") {
-			t.Errorf("result = %+v, want a retry: killed by signal", r)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("Handle still running 30s after its command was killed")
-	}
-	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
+	killRunningCommand(t, h, pidFile)
 	if n := KillRunningCommands(); n != 0 {
 		t.Errorf("KillRunningCommands() = %d after the command ended, want 0", n)
 	}
@@ -786,6 +765,15 @@ func TestKillRunningCommandsReachesACommandThatLeftItsGroup(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "command.pid")
 	script := `setpgrp(0, getpgrp(getppid())) or die "setpgrp: $!"; open F, ">", $ARGV[0] or die; print F "$$\n"; close F; sleep 300;`
 	h := newExec(t, ExecOptions{Command: []string{"/usr/bin/perl", "-e", script, pidFile}, Timeout: 5 * time.Minute}, nil)
+	killRunningCommand(t, h, pidFile)
+}
+
+// killRunningCommand handles a test message with h until its command has
+// written a pid (its own, or a child's) to pidFile, then requires that
+// KillRunningCommands signals one command, that Handle returns a retry
+// ("killed by signal") and that the process of that pid is gone.
+func killRunningCommand(t *testing.T, h *ExecHandler, pidFile string) {
+	t.Helper()
 	done := make(chan Result, 1)
 	go func() { done <- h.Handle(context.Background(), testMessage()) }()
 	var pid int
