@@ -135,7 +135,7 @@ type Committer struct {
 	idOrder  []sentID            // the same ids with their time, oldest first
 	// unflushed is the target of the last message published with its
 	// client's reply since the last unit went out, or "": the stream may
-	// not have applied it yet (see run). fwd are those messages.
+	// not have applied it yet (see dispatch). fwd are those messages.
 	unflushed string
 	fwd       []item
 }
@@ -311,16 +311,14 @@ func (c *Committer) run(ctx context.Context) {
 			return
 		}
 		c.dispatch()
+		// What went out with the clients' replies is answered by the
+		// stream itself: dispatch follows it with a marker, in flight
+		// until the stream applied all of it. Without that, a reload that
+		// turns group commit off could remove the transform while the
+		// stream still held some of them, and store them under the
+		// prefixed subjects.
 		if closing == nil && len(c.in) == 0 && len(c.pend) == 0 && len(c.inflight) == 0 {
-			// What went out with the clients' replies is answered by the
-			// stream itself: a marker's answer says it applied all of it.
-			// Without it, a reload that turns group commit off could
-			// remove the transform while the stream still held some of
-			// them, and store them under the prefixed subjects.
-			if c.unflushed == "" || c.nc.IsClosed() {
-				return // (a closed connection answers nothing more)
-			}
-			c.sendMarker(c.unflushed, nil)
+			return
 		}
 	}
 }
