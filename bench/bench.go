@@ -359,6 +359,10 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 		return run, store, err
 	}
 	run.Figures = append(run.Figures, f)
+	if f, err = b.bareConsume(ctx, srv); err != nil {
+		return run, store, err
+	}
+	run.Figures = append(run.Figures, f)
 	// A separate in-process connection sees the workers' acks, for the
 	// latencies; only from here on, so that "consume" does not pay for it.
 	acks, err := newAckWatcher(srv.NATS())
@@ -431,6 +435,8 @@ func benchConfig(dir, mode string, p Params, httpURL string) *config.Config {
 		cfg.Consumers[name] = cc
 	}
 	add(benchConsumerName("consume"), benchDrainSubject, "log")
+	// Created by the bootstrap like the others, drained without workers.
+	add(bareConsumer, benchDrainSubject, "log")
 	for _, h := range p.Handlers {
 		handler := h
 		if h == "noop" {

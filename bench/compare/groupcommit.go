@@ -27,6 +27,16 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 		return err
 	}
 	defer stock.stop()
+	// A stock server that does not flush each message (sync_interval 2m)
+	// is what any group commit through nats-server's store can at most
+	// reach: it stores the same messages and skips every flush.
+	noSyncStore := filepath.Join(e.work, "stock-nosync")
+	defer os.RemoveAll(noSyncStore)
+	noSync, err := e.startStock("2m", noSyncStore)
+	if err != nil {
+		return err
+	}
+	defer noSync.stop()
 	hold, err := e.startGroupCommit(filepath.Join(e.work, "holdfast-gc"))
 	if err != nil {
 		return err
@@ -35,13 +45,20 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 	// The stock stream is created here, once, as nats bench --create
 	// would; holdfast's benchstream comes from its config, with group
 	// commit.
-	if err := createBenchStream(stock.url); err != nil {
+	for _, url := range []string{stock.url, noSync.url} {
+		if err := createBenchStream(url); err != nil {
+			return err
+		}
+	}
+	// nats-server's own atomic batches, which group commit sends, are
+	// measured on the stock server (`nats bench js pub atomic`).
+	if err := allowAtomic(stock.url); err != nil {
 		return err
 	}
 
-	fmt.Fprintf(rep, "\nGroup commit: `nats bench js pub` on the same machine, %d messages of %d bytes per figure; stock nats-server with `sync_interval: always` against holdfast with `sync = \"always\"` and `group_commit = true` (latencies in µs, from nats bench: mean p50 over the clients, largest p99; over several runs the median p50 and the largest p99):\n\n", *msgs, *size)
-	fmt.Fprintln(rep, "| publishers | publish | stock msgs/s | group commit msgs/s | group commit/stock | stock p50 / p99 | group commit p50 / p99 |")
-	fmt.Fprintln(rep, "| ---: | --- | ---: | ---: | ---: | ---: | ---: |")
+	fmt.Fprintf(rep, "\nGroup commit: `nats bench js pub` on the same machine, %d messages of %d bytes per figure; stock nats-server with `sync_interval: always` against holdfast with `sync = \"always\"` and `group_commit = true` (latencies in µs, from nats bench: mean p50 over the clients, largest p99; over several runs the median p50 and the largest p99). The last columns are what bounds group commit: the same publishers sending nats-server's own atomic batches of 1,000 (`nats bench js pub atomic --batch 1000`, the server's maximum) to the stock server, the path group commit's batches take; and a stock server that flushes nothing (`sync_interval: 2m`), which stores the same messages without any flush — no group commit through nats-server's store can be faster:\n\n", *msgs, *size)
+	fmt.Fprintln(rep, "| publishers | publish | stock msgs/s | group commit msgs/s | group commit/stock | stock p50 / p99 | group commit p50 / p99 | stock atomic batches msgs/s | atomic/stock | stock without flushes msgs/s | without flushes/stock |")
+	fmt.Fprintln(rep, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, c := range strings.Split(*gc, ",") {
 		clients, err := strconv.Atoi(strings.TrimSpace(c))
 		if err != nil || clients < 1 {
@@ -52,7 +69,7 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 			if kind == "async" {
 				args = append(args, "--batch", "500")
 			}
-			var p pairs
+			var p, atomic, bound pairs
 			var sts, hfs []benchResult
 			for run := 1; run <= *runs; run++ {
 				logf("group commit: %d publisher(s), %s, run %d of %d: stock", clients, kind, run, *runs)
@@ -67,9 +84,23 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 				}
 				p.stock, p.hold = append(p.stock, st.rate), append(p.hold, hf.rate)
 				sts, hfs = append(sts, st), append(hfs, hf)
+				if kind == "async" {
+					logf("group commit: %d publisher(s), %s, run %d of %d: stock without flushes", clients, kind, run, *runs)
+					ns, err := e.natsBenchResult(noSync.url, "bench.csv", args...)
+					if err != nil {
+						return err
+					}
+					bound.stock, bound.hold = append(bound.stock, st.rate), append(bound.hold, ns.rate)
+					logf("group commit: %d publisher(s), %s, run %d of %d: stock atomic batches", clients, kind, run, *runs)
+					at, err := e.natsBenchResult(stock.url, "bench.csv", "js", "pub", "atomic", "bench.data", "--clients", strconv.Itoa(clients), "--timeout", "60s", "--batch", "1000")
+					if err != nil {
+						return err
+					}
+					atomic.stock, atomic.hold = append(atomic.stock, st.rate), append(atomic.hold, at.rate)
+				}
 			}
-			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s |\n", clients, kind, rate(p.stock), rate(p.hold), p.ratio(),
-				latency(sts), latency(hfs))
+			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s | %s | %s |\n", clients, kind, rate(p.stock), rate(p.hold), p.ratio(),
+				latency(sts), latency(hfs), atomic.columns(), bound.columns())
 		}
 	}
 	return nil
@@ -86,6 +117,34 @@ func createBenchStream(url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "benchstream", Subjects: []string{"bench.data"}, Storage: jetstream.FileStorage})
+	return err
+}
+
+// columns are the holdfast side's median rate and the ratio, or dashes
+// when nothing was measured.
+func (p pairs) columns() string {
+	if len(p.hold) == 0 {
+		return "– | –"
+	}
+	return rate(p.hold) + " | " + p.ratio()
+}
+
+// allowAtomic lets benchstream on url take atomic batches.
+func allowAtomic(url string) error {
+	nc, js, err := connectJS(url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, "benchstream")
+	if err != nil {
+		return err
+	}
+	cfg := s.CachedInfo().Config
+	cfg.AllowAtomicPublish = true
+	_, err = js.UpdateStream(ctx, cfg)
 	return err
 }
 

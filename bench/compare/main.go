@@ -129,8 +129,12 @@ func run() error {
 				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, rate(p.hold))
 			}
 		}
-		fmt.Fprintf(&ratios, "sync %s: drain %s; end to end %s with nats bench's publisher (%s with holdfast bench's); target ≥ 1.20×\n", mode,
-			f.get(figDrain).ratio(), f.get(figRun).ratio(), f.get(figE2E).ratio())
+		withGC := ""
+		if p := f.get(figRunGC); len(p.hold) > 0 {
+			withGC = fmt.Sprintf(", %s with group_commit = true", p.ratio())
+		}
+		fmt.Fprintf(&ratios, "sync %s: drain %s (a bare nats.go client in holdfast's process: %s); end to end %s with nats bench's publisher (%s with holdfast bench's%s); target ≥ 1.20×\n", mode,
+			f.get(figDrain).ratio(), f.get(figBare).ratio(), f.get(figRun).ratio(), f.get(figE2E).ratio(), withGC)
 		for _, when := range []string{"after load", "after restart"} {
 			p := f.get("rss " + when)
 			var diff []float64
@@ -175,8 +179,10 @@ func run() error {
 // The figures of a sync mode, by the name they are printed with.
 const (
 	figDrain = "drain: consume, explicit ack (stock: callback, batch 500, Ack; holdfast: workers, no-op handler, acks confirmed by batch)"
+	figBare  = "drain ceiling: a bare nats.go client in holdfast's process (Consume, batch 500, Ack; none of holdfast's pipeline) vs stock js consume"
 	figE2E   = "end to end, no-op handler, holdfast bench (its own publisher in-process) vs stock js consume with js pub async at once"
 	figRun   = "end to end, `holdfast run` (4 workers, log handler at warn) vs stock, both fed by nats bench js pub async"
+	figRunGC = "end to end, `holdfast run` as above with group_commit = true on its stream (still a flush before each PubAck) vs the same stock"
 )
 
 // measure runs, for sync mode, stock and then holdfast once and adds what
@@ -196,6 +202,7 @@ func (e *env) measure(mode string, run int, f *figures) (string, error) {
 	f.add("publish sync", st.pubSync, hf["publish sync"])
 	f.add(figDrain, st.consume, hf["consume (noop)"])
 	f.add("drain, stock with DoubleAck", st.consumeDouble, hf["consume (noop)"])
+	f.add(figBare, st.consume, hf["consume (bare nats.go)"])
 	f.add(figE2E, st.pipeline, hf["e2e noop"])
 	for _, h := range []string{"exec", "http"} {
 		if v, ok := hf["e2e "+h]; ok {
@@ -213,6 +220,14 @@ func (e *env) measure(mode string, run int, f *figures) (string, error) {
 		return "", fmt.Errorf("holdfast RSS: %w", err)
 	}
 	f.add(figRun, st.pipeline, holdPipeline)
+	if mode == "always" {
+		logf("sync %s, run %d of %d: holdfast run with group commit, end to end", mode, run, *runs)
+		gcPipeline, err := e.groupCommitPipeline()
+		if err != nil {
+			return "", fmt.Errorf("holdfast run with group commit: %w", err)
+		}
+		f.add(figRunGC, st.pipeline, gcPipeline)
+	}
 	f.add("rss after load", float64(stockRSS), float64(holdRSS))
 	f.add("rss after restart", float64(stockRestart), float64(holdRestart))
 	return machine, nil
@@ -637,9 +652,6 @@ func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, e
 	return load, restart, pipeline, err
 }
 
-// holdfastPipeline runs publish and returns the rate at which the
-// consumer WORKER's ack floor moved while it did: from the first poll that
-// saw it move to the poll that saw msgs more acked than before publish.
 // holdfastConfig writes the config of a `holdfast run` (file name in the
 // work directory) on a free port: the stream benchstream on bench.data,
 // keeping everything, and the consumer WORKER with workers log-handler
@@ -675,6 +687,29 @@ handler = "log"
 	return conf, fmt.Sprintf("nats://127.0.0.1:%d", port), os.WriteFile(conf, []byte(text), 0o644)
 }
 
+// groupCommitPipeline is the end-to-end figure of `holdfast run` with
+// group commit on its stream (sync always, the workers of holdfastRSS).
+func (e *env) groupCommitPipeline() (float64, error) {
+	store := filepath.Join(e.work, "holdfast-e2e-gc")
+	defer os.RemoveAll(store)
+	conf, url, err := e.holdfastConfig("holdfast-e2e-gc.toml", store, "always", *workers, true)
+	if err != nil {
+		return 0, err
+	}
+	p, err := e.start(e.hold, []string{"run", "--config", conf}, url)
+	if err != nil {
+		return 0, err
+	}
+	defer p.stop()
+	return holdfastPipeline(url, func() error {
+		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
+		return err
+	})
+}
+
+// holdfastPipeline runs publish and returns the rate at which the
+// consumer WORKER's ack floor moved while it did: from the first poll that
+// saw it move to the poll that saw msgs more acked than before publish.
 func holdfastPipeline(url string, publish func() error) (float64, error) {
 	nc, js, err := connectJS(url)
 	if err != nil {
