@@ -867,3 +867,66 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 		})
 	}
 }
+
+// A restore into a cluster that cannot place the stream yet asks again
+// until it can (up to placementWait) instead of failing with "no suitable
+// peers for placement" (10005; seen once in CI right after a stream was
+// deleted: the meta leader counted a peer offline). Here an R3 backup
+// meets a cluster of two nodes, and the third joins 2 s later.
+func TestRestoreWaitsForPlacement(t *testing.T) {
+	// The backup: an R3 stream of another cluster.
+	src := natstest.RunCluster(t, 3)
+	snc := natstest.Connect(t, src[0])
+	sjs := natstest.JetStream(t, snc)
+	ctx := natstest.Context(t)
+	if _, err := sjs.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		_, err := sjs.Publish(ctx, "orders.created", []byte("order"))
+		return err
+	})
+	dir, _ := createBackup(t, snc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
+
+	var opts []*server.Options
+	servers := natstest.RunCluster(t, 2, func(o *server.Options) { opts = append(opts, o) })
+	nc := natstest.Connect(t, servers[0])
+	js := natstest.JetStream(t, nc)
+	_, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PROBE", Subjects: []string{"probe"}, Replicas: 3})
+	if apiErr := (*jetstream.APIError)(nil); !errors.As(err, &apiErr) || apiErr.ErrorCode != 10005 {
+		t.Fatalf("R3 stream on two nodes: %v, want no suitable peers (10005)", err)
+	}
+
+	joined := make(chan error, 1)
+	go func() {
+		time.Sleep(2 * time.Second)
+		o := opts[0].Clone()
+		// The options as node1 runs them, with its ports resolved.
+		o.ServerName, o.StoreDir, o.Port, o.Cluster.Port = "node3", t.TempDir(), -1, natstest.FreePort(t)
+		s, err := server.NewServer(o)
+		if err != nil {
+			joined <- err
+			return
+		}
+		go s.Start()
+		t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+		if !s.ReadyForConnections(30 * time.Second) {
+			joined <- errors.New("node3 not ready")
+			return
+		}
+		joined <- nil
+	}()
+	_, restored, err := Restore(ctx, nc, dir, RestoreOptions{Notice: func(msg string) { t.Log(msg) }})
+	if jerr := <-joined; jerr != nil {
+		t.Fatal(jerr)
+	}
+	if err != nil {
+		t.Fatalf("restore of an R3 stream while the third node joined: %v", err)
+	}
+	if len(restored) != 1 || restored[0].Messages != 1 {
+		t.Fatalf("restored %+v, want ORDERS with its one message", restored)
+	}
+	if info := natstest.StreamInfo(t, js, "ORDERS"); info.Config.Replicas != 3 {
+		t.Fatalf("ORDERS restored with %d replicas, want 3", info.Config.Replicas)
+	}
+}

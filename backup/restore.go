@@ -254,6 +254,46 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 	}
 }
 
+// placementWait bounds how long a restore request refused while a cluster
+// settles is asked again.
+const placementWait = 30 * time.Second
+
+// requestRestore sends the restore request, again (every half second, up
+// to placementWait) while a cluster answers that it cannot place the
+// stream now: no suitable peers (10005: right after a stream was deleted
+// under load the meta leader counted a peer offline, "peer offline", seen
+// once in CI), no meta leader (10009) or JetStream not ready (10008).
+// Nothing was sent yet, so asking again is safe; any other refusal is
+// returned at once, and the last one when the wait is over.
+func requestRestore(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, body []byte) (*api.JSApiStreamRestoreResponse, error) {
+	deadline := time.Now().Add(placementWait)
+	for {
+		msg, err := nc.Request(fmt.Sprintf(api.JSApiStreamRestoreT, stream), body, timeout)
+		if err != nil {
+			return nil, err
+		}
+		var resp api.JSApiStreamRestoreResponse
+		if err := json.Unmarshal(msg.Data, &resp); err != nil {
+			return nil, fmt.Errorf("restore request: %w", err)
+		}
+		if !resp.IsError() {
+			return &resp, nil
+		}
+		switch resp.Error.ErrCode {
+		case 10005, 10008, 10009:
+			if time.Now().Before(deadline) {
+				select {
+				case <-ctx.Done():
+					return nil, errors.Join(ctx.Err(), resp.ToError())
+				case <-time.After(500 * time.Millisecond):
+				}
+				continue
+			}
+		}
+		return nil, resp.ToError()
+	}
+}
+
 // firstChunkWait bounds how long the first chunk of a restore is sent
 // again while nobody takes it.
 const firstChunkWait = 3 * time.Second
@@ -291,16 +331,9 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, 
 	if err != nil {
 		return nil, err
 	}
-	msg, err := nc.Request(fmt.Sprintf(api.JSApiStreamRestoreT, stream), body, timeout)
+	resp, err := requestRestore(ctx, nc, timeout, stream, body)
 	if err != nil {
 		return nil, err
-	}
-	var resp api.JSApiStreamRestoreResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, fmt.Errorf("restore request: %w", err)
-	}
-	if resp.IsError() {
-		return nil, resp.ToError()
 	}
 	if err := sendChunks(ctx, nc, timeout, resp.DeliverSubject, data); err != nil {
 		endRestore(nc, timeout, resp.DeliverSubject)
@@ -320,7 +353,7 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, 
 	}
 	final, cancel := context.WithTimeout(ctx, time.Hour)
 	defer cancel()
-	msg, err = inbox.NextMsgWithContext(final)
+	msg, err := inbox.NextMsgWithContext(final)
 	if err != nil && ctx.Err() != nil {
 		_, _ = inbox.NextMsg(timeout)
 		return nil, err
