@@ -377,17 +377,14 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return err
 	}
 	if !deadLetter {
-		kept, err := keepLimitsThatWouldLoseMessages(ctx, s, have, &next)
+		var kept []string
+		kept, changes, err = holdBackLimits(ctx, s, have, &next, changes)
 		if err != nil {
 			return err
 		}
 		for _, k := range kept {
 			log.Error(k, "stream", want.Name)
 		}
-		changes = slices.DeleteFunc(changes, func(c Change) bool {
-			return (c.Field == "max_msgs" && next.MaxMsgs == have.MaxMsgs) || (c.Field == "max_bytes" && next.MaxBytes == have.MaxBytes) ||
-				(c.Field == "max_age" && next.MaxAge == have.MaxAge)
-		})
 	}
 	if len(changes) == 0 {
 		log.Debug("stream up to date", "stream", want.Name)

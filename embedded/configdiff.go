@@ -23,20 +23,31 @@ import (
 // (the Monitor reports it).
 func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
 	var out []string
-	stream := func(want jetstream.StreamConfig, table string) {
+	stream := func(want jetstream.StreamConfig, table string, deadLetter bool) {
 		s, err := js.Stream(ctx, want.Name)
 		if err != nil {
 			return
 		}
-		_, changes, err := diffStream(s.CachedInfo().Config, want)
+		have := s.CachedInfo().Config
+		next, changes, err := diffStream(have, want)
+		if err == nil && !deadLetter {
+			// A lowered limit this node's own start or reload held back
+			// (Bootstrap) differs for that reason, not because of another
+			// node: say so, as the start or reload did.
+			var kept []string
+			if kept, changes, err = holdBackLimits(ctx, s, have, &next, changes); err != nil {
+				return
+			}
+			out = append(out, kept...)
+		}
 		out = append(out, diffText("stream", want.Name, table, changes, err)...)
 	}
 	for _, name := range cfg.StreamNames() {
-		stream(StreamSpec(cfg, name), "[streams."+name+"]")
+		stream(StreamSpec(cfg, name), "[streams."+name+"]", false)
 	}
 	dls := cfg.DeadLetterStreams()
 	for _, name := range slices.Sorted(maps.Keys(dls)) {
-		stream(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), "the dead letters of "+strings.Join(dls[name], ", "))
+		stream(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), "the dead letters of "+strings.Join(dls[name], ", "), true)
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]

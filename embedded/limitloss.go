@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -94,6 +95,21 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		return nil, fmt.Errorf("cannot list the consumers of stream %s: %w", have.Name, err)
 	}
 	return kept, nil
+}
+
+// holdBackLimits applies keepLimitsThatWouldLoseMessages to next and
+// drops the limits it kept from changes: what Bootstrap and ConfigDiff
+// both do with a stream's lowered limits.
+func holdBackLimits(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig, changes []Change) (kept []string, rest []Change, err error) {
+	kept, err = keepLimitsThatWouldLoseMessages(ctx, s, have, next)
+	if err != nil {
+		return nil, nil, err
+	}
+	rest = slices.DeleteFunc(changes, func(c Change) bool {
+		return (c.Field == "max_msgs" && next.MaxMsgs == have.MaxMsgs) || (c.Field == "max_bytes" && next.MaxBytes == have.MaxBytes) ||
+			(c.Field == "max_age" && next.MaxAge == have.MaxAge)
+	})
+	return kept, rest, nil
 }
 
 // limitValue is the current value of a limit, for the log.

@@ -60,6 +60,11 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 					t.Errorf("log lacks %q:\n%s", want, lb.String())
 				}
 			}
+			// The config-diff watch says the same, and blames no other node.
+			diff := ConfigDiff(natstest.Context(t), js, cfg)
+			if len(diff) != 1 || !strings.Contains(diff[0], "streams.ORDERS."+tc.field+" = ") || !strings.Contains(diff[0], "not applied") {
+				t.Errorf("ConfigDiff = %q, want the one kept %s", diff, tc.field)
+			}
 
 			// The consumer processes everything: the same config now applies.
 			c, err := js.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
