@@ -120,7 +120,8 @@ type ConsumerConfig struct {
 	Workers       int        `toml:"workers"`
 	// Prefetch is how many messages the workers pull ahead of the
 	// handlers, each kept alive from its receipt (at most
-	// max_ack_pending - workers are used).
+	// max_ack_pending - workers are used); quick handlers get up to
+	// 100 ms of their work ahead, up to max_ack_pending - workers.
 	Prefetch   int               `toml:"prefetch"`
 	Handler    string            `toml:"handler"`
 	DeadLetter string            `toml:"dead_letter"`

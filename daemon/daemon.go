@@ -620,7 +620,8 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	cc := cfg.Consumers[name]
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
-		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc)
+		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc) &&
+		old.MaxAckPending-old.Workers == cc.MaxAckPending-cc.Workers
 	if same {
 		return
 	}
@@ -685,15 +686,16 @@ func ConsumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler)
 		backoff[i] = b.Duration
 	}
 	return pipeline.ConsumerOptions{
-		Stream:     cc.Stream,
-		Consumer:   name,
-		Workers:    cc.Workers,
-		AckWait:    cc.AckWait.Duration,
-		MaxDeliver: cc.MaxDeliver,
-		Backoff:    backoff,
-		DeadLetter: cc.DeadLetter,
-		Handler:    h,
-		Prefetch:   prefetch(cc),
+		Stream:      cc.Stream,
+		Consumer:    name,
+		Workers:     cc.Workers,
+		AckWait:     cc.AckWait.Duration,
+		MaxDeliver:  cc.MaxDeliver,
+		Backoff:     backoff,
+		DeadLetter:  cc.DeadLetter,
+		Handler:     h,
+		Prefetch:    prefetch(cc),
+		MaxPrefetch: max(0, cc.MaxAckPending-cc.Workers),
 	}
 }
 

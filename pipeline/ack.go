@@ -34,10 +34,29 @@ const ackConfirmTimeout = 5 * time.Second
 // answer within ackConfirmTimeout, a closed connection) counts every
 // message in it as a Failure; the messages whose acks did not arrive are
 // delivered again after ack_wait — never lost.
+//
+// The confirmation is waited for off the acker's path too: while one
+// batch's confirmation is out (a round trip, answered after the server
+// applied every ack before it), the acker sends the next batch's plain
+// acks and queues its confirmation; a third batch waits. Acks flow to the
+// server without a pause, and a confirmation still covers exactly the
+// acks sent before it.
 type acker struct {
 	w    *Workers
 	in   chan ackItem
 	done chan struct{}
+	// confirm takes each sent batch to the confirmer; one may wait there
+	// while the confirmer waits for the one before.
+	confirm   chan sentBatch
+	confirmed chan struct{}
+}
+
+// sentBatch is a batch whose plain acks were sent (sent; failed acks were
+// not), and its last message, whose ack asks for the confirmation.
+type sentBatch struct {
+	sent   []ackItem
+	last   ackItem
+	failed int
 }
 
 // ackItem is a message to acknowledge.
@@ -47,8 +66,10 @@ type ackItem struct {
 }
 
 func newAcker(w *Workers, capacity int) *acker {
-	a := &acker{w: w, in: make(chan ackItem, max(capacity, ackBatchMax)), done: make(chan struct{})}
+	a := &acker{w: w, in: make(chan ackItem, max(capacity, ackBatchMax)), done: make(chan struct{}),
+		confirm: make(chan sentBatch, 1), confirmed: make(chan struct{})}
 	go a.run()
+	go a.confirmer()
 	return a
 }
 
@@ -63,9 +84,14 @@ func (a *acker) close() {
 
 func (a *acker) run() {
 	defer close(a.done)
-	batch := make([]ackItem, 0, ackBatchMax)
+	defer func() {
+		close(a.confirm)
+		<-a.confirmed
+	}()
 	for it := range a.in {
-		batch = append(batch[:0], it)
+		// A fresh slice per batch: the confirmer holds the one before.
+		batch := make([]ackItem, 1, ackBatchMax)
+		batch[0] = it
 	fill:
 		for len(batch) < ackBatchMax {
 			select {
@@ -78,40 +104,52 @@ func (a *acker) run() {
 				break fill
 			}
 		}
-		a.flush(batch)
-		clear(batch) // drop the messages for the GC
+		a.confirm <- a.send(batch)
 	}
 }
 
-// flush acknowledges batch: plain acks, then a confirmed ack on the last.
-func (a *acker) flush(batch []ackItem) {
-	st := a.w.stats
-	first := batch[0].seq
-	sent := batch[:0] // filtered in place: the acks sent
-	failed := 0
+// send sends the plain acks of every message of batch but the last.
+func (a *acker) send(batch []ackItem) sentBatch {
+	b := sentBatch{sent: batch[:0], last: batch[len(batch)-1]} // sent: filtered in place
 	for _, it := range batch[:len(batch)-1] {
 		if err := it.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
-			failed++
+			b.failed++
 			a.w.log.Error("ack failed: the message will be redelivered", "seq", it.seq, "err", err)
 			continue
 		}
-		sent = append(sent, it)
+		b.sent = append(b.sent, it)
 	}
-	last := batch[len(batch)-1]
+	return b
+}
+
+// confirmer sends each batch's last ack as a confirmed ack (AckSync) and
+// counts the batch once the server answered.
+func (a *acker) confirmer() {
+	defer close(a.confirmed)
+	for b := range a.confirm {
+		a.confirmBatch(b)
+	}
+}
+
+func (a *acker) confirmBatch(b sentBatch) {
+	st := a.w.stats
 	ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
-	err := last.msg.DoubleAck(ctx)
+	err := b.last.msg.DoubleAck(ctx)
 	cancel()
 	if err != nil {
-		failed += len(sent) + 1
-		st.Failures.Add(uint64(failed))
+		first := b.last.seq
+		if len(b.sent) > 0 {
+			first = b.sent[0].seq
+		}
+		st.Failures.Add(uint64(b.failed + len(b.sent) + 1))
 		a.w.log.Error("acks not confirmed: the messages whose acks did not arrive will be redelivered",
-			"messages", len(sent)+1, "first_seq", first, "last_seq", last.seq, "err", err)
+			"messages", len(b.sent)+1, "first_seq", first, "last_seq", b.last.seq, "err", err)
 		return
 	}
-	if failed > 0 {
-		st.Failures.Add(uint64(failed))
+	if b.failed > 0 {
+		st.Failures.Add(uint64(b.failed))
 	}
-	st.Acked.Add(uint64(len(sent) + 1))
-	st.noteSettledAll(sent)
-	st.noteSettled(last.seq)
+	st.Acked.Add(uint64(len(b.sent) + 1))
+	st.noteSettledAll(b.sent)
+	st.noteSettled(b.last.seq)
 }

@@ -2,6 +2,7 @@ package pipeline_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -245,4 +246,82 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestPullDepthFollowsHandlers: with MaxPrefetch above Prefetch, fast
+// handlers get pull requests for up to queueHorizon of their work (here
+// far more than workers + Prefetch), and slow ones keep workers +
+// Prefetch: a node does not hoard what other nodes' workers could take.
+func TestPullDepthFollowsHandlers(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		handler time.Duration
+		check   func(largest int) error
+	}{
+		{"fast handler", 0, func(largest int) error {
+			if largest <= 2+16 {
+				return fmt.Errorf("largest pull request for %d messages, want more than workers + prefetch (18)", largest)
+			}
+			return nil
+		}},
+		{"200ms handler", 200 * time.Millisecond, func(largest int) error {
+			if largest > 2+16 {
+				return fmt.Errorf("pull request for %d messages, want at most workers + prefetch (18)", largest)
+			}
+			return nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			e := startEnv(t, nil)
+			msgs := 2000
+			if tc.handler > 0 {
+				msgs = 60
+			}
+			var seqs []uint64
+			for i := range msgs {
+				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+			}
+			// The workers' pull requests, as the server gets them.
+			nc := natstest.Connect(t, e.srv.NATS())
+			var mu sync.Mutex
+			largest := 0
+			sub, err := nc.Subscribe("$JS.API.CONSUMER.MSG.NEXT.ORDERS."+config.DefaultConsumerName, func(m *nats.Msg) {
+				var req struct {
+					Batch int `json:"batch"`
+				}
+				if json.Unmarshal(m.Data, &req) == nil {
+					mu.Lock()
+					largest = max(largest, req.Batch)
+					mu.Unlock()
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := nc.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			defer sub.Unsubscribe()
+			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+				select {
+				case <-time.After(tc.handler):
+				case <-ctx.Done():
+				}
+				return pipeline.Ok()
+			}), 2, func(o *pipeline.ConsumerOptions) { o.Prefetch, o.MaxPrefetch = 16, 998 })
+			last := seqs[len(seqs)-1]
+			natstest.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
+				if f := e.consumerInfo().AckFloor.Stream; f != last {
+					return fmt.Errorf("ack floor %d of %d", f, last)
+				}
+				return nil
+			})
+			mu.Lock()
+			defer mu.Unlock()
+			if err := tc.check(largest); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
 }
