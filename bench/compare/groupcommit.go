@@ -45,14 +45,12 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 	// The stock stream is created here, once, as nats bench --create
 	// would; holdfast's benchstream comes from its config, with group
 	// commit.
-	for _, url := range []string{stock.url, noSync.url} {
-		if err := createBenchStream(url); err != nil {
-			return err
-		}
-	}
 	// nats-server's own atomic batches, which group commit sends, are
 	// measured on the stock server (`nats bench js pub atomic`).
-	if err := allowAtomic(stock.url); err != nil {
+	if err := createBenchStream(stock.url, true); err != nil {
+		return err
+	}
+	if err := createBenchStream(noSync.url, false); err != nil {
 		return err
 	}
 
@@ -107,8 +105,9 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 }
 
 // createBenchStream creates the stream nats bench --create would:
-// benchstream on bench.data, file storage.
-func createBenchStream(url string) error {
+// benchstream on bench.data, file storage; taking atomic batches when
+// atomic.
+func createBenchStream(url string, atomic bool) error {
 	nc, js, err := connectJS(url)
 	if err != nil {
 		return err
@@ -116,7 +115,7 @@ func createBenchStream(url string) error {
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "benchstream", Subjects: []string{"bench.data"}, Storage: jetstream.FileStorage})
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: "benchstream", Subjects: []string{"bench.data"}, Storage: jetstream.FileStorage, AllowAtomicPublish: atomic})
 	return err
 }
 
@@ -127,25 +126,6 @@ func (p pairs) columns() string {
 		return "– | –"
 	}
 	return rate(p.hold) + " | " + p.ratio()
-}
-
-// allowAtomic lets benchstream on url take atomic batches.
-func allowAtomic(url string) error {
-	nc, js, err := connectJS(url)
-	if err != nil {
-		return err
-	}
-	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, "benchstream")
-	if err != nil {
-		return err
-	}
-	cfg := s.CachedInfo().Config
-	cfg.AllowAtomicPublish = true
-	_, err = js.UpdateStream(ctx, cfg)
-	return err
 }
 
 // latency is the runs' median p50 and largest p99.
