@@ -376,6 +376,12 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 			return run, store, fmt.Errorf("e2e %s: %w", h, err)
 		}
 		run.Figures = append(run.Figures, f)
+		if h == "noop" {
+			if f, err = b.bareEndToEnd(ctx, srv, url); err != nil {
+				return run, store, err
+			}
+			run.Figures = append(run.Figures, f)
+		}
 	}
 	return run, store, nil
 }
@@ -437,6 +443,7 @@ func benchConfig(dir, mode string, p Params, httpURL string) *config.Config {
 	add(benchConsumerName("consume"), benchDrainSubject, "log")
 	// Created by the bootstrap like the others, drained without workers.
 	add(bareConsumer, benchDrainSubject, "log")
+	add(bareE2EConsumer, bareE2ESubject, "log")
 	for _, h := range p.Handlers {
 		handler := h
 		if h == "noop" {
