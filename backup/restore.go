@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
 // RestoreOptions configure Restore.
@@ -259,12 +261,12 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 const placementWait = 30 * time.Second
 
 // requestRestore sends the restore request, again (every half second, up
-// to placementWait) while a cluster answers that it cannot place the
-// stream now: no suitable peers (10005: right after a stream was deleted
-// under load the meta leader counted a peer offline, "peer offline", seen
-// once in CI), no meta leader (10009) or JetStream not ready (10008).
-// Nothing was sent yet, so asking again is safe; any other refusal is
-// returned at once, and the last one when the wait is over.
+// to placementWait) while a cluster answers that it is settling
+// (settle.ClusterSettling; e.g. no suitable peers, 10005: right after a
+// stream was deleted under load the meta leader counted a peer offline,
+// seen once in CI). Nothing was sent yet, so asking again is safe; any
+// other refusal, any refusal by a single server, and the last one when
+// the wait is over are returned.
 func requestRestore(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, body []byte) (*api.JSApiStreamRestoreResponse, error) {
 	deadline := time.Now().Add(placementWait)
 	for {
@@ -279,18 +281,14 @@ func requestRestore(ctx context.Context, nc *nats.Conn, timeout time.Duration, s
 		if !resp.IsError() {
 			return &resp, nil
 		}
-		switch resp.Error.ErrCode {
-		case 10005, 10008, 10009:
-			if time.Now().Before(deadline) {
-				select {
-				case <-ctx.Done():
-					return nil, errors.Join(ctx.Err(), resp.ToError())
-				case <-time.After(500 * time.Millisecond):
-				}
-				continue
-			}
+		if nc.ConnectedClusterName() == "" || !settle.ClusterSettling(resp.Error.ErrCode) || !time.Now().Before(deadline) {
+			return nil, resp.ToError()
 		}
-		return nil, resp.ToError()
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), resp.ToError())
+		case <-time.After(500 * time.Millisecond):
+		}
 	}
 }
 
@@ -361,7 +359,7 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, 
 	if err != nil {
 		return nil, err
 	}
-	if len(msg.Data) == 0 && msg.Header.Get("Status") == "503" {
+	if settle.NoResponders(msg) {
 		return nil, nats.ErrNoResponders
 	}
 	var created api.JSApiStreamCreateResponse

@@ -176,16 +176,7 @@ func transientError(err error, clustered bool) bool {
 		return true
 	}
 	var apiErr *jetstream.APIError
-	if clustered && errors.As(err, &apiErr) {
-		switch apiErr.ErrorCode {
-		case 10008, // JetStream system temporarily unavailable
-			10009, // cluster can not handle request (no leader)
-			10023, // insufficient resources (peers not all known yet)
-			10005: // no suitable peers for placement
-			return true
-		}
-	}
-	return false
+	return clustered && errors.As(err, &apiErr) && settle.ClusterSettling(uint16(apiErr.ErrorCode))
 }
 
 func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {

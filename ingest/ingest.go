@@ -38,6 +38,7 @@ import (
 	"github.com/nats-io/nuid"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
 // How batches are cut (README.md, Group commit, documents these figures).
@@ -620,7 +621,7 @@ func (c *Committer) answer(r *nats.Msg) {
 		return // given up on already
 	}
 	c.finish(id, u)
-	if isNoResponders(r) {
+	if settle.NoResponders(r) {
 		// No stream on the subject (deleted, not yet created again):
 		// nothing of u is stored, and the server's "no responders" for
 		// the messages that went out with their clients' replies came
@@ -703,12 +704,6 @@ func (c *Committer) refuse(u *unit, r *nats.Msg, e *apiError) {
 	for _, it := range u.msgs {
 		c.reply(it, b)
 	}
-}
-
-// isNoResponders reports whether r is the server's "no responders"
-// status: nothing subscribed to what r answers.
-func isNoResponders(r *nats.Msg) bool {
-	return len(r.Data) == 0 && r.Header.Get("Status") == "503"
 }
 
 // noResponders answers a client as the server does when nothing listens

@@ -27,6 +27,30 @@ func Late(err error) bool {
 		errors.Is(err, nats.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse)
 }
 
+// ClusterSettling reports whether code is a JetStream API error code a
+// cluster answers while it settles (a stream or meta leader being
+// elected, peers joining, a peer briefly counted offline), as opposed to a
+// refusal of the request itself. On a single node the same codes are
+// refusals (insufficient resources is a store limit): ask this only of a
+// clustered server.
+func ClusterSettling(code uint16) bool {
+	switch code {
+	case 10008, // JetStream system temporarily unavailable
+		10009, // cluster can not handle request (no leader)
+		10023, // insufficient resources (peers not all known yet)
+		10005: // no suitable peers for placement
+		return true
+	}
+	return false
+}
+
+// NoResponders reports whether m is the server's "no responders" status
+// (nothing subscribed to what m answers), as it arrives on a plain
+// subscription; nats.go's Request turns it into nats.ErrNoResponders.
+func NoResponders(m *nats.Msg) bool {
+	return len(m.Data) == 0 && m.Header.Get("Status") == "503"
+}
+
 // Retry calls f until it returns nil or an error transient does not
 // accept, for up to Timeout, once a second; before each new attempt it
 // calls retrying (may be nil) with the attempt that failed and its error.
