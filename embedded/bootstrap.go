@@ -222,33 +222,44 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 // refused).
 func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) error {
 	var errs []error
-	check := func(want jetstream.StreamConfig) {
-		s, err := js.Stream(ctx, want.Name)
-		if err != nil {
-			return // missing (created later) or unreadable (reported then)
-		}
+	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, _ bool) {
 		if _, _, err := diffStream(s.CachedInfo().Config, want); err != nil {
 			errs = append(errs, err)
 		}
+	}, func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig) {
+		if _, _, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc)); err != nil {
+			errs = append(errs, err)
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// eachExisting calls stream for each configured stream and dead-letter
+// stream (with the config table that sets it, and whether it holds dead
+// letters) and consumer for each configured consumer, with what the
+// server has now; those missing or not answering are left out (created
+// later, or reported by the Monitor).
+func eachExisting(ctx context.Context, js jetstream.JetStream, cfg *config.Config,
+	stream func(s jetstream.Stream, want jetstream.StreamConfig, table string, deadLetter bool),
+	consumer func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig)) {
+	check := func(want jetstream.StreamConfig, table string, deadLetter bool) {
+		if s, err := js.Stream(ctx, want.Name); err == nil {
+			stream(s, want, table, deadLetter)
+		}
 	}
 	for _, name := range cfg.StreamNames() {
-		check(StreamSpec(cfg, name))
+		check(StreamSpec(cfg, name), "[streams."+name+"]", false)
 	}
 	dls := cfg.DeadLetterStreams()
 	for _, name := range slices.Sorted(maps.Keys(dls)) {
-		check(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)))
+		check(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), "the dead letters of "+strings.Join(dls[name], ", "), true)
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		c, err := js.Consumer(ctx, cc.Stream, name)
-		if err != nil {
-			continue
-		}
-		if _, _, err := diffConsumer(cc.Stream, c.CachedInfo().Config, ConsumerSpec(name, cc)); err != nil {
-			errs = append(errs, err)
+		if c, err := js.Consumer(ctx, cc.Stream, name); err == nil {
+			consumer(name, cc, c.CachedInfo().Config)
 		}
 	}
-	return errors.Join(errs...)
 }
 
 // warnUnconfiguredConsumers logs each durable consumer of a configured

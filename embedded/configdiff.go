@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -23,11 +21,7 @@ import (
 // (the Monitor reports it).
 func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
 	var out []string
-	stream := func(want jetstream.StreamConfig, table string, deadLetter bool) {
-		s, err := js.Stream(ctx, want.Name)
-		if err != nil {
-			return
-		}
+	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, table string, deadLetter bool) {
 		have := s.CachedInfo().Config
 		next, changes, err := diffStream(have, want)
 		if err == nil && !deadLetter {
@@ -41,23 +35,10 @@ func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 			out = append(out, kept...)
 		}
 		out = append(out, diffText("stream", want.Name, table, changes, err)...)
-	}
-	for _, name := range cfg.StreamNames() {
-		stream(StreamSpec(cfg, name), "[streams."+name+"]", false)
-	}
-	dls := cfg.DeadLetterStreams()
-	for _, name := range slices.Sorted(maps.Keys(dls)) {
-		stream(DeadLetterSpec(name, dls[name], cfg.DeadLetterReplicas(name)), "the dead letters of "+strings.Join(dls[name], ", "), true)
-	}
-	for _, name := range cfg.ConsumerNames() {
-		cc := cfg.Consumers[name]
-		c, err := js.Consumer(ctx, cc.Stream, name)
-		if err != nil {
-			continue
-		}
-		_, changes, err := diffConsumer(cc.Stream, c.CachedInfo().Config, ConsumerSpec(name, cc))
+	}, func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig) {
+		_, changes, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc))
 		out = append(out, diffText("consumer", name, "[consumers."+name+"]", changes, err)...)
-	}
+	})
 	return out
 }
 
