@@ -621,7 +621,7 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
 		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc) &&
-		old.MaxAckPending-old.Workers == cc.MaxAckPending-cc.Workers
+		maxPrefetch(old) == maxPrefetch(cc)
 	if same {
 		return
 	}
@@ -695,12 +695,18 @@ func ConsumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler)
 		DeadLetter:  cc.DeadLetter,
 		Handler:     h,
 		Prefetch:    prefetch(cc),
-		MaxPrefetch: max(0, cc.MaxAckPending-cc.Workers),
+		MaxPrefetch: maxPrefetch(cc),
 	}
 }
 
 // prefetch is the consumer's prefetch as used: the server never has more
 // than max_ack_pending messages out, the workers' own included.
 func prefetch(cc *config.ConsumerConfig) int {
-	return max(0, min(cc.Prefetch, cc.MaxAckPending-cc.Workers))
+	return min(cc.Prefetch, maxPrefetch(cc))
+}
+
+// maxPrefetch is the furthest the workers may pull ahead (quick handlers,
+// see pipeline.ConsumerOptions.MaxPrefetch): max_ack_pending - workers.
+func maxPrefetch(cc *config.ConsumerConfig) int {
+	return max(0, cc.MaxAckPending-cc.Workers)
 }
