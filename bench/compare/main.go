@@ -626,10 +626,7 @@ func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, e
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if pipeline, err = holdfastPipeline(url, func() error {
-		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
-		return err
-	}); err != nil {
+	if pipeline, err = e.holdfastPipeline(url); err != nil {
 		p.stop()
 		return 0, 0, 0, err
 	}
@@ -703,16 +700,18 @@ func (e *env) groupCommitPipeline() (float64, error) {
 		return 0, err
 	}
 	defer p.stop()
-	return holdfastPipeline(url, func() error {
-		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
-		return err
-	})
+	return e.holdfastPipeline(url)
 }
 
-// holdfastPipeline runs publish and returns the rate at which the
-// consumer WORKER's ack floor moved while it did: from the first poll that
-// saw it move to the poll that saw msgs more acked than before publish.
-func holdfastPipeline(url string, publish func() error) (float64, error) {
+// holdfastPipeline runs `nats bench js pub async` against the holdfast at
+// url and returns the rate at which the consumer WORKER's ack floor moved
+// while it did: from the first poll that saw it move to the poll that saw
+// msgs more acked than before publish.
+func (e *env) holdfastPipeline(url string) (float64, error) {
+	publish := func() error {
+		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
+		return err
+	}
 	nc, js, err := connectJS(url)
 	if err != nil {
 		return 0, err
