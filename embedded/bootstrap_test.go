@@ -430,11 +430,7 @@ func TestBootstrapDriftChangesNothing(t *testing.T) {
 	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
 	cfg.Streams["ZZZ"].Retention = "workqueue"
 	// A server-side backoff set by a client is drift too.
-	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
-	ci.Config.BackOff = []time.Duration{time.Second}
-	if _, err := js.UpdateConsumer(natstest.Context(t), "ORDERS", ci.Config); err != nil {
-		t.Fatal(err)
-	}
+	natstest.EditConsumer(t, js, "ORDERS", "WORKER1", func(c *jetstream.ConsumerConfig) { c.BackOff = []time.Duration{time.Second} })
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("changed config does not validate: %v", err)
 	}

@@ -624,6 +624,13 @@ func (w *Workers) verifyMaxDeliveries(ctx context.Context, adv maxDeliveriesAdvi
 // message, retrying until it is stored or the workers shut down.
 func (w *Workers) deadLetterBySeq(adv maxDeliveriesAdvisory) {
 	reason := fmt.Sprintf("reached max_deliver (%d deliveries) without a verdict: the handler did not finish within ack_wait", adv.Deliveries)
+	verdict := "without a verdict"
+	if last, ok := w.activity.retryReason(adv.StreamSeq); ok {
+		// Given back for a retry that max_deliver, lowered since (a
+		// reload, nats consumer edit), no longer allows.
+		reason = fmt.Sprintf("gave up after %d deliveries (max_deliver was lowered while a retry waited): %s", adv.Deliveries, last)
+		verdict = "after the handler asked for a retry"
+	}
 	var raw *jetstream.RawStreamMsg
 	var created time.Time
 	prepare := func(ctx context.Context) error {
@@ -701,12 +708,12 @@ func (w *Workers) deadLetterBySeq(adv maxDeliveriesAdvisory) {
 	w.stats.noteSettled(adv.StreamSeq)
 	w.stats.DeadLettered.Add(1)
 	if w.opts.DeadLetter == "" {
-		w.log.Error("message reached max_deliver without a verdict; dead-lettering is disabled, the server will not deliver it again",
-			"seq", adv.StreamSeq, "deliveries", adv.Deliveries)
+		w.log.Error("message reached max_deliver "+verdict+"; dead-lettering is disabled, the server will not deliver it again",
+			"seq", adv.StreamSeq, "deliveries", adv.Deliveries, "reason", reason)
 		return
 	}
-	w.log.Error("message dead-lettered after max_deliver without a verdict", "seq", adv.StreamSeq, "subject", raw.Subject,
-		"deliveries", adv.Deliveries, "dead_letter", w.opts.DeadLetter)
+	w.log.Error("message dead-lettered after max_deliver "+verdict, "seq", adv.StreamSeq, "subject", raw.Subject,
+		"deliveries", adv.Deliveries, "dead_letter", w.opts.DeadLetter, "reason", reason)
 }
 
 // DeadLetter is a stored dead letter, read back for inspection or replay.

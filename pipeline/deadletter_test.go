@@ -223,6 +223,38 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 	}
 }
 
+// A message the handler asked to retry, whose max_deliver was then lowered
+// under its deliveries (a reload, nats consumer edit) while the retry
+// waited: the server stops delivering it and holdfast dead-letters it from
+// the advisory. Its dead letter said "without a verdict: the handler did
+// not finish within ack_wait" — untrue, the handler had answered. It
+// carries the handler's own reason, as a give-up on the last delivery does.
+func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
+	e := startEnv(t, nil)
+	retry := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
+		res := pipeline.RetryLater("upstream said 503")
+		res.RetryAfter = 3 * time.Second
+		return res
+	})
+	w, buf := e.workersLogged(retry, 1)
+	seq := e.publish("orders.created", "x", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().Retried.Load(); n != 1 {
+			return fmt.Errorf("%d retries", n)
+		}
+		return nil
+	})
+	natstest.EditConsumer(t, e.js, "ORDERS", config.DefaultConsumerName, func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 1 })
+	e.waitDLQ(1)
+	dl := pipeline.ParseDeadLetter("ORDERS_DLQ", e.dlqMsg(1))
+	if dl.OriginalSeq != seq || !strings.Contains(dl.Error, "upstream said 503") || strings.Contains(dl.Error, "did not finish") {
+		t.Fatalf("dead letter of seq %d says %q; want the handler's reason", dl.OriginalSeq, dl.Error)
+	}
+	if log := buf.String(); strings.Contains(log, "without a verdict") {
+		t.Fatalf("log says the handler gave no verdict:\n%s", log)
+	}
+}
+
 // Issue 12: when the dead letter of a message on its last delivery cannot
 // be stored, the message must not be dropped after a few attempts: it is
 // kept (in-progress acks, so the server does not give up on it), retried

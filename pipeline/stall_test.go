@@ -153,15 +153,7 @@ func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
 	e.monitor(pipeline.MonitorOptions{StallTimeout: time.Minute}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 1)
 	<-started
-	c, err := e.js.Consumer(context.Background(), "ORDERS", "WORKER1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg := c.CachedInfo().Config
-	cfg.AckWait = 3 * time.Second
-	if _, err := e.js.UpdateConsumer(context.Background(), "ORDERS", cfg); err != nil {
-		t.Fatal(err)
-	}
+	natstest.EditConsumer(t, e.js, "ORDERS", "WORKER1", func(c *jetstream.ConsumerConfig) { c.AckWait = 3 * time.Second })
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Acked.Load(); n == 0 {
 			return errors.New("not acked yet")

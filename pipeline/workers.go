@@ -566,7 +566,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 			return
 		}
 		w.stats.Retried.Add(1)
-		w.activity.delayed(m.Sequence, time.Now().Add(delay))
+		w.activity.delayed(m.Sequence, time.Now().Add(delay), res.Reason)
 		w.log.Warn("handler failed: will retry", "seq", m.Sequence, "subject", m.Subject,
 			"delivery", m.Delivery, "max_deliver", w.opts.MaxDeliver, "retry_in", delay, "reason", res.Reason)
 	case Permanent:
@@ -679,7 +679,14 @@ type activity struct {
 	nRetries atomic.Int64   // len(retries)
 
 	mu      sync.Mutex
-	retries map[uint64]time.Time // stream sequence -> redelivery due
+	retries map[uint64]delayedRetry // stream sequence -> the retry asked for
+}
+
+// delayedRetry is a message given back to be redelivered at due, because
+// the handler asked for a retry for reason.
+type delayedRetry struct {
+	due    time.Time
+	reason string
 }
 
 // begin notes worker i starting a handler at at on the message with
@@ -704,15 +711,28 @@ func (a *activity) end(i int) { a.running[i].Store(0) }
 const retryForget = time.Minute
 
 // delayed notes that the message with stream sequence seq was given back
-// to be redelivered at due.
-func (a *activity) delayed(seq uint64, due time.Time) {
+// to be redelivered at due, the handler having asked for a retry for
+// reason.
+func (a *activity) delayed(seq uint64, due time.Time, reason string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.retries == nil {
-		a.retries = map[uint64]time.Time{}
+		a.retries = map[uint64]delayedRetry{}
 	}
-	a.retries[seq] = due
+	a.retries[seq] = delayedRetry{due: due, reason: reason}
 	a.nRetries.Store(int64(len(a.retries)))
+}
+
+// retryReason is the reason of the retry the message with stream sequence
+// seq waits for, if these workers gave it back for one.
+func (a *activity) retryReason(seq uint64) (string, bool) {
+	if a.nRetries.Load() == 0 {
+		return "", false
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.retries[seq]
+	return r.reason, ok
 }
 
 func (a *activity) snapshot(now time.Time) Activity {
@@ -724,7 +744,8 @@ func (a *activity) snapshot(now time.Time) Activity {
 			act.Running = append(act.Running, time.Unix(0, at))
 		}
 	}
-	for seq, due := range a.retries {
+	for seq, r := range a.retries {
+		due := r.due
 		switch {
 		case due.After(now):
 			act.DelayedRetries++

@@ -224,6 +224,18 @@ func (b *Buffer) String() string {
 	return b.buf.String()
 }
 
+// EditConsumer changes the configuration of consumer name of stream as
+// `nats consumer edit` would: edit gets the current one and changes it in
+// place.
+func EditConsumer(t testing.TB, js jetstream.JetStream, stream, name string, edit func(*jetstream.ConsumerConfig)) {
+	t.Helper()
+	cfg := ConsumerInfo(t, js, stream, name).Config
+	edit(&cfg)
+	if _, err := js.UpdateConsumer(Context(t), stream, cfg); err != nil {
+		t.Fatalf("edit consumer %s/%s: %v", stream, name, err)
+	}
+}
+
 // EditStream changes stream name's configuration as `nats stream edit`
 // would: edit gets the current one and changes it in place.
 func EditStream(t testing.TB, js jetstream.JetStream, name string, edit func(*jetstream.StreamConfig)) {
