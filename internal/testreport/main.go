@@ -1,18 +1,31 @@
 // Command testreport reads `go test -json` on stdin and prints what
 // `go test` prints without -v — a line per package, and the whole output
 // of each failed test — followed by every skipped test with its reason,
-// so that `make test` shows which tests skipped and why. It exits 1 when
+// so that `make test` shows which tests skipped and why, and by the
+// slowest tests, so that the suite's time budget is seen where it goes.
+// It exits 1 when
 // a test or a build failed, or when the input held no package result.
 package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 )
+
+// slowestShown is how many of the slowest tests the report lists.
+const slowestShown = 10
+
+// timing is how long a top-level test took.
+type timing struct {
+	name    string
+	elapsed float64
+}
 
 type event struct {
 	Action  string
@@ -31,6 +44,7 @@ func main() {
 func report(in io.Reader, out io.Writer) int {
 	outputs := map[key][]string{}
 	var skips []string
+	var timings []timing
 	failed, packages := false, 0
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
@@ -43,6 +57,9 @@ func report(in io.Reader, out io.Writer) int {
 			continue
 		}
 		k := key{e.Package, e.Test}
+		if (e.Action == "pass" || e.Action == "fail") && e.Test != "" && !strings.Contains(e.Test, "/") {
+			timings = append(timings, timing{e.Package + " " + e.Test, e.Elapsed})
+		}
 		switch e.Action {
 		case "output", "build-output":
 			outputs[k] = append(outputs[k], e.Output)
@@ -99,6 +116,13 @@ func report(in io.Reader, out io.Writer) int {
 	fmt.Fprintln(out)
 	for _, s := range skips {
 		fmt.Fprintln(out, "  SKIP", s)
+	}
+	slices.SortStableFunc(timings, func(a, b timing) int { return cmp.Compare(b.elapsed, a.elapsed) })
+	if len(timings) > 0 {
+		fmt.Fprintf(out, "\nslowest tests:\n")
+	}
+	for _, t := range timings[:min(slowestShown, len(timings))] {
+		fmt.Fprintf(out, "  %7.1fs %s\n", t.elapsed, t.name)
 	}
 	if failed || packages == 0 {
 		return 1

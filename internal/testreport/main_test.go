@@ -13,7 +13,7 @@ func TestReport(t *testing.T) {
 		`{"Action":"run","Package":"p/a","Test":"TestOK"}`,
 		`{"Action":"output","Package":"p/a","Test":"TestOK","Output":"=== RUN   TestOK\n"}`,
 		`{"Action":"output","Package":"p/a","Test":"TestOK","Output":"chaos: 6 cycles, 0 lost\n"}`,
-		`{"Action":"pass","Package":"p/a","Test":"TestOK"}`,
+		`{"Action":"pass","Package":"p/a","Test":"TestOK","Elapsed":0.5}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSkip","Output":"=== RUN   TestSkip\n"}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSkip","Output":"    x_test.go:9: needs root\n"}`,
 		`{"Action":"output","Package":"p/a","Test":"TestSkip","Output":"--- SKIP: TestSkip (0.00s)\n"}`,
@@ -23,7 +23,8 @@ func TestReport(t *testing.T) {
 		`{"Action":"output","Package":"p/b","Test":"TestBad","Output":"=== RUN   TestBad\n"}`,
 		`{"Action":"output","Package":"p/b","Test":"TestBad","Output":"    b_test.go:3: want 3, got 2\n"}`,
 		`{"Action":"output","Package":"p/b","Test":"TestBad","Output":"--- FAIL: TestBad (0.10s)\n"}`,
-		`{"Action":"fail","Package":"p/b","Test":"TestBad"}`,
+		`{"Action":"pass","Package":"p/b","Test":"TestBad/sub","Elapsed":9}`,
+		`{"Action":"fail","Package":"p/b","Test":"TestBad","Elapsed":9.5}`,
 		`{"Action":"fail","Package":"p/b","Elapsed":0.2}`,
 	}, "\n")
 	var out strings.Builder
@@ -34,6 +35,7 @@ func TestReport(t *testing.T) {
 		"chaos: 6 cycles, 0 lost\nok  \tp/a\t1.500s\n",
 		"    b_test.go:3: want 3, got 2\n--- FAIL: TestBad (0.10s)\n",
 		"1 test(s) skipped:\n  SKIP p/a TestSkip: x_test.go:9: needs root\n",
+		"slowest tests:\n      9.5s p/b TestBad\n      0.5s p/a TestOK\n",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
