@@ -26,7 +26,7 @@ run: build nats-cli
 
 ## test: gofmt check, go vet, go mod tidy check, go test -race (then every skipped test with its reason)
 test: fmt-check vet tidy-check
-	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 12m -json ./... | $(GO) run ./internal/testreport
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m -json ./... | $(GO) run ./internal/testreport
 
 test-short: 
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
