@@ -409,7 +409,9 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 }
 
 // TestRestoreInterruptedStreamCreatedAgain: a restore interrupted (Ctrl-C)
-// deletes what it left, and nats-server 2.15.2 never announces the end of
+// deletes what it left and puts back the stream that --replace deleted
+// (it used to leave it empty: its 30000 messages gone, the backup's not
+// restored), and nats-server 2.15.2 never announces the end of
 // a restore its client gave up (no RESTORE_COMPLETE advisory), so the
 // running holdfast took the stream for "being restored" for 30 minutes:
 // unhealthy, the stream missing, every publish to it failing. The
@@ -471,19 +473,21 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal) {
 	}
 	t.Logf("interrupted restore (%v):\n%s", werr, out.String())
 
-	// The restore deleted what it left (nothing of the backup stays
-	// behind), and holdfast created ORDERS again, empty.
-	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		s, err := js.Stream(natstest.Context(t), "ORDERS")
-		if err != nil {
-			return fmt.Errorf("ORDERS after the interrupted restore: %w", err)
-		}
-		if st := s.CachedInfo().State; st.LastSeq != 0 {
-			t.Fatalf("ORDERS after the interrupted restore holds part of the backup: %+v", st)
-		}
-		return nil
-	})
-	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil {
-		t.Fatalf("publish after the interrupted restore: %v", err)
+	// The restore deleted what it left and put back the ORDERS it had
+	// replaced, all 30000 messages (it used to leave it empty: the
+	// --replace had deleted them, the backup's were not restored).
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatalf("ORDERS after the interrupted restore: %v", err)
+	}
+	if st := s.CachedInfo().State; st.Msgs != 30000 || st.LastSeq != 30000 {
+		t.Fatalf("ORDERS after the interrupted restore: %+v, want its 30000 messages put back", st)
+	}
+	if !strings.Contains(out.String(), "put back as it was (30000 messages") {
+		t.Errorf("the interrupted restore does not say ORDERS was put back:\n%s", out.String())
+	}
+	ack, err := js.Publish(natstest.Context(t), "orders.created", []byte("after"))
+	if err != nil || ack.Sequence != 30001 {
+		t.Fatalf("publish after the interrupted restore: %+v, %v", ack, err)
 	}
 }
