@@ -38,8 +38,12 @@ func dlqCommand() *cli.Command {
 					defer nc.Close()
 					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					fmt.Fprintln(tw, "STREAM\tSEQ\tCONSUMER\tSUBJECT\tORIG SEQ\tDELIVERIES\tFAILED AT\tERROR")
+					targets, err := dlqStreams(cfg, c.String("consumer"))
+					if err != nil {
+						return err
+					}
 					n := 0
-					for _, s := range dlqStreams(cfg, c.String("consumer")) {
+					for _, s := range targets {
 						err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
 							n++
 							fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
@@ -64,9 +68,9 @@ func dlqCommand() *cli.Command {
 					if c.NArg() != 1 {
 						return usageError(errors.New("usage: holdfast dlq show SEQ"))
 					}
-					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
+					seq, err := parseSeq(c.Args().First())
 					if err != nil {
-						return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", c.Args().First()))
+						return err
 					}
 					cfg, nc, js, err := connect(c)
 					if err != nil {
@@ -115,7 +119,11 @@ func dlqCommand() *cli.Command {
 					defer nc.Close()
 					var todo []pipeline.DeadLetter
 					if c.Bool("all") {
-						for _, s := range dlqStreams(cfg, c.String("consumer")) {
+						targets, err := dlqStreams(cfg, c.String("consumer"))
+						if err != nil {
+							return err
+						}
+						for _, s := range targets {
 							err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
 								todo = append(todo, dl)
 								return nil
@@ -130,9 +138,9 @@ func dlqCommand() *cli.Command {
 							return err
 						}
 						for _, a := range c.Args().Slice() {
-							seq, err := strconv.ParseUint(a, 10, 64)
+							seq, err := parseSeq(a)
 							if err != nil {
-								return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", a))
+								return err
 							}
 							dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
 							if err != nil {
@@ -185,9 +193,12 @@ func dlqCommand() *cli.Command {
 						return err
 					}
 					defer nc.Close()
-					streams := dlqStreams(cfg, c.String("consumer"))
+					streams, err := dlqStreams(cfg, c.String("consumer"))
+					if err != nil {
+						return err
+					}
 					if len(streams) == 0 {
-						return usageError(errors.New("no dead-letter stream configured for that consumer"))
+						return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
 					}
 					if !c.Bool("yes") {
 						var names []string
@@ -217,6 +228,16 @@ func dlqCommand() *cli.Command {
 	}
 }
 
+// parseSeq reads a dead letter's sequence number (from 1) given on the
+// command line.
+func parseSeq(arg string) (uint64, error) {
+	seq, err := strconv.ParseUint(arg, 10, 64)
+	if err != nil || seq == 0 {
+		return 0, usageError(fmt.Errorf("SEQ %q is not a sequence number (1 or more, the SEQ column of holdfast dlq ls)", arg))
+	}
+	return seq, nil
+}
+
 // replayTimeout is how long `dlq replay` waits for one verdict: the
 // longest a handler of consumer may take, and some.
 func replayTimeout(cfg *config.Config, consumer string) time.Duration {
@@ -230,14 +251,21 @@ func replayTimeout(cfg *config.Config, consumer string) time.Duration {
 type dlqTarget struct{ stream, consumer string }
 
 // dlqStreams lists the dead-letter streams to look at: all configured, or
-// the one of consumer (filtered to its subjects).
-func dlqStreams(cfg *config.Config, consumer string) []dlqTarget {
+// the one of consumer (filtered to its subjects). A consumer the config
+// does not have, or one without a dead-letter stream, is a usage error: a
+// mistyped --consumer used to list "0 dead letter(s)" and replay "0 of 0"
+// with exit 0, as if it had none.
+func dlqStreams(cfg *config.Config, consumer string) ([]dlqTarget, error) {
 	if consumer != "" {
 		cc := cfg.Consumers[consumer]
-		if cc == nil || cc.DeadLetter == "" {
-			return nil
+		if cc == nil {
+			return nil, usageError(fmt.Errorf("--consumer %s: no such consumer in the config (consumers: %s)",
+				consumer, strings.Join(slices.Sorted(maps.Keys(cfg.Consumers)), ", ")))
 		}
-		return []dlqTarget{{cc.DeadLetter, consumer}}
+		if cc.DeadLetter == "" {
+			return nil, usageError(fmt.Errorf("--consumer %s: it has no dead-letter stream (consumers.%s.dead_letter = \"\"): its failed messages are terminated and logged, never stored as dead letters", consumer, consumer))
+		}
+		return []dlqTarget{{cc.DeadLetter, consumer}}, nil
 	}
 	var out []dlqTarget
 	dls := cfg.DeadLetterStreams()
@@ -245,7 +273,7 @@ func dlqStreams(cfg *config.Config, consumer string) []dlqTarget {
 		out = append(out, dlqTarget{stream: name})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].stream < out[j].stream })
-	return out
+	return out, nil
 }
 
 func pickDLQStream(cfg *config.Config, stream string) (string, error) {

@@ -111,3 +111,42 @@ shutdown_timeout = "2s"
 
 	p.stop()
 }
+
+// TestDLQRefusesConsumerWithoutDeadLetters: `dlq ls|replay|purge
+// --consumer` with a name the config does not have, or of a consumer
+// without a dead-letter stream, is a usage error naming it. A mistyped
+// name used to list "0 dead letter(s)" and replay "0 of 0" with exit 0,
+// as if the consumer had none. SEQ 0 is refused as a usage error too (it
+// was the server's "bad request", exit 1).
+func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
+[consumers.NODLQ]
+stream = "ORDERS"
+workers = 0
+dead_letter = ""
+`))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "ls", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer in the config (consumers: NODLQ, WORKER1)"},
+		{[]string{"dlq", "replay", "--all", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer"},
+		{[]string{"dlq", "purge", "--yes", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer"},
+		{[]string{"dlq", "ls", "--consumer", "NODLQ"}, "consumers.NODLQ.dead_letter"},
+		{[]string{"dlq", "show", "0"}, `SEQ "0" is not a sequence number`},
+		{[]string{"dlq", "replay", "0"}, `SEQ "0" is not a sequence number`},
+	} {
+		args := append([]string{tt.args[0], tt.args[1], "--config", in.cfg}, tt.args[2:]...)
+		res := runHoldfast(t, nil, args...)
+		if res.code != 2 || !strings.Contains(res.stderr, tt.want) {
+			t.Errorf("%q: exit %d, want 2 saying %q\nstdout:\n%s\nstderr:\n%s", tt.args, res.code, tt.want, res.stdout, res.stderr)
+		}
+	}
+	if res := runHoldfast(t, nil, "dlq", "ls", "--config", in.cfg, "--consumer", "WORKER1"); res.code != 0 || !strings.Contains(res.stdout, "0 dead letter(s)") {
+		t.Errorf("dlq ls --consumer WORKER1: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	d.stop()
+}
