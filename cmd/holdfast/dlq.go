@@ -31,7 +31,7 @@ func dlqCommand() *cli.Command {
 				Usage: "list dead letters, oldest first",
 				Flags: []cli.Flag{serverFlag, consumerFlag},
 				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
@@ -72,7 +72,7 @@ func dlqCommand() *cli.Command {
 					if err != nil {
 						return err
 					}
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
@@ -112,7 +112,7 @@ func dlqCommand() *cli.Command {
 					if c.Bool("all") == (c.NArg() > 0) {
 						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
 					}
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
@@ -188,7 +188,7 @@ func dlqCommand() *cli.Command {
 				Usage: "delete dead letters for good (needs --yes)",
 				Flags: []cli.Flag{serverFlag, consumerFlag, &cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"}},
 				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -149,4 +150,32 @@ dead_letter = ""
 		t.Errorf("dlq ls --consumer WORKER1: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	d.stop()
+}
+
+// TestClientCommandsRefuseServerWithoutJetStream: dlq and backup against a
+// NATS server without JetStream (a wrong --server) say so, naming the
+// address and what to check, exit 1. They failed at their first request
+// with "nats: no responders available for request".
+func TestClientCommandsRefuseServerWithoutJetStream(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, func(o *server.Options) { o.JetStream = false })
+	url := s.ClientURL()
+	cfg := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), 4222, ""))
+	for _, args := range [][]string{
+		{"dlq", "ls"},
+		{"dlq", "purge", "--yes"},
+		{"dlq", "replay", "--all"},
+		{"backup", filepath.Join(t.TempDir(), "b")},
+	} {
+		full := append([]string{args[0]}, "--config", cfg, "--server", url)
+		if args[0] == "dlq" {
+			full = append([]string{"dlq", args[1], "--config", cfg, "--server", url}, args[2:]...)
+		} else {
+			full = append(full, args[1:]...)
+		}
+		res := runHoldfast(t, nil, full...)
+		if res.code != 1 || !strings.Contains(res.stderr, "JetStream at "+url) || !strings.Contains(res.stderr, "it is not holdfast") {
+			t.Errorf("%q: exit %d, want 1 saying the server at %s has no JetStream\n%s%s", args, res.code, url, res.stdout, res.stderr)
+		}
+	}
 }

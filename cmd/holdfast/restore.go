@@ -54,7 +54,7 @@ func restoreCommand() *cli.Command {
 					return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
 				}
 			}
-			_, nc, _, err := connect(c)
+			_, nc, _, err := connectJetStream(c)
 			if err != nil {
 				return err
 			}
