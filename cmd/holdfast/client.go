@@ -52,7 +52,7 @@ func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, e
 	opts = append(opts, nats.Name("holdfast-cli"), nats.Timeout(5*time.Second))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(err)))
+		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(c, err)))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -177,9 +177,13 @@ func clientOptions(c *cli.Context, cfg *config.Config) ([]nats.Option, error) {
 }
 
 // connectHint says what to try after a failed connection.
-func connectHint(err error) string {
+func connectHint(c *cli.Context, err error) string {
 	msg := strings.ToLower(err.Error())
+	given := c.String("user") != "" || c.String("token") != "" || c.String("creds") != ""
 	switch {
+	case strings.Contains(msg, "authorization") && given:
+		// It used to say "requires credentials" to whoever had passed them.
+		return "the server refused the credentials given (--user and --password/HOLDFAST_PASSWORD, --token or --creds): check them against [auth] in holdfast's config"
 	case strings.Contains(msg, "authorization"):
 		return "the server requires credentials: pass --user with HOLDFAST_PASSWORD, --token or --creds"
 	case strings.Contains(msg, "certificate") || strings.Contains(msg, "x509"):
