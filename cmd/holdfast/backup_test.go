@@ -491,3 +491,39 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal) {
 		t.Fatalf("publish after the interrupted restore: %+v, %v", ack, err)
 	}
 }
+
+// TestRestoreRefusesBackupTheConfigContradicts: a backup whose stream has
+// a retention the config does not (here workqueue against limits) is
+// refused before anything changes, naming the stream, the field and both
+// values. The restore used to succeed, and holdfast then refused to start
+// at its next start: the server cannot change retention in place.
+func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
+	t.Parallel()
+	a := newE2EInstance(t)
+	a.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(a.store, a.port, ""),
+		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", 1))
+	pa := startHoldfast(t, a.cfg)
+	pa.waitReady()
+	if res := runHoldfast(t, nil, "pub", "--config", a.cfg, "--count", "3", "orders.created", "x"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", a.cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	pa.stop()
+
+	b := newE2EInstance(t)
+	pb := startHoldfast(t, b.cfg)
+	pb.waitReady()
+	res := runHoldfast(t, nil, "restore", "--config", b.cfg, dir)
+	if res.code != 1 || !strings.Contains(res.stderr, "stream ORDERS: retention is WorkQueue in the backup, Limits in the config ([streams.ORDERS])") ||
+		!strings.Contains(res.stderr, "nothing was restored") {
+		t.Errorf("restore of a workqueue backup into a limits config: exit %d, want 1 naming the retention\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	pb.stop()
+	// The next start works: nothing was restored that it would refuse.
+	pb = startHoldfast(t, b.cfg)
+	pb.waitReady()
+	pb.stop()
+}
