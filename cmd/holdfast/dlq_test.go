@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -178,4 +179,72 @@ func TestClientCommandsRefuseServerWithoutJetStream(t *testing.T) {
 			t.Errorf("%q: exit %d, want 1 saying the server at %s has no JetStream\n%s%s", args, res.code, url, res.stdout, res.stderr)
 		}
 	}
+}
+
+// TestDLQConcurrentReplaysRunTheHandlerOnce: two `dlq replay --all` at
+// once hand each dead letter to the handler once; the other request is
+// told it is being replayed (or gone). They ran the handler twice on most
+// letters (23 of 30 measured), each request on its own.
+func TestDLQConcurrentReplaysRunTheHandlerOnce(t *testing.T) {
+	dir := t.TempDir()
+	fixed := filepath.Join(dir, "fixed")
+	out := filepath.Join(dir, "handled")
+	script := e2eScript(t, fmt.Sprintf(`cat >/dev/null
+[ -e %q ] || exit 65
+sleep 0.2
+echo "$HOLDFAST_SEQ" >> %q
+`, fixed, out))
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 4
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "20s"
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	const n = 8
+	for i := range n {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var replays [2]*exec.Cmd
+	var outs [2]natstest.Buffer
+	for i := range replays {
+		replays[i] = exec.Command(holdfastBin, "--config", in.cfg, "dlq", "replay", "--all")
+		replays[i].Env = e2eEnv()
+		replays[i].Stdout, replays[i].Stderr = &outs[i], &outs[i]
+		if err := replays[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range replays {
+		err := r.Wait()
+		t.Logf("dlq replay --all: %v\n%s", err, outs[i].String())
+		if strings.Contains(outs[i].String(), "could not be removed") {
+			t.Errorf("a replay ran the handler on a dead letter another replay had removed:\n%s", outs[i].String())
+		}
+	}
+	got := e2eLines(t, out)
+	slices.Sort(got)
+	if len(got) != n || len(slices.Compact(slices.Clone(got))) != n {
+		t.Errorf("the handler ran on %q, want each of the %d messages once", got, n)
+	}
+	if left := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); left != 0 {
+		t.Errorf("%d dead letters left", left)
+	}
+	p.stop()
 }
