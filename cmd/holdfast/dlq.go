@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,7 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/jsm.go/api"
+	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -186,9 +189,11 @@ func dlqCommand() *cli.Command {
 			{
 				Name:  "purge",
 				Usage: "delete dead letters for good (needs --yes)",
-				Flags: []cli.Flag{serverFlag, consumerFlag, &cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"}},
+				Flags: []cli.Flag{serverFlag, consumerFlag,
+					&cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"},
+					&cli.Uint64Flag{Name: "upto", Usage: "delete only dead letters up to this sequence (the SEQ column of holdfast dlq ls): those stored since you looked are kept"}},
 				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connectJetStream(c)
+					cfg, nc, _, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
@@ -200,32 +205,68 @@ func dlqCommand() *cli.Command {
 					if len(streams) == 0 {
 						return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
 					}
+					var names []string
+					for _, s := range streams {
+						names = append(names, s.stream)
+					}
+					upto := c.Uint64("upto")
+					if c.IsSet("upto") && (upto == 0 || len(streams) > 1) {
+						return usageError(fmt.Errorf("--upto %d: give the last sequence to delete (1 or more) of one dead-letter stream; %d are configured (%s): pick one with --consumer",
+							upto, len(streams), strings.Join(names, ", ")))
+					}
 					if !c.Bool("yes") {
-						var names []string
-						for _, s := range streams {
-							names = append(names, s.stream)
-						}
-						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes", strings.Join(names, ", ")))
+						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes, with --upto SEQ to keep those stored since", strings.Join(names, ", ")))
 					}
 					for _, s := range streams {
-						st, err := js.Stream(c.Context, s.stream)
+						n, err := purgeDeadLetters(c, nc, s, upto)
 						if err != nil {
-							return runtimeError(err)
-						}
-						var opts []jetstream.StreamPurgeOpt
-						if s.consumer != "" {
-							opts = append(opts, jetstream.WithPurgeSubject("dlq."+s.consumer+".>"))
-						}
-						if err := st.Purge(c.Context, opts...); err != nil {
 							return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
 						}
-						fmt.Fprintf(c.App.Writer, "purged %s%s\n", s.stream, map[bool]string{true: " (consumer " + s.consumer + ")", false: ""}[s.consumer != ""])
+						what := ""
+						if s.consumer != "" {
+							what += " of consumer " + s.consumer
+						}
+						if upto > 0 {
+							what += fmt.Sprintf(" up to seq %d", upto)
+						}
+						fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", n, what, s.stream)
 					}
 					return nil
 				},
 			},
 		},
 	}
+}
+
+// purgeDeadLetters purges the dead letters of target (up to sequence upto
+// when it is not 0) with the JetStream API and returns how many it
+// deleted: the operator sees how many went, not only that some did.
+func purgeDeadLetters(c *cli.Context, nc *nats.Conn, target dlqTarget, upto uint64) (uint64, error) {
+	req := api.JSApiStreamPurgeRequest{}
+	if target.consumer != "" {
+		req.Subject = "dlq." + target.consumer + ".>"
+	}
+	if upto > 0 {
+		req.Sequence = upto + 1 // the API purges up to, not including, seq
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, fmt.Sprintf(api.JSApiStreamPurgeT, target.stream), body)
+	if err != nil {
+		return 0, err
+	}
+	var resp api.JSApiStreamPurgeResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("unreadable answer %q: %w", msg.Data, err)
+	}
+	if resp.IsError() {
+		return 0, resp.ToError()
+	}
+	return resp.Purged, nil
 }
 
 // parseSeq reads a dead letter's sequence number (from 1) given on the

@@ -248,3 +248,54 @@ timeout = "20s"
 	}
 	p.stop()
 }
+
+// TestDLQPurgeUpTo: `dlq purge --upto SEQ` deletes the dead letters up to
+// SEQ and keeps those stored since the operator listed them; purge says
+// how many it deleted. It deleted every dead letter, also those that
+// arrived between `dlq ls` and `dlq purge --yes`, unseen, and said only
+// "purged ORDERS_DLQ".
+func TestDLQPurgeUpTo(t *testing.T) {
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	publish := func(n, want int) {
+		t.Helper()
+		for range n {
+			if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != want {
+				return fmt.Errorf("%d dead letters, want %d", got, want)
+			}
+			return nil
+		})
+	}
+	publish(3, 3)
+	res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes", "--upto", "2")
+	if res.code != 0 || !strings.Contains(res.stdout, "purged 2 dead letter(s) up to seq 2 from ORDERS_DLQ") {
+		t.Fatalf("dlq purge --upto 2: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if dls := e2eDeadLetters(t, js, "ORDERS_DLQ"); len(dls) != 1 {
+		t.Fatalf("%d dead letters after purge --upto 2, want the third", len(dls))
+	}
+	publish(2, 3)
+	res = runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes")
+	if res.code != 0 || !strings.Contains(res.stdout, "purged 3 dead letter(s) from ORDERS_DLQ") {
+		t.Fatalf("dlq purge: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes", "--upto", "0"); res.code != 2 {
+		t.Errorf("dlq purge --upto 0: exit %d, want 2\n%s", res.code, res.stderr)
+	}
+	p.stop()
+}
