@@ -821,8 +821,8 @@ func TestRestoreRefusesOverlappingSubjects(t *testing.T) {
 // stream again) and, when the first chunk had arrived, leaves the stream
 // it registered for the restore in place with what it had stored, after
 // the client's clean-up delete found nothing to delete. Cancelled before
-// the first chunk and after it: the restore's end is announced and no
-// stream is left.
+// the first chunk and after it: the restore's end is announced, nothing
+// of the backup is left, and the stream it replaced is put back.
 func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 3000, 10)
@@ -832,7 +832,7 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 		t.Run(when, func(t *testing.T) {
 			nc2, js2 := runServer(t)
 			seed(t, js2, 1, 0)
-			ended := make(chan struct{}, 1)
+			ended := make(chan struct{}, 2)
 			sub, err := nc2.Subscribe("$JS.EVENT.ADVISORY.STREAM.RESTORE_COMPLETE.ORDERS", func(*nats.Msg) {
 				ended <- struct{}{}
 			})
@@ -856,13 +856,17 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 			if _, _, err := Restore(ctx, nc2, dir, opts); !errors.Is(err, context.Canceled) {
 				t.Fatalf("interrupted restore: %v", err)
 			}
-			select {
-			case <-ended:
-			case <-time.After(10 * time.Second):
-				t.Fatal("the server's restore was not ended: no RESTORE_COMPLETE advisory 10 s after the interrupted restore returned")
+			// Two restores ended: the interrupted one, and the one that put
+			// the replaced ORDERS back.
+			for i := range 2 {
+				select {
+				case <-ended:
+				case <-time.After(10 * time.Second):
+					t.Fatalf("the server's restore was not ended: %d RESTORE_COMPLETE advisories 10 s after the interrupted restore returned, want 2", i)
+				}
 			}
-			if st, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || ok {
-				t.Fatalf("after the interrupted restore ORDERS exists (%v): %+v, %v", ok, st, err)
+			if st, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 || st.LastSeq != 1 {
+				t.Fatalf("after the interrupted restore ORDERS is %+v (exists %v, %v): want the replaced stream put back, its one message, nothing of the backup", st, ok, err)
 			}
 		})
 	}
@@ -928,5 +932,71 @@ func TestRestoreWaitsForPlacement(t *testing.T) {
 	}
 	if info := natstest.StreamInfo(t, js, "ORDERS"); info.Config.Replicas != 3 {
 		t.Fatalf("ORDERS restored with %d replicas, want 3", info.Config.Replicas)
+	}
+}
+
+// TestRestoreReplaceFailedPutsBack: a Replace whose restore fails (here
+// the server refuses the backup's 2 MB for want of storage, which deleting
+// the existing stream did not free) puts the existing stream back as it
+// was, its messages and its consumer's ack floor, and removes the copy it
+// saved. It used to leave the stream deleted: neither its messages nor
+// the backup's.
+func TestRestoreReplaceFailedPutsBack(t *testing.T) {
+	nc, js := runServer(t)
+	ctx := natstest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte("b"), 100<<10)
+	for range 20 {
+		if _, err := js.Publish(ctx, "orders.created", big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+
+	// The target: 3 MB of file storage, 1.5 MB of it held by OTHER.
+	s2 := natstest.RunServer(t, func(o *server.Options) { o.JetStreamMaxStore = 3 << 20 })
+	nc2 := natstest.Connect(t, s2)
+	js2 := natstest.JetStream(t, nc2)
+	if _, err := js2.CreateStream(ctx, jetstream.StreamConfig{Name: "OTHER", Subjects: []string{"other.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	for range 15 {
+		if _, err := js2.Publish(ctx, "other.x", big); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seed(t, js2, 5, 2)
+	save := t.TempDir()
+	var notices []string
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Replace: true, SaveDir: save, Notice: func(m string) { notices = append(notices, m) }})
+	if err == nil || len(restored) != 0 {
+		t.Fatalf("restore of 2 MB into 1.5 MB: %+v, %v; want it refused", restored, err)
+	}
+	if !strings.Contains(err.Error(), "put back as it was (5 messages") {
+		t.Errorf("the error does not say ORDERS was put back: %v", err)
+	}
+	t.Logf("restore: %v\nnotices: %q", err, notices)
+	st, ok, err := streamState(ctx, js2, "ORDERS")
+	if err != nil || !ok || st.Msgs != 5 || st.LastSeq != 5 {
+		t.Fatalf("ORDERS after the failed restore: %+v (exists %v, %v); want its 5 messages back", st, ok, err)
+	}
+	orders, err := js2.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := orders.GetMsg(ctx, 3); err != nil || string(msg.Data) != "order 2" {
+		t.Fatalf("ORDERS #3 after the failed restore: %v", err)
+	}
+	ci, err := js2.Consumer(ctx, "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatalf("WORKER1 after the failed restore: %v", err)
+	}
+	if f := ci.CachedInfo().AckFloor.Stream; f != 2 {
+		t.Errorf("WORKER1's ack floor after the failed restore: %d, want 2", f)
+	}
+	if left, _ := os.ReadDir(save); len(left) != 0 {
+		t.Errorf("the saved copy was left in %s: %v", save, left)
 	}
 }

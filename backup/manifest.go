@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jsm.go"
+	jsmbackup "github.com/nats-io/jsm.go/backup"
 )
 
 const (
@@ -332,4 +333,58 @@ func syncPath(path string) error {
 	}
 	defer f.Close()
 	return f.Sync()
+}
+
+// Configs is the configuration of one stream of a backup and of its
+// consumers, as the server will have them after a restore: JSON in the
+// server's own shape (that of jetstream.StreamConfig and ConsumerConfig).
+type Configs struct {
+	Stream    json.RawMessage
+	Consumers map[string]json.RawMessage
+}
+
+// ReadConfigs reads the configuration of stream e of the backup in dir
+// (see Verify for the files' integrity).
+func ReadConfigs(dir string, e StreamEntry) (Configs, error) {
+	sdir := filepath.Join(dir, filepath.FromSlash(e.Dir))
+	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
+	if err != nil {
+		return Configs{}, err
+	}
+	var meta struct {
+		Config json.RawMessage `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		return Configs{}, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+	}
+	out := Configs{Stream: meta.Config, Consumers: map[string]json.RawMessage{}}
+	f, err := os.Open(filepath.Join(sdir, jsm.SnapshotDataFile))
+	if err != nil {
+		return Configs{}, err
+	}
+	defer f.Close()
+	dec := jsmbackup.NewDecoder(f)
+	for {
+		item, err := dec.Next()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return Configs{}, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotDataFile), err)
+		}
+		switch it := item.(type) {
+		case *jsmbackup.State:
+			continue
+		case *jsmbackup.Consumer:
+			var c struct {
+				Config json.RawMessage `json:"config"`
+			}
+			if err := json.Unmarshal(it.Data, &c); err != nil {
+				return Configs{}, fmt.Errorf("consumer %s: %w", it.Name, err)
+			}
+			out.Consumers[it.Name] = c.Config
+			continue
+		}
+		return out, nil // the consumers precede the messages
+	}
 }

@@ -41,6 +41,11 @@ type RestoreOptions struct {
 	// Verified is the manifest of dir when the caller has just checked it
 	// with Verify; when nil, Restore verifies dir itself.
 	Verified *Manifest
+	// SaveDir is where an existing stream that Replace deletes is saved
+	// first, to be put back should the restore fail: a new directory
+	// holdfast-replaced-STREAM-* in it, removed once the restore or the
+	// putting back succeeded. Default: the parent of the backup directory.
+	SaveDir string
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -102,7 +107,9 @@ const restoreAttempts = 5
 // an *ExistsError before anything changes, unless opts.Replace.
 //
 // A restore that fails halfway deletes the partial stream (the running
-// holdfast then creates it again, empty); the backup is never changed.
+// holdfast then creates it again, empty); the backup is never changed. A
+// stream that Replace deleted is put back as it was when its restore
+// fails or is interrupted (see restoreStream).
 func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions) (*Manifest, []Restored, error) {
 	m := opts.Verified
 	if m == nil {
@@ -154,14 +161,95 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 }
 
 // restoreStream restores one stream and checks it against the manifest.
+// An existing stream that holds messages and is to be replaced is saved
+// first (a backup of it, in opts.SaveDir) and put back when the restore
+// fails or is interrupted: deleted and not restored, its messages were
+// lost (measured: a --replace that the server refused for want of
+// storage left the stream missing, its message gone).
 func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
-	timeout := apiTimeout(opts.Timeout)
-	notice := func(format string, args ...any) {
+	st, exists := existing[e.Name]
+	if !opts.Replace || !exists || st.Msgs == 0 {
+		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	}
+	notice := noticeFunc(opts)
+	saved, entry, err := saveReplaced(ctx, nc, dir, e.Name, opts)
+	if err != nil {
+		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not replaced, nothing changed: its %d message(s) could not be saved first (to be put back should the restore fail): %w", e.Name, st.Msgs, err)
+	}
+	if entry == nil { // a memory stream: nothing to save, as in a backup
+		os.RemoveAll(saved)
+		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	}
+	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	if err == nil {
+		os.RemoveAll(saved)
+		return r, nil
+	}
+	// Put the stream back as it was, also when interrupted (a further
+	// interrupt is ignored meanwhile): left now, it would have neither its
+	// messages nor the backup's.
+	back := context.WithoutCancel(ctx)
+	notice("putting stream %s back as it was before the restore (%d messages, saved in %s)", e.Name, entry.Messages, saved)
+	now, ok, serr := streamState(back, js, e.Name)
+	switch {
+	case serr != nil:
+		err = fmt.Errorf("%w; stream %s was not put back (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, serr, saved, saved)
+	case ok && now.LastSeq > 0:
+		err = fmt.Errorf("%w; stream %s was not put back, it received messages meanwhile (last sequence %d): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, now.LastSeq, saved, saved)
+	default:
+		cur := map[string]jetstream.StreamState{}
+		if ok {
+			cur[e.Name] = now
+		}
+		back := RestoreOptions{Timeout: opts.Timeout, Notice: opts.Notice}
+		if _, perr := restoreFrom(context.WithoutCancel(ctx), js, nc, saved, *entry, idx, count, cur, back); perr != nil {
+			err = fmt.Errorf("%w; putting stream %s back failed too (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, perr, saved, saved)
+		} else {
+			os.RemoveAll(saved)
+			err = fmt.Errorf("%w; stream %s was put back as it was (%d messages, last sequence %d)", err, e.Name, entry.Messages, entry.LastSeq)
+		}
+	}
+	return r, err
+}
+
+// saveReplaced backs up stream, which a restore from dir is to replace,
+// into a new directory in opts.SaveDir (default: dir's parent) and
+// returns it and the stream's entry (nil when the stream was skipped).
+func saveReplaced(ctx context.Context, nc *nats.Conn, dir, stream string, opts RestoreOptions) (string, *StreamEntry, error) {
+	parent := opts.SaveDir
+	if parent == "" {
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return "", nil, err
+		}
+		parent = filepath.Dir(abs)
+	}
+	saved, err := os.MkdirTemp(parent, "holdfast-replaced-"+stream+"-")
+	if err != nil {
+		return "", nil, fmt.Errorf("%w (the copy goes beside the backup: make %s writable, or copy the backup to a writable place)", err, parent)
+	}
+	m, err := Create(ctx, nc, saved, Options{Streams: []string{stream}, HoldfastVersion: "saved by holdfast restore --replace", Timeout: opts.Timeout})
+	if err != nil {
+		os.RemoveAll(saved)
+		return "", nil, err
+	}
+	return saved, m.Stream(stream), nil
+}
+
+func noticeFunc(opts RestoreOptions) func(format string, args ...any) {
+	return func(format string, args ...any) {
 		if opts.Notice != nil {
 			opts.Notice(fmt.Sprintf(format, args...))
 		}
 	}
+}
+
+// restoreFrom restores one stream from dir and checks it against e.
+func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
+	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
+	timeout := apiTimeout(opts.Timeout)
+	notice := noticeFunc(opts)
 	r := Restored{Name: e.Name, AckFloors: map[string]uint64{}}
 	sdir := filepath.Join(dir, filepath.FromSlash(e.Dir))
 	dataPath := filepath.Join(sdir, jsm.SnapshotDataFile)

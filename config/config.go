@@ -435,27 +435,34 @@ func tomlError(err error) error {
 
 // Load reads and validates a config file. When path is "" it uses
 // DefaultPath if that exists and the built-in defaults otherwise; the
-// returned source says which ("" for defaults).
+// returned source says which ("" for defaults). A file that exists but
+// sets no key (empty, or only comments and blank lines) is refused
+// (ErrNoKeys), by run, check and a reload alike: it is a file emptied or
+// caught while being written (`cat > FILE` truncates first), and run on
+// the built-in defaults it gave every consumer the default log handler,
+// which acknowledged the waiting messages without the configured handler
+// seeing them.
 func Load(path string) (cfg *Config, source string, err error) {
 	return load(path, false)
 }
 
 // ErrNoKeys is the sentinel for a config file that sets no key (empty, or
-// only comments and blank lines), refused by LoadForReload.
+// only comments and blank lines), refused by Load and LoadForReload, and
+// for a default config file that vanished while holdfast runs on another
+// config (LoadForReload).
 var ErrNoKeys = errors.New("the config file sets no key")
 
+// errDefaultPathGone is ErrNoKeys for a default config file that vanished.
+var errDefaultPathGone = fmt.Errorf("%w: the file is gone", ErrNoKeys)
+
 // LoadForReload is Load for a reload of a holdfast running on running.
-// A file that sets no key (empty, or only comments and blank lines) and a
-// default path that no longer exists stand for the built-in defaults, as
-// for Load — but when those differ from running, they are refused
-// (ErrNoKeys): such a file is one caught while being written (`cat >
-// FILE` truncates first), and applied as the defaults it gave every
-// consumer the default log handler, which acknowledged the waiting
-// messages without the configured handler seeing them. A holdfast that
-// runs on the defaults reloads them.
+// A default path that no longer exists stands for the built-in defaults,
+// as for Load — but when those differ from running, it is refused
+// (ErrNoKeys), like a file that sets no key: a holdfast that runs on the
+// defaults reloads them.
 func LoadForReload(path string, running *Config) (cfg *Config, source string, err error) {
 	cfg, source, err = load(path, true)
-	if errors.Is(err, ErrNoKeys) {
+	if errors.Is(err, errDefaultPathGone) {
 		def := DefaultConfig()
 		if verr := def.validateFile(); verr == nil && reflect.DeepEqual(def, running) {
 			return def, "", nil
@@ -473,8 +480,8 @@ func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 	if err != nil {
 		if !explicit && errors.Is(err, os.ErrNotExist) {
 			if needKeys {
-				return nil, path, fmt.Errorf("%s is gone: %w; "+
-					"write it again and reload, or restart holdfast to run on the built-in defaults", path, ErrNoKeys)
+				return nil, path, fmt.Errorf("%s: %w; "+
+					"write it again and reload, or restart holdfast to run on the built-in defaults", path, errDefaultPathGone)
 			}
 			cfg := DefaultConfig()
 			return cfg, "", cfg.validateFile()
@@ -486,9 +493,10 @@ func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 	if err != nil {
 		return nil, path, err
 	}
-	if needKeys && !keys {
-		return nil, path, fmt.Errorf("%s: %w (empty or only comments: caught while being written?); "+
-			"write the file again and reload, or restart holdfast to run on the built-in defaults", path, ErrNoKeys)
+	if !keys {
+		return nil, path, fmt.Errorf("%s: %w (it is empty or holds only comments: emptied, or caught while being written?); "+
+			"holdfast does not take it for the built-in defaults: write the config into it (`holdfast config` prints every key with its default)%s",
+			path, ErrNoKeys, noKeysDefaultsHint(explicit))
 	}
 	if verr := cfg.validateFile(); verr != nil {
 		var ve *ValidationError
@@ -498,6 +506,14 @@ func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 		return cfg, path, verr
 	}
 	return cfg, path, nil
+}
+
+// noKeysDefaultsHint says how to run on the built-in defaults on purpose.
+func noKeysDefaultsHint(explicit bool) string {
+	if explicit {
+		return ", or drop --config and HOLDFAST_CONFIG and leave " + DefaultPath + " absent to run on the built-in defaults"
+	}
+	return ", or remove it to run on the built-in defaults"
 }
 
 // StreamNames returns the configured stream names, sorted.

@@ -1046,11 +1046,13 @@ func TestAllStreamNames(t *testing.T) {
 	}
 }
 
-// TestLoadForReloadRefusesFileWithoutKeys: an empty or comment-only file
-// is the built-in defaults for Load; for LoadForReload it is an ErrNoKeys
-// while holdfast runs on a config that differs from them, and the
-// defaults again while it runs on them.
-func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
+// TestLoadRefusesFileWithoutKeys: an existing file that sets no key
+// (empty, or only comments) is an ErrNoKeys naming the file and what to
+// do, for Load (run, check) and LoadForReload alike, whatever holdfast
+// runs on. Load used to take it for the built-in defaults, so `holdfast
+// check` passed a file that a reload refused, and a start on it gave
+// WORKER1 the log handler.
+func TestLoadRefusesFileWithoutKeys(t *testing.T) {
 	running := mustParse(t, "[log]\nlevel = \"debug\"\n")
 	defaults := DefaultConfig()
 	if err := defaults.validateFile(); err != nil {
@@ -1061,15 +1063,18 @@ func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
 		if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := Load(path); err != nil {
-			t.Errorf("Load(%q) = %v, want the built-in defaults", text, err)
+		wantErr := func(what string, err error) {
+			t.Helper()
+			if !errors.Is(err, ErrNoKeys) || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "holdfast config") {
+				t.Errorf("%s(%q) = %v, want ErrNoKeys naming the file and `holdfast config`", what, text, err)
+			}
 		}
-		if _, _, err := LoadForReload(path, running); !errors.Is(err, ErrNoKeys) || !strings.Contains(err.Error(), path) {
-			t.Errorf("LoadForReload(%q) of a holdfast on another config = %v, want ErrNoKeys naming the file", text, err)
-		}
-		if cfg, _, err := LoadForReload(path, defaults); err != nil || !reflect.DeepEqual(cfg, defaults) {
-			t.Errorf("LoadForReload(%q) of a holdfast on the defaults = %v, want the defaults", text, err)
-		}
+		_, _, err := Load(path)
+		wantErr("Load", err)
+		_, _, err = LoadForReload(path, running)
+		wantErr("LoadForReload on another config", err)
+		_, _, err = LoadForReload(path, defaults)
+		wantErr("LoadForReload on the defaults", err)
 	}
 	path := filepath.Join(t.TempDir(), "holdfast.toml")
 	if err := os.WriteFile(path, []byte("[log]\nlevel = \"debug\"\n"), 0o600); err != nil {
@@ -1077,6 +1082,9 @@ func TestLoadForReloadRefusesFileWithoutKeys(t *testing.T) {
 	}
 	if cfg, _, err := LoadForReload(path, running); err != nil || cfg.Log.Level != "debug" {
 		t.Errorf("LoadForReload of a file with a key = %v, %v", cfg, err)
+	}
+	if cfg, _, err := Load(path); err != nil || cfg.Log.Level != "debug" {
+		t.Errorf("Load of a file with a key = %v, %v", cfg, err)
 	}
 }
 

@@ -577,3 +577,32 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 	}
 	return next, changes, nil
 }
+
+// StreamDrift checks a stream's configuration as the server would have it
+// (read from a backup, say) against cfg: a *DriftError for a field the
+// server cannot change in place (retention, storage), which would stop
+// holdfast's next start; nil when it has none, or cfg does not make the
+// stream.
+func StreamDrift(cfg *config.Config, have jetstream.StreamConfig) error {
+	var want jetstream.StreamConfig
+	if _, ok := cfg.Streams[have.Name]; ok {
+		want = StreamSpec(cfg, have.Name)
+	} else if dls := cfg.DeadLetterStreams(); dls[have.Name] != nil {
+		want = DeadLetterSpec(have.Name, dls[have.Name], cfg.DeadLetterReplicas(have.Name))
+	} else {
+		return nil
+	}
+	_, _, err := diffStream(have, want)
+	return err
+}
+
+// ConsumerDrift is StreamDrift for a durable consumer of stream (ack
+// policy, deliver policy, a server-side backoff).
+func ConsumerDrift(cfg *config.Config, stream string, have jetstream.ConsumerConfig) error {
+	cc := cfg.Consumers[have.Durable]
+	if cc == nil || cc.Stream != stream {
+		return nil
+	}
+	_, _, err := diffConsumer(stream, have, ConsumerSpec(have.Durable, cc))
+	return err
+}

@@ -33,7 +33,7 @@ func backupCommand() *cli.Command {
 				return usageError(errors.New("usage: holdfast backup [flags] DIR"))
 			}
 			dir := c.Args().First()
-			cfg, nc, _, err := connect(c)
+			cfg, nc, _, err := connectJetStream(c)
 			if err != nil {
 				return err
 			}

@@ -409,7 +409,9 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 }
 
 // TestRestoreInterruptedStreamCreatedAgain: a restore interrupted (Ctrl-C)
-// deletes what it left, and nats-server 2.15.2 never announces the end of
+// deletes what it left and puts back the stream that --replace deleted
+// (it used to leave it empty: its 30000 messages gone, the backup's not
+// restored), and nats-server 2.15.2 never announces the end of
 // a restore its client gave up (no RESTORE_COMPLETE advisory), so the
 // running holdfast took the stream for "being restored" for 30 minutes:
 // unhealthy, the stream missing, every publish to it failing. The
@@ -471,19 +473,57 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal) {
 	}
 	t.Logf("interrupted restore (%v):\n%s", werr, out.String())
 
-	// The restore deleted what it left (nothing of the backup stays
-	// behind), and holdfast created ORDERS again, empty.
-	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		s, err := js.Stream(natstest.Context(t), "ORDERS")
-		if err != nil {
-			return fmt.Errorf("ORDERS after the interrupted restore: %w", err)
-		}
-		if st := s.CachedInfo().State; st.LastSeq != 0 {
-			t.Fatalf("ORDERS after the interrupted restore holds part of the backup: %+v", st)
-		}
-		return nil
-	})
-	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil {
-		t.Fatalf("publish after the interrupted restore: %v", err)
+	// The restore deleted what it left and put back the ORDERS it had
+	// replaced, all 30000 messages (it used to leave it empty: the
+	// --replace had deleted them, the backup's were not restored).
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatalf("ORDERS after the interrupted restore: %v", err)
 	}
+	if st := s.CachedInfo().State; st.Msgs != 30000 || st.LastSeq != 30000 {
+		t.Fatalf("ORDERS after the interrupted restore: %+v, want its 30000 messages put back", st)
+	}
+	if !strings.Contains(out.String(), "put back as it was (30000 messages") {
+		t.Errorf("the interrupted restore does not say ORDERS was put back:\n%s", out.String())
+	}
+	ack, err := js.Publish(natstest.Context(t), "orders.created", []byte("after"))
+	if err != nil || ack.Sequence != 30001 {
+		t.Fatalf("publish after the interrupted restore: %+v, %v", ack, err)
+	}
+}
+
+// TestRestoreRefusesBackupTheConfigContradicts: a backup whose stream has
+// a retention the config does not (here workqueue against limits) is
+// refused before anything changes, naming the stream, the field and both
+// values. The restore used to succeed, and holdfast then refused to start
+// at its next start: the server cannot change retention in place.
+func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
+	t.Parallel()
+	a := newE2EInstance(t)
+	a.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(a.store, a.port, ""),
+		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", 1))
+	pa := startHoldfast(t, a.cfg)
+	pa.waitReady()
+	if res := runHoldfast(t, nil, "pub", "--config", a.cfg, "--count", "3", "orders.created", "x"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", a.cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	pa.stop()
+
+	b := newE2EInstance(t)
+	pb := startHoldfast(t, b.cfg)
+	pb.waitReady()
+	res := runHoldfast(t, nil, "restore", "--config", b.cfg, dir)
+	if res.code != 1 || !strings.Contains(res.stderr, "stream ORDERS: retention is WorkQueue in the backup, Limits in the config ([streams.ORDERS])") ||
+		!strings.Contains(res.stderr, "nothing was restored") {
+		t.Errorf("restore of a workqueue backup into a limits config: exit %d, want 1 naming the retention\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	pb.stop()
+	// The next start works: nothing was restored that it would refuse.
+	pb = startHoldfast(t, b.cfg)
+	pb.waitReady()
+	pb.stop()
 }

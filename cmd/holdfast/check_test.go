@@ -196,3 +196,30 @@ func TestCheckRefusesHandlerCommandRunRefuses(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckAndRunRefuseFileWithoutKeys: a config file that exists and sets
+// no key (empty, or only comments) is refused by check (exit 1) and run
+// (exit 2) alike, naming the file and what to do, as a reload refuses it.
+// check used to pass it and run started on the built-in defaults, whose
+// WORKER1 log handler acknowledges the waiting messages unprocessed.
+func TestCheckAndRunRefuseFileWithoutKeys(t *testing.T) {
+	t.Parallel()
+	for _, text := range []string{"", "# [consumers.WORKER1]\n# handler = \"exec\"\n"} {
+		path := e2eWriteConfig(t, text)
+		check := runHoldfast(t, nil, "check", "--config", path)
+		if check.code != 1 {
+			t.Errorf("check of %q exited %d, want 1:\n%s%s", text, check.code, check.stdout, check.stderr)
+		}
+		run := runHoldfast(t, nil, "run", "--config", path)
+		if run.code != 2 {
+			t.Errorf("run on %q exited %d, want 2 (a config error):\n%s", text, run.code, run.stderr)
+		}
+		for name, out := range map[string]string{"check": check.stdout + check.stderr, "run": run.stderr} {
+			for _, w := range []string{path, "sets no key", "holdfast config"} {
+				if !strings.Contains(out, w) {
+					t.Errorf("%s on %q does not say %q:\n%s", name, text, w, out)
+				}
+			}
+		}
+	}
+}

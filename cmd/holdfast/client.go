@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -51,12 +52,43 @@ func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, e
 	opts = append(opts, nats.Name("holdfast-cli"), nats.Timeout(5*time.Second))
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(err)))
+		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(c, err)))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, runtimeError(err)
+	}
+	return cfg, nc, js, nil
+}
+
+// connectJetStream is connect for the commands that need JetStream's API
+// (dlq, backup, restore): a server that answers that it has no JetStream,
+// or where nothing answers JetStream requests, is refused at once, saying
+// so; they used to fail at their first request with nats.go's "no
+// responders available for request". Any other answer (a user not allowed
+// $JS.API.INFO, a timeout) is left to the command's own requests. pub does
+// without: a publisher may be allowed its subjects only, and a publish
+// denied by permissions goes unanswered until the timeout.
+func connectJetStream(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, error) {
+	cfg, nc, js, err := connect(c)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 5*time.Second)
+	defer cancel()
+	_, err = js.AccountInfo(ctx)
+	var hint string
+	switch {
+	case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+		hint = "this server has no JetStream for this client: it is not holdfast, or the user has no JetStream; check --server (or the config's [server] host and port) and the credentials"
+	case errors.Is(err, nats.ErrNoResponders):
+		hint = "nothing answers JetStream requests there: holdfast may still be starting (see holdfast status), or this is not holdfast; check --server (or the config's [server] host and port)"
+	}
+	if hint != "" {
+		url := nc.ConnectedUrlRedacted()
+		nc.Close()
+		return nil, nil, nil, runtimeError(fmt.Errorf("JetStream at %s: %w (%s)", url, err, hint))
 	}
 	return cfg, nc, js, nil
 }
@@ -145,9 +177,13 @@ func clientOptions(c *cli.Context, cfg *config.Config) ([]nats.Option, error) {
 }
 
 // connectHint says what to try after a failed connection.
-func connectHint(err error) string {
+func connectHint(c *cli.Context, err error) string {
 	msg := strings.ToLower(err.Error())
+	given := c.String("user") != "" || c.String("token") != "" || c.String("creds") != ""
 	switch {
+	case strings.Contains(msg, "authorization") && given:
+		// It used to say "requires credentials" to whoever had passed them.
+		return "the server refused the credentials given (--user and --password/HOLDFAST_PASSWORD, --token or --creds): check them against [auth] in holdfast's config"
 	case strings.Contains(msg, "authorization"):
 		return "the server requires credentials: pass --user with HOLDFAST_PASSWORD, --token or --creds"
 	case strings.Contains(msg, "certificate") || strings.Contains(msg, "x509"):

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -12,7 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/jsm.go/api"
+	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -31,15 +34,19 @@ func dlqCommand() *cli.Command {
 				Usage: "list dead letters, oldest first",
 				Flags: []cli.Flag{serverFlag, consumerFlag},
 				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
 					defer nc.Close()
 					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
 					fmt.Fprintln(tw, "STREAM\tSEQ\tCONSUMER\tSUBJECT\tORIG SEQ\tDELIVERIES\tFAILED AT\tERROR")
+					targets, err := dlqStreams(cfg, c.String("consumer"))
+					if err != nil {
+						return err
+					}
 					n := 0
-					for _, s := range dlqStreams(cfg, c.String("consumer")) {
+					for _, s := range targets {
 						err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
 							n++
 							fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
@@ -64,11 +71,11 @@ func dlqCommand() *cli.Command {
 					if c.NArg() != 1 {
 						return usageError(errors.New("usage: holdfast dlq show SEQ"))
 					}
-					seq, err := strconv.ParseUint(c.Args().First(), 10, 64)
+					seq, err := parseSeq(c.Args().First())
 					if err != nil {
-						return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", c.Args().First()))
+						return err
 					}
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
@@ -108,14 +115,18 @@ func dlqCommand() *cli.Command {
 					if c.Bool("all") == (c.NArg() > 0) {
 						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
 					}
-					cfg, nc, js, err := connect(c)
+					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
 					defer nc.Close()
 					var todo []pipeline.DeadLetter
 					if c.Bool("all") {
-						for _, s := range dlqStreams(cfg, c.String("consumer")) {
+						targets, err := dlqStreams(cfg, c.String("consumer"))
+						if err != nil {
+							return err
+						}
+						for _, s := range targets {
 							err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
 								todo = append(todo, dl)
 								return nil
@@ -130,9 +141,9 @@ func dlqCommand() *cli.Command {
 							return err
 						}
 						for _, a := range c.Args().Slice() {
-							seq, err := strconv.ParseUint(a, 10, 64)
+							seq, err := parseSeq(a)
 							if err != nil {
-								return usageError(fmt.Errorf("SEQ %q is not a sequence number (see holdfast dlq ls)", a))
+								return err
 							}
 							dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
 							if err != nil {
@@ -178,43 +189,94 @@ func dlqCommand() *cli.Command {
 			{
 				Name:  "purge",
 				Usage: "delete dead letters for good (needs --yes)",
-				Flags: []cli.Flag{serverFlag, consumerFlag, &cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"}},
+				Flags: []cli.Flag{serverFlag, consumerFlag,
+					&cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"},
+					&cli.Uint64Flag{Name: "upto", Usage: "delete only dead letters up to this sequence (the SEQ column of holdfast dlq ls): those stored since you looked are kept"}},
 				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connect(c)
+					cfg, nc, _, err := connectJetStream(c)
 					if err != nil {
 						return err
 					}
 					defer nc.Close()
-					streams := dlqStreams(cfg, c.String("consumer"))
+					streams, err := dlqStreams(cfg, c.String("consumer"))
+					if err != nil {
+						return err
+					}
 					if len(streams) == 0 {
-						return usageError(errors.New("no dead-letter stream configured for that consumer"))
+						return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
+					}
+					var names []string
+					for _, s := range streams {
+						names = append(names, s.stream)
+					}
+					upto := c.Uint64("upto")
+					if c.IsSet("upto") && (upto == 0 || len(streams) > 1) {
+						return usageError(fmt.Errorf("--upto %d: give the last sequence to delete (1 or more) of one dead-letter stream; %d are configured (%s): pick one with --consumer",
+							upto, len(streams), strings.Join(names, ", ")))
 					}
 					if !c.Bool("yes") {
-						var names []string
-						for _, s := range streams {
-							names = append(names, s.stream)
-						}
-						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes", strings.Join(names, ", ")))
+						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes, with --upto SEQ to keep those stored since", strings.Join(names, ", ")))
 					}
 					for _, s := range streams {
-						st, err := js.Stream(c.Context, s.stream)
+						n, err := purgeDeadLetters(c, nc, s, upto)
 						if err != nil {
-							return runtimeError(err)
-						}
-						var opts []jetstream.StreamPurgeOpt
-						if s.consumer != "" {
-							opts = append(opts, jetstream.WithPurgeSubject("dlq."+s.consumer+".>"))
-						}
-						if err := st.Purge(c.Context, opts...); err != nil {
 							return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
 						}
-						fmt.Fprintf(c.App.Writer, "purged %s%s\n", s.stream, map[bool]string{true: " (consumer " + s.consumer + ")", false: ""}[s.consumer != ""])
+						what := ""
+						if s.consumer != "" {
+							what += " of consumer " + s.consumer
+						}
+						if upto > 0 {
+							what += fmt.Sprintf(" up to seq %d", upto)
+						}
+						fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", n, what, s.stream)
 					}
 					return nil
 				},
 			},
 		},
 	}
+}
+
+// purgeDeadLetters purges the dead letters of target (up to sequence upto
+// when it is not 0) with the JetStream API and returns how many it
+// deleted: the operator sees how many went, not only that some did.
+func purgeDeadLetters(c *cli.Context, nc *nats.Conn, target dlqTarget, upto uint64) (uint64, error) {
+	req := api.JSApiStreamPurgeRequest{}
+	if target.consumer != "" {
+		req.Subject = "dlq." + target.consumer + ".>"
+	}
+	if upto > 0 {
+		req.Sequence = upto + 1 // the API purges up to, not including, seq
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return 0, err
+	}
+	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(ctx, fmt.Sprintf(api.JSApiStreamPurgeT, target.stream), body)
+	if err != nil {
+		return 0, err
+	}
+	var resp api.JSApiStreamPurgeResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("unreadable answer %q: %w", msg.Data, err)
+	}
+	if resp.IsError() {
+		return 0, resp.ToError()
+	}
+	return resp.Purged, nil
+}
+
+// parseSeq reads a dead letter's sequence number (from 1) given on the
+// command line.
+func parseSeq(arg string) (uint64, error) {
+	seq, err := strconv.ParseUint(arg, 10, 64)
+	if err != nil || seq == 0 {
+		return 0, usageError(fmt.Errorf("SEQ %q is not a sequence number (1 or more, the SEQ column of holdfast dlq ls)", arg))
+	}
+	return seq, nil
 }
 
 // replayTimeout is how long `dlq replay` waits for one verdict: the
@@ -230,14 +292,21 @@ func replayTimeout(cfg *config.Config, consumer string) time.Duration {
 type dlqTarget struct{ stream, consumer string }
 
 // dlqStreams lists the dead-letter streams to look at: all configured, or
-// the one of consumer (filtered to its subjects).
-func dlqStreams(cfg *config.Config, consumer string) []dlqTarget {
+// the one of consumer (filtered to its subjects). A consumer the config
+// does not have, or one without a dead-letter stream, is a usage error: a
+// mistyped --consumer used to list "0 dead letter(s)" and replay "0 of 0"
+// with exit 0, as if it had none.
+func dlqStreams(cfg *config.Config, consumer string) ([]dlqTarget, error) {
 	if consumer != "" {
 		cc := cfg.Consumers[consumer]
-		if cc == nil || cc.DeadLetter == "" {
-			return nil
+		if cc == nil {
+			return nil, usageError(fmt.Errorf("--consumer %s: no such consumer in the config (consumers: %s)",
+				consumer, strings.Join(slices.Sorted(maps.Keys(cfg.Consumers)), ", ")))
 		}
-		return []dlqTarget{{cc.DeadLetter, consumer}}
+		if cc.DeadLetter == "" {
+			return nil, usageError(fmt.Errorf("--consumer %s: it has no dead-letter stream (consumers.%s.dead_letter = \"\"): its failed messages are terminated and logged, never stored as dead letters", consumer, consumer))
+		}
+		return []dlqTarget{{cc.DeadLetter, consumer}}, nil
 	}
 	var out []dlqTarget
 	dls := cfg.DeadLetterStreams()
@@ -245,7 +314,7 @@ func dlqStreams(cfg *config.Config, consumer string) []dlqTarget {
 		out = append(out, dlqTarget{stream: name})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].stream < out[j].stream })
-	return out
+	return out, nil
 }
 
 func pickDLQStream(cfg *config.Config, stream string) (string, error) {

@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -109,5 +111,191 @@ shutdown_timeout = "2s"
 		}
 	}
 
+	p.stop()
+}
+
+// TestDLQRefusesConsumerWithoutDeadLetters: `dlq ls|replay|purge
+// --consumer` with a name the config does not have, or of a consumer
+// without a dead-letter stream, is a usage error naming it. A mistyped
+// name used to list "0 dead letter(s)" and replay "0 of 0" with exit 0,
+// as if the consumer had none. SEQ 0 is refused as a usage error too (it
+// was the server's "bad request", exit 1).
+func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
+[consumers.NODLQ]
+stream = "ORDERS"
+workers = 0
+dead_letter = ""
+`))
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "ls", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer in the config (consumers: NODLQ, WORKER1)"},
+		{[]string{"dlq", "replay", "--all", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer"},
+		{[]string{"dlq", "purge", "--yes", "--consumer", "WORKER2"}, "--consumer WORKER2: no such consumer"},
+		{[]string{"dlq", "ls", "--consumer", "NODLQ"}, "consumers.NODLQ.dead_letter"},
+		{[]string{"dlq", "show", "0"}, `SEQ "0" is not a sequence number`},
+		{[]string{"dlq", "replay", "0"}, `SEQ "0" is not a sequence number`},
+	} {
+		args := append([]string{tt.args[0], tt.args[1], "--config", in.cfg}, tt.args[2:]...)
+		res := runHoldfast(t, nil, args...)
+		if res.code != 2 || !strings.Contains(res.stderr, tt.want) {
+			t.Errorf("%q: exit %d, want 2 saying %q\nstdout:\n%s\nstderr:\n%s", tt.args, res.code, tt.want, res.stdout, res.stderr)
+		}
+	}
+	if res := runHoldfast(t, nil, "dlq", "ls", "--config", in.cfg, "--consumer", "WORKER1"); res.code != 0 || !strings.Contains(res.stdout, "0 dead letter(s)") {
+		t.Errorf("dlq ls --consumer WORKER1: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	d.stop()
+}
+
+// TestClientCommandsRefuseServerWithoutJetStream: dlq and backup against a
+// NATS server without JetStream (a wrong --server) say so, naming the
+// address and what to check, exit 1. They failed at their first request
+// with "nats: no responders available for request".
+func TestClientCommandsRefuseServerWithoutJetStream(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, func(o *server.Options) { o.JetStream = false })
+	url := s.ClientURL()
+	cfg := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), 4222, ""))
+	for _, args := range [][]string{
+		{"dlq", "ls"},
+		{"dlq", "purge", "--yes"},
+		{"dlq", "replay", "--all"},
+		{"backup", filepath.Join(t.TempDir(), "b")},
+	} {
+		full := append([]string{args[0]}, "--config", cfg, "--server", url)
+		if args[0] == "dlq" {
+			full = append([]string{"dlq", args[1], "--config", cfg, "--server", url}, args[2:]...)
+		} else {
+			full = append(full, args[1:]...)
+		}
+		res := runHoldfast(t, nil, full...)
+		if res.code != 1 || !strings.Contains(res.stderr, "JetStream at "+url) || !strings.Contains(res.stderr, "it is not holdfast") {
+			t.Errorf("%q: exit %d, want 1 saying the server at %s has no JetStream\n%s%s", args, res.code, url, res.stdout, res.stderr)
+		}
+	}
+}
+
+// TestDLQConcurrentReplaysRunTheHandlerOnce: two `dlq replay --all` at
+// once hand each dead letter to the handler once; the other request is
+// told it is being replayed (or gone). They ran the handler twice on most
+// letters (23 of 30 measured), each request on its own.
+func TestDLQConcurrentReplaysRunTheHandlerOnce(t *testing.T) {
+	dir := t.TempDir()
+	fixed := filepath.Join(dir, "fixed")
+	out := filepath.Join(dir, "handled")
+	script := e2eScript(t, fmt.Sprintf(`cat >/dev/null
+[ -e %q ] || exit 65
+sleep 0.2
+echo "$HOLDFAST_SEQ" >> %q
+`, fixed, out))
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 4
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "20s"
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	const n = 8
+	for i := range n {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var replays [2]*exec.Cmd
+	var outs [2]natstest.Buffer
+	for i := range replays {
+		replays[i] = exec.Command(holdfastBin, "--config", in.cfg, "dlq", "replay", "--all")
+		replays[i].Env = e2eEnv()
+		replays[i].Stdout, replays[i].Stderr = &outs[i], &outs[i]
+		if err := replays[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, r := range replays {
+		err := r.Wait()
+		t.Logf("dlq replay --all: %v\n%s", err, outs[i].String())
+		if strings.Contains(outs[i].String(), "could not be removed") {
+			t.Errorf("a replay ran the handler on a dead letter another replay had removed:\n%s", outs[i].String())
+		}
+	}
+	got := e2eLines(t, out)
+	slices.Sort(got)
+	if len(got) != n || len(slices.Compact(slices.Clone(got))) != n {
+		t.Errorf("the handler ran on %q, want each of the %d messages once", got, n)
+	}
+	if left := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); left != 0 {
+		t.Errorf("%d dead letters left", left)
+	}
+	p.stop()
+}
+
+// TestDLQPurgeUpTo: `dlq purge --upto SEQ` deletes the dead letters up to
+// SEQ and keeps those stored since the operator listed them; purge says
+// how many it deleted. It deleted every dead letter, also those that
+// arrived between `dlq ls` and `dlq purge --yes`, unseen, and said only
+// "purged ORDERS_DLQ".
+func TestDLQPurgeUpTo(t *testing.T) {
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	publish := func(n, want int) {
+		t.Helper()
+		for range n {
+			if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != want {
+				return fmt.Errorf("%d dead letters, want %d", got, want)
+			}
+			return nil
+		})
+	}
+	publish(3, 3)
+	res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes", "--upto", "2")
+	if res.code != 0 || !strings.Contains(res.stdout, "purged 2 dead letter(s) up to seq 2 from ORDERS_DLQ") {
+		t.Fatalf("dlq purge --upto 2: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if dls := e2eDeadLetters(t, js, "ORDERS_DLQ"); len(dls) != 1 {
+		t.Fatalf("%d dead letters after purge --upto 2, want the third", len(dls))
+	}
+	publish(2, 3)
+	res = runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes")
+	if res.code != 0 || !strings.Contains(res.stdout, "purged 3 dead letter(s) from ORDERS_DLQ") {
+		t.Fatalf("dlq purge: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes", "--upto", "0"); res.code != 2 {
+		t.Errorf("dlq purge --upto 0: exit %d, want 2\n%s", res.code, res.stderr)
+	}
 	p.stop()
 }

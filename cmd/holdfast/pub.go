@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 func pubCommand() *cli.Command {
@@ -55,7 +57,7 @@ func pubCommand() *cli.Command {
 			if count < 1 {
 				return usageError(fmt.Errorf("--count %d: must be at least 1", count))
 			}
-			_, nc, js, err := connect(c)
+			cfg, nc, js, err := connect(c)
 			if err != nil {
 				return err
 			}
@@ -66,7 +68,7 @@ func pubCommand() *cli.Command {
 				}
 				ack, err := js.PublishMsg(c.Context, msg)
 				if err != nil {
-					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, err))
+					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, err)))
 				}
 				dup := ""
 				if ack.Duplicate {
@@ -75,7 +77,7 @@ func pubCommand() *cli.Command {
 				fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
 				return nil
 			}
-			return publishMany(c, js, msg, c.String("id"), count)
+			return publishMany(c, js, msg, c.String("id"), count, func(err error) error { return explainPubError(cfg, nc, msg, err) })
 		},
 	}
 }
@@ -83,7 +85,7 @@ func pubCommand() *cli.Command {
 // publishMany publishes msg count times, at most pubWindow awaiting their
 // PubAck at once, and reports what was stored. It stops at the first
 // failure: every message reported stored got its PubAck.
-func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int) error {
+func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int, explain func(error) error) error {
 	const pubWindow = 256
 	progress := isTerminal(os.Stderr)
 	var stored, dups int
@@ -139,7 +141,7 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 			if progress {
 				fmt.Fprintln(os.Stderr)
 			}
-			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, err))
+			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, explain(err)))
 		}
 	}
 	if progress {
@@ -155,4 +157,29 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 	}
 	fmt.Fprintln(c.App.Writer)
 	return nil
+}
+
+// explainPubError says what to do about the two refusals an operator
+// meets first, which nats.go words for a programmer: no stream takes the
+// subject ("no response from stream"), and a message over the server's
+// max_payload ("maximum payload exceeded").
+func explainPubError(cfg *config.Config, nc *nats.Conn, msg *nats.Msg, err error) error {
+	switch {
+	case errors.Is(err, jetstream.ErrNoStreamResponse):
+		var streams []string
+		for _, name := range cfg.StreamNames() {
+			streams = append(streams, fmt.Sprintf("%s (%s)", name, strings.Join(cfg.Streams[name].Subjects, ", ")))
+		}
+		return fmt.Errorf("%w: no stream stores subject %s, so it was not stored; the config's streams take: %s (is holdfast running with this config? pick a subject of one of them, or add it to a stream's subjects)",
+			err, msg.Subject, strings.Join(streams, "; "))
+	case errors.Is(err, nats.ErrMaxPayload):
+		size := len(msg.Data)
+		for k, vs := range msg.Header {
+			for _, v := range vs {
+				size += len(k) + len(v) + 4
+			}
+		}
+		return fmt.Errorf("%w: the message is about %d bytes with its headers, the server takes at most %d (server.max_payload); it was not stored", err, size, nc.MaxPayload())
+	}
+	return err
 }

@@ -67,3 +67,39 @@ func TestPubRefusesWildcardSubject(t *testing.T) {
 		}
 	}
 }
+
+// TestPubSaysWhyNothingWasStored: a subject no stream takes, and a
+// message over the server's max_payload, are refused with what is wrong
+// and what to do (nats.go's "no response from stream" and "maximum payload
+// exceeded" were all they said), exit 1, and nothing is stored.
+func TestPubSaysWhyNothingWasStored(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	big := make([]byte, 1100<<10)
+	for _, tt := range []struct {
+		args  []string
+		stdin []byte
+		want  []string
+	}{
+		{[]string{"payments.created", "x"}, nil, []string{"no stream stores subject payments.created", "ORDERS (orders.*)"}},
+		{[]string{"--count", "3", "payments.created", "x"}, nil, []string{"failed after 0 stored", "no stream stores subject payments.created"}},
+		{[]string{"orders.created", "-"}, big, []string{"the message is about 1126400 bytes", "server.max_payload"}},
+	} {
+		res := runHoldfast(t, tt.stdin, append([]string{"pub", "--config", in.cfg}, tt.args...)...)
+		if res.code != 1 {
+			t.Errorf("pub %q: exit %d, want 1\n%s%s", tt.args, res.code, res.stdout, res.stderr)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(res.stderr, w) {
+				t.Errorf("pub %q does not say %q:\n%s", tt.args, w, res.stderr)
+			}
+		}
+	}
+	_, js := e2eConnect(t, in)
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != 0 {
+		t.Errorf("ORDERS holds %d messages, want none", st.Msgs)
+	}
+	d.stop()
+}

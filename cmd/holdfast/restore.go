@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +14,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/backup"
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
 )
 
 func restoreCommand() *cli.Command {
@@ -54,11 +58,14 @@ func restoreCommand() *cli.Command {
 					return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
 				}
 			}
-			_, nc, _, err := connect(c)
+			cfg, nc, _, err := connectJetStream(c)
 			if err != nil {
 				return err
 			}
 			defer nc.Close()
+			if err := checkBackupAgainstConfig(cfg, dir, verified, c.StringSlice("stream")); err != nil {
+				return err
+			}
 			bar := newProgressBar(os.Stderr, "restoring")
 			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
 			// restore ends the server's restore and deletes what it left.
@@ -108,4 +115,58 @@ func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) 
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", r.Name, r.Messages, r.LastSeq, strings.Join(cons, ", "), replaced)
 	}
 	tw.Flush()
+}
+
+// checkBackupAgainstConfig refuses, before anything changes, a backup
+// whose streams or consumers differ from the config in a field the server
+// cannot change in place (a stream's retention or storage, a consumer's
+// ack or deliver policy): the restore succeeded, and holdfast then refused
+// to start at its next start (measured: a workqueue ORDERS restored into a
+// holdfast configured with limits).
+func checkBackupAgainstConfig(cfg *config.Config, dir string, m *backup.Manifest, only []string) error {
+	todo, err := m.Select(only)
+	if err != nil {
+		return usageError(err)
+	}
+	var problems []error
+	for _, e := range todo {
+		cs, err := backup.ReadConfigs(dir, e)
+		if err != nil {
+			return runtimeError(fmt.Errorf("backup %s, stream %s: %w", dir, e.Name, err))
+		}
+		var sc jetstream.StreamConfig
+		if err := json.Unmarshal(cs.Stream, &sc); err != nil {
+			return runtimeError(fmt.Errorf("backup %s, stream %s: %w", dir, e.Name, err))
+		}
+		if derr := embedded.StreamDrift(cfg, sc); derr != nil {
+			problems = append(problems, backupDrift(derr))
+		}
+		for _, name := range slices.Sorted(maps.Keys(cs.Consumers)) {
+			var cc jetstream.ConsumerConfig
+			if err := json.Unmarshal(cs.Consumers[name], &cc); err != nil {
+				return runtimeError(fmt.Errorf("backup %s, consumer %s of stream %s: %w", dir, name, e.Name, err))
+			}
+			if cc.Durable == "" {
+				cc.Durable = name
+			}
+			if derr := embedded.ConsumerDrift(cfg, e.Name, cc); derr != nil {
+				problems = append(problems, backupDrift(derr))
+			}
+		}
+	}
+	if len(problems) == 0 {
+		return nil
+	}
+	return runtimeError(fmt.Errorf("backup %s does not match the config, nothing was restored: the server cannot change these in place, so "+
+		"holdfast would refuse to start after the restore:\n%w\nRestore a backup taken with this config, or first make the config say what the "+
+		"backup has (a running holdfast keeps its settings until it restarts), or leave those streams out with --stream", dir, errors.Join(problems...)))
+}
+
+// backupDrift words a difference between a backup and the config.
+func backupDrift(err error) error {
+	var de *embedded.DriftError
+	if !errors.As(err, &de) {
+		return err
+	}
+	return fmt.Errorf("  %s %s: %s is %s in the backup, %s in the config ([%ss.%s])", de.Kind, de.Name, de.Field, de.Have, de.Want, de.Kind, de.Name)
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -577,5 +578,22 @@ func TestStatusWhenNothingRuns(t *testing.T) {
 	}
 	if res.code != 1 || !strings.Contains(res.stderr, hint) {
 		t.Errorf("status exited %d, want 1 and the hint %q:\n%s", res.code, hint, res.stderr)
+	}
+}
+
+// TestStatusNamesRefusedCredentials: credentials the server refuses are
+// named as such (exit 1); it said "the server requires credentials: pass
+// --user ..." also to whoever had passed them.
+func TestStatusNamesRefusedCredentials(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, func(o *server.Options) { o.Username, o.Password = "ops", "right" })
+	url := s.ClientURL()
+	none := runHoldfast(t, nil, "status", "--server", url)
+	if none.code != 1 || !strings.Contains(none.stderr, "the server requires credentials") {
+		t.Errorf("status without credentials: exit %d\n%s", none.code, none.stderr)
+	}
+	wrong := e2eRunBinary(t, holdfastBin, []string{"HOLDFAST_PASSWORD=wrong"}, nil, "status", "--server", url, "--user", "ops")
+	if wrong.code != 1 || !strings.Contains(wrong.stderr, "the server refused the credentials given") {
+		t.Errorf("status with a wrong password: exit %d\n%s", wrong.code, wrong.stderr)
 	}
 }
