@@ -7,6 +7,7 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -166,6 +167,11 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 		if err := checkStoreEntries(abs); err != nil {
 			return nil, err
 		}
+		warnings, err := checkStoreTree(abs, fsType, allowTmpfs)
+		if err != nil {
+			return nil, err
+		}
+		res.Warnings = append(res.Warnings, warnings...)
 	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
@@ -217,6 +223,85 @@ func checkStoreEntries(dir string) error {
 			Fix: "move " + path + " out of the store dir; holdfast creates it"}
 	}
 	return nil
+}
+
+// checkStoreTree judges, like the store dir itself, every file system the
+// store's data would land on below it: a tmpfs mounted on STORE/jetstream
+// (or on an account's or a stream's directory), a symbolic link from there
+// to /dev/shm, a read-only bind mount. The store dir on a disk proves
+// nothing about them, and the server writes into them as into the disk.
+// Only directories and links are looked at, never the message files.
+func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, error) {
+	var warnings []string
+	seen := map[int64]bool{dirFSType: true} // warn once per kind
+	check := func(path string) error {
+		var st unix.Statfs_t
+		if err := unix.Statfs(path, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil // removed meanwhile, or a dangling link the server never follows
+			}
+			return &StoreDirError{Path: dir, Reason: "cannot statfs " + relTo(dir, path), Err: err,
+				Fix: "give the user running holdfast access to it"}
+		}
+		fsType := int64(st.Type)
+		if fsType == tmpfsMagic || fsType == ramfsMagic {
+			name := fsNames[fsType]
+			if !allowTmpfs {
+				return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on " + name + " (mounted or linked inside the store dir), which loses every message at reboot",
+					Fix: "unmount it or remove the link so that the whole store is on a disk, or set jetstream.allow_tmpfs = true to accept the loss"}
+			}
+			if !seen[fsType] {
+				seen[fsType] = true
+				warnings = append(warnings, fmt.Sprintf("store dir %s: %s is on %s: every message in it is lost at reboot (jetstream.allow_tmpfs = true)", dir, relTo(dir, path), name))
+			}
+		}
+		if st.Flags&unix.ST_RDONLY != 0 {
+			return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on a read-only file system (mounted or linked inside the store dir)",
+				Fix: "remount it read-write, or unmount it or remove the link"}
+		}
+		return nil
+	}
+	for _, e := range storeEntries {
+		path := filepath.Join(dir, e.name)
+		if _, err := os.Lstat(path); err != nil {
+			continue // missing: created in the store dir itself (checkStoreEntries refused the rest)
+		}
+		if err := check(path); err != nil {
+			return nil, err
+		}
+		if !e.dir {
+			continue
+		}
+		// Every directory and link below: account, streams, a stream's
+		// msgs and obs, the cluster's _js_. A link is judged by where it
+		// points and not walked into.
+		err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return &StoreDirError{Path: dir, Reason: "cannot read " + relTo(dir, p), Err: unwrapPath(err),
+					Fix: "give the user running holdfast access to it"}
+			}
+			if p == path || !(d.IsDir() || d.Type()&fs.ModeSymlink != 0) {
+				return nil
+			}
+			return check(p)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return warnings, nil
+}
+
+// relTo names path relative to the store dir, as an operator would look
+// for it there.
+func relTo(dir, path string) string {
+	if rel, err := filepath.Rel(dir, path); err == nil {
+		return rel
+	}
+	return path
 }
 
 func kind(dir bool) string {
