@@ -106,6 +106,17 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 	// InspectStoreDir of a missing one the ancestor it would be made in.
 	at := abs
 	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		if link, target := danglingLink(abs); link != "" {
+			what := "is"
+			if link != abs {
+				what = "has " + link + " in its path, which is"
+			}
+			return nil, &StoreDirError{Path: abs, Reason: fmt.Sprintf("%s a symbolic link to %s, which does not exist: a disk not mounted?", what, target),
+				Fix: "mount the file system the link points into, or create " + target + " and give the holdfast user write access, or set jetstream.store_dir; " +
+					"holdfast does not create it, which would put the store under an empty mount point"}
+		}
+	}
 	switch {
 	case errors.Is(err, os.ErrNotExist) && !create:
 		res.Missing = true
@@ -127,8 +138,7 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 		}
 		res.Created = true
 	case err != nil:
-		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err),
-			Fix: "check the permissions of its parent directories"}
+		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err), Fix: statFix(err)}
 	case !fi.IsDir():
 		return nil, &StoreDirError{Path: abs, Reason: "not a directory",
 			Fix: "move the file away or set jetstream.store_dir to a directory"}
@@ -178,6 +188,43 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
 	}
 	return res, nil
+}
+
+// danglingLink finds, for a path that does not exist, the symbolic link in
+// it that points nowhere (the path itself or the nearest of its existing
+// ancestors): "" when the nearest existing part is not such a link, and a
+// missing directory may be created.
+func danglingLink(path string) (link, target string) {
+	for p := path; ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		if err == nil {
+			if fi.Mode()&os.ModeSymlink == 0 {
+				return "", ""
+			}
+			if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+				return "", ""
+			}
+			target, _ := os.Readlink(p)
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir(p), target)
+			}
+			return p, target
+		}
+		if p == filepath.Dir(p) {
+			return "", ""
+		}
+	}
+}
+
+// statFix says what to do about a path that cannot be looked at.
+func statFix(err error) string {
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return "the path's symbolic links form a loop: fix them, or set jetstream.store_dir"
+	case errors.Is(err, unix.ENOTDIR):
+		return "a part of the path is a file, not a directory: move it away, or set jetstream.store_dir"
+	}
+	return "check the permissions of its parent directories"
 }
 
 // storeEntries are the names holdfast and the server keep in a store

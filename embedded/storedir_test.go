@@ -541,6 +541,59 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 	})
 }
 
+// TestCheckStoreDirDanglingLink: the store dir is a link into a disk that
+// is not mounted. `holdfast check` said "does not exist yet; run creates
+// it" and run then failed with "missing and cannot be created: file
+// exists"; neither named the link.
+func TestCheckStoreDirDanglingLink(t *testing.T) {
+	base := t.TempDir()
+	target := filepath.Join(base, "mnt", "disk", "holdfast")
+	if err := os.MkdirAll(filepath.Join(base, "mnt"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "store")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	relLink := filepath.Join(base, "data")
+	if err := os.Symlink("mnt/nodisk", relLink); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, dir string
+		want      []string
+	}{
+		{"the store dir", link, []string{"is a symbolic link to " + target + ", which does not exist", "a disk not mounted?", "mount the file system"}},
+		{"a dir in its path", filepath.Join(relLink, "holdfast"), []string{"has " + relLink + " in its path, which is a symbolic link to " + filepath.Join(base, "mnt", "nodisk")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := InspectStoreDir(c.dir, false, 0)
+			wantStoreDirError(t, err, c.dir, c.want...)
+			_, err = CheckStoreDir(c.dir, false, 0)
+			wantStoreDirError(t, err, c.dir, c.want...)
+			if _, err := os.Lstat(filepath.Join(base, "mnt", "disk")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the link's target was created under the mount point: %v", err)
+			}
+		})
+	}
+	t.Run("link loop", func(t *testing.T) {
+		loop := filepath.Join(base, "loop")
+		if err := os.Symlink("loop", loop); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(filepath.Join(loop, "store"), false, 0)
+		wantStoreDirError(t, err, filepath.Join(loop, "store"), "symbolic links form a loop")
+	})
+	t.Run("file in the path", func(t *testing.T) {
+		file := filepath.Join(base, "file")
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(filepath.Join(file, "store"), false, 0)
+		wantStoreDirError(t, err, filepath.Join(file, "store"), "a part of the path is a file")
+	})
+}
+
 func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 	t.Run("disk", func(t *testing.T) {
 		dir := t.TempDir()
