@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -310,27 +312,45 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 	}
 	for _, e := range storeEntries {
 		path := filepath.Join(dir, e.name)
-		if _, err := os.Lstat(path); err != nil {
+		fi, err := os.Stat(path)
+		if err != nil {
 			continue // missing: created in the store dir itself (checkStoreEntries refused the rest)
 		}
 		if err := check(path); err != nil {
 			return nil, err
 		}
-		if !e.dir {
-			continue
+		if err := checkAccess(dir, path, fi.IsDir()); err != nil {
+			return nil, err
 		}
-		// Every directory and link below: account, streams, a stream's
-		// msgs and obs, the cluster's _js_. A link is judged by where it
-		// points and not walked into.
-		err := filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if !e.dir || e.name == OrphanDirName {
+			continue // what was moved aside is never opened again
+		}
+		// Every file, directory and link below: account, streams, a
+		// stream's msgs and obs, the cluster's _js_. A link is judged by
+		// where it points and not walked into.
+		err = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
 					return nil
 				}
 				return &StoreDirError{Path: dir, Reason: "cannot read " + relTo(dir, p), Err: unwrapPath(err),
-					Fix: "give the user running holdfast access to it"}
+					Fix: "chown -R the store dir to the user running holdfast"}
 			}
-			if p == path || !(d.IsDir() || d.Type()&fs.ModeSymlink != 0) {
+			if p == path {
+				return nil
+			}
+			isDir := d.IsDir()
+			if d.Type()&fs.ModeSymlink != 0 {
+				fi, err := os.Stat(p)
+				if err != nil {
+					return nil // a dangling link the server never follows
+				}
+				isDir = fi.IsDir()
+			}
+			if err := checkAccess(dir, p, isDir); err != nil {
+				return err
+			}
+			if !(d.IsDir() || d.Type()&fs.ModeSymlink != 0) {
 				return nil
 			}
 			return check(p)
@@ -340,6 +360,57 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 		}
 	}
 	return warnings, nil
+}
+
+// checkAccess refuses a file or directory of the store that the user
+// running holdfast cannot read and write (a directory: also enter), as
+// left by running holdfast once as root. nats-server deletes the whole
+// directory of a stream whose files it cannot open while it recovers the
+// store at start-up (v2.15.2, stream.go: setupStore fails, stop(true)),
+// and holdfast then found the stream vanished: measured, one root-owned
+// message block cost all of its stream's messages.
+func checkAccess(dir, path string, isDir bool) error {
+	mode := uint32(unix.R_OK | unix.W_OK)
+	if isDir {
+		mode |= unix.X_OK
+	}
+	err := unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
+	if err == nil || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EROFS) {
+		return nil // gone meanwhile; a read-only file system is named by its own check
+	}
+	owner := "another user"
+	if fi, serr := os.Stat(path); serr == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			owner = userName(st.Uid)
+		}
+	}
+	what := "file"
+	if isDir {
+		what = "directory"
+	}
+	return &StoreDirError{Path: dir,
+		Reason: fmt.Sprintf("%s %s (owned by %s) cannot be read and written by %s, which runs holdfast; the server would delete the data of a stream whose files it cannot open",
+			what, relTo(dir, path), owner, userName(uint32(os.Geteuid()))),
+		Err: err,
+		Fix: "files left by running holdfast as another user, e.g. root: chown -R " + loginName(uint32(os.Geteuid())) + " " + dir}
+}
+
+// userName names a user id for a message: "holdfast (uid 998)", or the
+// number alone.
+func userName(uid uint32) string {
+	if name := loginName(uid); name != strconv.FormatUint(uint64(uid), 10) {
+		return name + " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
+	}
+	return "uid " + strconv.FormatUint(uint64(uid), 10)
+}
+
+// loginName is the user's name, or its number when it has none.
+func loginName(uid uint32) string {
+	id := strconv.FormatUint(uint64(uid), 10)
+	if u, err := user.LookupId(id); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return id
 }
 
 // relTo names path relative to the store dir, as an operator would look
