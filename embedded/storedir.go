@@ -241,6 +241,7 @@ var storeEntries = []struct {
 	{StateFileName, false, "where holdfast records stream positions for the data-loss check"},
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
 	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
+	{RecoveryLinksDirName, true, "where holdfast links the streams' files while the server recovers them"},
 }
 
 // checkStoreEntries refuses a store directory in which one of the names
@@ -322,8 +323,8 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 		if err := checkAccess(dir, path, fi.IsDir()); err != nil {
 			return nil, err
 		}
-		if !e.dir || e.name == OrphanDirName {
-			continue // what was moved aside is never opened again
+		if !e.dir || e.name == OrphanDirName || e.name == RecoveryLinksDirName {
+			continue // moved aside, never opened again; links to the streams' own files
 		}
 		// Every file, directory and link below: account, streams, a
 		// stream's msgs and obs, the cluster's _js_. A link is judged by
