@@ -544,6 +544,9 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 			if err != nil {
 				return err
 			}
+			if moved == "" {
+				moved = s.rescued[l.Stream] // deleted by the server, its files kept
+			}
 			losses[i].MovedTo = moved
 		}
 		s.logLoss(losses[i], recorded.Written)

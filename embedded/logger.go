@@ -34,6 +34,10 @@ type serverLogger struct {
 	// When the hub at an address (host:port) last sent this node's
 	// leafnode connection each of the errors leafErrorKinds names.
 	leafErrs map[leafErrKey]time.Time
+
+	// The streams and consumers the server could not load while it
+	// recovered the store, by name.
+	loadFailures map[string]StreamLoadFailure
 }
 
 // The leafnode errors a hub sends an edge that holdfast reports, as
@@ -165,6 +169,7 @@ func (l *serverLogger) Noticef(format string, v ...any) {
 func (l *serverLogger) Warnf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
+	l.noteLoadFailure(format, v)
 	if msg == plaintextPasswordsWarning {
 		// About holdfast's own identities (the in-process user's random
 		// per-start password, the password-less no_auth_user): configured

@@ -61,7 +61,10 @@ type Server struct {
 	leaf  *leafLinks    // the remotes' link states, nil without remotes
 	nsLog *serverLogger // the server's logger: what it noticed
 
-	losses     []DataLoss
+	losses []DataLoss
+	// rescued: streams the server deleted at this start, by name, with
+	// where their files were put (holdfast-orphans).
+	rescued    map[string]string
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
 	recordMu   sync.Mutex // serializes writes of the state file
@@ -197,6 +200,14 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	var guard *recoveryGuard
+	if !s.cfg.Cluster.Enabled() {
+		// A cluster node's streams load after it is ready, in the meta
+		// group's hands.
+		if guard, err = guardStreams(s.store.Path, s.log); err != nil {
+			return err
+		}
+	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("cannot configure NATS server: %w", err)
@@ -215,6 +226,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return err
 	}
 	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
+		return err
+	}
+	if s.rescued, err = guard.finish(logger.LoadFailures(), s.log); err != nil {
 		return err
 	}
 	if err := s.verify(); err != nil {

@@ -7,10 +7,13 @@ package embedded
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -105,6 +108,17 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 	// InspectStoreDir of a missing one the ancestor it would be made in.
 	at := abs
 	fi, err := os.Stat(abs)
+	if errors.Is(err, os.ErrNotExist) {
+		if link, target := danglingLink(abs); link != "" {
+			what := "is"
+			if link != abs {
+				what = "has " + link + " in its path, which is"
+			}
+			return nil, &StoreDirError{Path: abs, Reason: fmt.Sprintf("%s a symbolic link to %s, which does not exist: a disk not mounted?", what, target),
+				Fix: "mount the file system the link points into, or create " + target + " and give the holdfast user write access, or set jetstream.store_dir; " +
+					"holdfast does not create it, which would put the store under an empty mount point"}
+		}
+	}
 	switch {
 	case errors.Is(err, os.ErrNotExist) && !create:
 		res.Missing = true
@@ -126,8 +140,7 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 		}
 		res.Created = true
 	case err != nil:
-		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err),
-			Fix: "check the permissions of its parent directories"}
+		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err), Fix: statFix(err)}
 	case !fi.IsDir():
 		return nil, &StoreDirError{Path: abs, Reason: "not a directory",
 			Fix: "move the file away or set jetstream.store_dir to a directory"}
@@ -166,12 +179,54 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 		if err := checkStoreEntries(abs); err != nil {
 			return nil, err
 		}
+		warnings, err := checkStoreTree(abs, fsType, allowTmpfs)
+		if err != nil {
+			return nil, err
+		}
+		res.Warnings = append(res.Warnings, warnings...)
 	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
 			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
 	}
 	return res, nil
+}
+
+// danglingLink finds, for a path that does not exist, the symbolic link in
+// it that points nowhere (the path itself or the nearest of its existing
+// ancestors): "" when the nearest existing part is not such a link, and a
+// missing directory may be created.
+func danglingLink(path string) (link, target string) {
+	for p := path; ; p = filepath.Dir(p) {
+		fi, err := os.Lstat(p)
+		if err == nil {
+			if fi.Mode()&os.ModeSymlink == 0 {
+				return "", ""
+			}
+			if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+				return "", ""
+			}
+			target, _ := os.Readlink(p)
+			if !filepath.IsAbs(target) {
+				target = filepath.Join(filepath.Dir(p), target)
+			}
+			return p, target
+		}
+		if p == filepath.Dir(p) {
+			return "", ""
+		}
+	}
+}
+
+// statFix says what to do about a path that cannot be looked at.
+func statFix(err error) string {
+	switch {
+	case errors.Is(err, unix.ELOOP):
+		return "the path's symbolic links form a loop: fix them, or set jetstream.store_dir"
+	case errors.Is(err, unix.ENOTDIR):
+		return "a part of the path is a file, not a directory: move it away, or set jetstream.store_dir"
+	}
+	return "check the permissions of its parent directories"
 }
 
 // storeEntries are the names holdfast and the server keep in a store
@@ -186,6 +241,7 @@ var storeEntries = []struct {
 	{StateFileName, false, "where holdfast records stream positions for the data-loss check"},
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
 	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
+	{RecoveryLinksDirName, true, "where holdfast links the streams' files while the server recovers them"},
 }
 
 // checkStoreEntries refuses a store directory in which one of the names
@@ -217,6 +273,154 @@ func checkStoreEntries(dir string) error {
 			Fix: "move " + path + " out of the store dir; holdfast creates it"}
 	}
 	return nil
+}
+
+// checkStoreTree judges, like the store dir itself, every file system the
+// store's data would land on below it: a tmpfs mounted on STORE/jetstream
+// (or on an account's or a stream's directory), a symbolic link from there
+// to /dev/shm, a read-only bind mount. The store dir on a disk proves
+// nothing about them, and the server writes into them as into the disk.
+// Only directories and links are looked at, never the message files.
+func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, error) {
+	var warnings []string
+	seen := map[int64]bool{dirFSType: true} // warn once per kind
+	check := func(path string) error {
+		var st unix.Statfs_t
+		if err := unix.Statfs(path, &st); err != nil {
+			if errors.Is(err, unix.ENOENT) {
+				return nil // removed meanwhile, or a dangling link the server never follows
+			}
+			return &StoreDirError{Path: dir, Reason: "cannot statfs " + relTo(dir, path), Err: err,
+				Fix: "give the user running holdfast access to it"}
+		}
+		fsType := int64(st.Type)
+		if fsType == tmpfsMagic || fsType == ramfsMagic {
+			name := fsNames[fsType]
+			if !allowTmpfs {
+				return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on " + name + " (mounted or linked inside the store dir), which loses every message at reboot",
+					Fix: "unmount it or remove the link so that the whole store is on a disk, or set jetstream.allow_tmpfs = true to accept the loss"}
+			}
+			if !seen[fsType] {
+				seen[fsType] = true
+				warnings = append(warnings, fmt.Sprintf("store dir %s: %s is on %s: every message in it is lost at reboot (jetstream.allow_tmpfs = true)", dir, relTo(dir, path), name))
+			}
+		}
+		if st.Flags&unix.ST_RDONLY != 0 {
+			return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on a read-only file system (mounted or linked inside the store dir)",
+				Fix: "remount it read-write, or unmount it or remove the link"}
+		}
+		return nil
+	}
+	for _, e := range storeEntries {
+		path := filepath.Join(dir, e.name)
+		fi, err := os.Stat(path)
+		if err != nil {
+			continue // missing: created in the store dir itself (checkStoreEntries refused the rest)
+		}
+		if err := check(path); err != nil {
+			return nil, err
+		}
+		if err := checkAccess(dir, path, fi.IsDir()); err != nil {
+			return nil, err
+		}
+		if !e.dir || e.name == OrphanDirName || e.name == RecoveryLinksDirName {
+			continue // moved aside, never opened again; links to the streams' own files
+		}
+		// Every file, directory and link below: account, streams, a
+		// stream's msgs and obs, the cluster's _js_. A link is judged by
+		// where it points and not walked into.
+		err = filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					return nil
+				}
+				return &StoreDirError{Path: dir, Reason: "cannot read " + relTo(dir, p), Err: unwrapPath(err),
+					Fix: "chown -R the store dir to the user running holdfast"}
+			}
+			if p == path {
+				return nil
+			}
+			isDir := d.IsDir()
+			if d.Type()&fs.ModeSymlink != 0 {
+				fi, err := os.Stat(p)
+				if err != nil {
+					return nil // a dangling link the server never follows
+				}
+				isDir = fi.IsDir()
+			}
+			if err := checkAccess(dir, p, isDir); err != nil {
+				return err
+			}
+			if !(d.IsDir() || d.Type()&fs.ModeSymlink != 0) {
+				return nil
+			}
+			return check(p)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	return warnings, nil
+}
+
+// checkAccess refuses a file or directory of the store that the user
+// running holdfast cannot read and write (a directory: also enter), as
+// left by running holdfast once as root. nats-server deletes the whole
+// directory of a stream whose files it cannot open while it recovers the
+// store at start-up (v2.15.2, stream.go: setupStore fails, stop(true)),
+// and holdfast then found the stream vanished: measured, one root-owned
+// message block cost all of its stream's messages.
+func checkAccess(dir, path string, isDir bool) error {
+	mode := uint32(unix.R_OK | unix.W_OK)
+	if isDir {
+		mode |= unix.X_OK
+	}
+	err := unix.Faccessat(unix.AT_FDCWD, path, mode, unix.AT_EACCESS)
+	if err == nil || errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EROFS) {
+		return nil // gone meanwhile; a read-only file system is named by its own check
+	}
+	owner := "another user"
+	if fi, serr := os.Stat(path); serr == nil {
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			owner = userName(st.Uid)
+		}
+	}
+	what := "file"
+	if isDir {
+		what = "directory"
+	}
+	return &StoreDirError{Path: dir,
+		Reason: fmt.Sprintf("%s %s (owned by %s) cannot be read and written by %s, which runs holdfast; the server would delete the data of a stream whose files it cannot open",
+			what, relTo(dir, path), owner, userName(uint32(os.Geteuid()))),
+		Err: err,
+		Fix: "files left by running holdfast as another user, e.g. root: chown -R " + loginName(uint32(os.Geteuid())) + " " + dir}
+}
+
+// userName names a user id for a message: "holdfast (uid 998)", or the
+// number alone.
+func userName(uid uint32) string {
+	if name := loginName(uid); name != strconv.FormatUint(uint64(uid), 10) {
+		return name + " (uid " + strconv.FormatUint(uint64(uid), 10) + ")"
+	}
+	return "uid " + strconv.FormatUint(uint64(uid), 10)
+}
+
+// loginName is the user's name, or its number when it has none.
+func loginName(uid uint32) string {
+	id := strconv.FormatUint(uint64(uid), 10)
+	if u, err := user.LookupId(id); err == nil && u.Username != "" {
+		return u.Username
+	}
+	return id
+}
+
+// relTo names path relative to the store dir, as an operator would look
+// for it there.
+func relTo(dir, path string) string {
+	if rel, err := filepath.Rel(dir, path); err == nil {
+		return rel
+	}
+	return path
 }
 
 func kind(dir bool) string {

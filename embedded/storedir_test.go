@@ -459,6 +459,141 @@ func TestCheckStoreDirTmpfs(t *testing.T) {
 	})
 }
 
+// TestCheckStoreDirTmpfsInside: the store dir is on a disk, but what the
+// server writes lands on a tmpfs mounted or linked below it. Such a store
+// served every message from memory, with "fs=ext4" in the log.
+func TestCheckStoreDirTmpfsInside(t *testing.T) {
+	mountAt := func(t *testing.T, fstype string, rel ...string) (dir, at string) {
+		t.Helper()
+		dir = t.TempDir()
+		at = filepath.Join(append([]string{dir}, rel...)...)
+		if err := os.MkdirAll(at, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		data := "size=1m"
+		if fstype == "ramfs" {
+			data = ""
+		}
+		mountFS(t, fstype, at, 0, data)
+		return dir, at
+	}
+	t.Run("tmpfs on jetstream", func(t *testing.T) {
+		dir, _ := mountAt(t, "tmpfs", "jetstream")
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "jetstream is on tmpfs", "loses every message at reboot", "jetstream.allow_tmpfs = true")
+		_, err = InspectStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "jetstream is on tmpfs")
+
+		res, err := CheckStoreDir(dir, true, 0)
+		if err != nil {
+			t.Fatalf("allow_tmpfs = true: %v", err)
+		}
+		if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "jetstream is on tmpfs") {
+			t.Errorf("warnings %q, want one naming jetstream on tmpfs", res.Warnings)
+		}
+	})
+	t.Run("ramfs on a stream directory", func(t *testing.T) {
+		dir, _ := mountAt(t, "ramfs", "jetstream", "$G", "streams", "ORDERS")
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "jetstream/$G/streams/ORDERS is on ramfs")
+	})
+	t.Run("jetstream linked to a tmpfs", func(t *testing.T) {
+		dir := t.TempDir()
+		mnt := t.TempDir()
+		mountFS(t, "tmpfs", mnt, 0, "size=1m")
+		if err := os.Symlink(mnt, filepath.Join(dir, "jetstream")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, "jetstream is on tmpfs")
+	})
+	t.Run("state file linked to a tmpfs", func(t *testing.T) {
+		dir := t.TempDir()
+		mnt := t.TempDir()
+		mountFS(t, "tmpfs", mnt, 0, "size=1m")
+		if err := os.WriteFile(filepath.Join(mnt, StateFileName), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(filepath.Join(mnt, StateFileName), filepath.Join(dir, StateFileName)); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(dir, false, 0)
+		wantStoreDirError(t, err, dir, StateFileName+" is on tmpfs")
+	})
+	t.Run("read-only bind on jetstream", func(t *testing.T) {
+		dir := t.TempDir()
+		js := filepath.Join(dir, "jetstream")
+		if err := os.Mkdir(js, 0o750); err != nil {
+			t.Fatal(err)
+		}
+		bindReadOnly(t, js)
+		_, err := CheckStoreDir(dir, true, 0)
+		wantStoreDirError(t, err, dir, "jetstream is on a read-only file system", "remount it read-write")
+	})
+	t.Run("a disk below a disk is fine", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.MkdirAll(filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS", "msgs"), 0o750); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := CheckStoreDir(dir, false, 0); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
+// TestCheckStoreDirDanglingLink: the store dir is a link into a disk that
+// is not mounted. `holdfast check` said "does not exist yet; run creates
+// it" and run then failed with "missing and cannot be created: file
+// exists"; neither named the link.
+func TestCheckStoreDirDanglingLink(t *testing.T) {
+	base := t.TempDir()
+	target := filepath.Join(base, "mnt", "disk", "holdfast")
+	if err := os.MkdirAll(filepath.Join(base, "mnt"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(base, "store")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	relLink := filepath.Join(base, "data")
+	if err := os.Symlink("mnt/nodisk", relLink); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name, dir string
+		want      []string
+	}{
+		{"the store dir", link, []string{"is a symbolic link to " + target + ", which does not exist", "a disk not mounted?", "mount the file system"}},
+		{"a dir in its path", filepath.Join(relLink, "holdfast"), []string{"has " + relLink + " in its path, which is a symbolic link to " + filepath.Join(base, "mnt", "nodisk")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := InspectStoreDir(c.dir, false, 0)
+			wantStoreDirError(t, err, c.dir, c.want...)
+			_, err = CheckStoreDir(c.dir, false, 0)
+			wantStoreDirError(t, err, c.dir, c.want...)
+			if _, err := os.Lstat(filepath.Join(base, "mnt", "disk")); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("the link's target was created under the mount point: %v", err)
+			}
+		})
+	}
+	t.Run("link loop", func(t *testing.T) {
+		loop := filepath.Join(base, "loop")
+		if err := os.Symlink("loop", loop); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(filepath.Join(loop, "store"), false, 0)
+		wantStoreDirError(t, err, filepath.Join(loop, "store"), "symbolic links form a loop")
+	})
+	t.Run("file in the path", func(t *testing.T) {
+		file := filepath.Join(base, "file")
+		if err := os.WriteFile(file, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := CheckStoreDir(filepath.Join(file, "store"), false, 0)
+		wantStoreDirError(t, err, filepath.Join(file, "store"), "a part of the path is a file")
+	})
+}
+
 func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 	t.Run("disk", func(t *testing.T) {
 		dir := t.TempDir()

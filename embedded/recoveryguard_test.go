@@ -1,0 +1,115 @@
+package embedded
+
+import (
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// guardedStore makes a store with one stream directory holding a block.
+func guardedStore(t *testing.T) (store, live string) {
+	t.Helper()
+	store = t.TempDir()
+	live = filepath.Join(store, "jetstream", "$G", "streams", "ORDERS")
+	if err := os.MkdirAll(filepath.Join(live, "msgs"), 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(live, "msgs", "1.blk"), []byte("acknowledged"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	return store, live
+}
+
+func wantBlock(t *testing.T, dir string) {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "msgs", "1.blk"))
+	if err != nil || string(b) != "acknowledged" {
+		t.Fatalf("block in %s: %q, %v; want the acknowledged data", dir, b, err)
+	}
+}
+
+func TestRecoveryGuard(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	t.Run("nothing deleted: links removed", func(t *testing.T) {
+		store, live := guardedStore(t)
+		g, err := guardStreams(store, log)
+		if err != nil || g == nil {
+			t.Fatalf("guardStreams: %v, %v", g, err)
+		}
+		rescued, err := g.finish(nil, log)
+		if err != nil || len(rescued) != 0 {
+			t.Fatalf("finish: %v, %v", rescued, err)
+		}
+		wantBlock(t, live)
+		if _, err := os.Lstat(filepath.Join(store, RecoveryLinksDirName)); !os.IsNotExist(err) {
+			t.Errorf("links left: %v", err)
+		}
+	})
+	t.Run("deleted for a host cause: put back, start refused", func(t *testing.T) {
+		store, live := guardedStore(t)
+		g, _ := guardStreams(store, log)
+		os.RemoveAll(live) // what the server does
+		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
+		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put it back") {
+			t.Fatalf("finish: %v, want a refusal naming ORDERS and its cause", err)
+		}
+		wantBlock(t, live)
+	})
+	t.Run("deleted for another cause: kept in the orphans", func(t *testing.T) {
+		store, live := guardedStore(t)
+		g, _ := guardStreams(store, log)
+		os.RemoveAll(live)
+		rescued, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "corrupt state file"}}, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(rescued["ORDERS"], filepath.Join(store, OrphanDirName, "$G.ORDERS.")) {
+			t.Fatalf("rescued %v, want ORDERS in %s", rescued, OrphanDirName)
+		}
+		wantBlock(t, rescued["ORDERS"])
+	})
+	t.Run("start killed after the server deleted a stream", func(t *testing.T) {
+		store, live := guardedStore(t)
+		if _, err := guardStreams(store, log); err != nil {
+			t.Fatal(err)
+		}
+		os.RemoveAll(live) // and the process is killed before finish
+		g, err := guardStreams(store, log)
+		if err != nil || g == nil {
+			t.Fatalf("guardStreams after the kill: %v, %v", g, err)
+		}
+		wantBlock(t, live)
+		if _, err := g.finish(nil, log); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("host failure without a guard still refuses", func(t *testing.T) {
+		var g *recoveryGuard
+		_, err := g.finish(map[string]StreamLoadFailure{"S1": {Name: "S1", Err: "permission denied"}}, log)
+		if err == nil || !strings.Contains(err.Error(), "S1 (permission denied)") {
+			t.Fatalf("finish: %v, want a refusal", err)
+		}
+	})
+}
+
+func TestNoteLoadFailure(t *testing.T) {
+	l := newServerLogger(slog.New(slog.DiscardHandler))
+	l.Warnf("  Error recreating stream %q: %v", "S8", "open /s/S8/__new_msgs__: too many open files (10077)")
+	l.Warnf("  Error reading metafile %q: %v", "/store/jetstream/$G/streams/S9/meta.inf", "open meta.inf: too many open files")
+	l.Warnf("    Error adding consumer '%s > %s > %s': %v", "$G", "S5", "C5", "error creating store for consumer: open o.dat: too many open files")
+	l.Warnf("  Stream metafile %q: checksums do not match %q vs %q", "/store/jetstream/$G/streams/S1/meta.inf", "a", "b")
+	got := l.LoadFailures()
+	for _, name := range []string{"S8", "S9", "S5 > C5"} {
+		if f, ok := got[name]; !ok || !f.Environmental() {
+			t.Errorf("%s: %+v, want a host failure recorded", name, f)
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("recorded %v, want 3 (a checksum mismatch is a damaged stream, not a load failure)", got)
+	}
+	if (StreamLoadFailure{Err: "corrupt state file"}).Environmental() {
+		t.Error("a corrupt state file taken for a host failure")
+	}
+}
