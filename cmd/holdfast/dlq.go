@@ -88,6 +88,13 @@ func dlqCommand() *cli.Command {
 					if err != nil {
 						return runtimeError(err)
 					}
+					if dl.Consumer == "" || dl.OriginalSubject == "" || dl.OriginalStream == "" {
+						// It printed any message of any --stream as a dead letter.
+						return runtimeError(fmt.Errorf("%s #%d on %s is not a holdfast dead letter (not on dlq.<CONSUMER>.>, or without the %s and %s headers); "+
+							"the config's dead-letter streams: %s; read other messages with: go tool nats stream get %s %d",
+							stream, seq, dl.Subject, pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
+							strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", "), stream, seq))
+					}
 					w := c.App.Writer
 					fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
 					keys := make([]string, 0, len(dl.Header))

@@ -119,7 +119,8 @@ shutdown_timeout = "2s"
 // without a dead-letter stream, is a usage error naming it. A mistyped
 // name used to list "0 dead letter(s)" and replay "0 of 0" with exit 0,
 // as if the consumer had none. SEQ 0 is refused as a usage error too (it
-// was the server's "bad request", exit 1).
+// was the server's "bad request", exit 1), and `dlq show` of a message
+// that is no dead letter says so (it printed it as one).
 func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
@@ -149,6 +150,15 @@ dead_letter = ""
 	}
 	if res := runHoldfast(t, nil, "dlq", "ls", "--config", in.cfg, "--consumer", "WORKER1"); res.code != 0 || !strings.Contains(res.stdout, "0 dead letter(s)") {
 		t.Errorf("dlq ls --consumer WORKER1: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// A message that is no dead letter (of another --stream) is refused,
+	// not printed as one.
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "orders.created", "not a dead letter"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s", res.code, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "dlq", "show", "--config", in.cfg, "--stream", "ORDERS", "1"); res.code != 1 ||
+		!strings.Contains(res.stderr, "ORDERS #1 on orders.created is not a holdfast dead letter") || strings.Contains(res.stdout, "not a dead letter") {
+		t.Errorf("dlq show --stream ORDERS 1: exit %d, want 1 saying it is no dead letter\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	d.stop()
 }
