@@ -122,6 +122,13 @@ func dlqCommand() *cli.Command {
 					if c.Bool("all") == (c.NArg() > 0) {
 						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
 					}
+					// Each was ignored without a word in the other form.
+					if c.IsSet("consumer") && !c.Bool("all") {
+						return usageError(errors.New("--consumer goes with --all (replay every dead letter of that consumer); SEQ arguments name dead letters of --stream, whichever consumer failed them"))
+					}
+					if c.IsSet("stream") && c.Bool("all") {
+						return usageError(errors.New("--stream goes with SEQ arguments; --all replays the dead letters of every dead-letter stream (or of --consumer)"))
+					}
 					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
 						return err

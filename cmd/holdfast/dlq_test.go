@@ -120,7 +120,9 @@ shutdown_timeout = "2s"
 // name used to list "0 dead letter(s)" and replay "0 of 0" with exit 0,
 // as if the consumer had none. SEQ 0 is refused as a usage error too (it
 // was the server's "bad request", exit 1), and `dlq show` of a message
-// that is no dead letter says so (it printed it as one).
+// that is no dead letter says so (it printed it as one). replay's
+// --consumer with SEQ arguments, and --stream with --all, are refused (each
+// was ignored).
 func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
@@ -141,6 +143,8 @@ dead_letter = ""
 		{[]string{"dlq", "ls", "--consumer", "NODLQ"}, "consumers.NODLQ.dead_letter"},
 		{[]string{"dlq", "show", "0"}, `SEQ "0" is not a sequence number`},
 		{[]string{"dlq", "replay", "0"}, `SEQ "0" is not a sequence number`},
+		{[]string{"dlq", "replay", "--consumer", "WORKER1", "1"}, "--consumer goes with --all"},
+		{[]string{"dlq", "replay", "--all", "--stream", "ORDERS_DLQ"}, "--stream goes with SEQ arguments"},
 	} {
 		args := append([]string{tt.args[0], tt.args[1], "--config", in.cfg}, tt.args[2:]...)
 		res := runHoldfast(t, nil, args...)
