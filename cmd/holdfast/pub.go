@@ -16,6 +16,10 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 )
 
+// maxPubPayload is the largest message any holdfast takes: the most
+// server.max_payload may be.
+const maxPubPayload = 64 << 20
+
 func pubCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "pub",
@@ -38,9 +42,14 @@ func pubCommand() *cli.Command {
 			msg := nats.NewMsg(subj)
 			switch data := c.Args().Get(1); {
 			case c.NArg() == 1 || data == "-":
-				b, err := io.ReadAll(os.Stdin)
+				// Read no more than a message may hold: all of a large file
+				// or an endless pipe was read into memory first.
+				b, err := io.ReadAll(io.LimitReader(os.Stdin, maxPubPayload+1))
 				if err != nil {
 					return runtimeError(fmt.Errorf("read stdin: %w", err))
+				}
+				if len(b) > maxPubPayload {
+					return usageError(fmt.Errorf("stdin holds more than %d bytes (64 MiB), more than any NATS message may (server.max_payload is at most 64MiB): nothing was published", maxPubPayload))
 				}
 				msg.Data = b
 			default:

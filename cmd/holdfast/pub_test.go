@@ -103,3 +103,14 @@ func TestPubSaysWhyNothingWasStored(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestPubRefusesStdinOverAnyMessageSize: stdin larger than any NATS
+// message may be (64 MiB) is refused without reading it all into memory;
+// pub read a whole file or an endless pipe first.
+func TestPubRefusesStdinOverAnyMessageSize(t *testing.T) {
+	t.Parallel()
+	res := runHoldfast(t, make([]byte, 64<<20+1), "pub", "--server", "nats://127.0.0.1:1", "orders.created", "-")
+	if res.code != 2 || !strings.Contains(res.stderr, "stdin holds more than 67108864 bytes") {
+		t.Errorf("pub of 64 MiB + 1 byte: exit %d, want 2\n%s", res.code, res.stderr)
+	}
+}
