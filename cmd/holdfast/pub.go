@@ -60,6 +60,11 @@ func pubCommand() *cli.Command {
 				if !ok || strings.TrimSpace(k) == "" {
 					return usageError(fmt.Errorf("--header %q: use Name:Value", h))
 				}
+				if name := strings.TrimSpace(k); strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+					// nats.go sent it, and the publish failed with "nats:
+					// message could not decode headers".
+					return usageError(fmt.Errorf("--header %q: the name %q holds a blank or a control character; use a name such as X-Order-Id", h, name))
+				}
 				msg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 			}
 			count := c.Int("count")
