@@ -104,7 +104,7 @@ func dlqCommand() *cli.Command {
 					sort.Strings(keys)
 					for _, k := range keys {
 						for _, v := range dl.Header[k] {
-							fmt.Fprintf(w, "  %s: %s\n", k, v)
+							fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
 						}
 					}
 					fmt.Fprintf(w, "\n%s\n", dl.Data)
@@ -350,6 +350,16 @@ func pickDLQStream(cfg *config.Config, stream string) (string, error) {
 	}
 	sort.Strings(names)
 	return "", usageError(fmt.Errorf("%d dead-letter streams configured (%s): pick one with --stream", len(dls), strings.Join(names, ", ")))
+}
+
+// terminalSafe quotes s (Go syntax) when it holds a control character: a
+// header value of a message is the publisher's, and an escape sequence in
+// it (ESC [2K, a carriage return) could rewrite what the operator sees.
+func terminalSafe(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func oneLine(s string, max int) string {

@@ -313,3 +313,38 @@ command = [%q]
 	}
 	p.stop()
 }
+
+// TestDLQShowQuotesControlCharacters: `dlq show` prints a header value
+// holding control characters (the publisher's: an escape sequence could
+// rewrite the operator's terminal) quoted; it printed them raw.
+func TestDLQShowQuotesControlCharacters(t *testing.T) {
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	m := nats.NewMsg("orders.created")
+	m.Header.Set("X-Ctl", "a\x1b[2Kb")
+	m.Data = []byte("x")
+	if _, err := js.PublishMsg(natstest.Context(t), m); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != 1 {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "show", "1")
+	if res.code != 0 || strings.Contains(res.stdout, "\x1b") || !strings.Contains(res.stdout, `X-Ctl: "a\x1b[2Kb"`) {
+		t.Errorf("dlq show 1: exit %d, want the header quoted:\n%q", res.code, res.stdout)
+	}
+	p.stop()
+}
