@@ -196,7 +196,9 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 	case serr != nil:
 		err = fmt.Errorf("%w; stream %s was not put back (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, serr, saved, saved)
 	case ok && now.LastSeq > 0:
-		err = fmt.Errorf("%w; stream %s was not put back, it received messages meanwhile (last sequence %d): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, now.LastSeq, saved, saved)
+		// Not deleted (the delete failed or was interrupted), or created
+		// again and published into: left as it is.
+		err = fmt.Errorf("%w; stream %s holds messages now (last sequence %d; not deleted, or published into since): it is left as it is, and what it held before the restore is kept in %s (holdfast restore --replace %s puts that back)", err, e.Name, now.LastSeq, saved, saved)
 	default:
 		cur := map[string]jetstream.StreamState{}
 		if ok {

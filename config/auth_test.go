@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nkeys"
 	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // testHash is a bcrypt hash (cost 4, to keep tests fast) of "s3cret-password".
@@ -163,12 +165,18 @@ func TestLoadSecrets(t *testing.T) {
 	tok := writeModeFile(t, dir, "token", "0123456789abcdef0123456789\n", 0o600)
 	hash := writeModeFile(t, dir, "app.hash", testHash+"\n", 0o400)
 	key := writeModeFile(t, dir, "key", strings.Repeat("k", 48)+"\n", 0o600)
-	tlsKey := writeModeFile(t, dir, "tls.key", "not parsed here", 0o640)
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(certs.ServerKey, 0o640); err != nil { // its group may read a TLS key
+		t.Fatal(err)
+	}
 
 	cfg := DefaultConfig()
 	cfg.Auth.Users = map[string]*UserConfig{"app": {PasswordFile: hash}, "inline": {Password: testHash}}
 	cfg.JetStream.EncryptionKeyFile = key
-	cfg.TLS = TLSConfig{CertFile: tlsKey, KeyFile: tlsKey}
+	cfg.TLS = TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, CAFile: certs.CA}
 	sec, err := cfg.LoadSecrets()
 	if err != nil {
 		t.Fatal(err)

@@ -325,6 +325,7 @@ func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 	}
 	checkExists(v, "leafnodes.cert_file", l.CertFile)
 	checkExists(v, "leafnodes.ca_file", l.CAFile)
+	checkTLSFiles(v, "leafnodes.", l.CertFile, l.KeyFile, l.CAFile)
 	sec.RemoteSecrets = make([]string, len(l.Remotes))
 	for i, r := range l.Remotes {
 		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
@@ -342,6 +343,7 @@ func (c *Config) loadLeafSecrets(v *validator, sec *Secrets) {
 		}
 		checkExists(v, key+".cert_file", r.CertFile)
 		checkExists(v, key+".ca_file", r.CAFile)
+		checkTLSFiles(v, key+".", r.CertFile, r.KeyFile, r.CAFile)
 	}
 }
 

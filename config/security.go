@@ -1,6 +1,8 @@
 package config
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -279,6 +281,7 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	}
 	checkExists(v, "tls.cert_file", c.TLS.CertFile)
 	checkExists(v, "tls.ca_file", c.TLS.CAFile)
+	checkTLSFiles(v, "tls.", c.TLS.CertFile, c.TLS.KeyFile, c.TLS.CAFile)
 	if f := c.Cluster.PasswordFile; f != "" {
 		sec.ClusterPassword = readPassword(v, "cluster.password_file", f)
 	}
@@ -287,6 +290,7 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	}
 	checkExists(v, "cluster.cert_file", c.Cluster.CertFile)
 	checkExists(v, "cluster.ca_file", c.Cluster.CAFile)
+	checkTLSFiles(v, "cluster.", c.Cluster.CertFile, c.Cluster.KeyFile, c.Cluster.CAFile)
 	c.loadLeafSecrets(v, sec)
 	if len(v.problems) > 0 {
 		return nil, &ValidationError{Problems: v.problems}
@@ -326,6 +330,37 @@ func checkExists(v *validator, key, path string) {
 	if _, err := os.Stat(path); err != nil {
 		v.add(key, q(path), "%v", unwrapPathError(err))
 	}
+}
+
+// checkTLSFiles loads a certificate with its key, and a CA file, of the
+// table whose keys start with prefix, as the server will: `holdfast check`
+// passed a certificate whose key was another's, or a file that was no
+// PEM, and run then refused to start ("tls: error parsing X509
+// certificate/key pair", naming no key). Files that are missing or
+// unreadable are reported by checkExists and checkSecretFile.
+func checkTLSFiles(v *validator, prefix, cert, key, ca string) {
+	if cert != "" && key != "" && readable(cert) && readable(key) {
+		if _, err := tls.LoadX509KeyPair(cert, key); err != nil {
+			v.add(prefix+"cert_file", q(cert), "does not load with %skey_file %s: %v (both must be PEM, the key the certificate's own)", prefix, q(key), err)
+		}
+	}
+	if ca != "" && readable(ca) {
+		data, err := os.ReadFile(ca)
+		if err == nil && !x509.NewCertPool().AppendCertsFromPEM(data) {
+			v.add(prefix+"ca_file", q(ca), "holds no PEM certificate")
+		}
+	}
+}
+
+// readable tells whether path is a regular file that can be opened.
+func readable(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // checkSecretFile refuses a secret file that others (and, with ownerOnly,

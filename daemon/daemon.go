@@ -127,6 +127,11 @@ func (d *Daemon) Open(ctx context.Context) error {
 	d.notify.Status("bootstrapping streams and consumers")
 	d.http.setStep("bootstrapping streams and consumers")
 	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
+		if why := d.srv.CreateFailure(); why != "" {
+			// The API error says "error creating store for stream";
+			// the server's log line says why (no space, no inodes, ...).
+			return fmt.Errorf("%w (the server: %s)", err, why)
+		}
 		return err
 	}
 	var err error

@@ -660,6 +660,10 @@ func (s *Server) startRecorder() {
 			if err := s.recordStateIfChanged(ctx); err != nil && ctx.Err() == nil {
 				s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
 			}
+			if s.guardLeft != "" && s.CheckStore() == nil && os.RemoveAll(s.guardLeft) == nil {
+				s.log.Info("links to the streams' files removed", "dir", s.guardLeft)
+				s.guardLeft = ""
+			}
 		}
 	}()
 }

@@ -38,6 +38,10 @@ type serverLogger struct {
 	// The streams and consumers the server could not load while it
 	// recovered the store, by name.
 	loadFailures map[string]StreamLoadFailure
+
+	// The server's reason for the last stream or consumer it failed to
+	// create (its API error to the client says only "error creating store").
+	createFailure string
 }
 
 // The leafnode errors a hub sends an edge that holdfast reports, as
@@ -170,6 +174,11 @@ func (l *serverLogger) Warnf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
 	l.noteLoadFailure(format, v)
+	if strings.HasPrefix(format, "Stream create failed for ") || strings.HasPrefix(format, "Consumer create failed for ") {
+		l.mu.Lock()
+		l.createFailure = msg
+		l.mu.Unlock()
+	}
 	if msg == plaintextPasswordsWarning {
 		// About holdfast's own identities (the in-process user's random
 		// per-start password, the password-less no_auth_user): configured
@@ -263,4 +272,17 @@ func (s *Server) serverLogger() *serverLogger {
 	}
 	l, _ := ns.Logger().(*serverLogger)
 	return l
+}
+
+// CreateFailure is the server's own words for the last stream or consumer
+// it failed to create ("Stream create failed for '$G > ORDERS': ... no
+// space left on device"), or "".
+func (s *Server) CreateFailure() string {
+	l := s.serverLogger()
+	if l == nil {
+		return ""
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.createFailure
 }

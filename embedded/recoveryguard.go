@@ -38,6 +38,15 @@ type recoveryGuard struct {
 	storeDir string
 	dir      string
 	streams  []string // <account>/streams/<stream>, relative to jetstream/ and to dir
+	left     bool     // finish could not remove dir: Server's recorder retries
+}
+
+// leftDir is the links directory finish could not remove, or "".
+func (g *recoveryGuard) leftDir() string {
+	if g == nil || !g.left {
+		return ""
+	}
+	return g.dir
 }
 
 // guardStreams links every stream directory of the store's JetStream
@@ -47,13 +56,18 @@ type recoveryGuard struct {
 // guard or linking is impossible (logged: the start goes on unguarded).
 func guardStreams(storeDir string, log *slog.Logger) (*recoveryGuard, error) {
 	g := &recoveryGuard{storeDir: storeDir, dir: filepath.Join(storeDir, RecoveryLinksDirName)}
+	if err := os.RemoveAll(g.trash()); err != nil {
+		return nil, fmt.Errorf("cannot remove %s: %w", g.trash(), err)
+	}
 	if _, err := os.Lstat(g.dir); err == nil {
 		left, err := listGuarded(g.dir)
 		if err != nil {
 			return nil, err
 		}
 		g.streams = left
-		restored, err := g.putBack(g.live)
+		// Killed before the server was ready: a directory it deleted, or
+		// half deleted (a file of the links missing), is put back.
+		restored, err := g.restore(g.live, g.halfDeleted)
 		if err != nil {
 			return nil, err
 		}
@@ -124,6 +138,27 @@ func linkTree(src, dst string) error {
 	})
 }
 
+// halfDeleted reports whether a file linked before the start is missing
+// from the stream's directory.
+func (g *recoveryGuard) halfDeleted(rel string) bool {
+	half := false
+	_ = filepath.WalkDir(filepath.Join(g.dir, rel), func(p string, d fs.DirEntry, err error) error {
+		if err != nil || half || !d.Type().IsRegular() {
+			return nil
+		}
+		sub, rerr := filepath.Rel(filepath.Join(g.dir, rel), p)
+		if rerr != nil {
+			return nil
+		}
+		if _, serr := os.Lstat(filepath.Join(g.live(rel), sub)); errors.Is(serr, fs.ErrNotExist) {
+			half = true
+			return filepath.SkipAll
+		}
+		return nil
+	})
+	return half
+}
+
 func (g *recoveryGuard) live(rel string) string {
 	return filepath.Join(g.storeDir, "jetstream", rel)
 }
@@ -131,13 +166,31 @@ func (g *recoveryGuard) live(rel string) string {
 // putBack moves every guarded stream whose directory is gone to dest(rel),
 // and removes the guard. It returns the streams it moved.
 func (g *recoveryGuard) putBack(dest func(rel string) string) ([]string, error) {
+	return g.restore(dest, func(string) bool { return false })
+}
+
+// restore is putBack that also replaces the directories of the streams
+// replace names, which exist but may have been half deleted: the server
+// removing a stream's files under the same limit that made it fail
+// (measured: meta.inf gone, blocks left, so the next start skipped the
+// stream). The half one goes with the links into the trash.
+func (g *recoveryGuard) restore(dest func(rel string) string, replace func(rel string) bool) ([]string, error) {
 	if g.dir == "" {
 		return nil, nil
 	}
 	var moved []string
 	for _, rel := range g.streams {
 		if _, err := os.Lstat(g.live(rel)); !errors.Is(err, fs.ErrNotExist) {
-			continue // still there (or not ours to judge)
+			if !replace(rel) {
+				continue // still there (or not ours to judge)
+			}
+			half := filepath.Join(g.dir, "replaced", rel)
+			if err := os.MkdirAll(filepath.Dir(half), 0o750); err != nil {
+				return moved, err
+			}
+			if err := os.Rename(g.live(rel), half); err != nil {
+				return moved, fmt.Errorf("cannot move the half deleted stream directory %s aside: %w", rel, err)
+			}
 		}
 		to := dest(rel)
 		if err := os.MkdirAll(filepath.Dir(to), 0o750); err != nil {
@@ -151,13 +204,25 @@ func (g *recoveryGuard) putBack(dest func(rel string) string) ([]string, error) 
 			return moved, err
 		}
 	}
-	// What is left are links to files the server has open: removing
-	// them may fail like the server did (too many open files); the next
-	// start removes them.
-	if err := os.RemoveAll(g.dir); err != nil {
+	// What is left are links to files the server has open. Renamed
+	// first (no file descriptor needed), so that links a later start
+	// finds are never taken for a start killed during recovery: a stream
+	// deleted while running must not come back. Removing them may fail
+	// like the server did (too many open files): retried while running,
+	// and by the next start.
+	if err := os.Rename(g.dir, g.trash()); err != nil {
+		return moved, fmt.Errorf("%w: %w", errGuardLeft, err)
+	}
+	if err := os.RemoveAll(g.trash()); err != nil {
+		g.dir = g.trash()
 		return moved, fmt.Errorf("%w: %w", errGuardLeft, err)
 	}
 	return moved, syncDir(g.storeDir)
+}
+
+// trash is where the links go once they are no longer needed.
+func (g *recoveryGuard) trash() string {
+	return filepath.Join(g.storeDir, RecoveryLinksDirName+".done")
 }
 
 // errGuardLeft: the links could not all be removed; the next start does.
@@ -181,7 +246,14 @@ func (g *recoveryGuard) finish(failures map[string]StreamLoadFailure, log *slog.
 	}
 	rescued := map[string]string{}
 	at := time.Now().UTC().Format("20060102T150405Z")
-	moved, err := g.putBack(func(rel string) string {
+	// With a host failure, every stream the server failed on (or on one
+	// of its consumers) is put back as it was before the start.
+	failed := map[string]bool{}
+	for name := range failures {
+		stream, _, _ := strings.Cut(name, " > ")
+		failed[stream] = true
+	}
+	moved, err := g.restore(func(rel string) string {
 		name := filepath.Base(rel)
 		if env {
 			return g.live(rel)
@@ -190,9 +262,10 @@ func (g *recoveryGuard) finish(failures map[string]StreamLoadFailure, log *slog.
 		dest := filepath.Join(g.storeDir, OrphanDirName, fmt.Sprintf("%s.%s.%s.deleted-by-server", account, name, at))
 		rescued[name] = dest
 		return dest
-	})
+	}, func(rel string) bool { return env && failed[filepath.Base(rel)] })
 	if errors.Is(err, errGuardLeft) && !env {
-		log.Warn("the links to the streams' files stay until the next start: removed blocks keep their disk space until then", "err", err)
+		log.Warn("the links to the streams' files could not be removed yet: removed blocks keep their disk space until they are (retried every second)", "err", err)
+		g.left = true
 		err = nil
 	}
 	if err != nil && !env {
@@ -206,7 +279,7 @@ func (g *recoveryGuard) finish(failures map[string]StreamLoadFailure, log *slog.
 		slices.Sort(names)
 		what := "their data is left in place"
 		if len(moved) > 0 {
-			what = fmt.Sprintf("the server deleted %s and holdfast put it back; the data is in place", strings.Join(moved, ", "))
+			what = fmt.Sprintf("holdfast put %s back as it was before this start (the server deletes what it fails to open)", strings.Join(moved, ", "))
 		}
 		return nil, fmt.Errorf("nats-server could not load %s at start-up because of the host: %s. holdfast stops before anything is created over them: fix the cause (file permissions, open files limit, the disk) and start again",
 			strings.Join(names, "; "), what)

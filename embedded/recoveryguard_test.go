@@ -52,8 +52,20 @@ func TestRecoveryGuard(t *testing.T) {
 		g, _ := guardStreams(store, log)
 		os.RemoveAll(live) // what the server does
 		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
-		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put it back") {
+		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put $G/streams/ORDERS back") {
 			t.Fatalf("finish: %v, want a refusal naming ORDERS and its cause", err)
+		}
+		wantBlock(t, live)
+	})
+	t.Run("half deleted for a host cause: put back whole", func(t *testing.T) {
+		store, live := guardedStore(t)
+		g, _ := guardStreams(store, log)
+		// The server's RemoveAll ran out of files too: the block is gone,
+		// the directory is left.
+		os.Remove(filepath.Join(live, "msgs", "1.blk"))
+		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS > WORKER1": {Name: "ORDERS > WORKER1", Err: "open o.dat: too many open files"}}, log)
+		if err == nil {
+			t.Fatal("a host failure did not stop the start")
 		}
 		wantBlock(t, live)
 	})
@@ -83,6 +95,40 @@ func TestRecoveryGuard(t *testing.T) {
 		wantBlock(t, live)
 		if _, err := g.finish(nil, log); err != nil {
 			t.Fatal(err)
+		}
+	})
+	t.Run("start killed after the server half deleted a stream", func(t *testing.T) {
+		store, live := guardedStore(t)
+		if _, err := guardStreams(store, log); err != nil {
+			t.Fatal(err)
+		}
+		os.Remove(filepath.Join(live, "msgs", "1.blk"))
+		g, err := guardStreams(store, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantBlock(t, live)
+		if _, err := g.finish(nil, log); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
+		store, live := guardedStore(t)
+		g, _ := guardStreams(store, log)
+		// finish could not remove them (too many open files): they stay
+		// under the trash name while the stream is deleted with the CLI.
+		if err := os.Rename(g.dir, g.trash()); err != nil {
+			t.Fatal(err)
+		}
+		os.RemoveAll(live)
+		if _, err := guardStreams(store, log); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := os.Lstat(live); !os.IsNotExist(err) {
+			t.Fatalf("a stream deleted while running came back: %v", err)
+		}
+		if _, err := os.Lstat(g.trash()); !os.IsNotExist(err) {
+			t.Errorf("old links not removed: %v", err)
 		}
 	})
 	t.Run("host failure without a guard still refuses", func(t *testing.T) {

@@ -64,7 +64,10 @@ type Server struct {
 	losses []DataLoss
 	// rescued: streams the server deleted at this start, by name, with
 	// where their files were put (holdfast-orphans).
-	rescued    map[string]string
+	rescued map[string]string
+	// guardLeft is the recovery links directory not removed yet (too
+	// many open files then): the recorder goroutine retries.
+	guardLeft  string
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
 	recordMu   sync.Mutex // serializes writes of the state file
@@ -223,6 +226,19 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	go func() { defer close(started); ns.Start() }()
 
 	if err := s.waitReady(ctx, logger); err != nil {
+		// A server that failed to start (its listener, under the same
+		// open files limit) recovered the store first: what it deleted
+		// is put back once Start returned. An interrupted start leaves
+		// the links for the next one.
+		if ctx.Err() == nil {
+			select {
+			case <-started:
+				if _, gerr := guard.finish(logger.LoadFailures(), s.log); gerr != nil {
+					err = fmt.Errorf("%w; %w", err, gerr)
+				}
+			case <-time.After(5 * time.Second):
+			}
+		}
 		return err
 	}
 	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
@@ -231,6 +247,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if s.rescued, err = guard.finish(logger.LoadFailures(), s.log); err != nil {
 		return err
 	}
+	s.guardLeft = guard.leftDir()
 	if err := s.verify(); err != nil {
 		return err
 	}

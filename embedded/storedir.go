@@ -185,6 +185,9 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 		}
 		res.Warnings = append(res.Warnings, warnings...)
 	}
+	if w := foreignOwnerWarning(abs); w != "" && create { // check creates nothing
+		res.Warnings = append(res.Warnings, w)
+	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
 			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
@@ -394,6 +397,25 @@ func checkAccess(dir, path string, isDir bool) error {
 			what, relTo(dir, path), owner, userName(uint32(os.Geteuid()))),
 		Err: err,
 		Fix: "files left by running holdfast as another user, e.g. root: chown -R " + loginName(uint32(os.Geteuid())) + " " + dir}
+}
+
+// foreignOwnerWarning warns root running holdfast on a store dir another
+// user owns (the service's): every file the server creates now belongs to
+// root, and the service refuses the store until it is given back.
+func foreignOwnerWarning(dir string) string {
+	if os.Geteuid() != 0 {
+		return ""
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return ""
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == 0 {
+		return ""
+	}
+	return fmt.Sprintf("store dir %s belongs to %s and holdfast runs as root: the files it creates now belong to root, and holdfast run as %s refuses the store until they are given back (chown -R %s %s); stop this one and use the service, or run it as that user",
+		dir, userName(st.Uid), loginName(st.Uid), loginName(st.Uid), dir)
 }
 
 // userName names a user id for a message: "holdfast (uid 998)", or the

@@ -594,6 +594,38 @@ func TestCheckStoreDirDanglingLink(t *testing.T) {
 	})
 }
 
+// TestCheckStoreDirRootOnAnotherUsersStore: root running holdfast on the
+// service user's store is warned that it makes the store unusable for
+// that user until a chown.
+func TestCheckStoreDirRootOnAnotherUsersStore(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	nobody, err := user.Lookup("nobody")
+	if err != nil {
+		t.Skipf("no other user: %v", err)
+	}
+	uid, _ := strconv.Atoi(nobody.Uid)
+	dir := t.TempDir()
+	res, err := CheckStoreDir(dir, false, 0)
+	if err != nil || len(res.Warnings) != 0 {
+		t.Fatalf("root's own store: %v, warnings %q", err, res.Warnings)
+	}
+	if err := os.Chown(dir, uid, -1); err != nil {
+		t.Fatal(err)
+	}
+	res, err = CheckStoreDir(dir, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "holdfast runs as root") || !strings.Contains(res.Warnings[0], "chown -R "+nobody.Username+" "+dir) {
+		t.Errorf("warnings %q, want one about root on %s's store with the chown", res.Warnings, nobody.Username)
+	}
+	if res, err := InspectStoreDir(dir, false, 0); err != nil || len(res.Warnings) != 0 {
+		t.Errorf("holdfast check, which creates nothing: %v, warnings %q", err, res.Warnings)
+	}
+}
+
 func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 	t.Run("disk", func(t *testing.T) {
 		dir := t.TempDir()

@@ -99,7 +99,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	// claim afterwards finds it gone.
 	claim := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
 	if _, busy := replaysRunning.LoadOrStore(claim, struct{}{}); busy {
-		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d is being replayed by another request right now: its handler runs once; see holdfast dlq ls afterwards", req.Stream, req.Seq)}
+		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d is being handled right now (by another dlq replay, or by the workers resuming it after a restart): its handler runs once; see holdfast dlq ls afterwards", req.Stream, req.Seq)}
 	}
 	defer replaysRunning.Delete(claim)
 	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)

@@ -129,8 +129,21 @@ func (w *Workers) resumeInterrupted() {
 	}
 }
 
-// resume1 runs the handler on one parked message.
+// resume1 runs the handler on one parked message, unless `holdfast dlq
+// replay` is handling it (or has handled it) meanwhile: both ran the
+// handler on it.
 func (w *Workers) resume1(dl DeadLetter) {
+	claim := dl.Stream + ":" + strconv.FormatUint(dl.Seq, 10)
+	if _, busy := replaysRunning.LoadOrStore(claim, struct{}{}); busy {
+		w.log.Info("parked message is being replayed by holdfast dlq replay: not resumed here", "dead_letter", claim)
+		return
+	}
+	defer replaysRunning.Delete(claim)
+	if s, err := w.js.Stream(w.handlerCtx, dl.Stream); err == nil {
+		if _, err := s.GetMsg(w.handlerCtx, dl.Seq); errors.Is(err, jetstream.ErrMsgNotFound) {
+			return // replayed meanwhile
+		}
+	}
 	m, err := ReplayMessage(dl)
 	if err != nil {
 		w.log.Error("parked message cannot be resumed", "dead_letter_seq", dl.Seq, "err", err)

@@ -773,3 +773,64 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 		t.Errorf("Open of a missing consumer: %v, want consumer not found at once", err)
 	}
 }
+
+// TestResumedParkedMessageIsNotReplayedToo: `holdfast dlq replay` of a
+// parked message while the workers resume it after a restart does not run
+// the handler on it a second time: the replay is told it is being handled.
+// Both ran the handler (3 calls here: the interrupted one, the resume and
+// the replay).
+func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
+	rec := &recorder{}
+	var calls atomic.Int32
+	started := make(chan struct{}, 1)
+	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		rec.record(m)
+		if calls.Add(1) == 1 {
+			started <- struct{}{}
+			<-ctx.Done()
+			return pipeline.RetryLater("cancelled")
+		}
+		time.Sleep(time.Second) // the resume, or the replay, runs a while
+		return pipeline.Ok()
+	})
+	w1 := e.workersWith(h, 1, nil)
+	w1.ShutdownTimeout = 100 * time.Millisecond
+	seq := e.publish("orders.created", "last-chance", nil)
+	select {
+	case <-started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("handler not called")
+	}
+	if err := w1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var parked []pipeline.DeadLetter
+	if err := pipeline.ListDeadLetters(natstest.Context(t), e.js, "ORDERS_DLQ", "", func(dl pipeline.DeadLetter) error {
+		parked = append(parked, dl)
+		return nil
+	}); err != nil || len(parked) != 1 {
+		t.Fatalf("parked: %d, %v; want the interrupted message", len(parked), err)
+	}
+	e.workersWith(h, 1, nil)
+	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+		if n := calls.Load(); n < 2 {
+			return fmt.Errorf("handler called %d time(s), want the resume running", n)
+		}
+		return nil
+	})
+	err := pipeline.RequestReplay(natstest.Context(t), e.srv.Conn(), parked[0], 30*time.Second)
+	if err == nil || !strings.Contains(err.Error(), "being handled right now") {
+		t.Errorf("replay while the resume runs: %v, want it refused as being handled", err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if n := e.dlqCount(); n != 0 {
+			return fmt.Errorf("%d message(s) left in the dead-letter stream", n)
+		}
+		return nil
+	})
+	time.Sleep(1500 * time.Millisecond)
+	if n := len(rec.forSeq(seq)); n != 2 {
+		t.Errorf("handler called %d times on the message, want 2 (interrupted, resumed)", n)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // TestCheckAndRunRefuseValuesRunCannotSurvive: values that `check` used to
@@ -221,5 +222,46 @@ func TestCheckAndRunRefuseFileWithoutKeys(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCheckAndRunRefuseTLSFilesThatDoNotLoad: a certificate with another's
+// key, and a CA file without a certificate, are refused by check and run
+// alike, naming the key. check passed them, and run then stopped with
+// "tls: error parsing X509 certificate/key pair", naming no key.
+func TestCheckAndRunRefuseTLSFilesThatDoNotLoad(t *testing.T) {
+	t.Parallel()
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := filepath.Join(t.TempDir(), "store")
+	config := func(cert, key, ca string) string {
+		return e2eWriteConfig(t, e2eConfigTOML(store, natstest.FreePort(t), fmt.Sprintf(`
+[tls]
+cert_file = %q
+key_file = %q
+ca_file = %q
+`, cert, key, ca)))
+	}
+	for _, tt := range []struct {
+		cert, key, ca string
+		want          string
+	}{
+		{certs.ServerCert, certs.ClientKey, certs.CA, fmt.Sprintf("tls.cert_file = %q: does not load with tls.key_file %q", certs.ServerCert, certs.ClientKey)},
+		{certs.ServerCert, certs.ServerKey, certs.ClientKey, fmt.Sprintf("tls.ca_file = %q: holds no PEM certificate", certs.ClientKey)},
+	} {
+		path := config(tt.cert, tt.key, tt.ca)
+		check := runHoldfast(t, nil, "check", "--config", path)
+		if check.code != 1 || !strings.Contains(check.stdout+check.stderr, tt.want) {
+			t.Errorf("check: exit %d, want 1 saying %q:\n%s%s", check.code, tt.want, check.stdout, check.stderr)
+		}
+		run := runHoldfast(t, nil, "run", "--config", path)
+		if run.code == 0 || !strings.Contains(run.stderr, tt.want) {
+			t.Errorf("run: exit %d, want a refusal saying %q:\n%s", run.code, tt.want, run.stderr)
+		}
+	}
+	if ok := runHoldfast(t, nil, "check", "--config", config(certs.ServerCert, certs.ServerKey, certs.CA)); ok.code != 0 {
+		t.Errorf("check of a matching pair: exit %d\n%s%s", ok.code, ok.stdout, ok.stderr)
 	}
 }

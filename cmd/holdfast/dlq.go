@@ -88,6 +88,13 @@ func dlqCommand() *cli.Command {
 					if err != nil {
 						return runtimeError(err)
 					}
+					if dl.Consumer == "" || dl.OriginalSubject == "" || dl.OriginalStream == "" {
+						// It printed any message of any --stream as a dead letter.
+						return runtimeError(fmt.Errorf("%s #%d on %s is not a holdfast dead letter (not on dlq.<CONSUMER>.>, or without the %s and %s headers); "+
+							"the config's dead-letter streams: %s; read other messages with: go tool nats stream get %s %d",
+							stream, seq, dl.Subject, pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
+							strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", "), stream, seq))
+					}
 					w := c.App.Writer
 					fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
 					keys := make([]string, 0, len(dl.Header))
@@ -97,7 +104,7 @@ func dlqCommand() *cli.Command {
 					sort.Strings(keys)
 					for _, k := range keys {
 						for _, v := range dl.Header[k] {
-							fmt.Fprintf(w, "  %s: %s\n", k, v)
+							fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
 						}
 					}
 					fmt.Fprintf(w, "\n%s\n", dl.Data)
@@ -114,6 +121,13 @@ func dlqCommand() *cli.Command {
 				Action: func(c *cli.Context) error {
 					if c.Bool("all") == (c.NArg() > 0) {
 						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
+					}
+					// Each was ignored without a word in the other form.
+					if c.IsSet("consumer") && !c.Bool("all") {
+						return usageError(errors.New("--consumer goes with --all (replay every dead letter of that consumer); SEQ arguments name dead letters of --stream, whichever consumer failed them"))
+					}
+					if c.IsSet("stream") && c.Bool("all") {
+						return usageError(errors.New("--stream goes with SEQ arguments; --all replays the dead letters of every dead-letter stream (or of --consumer)"))
 					}
 					cfg, nc, js, err := connectJetStream(c)
 					if err != nil {
@@ -336,6 +350,16 @@ func pickDLQStream(cfg *config.Config, stream string) (string, error) {
 	}
 	sort.Strings(names)
 	return "", usageError(fmt.Errorf("%d dead-letter streams configured (%s): pick one with --stream", len(dls), strings.Join(names, ", ")))
+}
+
+// terminalSafe quotes s (Go syntax) when it holds a control character: a
+// header value of a message is the publisher's, and an escape sequence in
+// it (ESC [2K, a carriage return) could rewrite what the operator sees.
+func terminalSafe(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0 {
+		return s
+	}
+	return strconv.Quote(s)
 }
 
 func oneLine(s string, max int) string {

@@ -119,7 +119,10 @@ shutdown_timeout = "2s"
 // without a dead-letter stream, is a usage error naming it. A mistyped
 // name used to list "0 dead letter(s)" and replay "0 of 0" with exit 0,
 // as if the consumer had none. SEQ 0 is refused as a usage error too (it
-// was the server's "bad request", exit 1).
+// was the server's "bad request", exit 1), and `dlq show` of a message
+// that is no dead letter says so (it printed it as one). replay's
+// --consumer with SEQ arguments, and --stream with --all, are refused (each
+// was ignored).
 func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
@@ -140,6 +143,8 @@ dead_letter = ""
 		{[]string{"dlq", "ls", "--consumer", "NODLQ"}, "consumers.NODLQ.dead_letter"},
 		{[]string{"dlq", "show", "0"}, `SEQ "0" is not a sequence number`},
 		{[]string{"dlq", "replay", "0"}, `SEQ "0" is not a sequence number`},
+		{[]string{"dlq", "replay", "--consumer", "WORKER1", "1"}, "--consumer goes with --all"},
+		{[]string{"dlq", "replay", "--all", "--stream", "ORDERS_DLQ"}, "--stream goes with SEQ arguments"},
 	} {
 		args := append([]string{tt.args[0], tt.args[1], "--config", in.cfg}, tt.args[2:]...)
 		res := runHoldfast(t, nil, args...)
@@ -149,6 +154,15 @@ dead_letter = ""
 	}
 	if res := runHoldfast(t, nil, "dlq", "ls", "--config", in.cfg, "--consumer", "WORKER1"); res.code != 0 || !strings.Contains(res.stdout, "0 dead letter(s)") {
 		t.Errorf("dlq ls --consumer WORKER1: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	// A message that is no dead letter (of another --stream) is refused,
+	// not printed as one.
+	if res := runHoldfast(t, nil, "pub", "--config", in.cfg, "orders.created", "not a dead letter"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s", res.code, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "dlq", "show", "--config", in.cfg, "--stream", "ORDERS", "1"); res.code != 1 ||
+		!strings.Contains(res.stderr, "ORDERS #1 on orders.created is not a holdfast dead letter") || strings.Contains(res.stdout, "not a dead letter") {
+		t.Errorf("dlq show --stream ORDERS 1: exit %d, want 1 saying it is no dead letter\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	d.stop()
 }
@@ -296,6 +310,41 @@ command = [%q]
 	}
 	if res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "purge", "--yes", "--upto", "0"); res.code != 2 {
 		t.Errorf("dlq purge --upto 0: exit %d, want 2\n%s", res.code, res.stderr)
+	}
+	p.stop()
+}
+
+// TestDLQShowQuotesControlCharacters: `dlq show` prints a header value
+// holding control characters (the publisher's: an escape sequence could
+// rewrite the operator's terminal) quoted; it printed them raw.
+func TestDLQShowQuotesControlCharacters(t *testing.T) {
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+`, script), 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	m := nats.NewMsg("orders.created")
+	m.Header.Set("X-Ctl", "a\x1b[2Kb")
+	m.Data = []byte("x")
+	if _, err := js.PublishMsg(natstest.Context(t), m); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != 1 {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	res := runHoldfast(t, nil, "--config", in.cfg, "dlq", "show", "1")
+	if res.code != 0 || strings.Contains(res.stdout, "\x1b") || !strings.Contains(res.stdout, `X-Ctl: "a\x1b[2Kb"`) {
+		t.Errorf("dlq show 1: exit %d, want the header quoted:\n%q", res.code, res.stdout)
 	}
 	p.stop()
 }

@@ -45,10 +45,21 @@ func monotonicUsec() int64 {
 	return ts.Nano() / 1000
 }
 
-// Stopping tells systemd a shutdown began.
-func (n *notifier) Stopping() {
-	n.send(sd.SdNotifyStopping + "\n" + "STATUS=" + "draining and shutting down")
+// Stopping tells systemd a shutdown began, which may last up to take: the
+// unit's stop timeout (TimeoutStopSec) is extended to take from now when
+// it would end earlier, so that a shutdown_timeout longer than the packaged
+// unit's 90 s is not cut short by SIGKILL in the middle of the drain.
+// EXTEND_TIMEOUT_USEC never shortens a timeout; systemd before 236
+// ignores it.
+func (n *notifier) Stopping(take time.Duration) {
+	n.send(fmt.Sprintf("%s\nEXTEND_TIMEOUT_USEC=%d\nSTATUS=draining and shutting down", sd.SdNotifyStopping, take.Microseconds()))
 }
+
+// stopMargin is what a shutdown takes beyond shutdown_timeout: giving back
+// what is unfinished, draining the in-process connection (up to 10 s),
+// shutting the server down and syncing the store. With the default
+// shutdown_timeout (20 s) the total is the unit's TimeoutStopSec (90 s).
+const stopMargin = 70 * time.Second
 
 // Watchdog sends WATCHDOG=1 at half the unit's WatchdogSec, but only while
 // healthy answers nil: a stuck server or pipeline stops the pings and

@@ -121,6 +121,27 @@ func TestSystemdNotify(t *testing.T) {
 	}
 }
 
+// TestStopExtendsSystemdTimeout: with a shutdown_timeout longer than the
+// packaged unit's TimeoutStopSec (90 s), systemd used to SIGKILL holdfast
+// in the middle of the drain it was promised. STOPPING=1 comes with
+// EXTEND_TIMEOUT_USEC covering shutdown_timeout and the rest of the stop.
+func TestStopExtendsSystemdTimeout(t *testing.T) {
+	t.Parallel()
+	ns := newNotifySocket(t)
+	store := filepath.Join(t.TempDir(), "store")
+	port := natstest.FreePort(t)
+	cfg := e2eWriteConfig(t, e2eConfigTOML(store, port, "[run]\nshutdown_timeout = \"120s\"\n"))
+	p := startHoldfastEnv(t, cfg, "NOTIFY_SOCKET="+ns.path)
+	p.waitReady()
+	ready := ns.waitFor(t, "READY=1", 0)
+	p.stop()
+	stopping := ns.waitFor(t, "STOPPING=1", ready)
+	want := fmt.Sprintf("EXTEND_TIMEOUT_USEC=%d", (120*time.Second + stopMargin).Microseconds())
+	if at := ns.index(want, stopping); at != stopping+1 {
+		t.Fatalf("no %s with STOPPING=1: %q", want, ns.lines())
+	}
+}
+
 // TestNoNotifySocketIsNoop: without NOTIFY_SOCKET holdfast runs and stops
 // as usual (every sd_notify call is a no-op, nothing logged about it).
 func TestNoNotifySocketIsNoop(t *testing.T) {

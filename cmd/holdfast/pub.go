@@ -16,6 +16,10 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 )
 
+// maxPubPayload is the largest message any holdfast takes: the most
+// server.max_payload may be.
+const maxPubPayload = 64 << 20
+
 func pubCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "pub",
@@ -38,9 +42,14 @@ func pubCommand() *cli.Command {
 			msg := nats.NewMsg(subj)
 			switch data := c.Args().Get(1); {
 			case c.NArg() == 1 || data == "-":
-				b, err := io.ReadAll(os.Stdin)
+				// Read no more than a message may hold: all of a large file
+				// or an endless pipe was read into memory first.
+				b, err := io.ReadAll(io.LimitReader(os.Stdin, maxPubPayload+1))
 				if err != nil {
 					return runtimeError(fmt.Errorf("read stdin: %w", err))
+				}
+				if len(b) > maxPubPayload {
+					return usageError(fmt.Errorf("stdin holds more than %d bytes (64 MiB), more than any NATS message may (server.max_payload is at most 64MiB): nothing was published", maxPubPayload))
 				}
 				msg.Data = b
 			default:
@@ -50,6 +59,11 @@ func pubCommand() *cli.Command {
 				k, v, ok := strings.Cut(h, ":")
 				if !ok || strings.TrimSpace(k) == "" {
 					return usageError(fmt.Errorf("--header %q: use Name:Value", h))
+				}
+				if name := strings.TrimSpace(k); strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+					// nats.go sent it, and the publish failed with "nats:
+					// message could not decode headers".
+					return usageError(fmt.Errorf("--header %q: the name %q holds a blank or a control character; use a name such as X-Order-Id", h, name))
 				}
 				msg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
 			}

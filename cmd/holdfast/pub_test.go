@@ -103,3 +103,28 @@ func TestPubSaysWhyNothingWasStored(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestPubRefusesStdinOverAnyMessageSize: stdin larger than any NATS
+// message may be (64 MiB) is refused without reading it all into memory;
+// pub read a whole file or an endless pipe first.
+func TestPubRefusesStdinOverAnyMessageSize(t *testing.T) {
+	t.Parallel()
+	res := runHoldfast(t, make([]byte, 64<<20+1), "pub", "--server", "nats://127.0.0.1:1", "orders.created", "-")
+	if res.code != 2 || !strings.Contains(res.stderr, "stdin holds more than 67108864 bytes") {
+		t.Errorf("pub of 64 MiB + 1 byte: exit %d, want 2\n%s", res.code, res.stderr)
+	}
+}
+
+// TestPubRefusesHeaderNameWithBlank: a header name with a blank or a
+// control character is a usage error naming it, before anything is sent;
+// nats.go sent it and the publish failed with "nats: message could not
+// decode headers".
+func TestPubRefusesHeaderNameWithBlank(t *testing.T) {
+	t.Parallel()
+	for _, h := range []string{"X A:b", "X\tA:b", "X\x01A:b"} {
+		res := runHoldfast(t, nil, "pub", "--server", "nats://127.0.0.1:1", "-H", h, "orders.created", "x")
+		if res.code != 2 || !strings.Contains(res.stderr, "holds a blank or a control character") {
+			t.Errorf("pub -H %q: exit %d, want 2\n%s", h, res.code, res.stderr)
+		}
+	}
+}

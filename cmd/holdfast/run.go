@@ -135,7 +135,7 @@ func runCommand() *cli.Command {
 				}
 			}
 
-			n.Stopping()
+			n.Stopping(d.Running().Run.ShutdownTimeout.Duration + stopMargin)
 			cancel()
 			if err := d.Close(context.Background()); err != nil {
 				log.Error("shutdown", "err", err)

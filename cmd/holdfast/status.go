@@ -419,7 +419,9 @@ func printStatus(w io.Writer, out *statusOutput) {
 	}
 	tw.Flush()
 	for _, s := range out.Streams {
-		if s.Leader == "" {
+		// A single server names itself leader of every stream: no Raft
+		// group to show.
+		if s.Leader == "" || (len(s.Replicas) == 0 && out.Cluster == nil) {
 			continue
 		}
 		var reps []string

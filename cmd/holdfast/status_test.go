@@ -524,6 +524,11 @@ command = [%q]
 			t.Errorf("holdfast status does not match %s:\n%s", re, res.stdout)
 		}
 	}
+	// A single node has no Raft groups: no "ORDERS: leader holdfast-e2e;
+	// replicas " line with nothing after it under the tables.
+	if strings.Contains(res.stdout, "; replicas") {
+		t.Errorf("holdfast status of a single node lists leaders and replicas:\n%s", res.stdout)
+	}
 
 	// With the daemon gone, status fails.
 	d.stop()

@@ -263,3 +263,45 @@ func TestStreamsSurviveAStartWithTooFewFiles(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestBootstrapSaysWhyAStreamCannotBeCreated: the store's file system has
+// no inodes left when the bootstrap creates a stream. The JetStream API
+// error says only "error creating store for stream"; the exit line must
+// carry the server's reason (no space left on device).
+func TestBootstrapSaysWhyAStreamCannotBeCreated(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount a file system with few inodes")
+	}
+	t.Parallel()
+	mnt := filepath.Join(t.TempDir(), "mnt")
+	if err := os.Mkdir(mnt, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=16m,nr_inodes=8", "tmpfs", mnt).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs here: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", "-l", mnt).Run() })
+	port := natstest.FreePort(t)
+	cfg := e2eWriteConfig(t, fmt.Sprintf(`[server]
+name = "holdfast-e2e"
+port = %d
+[jetstream]
+store_dir = %q
+allow_tmpfs = true
+max_file_store = "8MB"
+max_memory_store = "8MB"
+[http]
+listen = ""
+[streams.ORDERS]
+subjects = ["orders.*"]
+`, port, mnt))
+	res := runHoldfast(t, nil, "run", "--config", cfg)
+	if res.code != 1 {
+		t.Fatalf("holdfast on a file system without inodes exited with %d, want 1:\n%s", res.code, res.stderr)
+	}
+	last := res.stderr[strings.LastIndex(strings.TrimRight(res.stderr, "\n"), "\n")+1:]
+	if !strings.HasPrefix(last, "Error: cannot create stream ORDERS") ||
+		!(strings.Contains(last, "no space left on device") || strings.Contains(last, "not writable")) {
+		t.Errorf("the exit line does not say why ORDERS cannot be created:\n%s", last)
+	}
+}
