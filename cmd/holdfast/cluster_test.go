@@ -809,3 +809,85 @@ func TestClusterWholeRestart(t *testing.T) {
 		nd.proc.stop()
 	}
 }
+
+// TestClusterDuplicateServerName: a fourth node started with a copy of
+// n2's config (only its ports and store changed, server.name still "n2")
+// joined the running cluster through n1 and n3 — nats-server refuses the
+// route between the two n2s only — caught up ORDERS as "n2" and said
+// "holdfast ready" with /healthz ok, while the others counted both as one
+// Raft peer. Now the newcomer refuses to start or reports unhealthy,
+// and so does the real n2, naming server.name and the address.
+func TestClusterDuplicateServerName(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	n2 := nodes[1]
+	dup := &clusterNode{
+		name:      "n2",
+		store:     filepath.Join(t.TempDir(), "store"),
+		port:      natstest.FreePort(t),
+		routePort: natstest.FreePort(t),
+		httpAddr:  fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)),
+	}
+	text := readFile(t, n2.cfg)
+	for _, r := range [][2]string{
+		{fmt.Sprintf("port = %d\n", n2.port), fmt.Sprintf("port = %d\n", dup.port)},
+		{fmt.Sprintf("store_dir = %q", n2.store), fmt.Sprintf("store_dir = %q", dup.store)},
+		{fmt.Sprintf("listen = %q", n2.httpAddr), fmt.Sprintf("listen = %q", dup.httpAddr)},
+		{fmt.Sprintf("listen = \"127.0.0.1:%d\"", n2.routePort), fmt.Sprintf("listen = \"127.0.0.1:%d\"", dup.routePort)},
+	} {
+		if !strings.Contains(text, r[0]) {
+			t.Fatalf("n2's config has no %q:\n%s", r[0], text)
+		}
+		text = strings.Replace(text, r[0], r[1], 1)
+	}
+	dup.cfg = e2eWriteConfig(t, text)
+	dup.proc = startHoldfast(t, dup.cfg)
+
+	const want = `also calls itself "n2" in cluster test-cluster`
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		if dup.proc.exited() {
+			if code := dup.proc.state.ExitCode(); code == 0 || !strings.Contains(dup.proc.stderr.String(), want) {
+				return fmt.Errorf("the node named n2 twice exited with %d without saying %s", code, want)
+			}
+			return nil
+		}
+		code, status, reason, err := clusterHealth(dup)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(reason, want) || !strings.Contains(reason, "server.name") {
+			return fmt.Errorf("/healthz of the second n2: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		code, status, reason, err := clusterHealth(n2)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(reason, want) {
+			return fmt.Errorf("/healthz of n2: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	if dup.proc.exited() {
+		t.Logf("the second n2 refused to start: %s", lineWith(dup.proc.stderr.String(), want))
+	} else {
+		t.Log("the second n2 runs, unhealthy")
+		dup.proc.signal(syscall.SIGTERM)
+	}
+}
+
+// lineWith returns the last line of text that contains sub.
+func lineWith(text, sub string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], sub) {
+			return lines[i]
+		}
+	}
+	return ""
+}
