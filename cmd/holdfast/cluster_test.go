@@ -891,3 +891,42 @@ func lineWith(text, sub string) string {
 	}
 	return ""
 }
+
+// TestClusterPubWithoutQuorum: the two followers of ORDERS killed, a
+// publish to the node of its leader reaches a leader that can no longer
+// commit, which never answers. `holdfast pub --count` waited for those
+// PubAcks forever; a single pub failed after 5 s with only "context
+// deadline exceeded". Both now end within their PubAck wait with an error
+// that says the message may or may not be stored, why, and what to do.
+func TestClusterPubWithoutQuorum(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	info := waitReplicasCurrent(t, js, "ORDERS", 3)
+	var leader *clusterNode
+	for _, nd := range nodes {
+		if nd.name == info.Cluster.Leader {
+			leader = nd
+			continue
+		}
+		nd.proc.signal(syscall.SIGKILL)
+	}
+	if leader == nil {
+		t.Fatalf("ORDERS's leader %q is not one of the nodes", info.Cluster.Leader)
+	}
+	const (
+		unanswered = "so the message may or may not be stored"
+		refused    = "nothing stored: no stream takes this subject, or (in a cluster) the stream has no leader"
+	)
+	for _, args := range [][]string{
+		{"--count", "10", "--id", "many"},
+		{"--id", "one"},
+	} {
+		// runHoldfast fails the test when the command does not end within 30 s.
+		res := runHoldfast(t, nil, append(append([]string{"pub", "--config", leader.cfg}, args...), "orders.created", "x")...)
+		if res.code != 1 || !(strings.Contains(res.stderr, unanswered) || strings.Contains(res.stderr, refused)) || !strings.Contains(res.stderr, "holdfast status") {
+			t.Fatalf("holdfast pub %q on %s without quorum: exit %d, want 1 with what it means\nstdout:\n%s\nstderr:\n%s", args, leader.name, res.code, res.stdout, res.stderr)
+		}
+		t.Logf("holdfast pub %q: %s", args, strings.TrimSpace(res.stderr))
+	}
+}

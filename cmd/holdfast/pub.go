@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -55,7 +57,7 @@ func pubCommand() *cli.Command {
 			if count < 1 {
 				return usageError(fmt.Errorf("--count %d: must be at least 1", count))
 			}
-			_, nc, js, err := connect(c)
+			_, nc, js, err := connect(c, jetstream.WithPublishAsyncTimeout(pubAckWait))
 			if err != nil {
 				return err
 			}
@@ -64,9 +66,11 @@ func pubCommand() *cli.Command {
 				if id := c.String("id"); id != "" {
 					msg.Header.Set(nats.MsgIdHdr, id)
 				}
-				ack, err := js.PublishMsg(c.Context, msg)
+				ctx, cancel := context.WithTimeout(c.Context, pubAckWait)
+				defer cancel()
+				ack, err := js.PublishMsg(ctx, msg)
 				if err != nil {
-					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, err))
+					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, publishHint(err)))
 				}
 				dup := ""
 				if ack.Duplicate {
@@ -78,6 +82,26 @@ func pubCommand() *cli.Command {
 			return publishMany(c, js, msg, c.String("id"), count)
 		},
 	}
+}
+
+// pubAckWait is how long holdfast pub waits for each PubAck. A publish
+// whose request reached a stream leader that lost its quorum, or died,
+// is never answered: without a limit the asynchronous publishes of
+// --count waited forever.
+const pubAckWait = 10 * time.Second
+
+// publishHint adds to a failed publish what it means and what to do.
+func publishHint(err error) error {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrTimeout):
+		return fmt.Errorf("%w: no acknowledgement within %s, so the message may or may not be stored: the stream's leader did not answer "+
+			"(in a cluster: a leader being elected, or this node without its quorum; holdfast status says which); "+
+			"publish again with the same --id, which the stream stores once within its duplicate_window", err, pubAckWait)
+	case errors.Is(err, jetstream.ErrNoStreamResponse):
+		return fmt.Errorf("%w: nothing stored: no stream takes this subject, or (in a cluster) the stream has no leader "+
+			"this node reaches; holdfast status lists the streams and their leaders", err)
+	}
+	return err
 }
 
 // publishMany publishes msg count times, at most pubWindow awaiting their
@@ -139,7 +163,7 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 			if progress {
 				fmt.Fprintln(os.Stderr)
 			}
-			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, err))
+			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, publishHint(err)))
 		}
 	}
 	if progress {
