@@ -166,6 +166,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err = s.prepareStoreLocked(); err != nil {
 		return err
 	}
+	if err = s.checkStoreCluster(); err != nil {
+		return err
+	}
 
 	opts := Options(s.cfg, s.store.Path)
 	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {

@@ -582,7 +582,12 @@ func TestClusterNodeRefusedByTheOthers(t *testing.T) {
 		{"password", pw, bad, `routes are refused: the other nodes refuse this node's cluster.user and cluster.password_file`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := e2eWriteConfig(t, strings.Replace(readFile(t, nodes[2].cfg), tc.from, tc.to, 1))
+			text := strings.Replace(readFile(t, nodes[2].cfg), tc.from, tc.to, 1)
+			// An empty store: n3's own, recorded in test-cluster, is
+			// refused before any route under another cluster.name
+			// (TestClusterStoreOfAnotherCluster).
+			text = strings.Replace(text, fmt.Sprintf("store_dir = %q", nodes[2].store), fmt.Sprintf("store_dir = %q", filepath.Join(t.TempDir(), "store")), 1)
+			cfg := e2eWriteConfig(t, text)
 			p := startHoldfast(t, cfg) // killed when the subtest ends
 			natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 				if !strings.Contains(p.stderr.String(), tc.want) {
@@ -928,5 +933,42 @@ func TestClusterPubWithoutQuorum(t *testing.T) {
 			t.Fatalf("holdfast pub %q on %s without quorum: exit %d, want 1 with what it means\nstdout:\n%s\nstderr:\n%s", args, leader.name, res.code, res.stdout, res.stderr)
 		}
 		t.Logf("holdfast pub %q: %s", args, strings.TrimSpace(res.stderr))
+	}
+}
+
+// TestClusterStoreOfAnotherCluster: the three nodes restarted with another
+// cluster.name on their stores. nats-server keeps each stream placed in
+// the cluster that created it, so the renamed cluster ran on until a
+// stream's replicas changed, which then failed on every node with "no
+// suitable peers for placement" (measured: every node retried for two
+// minutes at start-up and exited). Now each node refuses to start at
+// once, naming both names and the way back.
+func TestClusterStoreOfAnotherCluster(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	for _, nd := range nodes {
+		natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			if b, _ := os.ReadFile(filepath.Join(nd.store, "holdfast-state.json")); !strings.Contains(string(b), `"cluster": "test-cluster"`) {
+				return fmt.Errorf("%s has not recorded its cluster yet", nd.name)
+			}
+			return nil
+		})
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+	const want = `holds 2 stream(s) (ORDERS, ORDERS_DLQ) of cluster "test-cluster"`
+	for _, nd := range nodes {
+		cfg := e2eWriteConfig(t, strings.Replace(readFile(t, nd.cfg), `name = "test-cluster"`, `name = "renamed"`, 1))
+		nd.proc = startHoldfast(t, cfg)
+	}
+	for _, nd := range nodes {
+		code := nd.proc.wait(60 * time.Second)
+		log := nd.proc.stderr.String()
+		if code != 1 || !strings.Contains(log, want) || !strings.Contains(log, `but cluster.name is "renamed"`) || !strings.Contains(log, `set cluster.name = "test-cluster" again`) {
+			t.Fatalf("%s on a store of test-cluster with cluster.name \"renamed\": exit %d, want 1 saying %s:\n%s", nd.name, code, want, log)
+		}
 	}
 }
