@@ -972,3 +972,32 @@ func TestClusterStoreOfAnotherCluster(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterPubDuringLeaderElection: ORDERS's leader killed (kill -9), a
+// publish to another node at once. Until a new leader is elected (about
+// 4-5 s) no stream listens on the subject; holdfast pub gave up after
+// half a second (nats.go's two retries) with "no response from stream".
+// Nothing was stored then, so it now sends the message again until a
+// leader takes it.
+func TestClusterPubDuringLeaderElection(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	js := clusterJetStream(t, nodes)
+	info := streamClusterInfo(t, js, "ORDERS")
+	var other *clusterNode
+	for _, nd := range nodes {
+		if nd.name == info.Cluster.Leader {
+			nd.proc.signal(syscall.SIGKILL)
+		} else {
+			other = nd
+		}
+	}
+	res := runHoldfast(t, nil, "pub", "--config", other.cfg, "--id", "during-election", "orders.created", "x")
+	if res.code != 0 || !strings.Contains(res.stdout, "stored in ORDERS as seq 1") {
+		t.Fatalf("holdfast pub on %s while ORDERS's leader %s was replaced: exit %d, want 0 and stored\nstdout:\n%s\nstderr:\n%s",
+			other.name, info.Cluster.Leader, res.code, res.stdout, res.stderr)
+	}
+	if got := streamClusterInfo(t, js, "ORDERS").State.Msgs; got != 1 {
+		t.Fatalf("ORDERS holds %d messages, want 1", got)
+	}
+}

@@ -68,7 +68,9 @@ func pubCommand() *cli.Command {
 				}
 				ctx, cancel := context.WithTimeout(c.Context, pubAckWait)
 				defer cancel()
-				ack, err := js.PublishMsg(ctx, msg)
+				// No responders: nothing took the message, so it is sent again
+				// while a stream leader may be being elected.
+				ack, err := js.PublishMsg(ctx, msg, jetstream.WithRetryWait(pubRetryWait), jetstream.WithRetryAttempts(pubRetries))
 				if err != nil {
 					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, publishHint(err)))
 				}
@@ -90,6 +92,16 @@ func pubCommand() *cli.Command {
 // --count waited forever.
 const pubAckWait = 10 * time.Second
 
+// A single publish that no stream answered ("no responders": nothing
+// stored) is sent again every pubRetryWait, pubRetries times: a stream
+// leader's election after its node died takes about 4-5 s, during which a
+// publish failed after half a second. The asynchronous publishes of
+// --count are not retried (nats.go arms no PubAck timeout on a retry).
+const (
+	pubRetryWait = 250 * time.Millisecond
+	pubRetries   = 30
+)
+
 // publishHint adds to a failed publish what it means and what to do.
 func publishHint(err error) error {
 	switch {
@@ -99,7 +111,7 @@ func publishHint(err error) error {
 			"publish again with the same --id, which the stream stores once within its duplicate_window", err, pubAckWait)
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
 		return fmt.Errorf("%w: nothing stored: no stream takes this subject, or (in a cluster) the stream has no leader "+
-			"this node reaches; holdfast status lists the streams and their leaders", err)
+			"this node reaches (a single publish is tried for %s); holdfast status lists the streams and their leaders", err, pubRetries*pubRetryWait)
 	}
 	return err
 }
