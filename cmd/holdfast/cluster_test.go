@@ -1001,3 +1001,44 @@ func TestClusterPubDuringLeaderElection(t *testing.T) {
 		t.Fatalf("ORDERS holds %d messages, want 1", got)
 	}
 }
+
+// TestClusterRoutesNameOnlyTheOthers: each node's cluster.routes lists
+// the two other nodes only (config accepts it, as nats-server does). One
+// node stopped as in any maintenance, the two others' /healthz said
+// degraded: "the cluster counts 3 nodes, 2 of them current, but
+// cluster.routes names 2: a node replaced under another name ... remove
+// it: nats server raft peer-remove" — advice that would shrink the
+// cluster for a node about to come back. They count themselves now.
+func TestClusterRoutesNameOnlyTheOthers(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	for _, nd := range nodes {
+		self := fmt.Sprintf("%q, ", fmt.Sprintf("nats-route://127.0.0.1:%d", nd.routePort))
+		text := readFile(t, nd.cfg)
+		if !strings.Contains(text, self) && !strings.Contains(text, strings.TrimSuffix(self, ", ")+"]") {
+			t.Fatalf("%s's routes do not name it:\n%s", nd.name, text)
+		}
+		text = strings.Replace(text, self, "", 1)
+		text = strings.Replace(text, ", "+strings.TrimSuffix(self, ", ")+"]", "]", 1)
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	js := clusterJetStream(t, nodes)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	nodes[2].proc.stop()
+	for _, nd := range nodes[:2] {
+		natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+			if res := runHoldfast(t, nil, "status", "--config", nd.cfg); !strings.Contains(res.stdout, "peer     n3: offline") {
+				return fmt.Errorf("holdfast status on %s does not show n3 offline yet:\n%s%s", nd.name, res.stdout, res.stderr)
+			}
+			return nil
+		})
+		code, status, reason, err := clusterHealth(nd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(reason, "cluster.routes names") || strings.Contains(reason, "peer-remove") {
+			t.Fatalf("/healthz of %s with n3 stopped: %d %s: %s", nd.name, code, status, reason)
+		}
+	}
+}
