@@ -175,7 +175,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		StoreWriteErrors: d.srv.StoreWriteErrors,
 		ServerName:       d.cfg.Server.Name,
 		ClusterPeers:     clusterPeers(d.srv.NATS()),
-		ClusterNodes:     len(d.cfg.Cluster.Routes),
+		ClusterNodes:     d.srv.ClusterNodes(),
 		Degraded:         d.edge.Problems,
 		Warnings:         d.configDiffs,
 		RestoreRunning:   d.srv.RestoreRunning,

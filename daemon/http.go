@@ -273,6 +273,10 @@ func jetStreamCheck(srv *embedded.Server) func() error {
 		if err := srv.StoreWriteFault(); err != nil {
 			return err
 		}
+		// Seen again every few seconds while the two keep connecting.
+		if err := srv.DuplicateName(time.Minute); err != nil {
+			return err
+		}
 		ns := srv.NATS()
 		if ns == nil || !ns.Running() {
 			return errors.New("the NATS server is not running")

@@ -51,6 +51,9 @@ var ErrDataLoss = errors.New("data loss detected at start-up")
 type StoreState struct {
 	Version int       `json:"version"`
 	Written time.Time `json:"written"`
+	// Cluster is the cluster.name of the cluster the node ran in; empty
+	// outside a cluster (and in files written before it was recorded).
+	Cluster string `json:"cluster,omitempty"`
 	// Streams by name: only streams with file storage.
 	Streams map[string]StreamRecord `json:"streams"`
 	// Consumers by "STREAM/CONSUMER": durable consumers of those streams.
@@ -555,6 +558,34 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 	return nil
 }
 
+// ErrStoreOfAnotherCluster is the sentinel the start-up refusal of a store
+// recorded in another cluster unwraps to.
+var ErrStoreOfAnotherCluster = errors.New("the store dir belongs to another cluster")
+
+// checkStoreCluster refuses, before the server starts, a store whose
+// streams were recorded in a cluster of another name. nats-server keeps
+// each stream placed in the cluster that created it: measured with
+// nats-server 2.15.2, such a stream runs on while its replicas stay the
+// same, but any change of replicas (a node's config or a reload) fails
+// with "no suitable peers for placement" ("not target cluster" in the
+// server's debug log) — at start-up every node retried that for two
+// minutes and exited — and the old cluster's streams join the new
+// cluster's.
+func (s *Server) checkStoreCluster() error {
+	if !s.cfg.Cluster.Enabled() {
+		return nil
+	}
+	recorded, err := ReadStoreState(s.store.Path)
+	if err != nil || recorded == nil || recorded.Cluster == "" || recorded.Cluster == s.cfg.Cluster.Name || len(recorded.Streams) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: store dir %s holds %d stream(s) (%s) of cluster %q, recorded %s, but cluster.name is %q: nats-server keeps a stream placed in the cluster "+
+		"that created it, so these could never change their replicas here (\"no suitable peers for placement\") and would join this cluster's streams; "+
+		"set cluster.name = %q again (on every node), move the data with holdfast backup and restore, or move this store dir away to start the node empty",
+		ErrStoreOfAnotherCluster, s.store.Path, len(recorded.Streams), strings.Join(slices.Sorted(maps.Keys(recorded.Streams)), ", "),
+		recorded.Cluster, recorded.Written.UTC().Format(time.RFC3339), s.cfg.Cluster.Name, recorded.Cluster)
+}
+
 // logLoss logs one difference found by the start-up check: a lost
 // acknowledged message at error level, the rest as warnings.
 func (s *Server) logLoss(l DataLoss, recordedAt time.Time) {
@@ -691,6 +722,9 @@ func (s *Server) writeState(ctx context.Context, always bool) error {
 	if err != nil {
 		return err
 	}
+	if s.cfg.Cluster.Enabled() {
+		st.Cluster = s.cfg.Cluster.Name
+	}
 	// Never into a directory that took the store's place.
 	if err := s.CheckStore(); err != nil {
 		return err
@@ -709,7 +743,7 @@ func (s *Server) writeState(ctx context.Context, always bool) error {
 // sameStoreState reports whether a and b record the same positions (the
 // time they were written aside).
 func sameStoreState(a, b *StoreState) bool {
-	if a == nil || b == nil || a.Version != b.Version || len(a.Streams) != len(b.Streams) || len(a.Consumers) != len(b.Consumers) {
+	if a == nil || b == nil || a.Version != b.Version || a.Cluster != b.Cluster || len(a.Streams) != len(b.Streams) || len(a.Consumers) != len(b.Consumers) {
 		return false
 	}
 	for name, x := range a.Streams {

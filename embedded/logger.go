@@ -31,6 +31,11 @@ type serverLogger struct {
 	routeRefusal   string
 	routeRefusedAt time.Time
 
+	// The last route refused because the server at the other end has
+	// this node's server name: that name, the other end's address, when.
+	dupName, dupAddr string
+	dupAt            time.Time
+
 	// When the hub at an address (host:port) last sent this node's
 	// leafnode connection each of the errors leafErrorKinds names.
 	leafErrs map[leafErrKey]time.Time
@@ -124,6 +129,24 @@ func (l *serverLogger) noteRouteRefusal(msg string) {
 	l.routeRefusal, l.routeRefusedAt = why, time.Now()
 }
 
+// routeDuplicateName is what nats-server (v2.15.2, route.go) logs when it
+// accepts a route from a server with its own server name (the connection's
+// prefix names the other end's address); it then closes that route, and
+// the nodes keep trying again.
+var routeDuplicateName = regexp.MustCompile(`^(\S+) - rid:\d+ - Remote server has a duplicate name: "([^"]*)"`)
+
+// noteDuplicateName records the name and the other end's address when msg
+// says a route came from a server with this node's name.
+func (l *serverLogger) noteDuplicateName(msg string) {
+	m := routeDuplicateName.FindStringSubmatch(msg)
+	if m == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.dupName, l.dupAddr, l.dupAt = m[2], m[1], time.Now()
+}
+
 // RouteRefusal is why routes were last refused, when that was within
 // the last d; "" otherwise.
 func (l *serverLogger) RouteRefusal(d time.Duration) string {
@@ -197,6 +220,7 @@ func (l *serverLogger) Errorf(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
 	l.noteStoreError(msg)
 	l.noteRouteRefusal(msg)
+	l.noteDuplicateName(msg)
 	l.noteLeafError(msg)
 	l.log.Error(msg)
 }
@@ -263,6 +287,46 @@ func (s *Server) StoreWriteFault() error {
 		return nil
 	}
 	return &StoreWriteError{First: l.firstWrite, At: l.firstAt, Count: l.writeErrs}
+}
+
+// ErrDuplicateServerName is the sentinel a DuplicateNameError unwraps to.
+var ErrDuplicateServerName = errors.New("another node of the cluster has this node's server.name")
+
+// DuplicateNameError says that a server with this node's server.name
+// connected to the cluster: nats-server refuses the route between the two,
+// but both still join through the other nodes, which count them as one
+// Raft peer (a peer's identity is a hash of its name), so each one's vote
+// and each one's copy may stand for the other's.
+type DuplicateNameError struct {
+	Cluster, Name, Addr string
+	At                  time.Time
+}
+
+func (e *DuplicateNameError) Error() string {
+	return fmt.Sprintf("%s: a server connecting from %s also calls itself %q in cluster %s (last seen %s): the other nodes would count both as one Raft peer, "+
+		"so a message acknowledged by one of them may be missing on the other; give every node its own server.name: "+
+		"stop the misnamed one, empty its store dir (the others hold the data) and start it under its own name",
+		ErrDuplicateServerName, e.Addr, e.Name, e.Cluster, e.At.UTC().Format(time.RFC3339))
+}
+
+// Unwrap returns ErrDuplicateServerName.
+func (e *DuplicateNameError) Unwrap() error { return ErrDuplicateServerName }
+
+// DuplicateName returns a *DuplicateNameError when the server refused a
+// route from a server with this node's name within the last d (the two
+// keep trying to connect, so a conflict that lasts is seen again and
+// again), nil otherwise.
+func (s *Server) DuplicateName(d time.Duration) error {
+	l := s.serverLogger()
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dupName == "" || time.Since(l.dupAt) > d {
+		return nil
+	}
+	return &DuplicateNameError{Cluster: s.cfg.Cluster.Name, Name: l.dupName, Addr: l.dupAddr, At: l.dupAt}
 }
 
 func (s *Server) serverLogger() *serverLogger {

@@ -172,6 +172,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err = s.prepareStoreLocked(); err != nil {
 		return err
 	}
+	if err = s.checkStoreCluster(); err != nil {
+		return err
+	}
 
 	opts := Options(s.cfg, s.store.Path)
 	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {
@@ -307,6 +310,11 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		_, err := s.js.AccountInfo(actx)
 		cancel()
 		if err == nil {
+			// A server with this node's name is refused by this node
+			// but joins through the others, which answer at once.
+			if err := s.DuplicateName(10 * time.Second); err != nil {
+				return err
+			}
 			s.log.Info("JetStream cluster ready", "cluster", s.cfg.Cluster.Name, "routes", s.ns.NumRoutes(),
 				"meta_leader", s.ns.JetStreamIsLeader(), "waited", time.Since(start).Round(time.Millisecond))
 			return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -15,6 +16,13 @@ const ackBatchMax = 256
 
 // ackConfirmTimeout bounds the wait for the server to confirm a batch.
 const ackConfirmTimeout = 5 * time.Second
+
+// ackRetryWait is the pause before a batch that was not confirmed is sent
+// again (for up to the consumer's ack_wait).
+const ackRetryWait = 500 * time.Millisecond
+
+// ackPayload is a plain ack, as nats.go sends it.
+var ackPayload = []byte("+ACK")
 
 // acker acknowledges the messages the handlers succeeded with, off the
 // workers' path: a worker hands its message over and takes the next one.
@@ -136,6 +144,26 @@ func (a *acker) confirmBatch(b sentBatch) {
 	ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
 	err := b.last.msg.DoubleAck(ctx)
 	cancel()
+	// A consumer whose leader is being elected (its node died, in a
+	// cluster) drops acks and answers none: the messages were handled,
+	// and until their ack_wait passes the new leader still holds them
+	// pending, so the same acks are sent again until one is confirmed.
+	// Without that each came back (a duplicate), and on its last allowed
+	// delivery was dead-lettered as "the handler did not finish".
+	// While the workers stop, once only: the stop must not wait for an
+	// ack_wait that may be minutes.
+	for retries, deadline := 0, time.Now().Add(a.w.AckWait()); err != nil && !errors.Is(err, nats.ErrConnectionClosed) &&
+		time.Now().Before(deadline) && (retries == 0 || !a.w.stopping.Load()); retries++ {
+		a.w.log.Warn("acks not confirmed: sending them again until the consumer answers (a consumer leader being elected?)",
+			"messages", len(b.sent)+1, "last_seq", b.last.seq, "err", err)
+		time.Sleep(ackRetryWait)
+		for _, it := range b.sent {
+			_ = a.w.nc.Publish(it.msg.Reply(), ackPayload)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
+		err = b.last.msg.DoubleAck(ctx)
+		cancel()
+	}
 	if err != nil {
 		first := b.last.seq
 		if len(b.sent) > 0 {

@@ -81,7 +81,8 @@ type MonitorOptions struct {
 	// cluster this one sees current (itself included) and how many the
 	// cluster has; ok is false on a single node.
 	ClusterPeers func() (current, size int, ok bool)
-	// ClusterNodes is how many nodes the config's cluster.routes name:
+	// ClusterNodes is how many nodes the config's cluster.routes name
+	// with this one (which the routes may or may not name):
 	// a cluster whose meta group counts more, one of them not current,
 	// keeps a node replaced under another name (or taken away) as a
 	// member.

@@ -35,8 +35,8 @@ func clientURL(cfg *config.Config) string {
 }
 
 // connect opens a client connection to the running holdfast, like any
-// NATS client would.
-func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, error) {
+// NATS client would; jsOpts go to its JetStream context.
+func connect(c *cli.Context, jsOpts ...jetstream.JetStreamOpt) (*config.Config, *nats.Conn, jetstream.JetStream, error) {
 	cfg, _, err := loadConfig(c)
 	if err != nil {
 		return nil, nil, nil, err
@@ -54,7 +54,7 @@ func connect(c *cli.Context) (*config.Config, *nats.Conn, jetstream.JetStream, e
 	if err != nil {
 		return nil, nil, nil, runtimeError(fmt.Errorf("cannot connect to holdfast at %s: %w (%s)", url, err, connectHint(c, err)))
 	}
-	js, err := jetstream.New(nc)
+	js, err := jetstream.New(nc, jsOpts...)
 	if err != nil {
 		nc.Close()
 		return nil, nil, nil, runtimeError(err)

@@ -582,7 +582,12 @@ func TestClusterNodeRefusedByTheOthers(t *testing.T) {
 		{"password", pw, bad, `routes are refused: the other nodes refuse this node's cluster.user and cluster.password_file`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := e2eWriteConfig(t, strings.Replace(readFile(t, nodes[2].cfg), tc.from, tc.to, 1))
+			text := strings.Replace(readFile(t, nodes[2].cfg), tc.from, tc.to, 1)
+			// An empty store: n3's own, recorded in test-cluster, is
+			// refused before any route under another cluster.name
+			// (TestClusterStoreOfAnotherCluster).
+			text = strings.Replace(text, fmt.Sprintf("store_dir = %q", nodes[2].store), fmt.Sprintf("store_dir = %q", filepath.Join(t.TempDir(), "store")), 1)
+			cfg := e2eWriteConfig(t, text)
 			p := startHoldfast(t, cfg) // killed when the subtest ends
 			natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 				if !strings.Contains(p.stderr.String(), tc.want) {
@@ -807,5 +812,333 @@ func TestClusterWholeRestart(t *testing.T) {
 	}
 	for _, nd := range nodes {
 		nd.proc.stop()
+	}
+}
+
+// TestClusterDuplicateServerName: a fourth node started with a copy of
+// n2's config (only its ports and store changed, server.name still "n2")
+// joined the running cluster through n1 and n3 — nats-server refuses the
+// route between the two n2s only — caught up ORDERS as "n2" and said
+// "holdfast ready" with /healthz ok, while the others counted both as one
+// Raft peer. Now the newcomer refuses to start or reports unhealthy,
+// and so does the real n2, naming server.name and the address.
+func TestClusterDuplicateServerName(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+
+	n2 := nodes[1]
+	dup := &clusterNode{
+		name:      "n2",
+		store:     filepath.Join(t.TempDir(), "store"),
+		port:      natstest.FreePort(t),
+		routePort: natstest.FreePort(t),
+		httpAddr:  fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)),
+	}
+	text := readFile(t, n2.cfg)
+	for _, r := range [][2]string{
+		{fmt.Sprintf("port = %d\n", n2.port), fmt.Sprintf("port = %d\n", dup.port)},
+		{fmt.Sprintf("store_dir = %q", n2.store), fmt.Sprintf("store_dir = %q", dup.store)},
+		{fmt.Sprintf("listen = %q", n2.httpAddr), fmt.Sprintf("listen = %q", dup.httpAddr)},
+		{fmt.Sprintf("listen = \"127.0.0.1:%d\"", n2.routePort), fmt.Sprintf("listen = \"127.0.0.1:%d\"", dup.routePort)},
+	} {
+		if !strings.Contains(text, r[0]) {
+			t.Fatalf("n2's config has no %q:\n%s", r[0], text)
+		}
+		text = strings.Replace(text, r[0], r[1], 1)
+	}
+	dup.cfg = e2eWriteConfig(t, text)
+	dup.proc = startHoldfast(t, dup.cfg)
+
+	const want = `also calls itself "n2" in cluster test-cluster`
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		if dup.proc.exited() {
+			if code := dup.proc.state.ExitCode(); code == 0 || !strings.Contains(dup.proc.stderr.String(), want) {
+				return fmt.Errorf("the node named n2 twice exited with %d without saying %s", code, want)
+			}
+			return nil
+		}
+		code, status, reason, err := clusterHealth(dup)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(reason, want) || !strings.Contains(reason, "server.name") {
+			return fmt.Errorf("/healthz of the second n2: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+		code, status, reason, err := clusterHealth(n2)
+		if err != nil {
+			return err
+		}
+		if code != http.StatusServiceUnavailable || !strings.Contains(reason, want) {
+			return fmt.Errorf("/healthz of n2: %d %s: %s", code, status, reason)
+		}
+		return nil
+	})
+	if dup.proc.exited() {
+		t.Logf("the second n2 refused to start: %s", lineWith(dup.proc.stderr.String(), want))
+	} else {
+		t.Log("the second n2 runs, unhealthy")
+		dup.proc.signal(syscall.SIGTERM)
+	}
+}
+
+// lineWith returns the last line of text that contains sub.
+func lineWith(text, sub string) string {
+	lines := strings.Split(text, "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], sub) {
+			return lines[i]
+		}
+	}
+	return ""
+}
+
+// TestClusterPubWithoutQuorum: the two followers of ORDERS killed, a
+// publish to the node of its leader reaches a leader that can no longer
+// commit, which never answers. `holdfast pub --count` waited for those
+// PubAcks forever; a single pub failed after 5 s with only "context
+// deadline exceeded". Both now end within their PubAck wait with an error
+// that says the message may or may not be stored, why, and what to do.
+func TestClusterPubWithoutQuorum(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	info := waitReplicasCurrent(t, js, "ORDERS", 3)
+	var leader *clusterNode
+	for _, nd := range nodes {
+		if nd.name == info.Cluster.Leader {
+			leader = nd
+			continue
+		}
+		nd.proc.signal(syscall.SIGKILL)
+	}
+	if leader == nil {
+		t.Fatalf("ORDERS's leader %q is not one of the nodes", info.Cluster.Leader)
+	}
+	const (
+		unanswered = "so the message may or may not be stored"
+		refused    = "in a cluster, the stream may have no leader this node reaches"
+	)
+	for _, args := range [][]string{
+		{"--count", "10", "--id", "many"},
+		{"--id", "one"},
+	} {
+		// runHoldfast fails the test when the command does not end within 30 s.
+		res := runHoldfast(t, nil, append(append([]string{"pub", "--config", leader.cfg}, args...), "orders.created", "x")...)
+		if res.code != 1 || !(strings.Contains(res.stderr, unanswered) || strings.Contains(res.stderr, refused)) || !strings.Contains(res.stderr, "holdfast status") {
+			t.Fatalf("holdfast pub %q on %s without quorum: exit %d, want 1 with what it means\nstdout:\n%s\nstderr:\n%s", args, leader.name, res.code, res.stdout, res.stderr)
+		}
+		t.Logf("holdfast pub %q: %s", args, strings.TrimSpace(res.stderr))
+	}
+}
+
+// TestClusterStoreOfAnotherCluster: the three nodes restarted with another
+// cluster.name on their stores. nats-server keeps each stream placed in
+// the cluster that created it, so the renamed cluster ran on until a
+// stream's replicas changed, which then failed on every node with "no
+// suitable peers for placement" (measured: every node retried for two
+// minutes at start-up and exited). Now each node refuses to start at
+// once, naming both names and the way back.
+func TestClusterStoreOfAnotherCluster(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	for _, nd := range nodes {
+		natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+			if b, _ := os.ReadFile(filepath.Join(nd.store, "holdfast-state.json")); !strings.Contains(string(b), `"cluster": "test-cluster"`) {
+				return fmt.Errorf("%s has not recorded its cluster yet", nd.name)
+			}
+			return nil
+		})
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+	const want = `holds 2 stream(s) (ORDERS, ORDERS_DLQ) of cluster "test-cluster"`
+	for _, nd := range nodes {
+		cfg := e2eWriteConfig(t, strings.Replace(readFile(t, nd.cfg), `name = "test-cluster"`, `name = "renamed"`, 1))
+		nd.proc = startHoldfast(t, cfg)
+	}
+	for _, nd := range nodes {
+		code := nd.proc.wait(60 * time.Second)
+		log := nd.proc.stderr.String()
+		if code != 1 || !strings.Contains(log, want) || !strings.Contains(log, `but cluster.name is "renamed"`) || !strings.Contains(log, `set cluster.name = "test-cluster" again`) {
+			t.Fatalf("%s on a store of test-cluster with cluster.name \"renamed\": exit %d, want 1 saying %s:\n%s", nd.name, code, want, log)
+		}
+	}
+}
+
+// TestClusterPubDuringLeaderElection: ORDERS's leader killed (kill -9), a
+// publish to another node at once. Until a new leader is elected (about
+// 4-5 s) no stream listens on the subject; holdfast pub gave up after
+// half a second (nats.go's two retries) with "no response from stream".
+// Nothing was stored then, so it now sends the message again until a
+// leader takes it.
+func TestClusterPubDuringLeaderElection(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	js := clusterJetStream(t, nodes)
+	info := streamClusterInfo(t, js, "ORDERS")
+	var other *clusterNode
+	for _, nd := range nodes {
+		if nd.name == info.Cluster.Leader {
+			nd.proc.signal(syscall.SIGKILL)
+		} else {
+			other = nd
+		}
+	}
+	res := runHoldfast(t, nil, "pub", "--config", other.cfg, "--id", "during-election", "orders.created", "x")
+	if res.code != 0 || !strings.Contains(res.stdout, "stored in ORDERS as seq 1") {
+		t.Fatalf("holdfast pub on %s while ORDERS's leader %s was replaced: exit %d, want 0 and stored\nstdout:\n%s\nstderr:\n%s",
+			other.name, info.Cluster.Leader, res.code, res.stdout, res.stderr)
+	}
+	if got := streamClusterInfo(t, js, "ORDERS").State.Msgs; got != 1 {
+		t.Fatalf("ORDERS holds %d messages, want 1", got)
+	}
+}
+
+// TestClusterRoutesNameOnlyTheOthers: each node's cluster.routes lists
+// the two other nodes only (config accepts it, as nats-server does). One
+// node stopped as in any maintenance, the two others' /healthz said
+// degraded: "the cluster counts 3 nodes, 2 of them current, but
+// cluster.routes names 2: a node replaced under another name ... remove
+// it: nats server raft peer-remove" — advice that would shrink the
+// cluster for a node about to come back. They count themselves now.
+func TestClusterRoutesNameOnlyTheOthers(t *testing.T) {
+	nodes := newTestCluster(t, 3, "")
+	for _, nd := range nodes {
+		self := fmt.Sprintf("%q, ", fmt.Sprintf("nats-route://127.0.0.1:%d", nd.routePort))
+		text := readFile(t, nd.cfg)
+		if !strings.Contains(text, self) && !strings.Contains(text, strings.TrimSuffix(self, ", ")+"]") {
+			t.Fatalf("%s's routes do not name it:\n%s", nd.name, text)
+		}
+		text = strings.Replace(text, self, "", 1)
+		text = strings.Replace(text, ", "+strings.TrimSuffix(self, ", ")+"]", "]", 1)
+		nd.cfg = e2eWriteConfig(t, text)
+		nd.inst.cfg = nd.cfg
+	}
+	startAll(t, nodes)
+	js := clusterJetStream(t, nodes)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	nodes[2].proc.stop()
+	for _, nd := range nodes[:2] {
+		natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+			if res := runHoldfast(t, nil, "status", "--config", nd.cfg); !strings.Contains(res.stdout, "peer     n3: offline") {
+				return fmt.Errorf("holdfast status on %s does not show n3 offline yet:\n%s%s", nd.name, res.stdout, res.stderr)
+			}
+			return nil
+		})
+		code, status, reason, err := clusterHealth(nd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(reason, "cluster.routes names") || strings.Contains(reason, "peer-remove") {
+			t.Fatalf("/healthz of %s with n3 stopped: %d %s: %s", nd.name, code, status, reason)
+		}
+	}
+}
+
+// TestClusterAcksThroughConsumerLeaderElection: workers on every node,
+// max_deliver = 1, WORKER1's leader killed (kill -9) while the others'
+// handlers run. Their acks went to a consumer without a leader and were
+// dropped; the messages, handled, hit max_deliver after ack_wait and were
+// dead-lettered as "the handler did not finish" (measured: 18 of 24
+// handled messages) — a replay would run them twice. The workers now send
+// unconfirmed acks again until the new leader takes them: every message is
+// handled or dead-lettered, and none of the handled ones is a dead letter.
+func TestClusterAcksThroughConsumerLeaderElection(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "processed")
+	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\nsleep 0.3\necho \"$HOLDFAST_MSG_ID $TEST_NODE\" >> %q\n", out))
+	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
+ack_wait = "15s"
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+timeout = "10s"
+`, script))
+	for _, nd := range nodes {
+		nd.proc = startHoldfastEnv(t, nd.cfg, "TEST_NODE="+nd.name)
+	}
+	for _, nd := range nodes {
+		nd.proc.waitReadyWithin(2 * time.Minute)
+	}
+	js := clusterJetStream(t, nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ci, err := js.Consumer(ctx, "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := ci.CachedInfo().Cluster.Leader
+	const n = 60
+	acked := map[string]bool{}
+	for i := range n {
+		id := fmt.Sprintf("m-%d", i)
+		if _, err := js.Publish(ctx, "orders.created", []byte(id), jetstream.WithMsgID(id)); err != nil {
+			t.Fatal(err)
+		}
+		acked[id] = true
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if l := len(e2eLines(t, out)); l < 6 {
+			return fmt.Errorf("%d handled", l)
+		}
+		return nil
+	})
+	for _, nd := range nodes {
+		if nd.name == leader {
+			nd.proc.signal(syscall.SIGKILL)
+		}
+	}
+	// Every message handled or dead-lettered. One handled on the killed
+	// node may have died with its ack: it is not counted.
+	var handled, dead map[string]bool
+	onKilled := map[string]bool{}
+	natstest.CheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
+		handled = map[string]bool{}
+		for _, l := range e2eLines(t, out) {
+			id, node, _ := strings.Cut(l, " ")
+			handled[id] = true
+			if node == leader {
+				onKilled[id] = true
+			}
+		}
+		dead = map[string]bool{}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		dlq, err := js.Stream(ctx, "ORDERS_DLQ")
+		if err != nil {
+			return err
+		}
+		for seq := uint64(1); seq <= dlq.CachedInfo().State.LastSeq; seq++ {
+			m, err := dlq.GetMsg(ctx, seq)
+			if err != nil {
+				return fmt.Errorf("dead letter %d: %w", seq, err)
+			}
+			dead[m.Header.Get("Holdfast-Original-Msg-Id")] = true
+		}
+		for id := range acked {
+			if !handled[id] && !dead[id] {
+				return fmt.Errorf("%s neither handled nor dead-lettered yet (%d handled, %d dead letters)", id, len(handled), len(dead))
+			}
+		}
+		return nil
+	})
+	var both []string
+	for id := range handled {
+		if dead[id] && !onKilled[id] {
+			both = append(both, id)
+		}
+	}
+	t.Logf("WORKER1's leader %s killed: %d handled (%d on it), %d dead-lettered, %d handled elsewhere and dead-lettered", leader, len(handled), len(onKilled), len(dead), len(both))
+	if len(both) > 0 {
+		t.Fatalf("%d handled message(s) were dead-lettered too: %v", len(both), both)
 	}
 }

@@ -21,13 +21,17 @@ import (
 
 // tcpProxy forwards connections to target until Cut, which closes them
 // all and refuses new ones until Heal: a network partition the test
-// controls, on 127.0.0.1.
+// controls, on 127.0.0.1. Blackhole is the other kind of partition (a
+// cable pulled, a firewall dropping packets): connections stay open and
+// new ones are accepted, but nothing goes through, and neither end hears
+// of it until its own timeouts.
 type tcpProxy struct {
 	ln     net.Listener
 	target string
 
 	mu    sync.Mutex
 	cut   bool
+	hole  bool
 	conns []net.Conn
 }
 
@@ -68,6 +72,12 @@ func (p *tcpProxy) serve() {
 			c.Close()
 			continue
 		}
+		if p.hole {
+			p.conns = append(p.conns, c)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+			continue
+		}
 		up, err := net.Dial("tcp", p.target)
 		if err != nil {
 			p.mu.Unlock()
@@ -76,9 +86,40 @@ func (p *tcpProxy) serve() {
 		}
 		p.conns = append(p.conns, c, up)
 		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); up.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, up); up.Close(); c.Close() }()
+		go p.pump(up, c)
+		go p.pump(c, up)
 	}
+}
+
+// pump copies src to dst, dropping what it reads while the proxy is a
+// blackhole.
+func (p *tcpProxy) pump(dst, src net.Conn) {
+	defer func() { dst.Close(); src.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			hole := p.hole
+			p.mu.Unlock()
+			if !hole {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					return
+				}
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// Blackhole drops everything from now on, on the connections open and on
+// those that come, until Heal.
+func (p *tcpProxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.hole = true
 }
 
 // Cut closes every forwarded connection and refuses new ones.
@@ -92,11 +133,20 @@ func (p *tcpProxy) Cut() {
 	p.conns = nil
 }
 
-// Heal accepts connections again.
+// Heal accepts connections again. After a blackhole it closes the
+// connections it held: bytes were dropped mid-stream, so they could not
+// go on.
 func (p *tcpProxy) Heal() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.cut = false
+	if p.hole {
+		p.hole = false
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.conns = nil
+	}
 }
 
 // TestClusterPartition: one node is cut off from the other two (every
@@ -105,7 +155,14 @@ func (p *tcpProxy) Heal() {
 // publishes with an error (never a silent accept) and its /healthz says
 // it is not ok; after healing it catches up and no acknowledged message
 // is lost.
-func TestClusterPartition(t *testing.T) {
+func TestClusterPartition(t *testing.T) { runClusterPartition(t, false) }
+
+// TestClusterPartitionBlackhole is TestClusterPartition with a partition
+// that drops packets instead of closing connections: the routes to the
+// cut-off node stay open until nats-server's pings time out.
+func TestClusterPartitionBlackhole(t *testing.T) { runClusterPartition(t, true) }
+
+func runClusterPartition(t *testing.T, blackhole bool) {
 	nodes, out := newRecordingCluster(t, 2)
 	// proxies[i][j] carries node i's routes to node j.
 	avoid := map[int]bool{}
@@ -193,7 +250,11 @@ func TestClusterPartition(t *testing.T) {
 	for i := range nodes {
 		for j := range nodes {
 			if i != j && (i == 2 || j == 2) {
-				proxies[i][j].Cut()
+				if blackhole {
+					proxies[i][j].Blackhole()
+				} else {
+					proxies[i][j].Cut()
+				}
 			}
 		}
 	}

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -71,7 +73,7 @@ func pubCommand() *cli.Command {
 			if count < 1 {
 				return usageError(fmt.Errorf("--count %d: must be at least 1", count))
 			}
-			cfg, nc, js, err := connect(c)
+			cfg, nc, js, err := connect(c, jetstream.WithPublishAsyncTimeout(pubAckWait))
 			if err != nil {
 				return err
 			}
@@ -80,7 +82,11 @@ func pubCommand() *cli.Command {
 				if id := c.String("id"); id != "" {
 					msg.Header.Set(nats.MsgIdHdr, id)
 				}
-				ack, err := js.PublishMsg(c.Context, msg)
+				ctx, cancel := context.WithTimeout(c.Context, pubAckWait)
+				defer cancel()
+				// No responders: nothing took the message, so it is sent again
+				// while a stream leader may be being elected.
+				ack, err := js.PublishMsg(ctx, msg, jetstream.WithRetryWait(pubRetryWait), jetstream.WithRetryAttempts(pubRetries))
 				if err != nil {
 					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, err)))
 				}
@@ -95,6 +101,22 @@ func pubCommand() *cli.Command {
 		},
 	}
 }
+
+// pubAckWait is how long holdfast pub waits for each PubAck. A publish
+// whose request reached a stream leader that lost its quorum, or died,
+// is never answered: without a limit the asynchronous publishes of
+// --count waited forever.
+const pubAckWait = 10 * time.Second
+
+// A single publish that no stream answered ("no responders": nothing
+// stored) is sent again every pubRetryWait, pubRetries times: a stream
+// leader's election after its node died takes about 4-5 s, during which a
+// publish failed after half a second. The asynchronous publishes of
+// --count are not retried (nats.go arms no PubAck timeout on a retry).
+const (
+	pubRetryWait = 250 * time.Millisecond
+	pubRetries   = 30
+)
 
 // publishMany publishes msg count times, at most pubWindow awaiting their
 // PubAck at once, and reports what was stored. It stops at the first
@@ -173,19 +195,24 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 	return nil
 }
 
-// explainPubError says what to do about the two refusals an operator
-// meets first, which nats.go words for a programmer: no stream takes the
-// subject ("no response from stream"), and a message over the server's
-// max_payload ("maximum payload exceeded").
+// explainPubError says what a failed publish means and what to do, which
+// nats.go words for a programmer: no acknowledgement in time (the message
+// may or may not be stored), no stream takes the subject or none answers
+// ("no response from stream": nothing stored), and a message over the
+// server's max_payload ("maximum payload exceeded").
 func explainPubError(cfg *config.Config, nc *nats.Conn, msg *nats.Msg, err error) error {
 	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrTimeout):
+		return fmt.Errorf("%w: no acknowledgement within %s, so the message may or may not be stored: the stream's leader did not answer "+
+			"(in a cluster: a leader being elected, or this node without its quorum; holdfast status says which); "+
+			"publish again with the same --id, which the stream stores once within its duplicate_window", err, pubAckWait)
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
 		var streams []string
 		for _, name := range cfg.StreamNames() {
 			streams = append(streams, fmt.Sprintf("%s (%s)", name, strings.Join(cfg.Streams[name].Subjects, ", ")))
 		}
-		return fmt.Errorf("%w: no stream stores subject %s, so it was not stored; the config's streams take: %s (is holdfast running with this config? pick a subject of one of them, or add it to a stream's subjects)",
-			err, msg.Subject, strings.Join(streams, "; "))
+		return fmt.Errorf("%w: no stream stores subject %s, so it was not stored; the config's streams take: %s (is holdfast running with this config? pick a subject of one of them, or add it to a stream's subjects; in a cluster, the stream may have no leader this node reaches: a single publish is tried for %s, and holdfast status lists the leaders)",
+			err, msg.Subject, strings.Join(streams, "; "), pubRetries*pubRetryWait)
 	case errors.Is(err, nats.ErrMaxPayload):
 		size := len(msg.Data)
 		for k, vs := range msg.Header {
