@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
@@ -30,8 +31,7 @@ func TestDLQReplayReachesOnlyTheFailedConsumer(t *testing.T) {
 echo "$HOLDFAST_MSG_ID $HOLDFAST_SEQ $HOLDFAST_HEADER_HOLDFAST_REPLAYED_FROM" >> %q
 `, fixed, out1))
 	worker2 := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho \"$HOLDFAST_MSG_ID\" >> %q\n", out2))
-	in := newE2EInstance(t)
-	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 2
+	in := newE2EInstanceWith(t, fmt.Sprintf(`workers = 2
 ack_wait = "3s"
 max_deliver = 5
 backoff = ["100ms"]
@@ -52,7 +52,7 @@ timeout = "20s"
 
 [run]
 shutdown_timeout = "2s"
-`, worker1, worker2), 1))
+`, worker1, worker2))
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -208,15 +208,14 @@ func TestDLQConcurrentReplaysRunTheHandlerOnce(t *testing.T) {
 sleep 0.2
 echo "$HOLDFAST_SEQ" >> %q
 `, fixed, out))
-	in := newE2EInstance(t)
-	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 4
+	in := newE2EInstanceWith(t, fmt.Sprintf(`workers = 4
 max_deliver = 1
 handler = "exec"
 
 [consumers.WORKER1.exec]
 command = [%q]
 timeout = "20s"
-`, script), 1))
+`, script))
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -269,18 +268,7 @@ timeout = "20s"
 // arrived between `dlq ls` and `dlq purge --yes`, unseen, and said only
 // "purged ORDERS_DLQ".
 func TestDLQPurgeUpTo(t *testing.T) {
-	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
-	in := newE2EInstance(t)
-	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
-max_deliver = 1
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-`, script), 1))
-	p := startHoldfast(t, in.cfg)
-	p.waitReady()
-	_, js := e2eConnect(t, in)
+	in, p, js := startDeadLetterer(t)
 	publish := func(n, want int) {
 		t.Helper()
 		for range n {
@@ -318,18 +306,7 @@ command = [%q]
 // holding control characters (the publisher's: an escape sequence could
 // rewrite the operator's terminal) quoted; it printed them raw.
 func TestDLQShowQuotesControlCharacters(t *testing.T) {
-	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
-	in := newE2EInstance(t)
-	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", fmt.Sprintf(`workers = 1
-max_deliver = 1
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-`, script), 1))
-	p := startHoldfast(t, in.cfg)
-	p.waitReady()
-	_, js := e2eConnect(t, in)
+	in, p, js := startDeadLetterer(t)
 	m := nats.NewMsg("orders.created")
 	m.Header.Set("X-Ctl", "a\x1b[2Kb")
 	m.Data = []byte("x")
@@ -347,4 +324,23 @@ command = [%q]
 		t.Errorf("dlq show 1: exit %d, want the header quoted:\n%q", res.code, res.stdout)
 	}
 	p.stop()
+}
+
+// startDeadLetterer starts holdfast with one WORKER1 worker whose exec
+// handler refuses every message at its only delivery: each message
+// published becomes a dead letter in ORDERS_DLQ at once.
+func startDeadLetterer(t *testing.T) (*e2eInstance, *e2eProc, jetstream.JetStream) {
+	t.Helper()
+	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	in := newE2EInstanceWith(t, fmt.Sprintf(`workers = 1
+max_deliver = 1
+handler = "exec"
+
+[consumers.WORKER1.exec]
+command = [%q]
+`, script))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	return in, p, js
 }

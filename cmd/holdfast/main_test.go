@@ -146,6 +146,15 @@ func newE2EInstance(t *testing.T) *e2eInstance {
 	return in
 }
 
+// newE2EInstanceWith is newE2EInstance with worker1 in place of WORKER1's
+// "workers = 0" line: its workers, handler and any tables after it.
+func newE2EInstanceWith(t *testing.T, worker1 string) *e2eInstance {
+	t.Helper()
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "workers = 0\n", worker1, 1))
+	return in
+}
+
 func (in *e2eInstance) url() string { return fmt.Sprintf("nats://127.0.0.1:%d", in.port) }
 
 // e2eResult is how a finished command ended.
@@ -214,6 +223,14 @@ func startHoldfastEnv(t *testing.T, cfg string, env ...string) *e2eProc {
 	cmd := exec.Command(holdfastBin, "run", "--config", cfg)
 	cmd.Env = append(e2eEnv(), env...)
 	cmd.Dir = t.TempDir()
+	return startCmd(t, cmd)
+}
+
+// startCmd starts a holdfast command with its output captured; the
+// process is killed at the end of the test, and its log shown if the
+// test failed.
+func startCmd(t *testing.T, cmd *exec.Cmd) *e2eProc {
+	t.Helper()
 	d := &e2eProc{t: t, cmd: cmd, stderr: &natstest.Buffer{}, done: make(chan struct{})}
 	cmd.Stdout = d.stderr
 	cmd.Stderr = d.stderr

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,30 +21,13 @@ import (
 // must keep processing, and stop on SIGTERM with exit 0.
 func TestLogReaderGoneKeepsServing(t *testing.T) {
 	t.Parallel()
-	store := filepath.Join(t.TempDir(), "store")
-	port := natstest.FreePort(t)
-	cfg := e2eWriteConfig(t, fmt.Sprintf(`[server]
-name = "holdfast-e2e"
-port = %d
-[jetstream]
-store_dir = %q
-max_file_store = "1GB"
-max_memory_store = "64MB"
-[http]
-listen = ""
-[streams.ORDERS]
-subjects = ["orders.*"]
-[consumers.WORKER1]
-stream = "ORDERS"
-workers = 2
-handler = "log"
-`, port, store))
+	in := newE2EInstanceWith(t, "workers = 2\nhandler = \"log\"\n")
 
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(holdfastBin, "run", "--config", cfg)
+	cmd := exec.Command(holdfastBin, "run", "--config", in.cfg)
 	cmd.Env = e2eEnv()
 	cmd.Dir = t.TempDir()
 	cmd.Stdout, cmd.Stderr = w, w
@@ -86,7 +68,6 @@ handler = "log"
 	}
 	r.Close()
 
-	in := &e2eInstance{store: store, port: port, cfg: cfg}
 	_, js := e2eConnect(t, in)
 	// The log handler writes a line for each message.
 	for i := range 20 {

@@ -132,26 +132,7 @@ func startHoldfastAs(t *testing.T, bin, cfg string, attr *syscall.SysProcAttr) *
 	cmd.Env = e2eEnv()
 	cmd.Dir = filepath.Dir(cfg)
 	cmd.SysProcAttr = attr
-	d := &e2eProc{t: t, cmd: cmd, stderr: &natstest.Buffer{}, done: make(chan struct{})}
-	cmd.Stdout, cmd.Stderr = d.stderr, d.stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start holdfast: %v", err)
-	}
-	go func() {
-		_ = cmd.Wait()
-		d.state = cmd.ProcessState
-		close(d.done)
-	}()
-	t.Cleanup(func() {
-		if !d.exited() {
-			_ = cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("holdfast (pid %d) log:\n%s", cmd.Process.Pid, d.stderr.String())
-		}
-	})
-	return d
+	return startCmd(t, cmd)
 }
 
 // copyExecutable copies src to dst, mode 0755.
