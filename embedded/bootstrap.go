@@ -378,6 +378,10 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 	if err != nil {
 		return err
 	}
+	if kept, rest := holdBackReplicas(have, &next, changes, deadLetter); kept != "" {
+		log.Error(kept, "stream", want.Name)
+		changes = rest
+	}
 	if !deadLetter {
 		var kept []string
 		kept, changes, err = holdBackLimits(ctx, s, have, &next, changes)

@@ -24,6 +24,15 @@ func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, table string, deadLetter bool) {
 		have := s.CachedInfo().Config
 		next, changes, err := diffStream(have, want)
+		if err == nil {
+			// Lowered replicas and limits this node's own start or
+			// reload held back (Bootstrap) differ for that reason, not
+			// because of another node: say so, as the start or reload did.
+			if kept, rest := holdBackReplicas(have, &next, changes, deadLetter); kept != "" {
+				out = append(out, kept)
+				changes = rest
+			}
+		}
 		if err == nil && !deadLetter {
 			// A lowered limit this node's own start or reload held back
 			// (Bootstrap) differs for that reason, not because of another

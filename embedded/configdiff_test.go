@@ -48,3 +48,49 @@ func TestConfigDiff(t *testing.T) {
 		t.Fatalf("another node: %q", d)
 	}
 }
+
+// One node's config saying replicas = 1 (a copy of a single node's file,
+// a typo) made ORDERS and its dead-letter stream R1 on the whole cluster
+// at that node's start: every acknowledged message then lived on one
+// disk, and only the other nodes' config-diff warnings said anything.
+// holdfast raises replicas from a config but never lowers them: the node
+// keeps the stream at 3, says at its start why and how to lower them on
+// purpose, and its config diff says it too.
+func TestBootstrapNeverLowersReplicas(t *testing.T) {
+	ctx := natstest.Context(t)
+	cfgs := testClusterConfigs(t, 3)
+	for _, cfg := range cfgs {
+		cfg.Streams["ORDERS"].Replicas = 3
+	}
+	servers, _ := openCluster(t, cfgs)
+	for i, s := range servers {
+		if err := Bootstrap(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfgs[0].Streams["ORDERS"].Replicas = 1
+	var log natstest.Buffer
+	if err := Bootstrap(ctx, servers[0].JetStream(), cfgs[0], slog.New(slog.NewTextHandler(&log, nil))); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
+		s, err := servers[1].JetStream().Stream(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r := s.CachedInfo().Config.Replicas; r != 3 {
+			t.Errorf("%s has %d replicas after one node's config said 1, want 3 kept", name, r)
+		}
+	}
+	const want = "streams.ORDERS.replicas = 1 not applied: stream ORDERS has 3 replicas"
+	if !strings.Contains(log.String(), want) || !strings.Contains(log.String(), "nats stream edit ORDERS --replicas 1") {
+		t.Errorf("the node's bootstrap log does not say %q and how to lower them:\n%s", want, log.String())
+	}
+	d := ConfigDiff(ctx, servers[0].JetStream(), cfgs[0])
+	if len(d) != 2 || !strings.Contains(d[0], want) || !strings.Contains(d[1], "dead-letter stream ORDERS_DLQ") {
+		t.Errorf("the node's config diff: %q, want the replicas kept for ORDERS and ORDERS_DLQ", d)
+	}
+	if d := ConfigDiff(ctx, servers[1].JetStream(), cfgs[1]); d != nil {
+		t.Errorf("another node, whose config says 3: %q", d)
+	}
+}

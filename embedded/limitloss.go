@@ -154,3 +154,25 @@ func firstUnprocessed(ctx context.Context, s jetstream.Stream, ci *jetstream.Con
 	}
 	return seq, t, nil
 }
+
+// holdBackReplicas undoes in next a lowered replicas count and returns
+// the line that says so, or "". holdfast raises a stream's replicas from
+// its config but never lowers them: every node of a cluster applies its
+// own config at its start or reload, so one node's file saying
+// replicas = 1 (a copy of a single node's, a typo) made the shared stream
+// R1 on every node, each acknowledged message then on one disk. Lowering
+// them is the operator's act, once, with nats stream edit.
+func holdBackReplicas(have jetstream.StreamConfig, next *jetstream.StreamConfig, changes []Change, deadLetter bool) (kept string, rest []Change) {
+	if next.Replicas >= have.Replicas {
+		return "", changes
+	}
+	key := fmt.Sprintf("streams.%s.replicas = %d", have.Name, next.Replicas)
+	if deadLetter {
+		key = fmt.Sprintf("%d replicas for dead-letter stream %s (those of the streams it serves)", next.Replicas, have.Name)
+	}
+	kept = fmt.Sprintf("%s not applied: stream %s has %d replicas, and holdfast never lowers them (one node's config would take the copies of every acknowledged message away); "+
+		"give every node the same replicas, or lower them on purpose once with nats stream edit %s --replicas %d",
+		key, have.Name, have.Replicas, have.Name, next.Replicas)
+	next.Replicas = have.Replicas
+	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "replicas" })
+}
