@@ -202,6 +202,7 @@ func waitProcessed(t *testing.T, out string, acked map[string]bool) map[string]i
 // and WORKER1 with three replicas, once; the standard nats CLI sees the
 // replicas current.
 func TestClusterFormsAndBootstraps(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -333,6 +334,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 // afterwards and was processed at least once; the killed node restarts
 // and catches up.
 func TestClusterSurvivesLeaderKill(t *testing.T) {
+	t.Parallel()
 	const total = 3000
 	nodes, out := newRecordingCluster(t, 4)
 	startAll(t, nodes)
@@ -459,6 +461,7 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 // start, naming the field, as a single node does; the cluster and its
 // data are untouched.
 func TestClusterConflictingStreamConfig(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -492,6 +495,7 @@ func TestClusterConflictingStreamConfig(t *testing.T) {
 // current: every acknowledged message is stored and processed, and the
 // longest pause in acknowledged publishes is reported.
 func TestClusterRollingRestart(t *testing.T) {
+	t.Parallel()
 	nodes, out := newRecordingCluster(t, 2)
 	startAll(t, nodes)
 	js := clusterJetStream(t, nodes)
@@ -562,6 +566,7 @@ func TestClusterRollingRestart(t *testing.T) {
 // joins; while it waits it says why, by key, instead of only "no meta
 // leader yet".
 func TestClusterNodeRefusedByTheOthers(t *testing.T) {
+	t.Parallel()
 	pw := filepath.Join(t.TempDir(), "route.password")
 	bad := filepath.Join(t.TempDir(), "bad.password")
 	for path, text := range map[string]string{pw: "s3cret-route\n", bad: "not-the-password\n"} {
@@ -624,6 +629,7 @@ func clusterHealth(nd *clusterNode) (code int, status, reason string, err error)
 // which the test takes (nats server raft peer-remove), after which the
 // replicas move to n4 and the health is ok again.
 func TestClusterNodeReplacedUnderANewName(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -686,6 +692,7 @@ func TestClusterNodeReplacedUnderANewName(t *testing.T) {
 // config still says the old value and whose next start would set it back,
 // said nothing. Now their /healthz and holdfast status warn of it.
 func TestClusterConfigsDiffer(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -749,6 +756,7 @@ func TestClusterConfigsDiffer(t *testing.T) {
 // "starting: not serving yet", and now names the wait as systemd's status
 // line does.
 func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	nd := nodes[0]
 	nd.proc = startHoldfast(t, nd.cfg)
@@ -780,6 +788,7 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 // and publishing goes on. Run twice in a row (a second whole restart
 // recovers from what the first left).
 func TestClusterWholeRestart(t *testing.T) {
+	t.Parallel()
 	nodes, out := newRecordingCluster(t, 2)
 	startAll(t, nodes)
 	js := clusterJetStream(t, nodes)
@@ -823,6 +832,7 @@ func TestClusterWholeRestart(t *testing.T) {
 // Raft peer. Now the newcomer refuses to start or reports unhealthy,
 // and so does the real n2, naming server.name and the address.
 func TestClusterDuplicateServerName(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -904,6 +914,7 @@ func lineWith(text, sub string) string {
 // deadline exceeded". Both now end within their PubAck wait with an error
 // that says the message may or may not be stored, why, and what to do.
 func TestClusterPubWithoutQuorum(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -944,6 +955,7 @@ func TestClusterPubWithoutQuorum(t *testing.T) {
 // minutes at start-up and exited). Now each node refuses to start at
 // once, naming both names and the way back.
 func TestClusterStoreOfAnotherCluster(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	_, js := e2eConnect(t, nodes[0].inst)
@@ -980,6 +992,7 @@ func TestClusterStoreOfAnotherCluster(t *testing.T) {
 // Nothing was stored then, so it now sends the message again until a
 // leader takes it.
 func TestClusterPubDuringLeaderElection(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	js := clusterJetStream(t, nodes)
@@ -1010,6 +1023,7 @@ func TestClusterPubDuringLeaderElection(t *testing.T) {
 // it: nats server raft peer-remove" — advice that would shrink the
 // cluster for a node about to come back. They count themselves now.
 func TestClusterRoutesNameOnlyTheOthers(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	for _, nd := range nodes {
 		self := fmt.Sprintf("%q, ", fmt.Sprintf("nats-route://127.0.0.1:%d", nd.routePort))
@@ -1052,6 +1066,7 @@ func TestClusterRoutesNameOnlyTheOthers(t *testing.T) {
 // unconfirmed acks again until the new leader takes them: every message is
 // handled or dead-lettered, and none of the handled ones is a dead letter.
 func TestClusterAcksThroughConsumerLeaderElection(t *testing.T) {
+	t.Parallel()
 	out := filepath.Join(t.TempDir(), "processed")
 	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\nsleep 0.3\necho \"$HOLDFAST_MSG_ID $TEST_NODE\" >> %q\n", out))
 	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2

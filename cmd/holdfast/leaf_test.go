@@ -285,6 +285,7 @@ func wantExactlyOnce(t *testing.T, seen map[string]map[uint64]int, edges map[str
 // reason and the rest flow past it; status and metrics show the links,
 // the backlog and, on the hub, each edge's last sequence.
 func TestLeafEdgesToHub(t *testing.T) {
+	t.Parallel()
 	// The hub and edge1 authenticate clients ([auth]), the hub its
 	// leafnodes (user and password file); edge2 has no [auth].
 	dir := t.TempDir()
@@ -449,6 +450,7 @@ func grepLines(text, prefix string) string {
 // store; then the edge is killed (kill -9) in the middle of forwarding and
 // restarts: everything arrives once, no intervention.
 func TestLeafHubOutages(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub.start(t)
 	proxy := newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", hub.leafPort), nil)
@@ -550,6 +552,7 @@ func leafEnvInt(t *testing.T, name string, def int) int {
 // to start against a hub whose stream deduplicates over 2m only, and says
 // what to change.
 func TestLeafRefusesShortDuplicateWindow(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "2m", "")
 	hub.start(t)
 	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
@@ -571,6 +574,7 @@ func TestLeafRefusesShortDuplicateWindow(t *testing.T) {
 // (max_msgs with discard new) reports the source stalled in /healthz,
 // status and metrics while the link is up.
 func TestLeafSourcesFromHub(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "\n[streams.COMMANDS]\nsubjects = [\"cmd.>\"]\n")
 	hub.start(t)
 	hubAddr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
@@ -632,6 +636,7 @@ func TestLeafSourcesFromHub(t *testing.T) {
 // hub advertises them), waits while the hub elects leaders, and every
 // message arrives once.
 func TestLeafHubCluster(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	leafPorts := make([]int, len(nodes))
 	for i, nd := range nodes {
@@ -666,6 +671,7 @@ func TestLeafHubCluster(t *testing.T) {
 // (status and health read the same list) — instead of leaving it
 // registered beside the new workers.
 func TestLeafReloadForwardToLog(t *testing.T) {
+	t.Parallel()
 	hub := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t)) // nobody listens: the hub is down
 	edge := newLeafEdge(t, "edge1", hub, "")
 	edge.start(t)
@@ -687,6 +693,7 @@ func TestLeafReloadForwardToLog(t *testing.T) {
 // comes back on an address the hub advertised: it must count as that
 // remote's link (metrics, forwarding), not as no link at all.
 func TestLeafHubClusterTwoRemotes(t *testing.T) {
+	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	leafPorts := make([]int, len(nodes))
 	for i, nd := range nodes {
@@ -744,6 +751,7 @@ func TestLeafHubClusterTwoRemotes(t *testing.T) {
 // either or dead-lettered; once hub2's stream is gone, every message
 // reaches the hub once.
 func TestLeafForwardWaitsForItsHub(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub2 := newLeafHub(t, "10m", "")
 	text := strings.Replace(readFile(t, hub2.inst.cfg), `domain = "hub"`, `domain = "hub2"`, 1)
@@ -808,6 +816,7 @@ func TestLeafForwardWaitsForItsHub(t *testing.T) {
 // stops forwarding and says why, instead of forwarding with no protection
 // against duplicates through its next outage.
 func TestLeafHubRestartedWithShortWindow(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub.start(t)
 	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
@@ -853,6 +862,7 @@ func e2eStreamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream
 // edge's link drops the other's, over and over; each edge says so in
 // /healthz, naming server.name, instead of "ok".
 func TestLeafEdgesWithTheSameName(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub.start(t)
 	defer hub.proc.stop()
@@ -878,6 +888,7 @@ func TestLeafEdgesWithTheSameName(t *testing.T) {
 // itself). The edge's hub check finds it there, and every message reaches
 // it once, under its edge.<name>.… subject.
 func TestLeafHubGroupCommit(t *testing.T) {
+	t.Parallel()
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "group_commit = true\n", "")
 	leafPublish(t, ejs, 0, 300)
 	seen := hubCounts(t, hjs, 300, 30*time.Second)
@@ -927,6 +938,7 @@ func hubHoldsAll(t *testing.T, hjs jetstream.JetStream, n uint64, within time.Du
 // on the hub (its id names when the edge stored it), not dropped as a
 // duplicate of the old one while the edge acks it.
 func TestLeafEdgeRestoredFromOlderBackup(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub.start(t)
 	defer hub.proc.stop()
@@ -988,6 +1000,7 @@ func TestLeafEdgeRestoredFromOlderBackup(t *testing.T) {
 // the hub's duplicate window, stored once: the forwarded id names the
 // message's sequence and stored time, which the restore keeps.
 func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	hub.start(t)
 	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
@@ -1041,6 +1054,7 @@ func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
 // adds the origin headers to it; it must not be dead-lettered on the edge
 // as larger than the hub stream's max_msg_size.
 func TestLeafLargestMessageReachesHub(t *testing.T) {
+	t.Parallel()
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
 	m := nats.NewMsg("orders.created")
@@ -1077,6 +1091,7 @@ func TestLeafLargestMessageReachesHub(t *testing.T) {
 // /healthz names the cause, and once space is made every message reaches
 // the hub once; none is dead-lettered on the edge.
 func TestLeafHubStreamFull(t *testing.T) {
+	t.Parallel()
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "max_msgs = 5\ndiscard = \"new\"\n", "max_deliver = 3\n")
 	leafPublish(t, ejs, 0, 10)
 	hubHoldsAll(t, hjs, 5, 30*time.Second)
@@ -1123,6 +1138,7 @@ func TestLeafHubStreamFull(t *testing.T) {
 // (Maximum Payload Violation) at each reconnect, and nothing behind it
 // would be forwarded.
 func TestLeafSplitHubStreamsOversize(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
 	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.*.orders.created"]`, 1)
@@ -1170,6 +1186,7 @@ func TestLeafSplitHubStreamsOversize(t *testing.T) {
 // reconnect, and nothing behind it moves: the edge's /healthz must say so,
 // naming the hub's max_payload, instead of "ok".
 func TestLeafHubClosesLinkForOversize(t *testing.T) {
+	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
 	text := strings.Replace(readFile(t, hub.inst.cfg), "port = ", "max_payload = \"2KB\"\nport = ", 1)
 	text = strings.Replace(text, `subjects = ["edge.>"]`, `subjects = ["edge.other.>"]`, 1)
@@ -1206,6 +1223,7 @@ func TestLeafHubClosesLinkForOversize(t *testing.T) {
 // a contiguous run of origin sequences up to the last, each once, and
 // nothing is dead-lettered.
 func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
+	t.Parallel()
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
 	const n = 1500
@@ -1261,6 +1279,7 @@ func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
 // messages wait; /healthz must name the refused credentials at once, not
 // say "ok" until unreachable_after (5 minutes) has passed.
 func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	pw := dir + "/leaf.pw"
 	if err := os.WriteFile(pw, []byte("first-password-123\n"), 0o600); err != nil {
