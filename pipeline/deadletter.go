@@ -763,7 +763,7 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 
 // ListDeadLetters calls fn for every dead letter in stream, oldest first,
 // or only those of consumer when it is not "". It reads with an ordered
-// consumer, which leaves no state on the server.
+// consumer, deleted when the listing ends.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, fn func(DeadLetter) error) error {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -784,6 +784,13 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 	if err != nil {
 		return err
 	}
+	// The ordered consumer would stay for nats.go's inactive threshold
+	// (5 minutes), in nats consumer ls and in a backup taken meanwhile.
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = s.DeleteConsumer(dctx, oc.CachedInfo().Name)
+	}()
 	for {
 		msg, err := oc.Next(jetstream.FetchMaxWait(2 * time.Second))
 		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {

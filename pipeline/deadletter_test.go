@@ -546,3 +546,35 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 		return nil
 	})
 }
+
+// ListDeadLetters (dlq ls, dlq replay --all) read with an ordered
+// consumer that stayed on the dead-letter stream for nats.go's default
+// inactive threshold, 5 minutes: a backup taken meanwhile held it, and
+// nats consumer ls showed it. It is deleted when the listing ends.
+func TestListDeadLettersLeavesNoConsumer(t *testing.T) {
+	e := startEnv(t, nil)
+	ctx := natstest.Context(t)
+	e.workers(failing("exit status 65"), 1)
+	for i := range 3 {
+		e.publish("orders.created", fmt.Sprintf("m-%d", i), nil)
+	}
+	e.waitDLQ(3)
+	for _, consumer := range []string{"", "WORKER1"} {
+		n := 0
+		if err := pipeline.ListDeadLetters(ctx, e.js, "ORDERS_DLQ", consumer, func(pipeline.DeadLetter) error { n++; return nil }); err != nil || n != 3 {
+			t.Fatalf("ListDeadLetters(%q): %d dead letters, %v; want 3", consumer, n, err)
+		}
+		s, err := e.js.Stream(ctx, "ORDERS_DLQ")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var left []string
+		names := s.ConsumerNames(ctx)
+		for name := range names.Name() {
+			left = append(left, name)
+		}
+		if len(left) != 0 {
+			t.Errorf("ListDeadLetters(%q) left consumer(s) %q on ORDERS_DLQ", consumer, left)
+		}
+	}
+}
