@@ -128,7 +128,11 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 	var first, last uint64
 	var stream string
 	pending := make([]jetstream.PubAckFuture, 0, pubWindow)
+	// settle waits for every PubAck of the window, also after a failure:
+	// the later messages were sent, and those stored count in "failed
+	// after K stored" (it stopped at the first failure and undercounted).
 	settle := func() error {
+		var failed error
 		for _, f := range pending {
 			select {
 			case ack := <-f.Ok():
@@ -143,12 +147,17 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 				}
 				last = max(last, ack.Sequence)
 			case err := <-f.Err():
-				return err
+				if failed == nil {
+					failed = err
+				}
 			case <-c.Context.Done():
 				return c.Context.Err()
 			}
 		}
 		pending = pending[:0]
+		if failed != nil {
+			return failed
+		}
 		if progress {
 			fmt.Fprintf(os.Stderr, "\rpublished %d/%d", stored+dups, count)
 		}
