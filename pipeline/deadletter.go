@@ -791,13 +791,27 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		defer cancel()
 		_ = s.DeleteConsumer(dctx, oc.CachedInfo().Name)
 	}()
+	// In a cluster the consumer is created through the meta leader and
+	// then set up on the node that leads it: a pull request right after
+	// the create met no responders there (measured: `holdfast dlq ls`
+	// failed with "nats: no responders available for request" in most
+	// runs on a fresh three-node cluster). Asked again for a while.
+	settleUntil := time.Now().Add(5 * time.Second)
 	for {
 		msg, err := oc.Next(jetstream.FetchMaxWait(2 * time.Second))
 		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
 			return nil
 		}
+		if errors.Is(err, nats.ErrNoResponders) && time.Now().Before(settleUntil) {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(100 * time.Millisecond):
+			}
+			continue
+		}
 		if err != nil {
-			return err
+			return fmt.Errorf("dead-letter stream %s: %w", stream, err)
 		}
 		md, err := msg.Metadata()
 		if err != nil {

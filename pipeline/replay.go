@@ -39,6 +39,74 @@ const replayQueue = "holdfast"
 // this process, by any set of workers.
 var replaysRunning sync.Map
 
+// errReplayBusy is a dead letter another replay or resume is handling.
+var errReplayBusy = errors.New("being handled right now")
+
+// claimTTL bounds a cluster-wide claim (see claimReplay) whose node died
+// before releasing it: the server deletes the claim consumer after that
+// long. No replay's handler runs that long: `holdfast dlq replay` waits
+// for the longest handler timeout plus 30 s.
+const claimTTL = time.Hour
+
+// claimReplay claims the dead letter stream:seq for one replay or resume,
+// and returns its release. The claim comes before the read, and the dead
+// letter is deleted before the claim is released: a request that gets the
+// claim afterwards finds it gone. In this process the claim is an entry
+// of replaysRunning; in a cluster also a consumer on the dead-letter
+// stream named after the sequence, created through the meta leader's Raft
+// log, which only one node's create can win: every node of a cluster
+// runs workers of the same consumers, and each resumed every parked
+// message at a whole-cluster restart, and answered `holdfast dlq replay`
+// through itself, so two or three of them ran the handler on the same
+// dead letter. A claim that cannot be taken is an error: the dead letter
+// stays for a later replay or start.
+func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (release func(), err error) {
+	local := stream + ":" + strconv.FormatUint(seq, 10)
+	if _, busy := replaysRunning.LoadOrStore(local, struct{}{}); busy {
+		return nil, fmt.Errorf("dead letter %s #%d is %w (by another dlq replay, or by the workers resuming it after a restart): its handler runs once; see holdfast dlq ls afterwards", stream, seq, errReplayBusy)
+	}
+	if w.nc.ConnectedClusterName() == "" {
+		return func() { replaysRunning.Delete(local) }, nil
+	}
+	name := claimConsumer(seq)
+	node := w.nc.ConnectedServerName()
+	_, err = w.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
+		Durable: name,
+		// Unique per claim: a create with the same config would succeed
+		// again (the server treats it as idempotent).
+		Description:       fmt.Sprintf("holdfast: dead letter #%d being replayed on %s (%s)", seq, node, nats.NewInbox()),
+		DeliverPolicy:     jetstream.DeliverNewPolicy,
+		AckPolicy:         jetstream.AckNonePolicy,
+		MemoryStorage:     true,
+		Replicas:          1,
+		InactiveThreshold: claimTTL,
+	})
+	if err != nil {
+		replaysRunning.Delete(local)
+		if errors.Is(err, jetstream.ErrConsumerExists) {
+			holder := "another node"
+			if c, ierr := w.js.Consumer(ctx, stream, name); ierr == nil {
+				holder = c.CachedInfo().Config.Description
+			}
+			return nil, fmt.Errorf("dead letter %s #%d is %w on another node of the cluster (%s): its handler runs once; see holdfast dlq ls afterwards "+
+				"(a node that died while replaying it holds it for up to %s: nats consumer rm %s %s)", stream, seq, errReplayBusy, holder, claimTTL, stream, name)
+		}
+		return nil, fmt.Errorf("dead letter %s #%d: cannot claim it for this node (consumer %s on %s): %w; it is kept for a later replay or start", stream, seq, name, stream, err)
+	}
+	return func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := w.js.DeleteConsumer(dctx, stream, name); err != nil {
+			w.log.Warn("cannot release the claim on a dead letter: the server removes it within the hour", "dead_letter", local, "consumer", name, "err", err)
+		}
+		replaysRunning.Delete(local)
+	}, nil
+}
+
+// claimConsumer is the name of the consumer that claims dead letter seq
+// of a dead-letter stream cluster-wide (claimReplay).
+func claimConsumer(seq uint64) string { return "holdfast-claim-" + strconv.FormatUint(seq, 10) }
+
 // ReplayRequest asks a consumer's workers to run their handler on one of
 // its dead letters.
 type ReplayRequest struct {
@@ -97,13 +165,13 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	// 30 measured). The claim comes before the read, and the dead letter
 	// is deleted before the claim is released: a request that gets the
 	// claim afterwards finds it gone.
-	claim := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
-	if _, busy := replaysRunning.LoadOrStore(claim, struct{}{}); busy {
-		return ReplayReply{Error: fmt.Sprintf("dead letter %s #%d is being handled right now (by another dlq replay, or by the workers resuming it after a restart): its handler runs once; see holdfast dlq ls afterwards", req.Stream, req.Seq)}
-	}
-	defer replaysRunning.Delete(claim)
 	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
 	defer cancel()
+	release, err := w.claimReplay(ctx, req.Stream, req.Seq)
+	if err != nil {
+		return ReplayReply{Error: err.Error()}
+	}
+	defer release()
 	s, err := w.js.Stream(ctx, req.Stream)
 	if err != nil {
 		return ReplayReply{Error: fmt.Sprintf("dead-letter stream %s: %v", req.Stream, err)}

@@ -133,12 +133,16 @@ func (w *Workers) resumeInterrupted() {
 // replay` is handling it (or has handled it) meanwhile: both ran the
 // handler on it.
 func (w *Workers) resume1(dl DeadLetter) {
-	claim := dl.Stream + ":" + strconv.FormatUint(dl.Seq, 10)
-	if _, busy := replaysRunning.LoadOrStore(claim, struct{}{}); busy {
-		w.log.Info("parked message is being replayed by holdfast dlq replay: not resumed here", "dead_letter", claim)
+	release, err := w.claimReplay(w.handlerCtx, dl.Stream, dl.Seq)
+	if errors.Is(err, errReplayBusy) {
+		w.log.Info("parked message is being handled elsewhere (holdfast dlq replay, or another node's workers): not resumed here", "dead_letter", dl.Stream+":"+strconv.FormatUint(dl.Seq, 10))
 		return
 	}
-	defer replaysRunning.Delete(claim)
+	if err != nil {
+		w.log.Error("parked message not resumed: it stays parked until the next start", "err", err)
+		return
+	}
+	defer release()
 	if s, err := w.js.Stream(w.handlerCtx, dl.Stream); err == nil {
 		if _, err := s.GetMsg(w.handlerCtx, dl.Seq); errors.Is(err, jetstream.ErrMsgNotFound) {
 			return // replayed meanwhile
