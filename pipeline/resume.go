@@ -8,6 +8,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
 // An attempt interrupted by a shutdown or a reload is not a failed one.
@@ -133,7 +135,13 @@ func (w *Workers) resumeInterrupted() {
 // replay` is handling it (or has handled it) meanwhile: both ran the
 // handler on it.
 func (w *Workers) resume1(dl DeadLetter) {
-	release, err := w.claimReplay(w.handlerCtx, dl.Stream, dl.Seq)
+	// A claim the cluster cannot take yet (a meta leader being elected
+	// at a whole-cluster start) is asked again, once a second for a while.
+	var release func()
+	err := settle.Retry(w.handlerCtx, func(err error) bool { return !errors.Is(err, errReplayBusy) }, nil, func() (err error) {
+		release, err = w.claimReplay(w.handlerCtx, dl.Stream, dl.Seq)
+		return err
+	})
 	if errors.Is(err, errReplayBusy) {
 		w.log.Info("parked message is being handled elsewhere (holdfast dlq replay, or another node's workers): not resumed here", "dead_letter", dl.Stream+":"+strconv.FormatUint(dl.Seq, 10))
 		return
