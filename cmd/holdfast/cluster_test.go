@@ -8,9 +8,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -1169,89 +1167,13 @@ timeout = "10s"
 // any node in most runs with "no responders".
 func TestClusterReplaysThroughTwoNodesRunTheHandlerOnce(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	fixed := filepath.Join(dir, "fixed")
-	out := filepath.Join(dir, "handled")
-	script := e2eScript(t, fmt.Sprintf(`cat >/dev/null
-[ -e %q ] || exit 65
-sleep 0.2
-echo "$HOLDFAST_SEQ" >> %q
-`, fixed, out))
-	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
-max_deliver = 1
-handler = "exec"
-
-[consumers.WORKER1.exec]
-command = [%q]
-timeout = "20s"
-`, script))
+	r := newReplayRace(t)
+	nodes := newTestCluster(t, 3, r.worker1(2))
 	startAll(t, nodes)
 	js := clusterJetStream(t, nodes)
-	// Both streams led and current everywhere: else a publish, or the
-	// replay's first request through a node, meets no responders.
+	// Both streams led and current everywhere: else a publish meets no
+	// responders.
 	waitReplicasCurrent(t, js, "ORDERS", 3)
 	waitReplicasCurrent(t, js, "ORDERS_DLQ", 3)
-	const n = 8
-	for i := range n {
-		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
-		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
-			return fmt.Errorf("%d dead letters", got)
-		}
-		return nil
-	})
-	// `dlq ls` through each node: its pull right after creating its
-	// reader met no responders on the node leading it, and the command
-	// failed with "nats: no responders available for request" in most runs.
-	for _, nd := range nodes {
-		for range 3 {
-			if res := runHoldfast(t, nil, "--config", nd.cfg, "dlq", "ls"); res.code != 0 || !strings.Contains(res.stdout, fmt.Sprintf("%d dead letter(s)", n)) {
-				t.Fatalf("dlq ls through %s: exit %d, want the %d dead letters\n%s%s", nd.name, res.code, n, res.stdout, res.stderr)
-			}
-		}
-	}
-	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	var replays [2]*exec.Cmd
-	var outs [2]natstest.Buffer
-	for i := range replays {
-		replays[i] = exec.Command(holdfastBin, "--config", nodes[i].cfg, "dlq", "replay", "--all")
-		replays[i].Env = e2eEnv()
-		replays[i].Stdout, replays[i].Stderr = &outs[i], &outs[i]
-		if err := replays[i].Start(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i, r := range replays {
-		err := r.Wait()
-		t.Logf("dlq replay --all through %s: %v\n%s", nodes[i].name, err, outs[i].String())
-	}
-	got := e2eLines(t, out)
-	slices.Sort(got)
-	if len(got) != n || len(slices.Compact(slices.Clone(got))) != n {
-		t.Errorf("the handler ran on %q, want each of the %d messages once", got, n)
-	}
-	if left := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); left != 0 {
-		t.Errorf("%d dead letters left", left)
-	}
-	ctx := natstest.Context(t)
-	s, err := js.Stream(ctx, "ORDERS_DLQ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		var left []string
-		names := s.ConsumerNames(ctx)
-		for name := range names.Name() {
-			left = append(left, name)
-		}
-		if len(left) != 0 {
-			return fmt.Errorf("consumers left on ORDERS_DLQ: %q", left)
-		}
-		return nil
-	})
+	r.run(js, nodes[0].cfg, nodes[1].cfg)
 }

@@ -200,58 +200,97 @@ func TestClientCommandsRefuseServerWithoutJetStream(t *testing.T) {
 // told it is being replayed (or gone). They ran the handler twice on most
 // letters (23 of 30 measured), each request on its own.
 func TestDLQConcurrentReplaysRunTheHandlerOnce(t *testing.T) {
+	r := newReplayRace(t)
+	in := newE2EInstanceWith(t, r.worker1(4))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	r.run(js, in.cfg, in.cfg)
+	p.stop()
+}
+
+// replayRace is two `holdfast dlq replay --all` at once on the same dead
+// letters, made by an exec handler that fails until the test fixes it
+// and then records each message's sequence it handled.
+type replayRace struct {
+	t                  *testing.T
+	fixed, out, script string
+}
+
+func newReplayRace(t *testing.T) *replayRace {
 	dir := t.TempDir()
-	fixed := filepath.Join(dir, "fixed")
-	out := filepath.Join(dir, "handled")
-	script := e2eScript(t, fmt.Sprintf(`cat >/dev/null
+	r := &replayRace{t: t, fixed: filepath.Join(dir, "fixed"), out: filepath.Join(dir, "handled")}
+	r.script = e2eScript(t, fmt.Sprintf(`cat >/dev/null
 [ -e %q ] || exit 65
 sleep 0.2
 echo "$HOLDFAST_SEQ" >> %q
-`, fixed, out))
-	in := newE2EInstanceWith(t, fmt.Sprintf(`workers = 4
+`, r.fixed, r.out))
+	return r
+}
+
+// worker1 is WORKER1's config: its workers run the handler, and a
+// message it fails is a dead letter at once.
+func (r *replayRace) worker1(workers int) string {
+	return fmt.Sprintf(`workers = %d
 max_deliver = 1
 handler = "exec"
 
 [consumers.WORKER1.exec]
 command = [%q]
 timeout = "20s"
-`, script))
-	p := startHoldfast(t, in.cfg)
-	p.waitReady()
-	_, js := e2eConnect(t, in)
+`, workers, r.script)
+}
+
+// run publishes messages until they are all dead letters, fixes the
+// handler, replays them all through the two configs at once, and checks
+// that the handler ran once on each and no dead letter is left.
+func (r *replayRace) run(js jetstream.JetStream, cfgs ...string) {
+	t := r.t
+	t.Helper()
 	const n = 8
 	for i := range n {
 		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
 		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
 			return fmt.Errorf("%d dead letters", got)
 		}
 		return nil
 	})
-	if err := os.WriteFile(fixed, nil, 0o644); err != nil {
+	// `dlq ls` through each config: in a cluster its first pull, right
+	// after creating its reader, met no responders on the node leading
+	// it, and the command failed with "nats: no responders available for
+	// request" in most runs.
+	for _, cfg := range cfgs {
+		for range 3 {
+			if res := runHoldfast(t, nil, "--config", cfg, "dlq", "ls"); res.code != 0 || !strings.Contains(res.stdout, fmt.Sprintf("%d dead letter(s)", n)) {
+				t.Fatalf("dlq ls --config %s: exit %d, want the %d dead letters\n%s%s", cfg, res.code, n, res.stdout, res.stderr)
+			}
+		}
+	}
+	if err := os.WriteFile(r.fixed, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	var replays [2]*exec.Cmd
-	var outs [2]natstest.Buffer
-	for i := range replays {
-		replays[i] = exec.Command(holdfastBin, "--config", in.cfg, "dlq", "replay", "--all")
+	replays := make([]*exec.Cmd, len(cfgs))
+	outs := make([]natstest.Buffer, len(cfgs))
+	for i, cfg := range cfgs {
+		replays[i] = exec.Command(holdfastBin, "--config", cfg, "dlq", "replay", "--all")
 		replays[i].Env = e2eEnv()
 		replays[i].Stdout, replays[i].Stderr = &outs[i], &outs[i]
 		if err := replays[i].Start(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for i, r := range replays {
-		err := r.Wait()
-		t.Logf("dlq replay --all: %v\n%s", err, outs[i].String())
+	for i, cmd := range replays {
+		err := cmd.Wait()
+		t.Logf("dlq replay --all --config %s: %v\n%s", cfgs[i], err, outs[i].String())
 		if strings.Contains(outs[i].String(), "could not be removed") {
 			t.Errorf("a replay ran the handler on a dead letter another replay had removed:\n%s", outs[i].String())
 		}
 	}
-	got := e2eLines(t, out)
+	got := e2eLines(t, r.out)
 	slices.Sort(got)
 	if len(got) != n || len(slices.Compact(slices.Clone(got))) != n {
 		t.Errorf("the handler ran on %q, want each of the %d messages once", got, n)
@@ -259,7 +298,22 @@ timeout = "20s"
 	if left := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); left != 0 {
 		t.Errorf("%d dead letters left", left)
 	}
-	p.stop()
+	ctx := natstest.Context(t)
+	s, err := js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		var left []string
+		names := s.ConsumerNames(ctx)
+		for name := range names.Name() {
+			left = append(left, name)
+		}
+		if len(left) != 0 {
+			return fmt.Errorf("consumers left on ORDERS_DLQ: %q", left)
+		}
+		return nil
+	})
 }
 
 // TestDLQPurgeUpTo: `dlq purge --upto SEQ` deletes the dead letters up to
