@@ -347,7 +347,11 @@ func collectStream(ctx context.Context, js jetstream.JetStream, name string, st 
 	}
 	consumers := s.ListConsumers(sctx)
 	for ci := range consumers.Info() {
-		if ci.Config.Durable == "" || !durables[ci.Name] {
+		// A consumer keeping its state in memory has no position to lose
+		// (the workers' claims on dead letters being replayed are such
+		// consumers, deleted when the replay ends): recorded, its absence
+		// at the next start was reported as a vanished consumer.
+		if ci.Config.Durable == "" || ci.Config.MemoryStorage || !durables[ci.Name] {
 			delete(durables, ci.Name)
 			continue
 		}

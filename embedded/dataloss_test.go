@@ -511,3 +511,29 @@ func TestStateFileWithInvalidNames(t *testing.T) {
 		}
 	}
 }
+
+// A consumer that keeps its state in memory is no durable position: the
+// workers' claims on dead letters being replayed (holdfast-claim-SEQ) are
+// such consumers, recorded when a record fell during a replay, and their
+// absence at the next start was reported as a consumer that vanished.
+func TestMemoryConsumerIsNotRecorded(t *testing.T) {
+	cfg := testConfig(t)
+	s, _ := lossServer(t, cfg, 1)
+	if _, err := s.JetStream().CreateConsumer(natstest.Context(t), "ORDERS_DLQ", jetstream.ConsumerConfig{
+		Durable: "holdfast-claim-1", AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
+		MemoryStorage: true, InactiveThreshold: time.Hour,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	closeServer(t, s)
+	if st, _ := ReadStoreState(cfg.JetStream.StoreDir); st == nil || len(st.Consumers) != 1 {
+		t.Errorf("recorded consumers: %+v, want only ORDERS/WORKER1", st)
+	}
+	s2, lb, err := reopen(t, cfg, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := s2.DataLosses(); len(l) != 0 {
+		t.Errorf("losses = %+v, want none\n%s", l, lb.String())
+	}
+}
