@@ -882,12 +882,19 @@ func TestRestoreWaitsForPlacement(t *testing.T) {
 	src := natstest.RunCluster(t, 3)
 	snc := natstest.Connect(t, src[0])
 	sjs := natstest.JetStream(t, snc)
-	ctx := natstest.Context(t)
-	if _, err := sjs.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		_, err := sjs.Publish(ctx, "orders.created", []byte("order"))
+	// Three clusters of this test start under the load of the whole
+	// suite: an API request sent while a fresh cluster still elects went
+	// unanswered until a 30 s context ended (seen once in CI; the create
+	// takes ~70 ms alone). Each request is asked again, within 2 minutes.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	natstest.CheckFor(t, time.Minute, 100*time.Millisecond, func() error {
+		actx, acancel := context.WithTimeout(ctx, 5*time.Second)
+		defer acancel()
+		if _, err := sjs.CreateStream(actx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
+			return err
+		}
+		_, err := sjs.Publish(actx, "orders.created", []byte("order"), jetstream.WithMsgID("order-1")) // stored once when asked again
 		return err
 	})
 	dir, _ := createBackup(t, snc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
