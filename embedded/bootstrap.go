@@ -157,26 +157,13 @@ func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, 
 	// under load, and holdfast run stopped at start-up). Those pass: every
 	// step is idempotent, so it is tried again.
 	clustered := cfg.Cluster.Enabled()
-	return settle.Retry(ctx, func(err error) bool { return transientError(err, clustered) }, func(attempt int, err error) {
+	return settle.Retry(ctx, func(err error) bool { return settle.Transient(err, clustered) }, func(attempt int, err error) {
 		if clustered {
 			log.Info("the cluster is settling: bootstrap tries again", "attempt", attempt, "err", err)
 		} else {
 			log.Warn("the server did not answer in time: bootstrap tries again", "attempt", attempt, "err", err)
 		}
 	}, func() error { return bootstrapOnce(ctx, js, cfg, log) })
-}
-
-// transientError reports an error that passes: a request the server did
-// not answer in time, and, in a cluster, what a JetStream cluster answers
-// while it settles (a stream or meta leader being elected, peers
-// joining), as opposed to a config the server refuses. On one node those
-// API errors are refusals (insufficient resources is a store limit).
-func transientError(err error, clustered bool) bool {
-	if settle.Late(err) {
-		return true
-	}
-	var apiErr *jetstream.APIError
-	return clustered && errors.As(err, &apiErr) && settle.ClusterSettling(uint16(apiErr.ErrorCode))
 }
 
 func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {

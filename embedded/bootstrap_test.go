@@ -399,14 +399,6 @@ func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
 	}
 	natstest.ConsumerInfo(t, s.JetStream(), "ORDERS", "WORKER1")
 
-	// A refusal (10023 is insufficient resources on one node: a store
-	// limit) is not tried again.
-	if transientError(&jetstream.APIError{ErrorCode: 10023}, false) {
-		t.Error("insufficient resources on one node taken for transient")
-	}
-	if !transientError(&jetstream.APIError{ErrorCode: 10023}, true) {
-		t.Error("insufficient resources in a settling cluster not taken for transient")
-	}
 }
 
 // TestBootstrapDriftChangesNothing: a difference the server cannot apply

@@ -137,8 +137,9 @@ func (w *Workers) resumeInterrupted() {
 func (w *Workers) resume1(dl DeadLetter) {
 	// A claim the cluster cannot take yet (a meta leader being elected
 	// at a whole-cluster start) is asked again, once a second for a while.
+	// claimReplay asks the server only of a clustered one.
 	var release func()
-	err := settle.Retry(w.handlerCtx, func(err error) bool { return !errors.Is(err, errReplayBusy) }, nil, func() (err error) {
+	err := settle.Retry(w.handlerCtx, func(err error) bool { return settle.Transient(err, true) }, nil, func() (err error) {
 		release, err = w.claimReplay(w.handlerCtx, dl.Stream, dl.Seq)
 		return err
 	})

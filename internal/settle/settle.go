@@ -44,6 +44,18 @@ func ClusterSettling(code uint16) bool {
 	return false
 }
 
+// Transient reports an error that passes: a request the server did not
+// answer in time, and, of a clustered server, what a JetStream cluster
+// answers while it settles (ClusterSettling), as opposed to a refusal of
+// the request itself. On one node those API errors are refusals.
+func Transient(err error, clustered bool) bool {
+	if Late(err) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return clustered && errors.As(err, &apiErr) && ClusterSettling(uint16(apiErr.ErrorCode))
+}
+
 // NoResponders reports whether m is the server's "no responders" status
 // (nothing subscribed to what m answers), as it arrives on a plain
 // subscription; nats.go's Request turns it into nats.ErrNoResponders.

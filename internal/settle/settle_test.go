@@ -3,7 +3,11 @@ package settle
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func TestRetry(t *testing.T) {
@@ -26,5 +30,22 @@ func TestRetry(t *testing.T) {
 	err = Retry(ctx, Late, nil, func() error { calls++; return context.DeadlineExceeded })
 	if !errors.Is(err, context.DeadlineExceeded) || calls != 1 {
 		t.Fatalf("Retry with an ended context = %v after %d calls, want the late error after 1", err, calls)
+	}
+}
+
+// A refusal (10023 is insufficient resources on one node: a store limit)
+// is not tried again; in a settling cluster it passes.
+func TestTransient(t *testing.T) {
+	if Transient(&jetstream.APIError{ErrorCode: 10023}, false) {
+		t.Error("insufficient resources on one node taken for transient")
+	}
+	if !Transient(&jetstream.APIError{ErrorCode: 10023}, true) {
+		t.Error("insufficient resources in a settling cluster not taken for transient")
+	}
+	if !Transient(fmt.Errorf("claim: %w", nats.ErrNoResponders), false) {
+		t.Error("a wrapped no-responders not taken for transient")
+	}
+	if Transient(errors.New("consumer already exists"), true) {
+		t.Error("a plain error taken for transient")
 	}
 }
