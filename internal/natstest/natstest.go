@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/url"
 	"sync"
@@ -162,17 +163,50 @@ func ConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *je
 	return c.CachedInfo()
 }
 
-// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago: the
-// listener that found it is closed again, so another process may take it
-// before the test binds it.
+// FreePort returns a TCP port of 127.0.0.1 that was free a moment ago:
+// the listener that found it is closed again, so something else may take
+// it before the test binds it. Two things did, once the cluster and
+// leafnode tests ran in parallel: the kernel handed the same port to two
+// calls (a cluster's config then listed one route twice), and the servers'
+// outgoing connections took a port from the same ephemeral range before
+// its test bound it (a node never became ready). So the ports come from
+// below the ephemeral range (ip_local_port_range starts at 32768), and
+// none is handed out twice in a test binary.
 func FreePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
 	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
+	for range 1000 {
+		p := portsFrom + rand.IntN(portsTo-portsFrom)
+		if handedOut.ports[p] {
+			continue
+		}
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
+		if err != nil {
+			continue // taken
+		}
+		ln.Close()
+		handedOut.ports[p] = true
+		return p
+	}
+	t.Fatalf("no free TCP port of 127.0.0.1 in %d-%d after 1000 tries", portsFrom, portsTo)
+	return 0
+}
+
+// The range FreePort picks from: below Linux's ephemeral ports (32768-
+// 60999 by default), above the well-known ones.
+const (
+	portsFrom = 20000
+	portsTo   = 32000
+)
+
+// handedOut holds every port FreePort returned in this test binary.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
 }
 
 // Context returns a context that ends with the test or after 30 seconds,

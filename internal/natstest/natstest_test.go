@@ -71,13 +71,23 @@ func publishOne(t *testing.T, js jetstream.JetStream) {
 	}
 }
 
-// TestFreePort: the port can be bound at once.
+// TestFreePort: the port can be bound at once; no port is handed out
+// twice, and none from the ephemeral range that outgoing connections take
+// theirs from.
 func TestFreePort(t *testing.T) {
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", FreePort(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln.Close()
+	seen := map[int]bool{}
+	for range 500 {
+		p := FreePort(t)
+		if seen[p] || p >= 32768 || p < 1024 {
+			t.Fatalf("FreePort returned %d (handed out before: %v), want a new port below 32768", p, seen[p])
+		}
+		seen[p] = true
+	}
 }
 
 // TestCheckFor: CheckFor returns once f succeeds, having called it until
