@@ -58,6 +58,15 @@ const (
 	// answerTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
 	answerTimeout = 30 * time.Second
+	// stallAfter is how long a unit may go unanswered before dispatch
+	// stops holding later messages back for it. A stream that is deleted,
+	// or whose leader changes, drops what it had queued without a word:
+	// waiting answerTimeout for that unit would leave every publisher
+	// after it without an answer for longer than its own timeout (nats.go:
+	// 5 s), where without group commit only the dropped messages' clients
+	// would time out. A commit takes milliseconds; a unit that was only
+	// slow still has its clients answered when its answer comes.
+	stallAfter = 2 * time.Second
 )
 
 // Options configure a Committer.
@@ -129,6 +138,7 @@ type Committer struct {
 	// Owned by the run goroutine.
 	pend     []item
 	inflight map[string]*unit
+	live     int    // units in flight not stalled (see stallAfter)
 	risky    int    // units in flight that must not be followed (see dispatch)
 	sent     uint64 // units and forwards sent, in order
 	nextID   uint64
@@ -162,6 +172,8 @@ type unit struct {
 	order uint64 // value of sent when this unit went out
 	start time.Time
 	risky bool
+	// stalled: unanswered for stallAfter; nothing waits for it any more.
+	stalled bool
 	// marker: msgs went out alone with the clients' replies, followed by
 	// a marker the stream answers after them (see sendSingles).
 	marker bool
@@ -292,7 +304,7 @@ func (c *Committer) Stats() Stats {
 
 func (c *Committer) run(ctx context.Context) {
 	defer close(c.done)
-	tick := time.NewTicker(time.Second)
+	tick := time.NewTicker(stallAfter / 8)
 	defer tick.Stop()
 	closing := c.closing
 	for {
@@ -427,8 +439,8 @@ func unsendableHeader(m *nats.Msg) string {
 
 // dispatch sends what may go now. When nothing is in flight, what waits
 // goes at once: as one batch if at least minBatch messages wait, else one
-// by one. While something is in flight, arrivals wait for it and form the
-// next batch — except a full batch (count or bytes), which cannot grow and
+// by one. While something is in flight (and not stalled, see stallAfter),
+// arrivals wait for it and form the next batch — except a full batch (count or bytes), which cannot grow and
 // goes at once, up to maxInflight.
 //
 // Order rules: everything goes out in arrival order on one connection; a
@@ -446,8 +458,8 @@ func (c *Committer) dispatch() {
 			continue
 		}
 		n, risky, full := c.nextBatch()
-		if len(c.inflight) > 0 {
-			if !full || risky || len(c.inflight) >= maxInflight {
+		if c.live > 0 {
+			if !full || risky || c.live >= maxInflight {
 				return
 			}
 		}
@@ -532,6 +544,7 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	}
 	u := &unit{msgs: msgs, order: c.sent, start: time.Now(), risky: risky}
 	c.inflight[id] = u
+	c.live++
 	// The stream answers u after what went before it.
 	u.before, c.fwd, c.unflushed = c.fwd, nil, ""
 	if risky {
@@ -663,6 +676,9 @@ func (c *Committer) answer(r *nats.Msg) {
 
 func (c *Committer) finish(id string, u *unit) {
 	delete(c.inflight, id)
+	if !u.stalled {
+		c.live--
+	}
 	if u.risky {
 		c.risky--
 	}
@@ -771,12 +787,28 @@ func (c *Committer) forgetOldest(keep int) {
 	c.idOrder = c.idOrder[n:]
 }
 
-// expire gives up on units unanswered for longer than the timeout; their
+// expire stops holding later messages back for units unanswered for
+// stallAfter, and gives up on those unanswered for answerTimeout: their
 // clients see their own publish timeout, as with a server that never
 // answered.
+//
+// A stalled risky unit is risky no more: what follows it goes out, so if
+// it is refused after all, for a duplicate, its clients get the server's
+// error instead of their messages being published again in place (a
+// client publishing again gets its duplicate PubAck).
 func (c *Committer) expire() {
 	for id, u := range c.inflight {
-		if time.Since(u.start) > answerTimeout {
+		age := time.Since(u.start)
+		if age > stallAfter && !u.stalled {
+			u.stalled = true
+			c.live--
+			if u.risky {
+				u.risky = false
+				c.risky--
+			}
+			c.log.Warn("no answer from the stream yet: later publishes go on without waiting for it", "msgs", len(u.msgs), "after", stallAfter)
+		}
+		if age > answerTimeout {
 			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", answerTimeout)
 			c.finish(id, u)
 		}

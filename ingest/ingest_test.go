@@ -883,3 +883,81 @@ func publishNumbered(t *testing.T, pjs jetstream.JetStream, n int, opts ...jetst
 	}
 	return futs
 }
+
+// TestUnansweredUnitDoesNotHoldTheLine: a stream that loses what it had
+// not applied yet (deleted, or a leader that changed, with the messages
+// still queued) answers neither the publishes nor the marker or batch
+// commit after them. Later publishes must not wait for the committer to
+// give up on those (answerTimeout, 30 s): a publisher's own timeout is
+// 5 s. A subscriber that swallows the stored stream's subjects plays the
+// stream that drops messages: first a lone publish and its marker, then a
+// batch holding Nats-Msg-Ids (sent only when nothing else is in flight,
+// and followed by nothing until answered).
+func TestUnansweredUnitDoesNotHoldTheLine(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	ctx := context.Background()
+	opts := Options{Stream: "S", Subjects: []string{"s.*"}, DuplicateWindow: time.Minute}
+	c := startIngest(t, s, js, opts, nil)
+	info, err := js.Stream(ctx, "S")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := info.CachedInfo().Config
+	if err := js.DeleteStream(ctx, "S"); err != nil {
+		t.Fatal(err)
+	}
+	swallowed := make(chan *nats.Msg, 100)
+	hole, err := nc.ChanSubscribe(config.GroupCommitSubject("S", ">"), swallowed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	awaitSwallowed := func(n int) {
+		t.Helper()
+		for i := range n {
+			select {
+			case <-swallowed:
+			case <-time.After(15 * time.Second):
+				t.Fatalf("%d of %d messages reached the stream's subjects within 15 s: the committer is waiting for an answer that will never come", i, n)
+			}
+		}
+	}
+	pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(100))
+	if _, err := pjs.PublishAsync("s.a", []byte("lost alone")); err != nil {
+		t.Fatal(err)
+	}
+	awaitSwallowed(2) // the message and its marker
+	for i := range 20 {
+		if _, err := pjs.PublishAsync("s.a", []byte("lost in a batch"), jetstream.WithMsgID(fmt.Sprintf("lost-%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	awaitSwallowed(20) // one batch: nothing else was in flight... once the lone one was given up on
+	if err := hole.Unsubscribe(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js.CreateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	ack, err := pjs.Publish(pctx, "s.a", []byte("after"), jetstream.WithRetryAttempts(0))
+	if err != nil {
+		t.Fatalf("publish after two unanswered units: %v after %v", err, time.Since(start).Round(time.Millisecond))
+	}
+	if ack.Sequence != 1 {
+		t.Fatalf("stored as %d, want 1 (nothing of the lost units is stored)", ack.Sequence)
+	}
+	// Close waits for the lost units until its context ends (they would
+	// expire after answerTimeout).
+	cctx, ccancel := context.WithTimeout(ctx, time.Second)
+	defer ccancel()
+	if err := c.Close(cctx); err == nil || !strings.Contains(err.Error(), "closed before every batch was answered") {
+		t.Fatalf("close with two lost units in flight: %v", err)
+	}
+}
