@@ -59,8 +59,8 @@ const (
 	// clients are given up on (they see their own publish timeout).
 	answerTimeout = 30 * time.Second
 	// stallAfter is how long a unit may go unanswered before dispatch
-	// stops holding later messages back for it. A stream that is deleted,
-	// or whose leader changes, drops what it had queued without a word:
+	// stops holding later messages back for it. A stream deleted with
+	// messages still queued (nats-server drops them) answers none of them:
 	// waiting answerTimeout for that unit would leave every publisher
 	// after it without an answer for longer than its own timeout (nats.go:
 	// 5 s), where without group commit only the dropped messages' clients

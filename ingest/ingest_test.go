@@ -884,15 +884,15 @@ func publishNumbered(t *testing.T, pjs jetstream.JetStream, n int, opts ...jetst
 	return futs
 }
 
-// TestUnansweredUnitDoesNotHoldTheLine: a stream that loses what it had
-// not applied yet (deleted, or a leader that changed, with the messages
-// still queued) answers neither the publishes nor the marker or batch
-// commit after them. Later publishes must not wait for the committer to
-// give up on those (answerTimeout, 30 s): a publisher's own timeout is
-// 5 s. A subscriber that swallows the stored stream's subjects plays the
-// stream that drops messages: first a lone publish and its marker, then a
-// batch holding Nats-Msg-Ids (sent only when nothing else is in flight,
-// and followed by nothing until answered).
+// TestUnansweredUnitDoesNotHoldTheLine: a stream deleted while messages
+// were still queued for it answers neither them nor the marker or batch
+// commit after them (the CI flake of TestStreamMissingAnswersNoResponders:
+// the marker after "before" was dropped). Later publishes must not wait
+// for the committer to give up on those (answerTimeout, 30 s): a
+// publisher's own timeout is 5 s. A subscriber that swallows the stored
+// stream's subjects plays the stream that drops messages: first a lone
+// publish and its marker, then a batch holding Nats-Msg-Ids (sent only
+// when nothing else is in flight, and followed by nothing until answered).
 func TestUnansweredUnitDoesNotHoldTheLine(t *testing.T) {
 	s := natstest.RunServer(t, natstest.SyncAlways)
 	nc := natstest.Connect(t, s)
