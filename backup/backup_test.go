@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -1005,5 +1006,41 @@ func TestRestoreReplaceFailedPutsBack(t *testing.T) {
 	}
 	if left, _ := os.ReadDir(save); len(left) != 0 {
 		t.Errorf("the saved copy was left in %s: %v", save, left)
+	}
+}
+
+// TestRestoreDropsReplayClaims: a backup taken while a dead letter was
+// being replayed in a cluster holds that replay's claim (a consumer named
+// config.ReplayClaim(seq) on the dead-letter stream). Restored, no replay
+// holds it, and it refused every replay of that dead letter until the
+// server removed it an hour later: the restore deletes it, and keeps the
+// stream's other consumers.
+func TestRestoreDropsReplayClaims(t *testing.T) {
+	nc, js := runServer(t)
+	ctx := natstest.Context(t)
+	seed(t, js, 3, 0)
+	claim := jetstream.ConsumerConfig{Durable: config.ReplayClaim(2), AckPolicy: jetstream.AckNonePolicy,
+		DeliverPolicy: jetstream.DeliverNewPolicy, MemoryStorage: true, InactiveThreshold: time.Hour}
+	if _, err := js.CreateConsumer(ctx, "ORDERS", claim); err != nil {
+		t.Fatal(err)
+	}
+	dir, m := createBackup(t, nc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
+	if m.Stream("ORDERS").Consumer(claim.Durable) == nil {
+		t.Fatalf("the backup holds no %s: %+v", claim.Durable, m.Stream("ORDERS").Consumers)
+	}
+	_, js2 := runServer(t)
+	var notices []string
+	_, _, err := Restore(ctx, js2.Conn(), dir, RestoreOptions{Notice: func(msg string) { notices = append(notices, msg) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := js2.Consumer(ctx, "ORDERS", claim.Durable); !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		t.Fatalf("the restored %s: %v, want not found", claim.Durable, err)
+	}
+	if _, err := js2.Consumer(ctx, "ORDERS", "WORKER1"); err != nil {
+		t.Fatalf("WORKER1 after the restore: %v", err)
+	}
+	if !strings.Contains(strings.Join(notices, "\n"), "deleted "+claim.Durable+", the claim of a replay") {
+		t.Fatalf("notices: %q", notices)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/settle"
 )
 
@@ -303,6 +304,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)
 			if err == nil {
+				dropReplayClaims(ctx, js, e, notice)
 				return r, nil
 			}
 		}
@@ -343,6 +345,26 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 			}
 		}
 		return r, fmt.Errorf("restore of stream %s from %s failed (the backup is unchanged): %w", e.Name, sdir, err)
+	}
+}
+
+// dropReplayClaims deletes the replay claims a backup taken while dead
+// letters were being replayed in a cluster holds (config.ReplayClaim):
+// restored, no replay holds them, and each would refuse every replay of
+// its dead letter until the server removed it an hour later. A dead letter
+// whose replay had not ended when the backup was taken is in the restored
+// stream, to be replayed again.
+func dropReplayClaims(ctx context.Context, js jetstream.JetStream, e StreamEntry, notice func(string, ...any)) {
+	for _, c := range e.Consumers {
+		if !config.IsReplayClaim(c.Name) {
+			continue
+		}
+		if err := js.DeleteConsumer(ctx, e.Name, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			notice("stream %s: cannot delete %s, the claim of a replay that ran while the backup was taken (%v): its dead letter cannot be replayed until it is gone (nats consumer rm %s %s, or within the hour)",
+				e.Name, c.Name, err, e.Name, c.Name)
+			continue
+		}
+		notice("stream %s: deleted %s, the claim of a replay that ran while the backup was taken: its dead letter can be replayed again", e.Name, c.Name)
 	}
 }
 

@@ -520,7 +520,7 @@ func TestMemoryConsumerIsNotRecorded(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := lossServer(t, cfg, 1)
 	if _, err := s.JetStream().CreateConsumer(natstest.Context(t), "ORDERS_DLQ", jetstream.ConsumerConfig{
-		Durable: "holdfast-claim-1", AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
+		Durable: config.ReplayClaim(1), AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
 		MemoryStorage: true, InactiveThreshold: time.Hour,
 	}); err != nil {
 		t.Fatal(err)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // Replaying a dead letter hands it to the handler of the consumer that
@@ -68,7 +70,7 @@ func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (r
 	if w.nc.ConnectedClusterName() == "" {
 		return func() { replaysRunning.Delete(local) }, nil
 	}
-	name := claimConsumer(seq)
+	name := config.ReplayClaim(seq)
 	node := w.nc.ConnectedServerName()
 	_, err = w.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable: name,
@@ -102,10 +104,6 @@ func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (r
 		replaysRunning.Delete(local)
 	}, nil
 }
-
-// claimConsumer is the name of the consumer that claims dead letter seq
-// of a dead-letter stream cluster-wide (claimReplay).
-func claimConsumer(seq uint64) string { return "holdfast-claim-" + strconv.FormatUint(seq, 10) }
 
 // ReplayRequest asks a consumer's workers to run their handler on one of
 // its dead letters.
