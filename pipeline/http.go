@@ -83,8 +83,8 @@ type HTTPOptions struct {
 // the timeout bounds reading the body as well as the request. Redirects are
 // followed only when they keep the POST and its body (307, 308) and lead to
 // an http or https URL; a 301, 302 or 303, or a 307 or 308 to another
-// scheme, fails the message. A failure after a redirect names where it led
-// (without password, query or fragment).
+// scheme, fails the message. A failure after a redirect, a status
+// included, names where it led (without password, query or fragment).
 type HTTPHandler struct {
 	url        string
 	errURL     string // url as net/http's errors show it
@@ -223,6 +223,11 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 	status := strconv.Itoa(code)
 	if text := http.StatusText(code); text != "" {
 		status += " " + text
+	}
+	if resp.Request != nil && resp.Request.URL.String() != req.URL.String() {
+		// Answered where a 307 or 308 led, not by the configured URL
+		// (which answered with the redirect): say where.
+		status += " (after a redirect to " + redirectTarget(resp.Request.URL.String()) + ")"
 	}
 	switch {
 	case code >= 200 && code <= 299:

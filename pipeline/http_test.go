@@ -359,6 +359,45 @@ func TestHTTPRedirectKeepsPayload(t *testing.T) {
 	}
 }
 
+// TestHTTPStatusAfterRedirectNamesIt: a status that fails the message
+// after a 307 or 308 names where the redirect led, without its query: the
+// configured URL itself answers with the redirect, so a dead letter that
+// said only "HTTP 404 Not Found" sent the operator to the wrong endpoint.
+func TestHTTPStatusAfterRedirectNamesIt(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/orders":
+			http.Redirect(w, r, "/v2/orders?token=s3cret", http.StatusPermanentRedirect)
+		case "/v2/orders":
+			http.Error(w, "no such route", http.StatusNotFound)
+		case "/busy":
+			http.Redirect(w, r, "/v2/busy", http.StatusTemporaryRedirect)
+		default:
+			http.Error(w, "overloaded", http.StatusBadGateway)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct {
+		path    string
+		outcome Outcome
+		want    string
+	}{
+		{"/orders", Permanent, "HTTP 404 Not Found (after a redirect to " + srv.URL + "/v2/orders): no such route"},
+		{"/busy", Retry, "HTTP 502 Bad Gateway (after a redirect to " + srv.URL + "/v2/busy): overloaded"},
+	} {
+		h := newHTTP(t, HTTPOptions{URL: srv.URL + tc.path, Timeout: 5 * time.Second}, nil)
+		r := h.Handle(context.Background(), testMessage())
+		if r.Outcome != tc.outcome || r.Reason != tc.want {
+			t.Errorf("%s: result = %+v, want %s with reason %q", tc.path, r, tc.outcome, tc.want)
+		}
+	}
+	// Without a redirect the reason stays as it was.
+	h := newHTTP(t, HTTPOptions{URL: srv.URL + "/v2/orders", Timeout: 5 * time.Second}, nil)
+	if r := h.Handle(context.Background(), testMessage()); r.Reason != "HTTP 404 Not Found: no such route" {
+		t.Errorf("no redirect: reason = %q", r.Reason)
+	}
+}
+
 func TestHTTPRedirectLoopFails(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, r.URL.Path, http.StatusTemporaryRedirect)
