@@ -140,6 +140,10 @@ func (m *Monitor) evaluate(r *Report) Health {
 			unhealthy("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
 		case !c.Exists:
 			problem("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
+		case c.Workers.Configured > 0 && c.Workers.Draining:
+			// A reload waits for their handlers before it restarts
+			// them: planned, and over within shutdown_timeout.
+			problem("consumer %s: its workers are draining (%d handler(s) still running) to restart with a reloaded config", c.Name, c.Workers.InFlight)
 		case c.Workers.Configured > 0 && !c.Workers.Running:
 			unhealthy("consumer %s: its %d workers are not running", c.Name, c.Workers.Configured)
 		case c.Stalled:

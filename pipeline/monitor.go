@@ -468,8 +468,12 @@ type ConsumerStatus struct {
 
 // WorkerStatus is what a consumer's in-process workers did since start.
 type WorkerStatus struct {
-	Configured   int    `json:"configured"`
-	Running      bool   `json:"running"`
+	Configured int  `json:"configured"`
+	Running    bool `json:"running"`
+	// Draining: the workers stopped taking messages and wait for their
+	// handlers (up to shutdown_timeout), as a reload does before it
+	// restarts them with the new settings.
+	Draining     bool   `json:"draining,omitempty"`
 	InFlight     int64  `json:"in_flight"`
 	Processed    uint64 `json:"processed"`
 	Acked        uint64 `json:"acked"`

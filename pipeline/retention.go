@@ -633,6 +633,7 @@ func workerStatus(mc MonitoredConsumer) WorkerStatus {
 		}
 		st := w.Stats()
 		ws.Running = w.Running()
+		ws.Draining = w.stopping.Load()
 		ws.InFlight = st.InFlight.Load()
 		ws.Processed = st.Processed.Load()
 		ws.Acked = st.Acked.Load()

@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -463,5 +465,71 @@ func TestReloadRefusesEmptyFile(t *testing.T) {
 	if ci.NumPending != 3 || ci.AckFloor.Stream != 0 {
 		t.Errorf("WORKER1 after the empty file's reload: %d pending, ack floor %d; want 3 pending, none acknowledged", ci.NumPending, ci.AckFloor.Stream)
 	}
+	p.stop()
+}
+
+// TestHealthWhileReloadDrainsWorkers: while a reload waits for a running
+// handler before it restarts the consumer's workers (up to
+// shutdown_timeout), /healthz says degraded, naming the drain, with 200.
+// It answered 503 "its 1 workers are not running" for the whole drain, as
+// if they had died: a planned `systemctl reload` paged like an outage,
+// and `holdfast status` showed "1 NOT RUNNING".
+func TestHealthWhileReloadDrainsWorkers(t *testing.T) {
+	dir := t.TempDir()
+	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
+	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho x >> %q\nwhile [ ! -e %q ]; do sleep 0.05; done\n", started, release))
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, script, "")
+	httpAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	editConfig(t, in.cfg, `listen = ""`, fmt.Sprintf("listen = %q", httpAddr))
+	editConfig(t, in.cfg, `shutdown_timeout = "2s"`, `shutdown_timeout = "60s"`)
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if len(e2eLines(t, started)) == 0 {
+			return errors.New("the handler has not started")
+		}
+		return nil
+	})
+	editConfig(t, in.cfg, `timeout = "20s"`, `timeout = "21s"`)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	health := func() (int, string, string) {
+		t.Helper()
+		resp, err := http.Get("http://" + httpAddr + "/healthz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var h struct{ Status, Reason string }
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, h.Status, h.Reason
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		code, status, reason := health()
+		if code != http.StatusOK {
+			t.Fatalf("/healthz during the reload's drain = %d %s %q, want 200 degraded", code, status, reason)
+		}
+		if status != "degraded" || !strings.Contains(reason, "draining") {
+			return fmt.Errorf("/healthz = %s %q, want degraded naming the drain", status, reason)
+		}
+		return nil
+	})
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if code, status, reason := health(); code != http.StatusOK || status != "ok" {
+			return fmt.Errorf("/healthz after the reload = %d %s %q, want 200 ok", code, status, reason)
+		}
+		return nil
+	})
 	p.stop()
 }

@@ -450,6 +450,8 @@ func printStatus(w io.Writer, out *statusOutput) {
 			switch {
 			case ws.Configured == 0:
 				workers = "none"
+			case ws.Draining:
+				workers = fmt.Sprintf("%d draining for a reload (%d busy)", ws.Configured, ws.InFlight)
 			case !ws.Running:
 				workers = fmt.Sprintf("%d NOT RUNNING", ws.Configured)
 			default:
