@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -148,6 +149,11 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 	if err := unix.Access(path, unix.X_OK); err != nil {
 		return nil, fmt.Errorf("exec handler: command %s cannot be executed by this process (uid %d, mode %s): %w", path, os.Getuid(), fi.Mode(), err)
 	}
+	// A script whose interpreter cannot run fails to start with ENOENT
+	// (or EACCES) of the script itself, for every message.
+	if err := interpreterProblem(path); err != nil {
+		return nil, fmt.Errorf("exec handler: command %s: %w", path, err)
+	}
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("exec handler: timeout %s is negative", cfg.Timeout)
 	}
@@ -204,6 +210,9 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 			return Fail(fmt.Sprintf("cannot start %s: the message's headers do not fit in the environment: %v", h.command[0], err))
 		}
 		// The program may be being replaced by a deployment; try again.
+		if ierr := interpreterProblem(h.command[0]); ierr != nil {
+			return RetryLater(fmt.Sprintf("cannot start %s: %v", h.command[0], ierr))
+		}
 		return RetryLater(fmt.Sprintf("cannot start %s: %v", h.command[0], err))
 	}
 	trackCommand(cmd.Process.Pid)
@@ -302,6 +311,47 @@ func (h *ExecHandler) logOutput(ctx context.Context, level slog.Level, text stri
 	for _, line := range lines {
 		h.logger.LogAttrs(ctx, level, text, attrs(slog.String("line", string(bytes.TrimSuffix(line, []byte{'\r'}))))...)
 	}
+}
+
+// shebangLimit is how much of a script the kernel reads for its #! line
+// (BINPRM_BUF_SIZE).
+const shebangLimit = 256
+
+// interpreterProblem returns why the interpreter that the #! line of the
+// script at path names cannot be run by this process, or nil: when it can,
+// when path is no script, or when path cannot be read (an execute-only
+// binary). Like the kernel, it takes the interpreter to be the first word
+// after "#!", ended by a blank or the end of the line; a carriage return is
+// part of it (a script with Windows line endings).
+func interpreterProblem(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	buf := make([]byte, shebangLimit)
+	n, _ := io.ReadFull(f, buf)
+	line, ok := bytes.CutPrefix(buf[:n], []byte("#!"))
+	if !ok {
+		return nil
+	}
+	line, _, _ = bytes.Cut(line, []byte{'\n'})
+	line = bytes.TrimLeft(line, " \t")
+	if i := bytes.IndexAny(line, " \t\x00"); i >= 0 {
+		line = line[:i]
+	}
+	interp := string(line)
+	if interp == "" {
+		return errors.New("its #! line names no interpreter")
+	}
+	if err := unix.Access(interp, unix.X_OK); err != nil {
+		err = fmt.Errorf("its interpreter %q (the #! line) cannot be executed: %w", interp, err)
+		if strings.HasSuffix(interp, "\r") {
+			err = fmt.Errorf("%w; the script has Windows line endings (its #! line ends with a carriage return): convert it, e.g. with dos2unix", err)
+		}
+		return err
+	}
+	return nil
 }
 
 // waitExited blocks until the child pid has exited, leaving it to be

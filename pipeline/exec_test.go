@@ -866,3 +866,68 @@ func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
 		t.Errorf("NewExecHandler as nobody on a 0755 script: %q, want ok", out)
 	}
 }
+
+// TestNewExecHandlerRefusesAScriptWhoseInterpreterCannotRun: a script
+// whose #! line names an interpreter that is missing (python not
+// installed on the host) or that ends with a carriage return (a script
+// saved with Windows line endings) is refused, naming the interpreter.
+// Both passed holdfast check, and every message then failed with "cannot
+// start /path/script: ... no such file or directory" — of a file that is
+// there — until max_deliver dead-lettered it.
+func TestNewExecHandlerRefusesAScriptWhoseInterpreterCannotRun(t *testing.T) {
+	dir := t.TempDir()
+	notExec := filepath.Join(dir, "not-executable-interpreter")
+	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, text string
+		want       string // in the error; "" means no error
+	}{
+		{"missing interpreter", "#!/usr/bin/python9\nprint(1)\n", `interpreter "/usr/bin/python9" (the #! line) cannot be executed: no such file or directory`},
+		{"with arguments", "#! /usr/bin/python9 -u\nprint(1)\n", `interpreter "/usr/bin/python9"`},
+		{"windows line endings", "#!/bin/sh\r\nexit 0\r\n", `Windows line endings`},
+		{"interpreter not executable", "#!" + notExec + "\n", "interpreter \"" + notExec + "\" (the #! line) cannot be executed: permission denied"},
+		{"no interpreter", "#!\nexit 0\n", "names no interpreter"},
+		{"valid", "#!/bin/sh\nexit 0\n", ""},
+		{"valid with blanks and arguments", "#! \t/bin/sh -e\nexit 0\n", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "handler")
+			if err := os.WriteFile(path, []byte(tc.text), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_, err := NewExecHandler(ExecOptions{Command: []string{path}}, nil)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), path)):
+				t.Fatalf("error = %v, want one naming %s and containing %q", err, path, tc.want)
+			}
+		})
+	}
+}
+
+// TestExecInterpreterRemovedAfterStart: when a script's interpreter
+// disappears while holdfast runs (a package removed), the retry's reason
+// names the interpreter, not "no such file or directory" of the script.
+func TestExecInterpreterRemovedAfterStart(t *testing.T) {
+	dir := t.TempDir()
+	interp := filepath.Join(dir, "interp")
+	if err := os.WriteFile(interp, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	script := filepath.Join(dir, "handler")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newExec(t, ExecOptions{Command: []string{script}}, nil)
+	// Now the script names an interpreter that is not there.
+	if err := os.WriteFile(script, []byte("#!"+interp+"-gone\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	r := h.Handle(context.Background(), testMessage())
+	if r.Outcome != Retry || !strings.Contains(r.Reason, `interpreter "`+interp+`-gone" (the #! line) cannot be executed`) {
+		t.Fatalf("result = %+v, want a retry naming the missing interpreter", r)
+	}
+}
