@@ -36,13 +36,20 @@ type Daemon struct {
 	// stats are each consumer's counters, kept for the life of the
 	// process: workers replaced or stopped at a reload (workers 4 -> 0 ->
 	// 4) count on where they left off.
-	stats     map[string]*pipeline.Stats
-	monitor   *pipeline.Monitor
-	gc        groupCommit
-	statusSub *nats.Subscription
-	failed    chan struct{} // closed by fail
-	failOnce  sync.Once
-	failErr   error
+	stats map[string]*pipeline.Stats
+	// workersFrom is, per consumer, the config its workers run with (for
+	// workers = 0: that it has none), or nil when a reload left it
+	// without the workers it should have. A reload that cannot apply a
+	// consumer's new settings to its workers leaves it as it was, so that
+	// the next reload tries again. Open and Reload use it, on one
+	// goroutine.
+	workersFrom map[string]*config.ConsumerConfig
+	monitor     *pipeline.Monitor
+	gc          groupCommit
+	statusSub   *nats.Subscription
+	failed      chan struct{} // closed by fail
+	failOnce    sync.Once
+	failErr     error
 
 	// edge is the leafnode view (nil without [leafnodes] or sources);
 	// forwarders are the forward handlers by consumer.
@@ -144,8 +151,10 @@ func (d *Daemon) Open(ctx context.Context) error {
 		}
 	}
 	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
+	d.workersFrom = make(map[string]*config.ConsumerConfig, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
+		d.workersFrom[name] = cc
 		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
 			HandlerTimeout: handlerTimeout(cc)}
 		if cc.Workers == 0 {
@@ -564,7 +573,7 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 				}
 			}
 			for _, name := range next.ConsumerNames() {
-				d.reloadWorkers(ctx, &applied, cur.Consumers[name], name)
+				d.reloadWorkers(ctx, &applied, name)
 			}
 		}
 	}
@@ -620,10 +629,13 @@ func movesKept(cur, next *config.Config, restart *[]string) map[string]*config.C
 
 // reloadWorkers restarts a consumer's workers when what they run with
 // changed. The old workers drain first (up to shutdown_timeout); the new
-// ones keep their counters.
-func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *config.ConsumerConfig, name string) {
+// ones keep their counters. It compares with what the workers run with,
+// not with the previous config: a reload that could not apply a handler
+// (its command missing) is tried again at the next one.
+func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name string) {
 	cc := cfg.Consumers[name]
-	same := old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
+	old := d.workersFrom[name]
+	same := old != nil && old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
 		reflect.DeepEqual(old.HTTP, cc.HTTP) && reflect.DeepEqual(old.Forward, cc.Forward) && reflect.DeepEqual(old.Backoff, cc.Backoff) && old.MaxDeliver == cc.MaxDeliver &&
 		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc) &&
 		maxPrefetch(old) == maxPrefetch(cc)
@@ -633,7 +645,7 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
 	if cc.Workers > 0 && cc.Handler != "forward" {
 		if _, err := NewHandler(name, cc, d.log); err != nil {
-			d.log.Error("reload: workers keep their previous handler", "consumer", name, "err", err)
+			d.log.Error("reload: workers keep their previous handler; the next reload tries the new one again", "consumer", name, "err", err)
 			return
 		}
 	}
@@ -652,10 +664,14 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, old *con
 	if cc.Workers > 0 {
 		var err error
 		if w, err = d.openWorkers(ctx, cfg, name); err != nil {
-			d.log.Error("reload: cannot start workers: the consumer has none until the next restart", "consumer", name, "err", err)
+			d.log.Error("reload: cannot start workers: the consumer has none until a reload or a restart starts them", "consumer", name, "err", err)
+			d.workersFrom[name] = nil
 		} else {
 			d.setWorkers(append(slices.Clone(d.workers), w))
+			d.workersFrom[name] = cc
 		}
+	} else {
+		d.workersFrom[name] = cc
 	}
 	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
 	d.monitor.SetHandlerTimeout(cc.Stream, name, handlerTimeout(cc))

@@ -533,3 +533,68 @@ func TestHealthWhileReloadDrainsWorkers(t *testing.T) {
 	})
 	p.stop()
 }
+
+// TestReloadRetriesAHandlerItCouldNotBuild: a reload whose new exec
+// command is not there yet keeps the workers on their previous handler;
+// once the command is installed, the next reload of the same file
+// switches them to it. The refused settings used to count as running: the
+// next reload saw nothing changed, and the workers ran the previous
+// command until a restart, without a word.
+func TestReloadRetriesAHandlerItCouldNotBuild(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "processed")
+	body := func(tag string) string { return fmt.Sprintf("#!/bin/sh\nid=$(cat)\necho \"%s $id\" >> %q\n", tag, out) }
+	a := e2eScript(t, body("A")[len("#!/bin/sh\n"):])
+	b := filepath.Join(dir, "handler-b.sh") // installed after the reload
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, a, "")
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	publish := func(id string) {
+		t.Helper()
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitLine := func(line string) {
+		t.Helper()
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			lines := e2eLines(t, out)
+			if !slices.Contains(lines, line) {
+				return fmt.Errorf("no %q in %q", line, lines)
+			}
+			return nil
+		})
+	}
+	reload := func(done int) {
+		t.Helper()
+		if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+			if n := strings.Count(p.stderr.String(), "reload done"); n < done {
+				return fmt.Errorf("%d reloads done, want %d", n, done)
+			}
+			return nil
+		})
+	}
+	publish("one")
+	waitLine("A one")
+
+	editConfig(t, in.cfg, a, b)
+	reload(1)
+	if !strings.Contains(p.stderr.String(), "reload: workers keep their previous handler") {
+		t.Fatalf("the reload did not refuse the missing command:\n%s", p.stderr.String())
+	}
+	publish("two")
+	waitLine("A two")
+
+	if err := os.WriteFile(b, []byte(body("B")), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	reload(2)
+	publish("three")
+	waitLine("B three")
+	p.stop()
+}
