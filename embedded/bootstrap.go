@@ -120,8 +120,8 @@ func DeadLetterSpec(name string, consumers []string, replicas int) jetstream.Str
 }
 
 // DeadLetterHeadroom is what the server accepts beyond server.max_payload:
-// room for the headers a dead letter adds (Holdfast-Error is bounded by
-// the handlers to a few hundred bytes).
+// room for the headers a dead letter adds (the workers cut Holdfast-Error,
+// the handler's reason, to 1 KiB).
 const DeadLetterHeadroom = 8 << 10
 
 // DeadLetterSubjectPrefix starts every dead-letter subject:

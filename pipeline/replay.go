@@ -234,6 +234,7 @@ func (w *Workers) handleReplay(m *Message) (res Result) {
 			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
 			res = RetryLater(fmt.Sprintf("handler panicked: %v", r))
 		}
+		res.Reason = oneLine(res.Reason, maxReason)
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
 }

@@ -531,9 +531,19 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
 			res = RetryLater(fmt.Sprintf("handler panicked: %v", r))
 		}
+		res.Reason = oneLine(res.Reason, maxReason)
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
 }
+
+// maxReason bounds a handler's Reason (cut, on one line) before it is
+// logged or becomes a dead letter's Holdfast-Error header: the server
+// accepts embedded.DeadLetterHeadroom (8 KiB) beyond max_payload for
+// the headers a dead letter adds, the original subject (up to 4,000
+// bytes) among them. A longer reason (a Go handler's error chain, an
+// endpoint's redirect to a huge URL) made the dead letter of a large
+// message too large to store, at every attempt.
+const maxReason = 1024
 
 // settle acks, naks or dead-letters a handled message.
 func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {

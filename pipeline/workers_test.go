@@ -658,6 +658,30 @@ func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 	}
 }
 
+// TestLongReasonIsDeadLettered: a handler's reason of any length (a Go
+// handler's error chain, an endpoint's redirect to a huge URL) is cut to
+// fit the dead letter's headroom, so that even a message of the largest
+// size is dead-lettered. A 20,000-byte reason made the dead letter larger
+// than the server accepts: the publish failed at every delivery, and on
+// the last one the message was kept, the publish retried forever.
+func TestLongReasonIsDeadLettered(t *testing.T) {
+	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 2 })
+	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		return pipeline.Fail("refused: " + strings.Repeat("x", 20000))
+	}), 1)
+	max := int(e.cfg.Server.MaxPayload.Bytes)
+	e.publish("orders.created", strings.Repeat("x", max-100), nil)
+	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+		if n := e.dlqCount(); n != 1 {
+			return fmt.Errorf("%d dead letters", n)
+		}
+		return nil
+	})
+	if reason := e.dlqMsg(1).Header.Get("Holdfast-Error"); !strings.HasPrefix(reason, "refused: xxx") || len(reason) > 1100 {
+		t.Fatalf("Holdfast-Error of %d bytes: %.40q...", len(reason), reason)
+	}
+}
+
 // TestInterruptedLastDeliveryIsResumed: a handler cancelled by a shutdown
 // on the message's last allowed delivery (max_deliver = 1) is not a
 // failure: the message is parked and handed to the handler again when the
