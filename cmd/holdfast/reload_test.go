@@ -598,3 +598,65 @@ func TestReloadRetriesAHandlerItCouldNotBuild(t *testing.T) {
 	waitLine("B three")
 	p.stop()
 }
+
+// TestSIGHUPDuringStartUpIsApplied: a SIGHUP that arrives while holdfast
+// starts (here while it creates 150 streams) is acted on once it is
+// ready: the config file is read again. It used to be dropped with a
+// warning ("SIGHUP during start-up: ignored"), and a config written just
+// before it (after start-up had read the file) never applied until the
+// next reload or restart.
+func TestSIGHUPDuringStartUpIsApplied(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "processed")
+	script := func(tag string) string {
+		return e2eScript(t, fmt.Sprintf("id=$(cat)\necho \"%s $id\" >> %q\n", tag, out))
+	}
+	a, b := script("A"), script("B")
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, a, "")
+	var streams strings.Builder
+	for i := range 150 {
+		fmt.Fprintf(&streams, "\n[streams.S%d]\nsubjects = [\"s%d.>\"]\n", i, i)
+	}
+	f, err := os.OpenFile(in.cfg, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString(streams.String()); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	p := startHoldfast(t, in.cfg)
+	natstest.CheckFor(t, 30*time.Second, 2*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "NATS server ready") {
+			return errors.New("the NATS server is not ready yet")
+		}
+		return nil
+	})
+	editConfig(t, in.cfg, a, b)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	p.waitReadyWithin(60 * time.Second)
+	if !strings.Contains(p.stderr.String(), "SIGHUP during start-up") {
+		t.Skip("start-up ended before the SIGHUP arrived")
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(p.stderr.String(), "reload done") {
+			return errors.New("no reload after the start-up")
+		}
+		return nil
+	})
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("one")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		lines := e2eLines(t, out)
+		if !slices.Contains(lines, "B one") {
+			return fmt.Errorf("no \"B one\" in %q", lines)
+		}
+		return nil
+	})
+	p.stop()
+}

@@ -76,6 +76,9 @@ func runCommand() *cli.Command {
 			go func() { opened <- d.Open(ctx) }()
 
 			stopped := ctx.Done() // nil once the stop during start-up was logged
+			// A SIGHUP during start-up is acted on once holdfast is
+			// ready: the file may have changed after start-up read it.
+			reloadWhenReady := false
 		starting:
 			for {
 				select {
@@ -90,7 +93,8 @@ func runCommand() *cli.Command {
 					}
 					break starting
 				case <-hups:
-					log.Warn("SIGHUP during start-up: ignored")
+					log.Warn("SIGHUP during start-up: the config is read again once holdfast is ready")
+					reloadWhenReady = true
 				case <-stopped:
 					// Open sees ctx too and returns; the case above ends it.
 					if sig, ok := stopSig.Load().(os.Signal); ok {
@@ -102,6 +106,12 @@ func runCommand() *cli.Command {
 			n.Ready(d.Status())
 			log.Info("holdfast ready", "status", d.Status())
 			go n.Watchdog(ctx, d.Healthy)
+			if reloadWhenReady {
+				select {
+				case hups <- syscall.SIGHUP:
+				default: // another SIGHUP is pending: it reads the file then
+				}
+			}
 
 			var runErr error
 		serving:
