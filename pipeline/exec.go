@@ -333,7 +333,7 @@ func interpreterProblem(path string) error {
 	n, _ := io.ReadFull(f, buf)
 	line, ok := bytes.CutPrefix(buf[:n], []byte("#!"))
 	if !ok {
-		return nil
+		return formatProblem(buf[:n])
 	}
 	line, _, _ = bytes.Cut(line, []byte{'\n'})
 	line = bytes.TrimLeft(line, " \t")
@@ -352,6 +352,36 @@ func interpreterProblem(path string) error {
 		return err
 	}
 	return nil
+}
+
+// formatProblem returns why the kernel cannot run a file that starts with
+// head and has no #! line, or nil: an ELF binary, an empty head (nothing
+// read), or formats registered with binfmt_misc, which may run anything.
+// A shell runs such a script with sh, so it works when tried by hand;
+// holdfast starts it without a shell, and execve fails with ENOEXEC.
+func formatProblem(head []byte) error {
+	if len(head) == 0 || bytes.HasPrefix(head, []byte("\x7fELF")) || hasBinfmtMisc() {
+		return nil
+	}
+	if bytes.HasPrefix(head, []byte("\xef\xbb\xbf#!")) {
+		return errors.New("it starts with a byte-order mark before its #! line, so the kernel cannot run it (exec format error): save it as UTF-8 without BOM")
+	}
+	return errors.New("it has no #! line and is no ELF binary, so the kernel cannot run it (exec format error; a shell runs it with sh, holdfast starts it without one): begin it with a #! line such as #!/bin/sh")
+}
+
+// hasBinfmtMisc reports whether binfmt_misc formats are registered (the
+// kernel may then run files that are neither ELF nor #! scripts).
+func hasBinfmtMisc() bool {
+	entries, err := os.ReadDir("/proc/sys/fs/binfmt_misc")
+	if err != nil {
+		return false
+	}
+	for _, e := range entries {
+		if e.Name() != "register" && e.Name() != "status" {
+			return true
+		}
+	}
+	return false
 }
 
 // waitExited blocks until the child pid has exited, leaving it to be

@@ -931,3 +931,35 @@ func TestExecInterpreterRemovedAfterStart(t *testing.T) {
 		t.Fatalf("result = %+v, want a retry naming the missing interpreter", r)
 	}
 }
+
+// TestNewExecHandlerRefusesAScriptWithoutAnInterpreterLine: a script
+// without a #! line (or with a byte-order mark before it) runs from a
+// shell, which falls back to sh, but not from holdfast, which starts it
+// without a shell: it passed holdfast check, and every message then failed
+// with "exec format error" until dead-lettered.
+func TestNewExecHandlerRefusesAScriptWithoutAnInterpreterLine(t *testing.T) {
+	if hasBinfmtMisc() {
+		t.Skip("binfmt_misc formats are registered: the kernel may run other files")
+	}
+	for _, tc := range []struct {
+		name, text, want string
+	}{
+		{"no #! line", "echo hi\n", "begin it with a #! line such as #!/bin/sh"},
+		{"byte-order mark", "\xef\xbb\xbf#!/bin/sh\necho hi\n", "byte-order mark"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "handler")
+			if err := os.WriteFile(path, []byte(tc.text), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			_, err := NewExecHandler(ExecOptions{Command: []string{path}}, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "exec format error") {
+				t.Fatalf("error = %v, want one saying exec format error and %q", err, tc.want)
+			}
+		})
+	}
+	// A binary is fine.
+	if _, err := NewExecHandler(ExecOptions{Command: []string{"/bin/true"}}, nil); err != nil {
+		t.Fatalf("/bin/true refused: %v", err)
+	}
+}
