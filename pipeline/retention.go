@@ -37,6 +37,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -514,9 +515,21 @@ func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act Activity) (e
 		return expectPull, 0
 	}
 	if held := uint64(len(act.Running) + act.DelayedRetries); ackPending > held {
-		return expectReturn, redeliveryGrace(ci)
+		// A message given back with a delay by earlier workers (before a
+		// reload or a restart), which these did not see, returns only
+		// after that delay: up to the longest backoff.
+		return expectReturn, max(redeliveryGrace(ci), longestBackoff(t.mc.Workers.Options().Backoff))
 	}
 	return expectNone, 0
+}
+
+// longestBackoff is the longest delay the workers give a retry back with
+// (DefaultRetryDelay without a backoff).
+func longestBackoff(backoff []time.Duration) time.Duration {
+	if len(backoff) == 0 {
+		return DefaultRetryDelay
+	}
+	return slices.Max(backoff)
 }
 
 // redeliveryGrace is how long the server may take to hand back a message

@@ -79,6 +79,81 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 	}
 }
 
+// TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall: a retry delayed by
+// the backoff before a reload or a restart (other workers, which did not
+// see it given back) is waiting, not a stall. With a backoff longer than
+// stall_timeout plus ack_wait it was reported stalled: /healthz 503 and the
+// watchdog's pings withheld, so systemd restarted holdfast, and again
+// after each start, until the retry was due.
+func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 1
+		cc.AckWait = config.Dur(time.Second)
+	})
+	opts := pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
+		MaxDeliver: 5, Backoff: []time.Duration{time.Minute},
+		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+			return pipeline.RetryLater("the endpoint is down")
+		}),
+	}
+	w1 := e.startWorkersWith(opts)
+	e.publish("orders.created", 1)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := w1.Stats().Retried.Load(); n != 1 {
+			return fmt.Errorf("retried = %d, want 1", n)
+		}
+		return nil
+	})
+	if err := w1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w2 := e.startWorkersWith(opts) // a restart: counters and all anew
+	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
+	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+}
+
+// TestMonitorRetryAfterAcrossReloadIsNotAStall: a retry delayed by the
+// handler's own Retry-After (longer than any backoff) before a reload is
+// still known to the workers that replace them (they share the
+// consumer's Stats, as the daemon's reload does), so it is waiting, not a
+// stall.
+func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 1
+		cc.AckWait = config.Dur(time.Second)
+	})
+	stats := &pipeline.Stats{}
+	opts := pipeline.ConsumerOptions{
+		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
+		MaxDeliver: 5, Backoff: []time.Duration{100 * time.Millisecond}, Stats: stats,
+		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+			r := pipeline.RetryLater("HTTP 503 Service Unavailable")
+			r.RetryAfter = time.Minute
+			return r
+		}),
+	}
+	w1 := e.startWorkersWith(opts)
+	e.publish("orders.created", 1)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := stats.Retried.Load(); n != 1 {
+			return fmt.Errorf("retried = %d, want 1", n)
+		}
+		return nil
+	})
+	if err := w1.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	w2 := e.startWorkersWith(opts)
+	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
+	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+	if cs := consumerStatus(t, m.Report(), "WORKER1"); cs.Workers.DelayedRetries != 1 {
+		t.Fatalf("delayed retries = %d, want the one given back before the reload", cs.Workers.DelayedRetries)
+	}
+}
+
 // A handler that runs long (within its timeout) while in-progress acks
 // keep its message is working, not stalled.
 func TestMonitorLongHandlerIsNotAStall(t *testing.T) {

@@ -77,6 +77,11 @@ type Stats struct {
 
 	deadLetterErr atomic.Pointer[string]
 	settledSeqs   settledSeqs
+	// delayed are the retries given back with a delay and not due yet:
+	// kept with the counters, so that the workers a reload starts know
+	// the retries the previous ones delayed (a Retry-After longer than
+	// stall_timeout is waiting, not a stall).
+	delayed retryBook
 }
 
 // Workers runs a consumer's handlers. Open starts them; Close drains them.
@@ -149,6 +154,7 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		ShutdownTimeout: 20 * time.Second,
 	}
 	w.activity.running = make([]atomic.Int64, opts.Workers)
+	w.activity.retryBook = &stats.delayed
 	w.ackWait.Store(int64(opts.AckWait))
 	w.ackWaitChanged = make(chan struct{}, 1)
 	return w
@@ -685,8 +691,14 @@ func (w *Workers) Activity(now time.Time) Activity {
 // purpose, for Activity. A handler's start and end are two atomic stores;
 // the lock is taken only while delayed retries are known.
 type activity struct {
-	running  []atomic.Int64 // per worker: when its handler started (Unix ns), 0 when idle
-	nRetries atomic.Int64   // len(retries)
+	running []atomic.Int64 // per worker: when its handler started (Unix ns), 0 when idle
+	*retryBook
+}
+
+// retryBook records the retries delayed on purpose, by stream sequence
+// (see Stats.delayed).
+type retryBook struct {
+	nRetries atomic.Int64 // len(retries)
 
 	mu      sync.Mutex
 	retries map[uint64]delayedRetry // stream sequence -> the retry asked for
