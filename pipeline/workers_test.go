@@ -347,9 +347,14 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 	if dl.Header.Get("Holdfast-Deliveries") != "3" {
 		t.Fatalf("deliveries header %q", dl.Header.Get("Holdfast-Deliveries"))
 	}
-	if w.Stats().DeadLettered.Load() != 1 || w.Stats().Retried.Load() != 2 {
-		t.Fatalf("stats dead-lettered %d retried %d", w.Stats().DeadLettered.Load(), w.Stats().Retried.Load())
-	}
+	// The dead letter is stored before the original is terminated and
+	// counted: wait for the count.
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if w.Stats().DeadLettered.Load() != 1 || w.Stats().Retried.Load() != 2 {
+			return fmt.Errorf("stats dead-lettered %d retried %d", w.Stats().DeadLettered.Load(), w.Stats().Retried.Load())
+		}
+		return nil
+	})
 }
 
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
