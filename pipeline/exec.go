@@ -370,11 +370,14 @@ func formatProblem(head []byte) error {
 }
 
 // hasBinfmtMisc reports whether binfmt_misc formats are registered (the
-// kernel may then run files that are neither ELF nor #! scripts).
+// kernel may then run files that are neither ELF nor #! scripts), or
+// whether that cannot be told: the packaged unit hides /proc/sys
+// (ProcSubset=pid), and a command run through a registered format (a .jar)
+// must not be refused there.
 func hasBinfmtMisc() bool {
 	entries, err := os.ReadDir("/proc/sys/fs/binfmt_misc")
 	if err != nil {
-		return false
+		return true
 	}
 	for _, e := range entries {
 		if e.Name() != "register" && e.Name() != "status" {
