@@ -358,6 +358,16 @@ func (c *Committer) add(m *nats.Msg) {
 		c.reply(item{m: m}, b)
 		return
 	}
+	// The stream's transform maps literal subjects only: one with a
+	// wildcard token would be stored under the prefixed subject, out of
+	// sight of the consumers filtered on the configured subjects.
+	if hasWildcard(m.Subject) {
+		c.log.Warn("publish refused: its subject has a wildcard", "subject", m.Subject)
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
+			Description: fmt.Sprintf("subject %q has a wildcard token (* or >): publish to a literal subject", m.Subject)}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	// What the NATS client cannot publish again would be lost on the way:
 	// alone, its client got no answer; in a batch, the server abandoned
 	// the whole batch for the missing message.
@@ -398,6 +408,16 @@ func (c *Committer) add(m *nats.Msg) {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
+}
+
+// hasWildcard reports whether subj has a token that is * or >.
+func hasWildcard(subj string) bool {
+	for tok := range strings.SplitSeq(subj, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
 }
 
 // batchHeaderBytes is what sendBatch adds to a message's header block at

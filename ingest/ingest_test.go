@@ -961,3 +961,38 @@ func TestUnansweredUnitDoesNotHoldTheLine(t *testing.T) {
 		t.Fatalf("close with two lost units in flight: %v", err)
 	}
 }
+
+// TestWildcardSubjectRefused: a publish to a subject with a wildcard
+// token (nats.go publishes to "s.*" as asked; the server routes it to
+// the subscribers of s.*) was stored under the prefixed subject
+// ($HOLDFAST.GC.S.s.*): the stream's transform maps literal subjects
+// only. Consumers filtered on the configured subjects never saw it, and
+// the others saw holdfast's internal subject. It is refused with an error
+// that says why.
+func TestWildcardSubjectRefused(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.>"}}, nil)
+	for _, subj := range []string{"s.*", "s.a.>", "s.*.b"} {
+		r, err := nc.RequestMsg(&nats.Msg{Subject: subj, Data: []byte("x")}, 10*time.Second)
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", subj, err)
+		}
+		if !strings.Contains(string(r.Data), "wildcard") {
+			t.Errorf("%s: answered %s, want an error naming the wildcard", subj, r.Data)
+		}
+	}
+	a, err := js.Publish(context.Background(), "s.a", []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, m := range storedBodies(t, js, "S") {
+		if m.Subject != "s.a" {
+			t.Errorf("seq %d stored under %q", seq, m.Subject)
+		}
+	}
+	if a.Sequence != 1 {
+		t.Fatalf("the publish after the refused ones got sequence %d, want 1", a.Sequence)
+	}
+}
