@@ -130,7 +130,9 @@ func (d *Daemon) reopenGroupCommit(ctx context.Context, cur, next *config.Config
 			streams[name], cfg = next.Streams[name], next
 		}
 		if !cfg.Streams[name].GroupCommit {
-			d.log.Info("reload: group commit off", "stream", name)
+			if cur.Streams[name] != nil && cur.Streams[name].GroupCommit {
+				d.log.Info("reload: group commit off", "stream", name)
+			}
 			continue
 		}
 		if err := d.openGroupCommit(ctx, cfg, name); err != nil {
