@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -995,4 +996,60 @@ func TestWildcardSubjectRefused(t *testing.T) {
 	if a.Sequence != 1 {
 		t.Fatalf("the publish after the refused ones got sequence %d, want 1", a.Sequence)
 	}
+}
+
+// TestBurstBeyondQueueRefusedAsTooManyRequests: a burst larger than a
+// stream's inbound queue (128 MiB in nats-server) is refused in part by
+// the server with "too many requests" (code 429). Group commit held all
+// of it in memory instead (512 MiB offered: 1 GiB of heap, against 267
+// MiB and 1,675 refusals of 4,000 for a plain stream), and at 800 MiB
+// the server closed its connection as a slow consumer. Past
+// MaxWaitingBytes waiting (1 MiB here) it answers 429 as the server does;
+// every other publish is acknowledged and stored.
+func TestBurstBeyondQueueRefusedAsTooManyRequests(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxWaitingBytes: 1 << 20}, nil)
+	const publishers, each = 4, 300
+	var wg sync.WaitGroup
+	var acked, throttled atomic.Int64
+	errs := make(chan error, publishers*each)
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			data := make([]byte, 16<<10)
+			for range each {
+				f, err := pjs.PublishAsync("s.a", data, jetstream.WithRetryAttempts(0))
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for _, f := range futs {
+				_, err := awaitAck(f)
+				var ae *jetstream.APIError
+				switch {
+				case err == nil:
+					acked.Add(1)
+				case errors.As(err, &ae) && ae.Code == 429 && ae.ErrorCode == errTooManyRequests:
+					throttled.Add(1)
+				default:
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	failOnErrs(t, errs, "publishes neither acknowledged nor refused with 429", c)
+	if throttled.Load() == 0 {
+		t.Fatalf("no publish refused with 429 although %d KiB were offered at once against a limit of 1 MiB; stats %+v", publishers*each*16, c.Stats())
+	}
+	if info := natstest.StreamInfo(t, js, "S"); info.State.Msgs != uint64(acked.Load()) {
+		t.Fatalf("%d acknowledged, %d stored", acked.Load(), info.State.Msgs)
+	}
+	t.Logf("%d acknowledged, %d refused with 429; stats %+v", acked.Load(), throttled.Load(), c.Stats())
 }
