@@ -501,3 +501,31 @@ func TestGroupCommitWithoutIngestIsAProblem(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestIngestWithoutGroupCommitStreamIsAProblem: group commit runs for
+// ORDERS but the stream was set back to its plain subjects by hand (nats
+// stream edit): the stream and holdfast both take each publish, which
+// may be stored twice. `holdfast status` showed GROUP COMMIT off and
+// healthy; it is a problem now.
+func TestIngestWithoutGroupCommitStreamIsAProblem(t *testing.T) {
+	o := newOpsInstance(t, "", "group_commit = true", "", "")
+	d := startHoldfast(t, o.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	natstest.EditStream(t, js, "ORDERS", func(sc *jetstream.StreamConfig) {
+		sc.Subjects = []string{"orders.*"}
+		sc.SubjectTransform = nil
+	})
+	out, res := o.status(t)
+	if s := findStream(t, out, "ORDERS"); s.GroupCommit != "off" || s.GroupCommitStats == nil {
+		t.Fatalf("GROUP COMMIT %q, stats %v: the test does not test what it says", s.GroupCommit, s.GroupCommitStats)
+	}
+	found := false
+	for _, p := range out.Problems {
+		found = found || strings.Contains(p, "ORDERS") && strings.Contains(p, "group commit")
+	}
+	if !found || out.Healthy || res.code == 0 {
+		t.Errorf("status exited %d, healthy %v, problems %q: want a problem naming ORDERS and group commit", res.code, out.Healthy, out.Problems)
+	}
+	d.stop()
+}
