@@ -555,11 +555,7 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 			// server stops at that stream or consumer, after those
 			// logged as updated above.
 			d.log.Error("reload: stream and consumer settings not applied (except any logged as updated just above); workers keep theirs; still running the previous config for them", "err", err)
-			for _, name := range stopGC {
-				if err := d.openGroupCommit(ctx, cur, name); err != nil {
-					d.log.Error("reload: group commit not restarted", "stream", name, "err", err)
-				}
-			}
+			applied.Streams = d.reopenGroupCommit(ctx, cur, &trial, append(slices.Clone(stopGC), startGC...))
 		} else {
 			applied = trial
 			for _, name := range startGC {

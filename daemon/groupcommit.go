@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/ingest"
 )
 
@@ -104,6 +105,55 @@ func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
 		}
 	}
 	return stop, start
+}
+
+// reopenGroupCommit starts the ingest of the streams names (those a
+// reload stopped or meant to start) after the reload's bootstrap failed,
+// as each stream now is on the server: the bootstrap updates the streams
+// one by one and stops at the first the server refuses, so a stream
+// before that one has next's subjects already — group commit switched on
+// or off — and one after it still cur's. An ingest started from the
+// config alone answered nothing on a stream switched on (every publish
+// got "no responders" until a restart) and answered beside a stream
+// switched off. It returns cur's streams with the ones that were updated
+// taken from next, so that the next reload starts from what runs.
+func (d *Daemon) reopenGroupCommit(ctx context.Context, cur, next *config.Config, names []string) map[string]*config.StreamConfig {
+	streams := maps.Clone(cur.Streams)
+	done := map[string]bool{}
+	for _, name := range names {
+		if done[name] {
+			continue
+		}
+		done[name] = true
+		cfg := cur
+		if d.streamUpdatedTo(ctx, next, name) {
+			streams[name], cfg = next.Streams[name], next
+		}
+		if !cfg.Streams[name].GroupCommit {
+			if cur.Streams[name] != nil && cur.Streams[name].GroupCommit {
+				d.log.Info("reload: group commit off", "stream", name)
+			}
+			continue
+		}
+		if err := d.openGroupCommit(ctx, cfg, name); err != nil {
+			d.log.Error("reload: group commit not restarted", "stream", name, "err", err)
+		}
+	}
+	return streams
+}
+
+// streamUpdatedTo reports whether stream name on the server has what
+// cfg's group commit depends on: its subjects, transform and duplicate
+// window.
+func (d *Daemon) streamUpdatedTo(ctx context.Context, cfg *config.Config, name string) bool {
+	s, err := d.srv.JetStream().Stream(ctx, name)
+	if err != nil {
+		d.log.Warn("reload: cannot read the stream to restart its group commit as it is", "stream", name, "err", err)
+		return false
+	}
+	have, want := s.CachedInfo().Config, embedded.StreamSpec(cfg, name)
+	return slices.Equal(have.Subjects, want.Subjects) && reflect.DeepEqual(have.SubjectTransform, want.SubjectTransform) &&
+		(want.Duplicates == 0 || have.Duplicates == want.Duplicates)
 }
 
 // groupCommitStats returns the counters of each running ingest.

@@ -426,8 +426,8 @@ func (s *Server) Connect(name string) (*nats.Conn, error) {
 // connOptions are the options of every in-process connection: holdfast's
 // internal identity, reconnecting forever, and a log line for what the
 // client library reports only asynchronously — a subscription too slow
-// for its messages (they are dropped), a permissions violation — which
-// would otherwise pass unseen.
+// for its messages (they are dropped), a permissions violation, the
+// connection lost and back — which would otherwise pass unseen.
 func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string) []nats.Option {
 	log := s.log.With("connection", name)
 	return []nats.Option{nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
@@ -438,7 +438,18 @@ func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string
 				return
 			}
 			log.Warn("in-process connection error", "err", err)
-		})}
+		}),
+		// The server drops a connection that falls behind its messages
+		// (a slow consumer: group commit's, under a burst of large
+		// publishes) and it comes back at once; what was in flight on it
+		// is lost, and group commit's clients get no answer for it.
+		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
+			// nil: closed by holdfast (Close, shutdown).
+			if err != nil && !c.IsClosed() && ns.Running() {
+				log.Warn("in-process connection lost: what was in flight on it is lost (group commit: those publishers get no answer); reconnecting", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(*nats.Conn) { log.Warn("in-process connection back") })}
 }
 
 // Conn returns the in-process client connection.

@@ -3,6 +3,7 @@ package embedded
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -328,5 +329,51 @@ func TestNoteLeafDuplicate(t *testing.T) {
 		if !c.noted && !at.IsZero() {
 			t.Errorf("LeafErrorAt(%s, %q) = %v, want zero", c.addr, c.kind, at)
 		}
+	}
+}
+
+// TestInProcessDisconnectLogged: the server drops an in-process
+// connection that falls behind its messages (a slow consumer: group
+// commit's under a burst of large publishes, measured with 8 publishers
+// of 500 × 200 KiB) and the connection comes back at once; what was in
+// flight on it is lost (group commit's clients then get no answer). That
+// passed without a word; it is logged as a warning now, with the
+// connection's name.
+func TestInProcessDisconnectLogged(t *testing.T) {
+	log, lb := testLogger(t)
+	s := runServerWithLog(t, testConfig(t), log)
+	nc, err := s.Connect("holdfast-ingest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	cid, err := nc.GetClientID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.NATS().DisconnectClientByID(cid); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if out := lb.String(); !strings.Contains(out, "in-process connection lost") || !strings.Contains(out, "holdfast-ingest") {
+			return fmt.Errorf("no warning for the lost connection:\n%s", out)
+		}
+		return nil
+	})
+}
+
+// TestInProcessCloseNotLogged: closing an in-process connection (holdfast
+// shutting down or reloading) is no loss and logs no warning.
+func TestInProcessCloseNotLogged(t *testing.T) {
+	log, lb := testLogger(t)
+	s := runServerWithLog(t, testConfig(t), log)
+	nc, err := s.Connect("holdfast-ingest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc.Close()
+	time.Sleep(100 * time.Millisecond) // the callbacks run on their own goroutine
+	if strings.Contains(lb.String(), "in-process connection lost") {
+		t.Fatalf("a connection closed by holdfast logged as lost:\n%s", lb.String())
 	}
 }

@@ -86,7 +86,21 @@ type Options struct {
 	DuplicateWindow time.Duration
 	// Metrics, when set, observes each commit.
 	Metrics *Metrics
+	// MaxWaitingBytes bounds the bytes of the messages taken and not yet
+	// sent (0: DefaultMaxWaitingBytes); past it, or past maxWaitingMsgs
+	// messages, a publish gets the server's own "too many requests"
+	// (code 429), as from a stream whose inbound queue is full.
+	MaxWaitingBytes int
 }
+
+// DefaultMaxWaitingBytes and maxWaitingMsgs are the limits of a stream's
+// inbound queue in nats-server v2.15.2 (streamDefaultMaxQueueBytes and
+// streamDefaultMaxQueueMsgs), beyond which it answers publishes with
+// "too many requests": group commit queues them in its stead.
+const (
+	DefaultMaxWaitingBytes = 128 << 20
+	maxWaitingMsgs         = 100_000
+)
 
 // OptionsFor returns the Options of stream name's ingest under cfg: what
 // a change of, on reload, means starting the ingest again.
@@ -111,6 +125,9 @@ type Stats struct {
 	Forwarded uint64 `json:"forwarded"`
 	// Refused counts batches the server refused.
 	Refused uint64 `json:"refused"`
+	// Throttled counts publishes refused with "too many requests"
+	// because too many waited (Options.MaxWaitingBytes).
+	Throttled uint64 `json:"throttled"`
 	// BatchTime is the time from sending to the answer, summed over the
 	// committed batches (nanoseconds in JSON).
 	BatchTime time.Duration `json:"batch_time_ns"`
@@ -133,7 +150,7 @@ type Committer struct {
 	once    sync.Once
 	opened  bool
 
-	batches, batchedMsgs, alone, forwarded, refused, batchNanos atomic.Uint64
+	batches, batchedMsgs, alone, forwarded, refused, throttled, batchNanos atomic.Uint64
 
 	// Owned by the run goroutine.
 	pend     []item
@@ -149,6 +166,10 @@ type Committer struct {
 	// not have applied it yet (see dispatch). fwd are those messages.
 	unflushed string
 	fwd       []item
+	// pendBytes are the bytes (item.size) in pend; throttling is set
+	// while publishes are refused for them (see add).
+	pendBytes  int
+	throttling bool
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -187,6 +208,9 @@ type unit struct {
 // allowed to subscribe to the stream's subjects and to publish under
 // config.GroupCommitPrefix). Open starts it.
 func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
+	if opts.MaxWaitingBytes <= 0 {
+		opts.MaxWaitingBytes = DefaultMaxWaitingBytes
+	}
 	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
 }
 
@@ -299,7 +323,7 @@ func (c *Committer) Close(ctx context.Context) error {
 // Stats returns the counters since Open.
 func (c *Committer) Stats() Stats {
 	return Stats{Batches: c.batches.Load(), BatchedMsgs: c.batchedMsgs.Load(), Alone: c.alone.Load(),
-		Forwarded: c.forwarded.Load(), Refused: c.refused.Load(), BatchTime: time.Duration(c.batchNanos.Load())}
+		Forwarded: c.forwarded.Load(), Refused: c.refused.Load(), Throttled: c.throttled.Load(), BatchTime: time.Duration(c.batchNanos.Load())}
 }
 
 func (c *Committer) run(ctx context.Context) {
@@ -358,6 +382,16 @@ func (c *Committer) add(m *nats.Msg) {
 		c.reply(item{m: m}, b)
 		return
 	}
+	// The stream's transform maps literal subjects only: one with a
+	// wildcard token would be stored under the prefixed subject, out of
+	// sight of the consumers filtered on the configured subjects.
+	if hasWildcard(m.Subject) {
+		c.log.Warn("publish refused: its subject has a wildcard", "subject", m.Subject)
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
+			Description: fmt.Sprintf("subject %q has a wildcard token (* or >): publish to a literal subject", m.Subject)}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	// What the NATS client cannot publish again would be lost on the way:
 	// alone, its client got no answer; in a batch, the server abandoned
 	// the whole batch for the missing message.
@@ -390,6 +424,22 @@ func (c *Committer) add(m *nats.Msg) {
 		// without allow_rollup_hdrs, ...) must not fail a whole batch.
 		it.alone = true
 	}
+	// A burst larger than the stream's inbound queue is refused in part
+	// by the server ("too many requests"); held here instead, it took
+	// twice its size in memory (512 MiB offered: 1 GiB of heap), and at
+	// 800 MiB the server closed the ingest connection as a slow
+	// consumer, leaving what was in flight unanswered.
+	if len(c.pend) >= maxWaitingMsgs || (len(c.pend) > 0 && c.pendBytes+it.size > c.opts.MaxWaitingBytes) {
+		c.throttled.Add(1)
+		if !c.throttling {
+			c.throttling = true
+			c.log.Warn("too many publishes waiting: refusing more with \"too many requests\", as the server does for a stream's full inbound queue",
+				"waiting_msgs", len(c.pend), "waiting_bytes", c.pendBytes)
+		}
+		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 429, ErrCode: errTooManyRequests, Description: "too many requests"}})
+		c.reply(item{m: m}, b)
+		return
+	}
 	// The stream's max_msg_size counts the header block, and in a batch
 	// that holds the batch headers too: a message the server would store
 	// alone may be too large inside a batch, where it would fail the
@@ -398,6 +448,28 @@ func (c *Committer) add(m *nats.Msg) {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
+	c.pendBytes += it.size
+}
+
+// took removes the first n messages of pend, sent.
+func (c *Committer) took(n int) {
+	for _, it := range c.pend[:n] {
+		c.pendBytes -= it.size
+	}
+	c.pend = c.pend[n:]
+	if c.throttling && c.pendBytes < c.opts.MaxWaitingBytes/2 {
+		c.throttling = false
+	}
+}
+
+// hasWildcard reports whether subj has a token that is * or >.
+func hasWildcard(subj string) bool {
+	for tok := range strings.SplitSeq(subj, ".") {
+		if tok == "*" || tok == ">" {
+			return true
+		}
+	}
+	return false
 }
 
 // batchHeaderBytes is what sendBatch adds to a message's header block at
@@ -454,7 +526,7 @@ func (c *Committer) dispatch() {
 	for len(c.pend) > 0 && c.risky == 0 {
 		if c.pend[0].alone || c.known(c.pend[0].msgID) {
 			c.forward(c.pend[0])
-			c.pend = c.pend[1:]
+			c.took(1)
 			continue
 		}
 		n, risky, full := c.nextBatch()
@@ -464,7 +536,7 @@ func (c *Committer) dispatch() {
 			}
 		}
 		msgs := c.pend[:n:n]
-		c.pend = c.pend[n:]
+		c.took(n)
 		if n < minBatch {
 			c.sendSingles(msgs)
 		} else {
@@ -626,6 +698,10 @@ type apiError struct {
 // errDuplicateInBatch is the server's err_code for a batch holding a
 // Nats-Msg-Id that is a duplicate (JSAtomicPublishContainsDuplicateMessageErr).
 const errDuplicateInBatch = 10201
+
+// errTooManyRequests is the server's err_code for a publish its stream's
+// full inbound queue refused (JSStreamTooManyRequests).
+const errTooManyRequests = 10167
 
 func (c *Committer) answer(r *nats.Msg) {
 	id := r.Subject[strings.LastIndexByte(r.Subject, '.')+1:]

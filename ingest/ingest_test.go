@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -960,4 +961,95 @@ func TestUnansweredUnitDoesNotHoldTheLine(t *testing.T) {
 	if err := c.Close(cctx); err == nil || !strings.Contains(err.Error(), "closed before every batch was answered") {
 		t.Fatalf("close with two lost units in flight: %v", err)
 	}
+}
+
+// TestWildcardSubjectRefused: a publish to a subject with a wildcard
+// token (nats.go publishes to "s.*" as asked; the server routes it to
+// the subscribers of s.*) was stored under the prefixed subject
+// ($HOLDFAST.GC.S.s.*): the stream's transform maps literal subjects
+// only. Consumers filtered on the configured subjects never saw it, and
+// the others saw holdfast's internal subject. It is refused with an error
+// that says why.
+func TestWildcardSubjectRefused(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.>"}}, nil)
+	for _, subj := range []string{"s.*", "s.a.>", "s.*.b"} {
+		r, err := nc.RequestMsg(&nats.Msg{Subject: subj, Data: []byte("x")}, 10*time.Second)
+		if err != nil {
+			t.Fatalf("%s: no answer: %v", subj, err)
+		}
+		if !strings.Contains(string(r.Data), "wildcard") {
+			t.Errorf("%s: answered %s, want an error naming the wildcard", subj, r.Data)
+		}
+	}
+	a, err := js.Publish(context.Background(), "s.a", []byte("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, m := range storedBodies(t, js, "S") {
+		if m.Subject != "s.a" {
+			t.Errorf("seq %d stored under %q", seq, m.Subject)
+		}
+	}
+	if a.Sequence != 1 {
+		t.Fatalf("the publish after the refused ones got sequence %d, want 1", a.Sequence)
+	}
+}
+
+// TestBurstBeyondQueueRefusedAsTooManyRequests: a burst larger than a
+// stream's inbound queue (128 MiB in nats-server) is refused in part by
+// the server with "too many requests" (code 429). Group commit held all
+// of it in memory instead (512 MiB offered: 1 GiB of heap, against 267
+// MiB and 1,675 refusals of 4,000 for a plain stream), and at 800 MiB
+// the server closed its connection as a slow consumer. Past
+// MaxWaitingBytes waiting (1 MiB here) it answers 429 as the server does;
+// every other publish is acknowledged and stored.
+func TestBurstBeyondQueueRefusedAsTooManyRequests(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxWaitingBytes: 1 << 20}, nil)
+	const publishers, each = 4, 300
+	var wg sync.WaitGroup
+	var acked, throttled atomic.Int64
+	errs := make(chan error, publishers*each)
+	for range publishers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+			futs := make([]jetstream.PubAckFuture, 0, each)
+			data := make([]byte, 16<<10)
+			for range each {
+				f, err := pjs.PublishAsync("s.a", data, jetstream.WithRetryAttempts(0))
+				if err != nil {
+					errs <- err
+					return
+				}
+				futs = append(futs, f)
+			}
+			for _, f := range futs {
+				_, err := awaitAck(f)
+				var ae *jetstream.APIError
+				switch {
+				case err == nil:
+					acked.Add(1)
+				case errors.As(err, &ae) && ae.Code == 429 && ae.ErrorCode == errTooManyRequests:
+					throttled.Add(1)
+				default:
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	failOnErrs(t, errs, "publishes neither acknowledged nor refused with 429", c)
+	if throttled.Load() == 0 {
+		t.Fatalf("no publish refused with 429 although %d KiB were offered at once against a limit of 1 MiB; stats %+v", publishers*each*16, c.Stats())
+	}
+	if info := natstest.StreamInfo(t, js, "S"); info.State.Msgs != uint64(acked.Load()) {
+		t.Fatalf("%d acknowledged, %d stored", acked.Load(), info.State.Msgs)
+	}
+	t.Logf("%d acknowledged, %d refused with 429; stats %+v", acked.Load(), throttled.Load(), c.Stats())
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -468,5 +469,63 @@ func TestGroupCommitStreamRemoved(t *testing.T) {
 	}
 	acks := gcPublish(t, in.url(), 2, 100, "after")
 	gcCheckStored(t, js, acks, natstest.StreamInfo(t, js, "ORDERS").State.Msgs)
+	d.stop()
+}
+
+// TestGroupCommitWithoutIngestIsAProblem: a stream that has group
+// commit's prefixed subjects while holdfast runs no ingest for it (set by
+// hand with nats stream edit, or an ingest that could not be started on
+// a reload) answers no publish to its subjects: each gets "no
+// responders". `holdfast status` showed GROUP COMMIT "on" and healthy;
+// it is a problem now, named with what to do.
+func TestGroupCommitWithoutIngestIsAProblem(t *testing.T) {
+	o := newOpsInstance(t, "", "", "", "")
+	d := startHoldfast(t, o.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	natstest.EditStream(t, js, "ORDERS", func(sc *jetstream.StreamConfig) {
+		sc.Subjects = config.GroupCommitSubjects("ORDERS", sc.Subjects)
+		sc.SubjectTransform = &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject("ORDERS", ">"), Destination: ">"}
+		sc.AllowAtomicPublish = true
+	})
+	out, res := o.status(t)
+	if s := findStream(t, out, "ORDERS"); s.GroupCommit != "on" {
+		t.Fatalf("GROUP COMMIT %q, want on: the test does not test what it says", s.GroupCommit)
+	}
+	found := false
+	for _, p := range out.Problems {
+		found = found || strings.Contains(p, "ORDERS") && strings.Contains(p, "group commit")
+	}
+	if !found || out.Healthy || res.code == 0 {
+		t.Errorf("status exited %d, healthy %v, problems %q: want a problem naming ORDERS and group commit", res.code, out.Healthy, out.Problems)
+	}
+	d.stop()
+}
+
+// TestIngestWithoutGroupCommitStreamIsAProblem: group commit runs for
+// ORDERS but the stream was set back to its plain subjects by hand (nats
+// stream edit): the stream and holdfast both take each publish, which
+// may be stored twice. `holdfast status` showed GROUP COMMIT off and
+// healthy; it is a problem now.
+func TestIngestWithoutGroupCommitStreamIsAProblem(t *testing.T) {
+	o := newOpsInstance(t, "", "group_commit = true", "", "")
+	d := startHoldfast(t, o.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	natstest.EditStream(t, js, "ORDERS", func(sc *jetstream.StreamConfig) {
+		sc.Subjects = []string{"orders.*"}
+		sc.SubjectTransform = nil
+	})
+	out, res := o.status(t)
+	if s := findStream(t, out, "ORDERS"); s.GroupCommit != "off" || s.GroupCommitStats == nil {
+		t.Fatalf("GROUP COMMIT %q, stats %v: the test does not test what it says", s.GroupCommit, s.GroupCommitStats)
+	}
+	found := false
+	for _, p := range out.Problems {
+		found = found || strings.Contains(p, "ORDERS") && strings.Contains(p, "group commit")
+	}
+	if !found || out.Healthy || res.code == 0 {
+		t.Errorf("status exited %d, healthy %v, problems %q: want a problem naming ORDERS and group commit", res.code, out.Healthy, out.Problems)
+	}
 	d.stop()
 }

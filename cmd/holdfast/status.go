@@ -281,6 +281,22 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		}
 		if st, ok := replyGroupCommit(reply, name); ok {
 			so.GroupCommitStats = &st
+			if so.GroupCommit == "off" {
+				// The stream takes the configured subjects itself, and
+				// group commit takes them too.
+				out.Problems = append(out.Problems, fmt.Sprintf("stream %s: holdfast runs group commit for it but the stream does not have its prefixed subjects (edited by hand?): "+
+					"each publish is taken by both and may be stored twice; reload holdfast (systemctl reload holdfast) to set them back", name))
+			}
+		} else if so.GroupCommit == "on" && reply != nil {
+			// The stream listens on the prefixed subjects only: with no
+			// ingest, nothing answers its configured subjects.
+			subjects := make([]string, len(si.Config.Subjects))
+			for i, sub := range si.Config.Subjects {
+				subjects[i] = strings.TrimPrefix(sub, config.GroupCommitSubject(name, ""))
+			}
+			out.Problems = append(out.Problems, fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
+				"every publish to %s gets \"no responders\"; set group_commit = true for it and reload, or reload to set its subjects back",
+				name, strings.Join(subjects, ", ")))
 		}
 		so.LimitRatio = map[string]float64{}
 		if si.Config.MaxMsgs > 0 {
