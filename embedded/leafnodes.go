@@ -166,6 +166,7 @@ type leafLinks struct {
 	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
 	domains    []map[string]bool          // by remote: the domains its links reached
 	addrs      [][]string                 // by remote: host:port it resolved to last
+	resolvedAt []time.Time                // by remote: when it was last resolved while down
 	seen       [][]string                 // by remote: the addresses its links were on
 	nsLog      *serverLogger              // the hub dropping a link as a duplicate
 	serverName string
@@ -177,6 +178,10 @@ type leafLinks struct {
 
 // leafPollInterval is how often the links are checked.
 const leafPollInterval = 250 * time.Millisecond
+
+// leafResolveEvery is how often the addresses of a remote whose link is
+// down are looked up again.
+const leafResolveEvery = 10 * time.Second
 
 // startLeafWatch starts watching the remotes of cfg (none: nothing).
 func (s *Server) startLeafWatch() {
@@ -192,6 +197,7 @@ func (s *Server) startLeafWatch() {
 		w.addrs = append(w.addrs, nil)
 		w.domains = append(w.domains, map[string]bool{})
 		w.seen = append(w.seen, nil)
+		w.resolvedAt = append(w.resolvedAt, time.Time{})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -288,6 +294,20 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.log.Warn("a leafnode connection matches no configured remote (yet): it is not counted as any remote's link", "address", addr, "server", l.Name)
 		}
 	}
+	// A remote whose link is down may never have had one: its URL's
+	// addresses, looked up now and then, name it in the server's log
+	// (credentials refused, a failed TLS handshake) for noteDuplicate.
+	for i, r := range remotes {
+		w.mu.Lock()
+		due := !w.links[i].Connected && time.Since(w.resolvedAt[i]) >= leafResolveEvery
+		if due {
+			w.resolvedAt[i] = time.Now()
+		}
+		w.mu.Unlock()
+		if due {
+			w.resolve(ctx, i, r, true)
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	up := make([]bool, len(remotes))
@@ -320,8 +340,12 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 // noteDuplicate sets remote i's Problem while its hub drops its links as
 // duplicates, and logs each change; w.mu is held.
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
-	var last, lastPayload, lastAuth time.Time
+	var last, lastPayload, lastAuth, lastTLS time.Time
+	var tlsDetail string
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+		if t, d := w.nsLog.LeafError(a, leafTLSFailure); t.After(lastTLS) {
+			lastTLS, tlsDetail = t, d
+		}
 		if t := w.nsLog.LeafErrorAt(a, leafDuplicate); t.After(last) {
 			last = t
 		}
@@ -347,6 +371,12 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 		// after unreachable_after.
 		p = fmt.Sprintf("the hub refuses this edge's leafnode credentials (Authorization Violation, last %s ago): check the remote's user and password_file, token_file or credentials against the hub's leafnodes.user / password_file (or [auth])",
 			time.Since(lastAuth).Round(time.Second))
+	case !lastTLS.IsZero() && time.Since(lastTLS) < leafDuplicateFor && !l.Connected:
+		// Like refused credentials, a TLS mismatch does not heal by
+		// waiting.
+		p = fmt.Sprintf("the TLS handshake with the hub fails (%s, last %s ago): the remote's ca_file must be the CA that signed the hub's leafnodes.cert_file for the URL's host; "+
+			"a remote with ca_file, cert_file or a tls:// URL needs a hub with leafnodes.cert_file, and a hub with leafnodes.verify needs the remote's cert_file and key_file",
+			tlsDetail, time.Since(lastTLS).Round(time.Second))
 	}
 	if (p == "") != (l.Problem == "") {
 		if p != "" {

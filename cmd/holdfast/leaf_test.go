@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // leafNode is one holdfast of an edge/hub test on 127.0.0.1.
@@ -1319,4 +1320,47 @@ func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestLeafLinkRefusedFromStartNamedInHealth: an edge whose link to the
+// hub never comes up because the two disagree — a ca_file that did not
+// sign the hub's certificate, TLS on the edge against a hub without it,
+// a leafnode password the hub refuses. Every reconnect fails the same way
+// and waiting does not heal it: the edge's /healthz must name the cause
+// at once, not say "ok" until unreachable_after (5 minutes).
+func TestLeafLinkRefusedFromStartNamedInHealth(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certs, err := testcert.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubPw, edgePw := filepath.Join(dir, "hub.pw"), filepath.Join(dir, "edge.pw")
+	if err := os.WriteFile(hubPw, []byte("right-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(edgePw, []byte("wrong-password-456\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hubTLS := fmt.Sprintf("cert_file = %q\nkey_file = %q\n", certs.ServerCert, certs.ServerKey)
+	for _, c := range []struct{ name, hub, remote, want string }{
+		{"CA that did not sign the hub's certificate", hubTLS, fmt.Sprintf("ca_file = %q\n", certs.OtherCA), "TLS handshake with the hub fails (tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+		{"TLS on the edge only", "", fmt.Sprintf("ca_file = %q\n", certs.CA), "TLS handshake with the hub fails"},
+		{"wrong password", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", hubPw), fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", edgePw), "refuses this edge's leafnode credentials"},
+	} {
+		hub := newLeafHub(t, "10m", "")
+		hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), "no_advertise = true\n", "no_advertise = true\n"+c.hub, 1))
+		hub.start(t)
+		edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+		edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", c.remote+"\n[streams.ORDERS]", 1))
+		edge.start(t)
+		natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+			if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, c.want) {
+				return fmt.Errorf("%s: edge /healthz does not name the cause (%q):\n%s", c.name, c.want, h)
+			}
+			return nil
+		})
+		edge.proc.stop()
+		hub.proc.stop()
+	}
 }
