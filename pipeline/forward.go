@@ -198,6 +198,8 @@ func (f *Forwarder) Open(ctx context.Context) error {
 		if errors.Is(err, ErrDuplicateWindow) {
 			return err
 		}
+	} else if ds := f.domains(); len(ds) > 0 {
+		f.log.Warn("no hub connected at start serves the forward domain: forwarding waits (local publishing goes on); check forward.domain against the hub's jetstream.domain", "served", ds)
 	} else {
 		f.log.Warn("the hub is not reachable at start: forwarding waits for the link (local publishing goes on)")
 	}
@@ -261,6 +263,14 @@ func (f *Forwarder) checkHub(ctx context.Context) error {
 
 func (f *Forwarder) pattern() string {
 	return ForwardSubject(f.opts.Subject, f.opts.ServerName, ">")
+}
+
+// domains are the JetStream domains reachable over the links now.
+func (f *Forwarder) domains() []string {
+	if f.opts.Domains == nil {
+		return nil
+	}
+	return f.opts.Domains()
 }
 
 // otherDomains are the reachable JetStream domains but the hub's, sorted,

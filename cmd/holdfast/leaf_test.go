@@ -1364,3 +1364,29 @@ func TestLeafLinkRefusedFromStartNamedInHealth(t *testing.T) {
 		hub.proc.stop()
 	}
 }
+
+// TestLeafForwardDomainNoHubServes: the edge's link is up, but the hub
+// behind it serves another JetStream domain than forward.domain (a typo,
+// or the hub's jetstream.domain changed). Nothing can be forwarded and
+// waiting does not heal it: /healthz and `holdfast status` must name the
+// domain and what the hub serves, not say "ok" and "waiting for the link"
+// while the backlog grows.
+func TestLeafForwardDomainNoHubServes(t *testing.T) {
+	t.Parallel()
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "[consumers.FORWARD.forward]\ndomain = \"hbu\"\n")
+	edge.start(t)
+	defer edge.proc.stop()
+	const want = `no hub connected over the leafnode links serves JetStream domain \"hbu\"`
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, want) || !strings.Contains(h, `serve \"hub\"`) {
+			return fmt.Errorf("edge /healthz does not name the forward domain no hub serves:\n%s", h)
+		}
+		return nil
+	})
+	if st := runHoldfast(t, nil, "status", "--config", edge.inst.cfg); !strings.Contains(st.stdout, `WAITING: no hub connected over the leafnode links serves JetStream domain "hbu"`) {
+		t.Errorf("edge status:\n%s", st.stdout)
+	}
+}
