@@ -34,10 +34,21 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 // advisories (each side's workers act on their own only). Two edges with
 // the same stream (ORDERS on orders.*) would otherwise each store the
 // other's messages, and the hub would see every edge's local traffic.
+//
+// Also the acks of its streams' consumers, $JS.ACK.<stream>.>: the
+// server sends a consumer's acks to that subject, without the domain, and
+// carries them over a leafnode link to every server whose consumer of a
+// stream and consumer of the same names subscribes to it. Two edges with
+// ORDERS and FORWARD would ack (nak, terminate) each other's messages of
+// the same sequence, and a message acked that way while it waited for
+// the hub was never forwarded after a restart.
 func LeafDenied(cfg *config.Config) []string {
 	var out []string
 	for _, name := range cfg.StreamNames() {
 		out = append(out, cfg.Streams[name].Subjects...)
+	}
+	for _, name := range cfg.AllStreamNames() {
+		out = append(out, "$JS.ACK."+name+".>")
 	}
 	out = append(out, DeadLetterSubjectPrefix+">", "$JS.EVENT.>")
 	slices.Sort(out)

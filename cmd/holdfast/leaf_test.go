@@ -1390,3 +1390,67 @@ func TestLeafForwardDomainNoHubServes(t *testing.T) {
 		t.Errorf("edge status:\n%s", st.stdout)
 	}
 }
+
+// TestLeafEdgesAcksStayLocal: two edges with the same stream and forward
+// consumer (ORDERS, FORWARD: the README's config for every edge). A
+// consumer's acks go to $JS.ACK.<stream>.<consumer>..., which nats-server
+// carries over leafnode links whatever the deny lists say, so one edge's
+// acks also acked the other edge's message of the same sequence that was
+// waiting for its hub: a restart then never forwarded it. Here edge2's
+// hub stream is full while edge1 forwards; edge2 is restarted after room
+// is made: each of its messages must reach the hub.
+func TestLeafEdgesAcksStayLocal(t *testing.T) {
+	t.Parallel()
+	hub := newLeafHub(t, "10m", "\n[streams.EDGE2]\nsubjects = [\"edge.edge2.>\"]\nduplicate_window = \"10m\"\nmax_msgs = 1\ndiscard = \"new\"\n")
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `subjects = ["edge.>"]`, `subjects = ["edge.edge1.>"]`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	addr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	e1, e2 := newLeafEdge(t, "edge1", addr, ""), newLeafEdge(t, "edge2", addr, "")
+	e1.start(t)
+	defer e1.proc.stop()
+	e2.start(t)
+	defer func() {
+		if !e2.proc.exited() {
+			e2.proc.stop()
+		}
+	}()
+	_, j1 := e2eConnect(t, e1.inst)
+	_, j2 := e2eConnect(t, e2.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+
+	leafPublish(t, j2, 0, 11) // seq 1 fills EDGE2, 2..11 wait for room
+	natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if h := e2.get(t, "/healthz"); !strings.Contains(h, "maximum messages exceeded") {
+			return fmt.Errorf("edge2 does not wait for its full hub stream: %s", h)
+		}
+		return nil
+	})
+	leafPublish(t, j1, 0, 11) // forwarded and acked on edge1
+	hubHoldsAll(t, hjs, 11, 30*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if ci := natstest.ConsumerInfo(t, j1, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 11 {
+			return fmt.Errorf("edge1 FORWARD ack floor %d", ci.AckFloor.Stream)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // edge1's acks would reach edge2 by now
+	if ci := natstest.ConsumerInfo(t, j2, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 1 {
+		t.Errorf("edge2 FORWARD ack floor %d, want 1: edge1's acks acked edge2's messages", ci.AckFloor.Stream)
+	}
+
+	e2.proc.stop()
+	si := natstest.StreamInfo(t, hjs, "EDGE2")
+	si.Config.MaxMsgs = -1
+	if _, err := hjs.UpdateStream(ctx, si.Config); err != nil {
+		t.Fatal(err)
+	}
+	e2.start(t)
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if n := natstest.StreamInfo(t, hjs, "EDGE2").State.Msgs; n != 11 {
+			return fmt.Errorf("hub EDGE2 holds %d of edge2's 11 messages", n)
+		}
+		return nil
+	})
+}
