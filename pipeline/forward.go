@@ -626,6 +626,17 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		if cerr := f.checkHub(ctx); cerr != nil {
 			continue
 		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			// No responders, though the hub's stream takes the subject
+			// (checked): no interest in it reached this edge. The hub
+			// does not let this edge publish there (the permissions of
+			// its leafnode user), or its interest is still on the way
+			// after the link came up. Either way the message is not at
+			// fault: wait in its place, as for a full stream.
+			f.hubCannotStore(fmt.Sprintf("no responders on %s, although the stream takes it", out.Subject),
+				fmt.Sprintf("the hub must let this edge's leafnode user publish to %s: its publish_allow on the hub", f.pattern()))
+			continue
+		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			// No PubAck within the timeout, from a hub whose stream is
 			// there: the publish may have been swallowed (its stream

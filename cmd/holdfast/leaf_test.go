@@ -1454,3 +1454,53 @@ func TestLeafEdgesAcksStayLocal(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLeafHubDeniesDestinationWaits: the hub authenticates leafnodes with
+// an [auth] user whose publish_allow takes the hub's JetStream API but not
+// this edge's destination (edge.edge1.>), so the hub sends the edge no
+// interest there and each publish gets "no responders" at once, while the
+// hub's stream takes the subject. That is the hub's configuration, not the
+// message: each must wait in its place (as for a full hub stream), with
+// /healthz naming the cause, not spend max_deliver deliveries in a second
+// or two and be dead-lettered; once the hub lets the edge publish there,
+// every message arrives once.
+func TestLeafHubDeniesDestinationWaits(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.pw")
+	if err := os.WriteFile(pw, []byte("leaf-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte("leaf-password-123"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allow = `publish_allow = ["edge.other.>", "$JS.hub.API.>", "_INBOX.>"]`
+	appHash, err := bcrypt.GenerateFromPassword([]byte(leafAppPassword), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", fmt.Sprintf("\n[auth.users.leaf]\npassword = %q\n%s\n\n[auth.users.app]\npassword = %q\n", hash, allow, appHash))
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", pw), 1))
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 0, 3)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, "no responders") {
+			return fmt.Errorf("edge /healthz does not name the publishes nobody answers:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // deliveries would be spent meanwhile
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Fatalf("the edge dead-lettered %d message(s) the hub did not let it publish", n)
+	}
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), allow, `publish_allow = ["edge.>", "$JS.hub.API.>", "_INBOX.>"]`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	wantExactlyOnce(t, hubCounts(t, leafConnect(t, hub, "app"), 3, 30*time.Second), map[string]uint64{"edge1": 3})
+}
