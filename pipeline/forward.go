@@ -73,6 +73,12 @@ type ForwardOptions struct {
 	// LinkUp reports whether a leafnode link to the hub is up; nil means
 	// always.
 	LinkUp func() bool
+	// WaitOnShortWindow makes Open leave forwarding waiting (checked
+	// again every second, named by Problem) for a hub whose window is too
+	// short, instead of returning ErrDuplicateWindow: for workers started
+	// again by a reload, where refusing would leave the consumer without
+	// workers until a restart, which would then refuse to start.
+	WaitOnShortWindow bool
 	// Domains returns the JetStream domains reachable over the leafnode
 	// links now (nil: none but Domain). The check refuses to forward
 	// while a stream of another of them takes the destination subjects
@@ -195,7 +201,7 @@ func (f *Forwarder) Open(ctx context.Context) error {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if errors.Is(err, ErrDuplicateWindow) {
+		if errors.Is(err, ErrDuplicateWindow) && !f.opts.WaitOnShortWindow {
 			return err
 		}
 	} else if ds := f.domains(); len(ds) > 0 {

@@ -1504,3 +1504,33 @@ func TestLeafHubDeniesDestinationWaits(t *testing.T) {
 	defer hub.proc.stop()
 	wantExactlyOnce(t, hubCounts(t, leafConnect(t, hub, "app"), 3, 30*time.Second), map[string]uint64{"edge1": 3})
 }
+
+// TestLeafReloadWhileHubWindowShort: the hub was restarted with a
+// duplicate window shorter than the edge's unreachable_after, and
+// forwarding waits for it (named in /healthz). A reload of the edge that
+// restarts the forward workers (another forward.timeout) must leave them
+// waiting the same way, not refuse them as a start does ("the consumer
+// has none until the next restart", a restart that would then refuse to
+// start at all): once the hub's window is long enough again, every message
+// arrives without a restart of the edge.
+func TestLeafReloadWhileHubWindowShort(t *testing.T) {
+	t.Parallel()
+	hub, edge, _, ejs := startLeafPair(t, "10m", "", "")
+	hub.proc.stop()
+	long := readFile(t, hub.inst.cfg)
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(long, `duplicate_window = "10m"`, `duplicate_window = "2m"`, 1))
+	hub.start(t)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {
+			return fmt.Errorf("edge /healthz: %s", h)
+		}
+		return nil
+	})
+	edge.proc.reloadWith(edge.inst.cfg, readFile(t, edge.inst.cfg)+"[consumers.FORWARD.forward]\ntimeout = \"5s\"\n")
+	leafPublish(t, ejs, 0, 3)
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, long)
+	hub.start(t)
+	_, hjs := e2eConnect(t, hub.inst)
+	wantExactlyOnce(t, hubCounts(t, hjs, 3, 30*time.Second), map[string]uint64{"edge1": 3})
+}
