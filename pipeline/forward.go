@@ -327,6 +327,11 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	// Every stream that takes a part of the destination: each must
 	// deduplicate long enough (not only the first the hub names).
 	names, err := hubStreamNames(ctx, f.hub, subj)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// The link is up: the request reached no JetStream.
+		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w: is JetStream up there, and may this edge's leafnode user publish to $JS.%s.API.> (its publish_allow on the hub)?",
+			f.opts.Domain, err, f.opts.Domain)
+	}
 	if err != nil {
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}

@@ -1534,3 +1534,34 @@ func TestLeafReloadWhileHubWindowShort(t *testing.T) {
 	_, hjs := e2eConnect(t, hub.inst)
 	wantExactlyOnce(t, hubCounts(t, hjs, 3, 30*time.Second), map[string]uint64{"edge1": 3})
 }
+
+// TestLeafHubDeniesAPINamed: the hub's leafnode user may publish to the
+// edge's destination but not to the hub's JetStream API, so the edge's
+// check of the hub's stream gets "no responders". /healthz must say what
+// to check — the permission on $JS.hub.API.> — not only that the hub
+// "does not answer" while its link is up.
+func TestLeafHubDeniesAPINamed(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.pw")
+	if err := os.WriteFile(pw, []byte("leaf-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte("leaf-password-123"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", fmt.Sprintf("\n[auth.users.leaf]\npassword = %q\npublish_allow = [\"edge.>\", \"_INBOX.>\"]\n", hash))
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", pw), 1))
+	edge.start(t)
+	defer edge.proc.stop()
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `publish to $JS.hub.API.\u003e`) && !strings.Contains(h, `publish to $JS.hub.API.>`) {
+			return fmt.Errorf("edge /healthz does not name the JetStream API permission:\n%s", h)
+		}
+		return nil
+	})
+}
