@@ -178,6 +178,7 @@ type leafLinks struct {
 	domains    []map[string]bool          // by remote: the domains its links reached
 	addrs      [][]string                 // by remote: host:port it resolved to last
 	resolvedAt []time.Time                // by remote: when it was last resolved while down
+	tlsNoCert  []bool                     // by remote: TLS without a client certificate
 	seen       [][]string                 // by remote: the addresses its links were on
 	nsLog      *serverLogger              // the hub dropping a link as a duplicate
 	serverName string
@@ -189,6 +190,10 @@ type leafLinks struct {
 
 // leafPollInterval is how often the links are checked.
 const leafPollInterval = 250 * time.Millisecond
+
+// leafReadErrorsInARow is how many read errors in a row, right after the
+// link is made, name a hub that wants a client certificate.
+const leafReadErrorsInARow = 3
 
 // leafResolveEvery is how often the addresses of a remote whose link is
 // down are looked up again.
@@ -209,6 +214,7 @@ func (s *Server) startLeafWatch() {
 		w.domains = append(w.domains, map[string]bool{})
 		w.seen = append(w.seen, nil)
 		w.resolvedAt = append(w.resolvedAt, time.Time{})
+		w.tlsNoCert = append(w.tlsNoCert, r.TLSEnabled() && r.CertFile == "")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -351,9 +357,13 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 // noteDuplicate sets remote i's Problem while its hub drops its links as
 // duplicates, and logs each change; w.mu is held.
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
-	var last, lastPayload, lastAuth, lastTLS time.Time
+	var last, lastPayload, lastAuth, lastTLS, lastRead time.Time
 	var tlsDetail string
+	reads := 0
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+		if t, _, n := w.nsLog.leafErrorCount(a, leafReadError); t.After(lastRead) {
+			lastRead, reads = t, n
+		}
 		if t, d := w.nsLog.LeafError(a, leafTLSFailure); t.After(lastTLS) {
 			lastTLS, tlsDetail = t, d
 		}
@@ -388,6 +398,14 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 		p = fmt.Sprintf("the TLS handshake with the hub fails (%s, last %s ago): the remote's ca_file must be the CA that signed the hub's leafnodes.cert_file for the URL's host; "+
 			"a remote with ca_file, cert_file or a tls:// URL needs a hub with leafnodes.cert_file, and a hub with leafnodes.verify needs the remote's cert_file and key_file",
 			tlsDetail, time.Since(lastTLS).Round(time.Second))
+
+	case reads >= leafReadErrorsInARow && time.Since(lastRead) < leafDuplicateFor && !l.Connected && w.tlsNoCert[i]:
+		// The hub closes each TLS link as soon as it is made, and this
+		// remote sends no client certificate: what a hub with
+		// leafnodes.verify does over TLS 1.3 (the edge sees only a read
+		// error).
+		p = fmt.Sprintf("the hub closes this TLS link as soon as it is made (Read Error, %d times in a row, last %s ago): a hub with leafnodes.verify wants a client certificate: give this remote cert_file and key_file signed by the hub's leafnodes.ca_file",
+			reads, time.Since(lastRead).Round(time.Second))
 	}
 	if (p == "") != (l.Problem == "") {
 		if p != "" {

@@ -76,6 +76,15 @@ const (
 // (isClientProbeTLSHandshakeError), and the close says it all.
 var leafTLSError = regexp.MustCompile(`^(\S+) - lid:\d+ - (?:TLS leafnode handshake error: (.*)|Leafnode connection closed: TLS Handshake Failure)$`)
 
+// leafReadError: the hub closed the connection, seen as a read error.
+// Over TLS 1.3 a hub with leafnodes.verify refuses an edge without a
+// client certificate that way: the handshake ends on the edge's side
+// before the hub checks, and its refusal comes with the first read.
+const leafReadError = "Read Error"
+
+// leafReadErrorLine is how nats-server (v2.15.2) logs it.
+var leafReadErrorLine = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode connection closed: Read Error$`)
+
 // leafTLSNoDetail stands for the handshake error the server logged at
 // debug level only.
 const leafTLSNoDetail = "the hub answered without TLS (does it have leafnodes.cert_file?), or did not finish the handshake"
@@ -90,6 +99,7 @@ type leafErrKey struct{ addr, kind string }
 type leafErrSeen struct {
 	at     time.Time
 	detail string
+	count  int // in a row, each within leafDuplicateFor of the one before
 }
 
 // noteLeafError records the hub's address when msg says it sent one of
@@ -103,6 +113,8 @@ func (l *serverLogger) noteLeafError(msg string) {
 		default:
 			return
 		}
+	} else if m := leafReadErrorLine.FindStringSubmatch(msg); m != nil {
+		addr, kind = m[1], leafReadError
 	} else if m := leafTLSError.FindStringSubmatch(msg); m != nil {
 		// A timeout is a link that does not answer, not a TLS mismatch.
 		if strings.Contains(m[2], "timeout") {
@@ -134,7 +146,11 @@ func (l *serverLogger) noteLeafError(msg string) {
 			}
 		}
 	}
-	l.leafErrs[k] = leafErrSeen{at: time.Now(), detail: detail}
+	n := 1
+	if prev := l.leafErrs[k]; time.Since(prev.at) < leafDuplicateFor {
+		n = prev.count + 1
+	}
+	l.leafErrs[k] = leafErrSeen{at: time.Now(), detail: detail, count: n}
 }
 
 // LeafErrorAt returns when the hub at addr last sent this node's leafnode
@@ -149,13 +165,19 @@ func (l *serverLogger) LeafErrorAt(addr, kind string) time.Time {
 // LeafError is LeafErrorAt with the server's words for the error ("" when
 // it gave none).
 func (l *serverLogger) LeafError(addr, kind string) (time.Time, string) {
+	at, detail, _ := l.leafErrorCount(addr, kind)
+	return at, detail
+}
+
+// leafErrorCount is LeafError with how many times in a row it came.
+func (l *serverLogger) leafErrorCount(addr, kind string) (time.Time, string, int) {
 	if l == nil {
-		return time.Time{}, ""
+		return time.Time{}, "", 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	e := l.leafErrs[leafErrKey{addr, kind}]
-	return e.at, e.detail
+	return e.at, e.detail, e.count
 }
 
 // routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
@@ -247,7 +269,7 @@ func newServerLogger(log *slog.Logger) *serverLogger {
 
 func (l *serverLogger) Noticef(format string, v ...any) {
 	msg := fmt.Sprintf(format, v...)
-	if strings.HasSuffix(msg, "TLS Handshake Failure") {
+	if strings.HasSuffix(msg, "TLS Handshake Failure") || strings.HasSuffix(msg, "closed: Read Error") {
 		l.noteLeafError(msg)
 	}
 	l.log.Info(msg)

@@ -322,6 +322,14 @@ func TestNoteLeafDuplicate(t *testing.T) {
 	if _, d := l.LeafError("127.0.0.1:7427", leafTLSFailure); d != leafTLSNoDetail {
 		t.Errorf("LeafError(127.0.0.1:7427, TLS) detail %q", d)
 	}
+	// A hub that closes each link at once (a client certificate it wants):
+	// counted in a row.
+	for range 3 {
+		l.Noticef("%s - lid:%d - Leafnode connection closed: %s", "127.0.0.1:7429", 12, "Read Error")
+	}
+	if _, _, n := l.leafErrorCount("127.0.0.1:7429", leafReadError); n != 3 {
+		t.Errorf("read errors in a row at 127.0.0.1:7429: %d, want 3", n)
+	}
 	for _, c := range []struct {
 		addr, kind string
 		noted      bool

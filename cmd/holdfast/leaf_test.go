@@ -1325,7 +1325,9 @@ func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
 // TestLeafLinkRefusedFromStartNamedInHealth: an edge whose link to the
 // hub never comes up because the two disagree — a ca_file that did not
 // sign the hub's certificate, TLS on the edge against a hub without it,
-// a leafnode password the hub refuses. Every reconnect fails the same way
+// no client certificate for a hub with leafnodes.verify (the edge sees
+// only a read error right after each connect), a leafnode password the
+// hub refuses. Every reconnect fails the same way
 // and waiting does not heal it: the edge's /healthz must name the cause
 // at once, not say "ok" until unreachable_after (5 minutes).
 func TestLeafLinkRefusedFromStartNamedInHealth(t *testing.T) {
@@ -1346,6 +1348,7 @@ func TestLeafLinkRefusedFromStartNamedInHealth(t *testing.T) {
 	for _, c := range []struct{ name, hub, remote, want string }{
 		{"CA that did not sign the hub's certificate", hubTLS, fmt.Sprintf("ca_file = %q\n", certs.OtherCA), "TLS handshake with the hub fails (tls: failed to verify certificate: x509: certificate signed by unknown authority"},
 		{"TLS on the edge only", "", fmt.Sprintf("ca_file = %q\n", certs.CA), "TLS handshake with the hub fails"},
+		{"no client certificate for a hub that verifies", hubTLS + fmt.Sprintf("ca_file = %q\nverify = true\n", certs.CA), fmt.Sprintf("ca_file = %q\n", certs.CA), "give this remote cert_file and key_file"},
 		{"wrong password", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", hubPw), fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", edgePw), "refuses this edge's leafnode credentials"},
 	} {
 		hub := newLeafHub(t, "10m", "")
