@@ -398,7 +398,6 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 		p = fmt.Sprintf("the TLS handshake with the hub fails (%s, last %s ago): the remote's ca_file must be the CA that signed the hub's leafnodes.cert_file for the URL's host; "+
 			"a remote with ca_file, cert_file or a tls:// URL needs a hub with leafnodes.cert_file, and a hub with leafnodes.verify needs the remote's cert_file and key_file",
 			tlsDetail, time.Since(lastTLS).Round(time.Second))
-
 	case reads >= leafReadErrorsInARow && time.Since(lastRead) < leafDuplicateFor && !l.Connected && w.tlsNoCert[i]:
 		// The hub closes each TLS link as soon as it is made, and this
 		// remote sends no client certificate: what a hub with
