@@ -55,6 +55,9 @@ type Daemon struct {
 	// forwarders are the forward handlers by consumer.
 	edge       *pipeline.EdgeView
 	forwarders map[string]*pipeline.Forwarder
+	// workersOpened is set once Open started every consumer's workers:
+	// later forwarders (a reload) wait for a hub they find wanting.
+	workersOpened bool
 
 	// running is cfg for other goroutines (the monitor's Recreate):
 	// stored by Open and Reload.
@@ -170,6 +173,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		mc.Workers = w
 		monitored = append(monitored, mc)
 	}
+	d.workersOpened = true
 	d.monitor = pipeline.NewMonitor(d.srv.JetStream(), d.srv.Conn(), pipeline.MonitorOptions{
 		Streams:          d.cfg.StreamNames(),
 		Consumers:        monitored,

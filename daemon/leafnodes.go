@@ -44,8 +44,9 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 	return v, nil
 }
 
-// openForwarder builds and opens the forward handler of consumer name; it
-// refuses a reachable hub whose stream's duplicate window is too short.
+// openForwarder builds and opens the forward handler of consumer name; at
+// start it refuses a reachable hub whose stream's duplicate window is too
+// short (later, on a reload, forwarding waits for it instead).
 func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*pipeline.Forwarder, error) {
 	cc := cfg.Consumers[name]
 	f, err := pipeline.NewForwarder(d.srv.Conn(), pipeline.ForwardOptions{
@@ -58,6 +59,7 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 		MinDuplicateWindow: cfg.LeafNodes.UnreachableAfter.Duration,
 		LinkUp:             func() bool { return d.srv.LeafReaches(cc.Forward.Domain) },
 		Domains:            d.srv.LeafDomains,
+		WaitOnShortWindow:  d.workersOpened,
 	}, d.log.With("component", "handler"))
 	if err != nil {
 		return nil, fmt.Errorf("consumers.%s.forward: %w", name, err)

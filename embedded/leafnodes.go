@@ -34,10 +34,21 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 // advisories (each side's workers act on their own only). Two edges with
 // the same stream (ORDERS on orders.*) would otherwise each store the
 // other's messages, and the hub would see every edge's local traffic.
+//
+// Also the acks of its streams' consumers, $JS.ACK.<stream>.>: the
+// server sends a consumer's acks to that subject, without the domain, and
+// carries them over a leafnode link to every server whose consumer of a
+// stream and consumer of the same names subscribes to it. Two edges with
+// ORDERS and FORWARD would ack (nak, terminate) each other's messages of
+// the same sequence, and a message acked that way while it waited for
+// the hub was never forwarded after a restart.
 func LeafDenied(cfg *config.Config) []string {
 	var out []string
 	for _, name := range cfg.StreamNames() {
 		out = append(out, cfg.Streams[name].Subjects...)
+	}
+	for _, name := range cfg.AllStreamNames() {
+		out = append(out, "$JS.ACK."+name+".>")
 	}
 	out = append(out, DeadLetterSubjectPrefix+">", "$JS.EVENT.>")
 	slices.Sort(out)
@@ -166,6 +177,8 @@ type leafLinks struct {
 	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
 	domains    []map[string]bool          // by remote: the domains its links reached
 	addrs      [][]string                 // by remote: host:port it resolved to last
+	resolvedAt []time.Time                // by remote: when it was last resolved while down
+	tlsNoCert  []bool                     // by remote: TLS without a client certificate
 	seen       [][]string                 // by remote: the addresses its links were on
 	nsLog      *serverLogger              // the hub dropping a link as a duplicate
 	serverName string
@@ -177,6 +190,14 @@ type leafLinks struct {
 
 // leafPollInterval is how often the links are checked.
 const leafPollInterval = 250 * time.Millisecond
+
+// leafReadErrorsInARow is how many read errors in a row, right after the
+// link is made, name a hub that wants a client certificate.
+const leafReadErrorsInARow = 3
+
+// leafResolveEvery is how often the addresses of a remote whose link is
+// down are looked up again.
+const leafResolveEvery = 10 * time.Second
 
 // startLeafWatch starts watching the remotes of cfg (none: nothing).
 func (s *Server) startLeafWatch() {
@@ -192,6 +213,8 @@ func (s *Server) startLeafWatch() {
 		w.addrs = append(w.addrs, nil)
 		w.domains = append(w.domains, map[string]bool{})
 		w.seen = append(w.seen, nil)
+		w.resolvedAt = append(w.resolvedAt, time.Time{})
+		w.tlsNoCert = append(w.tlsNoCert, r.TLSEnabled() && r.CertFile == "")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
@@ -288,6 +311,20 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.log.Warn("a leafnode connection matches no configured remote (yet): it is not counted as any remote's link", "address", addr, "server", l.Name)
 		}
 	}
+	// A remote whose link is down may never have had one: its URL's
+	// addresses, looked up now and then, name it in the server's log
+	// (credentials refused, a failed TLS handshake) for noteDuplicate.
+	for i, r := range remotes {
+		w.mu.Lock()
+		due := !w.links[i].Connected && time.Since(w.resolvedAt[i]) >= leafResolveEvery
+		if due {
+			w.resolvedAt[i] = time.Now()
+		}
+		w.mu.Unlock()
+		if due {
+			w.resolve(ctx, i, r, true)
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	up := make([]bool, len(remotes))
@@ -320,8 +357,16 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 // noteDuplicate sets remote i's Problem while its hub drops its links as
 // duplicates, and logs each change; w.mu is held.
 func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
-	var last, lastPayload, lastAuth time.Time
+	var last, lastPayload, lastAuth, lastTLS, lastRead time.Time
+	var tlsDetail string
+	reads := 0
 	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+		if t, _, n := w.nsLog.leafErrorCount(a, leafReadError); t.After(lastRead) {
+			lastRead, reads = t, n
+		}
+		if t, d := w.nsLog.LeafError(a, leafTLSFailure); t.After(lastTLS) {
+			lastTLS, tlsDetail = t, d
+		}
 		if t := w.nsLog.LeafErrorAt(a, leafDuplicate); t.After(last) {
 			last = t
 		}
@@ -347,6 +392,19 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 		// after unreachable_after.
 		p = fmt.Sprintf("the hub refuses this edge's leafnode credentials (Authorization Violation, last %s ago): check the remote's user and password_file, token_file or credentials against the hub's leafnodes.user / password_file (or [auth])",
 			time.Since(lastAuth).Round(time.Second))
+	case !lastTLS.IsZero() && time.Since(lastTLS) < leafDuplicateFor && !l.Connected:
+		// Like refused credentials, a TLS mismatch does not heal by
+		// waiting.
+		p = fmt.Sprintf("the TLS handshake with the hub fails (%s, last %s ago): the remote's ca_file must be the CA that signed the hub's leafnodes.cert_file for the URL's host; "+
+			"a remote with ca_file, cert_file or a tls:// URL needs a hub with leafnodes.cert_file, and a hub with leafnodes.verify needs the remote's cert_file and key_file",
+			tlsDetail, time.Since(lastTLS).Round(time.Second))
+	case reads >= leafReadErrorsInARow && time.Since(lastRead) < leafDuplicateFor && !l.Connected && w.tlsNoCert[i]:
+		// The hub closes each TLS link as soon as it is made, and this
+		// remote sends no client certificate: what a hub with
+		// leafnodes.verify does over TLS 1.3 (the edge sees only a read
+		// error).
+		p = fmt.Sprintf("the hub closes this TLS link as soon as it is made (Read Error, %d times in a row, last %s ago): a hub with leafnodes.verify wants a client certificate: give this remote cert_file and key_file signed by the hub's leafnodes.ca_file",
+			reads, time.Since(lastRead).Round(time.Second))
 	}
 	if (p == "") != (l.Problem == "") {
 		if p != "" {

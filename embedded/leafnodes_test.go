@@ -198,13 +198,13 @@ func TestLeafNodesTLS(t *testing.T) {
 	}
 }
 
-// TestLeafDenied: an edge keeps its streams' subjects and the dead
-// letters off the link.
+// TestLeafDenied: an edge keeps its streams' subjects, the acks of their
+// consumers and the dead letters off the link.
 func TestLeafDenied(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.Streams["MORE"] = config.DefaultStream([]string{"more.>", "orders.*"})
 	got := strings.Join(LeafDenied(cfg), " ")
-	if got != "$JS.EVENT.> dlq.> more.> orders.*" {
+	if got != "$JS.ACK.MORE.> $JS.ACK.ORDERS.> $JS.ACK.ORDERS_DLQ.> $JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
 	}
 }

@@ -37,8 +37,9 @@ type serverLogger struct {
 	dupAt            time.Time
 
 	// When the hub at an address (host:port) last sent this node's
-	// leafnode connection each of the errors leafErrorKinds names.
-	leafErrs map[leafErrKey]time.Time
+	// leafnode connection each of the errors below, or the TLS handshake
+	// with it failed, and the server's words.
+	leafErrs map[leafErrKey]leafErrSeen
 
 	// The streams and consumers the server could not load while it
 	// recovered the store, by name.
@@ -61,7 +62,32 @@ const (
 	leafPayloadViolation = "Maximum Payload Violation"
 	// leafAuthViolation: the hub refused its credentials.
 	leafAuthViolation = "Authorization Violation"
+	// leafTLSFailure: the TLS handshake with the hub failed: a ca_file
+	// that did not sign the hub's certificate, TLS on one side only, a
+	// client certificate missing or refused. Not a hub error: what the
+	// edge's server logs of its own handshake (leafTLSError).
+	leafTLSFailure = "TLS handshake"
 )
+
+// leafTLSError is how nats-server (v2.15.2, client.go) logs a leafnode's
+// failed TLS handshake, and then the connection's close for it; the
+// prefix names the hub's address on the edge. When the hub spoke no TLS
+// (or did not answer) the handshake error is logged at debug level only
+// (isClientProbeTLSHandshakeError), and the close says it all.
+var leafTLSError = regexp.MustCompile(`^(\S+) - lid:\d+ - (?:TLS leafnode handshake error: (.*)|Leafnode connection closed: TLS Handshake Failure)$`)
+
+// leafReadError: the hub closed the connection, seen as a read error.
+// Over TLS 1.3 a hub with leafnodes.verify refuses an edge without a
+// client certificate that way: the handshake ends on the edge's side
+// before the hub checks, and its refusal comes with the first read.
+const leafReadError = "Read Error"
+
+// leafReadErrorLine is how nats-server (v2.15.2) logs it.
+var leafReadErrorLine = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode connection closed: Read Error$`)
+
+// leafTLSNoDetail stands for the handshake error the server logged at
+// debug level only.
+const leafTLSNoDetail = "the hub answered without TLS (does it have leafnodes.cert_file?), or did not finish the handshake"
 
 // leafError is how nats-server (v2.15.2) logs on an edge an error its hub
 // sent over a leafnode connection; the connection's prefix names the
@@ -70,36 +96,88 @@ var leafError = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error '([^']*)'`
 
 type leafErrKey struct{ addr, kind string }
 
+type leafErrSeen struct {
+	at     time.Time
+	detail string
+	count  int // in a row, each within leafDuplicateFor of the one before
+}
+
 // noteLeafError records the hub's address when msg says it sent one of
-// the leafnode errors above.
+// the leafnode errors above, or that the TLS handshake with it failed.
 func (l *serverLogger) noteLeafError(msg string) {
-	m := leafError.FindStringSubmatch(msg)
-	if m == nil {
-		return
-	}
-	switch m[2] {
-	case leafDuplicate, leafPayloadViolation, leafAuthViolation:
-	default:
+	var addr, kind, detail string
+	if m := leafError.FindStringSubmatch(msg); m != nil {
+		switch m[2] {
+		case leafDuplicate, leafPayloadViolation, leafAuthViolation:
+			addr, kind = m[1], m[2]
+		default:
+			return
+		}
+	} else if m := leafReadErrorLine.FindStringSubmatch(msg); m != nil {
+		addr, kind = m[1], leafReadError
+	} else if m := leafTLSError.FindStringSubmatch(msg); m != nil {
+		// A timeout is a link that does not answer, not a TLS mismatch.
+		if strings.Contains(m[2], "timeout") {
+			return
+		}
+		addr, kind, detail = m[1], leafTLSFailure, m[2]
+	} else {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.leafErrs == nil {
-		l.leafErrs = map[leafErrKey]time.Time{}
+		l.leafErrs = map[leafErrKey]leafErrSeen{}
 	}
-	l.leafErrs[leafErrKey{m[1], m[2]}] = time.Now()
+	k := leafErrKey{addr, kind}
+	if kind == leafTLSFailure && detail == "" {
+		// The close after a handshake error: keep the error's words.
+		detail = leafTLSNoDetail
+		if prev := l.leafErrs[k]; time.Since(prev.at) < time.Second {
+			detail = prev.detail
+		}
+	}
+	if len(l.leafErrs) >= 64 {
+		// A hub logs the failed handshakes of the edges that connect to
+		// it under their ephemeral ports: keep only what is reported.
+		for old, e := range l.leafErrs {
+			if time.Since(e.at) >= leafDuplicateFor {
+				delete(l.leafErrs, old)
+			}
+		}
+	}
+	n := 1
+	if prev := l.leafErrs[k]; time.Since(prev.at) < leafDuplicateFor {
+		n = prev.count + 1
+	}
+	l.leafErrs[k] = leafErrSeen{at: time.Now(), detail: detail, count: n}
 }
 
 // LeafErrorAt returns when the hub at addr last sent this node's leafnode
 // connection the error kind (leafDuplicate, leafPayloadViolation,
-// leafAuthViolation); zero: never.
+// leafAuthViolation), or the TLS handshake with it last failed
+// (leafTLSFailure); zero: never.
 func (l *serverLogger) LeafErrorAt(addr, kind string) time.Time {
+	at, _ := l.LeafError(addr, kind)
+	return at
+}
+
+// LeafError is LeafErrorAt with the server's words for the error ("" when
+// it gave none).
+func (l *serverLogger) LeafError(addr, kind string) (time.Time, string) {
+	at, detail, _ := l.leafErrorCount(addr, kind)
+	return at, detail
+}
+
+// leafErrorCount is LeafError with how many times in a row it came.
+func (l *serverLogger) leafErrorCount(addr, kind string) (time.Time, string, int) {
 	if l == nil {
-		return time.Time{}
+		return time.Time{}, "", 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.leafErrs[leafErrKey{addr, kind}]
+	e := l.leafErrs[leafErrKey{addr, kind}]
+	return e.at, e.detail, e.count
 }
 
 // routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
@@ -190,7 +268,11 @@ func newServerLogger(log *slog.Logger) *serverLogger {
 }
 
 func (l *serverLogger) Noticef(format string, v ...any) {
-	l.log.Info(fmt.Sprintf(format, v...))
+	msg := fmt.Sprintf(format, v...)
+	if strings.HasSuffix(msg, "TLS Handshake Failure") || strings.HasSuffix(msg, "closed: Read Error") {
+		l.noteLeafError(msg)
+	}
+	l.log.Info(msg)
 }
 
 func (l *serverLogger) Warnf(format string, v ...any) {

@@ -307,8 +307,29 @@ func TestNoteLeafDuplicate(t *testing.T) {
 		"127.0.0.1:7423 - lid:6 - Leafnode connection closed: Client Closed",
 		"127.0.0.1:7424 - lid:7 - Leafnode Error 'Maximum Payload Violation'",
 		"127.0.0.1:7425 - lid:8 - Leafnode Error 'Authorization Violation'",
+		"127.0.0.1:7426 - lid:9 - TLS leafnode handshake error: tls: failed to verify certificate: x509: certificate signed by unknown authority",
 	} {
 		l.Errorf("%s", line)
+	}
+	// The close after it keeps its words; a close alone (the hub spoke no
+	// TLS: the error was at debug level) is noted too; a handshake that
+	// timed out is a link down, not a TLS mismatch.
+	l.Noticef("%s - lid:%d - Leafnode connection closed: %s", "127.0.0.1:7426", 9, "TLS Handshake Failure")
+	l.Noticef("%s - lid:%d - Leafnode connection closed: %s", "127.0.0.1:7427", 10, "TLS Handshake Failure")
+	l.Errorf("127.0.0.1:7428 - lid:11 - TLS leafnode handshake error: read tcp 127.0.0.1:1->127.0.0.1:7428: i/o timeout")
+	if _, d := l.LeafError("127.0.0.1:7426", leafTLSFailure); !strings.Contains(d, "unknown authority") {
+		t.Errorf("LeafError(127.0.0.1:7426, TLS) detail %q", d)
+	}
+	if _, d := l.LeafError("127.0.0.1:7427", leafTLSFailure); d != leafTLSNoDetail {
+		t.Errorf("LeafError(127.0.0.1:7427, TLS) detail %q", d)
+	}
+	// A hub that closes each link at once (a client certificate it wants):
+	// counted in a row.
+	for range 3 {
+		l.Noticef("%s - lid:%d - Leafnode connection closed: %s", "127.0.0.1:7429", 12, "Read Error")
+	}
+	if _, _, n := l.leafErrorCount("127.0.0.1:7429", leafReadError); n != 3 {
+		t.Errorf("read errors in a row at 127.0.0.1:7429: %d, want 3", n)
 	}
 	for _, c := range []struct {
 		addr, kind string
@@ -321,6 +342,10 @@ func TestNoteLeafDuplicate(t *testing.T) {
 		{"127.0.0.1:7422", leafPayloadViolation, false},
 		{"127.0.0.1:7425", leafAuthViolation, true},
 		{"127.0.0.1:7425", leafPayloadViolation, false},
+		{"127.0.0.1:7426", leafTLSFailure, true},
+		{"127.0.0.1:7425", leafTLSFailure, false},
+		{"127.0.0.1:7427", leafTLSFailure, true},
+		{"127.0.0.1:7428", leafTLSFailure, false},
 	} {
 		at := l.LeafErrorAt(c.addr, c.kind)
 		if c.noted && time.Since(at) > time.Minute {

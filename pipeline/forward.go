@@ -73,6 +73,12 @@ type ForwardOptions struct {
 	// LinkUp reports whether a leafnode link to the hub is up; nil means
 	// always.
 	LinkUp func() bool
+	// WaitOnShortWindow makes Open leave forwarding waiting (checked
+	// again every second, named by Problem) for a hub whose window is too
+	// short, instead of returning ErrDuplicateWindow: for workers started
+	// again by a reload, where refusing would leave the consumer without
+	// workers until a restart, which would then refuse to start.
+	WaitOnShortWindow bool
 	// Domains returns the JetStream domains reachable over the leafnode
 	// links now (nil: none but Domain). The check refuses to forward
 	// while a stream of another of them takes the destination subjects
@@ -195,9 +201,11 @@ func (f *Forwarder) Open(ctx context.Context) error {
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if errors.Is(err, ErrDuplicateWindow) {
+		if errors.Is(err, ErrDuplicateWindow) && !f.opts.WaitOnShortWindow {
 			return err
 		}
+	} else if ds := f.domains(); len(ds) > 0 {
+		f.log.Warn("no hub connected at start serves the forward domain: forwarding waits (local publishing goes on); check forward.domain against the hub's jetstream.domain", "served", ds)
 	} else {
 		f.log.Warn("the hub is not reachable at start: forwarding waits for the link (local publishing goes on)")
 	}
@@ -263,6 +271,14 @@ func (f *Forwarder) pattern() string {
 	return ForwardSubject(f.opts.Subject, f.opts.ServerName, ">")
 }
 
+// domains are the JetStream domains reachable over the links now.
+func (f *Forwarder) domains() []string {
+	if f.opts.Domains == nil {
+		return nil
+	}
+	return f.opts.Domains()
+}
+
 // otherDomains are the reachable JetStream domains but the hub's, sorted,
 // as one text.
 func (f *Forwarder) otherDomains() string {
@@ -311,6 +327,11 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	// Every stream that takes a part of the destination: each must
 	// deduplicate long enough (not only the first the hub names).
 	names, err := hubStreamNames(ctx, f.hub, subj)
+	if errors.Is(err, nats.ErrNoResponders) {
+		// The link is up: the request reached no JetStream.
+		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w: is JetStream up there, and may this edge's leafnode user publish to $JS.%s.API.> (its publish_allow on the hub)?",
+			f.opts.Domain, err, f.opts.Domain)
+	}
 	if err != nil {
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}
@@ -614,6 +635,17 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		// delivery, as for the link; only a failure the hub's stream does
 		// not explain spends a delivery.
 		if cerr := f.checkHub(ctx); cerr != nil {
+			continue
+		}
+		if errors.Is(err, jetstream.ErrNoStreamResponse) {
+			// No responders, though the hub's stream takes the subject
+			// (checked): no interest in it reached this edge. The hub
+			// does not let this edge publish there (the permissions of
+			// its leafnode user), or its interest is still on the way
+			// after the link came up. Either way the message is not at
+			// fault: wait in its place, as for a full stream.
+			f.hubCannotStore(fmt.Sprintf("no responders on %s, although the stream takes it", out.Subject),
+				fmt.Sprintf("the hub must let this edge's leafnode user publish to %s: its publish_allow on the hub", f.pattern()))
 			continue
 		}
 		if errors.Is(err, context.DeadlineExceeded) {

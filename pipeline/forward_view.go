@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -97,14 +99,49 @@ func (v *EdgeView) Problems(now time.Time) []string {
 			out = append(out, fmt.Sprintf("leafnode %s: %s", l.Remote, l.Problem))
 		}
 	}
+	links := v.links()
 	for _, f := range v.forwarderList() {
-		if p := f.Problem(); p != "" {
+		p := f.Problem()
+		if p == "" {
+			p = unservedDomain(f, links, now)
+		}
+		if p != "" {
 			out = append(out, fmt.Sprintf("consumer %s does not forward: %s", f.opts.Consumer, p))
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	return append(out, sourceProblems(v.checkSources(ctx, now))...)
+}
+
+// domainGrace is how long every remote's link must have been up before a
+// forward domain that none of their hubs serves is reported: the domains
+// are read from the hubs' subscriptions, which follow the link.
+const domainGrace = 5 * time.Second
+
+// unservedDomain is why f waits although every remote's link has been up
+// for domainGrace: no hub behind them serves f's JetStream domain (a typo
+// in forward.domain, a hub whose jetstream.domain changed). Waiting does
+// not heal that; "" otherwise (a remote down is reported as such).
+func unservedDomain(f *Forwarder, links []LinkState, now time.Time) string {
+	if len(links) == 0 || f.linkUp() {
+		return ""
+	}
+	for _, l := range links {
+		if !l.Connected || now.Sub(l.Since) < domainGrace {
+			return ""
+		}
+	}
+	served := "no JetStream domain (set jetstream.domain on the hub)"
+	if ds := f.domains(); len(ds) > 0 {
+		q := make([]string, len(ds))
+		for i, d := range ds {
+			q[i] = strconv.Quote(d)
+		}
+		served = strings.Join(q, ", ")
+	}
+	return fmt.Sprintf("no hub connected over the leafnode links serves JetStream domain %q: they serve %s; set consumers.%s.forward.domain to the hub's jetstream.domain (messages wait here)",
+		f.opts.Domain, served, f.opts.Consumer)
 }
 
 // ForwardStatus is one forwarding consumer in `holdfast status`.
@@ -145,6 +182,9 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 		st := f.Stats()
 		fs := ForwardStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
 			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load()}
+		if fs.Problem == "" {
+			fs.Problem = unservedDomain(f, out.Links, time.Now())
+		}
 		if n := st.LastForward.Load(); n > 0 {
 			fs.LastForward = time.Unix(0, n)
 		}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // leafNode is one holdfast of an edge/hub test on 127.0.0.1.
@@ -1316,6 +1317,253 @@ func TestLeafPasswordRevokedNamedInHealth(t *testing.T) {
 	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
 		if h := edge.get(t, "/healthz"); !strings.Contains(h, "refuses this edge's leafnode credentials") {
 			return fmt.Errorf("edge /healthz does not name the refused credentials:\n%s", h)
+		}
+		return nil
+	})
+}
+
+// TestLeafLinkRefusedFromStartNamedInHealth: an edge whose link to the
+// hub never comes up because the two disagree — a ca_file that did not
+// sign the hub's certificate, TLS on the edge against a hub without it,
+// no client certificate for a hub with leafnodes.verify (the edge sees
+// only a read error right after each connect), a leafnode password the
+// hub refuses. Every reconnect fails the same way
+// and waiting does not heal it: the edge's /healthz must name the cause
+// at once, not say "ok" until unreachable_after (5 minutes).
+func TestLeafLinkRefusedFromStartNamedInHealth(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	certs, err := testcert.Write(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubPw, edgePw := filepath.Join(dir, "hub.pw"), filepath.Join(dir, "edge.pw")
+	if err := os.WriteFile(hubPw, []byte("right-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(edgePw, []byte("wrong-password-456\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hubTLS := fmt.Sprintf("cert_file = %q\nkey_file = %q\n", certs.ServerCert, certs.ServerKey)
+	for _, c := range []struct{ name, hub, remote, want string }{
+		{"CA that did not sign the hub's certificate", hubTLS, fmt.Sprintf("ca_file = %q\n", certs.OtherCA), "TLS handshake with the hub fails (tls: failed to verify certificate: x509: certificate signed by unknown authority"},
+		{"TLS on the edge only", "", fmt.Sprintf("ca_file = %q\n", certs.CA), "TLS handshake with the hub fails"},
+		{"no client certificate for a hub that verifies", hubTLS + fmt.Sprintf("ca_file = %q\nverify = true\n", certs.CA), fmt.Sprintf("ca_file = %q\n", certs.CA), "give this remote cert_file and key_file"},
+		{"wrong password", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", hubPw), fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n", edgePw), "refuses this edge's leafnode credentials"},
+	} {
+		hub := newLeafHub(t, "10m", "")
+		hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), "no_advertise = true\n", "no_advertise = true\n"+c.hub, 1))
+		hub.start(t)
+		edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+		edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", c.remote+"\n[streams.ORDERS]", 1))
+		edge.start(t)
+		natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+			if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, c.want) {
+				return fmt.Errorf("%s: edge /healthz does not name the cause (%q):\n%s", c.name, c.want, h)
+			}
+			return nil
+		})
+		edge.proc.stop()
+		hub.proc.stop()
+	}
+}
+
+// TestLeafForwardDomainNoHubServes: the edge's link is up, but the hub
+// behind it serves another JetStream domain than forward.domain (a typo,
+// or the hub's jetstream.domain changed). Nothing can be forwarded and
+// waiting does not heal it: /healthz and `holdfast status` must name the
+// domain and what the hub serves, not say "ok" and "waiting for the link"
+// while the backlog grows.
+func TestLeafForwardDomainNoHubServes(t *testing.T) {
+	t.Parallel()
+	hub := newLeafHub(t, "10m", "")
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "[consumers.FORWARD.forward]\ndomain = \"hbu\"\n")
+	edge.start(t)
+	defer edge.proc.stop()
+	const want = `no hub connected over the leafnode links serves JetStream domain \"hbu\"`
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, want) || !strings.Contains(h, `serve \"hub\"`) {
+			return fmt.Errorf("edge /healthz does not name the forward domain no hub serves:\n%s", h)
+		}
+		return nil
+	})
+	if st := runHoldfast(t, nil, "status", "--config", edge.inst.cfg); !strings.Contains(st.stdout, `WAITING: no hub connected over the leafnode links serves JetStream domain "hbu"`) {
+		t.Errorf("edge status:\n%s", st.stdout)
+	}
+}
+
+// TestLeafEdgesAcksStayLocal: two edges with the same stream and forward
+// consumer (ORDERS, FORWARD: the README's config for every edge). A
+// consumer's acks go to $JS.ACK.<stream>.<consumer>..., which nats-server
+// carries over leafnode links whatever the deny lists say, so one edge's
+// acks also acked the other edge's message of the same sequence that was
+// waiting for its hub: a restart then never forwarded it. Here edge2's
+// hub stream is full while edge1 forwards; edge2 is restarted after room
+// is made: each of its messages must reach the hub.
+func TestLeafEdgesAcksStayLocal(t *testing.T) {
+	t.Parallel()
+	hub := newLeafHub(t, "10m", "\n[streams.EDGE2]\nsubjects = [\"edge.edge2.>\"]\nduplicate_window = \"10m\"\nmax_msgs = 1\ndiscard = \"new\"\n")
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `subjects = ["edge.>"]`, `subjects = ["edge.edge1.>"]`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	addr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	e1, e2 := newLeafEdge(t, "edge1", addr, ""), newLeafEdge(t, "edge2", addr, "")
+	e1.start(t)
+	defer e1.proc.stop()
+	e2.start(t)
+	defer func() {
+		if !e2.proc.exited() {
+			e2.proc.stop()
+		}
+	}()
+	_, j1 := e2eConnect(t, e1.inst)
+	_, j2 := e2eConnect(t, e2.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+	ctx := natstest.Context(t)
+
+	leafPublish(t, j2, 0, 11) // seq 1 fills EDGE2, 2..11 wait for room
+	natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
+		if h := e2.get(t, "/healthz"); !strings.Contains(h, "maximum messages exceeded") {
+			return fmt.Errorf("edge2 does not wait for its full hub stream: %s", h)
+		}
+		return nil
+	})
+	leafPublish(t, j1, 0, 11) // forwarded and acked on edge1
+	hubHoldsAll(t, hjs, 11, 30*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if ci := natstest.ConsumerInfo(t, j1, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 11 {
+			return fmt.Errorf("edge1 FORWARD ack floor %d", ci.AckFloor.Stream)
+		}
+		return nil
+	})
+	time.Sleep(500 * time.Millisecond) // edge1's acks would reach edge2 by now
+	if ci := natstest.ConsumerInfo(t, j2, "ORDERS", "FORWARD"); ci.AckFloor.Stream != 1 {
+		t.Errorf("edge2 FORWARD ack floor %d, want 1: edge1's acks acked edge2's messages", ci.AckFloor.Stream)
+	}
+
+	e2.proc.stop()
+	si := natstest.StreamInfo(t, hjs, "EDGE2")
+	si.Config.MaxMsgs = -1
+	if _, err := hjs.UpdateStream(ctx, si.Config); err != nil {
+		t.Fatal(err)
+	}
+	e2.start(t)
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		if n := natstest.StreamInfo(t, hjs, "EDGE2").State.Msgs; n != 11 {
+			return fmt.Errorf("hub EDGE2 holds %d of edge2's 11 messages", n)
+		}
+		return nil
+	})
+}
+
+// TestLeafHubDeniesDestinationWaits: the hub authenticates leafnodes with
+// an [auth] user whose publish_allow takes the hub's JetStream API but not
+// this edge's destination (edge.edge1.>), so the hub sends the edge no
+// interest there and each publish gets "no responders" at once, while the
+// hub's stream takes the subject. That is the hub's configuration, not the
+// message: each must wait in its place (as for a full hub stream), with
+// /healthz naming the cause, not spend max_deliver deliveries in a second
+// or two and be dead-lettered; once the hub lets the edge publish there,
+// every message arrives once.
+func TestLeafHubDeniesDestinationWaits(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.pw")
+	if err := os.WriteFile(pw, []byte("leaf-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte("leaf-password-123"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allow = `publish_allow = ["edge.other.>", "$JS.hub.API.>", "_INBOX.>"]`
+	appHash, err := bcrypt.GenerateFromPassword([]byte(leafAppPassword), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", fmt.Sprintf("\n[auth.users.leaf]\npassword = %q\n%s\n\n[auth.users.app]\npassword = %q\n", hash, allow, appHash))
+	hub.start(t)
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", pw), 1))
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 0, 3)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"degraded"`) || !strings.Contains(h, "no responders") {
+			return fmt.Errorf("edge /healthz does not name the publishes nobody answers:\n%s", h)
+		}
+		return nil
+	})
+	time.Sleep(2 * time.Second) // deliveries would be spent meanwhile
+	if n := natstest.StreamInfo(t, ejs, "ORDERS_DLQ").State.Msgs; n != 0 {
+		t.Fatalf("the edge dead-lettered %d message(s) the hub did not let it publish", n)
+	}
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), allow, `publish_allow = ["edge.>", "$JS.hub.API.>", "_INBOX.>"]`, 1))
+	hub.start(t)
+	defer hub.proc.stop()
+	wantExactlyOnce(t, hubCounts(t, leafConnect(t, hub, "app"), 3, 30*time.Second), map[string]uint64{"edge1": 3})
+}
+
+// TestLeafReloadWhileHubWindowShort: the hub was restarted with a
+// duplicate window shorter than the edge's unreachable_after, and
+// forwarding waits for it (named in /healthz). A reload of the edge that
+// restarts the forward workers (another forward.timeout) must leave them
+// waiting the same way, not refuse them as a start does ("the consumer
+// has none until the next restart", a restart that would then refuse to
+// start at all): once the hub's window is long enough again, every message
+// arrives without a restart of the edge.
+func TestLeafReloadWhileHubWindowShort(t *testing.T) {
+	t.Parallel()
+	hub, edge, _, ejs := startLeafPair(t, "10m", "", "")
+	hub.proc.stop()
+	long := readFile(t, hub.inst.cfg)
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(long, `duplicate_window = "10m"`, `duplicate_window = "2m"`, 1))
+	hub.start(t)
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {
+			return fmt.Errorf("edge /healthz: %s", h)
+		}
+		return nil
+	})
+	edge.proc.reloadWith(edge.inst.cfg, readFile(t, edge.inst.cfg)+"[consumers.FORWARD.forward]\ntimeout = \"5s\"\n")
+	leafPublish(t, ejs, 0, 3)
+	hub.proc.stop()
+	hub.inst.cfg = e2eWriteConfig(t, long)
+	hub.start(t)
+	_, hjs := e2eConnect(t, hub.inst)
+	wantExactlyOnce(t, hubCounts(t, hjs, 3, 30*time.Second), map[string]uint64{"edge1": 3})
+}
+
+// TestLeafHubDeniesAPINamed: the hub's leafnode user may publish to the
+// edge's destination but not to the hub's JetStream API, so the edge's
+// check of the hub's stream gets "no responders". /healthz must say what
+// to check — the permission on $JS.hub.API.> — not only that the hub
+// "does not answer" while its link is up.
+func TestLeafHubDeniesAPINamed(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.pw")
+	if err := os.WriteFile(pw, []byte("leaf-password-123\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash, err := bcrypt.GenerateFromPassword([]byte("leaf-password-123"), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := newLeafHub(t, "10m", fmt.Sprintf("\n[auth.users.leaf]\npassword = %q\npublish_allow = [\"edge.>\", \"_INBOX.>\"]\n", hash))
+	hub.start(t)
+	defer hub.proc.stop()
+	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
+	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[streams.ORDERS]", fmt.Sprintf("user = \"leaf\"\npassword_file = %q\n\n[streams.ORDERS]", pw), 1))
+	edge.start(t)
+	defer edge.proc.stop()
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `publish to $JS.hub.API.\u003e`) && !strings.Contains(h, `publish to $JS.hub.API.>`) {
+			return fmt.Errorf("edge /healthz does not name the JetStream API permission:\n%s", h)
 		}
 		return nil
 	})
