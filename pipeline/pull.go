@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -74,12 +75,23 @@ func (p *puller) reset() error {
 
 func (p *puller) close() { _ = p.sub.Unsubscribe() }
 
-// pull asks for n messages, waiting at most wait for them, and calls
-// deliver for each one that arrives until n did or the server ended the
-// request. It returns how many it delivered.
-func (p *puller) pull(ctx context.Context, n int, wait time.Duration, deliver func(jetstream.Msg)) (int, error) {
-	req := []byte(`{"batch":` + strconv.Itoa(n) + `,"expires":` + strconv.FormatInt(wait.Nanoseconds(), 10) + `}`)
-	if err := p.nc.PublishRequest(p.subject, p.sub.Subject, req); err != nil {
+// pull asks for n messages of at most maxBytes in all (0: no limit),
+// waiting at most wait for them, and calls deliver for each one that
+// arrives until n did or the server ended the request. It returns how many
+// it delivered.
+//
+// With maxBytes the server ends the request before a message that would
+// exceed what is left of it (409 "Message Size Exceeds MaxBytes"; the
+// message stays for the next request), or silently after one that uses
+// it up exactly: it counts a message as nats.Msg.Size counts one received
+// (subject, reply, header block and data), and so does pull.
+func (p *puller) pull(ctx context.Context, n, maxBytes int, wait time.Duration, deliver func(jetstream.Msg)) (int, error) {
+	req := `{"batch":` + strconv.Itoa(n) + `,"expires":` + strconv.FormatInt(wait.Nanoseconds(), 10)
+	if maxBytes > 0 {
+		req += `,"max_bytes":` + strconv.Itoa(maxBytes)
+	}
+	left := maxBytes
+	if err := p.nc.PublishRequest(p.subject, p.sub.Subject, []byte(req+"}")); err != nil {
 		return 0, fmt.Errorf("pull request: %w", err)
 	}
 	timer := time.NewTimer(wait + pullGrace)
@@ -94,6 +106,18 @@ func (p *puller) pull(ctx context.Context, n int, wait time.Duration, deliver fu
 					continue
 				case "404", "408": // no messages, or the request expired
 					return got, nil
+				case "409":
+					switch d := m.Header.Get("Description"); {
+					case strings.Contains(d, "Batch Completed"):
+						// A request with max_bytes that got its n messages
+						// with bytes to spare ends with this, after its last
+						// message: pull returned then, so it is an earlier
+						// request's end.
+						continue
+					case maxBytes > 0 && strings.Contains(d, "Exceeds MaxBytes"):
+						return got, nil // the next message did not fit
+					}
+					fallthrough
 				default:
 					err := fmt.Errorf("pull request ended by the server: %s %s", code, m.Header.Get("Description"))
 					return got, errors.Join(err, p.reset())
@@ -101,6 +125,11 @@ func (p *puller) pull(ctx context.Context, n int, wait time.Duration, deliver fu
 			}
 			deliver(&pulledMsg{msg: m, nc: p.nc})
 			got++
+			if maxBytes > 0 {
+				if left -= m.Size(); left <= 0 {
+					return got, nil // used up: the server ends the request without a word
+				}
+			}
 		case <-timer.C:
 			return got, errors.Join(errors.New("no answer to the pull request"), p.reset())
 		case <-ctx.Done():
