@@ -996,7 +996,8 @@ func TestClusterPubDuringLeaderElection(t *testing.T) {
 	nodes := newTestCluster(t, 3, "")
 	startAll(t, nodes)
 	js := clusterJetStream(t, nodes)
-	info := streamClusterInfo(t, js, "ORDERS")
+	// Both followers current, so that either may win the election.
+	info := waitReplicasCurrent(t, js, "ORDERS", 3)
 	var other *clusterNode
 	for _, nd := range nodes {
 		if nd.name == info.Cluster.Leader {

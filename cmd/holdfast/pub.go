@@ -82,11 +82,7 @@ func pubCommand() *cli.Command {
 				if id := c.String("id"); id != "" {
 					msg.Header.Set(nats.MsgIdHdr, id)
 				}
-				ctx, cancel := context.WithTimeout(c.Context, pubAckWait)
-				defer cancel()
-				// No responders: nothing took the message, so it is sent again
-				// while a stream leader may be being elected.
-				ack, err := js.PublishMsg(ctx, msg, jetstream.WithRetryWait(pubRetryWait), jetstream.WithRetryAttempts(pubRetries))
+				ack, err := publishOne(c.Context, js, msg)
 				if err != nil {
 					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, err)))
 				}
@@ -110,13 +106,35 @@ const pubAckWait = 10 * time.Second
 
 // A single publish that no stream answered ("no responders": nothing
 // stored) is sent again every pubRetryWait, pubRetries times: a stream
-// leader's election after its node died takes about 4-5 s, during which a
-// publish failed after half a second. The asynchronous publishes of
+// leader's election after its node died takes 4-5 s and up to 9 s and more
+// (nats-server's election timeout is random between 4 and 9 s), during
+// which a publish failed after half a second; with 7.5 s of retries, one
+// failed in CI (TestClusterPubDuringLeaderElection). The asynchronous publishes of
 // --count are not retried (nats.go arms no PubAck timeout on a retry).
 const (
 	pubRetryWait = 250 * time.Millisecond
-	pubRetries   = 30
+	pubRetries   = 48 // 12 s
 )
+
+// publishOne publishes msg and waits up to pubAckWait for its PubAck.
+// No responders means nothing took the message: it is sent again every
+// pubRetryWait, pubRetries times, while a stream leader may be being
+// elected.
+func publishOne(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) (*jetstream.PubAck, error) {
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, pubAckWait)
+		ack, err := js.PublishMsg(actx, msg, jetstream.WithRetryAttempts(0))
+		cancel()
+		if err == nil || !errors.Is(err, jetstream.ErrNoStreamResponse) || attempt == pubRetries {
+			return ack, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(pubRetryWait):
+		}
+	}
+}
 
 // publishMany publishes msg count times, at most pubWindow awaiting their
 // PubAck at once, and reports what was stored. It stops at the first
