@@ -425,20 +425,11 @@ func (w *Workers) fetch() {
 			}
 		}
 		n := min(len(free), w.depth()-(capacity-len(free)))
-		if n <= 0 {
-			// Nothing free, or as much held as the handlers should have:
-			// wait for a worker to free a place.
-			select {
-			case i := <-w.slots:
-				free = append(free, i)
-			case <-w.runCtx.Done():
-				return
-			}
-			continue
-		}
 		room, fits := w.roomForBytes()
-		if !fits {
-			// As many bytes held as allowed: wait for a worker to free some.
+		if n <= 0 || !fits {
+			// Nothing free, as many messages held as the handlers should
+			// have, or as many bytes as allowed (MaxHeldBytes): wait for a
+			// worker to free a place.
 			select {
 			case i := <-w.slots:
 				free = append(free, i)
