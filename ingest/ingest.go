@@ -34,6 +34,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nuid"
 
@@ -377,19 +378,17 @@ func (c *Committer) add(m *nats.Msg) {
 	// or the server closes it and group commit stops answering.
 	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > config.ControlLineBudget {
 		c.log.Warn("publish refused: its subject and reply are too long for group commit", "subject_bytes", len(m.Subject), "reply_bytes", len(m.Reply))
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
-			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, config.GroupCommitSubject(c.opts.Stream, ""), config.ControlLineBudget)}})
-		c.reply(item{m: m}, b)
+		c.refuseOne(m, &apiError{Code: 400,
+			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, config.GroupCommitSubject(c.opts.Stream, ""), config.ControlLineBudget)})
 		return
 	}
 	// The stream's transform maps literal subjects only: one with a
 	// wildcard token would be stored under the prefixed subject, out of
 	// sight of the consumers filtered on the configured subjects.
-	if hasWildcard(m.Subject) {
-		c.log.Warn("publish refused: its subject has a wildcard", "subject", m.Subject)
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
-			Description: fmt.Sprintf("subject %q has a wildcard token (* or >): publish to a literal subject", m.Subject)}})
-		c.reply(item{m: m}, b)
+	if !server.IsValidLiteralSubject(m.Subject) {
+		c.log.Warn("publish refused: its subject is not literal", "subject", m.Subject)
+		c.refuseOne(m, &apiError{Code: 400,
+			Description: fmt.Sprintf("subject %q is not literal (a wildcard token * or >, or an empty one): publish to a literal subject", m.Subject)})
 		return
 	}
 	// What the NATS client cannot publish again would be lost on the way:
@@ -397,9 +396,7 @@ func (c *Committer) add(m *nats.Msg) {
 	// the whole batch for the missing message.
 	if why := unsendableHeader(m); why != "" {
 		c.log.Warn("publish refused: group commit cannot pass its headers on", "subject", m.Subject, "why", why)
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 400,
-			Description: "group commit cannot pass this message on: " + why}})
-		c.reply(item{m: m}, b)
+		c.refuseOne(m, &apiError{Code: 400, Description: "group commit cannot pass this message on: " + why})
 		return
 	}
 	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
@@ -436,8 +433,7 @@ func (c *Committer) add(m *nats.Msg) {
 			c.log.Warn("too many publishes waiting: refusing more with \"too many requests\", as the server does for a stream's full inbound queue",
 				"waiting_msgs", len(c.pend), "waiting_bytes", c.pendBytes)
 		}
-		b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 429, ErrCode: errTooManyRequests, Description: "too many requests"}})
-		c.reply(item{m: m}, b)
+		c.refuseOne(m, &apiError{Code: 429, ErrCode: errTooManyRequests, Description: "too many requests"})
 		return
 	}
 	// The stream's max_msg_size counts the header block, and in a batch
@@ -462,14 +458,11 @@ func (c *Committer) took(n int) {
 	}
 }
 
-// hasWildcard reports whether subj has a token that is * or >.
-func hasWildcard(subj string) bool {
-	for tok := range strings.SplitSeq(subj, ".") {
-		if tok == "*" || tok == ">" {
-			return true
-		}
-	}
-	return false
+// refuseOne answers a publish group commit does not take with the
+// server's kind of error, in a PubAck.
+func (c *Committer) refuseOne(m *nats.Msg, e *apiError) {
+	b, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: e})
+	c.reply(item{m: m}, b)
 }
 
 // batchHeaderBytes is what sendBatch adds to a message's header block at
@@ -511,8 +504,9 @@ func unsendableHeader(m *nats.Msg) string {
 
 // dispatch sends what may go now. When nothing is in flight, what waits
 // goes at once: as one batch if at least minBatch messages wait, else one
-// by one. While something is in flight (and not stalled, see stallAfter),
-// arrivals wait for it and form the next batch — except a full batch (count or bytes), which cannot grow and
+// by one. While something is in flight (and not stalled, see
+// stallAfter), arrivals wait for it and form the next batch — except a
+// full batch (count or bytes), which cannot grow and
 // goes at once, up to maxInflight.
 //
 // Order rules: everything goes out in arrival order on one connection; a
