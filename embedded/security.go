@@ -167,6 +167,9 @@ func userPermissions(u *config.UserConfig) *server.Permissions {
 // clients that present no credentials are AnonymousUser (the server's
 // no_auth_user): allowed everything but the reserved subjects.
 func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Secrets, id internalIdentity) error {
+	if err := defineAuthorization(opts); err != nil {
+		return err
+	}
 	internal := &server.User{Username: id.user, Password: id.password, Permissions: InternalPermissions()}
 	leafPermissions(internal.Permissions, cfg)
 	if a := cfg.Auth; !a.Enabled() {
@@ -242,6 +245,46 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		if cfg.JetStream.EncryptionCipher == "aes" {
 			opts.JetStreamCipher = server.AES
 		}
+	}
+	return nil
+}
+
+// defineAuthorization tells the server that holdfast decides who may
+// connect. A server whose options hold a system account and no account
+// but $G, and came from no authorization block, adds a password-less user
+// for $G and makes it the no-auth user: with [auth.users.X] system = true
+// every client without credentials would get in. The flag that turns this
+// off is set only by parsing an authorization block.
+func defineAuthorization(opts *server.Options) error {
+	if err := opts.ProcessConfigString("authorization {}"); err != nil {
+		return fmt.Errorf("cannot configure the server's authorization: %w", err)
+	}
+	return nil
+}
+
+// userNames lists the users and nkeys opts lets in, and its no-auth user.
+func userNames(opts *server.Options) (names []string, noAuth string) {
+	for _, u := range opts.Users {
+		names = append(names, u.Username)
+	}
+	for _, n := range opts.Nkeys {
+		names = append(names, n.Nkey)
+	}
+	return names, opts.NoAuthUser
+}
+
+// checkEffectiveUsers refuses a server that lets in anyone holdfast did
+// not configure: configured is userNames(opts) before server.NewServer,
+// which may add users of its own to opts.
+func checkEffectiveUsers(opts *server.Options, configured []string) error {
+	names, noAuth := userNames(opts)
+	for _, n := range names {
+		if !slices.Contains(configured, n) {
+			return fmt.Errorf("the NATS server (v%s) added a user %q that holdfast did not configure: refusing to start, as it may let clients in without credentials; report this with the server version", server.VERSION, n)
+		}
+	}
+	if noAuth != "" {
+		return fmt.Errorf("the NATS server (v%s) lets clients without credentials in as %q: refusing to start; report this with the server version", server.VERSION, noAuth)
 	}
 	return nil
 }

@@ -10,12 +10,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
@@ -832,5 +834,110 @@ func TestInternalRepliesExpire(t *testing.T) {
 	// Group commit answers a batch's clients up to 30 s after sending it.
 	if r.Expires < time.Minute {
 		t.Fatalf("response permission expires after %v: group commit's late answers would be refused", r.Expires)
+	}
+}
+
+// TestAnonymousRefusedWithAuth: with [auth], a client without credentials
+// is refused whatever else is configured: a system user, a host beyond
+// loopback, a leafnode listener. The server's own no-auth user for a
+// system account plus $G must never come back (TestAssumeSystemAccountAddsNoAuthUser).
+func TestAnonymousRefusedWithAuth(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name             string
+		host             string
+		system, leafnode bool
+		token            bool
+	}{
+		{name: "loopback, system user", host: "127.0.0.1", system: true},
+		{name: "any host, system user", host: "0.0.0.0", system: true},
+		{name: "any host, system user, leafnode listener", host: "0.0.0.0", system: true, leafnode: true},
+		{name: "loopback, no system user", host: "127.0.0.1"},
+		{name: "any host, token", host: "0.0.0.0", token: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t)
+			cfg.Server.Host = tc.host
+			if tc.token {
+				cfg.Auth.Token = "a-long-shared-token-0123456789"
+			} else {
+				cfg.Auth.Users = map[string]*config.UserConfig{"app": {Password: bcryptHash(t, "app-password")}}
+				if tc.system {
+					cfg.Auth.Users["admin"] = &config.UserConfig{Password: bcryptHash(t, "admin-password"), System: true}
+				}
+			}
+			if tc.leafnode {
+				cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+			}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := runServer(t, cfg)
+			url := fmt.Sprintf("nats://127.0.0.1:%d", s.NATS().Addr().(*net.TCPAddr).Port)
+			nc, err := nats.Connect(url, nats.MaxReconnects(0))
+			if err == nil {
+				defer nc.Close()
+				js, _ := jetstream.New(nc)
+				_, serr := js.Stream(natstest.Context(t), "ORDERS")
+				t.Fatalf("a client without credentials connected (stream info: %v)", serr)
+			}
+			if !strings.Contains(strings.ToLower(err.Error()), "authorization") {
+				t.Errorf("error %v, want an authorization violation", err)
+			}
+		})
+	}
+}
+
+// TestServerAddsNoUsers: the users the server lets in are exactly those
+// holdfast configured, for every kind of node (with a cluster, whose
+// start needs its peers, the options are checked as the server takes them).
+func TestServerAddsNoUsers(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.Server.Host = "0.0.0.0"
+	cfg.Auth.Users = map[string]*config.UserConfig{
+		"app":   {Password: bcryptHash(t, "app-password")},
+		"admin": {Password: bcryptHash(t, "admin-password"), System: true},
+	}
+	cfg.Cluster.Name = "c1"
+	cfg.Cluster.Listen = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	cfg.Cluster.Routes = []string{"nats-route://" + cfg.Cluster.Listen}
+	cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	for _, st := range cfg.Streams {
+		st.Replicas = 1
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	sec, err := cfg.LoadSecrets()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := Options(cfg, cfg.JetStream.StoreDir)
+	id, _ := newInternalIdentity()
+	if err := configureSecurity(opts, cfg, sec, id); err != nil {
+		t.Fatal(err)
+	}
+	configured, _ := userNames(opts)
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ns.Shutdown()
+	if err := checkEffectiveUsers(opts, configured); err != nil {
+		t.Fatal(err)
+	}
+	names, noAuth := userNames(opts)
+	slices.Sort(names)
+	if want := []string{"admin", "app", config.InternalUser}; !slices.Equal(names, want) || noAuth != "" {
+		t.Errorf("users %v, no-auth user %q; want %v and none", names, noAuth, want)
+	}
+
+	// The guard itself: a user the server added is refused by name.
+	opts.Users = append(opts.Users, &server.User{Username: "nats-added"})
+	if err := checkEffectiveUsers(opts, configured); err == nil || !strings.Contains(err.Error(), `"nats-added"`) {
+		t.Errorf("an added user: %v", err)
 	}
 }

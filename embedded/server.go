@@ -214,9 +214,14 @@ func (s *Server) Open(ctx context.Context) (err error) {
 			return err
 		}
 	}
+	configured, _ := userNames(opts)
 	ns, err := server.NewServer(opts)
 	if err != nil {
 		return fmt.Errorf("cannot configure NATS server: %w", err)
+	}
+	if err := checkEffectiveUsers(opts, configured); err != nil {
+		ns.Shutdown()
+		return err
 	}
 	serverCreated(opts, ns)
 	logger := newServerLogger(s.base.With("component", "nats"))

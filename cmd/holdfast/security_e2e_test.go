@@ -320,3 +320,56 @@ func TestCredsNkeySeed(t *testing.T) {
 		t.Errorf("exit %d", code)
 	}
 }
+
+// TestAnonymousNatsCLIRefusedWithSystemUser: the README's [auth] with a
+// system user, on every address, with a leafnode listener: the nats CLI
+// without credentials is refused (it cannot delete a stream or forge an
+// advisory), while the configured users work.
+func TestAnonymousNatsCLIRefusedWithSystemUser(t *testing.T) {
+	t.Parallel()
+	etc := t.TempDir()
+	hashPassword(t, filepath.Join(etc, "app.hash"), "app-password-123")
+	hashPassword(t, filepath.Join(etc, "admin.hash"), "admin-password-456")
+	store := filepath.Join(t.TempDir(), "store")
+	port := natstest.FreePort(t)
+	text := strings.Replace(e2eConfigTOML(store, port, fmt.Sprintf(`dead_letter = "ORDERS_DLQ"
+
+[leafnodes]
+listen = "127.0.0.1:%d"
+
+[auth.users.app]
+password_file = %q
+
+[auth.users.admin]
+password_file = %q
+system = true
+`, natstest.FreePort(t), filepath.Join(etc, "app.hash"), filepath.Join(etc, "admin.hash"))), `host = "127.0.0.1"`, `host = "0.0.0.0"`, 1)
+	cfgPath := e2eWriteConfig(t, text)
+	if res := runHoldfast(t, nil, "check", "--config", cfgPath); res.code != 0 {
+		t.Fatalf("check: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	d := startHoldfast(t, cfgPath)
+	d.waitReady()
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	for _, args := range [][]string{
+		{"stream", "ls"},
+		{"stream", "rm", "ORDERS_DLQ", "-f"},
+		{"pub", "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1", "{}"},
+	} {
+		res := e2eRunBinary(t, natsBin, nil, nil, append([]string{"--server", url}, args...)...)
+		if res.code == 0 || !strings.Contains(strings.ToLower(res.stdout+res.stderr), "authorization violation") {
+			t.Errorf("nats %s without credentials: exit %d, want an authorization violation\n%s%s", strings.Join(args, " "), res.code, res.stdout, res.stderr)
+		}
+	}
+	res := e2eRunBinary(t, natsBin, nil, nil, "--server", url, "--user", "admin", "--password", "admin-password-456", "server", "list")
+	if res.code != 0 {
+		t.Errorf("nats server list as the system user: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	res = e2eRunBinary(t, natsBin, nil, nil, "--server", url, "--user", "app", "--password", "app-password-123", "stream", "info", "ORDERS_DLQ")
+	if res.code != 0 {
+		t.Errorf("nats stream info as app: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if code := d.signal(syscall.SIGTERM); code != 0 {
+		t.Errorf("exit %d", code)
+	}
+}
