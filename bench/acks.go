@@ -22,9 +22,8 @@ type ackWatcher struct {
 	nc  *nats.Conn
 	sub *nats.Subscription
 
-	mu    sync.Mutex
-	cons  map[string]*ackCount
-	order []string
+	mu   sync.Mutex
+	cons map[string]*ackCount
 }
 
 type ackCount struct {

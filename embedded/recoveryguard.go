@@ -163,17 +163,13 @@ func (g *recoveryGuard) live(rel string) string {
 	return filepath.Join(g.storeDir, "jetstream", rel)
 }
 
-// putBack moves every guarded stream whose directory is gone to dest(rel),
-// and removes the guard. It returns the streams it moved.
-func (g *recoveryGuard) putBack(dest func(rel string) string) ([]string, error) {
-	return g.restore(dest, func(string) bool { return false })
-}
-
-// restore is putBack that also replaces the directories of the streams
+// restore moves every guarded stream whose directory is gone to dest(rel),
+// and removes the guard. It also replaces the directories of the streams
 // replace names, which exist but may have been half deleted: the server
-// removing a stream's files under the same limit that made it fail
-// (measured: meta.inf gone, blocks left, so the next start skipped the
-// stream). The half one goes with the links into the trash.
+// removes a stream's files under the same limit that made it fail
+// (meta.inf gone, blocks left, so the next start skips the stream). The
+// half one goes with the links into the trash. It returns the streams it
+// moved.
 func (g *recoveryGuard) restore(dest func(rel string) string, replace func(rel string) bool) ([]string, error) {
 	if g.dir == "" {
 		return nil, nil

@@ -173,9 +173,9 @@ func (m *pulledMsg) Subject() string      { return m.msg.Subject }
 func (m *pulledMsg) Reply() string        { return m.msg.Reply }
 
 // settle sends body as the message's one final acknowledgement (or, with
-// final false, an in-progress ack); with ctx it waits for the server's
-// confirmation.
-func (m *pulledMsg) settle(ctx context.Context, body []byte, final bool) error {
+// final false, an in-progress ack); with confirm it waits, within ctx, for
+// the server's confirmation.
+func (m *pulledMsg) settle(ctx context.Context, confirm bool, body []byte, final bool) error {
 	if m.msg.Reply == "" {
 		return jetstream.ErrMsgNoReply
 	}
@@ -185,7 +185,7 @@ func (m *pulledMsg) settle(ctx context.Context, body []byte, final bool) error {
 		return jetstream.ErrMsgAlreadyAckd
 	}
 	var err error
-	if ctx != nil {
+	if confirm {
 		_, err = m.nc.RequestWithContext(ctx, m.msg.Reply, body)
 	} else {
 		err = m.nc.Publish(m.msg.Reply, body)
@@ -203,16 +203,16 @@ var (
 	ackTerm     = []byte("+TERM")
 )
 
-func (m *pulledMsg) Ack() error                          { return m.settle(nil, ackAck, true) }
-func (m *pulledMsg) DoubleAck(ctx context.Context) error { return m.settle(ctx, ackAck, true) }
-func (m *pulledMsg) Nak() error                          { return m.settle(nil, ackNak, true) }
-func (m *pulledMsg) InProgress() error                   { return m.settle(nil, ackProgress, false) }
-func (m *pulledMsg) Term() error                         { return m.settle(nil, ackTerm, true) }
+func (m *pulledMsg) Ack() error                          { return m.settle(context.Background(), false, ackAck, true) }
+func (m *pulledMsg) DoubleAck(ctx context.Context) error { return m.settle(ctx, true, ackAck, true) }
+func (m *pulledMsg) Nak() error                          { return m.settle(context.Background(), false, ackNak, true) }
+func (m *pulledMsg) InProgress() error                   { return m.settle(context.Background(), false, ackProgress, false) }
+func (m *pulledMsg) Term() error                         { return m.settle(context.Background(), false, ackTerm, true) }
 
 func (m *pulledMsg) NakWithDelay(delay time.Duration) error {
-	return m.settle(nil, fmt.Appendf(nil, `-NAK {"delay": %d}`, delay.Nanoseconds()), true)
+	return m.settle(context.Background(), false, fmt.Appendf(nil, `-NAK {"delay": %d}`, delay.Nanoseconds()), true)
 }
 
 func (m *pulledMsg) TermWithReason(reason string) error {
-	return m.settle(nil, fmt.Appendf(nil, "+TERM %s", reason), true)
+	return m.settle(context.Background(), false, fmt.Appendf(nil, "+TERM %s", reason), true)
 }

@@ -109,7 +109,6 @@ type Workers struct {
 	// before cancelling them.
 	ShutdownTimeout time.Duration
 
-	mu       sync.Mutex
 	advisory *nats.Subscription
 	replay   *nats.Subscription
 	domain   string     // the local JetStream domain, which advisories must carry

@@ -246,13 +246,6 @@ func num(v float64) string {
 	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
-func ratio(a, b float64) string {
-	if a == 0 || b == 0 {
-		return "–"
-	}
-	return fmt.Sprintf("%.2f×", a/b)
-}
-
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
 func freePort() (int, error) {

@@ -91,7 +91,7 @@ var diskFullPayload = strings.Repeat("x", 32<<10)
 // publishUntilFull publishes one message at a time with a unique
 // Nats-Msg-Id until a publish fails, recording every PubAck in acks. It
 // returns the error of the failed publish and how long it took.
-func publishUntilFull(t *testing.T, js jetstream.JetStream, prefix string, acks *ackLog) (error, time.Duration) {
+func publishUntilFull(t *testing.T, js jetstream.JetStream, prefix string, acks *ackLog) (time.Duration, error) {
 	t.Helper()
 	for i := 0; i < 100000; i++ {
 		id := fmt.Sprintf("%s-%06d", prefix, i)
@@ -103,12 +103,12 @@ func publishUntilFull(t *testing.T, js jetstream.JetStream, prefix string, acks 
 		took := time.Since(start)
 		cancel()
 		if err != nil {
-			return err, took
+			return took, err
 		}
 		acks.add(id, ack.Sequence)
 	}
 	t.Fatal("the disk never filled")
-	return nil, 0
+	return 0, nil
 }
 
 // storedMsgIDs reads the Nats-Msg-Id of every message in stream ORDERS.
@@ -186,7 +186,7 @@ func TestDiskFull(t *testing.T) {
 	}
 	_, js := e2eConnect(t, in)
 	acks := newAckLog()
-	err, took := publishUntilFull(t, js, "fill", acks)
+	took, err := publishUntilFull(t, js, "fill", acks)
 	t.Logf("store full after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
 	if acks.len() < 100 {
 		t.Fatalf("only %d messages fit on a 40 MB disk", acks.len())
@@ -248,7 +248,7 @@ func TestDiskFull(t *testing.T) {
 		return err
 	})
 	again := newAckLog()
-	err, took = publishUntilFull(t, js, "refill", again)
+	took, err = publishUntilFull(t, js, "refill", again)
 	requireStoreFullError(t, err, took, "second fill")
 	t.Logf("after the purge %d more messages fit", again.len())
 	if again.len() < acks.len()/2 {
@@ -307,7 +307,7 @@ func TestDiskFilledByAnotherProgram(t *testing.T) {
 	filler := fillDisk(t, mnt)
 	// Publish until the store hits the full disk.
 	acks := newAckLog()
-	err, took := publishUntilFull(t, js, "fill", acks)
+	took, err := publishUntilFull(t, js, "fill", acks)
 	t.Logf("store failed after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
 
 	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
