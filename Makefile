@@ -24,9 +24,14 @@ nats-cli:
 run: build nats-cli
 	./bin/holdfast run
 
+# Tests run in parallel within a package up to this many at once. Most
+# end-to-end tests wait on subprocesses, elections and timers rather than
+# on the CPU: 4 at once on 2 cores keeps them well inside their deadlines.
+TEST_PARALLEL ?= 4
+
 ## test: gofmt check, go vet, staticcheck, go mod tidy check, go test -race (then every skipped test with its reason)
 test: fmt-check vet staticcheck tidy-check
-	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -timeout 20m -json ./... | $(GO) run ./internal/testreport
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 20m -json ./... | $(GO) run ./internal/testreport
 
 test-short: 
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...

@@ -17,6 +17,7 @@ import (
 // duplicates, only crashes may — and the consumer's ack floor ends at the
 // stream's last sequence.
 func TestGracefulRestartWithBacklog(t *testing.T) {
+	t.Parallel()
 	const total = 600
 	dir := t.TempDir()
 	processedFile := filepath.Join(dir, "processed")

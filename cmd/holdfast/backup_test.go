@@ -39,6 +39,7 @@ func seqSet(t *testing.T, path string) map[uint64]int {
 // the manifest, and the workers go on from the restored ack floor without
 // handling again anything acknowledged before the snapshot.
 func TestBackupUnderLoadThenRestore(t *testing.T) {
+	t.Parallel()
 	// Instance A: handles every message, recording its sequence.
 	inA := newE2EInstance(t)
 	outA := filepath.Join(t.TempDir(), "handled-a")
@@ -228,6 +229,7 @@ func TestBackupUnderLoadThenRestore(t *testing.T) {
 // named; a stream that holds messages is not overwritten without
 // --replace; a backup never goes into a directory that holds files.
 func TestRestoreRefusesDamagedBackup(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
@@ -357,6 +359,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 // them after the backup returned: the bar takes those calls while done()
 // runs, and draws nothing after it (run with -race).
 func TestBackupProgressBarAfterDone(t *testing.T) {
+	t.Parallel()
 	f, err := os.Create(filepath.Join(t.TempDir(), "tty"))
 	if err != nil {
 		t.Fatal(err)
@@ -421,6 +424,7 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 // A closed terminal (SIGHUP: an ssh session lost) interrupts it alike;
 // it killed the restore before, with nothing cleaned up.
 func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
+	t.Parallel()
 	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
 		t.Run(sig.String(), func(t *testing.T) { testRestoreInterrupted(t, sig) })
 	}

@@ -101,6 +101,7 @@ func rawNATS(t *testing.T, addr string, payload []byte) string {
 }
 
 func TestBadInput(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("end-to-end bad-input table")
 	}

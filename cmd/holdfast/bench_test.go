@@ -17,6 +17,7 @@ import (
 // and checks that every field of its report is present and non-zero. It
 // asserts no speed.
 func TestBenchJSON(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the whole pipeline: skipped with -short")
 	}
@@ -70,6 +71,7 @@ func TestBenchJSON(t *testing.T) {
 // the report says how the messages were stored, and every published
 // message went through the ingest. It asserts no speed.
 func TestBenchGroupCommit(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("runs the whole pipeline: skipped with -short")
 	}
@@ -160,6 +162,7 @@ func checkNonZero(t *testing.T, path string, v any) {
 }
 
 func TestBenchUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{
 		{"bench", "--msgs", "0"},
 		{"bench", "--size", "4B"},

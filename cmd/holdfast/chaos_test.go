@@ -62,10 +62,16 @@ func readProcessed(t *testing.T, path string) (map[uint64]int, map[string]uint64
 	return bySeq, byID
 }
 
-func TestChaosKill9(t *testing.T) { runChaosKill9(t, false) }
+func TestChaosKill9(t *testing.T) {
+	t.Parallel()
+	runChaosKill9(t, false)
+}
 
 // TestChaosKill9GroupCommit is the same with group_commit = true on ORDERS.
-func TestChaosKill9GroupCommit(t *testing.T) { runChaosKill9(t, true) }
+func TestChaosKill9GroupCommit(t *testing.T) {
+	t.Parallel()
+	runChaosKill9(t, true)
+}
 
 func runChaosKill9(t *testing.T, groupCommit bool) {
 	cycles := durEnvInt("HOLDFAST_CHAOS_CYCLES", 6)

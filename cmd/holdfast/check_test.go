@@ -68,7 +68,6 @@ backoff = ["1ns"]
 // jetstream or a directory named holdfast.lock passed `check` and stopped
 // `run`. Both refuse it now, naming the path, and leave it alone.
 func TestCheckRefusesStoreShapesRunRefuses(t *testing.T) {
-	t.Parallel()
 	for _, tt := range []struct {
 		entry string
 		dir   bool
@@ -168,7 +167,6 @@ func TestCheckLeavesNoTrace(t *testing.T) {
 // missing, a directory or not executable passed `check` and stopped `run`.
 // Both refuse it now, naming the consumer and the path.
 func TestCheckRefusesHandlerCommandRunRefuses(t *testing.T) {
-	t.Parallel()
 	dir := t.TempDir()
 	notExec := filepath.Join(dir, "not-executable")
 	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o600); err != nil {

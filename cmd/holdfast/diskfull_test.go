@@ -176,6 +176,7 @@ func requireStoreFullError(t *testing.T, err error, took time.Duration, when str
 // restart and a kill -9, and after a purge publishing works again without
 // a restart.
 func TestDiskFull(t *testing.T) {
+	t.Parallel()
 	mnt := mountExt4(t, 40)
 	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
 	in.cfg = diskFullConfig(t, mnt, in.port)
@@ -291,6 +292,7 @@ func healthz(t *testing.T, addr string) (int, string) {
 // write broken until it is opened again — so that systemd restarts
 // holdfast, whose start-up caps the store to what the disk holds.
 func TestDiskFilledByAnotherProgram(t *testing.T) {
+	t.Parallel()
 	mnt := mountExt4(t, 40)
 	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
 	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
@@ -373,6 +375,7 @@ const (
 // consequence ("consumer WORKER1 does not exist"); holdfast must not
 // acknowledge publishes it cannot store.
 func TestStoreFileSystemShutDown(t *testing.T) {
+	t.Parallel()
 	mnt := mountExt4(t, 40)
 	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
 	addr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))

@@ -22,6 +22,7 @@ import (
 // idempotency key. A replay must reach only the consumer that failed it,
 // with the key its handler saw the first time.
 func TestDLQReplayReachesOnlyTheFailedConsumer(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	fixed := filepath.Join(dir, "fixed")
 	out1 := filepath.Join(dir, "worker1")
@@ -124,6 +125,7 @@ shutdown_timeout = "2s"
 // --consumer with SEQ arguments, and --stream with --all, are refused (each
 // was ignored).
 func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, `
 [consumers.NODLQ]
@@ -200,6 +202,7 @@ func TestClientCommandsRefuseServerWithoutJetStream(t *testing.T) {
 // told it is being replayed (or gone). They ran the handler twice on most
 // letters (23 of 30 measured), each request on its own.
 func TestDLQConcurrentReplaysRunTheHandlerOnce(t *testing.T) {
+	t.Parallel()
 	r := newReplayRace(t)
 	in := newE2EInstanceWith(t, r.worker1(4))
 	p := startHoldfast(t, in.cfg)
@@ -322,6 +325,7 @@ func (r *replayRace) run(js jetstream.JetStream, cfgs ...string) {
 // arrived between `dlq ls` and `dlq purge --yes`, unseen, and said only
 // "purged ORDERS_DLQ".
 func TestDLQPurgeUpTo(t *testing.T) {
+	t.Parallel()
 	in, p, js := startDeadLetterer(t)
 	publish := func(n, want int) {
 		t.Helper()
@@ -360,6 +364,7 @@ func TestDLQPurgeUpTo(t *testing.T) {
 // holding control characters (the publisher's: an escape sequence could
 // rewrite the operator's terminal) quoted; it printed them raw.
 func TestDLQShowQuotesControlCharacters(t *testing.T) {
+	t.Parallel()
 	in, p, js := startDeadLetterer(t)
 	m := nats.NewMsg("orders.created")
 	m.Header.Set("X-Ctl", "a\x1b[2Kb")

@@ -112,6 +112,7 @@ func gcCheckStored(t *testing.T, js jetstream.JetStream, acks [][]gcAck, want ui
 // once under its subject, `holdfast status` shows the group commit, and
 // clients may not publish past it.
 func TestGroupCommitStandardClients(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""),
 		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n", 1))
@@ -181,6 +182,7 @@ func TestGroupCommitStandardClients(t *testing.T) {
 // publishers run between the reloads; every acknowledged message is
 // stored exactly once, and the stream's subjects follow.
 func TestGroupCommitReload(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
@@ -233,6 +235,7 @@ func TestGroupCommitReload(t *testing.T) {
 // TestGroupCommitWithAuth: with [auth], holdfast's own identity answers
 // the publishes (its response permission covers the deferred PubAcks).
 func TestGroupCommitWithAuth(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	token := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(token, []byte("e2e-token-0123456789abcdef\n"), 0o600); err != nil {
@@ -259,6 +262,7 @@ func TestGroupCommitWithAuth(t *testing.T) {
 // them, the dead-letter stream refused every publish as an atomic batch
 // message and the messages were never dead-lettered).
 func TestGroupCommitDeadLetters(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
 	text := strings.Replace(e2eConfigTOML(in.store, in.port, ""), "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n", 1)
@@ -306,6 +310,7 @@ func TestGroupCommitDeadLetters(t *testing.T) {
 // 250 ms later what got "no responders" while the stream's subjects
 // changed, after the messages behind it (README, Group commit).
 func TestGroupCommitToggledUnderLoadThenKilled(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	on := editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n")
 	off := strings.Replace(on, "group_commit = true\n", "group_commit = false\n", 1)
@@ -440,6 +445,7 @@ func TestGroupCommitToggledUnderLoadThenKilled(t *testing.T) {
 // gets "no responders" at once, as from the server, until holdfast has
 // created the stream again; then publishes are stored again.
 func TestGroupCommitStreamRemoved(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	editConfig(t, in.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\ngroup_commit = true\n")
 	d := startHoldfast(t, in.cfg)
@@ -479,6 +485,7 @@ func TestGroupCommitStreamRemoved(t *testing.T) {
 // responders". `holdfast status` showed GROUP COMMIT "on" and healthy;
 // it is a problem now, named with what to do.
 func TestGroupCommitWithoutIngestIsAProblem(t *testing.T) {
+	t.Parallel()
 	o := newOpsInstance(t, "", "", "", "")
 	d := startHoldfast(t, o.cfg)
 	d.waitReady()
@@ -508,6 +515,7 @@ func TestGroupCommitWithoutIngestIsAProblem(t *testing.T) {
 // may be stored twice. `holdfast status` showed GROUP COMMIT off and
 // healthy; it is a problem now.
 func TestIngestWithoutGroupCommitStreamIsAProblem(t *testing.T) {
+	t.Parallel()
 	o := newOpsInstance(t, "", "group_commit = true", "", "")
 	d := startHoldfast(t, o.cfg)
 	d.waitReady()

@@ -84,15 +84,24 @@ func checkRotationStore(t *testing.T, cfg string, port int, what string) {
 // both keys, then with the new key alone, keeps every stream, message and
 // consumer. Before, nats-server's own rotation lost every consumer even
 // without a kill.
-func TestKeyRotationKill9(t *testing.T) { runKeyChangeKill9(t, "A", "B", "A", "") }
+func TestKeyRotationKill9(t *testing.T) {
+	t.Parallel()
+	runKeyChangeKill9(t, "A", "B", "A", "")
+}
 
 // TestEncryptionAddedKill9 is the same for a key added to a store in
 // clear text.
-func TestEncryptionAddedKill9(t *testing.T) { runKeyChangeKill9(t, "", "B", "", "") }
+func TestEncryptionAddedKill9(t *testing.T) {
+	t.Parallel()
+	runKeyChangeKill9(t, "", "B", "", "")
+}
 
 // TestCipherChangeKill9 is the same for jetstream.encryption_cipher
 // changed from chacha to aes, with the same key.
-func TestCipherChangeKill9(t *testing.T) { runKeyChangeKill9(t, "A", "A", "", "aes") }
+func TestCipherChangeKill9(t *testing.T) {
+	t.Parallel()
+	runKeyChangeKill9(t, "A", "A", "", "aes")
+}
 
 // runKeyChangeKill9 fills a store written with key from (a name, "" for
 // none), then, on fresh copies of it, kills the start with key to (and
@@ -182,6 +191,7 @@ func lastLine(s string) string {
 // the backup restores into a holdfast with another key, which stores the
 // messages encrypted again.
 func TestBackupOfEncryptedStore(t *testing.T) {
+	t.Parallel()
 	const canary = "BACKUP-CANARY-5e1d"
 	dir := t.TempDir()
 	keyA, keyB := filepath.Join(dir, "a.key"), filepath.Join(dir, "b.key")

@@ -88,6 +88,7 @@ func (ns *notifySocket) waitFor(t *testing.T, line string, from int) int {
 // STATUS lines during start-up, READY=1 only once serving, WATCHDOG=1 pings,
 // RELOADING=1 then READY=1 around a SIGHUP, STOPPING=1 at SIGTERM.
 func TestSystemdNotify(t *testing.T) {
+	t.Parallel()
 	ns := newNotifySocket(t)
 	in := newE2EInstance(t)
 	p := startHoldfastEnv(t, in.cfg, "NOTIFY_SOCKET="+ns.path, "WATCHDOG_USEC=400000")
@@ -145,6 +146,7 @@ func TestStopExtendsSystemdTimeout(t *testing.T) {
 // TestNoNotifySocketIsNoop: without NOTIFY_SOCKET holdfast runs and stops
 // as usual (every sd_notify call is a no-op, nothing logged about it).
 func TestNoNotifySocketIsNoop(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()

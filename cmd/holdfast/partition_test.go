@@ -155,12 +155,18 @@ func (p *tcpProxy) Heal() {
 // publishes with an error (never a silent accept) and its /healthz says
 // it is not ok; after healing it catches up and no acknowledged message
 // is lost.
-func TestClusterPartition(t *testing.T) { runClusterPartition(t, false) }
+func TestClusterPartition(t *testing.T) {
+	t.Parallel()
+	runClusterPartition(t, false)
+}
 
 // TestClusterPartitionBlackhole is TestClusterPartition with a partition
 // that drops packets instead of closing connections: the routes to the
 // cut-off node stay open until nats-server's pings time out.
-func TestClusterPartitionBlackhole(t *testing.T) { runClusterPartition(t, true) }
+func TestClusterPartitionBlackhole(t *testing.T) {
+	t.Parallel()
+	runClusterPartition(t, true)
+}
 
 func runClusterPartition(t *testing.T, blackhole bool) {
 	nodes, out := newRecordingCluster(t, 2)

@@ -81,6 +81,7 @@ shutdown_timeout = "2s"
 // that every message was processed or dead-lettered: duplicates allowed,
 // loss not.
 func TestExecPipelineCompleteAcrossKill(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("end-to-end pipeline run")
 	}
@@ -175,6 +176,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 // shutdown_timeout are acked; one that does not is killed and returned,
 // and only that one is processed again after a restart.
 func TestDrainOnSIGTERM(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")
 	script := e2eScript(t, fmt.Sprintf(`id=$(cat)
@@ -238,6 +240,7 @@ echo "done $id $HOLDFAST_DELIVERY" >> %[1]q
 // TestDLQReplay: a dead letter replayed with `holdfast dlq replay` goes back
 // to its original subject and is processed.
 func TestDLQReplay(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	fixed := filepath.Join(dir, "fixed")
 	out := filepath.Join(dir, "processed")

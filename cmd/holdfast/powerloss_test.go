@@ -127,6 +127,7 @@ func runPowerLoss(t *testing.T, syncSetting string, groupCommit bool, cycles int
 // sync = "always", no acknowledged message is ever lost, the stream and
 // the consumer survive, and every message is processed.
 func TestPowerLossSyncAlways(t *testing.T) {
+	t.Parallel()
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
 	requireNoLoss(t, runPowerLoss(t, "", false, cycles, 4), `sync = "always"`)
 }
@@ -153,6 +154,7 @@ func requireNoLoss(t *testing.T, res powerLossResult, what string) {
 // power cut. It asserts only that holdfast does not hide a loss: when
 // acknowledged messages are gone, holdfast said so at start-up.
 func TestPowerLossSyncInterval(t *testing.T) {
+	t.Parallel()
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 2)
 	res := runPowerLoss(t, "2m", false, cycles, 4)
 	t.Log(res)
@@ -168,6 +170,7 @@ func TestPowerLossSyncInterval(t *testing.T) {
 // the cut (none lost, none acknowledged before its batch was flushed), and
 // every message is processed.
 func TestPowerLossGroupCommit(t *testing.T) {
+	t.Parallel()
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
 	requireNoLoss(t, runPowerLoss(t, "", true, cycles, 16), "group commit")
 }

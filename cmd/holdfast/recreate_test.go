@@ -18,6 +18,7 @@ import (
 // and its consumer again (an error line, a metric), and the workers resume
 // without a restart.
 func TestDeletedStreamIsRecreatedWhileRunning(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	out := filepath.Join(t.TempDir(), "handled")
 	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_SEQ\" >> %s\n", out))

@@ -20,6 +20,7 @@ import (
 // workers of a consumer still running (WORKER2, while WORKER1 drains)
 // keep the message alive at the pace of the old ack_wait.
 func TestReloadLoweringAckWaitDoesNotRedeliverRunningHandlers(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "log")
 	script := e2eScript(t, fmt.Sprintf(`id=$(cat)

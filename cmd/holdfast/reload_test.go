@@ -24,6 +24,7 @@ import (
 // run time, names what needs a restart, and refuses a broken config while
 // the previous one keeps running.
 func TestReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "processed")
 	script := func(tag string) string {
@@ -101,6 +102,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 // The signal channel used to hold four signals, and Go drops what does
 // not fit: the stop request was lost and holdfast ran on.
 func TestStopNotLostBehindReloads(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	started := filepath.Join(dir, "started")
 	slow := e2eScript(t, fmt.Sprintf("echo x >> %q\nsleep 8\n", started))
@@ -157,6 +159,7 @@ func TestStopNotLostBehindReloads(t *testing.T) {
 // handler, a second SIGTERM exits at once with code 1, and kills the
 // handler's command, which used to run on, orphaned and past its timeout.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	started := filepath.Join(dir, "started")
 	stuck := e2eScript(t, fmt.Sprintf("echo $$ >> %q\nsleep 120\n", started))
@@ -211,6 +214,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 // named as needing a restart, nothing of it is half-applied, and the
 // restart moves the consumer.
 func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "processed")
 	script := e2eScript(t, fmt.Sprintf("echo \"$HOLDFAST_STREAM $(cat)\" >> %q\n", out))
@@ -262,6 +266,7 @@ func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 // on when a reload stops its workers (workers = 0) and another starts them
 // again; they used to start from zero.
 func TestReloadCountersCarryOnThroughZeroWorkers(t *testing.T) {
+	t.Parallel()
 	o := newOpsInstance(t, "", "", "workers = 4\nhandler = \"log\"\n", "")
 	base, err := os.ReadFile(o.cfg)
 	if err != nil {
@@ -344,6 +349,7 @@ func (d *e2eProc) reloadWith(path, text string) {
 // TestReloadPrefetchRestartsWorkers: a changed consumers.NAME.prefetch
 // restarts the consumer's workers with it, and they go on processing.
 func TestReloadPrefetchRestartsWorkers(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "processed")
 	in := newE2EInstance(t)
@@ -388,6 +394,7 @@ func TestReloadPrefetchRestartsWorkers(t *testing.T) {
 // dead-letter stream (where it would remove dead letters) is set back.
 // Before, a reload of an unchanged file did nothing.
 func TestReloadSetsBackWhatWasEditedWhileRunning(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
@@ -429,6 +436,7 @@ func TestReloadSetsBackWhatWasEditedWhileRunning(t *testing.T) {
 // with the log handler, which acknowledged every waiting message without
 // the configured handler ever seeing it.
 func TestReloadRefusesEmptyFile(t *testing.T) {
+	t.Parallel()
 	in := newE2EInstance(t)
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
@@ -475,6 +483,7 @@ func TestReloadRefusesEmptyFile(t *testing.T) {
 // if they had died: a planned `systemctl reload` paged like an outage,
 // and `holdfast status` showed "1 NOT RUNNING".
 func TestHealthWhileReloadDrainsWorkers(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
 	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\necho x >> %q\nwhile [ ! -e %q ]; do sleep 0.05; done\n", started, release))
@@ -541,6 +550,7 @@ func TestHealthWhileReloadDrainsWorkers(t *testing.T) {
 // next reload saw nothing changed, and the workers ran the previous
 // command until a restart, without a word.
 func TestReloadRetriesAHandlerItCouldNotBuild(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "processed")
 	body := func(tag string) string { return fmt.Sprintf("#!/bin/sh\nid=$(cat)\necho \"%s $id\" >> %q\n", tag, out) }
@@ -606,6 +616,7 @@ func TestReloadRetriesAHandlerItCouldNotBuild(t *testing.T) {
 // before it (after start-up had read the file) never applied until the
 // next reload or restart.
 func TestSIGHUPDuringStartUpIsApplied(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "processed")
 	script := func(tag string) string {

@@ -17,6 +17,7 @@ import (
 // server that goes on acknowledging publishes into deleted files (which
 // were all gone after the next restart, without a word).
 func TestStoreLostWhileRunning(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		lose func(store string) error
