@@ -371,7 +371,8 @@ func (d *Daemon) Err() error {
 
 // Status is a one-line summary for systemd's STATUS=.
 func (d *Daemon) Status() string {
-	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(d.cfg.Streams), len(d.cfg.Consumers), d.srv.StoreDir())
+	cfg := d.running.Load()
+	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(cfg.Streams), len(cfg.Consumers), d.srv.StoreDir())
 }
 
 // Healthy is the systemd watchdog's probe: the server answers a
@@ -399,7 +400,9 @@ func (d *Daemon) Healthy(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := d.srv.JetStream().AccountInfo(ctx); err != nil {
-		if !d.cfg.Cluster.Enabled() {
+		// running, not cfg: Healthy runs on the watchdog's goroutine
+		// while a reload replaces the config.
+		if !d.running.Load().Cluster.Enabled() {
 			return fmt.Errorf("JetStream does not answer: %w", err)
 		}
 		// In a cluster the JetStream API needs a meta leader: a node cut off
@@ -503,7 +506,13 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 	w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
 	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
 	if err := w.Open(ctx); err != nil {
-		return nil, err
+		if fw != nil {
+			// Neither its hub check nor its place in status, metrics
+			// and health outlives workers that never ran.
+			d.setForwarder(name, nil)
+			fw.Close()
+		}
+		return nil, fmt.Errorf("cannot start the workers of consumer %s: %w", name, err)
 	}
 	return w, nil
 }

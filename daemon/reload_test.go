@@ -1,10 +1,17 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"maps"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestRestartOnlyChanges: every section a reload cannot apply is named
@@ -42,4 +49,50 @@ func TestLeafNodesChangeNeedsRestart(t *testing.T) {
 	if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{"[leafnodes]"}) {
 		t.Errorf("restart names %v", got)
 	}
+}
+
+// TestHealthyDuringReload: the watchdog's probe may run while a reload
+// replaces the running config (go test -race tells).
+func TestHealthyDuringReload(t *testing.T) {
+	d := openDefault(t)
+	// A cancelled context makes the JetStream round trip fail at once, so
+	// that Healthy goes on to read the config.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 200 {
+			_ = d.Healthy(cancelled)
+		}
+	}()
+	for i := range 4 {
+		next := *d.Running()
+		next.Log.Level = []string{"debug", "info"}[i%2]
+		d.Reload(context.Background(), &next)
+	}
+	<-done
+}
+
+// TestReloadWorkersOpenFails: when a reload cannot start a forward
+// consumer's workers, its new forwarder is closed and not registered:
+// no hub check goes on, and status, metrics and health do not show it.
+func TestReloadWorkersOpenFails(t *testing.T) {
+	d := openDefault(t)
+	next := *d.Running()
+	next.Consumers = maps.Clone(next.Consumers)
+	cc := *next.Consumers["WORKER1"]
+	cc.Handler, cc.Workers = "forward", 1
+	next.Consumers["FORWARD"] = &cc // not on the server: the workers cannot start
+	d.reloadWorkers(context.Background(), &next, "FORWARD")
+	if f := d.forwarders["FORWARD"]; f != nil {
+		t.Error("the forwarder of workers that could not start is still registered")
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		buf := make([]byte, 1<<20)
+		if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*Forwarder).recheck") {
+			return errors.New("the forwarder's hub check still runs")
+		}
+		return nil
+	})
 }
