@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -722,3 +723,78 @@ func TestReloadAddsConsumerAndAppliesTheRest(t *testing.T) {
 	p.stop()
 }
 
+// TestReloadRefusesRestartChangesWhole: a reload whose file changes
+// leafnodes.listen (with its jetstream.domain) and WORKER1's workers
+// applies nothing: `holdfast reload` exits 1 naming the keys, the log
+// says "restart holdfast" (not systemctl: no systemd here) and no "reload
+// done", /healthz stays 200 ok with a warning naming them, and `holdfast
+// check --running` lists both kinds of change. With the file set back,
+// check --running exits 0.
+func TestReloadRefusesRestartChangesWhole(t *testing.T) {
+	o := newOpsInstance(t, "", "", "workers = 2\nhandler = \"log\"\n", "")
+	base, err := os.ReadFile(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	leaf := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	next := strings.Replace(string(base), "workers = 2\n", "workers = 3\n", 1)
+	next = strings.Replace(next, "max_memory_store = \"64MB\"\n", "max_memory_store = \"64MB\"\ndomain = \"hub\"\n", 1)
+	next += fmt.Sprintf("\n[leafnodes]\nlisten = %q\n", leaf)
+	if err := os.WriteFile(o.cfg, []byte(next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stderr, "leafnodes.listen") || !strings.Contains(res.stderr, "jetstream.domain") ||
+		!strings.Contains(res.stdout, "consumers.WORKER1.workers") {
+		t.Fatalf("holdfast reload exited %d, want 1 naming leafnodes.listen and jetstream.domain:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	if s := p.stderr.String(); !strings.Contains(s, "reload refused") || !strings.Contains(s, "(restart holdfast)") ||
+		strings.Contains(s, "systemctl") || strings.Contains(s, "reload done") {
+		t.Fatalf("the log does not refuse the reload with restart holdfast, or says reload done:\n%s", s)
+	}
+	out, _ := o.status(t)
+	if c := findConsumer(t, out, "WORKER1"); c.Workers == nil || c.Workers.Configured != 2 {
+		t.Errorf("WORKER1's workers after the refused reload: %+v, want 2", c.Workers)
+	}
+	if conn, err := net.Dial("tcp", leaf); err == nil {
+		conn.Close()
+		t.Error("the refused reload opened the leafnode listener")
+	}
+	const warning = "config on disk differs from the running config: restart to apply jetstream.domain, leafnodes.listen"
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		code, h := o.health(t)
+		if code != http.StatusOK || h.Status != "ok" {
+			t.Fatalf("/healthz after the refused reload = %d %+v, want 200 ok with a warning", code, h)
+		}
+		if !slices.Contains(h.Warnings, warning) {
+			return fmt.Errorf("/healthz warnings %q lack %q", h.Warnings, warning)
+		}
+		return nil
+	})
+	res = runHoldfast(t, nil, "check", "--running", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stdout, "needs a restart:\n  jetstream.domain\n  leafnodes.listen\n") ||
+		!strings.Contains(res.stdout, "a reload applies:\n  consumers.WORKER1.workers\n") {
+		t.Fatalf("holdfast check --running exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+
+	if err := os.WriteFile(o.cfg, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res = runHoldfast(t, nil, "check", "--running", "--config", o.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "needs a restart:\n  (none)\n") {
+		t.Fatalf("holdfast check --running on the running file exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	res = runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "reloaded "+o.cfg) {
+		t.Fatalf("holdfast reload of the running file exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, h := o.health(t); slices.Contains(h.Warnings, warning) {
+			return fmt.Errorf("/healthz still warns after the file was set back and reloaded: %q", h.Warnings)
+		}
+		return nil
+	})
+	p.stop()
+}
