@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,9 +48,12 @@ type Daemon struct {
 	monitor     *pipeline.Monitor
 	gc          groupCommit
 	statusSub   *nats.Subscription
-	failed      chan struct{} // closed by fail
-	failOnce    sync.Once
-	failErr     error
+	reloadSub   *nats.Subscription
+	// configFile is the file a reload reads ("": the default path).
+	configFile string
+	failed     chan struct{} // closed by fail
+	failOnce   sync.Once
+	failErr    error
 
 	// edge is the leafnode view (nil without [leafnodes] or sources);
 	// forwarders are the forward handlers by consumer.
@@ -65,6 +69,11 @@ type Daemon struct {
 
 	// configDiff is what embedded.ConfigDiff last found.
 	configDiff atomic.Pointer[[]string]
+	// restartPending is the health warning of the last reload when it
+	// was refused for changes that need a restart; nil otherwise.
+	restartPending atomic.Pointer[string]
+	// lastReload is what the last reload did (nil before the first).
+	lastReload atomic.Pointer[ReloadResult]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -86,6 +95,9 @@ type Options struct {
 	Notify Notifier
 	// Version is holdfast's version line, for metrics, status and HTTP.
 	Version string
+	// ConfigFile is the file ReloadFromFile reads ("": the default path,
+	// as config.Load takes it).
+	ConfigFile string
 }
 
 type noNotifier struct{}
@@ -103,7 +115,8 @@ func New(cfg *config.Config, opts Options) *Daemon {
 	if opts.Level == nil {
 		opts.Level = new(slog.LevelVar)
 	}
-	return &Daemon{cfg: cfg, log: opts.Log, level: opts.Level, notify: opts.Notify, version: opts.Version, failed: make(chan struct{})}
+	return &Daemon{cfg: cfg, log: opts.Log, level: opts.Level, notify: opts.Notify, version: opts.Version, configFile: opts.ConfigFile,
+		failed: make(chan struct{})}
 }
 
 // Open locks the store dir, starts the HTTP listener (503 until ready), the embedded server,
@@ -153,16 +166,12 @@ func (d *Daemon) Open(ctx context.Context) error {
 			return err
 		}
 	}
-	monitored := make([]pipeline.MonitoredConsumer, 0, len(d.cfg.Consumers))
 	d.workersFrom = make(map[string]*config.ConsumerConfig, len(d.cfg.Consumers))
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
 		d.workersFrom[name] = cc
-		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
-			HandlerTimeout: handlerTimeout(cc)}
 		if cc.Workers == 0 {
 			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
-			monitored = append(monitored, mc)
 			continue
 		}
 		w, err := d.openWorkers(ctx, d.cfg, name)
@@ -170,13 +179,11 @@ func (d *Daemon) Open(ctx context.Context) error {
 			return err
 		}
 		d.setWorkers(append(d.workers, w))
-		mc.Workers = w
-		monitored = append(monitored, mc)
 	}
 	d.workersOpened = true
 	d.monitor = pipeline.NewMonitor(d.srv.JetStream(), d.srv.Conn(), pipeline.MonitorOptions{
 		Streams:          d.cfg.StreamNames(),
-		Consumers:        monitored,
+		Consumers:        d.monitoredConsumers(d.cfg),
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
 		FailOnLoss:       d.cfg.HTTP.FailOnLoss,
 		Check:            jetStreamCheck(d.srv),
@@ -190,7 +197,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		ClusterPeers:     clusterPeers(d.srv.NATS()),
 		ClusterNodes:     d.srv.ClusterNodes(),
 		Degraded:         d.edge.Problems,
-		Warnings:         d.configDiffs,
+		Warnings:         d.warnings,
 		RestoreRunning:   d.srv.RestoreRunning,
 	}, d.log)
 	if err := d.monitor.Open(ctx); err != nil {
@@ -199,6 +206,9 @@ func (d *Daemon) Open(ctx context.Context) error {
 	d.metrics.SetMonitor(d.monitor)
 	d.http.setMonitor(d.monitor)
 	if d.statusSub, err = serveStatus(d); err != nil {
+		return err
+	}
+	if d.reloadSub, err = serveReload(d); err != nil {
 		return err
 	}
 	d.http.setPhase(phaseReady)
@@ -270,12 +280,17 @@ func (d *Daemon) watchConfigDiff(ctx context.Context) {
 	}
 }
 
-// configDiffs returns what watchConfigDiff last found.
-func (d *Daemon) configDiffs() []string {
-	if p := d.configDiff.Load(); p != nil {
-		return *p
+// warnings are the health's warnings: what watchConfigDiff last found,
+// and the changes a refused reload left for a restart.
+func (d *Daemon) warnings() []string {
+	var out []string
+	if p := d.restartPending.Load(); p != nil {
+		out = append(out, *p)
 	}
-	return nil
+	if p := d.configDiff.Load(); p != nil {
+		out = append(out, *p...)
+	}
+	return out
 }
 
 // closedConnection names an in-process connection that is closed while
@@ -371,7 +386,8 @@ func (d *Daemon) Err() error {
 
 // Status is a one-line summary for systemd's STATUS=.
 func (d *Daemon) Status() string {
-	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(d.cfg.Streams), len(d.cfg.Consumers), d.srv.StoreDir())
+	cfg := d.running.Load()
+	return fmt.Sprintf("serving %d stream(s), %d consumer(s) from %s", len(cfg.Streams), len(cfg.Consumers), d.srv.StoreDir())
 }
 
 // Healthy is the systemd watchdog's probe: the server answers a
@@ -399,7 +415,9 @@ func (d *Daemon) Healthy(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if _, err := d.srv.JetStream().AccountInfo(ctx); err != nil {
-		if !d.cfg.Cluster.Enabled() {
+		// running, not cfg: Healthy runs on the watchdog's goroutine
+		// while a reload replaces the config.
+		if !d.running.Load().Cluster.Enabled() {
 			return fmt.Errorf("JetStream does not answer: %w", err)
 		}
 		// In a cluster the JetStream API needs a meta leader: a node cut off
@@ -443,8 +461,10 @@ func (d *Daemon) Close(ctx context.Context) error {
 		if d.stopWatch != nil {
 			d.stopWatch()
 		}
-		if d.statusSub != nil {
-			_ = d.statusSub.Unsubscribe()
+		for _, sub := range []*nats.Subscription{d.statusSub, d.reloadSub} {
+			if sub != nil {
+				_ = sub.Unsubscribe()
+			}
 		}
 		if d.monitor != nil {
 			_ = d.monitor.Close(ctx)
@@ -503,20 +523,56 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 	w := pipeline.NewWorkers(d.srv.JetStream(), d.srv.Conn(), opts, d.log)
 	w.ShutdownTimeout = cfg.Run.ShutdownTimeout.Duration
 	if err := w.Open(ctx); err != nil {
-		return nil, err
+		if fw != nil {
+			// Neither its hub check nor its place in status, metrics
+			// and health outlives workers that never ran.
+			d.setForwarder(name, nil)
+			fw.Close()
+		}
+		return nil, fmt.Errorf("cannot start the workers of consumer %s: %w", name, err)
 	}
 	return w, nil
 }
 
-// Reload applies what can change while running — log level, stream and
-// consumer limits, and each consumer's workers and handler — and logs
-// what needs a restart. It never stops the daemon: a change that fails
-// is logged and the previous setting keeps running. Reload runs on the
-// signal loop, never concurrently with Open or Close.
-func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
-	cur := d.cfg
+// Reload applies next, the config on disk, when all of its changes can
+// be applied while running: log level, [run], streams and consumers added,
+// changed or left out, and each consumer's workers and handler. When any
+// change needs a restart (PlanReload) it applies nothing, logs which, and
+// warns of them in the health until a reload or a restart settles them;
+// it returns an error wrapping ErrRestartNeeded then. A stream or consumer
+// left out of the config stays on the server with its messages: holdfast
+// never deletes one. A change the server refuses is logged and the
+// previous setting keeps running. Reload runs on the signal loop, never
+// concurrently with Open or Close.
+func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
+	cur := d.running.Load()
+	plan := PlanReload(cur, next)
+	if !plan.Reloadable() {
+		w := restartWarning(plan.Restart)
+		d.restartPending.Store(&w)
+		d.log.Error("reload refused: these changes need a restart ("+restartCommand()+"); nothing of this reload was applied",
+			"restart", plan.Restart, "reloadable", plan.Apply)
+		err := fmt.Errorf("%w: %s", ErrRestartNeeded, strings.Join(plan.Restart, ", "))
+		d.recordReload(plan, err)
+		return err
+	}
+	d.restartPending.Store(nil)
+	applied, err := d.apply(ctx, cur, next)
+	d.cfg = applied
+	d.running.Store(applied)
+	d.recordReload(plan, err)
+	if err != nil {
+		return err
+	}
+	d.log.Info("reload done", "applied", plan.Apply)
+	return nil
+}
+
+// apply applies next over cur (see Reload) and returns what runs now,
+// with an error when the server refused the streams' and consumers'
+// settings (then they and the workers keep theirs).
+func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.Config, error) {
 	applied := *cur
-	restart := restartOnlyChanges(cur, next)
 	if cur.Log.Level != next.Log.Level {
 		var lv slog.Level
 		_ = lv.UnmarshalText([]byte(next.Log.Level))
@@ -528,101 +584,96 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) {
 	for _, w := range d.workers {
 		w.ShutdownTimeout = next.Run.ShutdownTimeout.Duration // read only by Close, on this goroutine
 	}
-
-	if !slices.Equal(cur.StreamNames(), next.StreamNames()) || !slices.Equal(cur.ConsumerNames(), next.ConsumerNames()) {
-		restart = append(restart, "adding or removing streams or consumers")
-	} else {
-		// Also with the same streams and consumers: like a start, the
-		// bootstrap sets back what was edited on the server meanwhile
-		// (a limit set with nats stream edit, on a dead-letter stream
-		// one that would remove dead letters).
-		trial := applied
-		trial.Streams, trial.Consumers = next.Streams, movesKept(cur, next, &restart)
-		// The server applies a shorter ack_wait to the messages already
-		// delivered, while the consumers' workers still run and drain one
-		// after another below: they keep their messages alive at its pace
-		// from now on, or those would be delivered again while their
-		// handlers run.
-		for _, w := range d.workers {
-			if cc := trial.Consumers[w.Options().Consumer]; cc != nil && cc.AckWait.Duration > 0 && cc.AckWait.Duration < w.AckWait() {
-				w.SetAckWait(cc.AckWait.Duration)
-			}
-		}
-		// Group commit stops before its stream leaves the configured
-		// subjects to clients, and starts once it has the prefixed ones.
-		stopGC, startGC := groupCommitChanged(cur, &trial)
-		for _, name := range stopGC {
-			d.closeGroupCommit(ctx, name)
-		}
-		if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
-			// Drift is found before anything changes; a refusal by the
-			// server stops at that stream or consumer, after those
-			// logged as updated above.
-			d.log.Error("reload: stream and consumer settings not applied (except any logged as updated just above); workers keep theirs; still running the previous config for them", "err", err)
-			applied.Streams = d.reopenGroupCommit(ctx, cur, &trial, append(slices.Clone(stopGC), startGC...))
-		} else {
-			applied = trial
-			for _, name := range startGC {
-				if err := d.openGroupCommit(ctx, &applied, name); err != nil {
-					d.log.Error("reload: cannot start group commit: publishes to the stream get no answer until the next restart", "stream", name, "err", err)
-				}
-			}
-			for _, name := range stopGC {
-				if !slices.Contains(startGC, name) {
-					d.log.Info("reload: group commit off", "stream", name)
-				}
-			}
-			for _, name := range next.ConsumerNames() {
-				d.reloadWorkers(ctx, &applied, name)
-			}
+	// Also with the same streams and consumers: like a start, the
+	// bootstrap sets back what was edited on the server meanwhile (a
+	// limit set with nats stream edit, on a dead-letter stream one that
+	// would remove dead letters), and creates what is new.
+	trial := applied
+	trial.Streams, trial.Consumers = next.Streams, next.Consumers
+	// The server applies a shorter ack_wait to the messages already
+	// delivered, while the consumers' workers still run and drain one
+	// after another below: they keep their messages alive at its pace
+	// from now on, or those would be delivered again while their
+	// handlers run.
+	for _, w := range d.workers {
+		if cc := trial.Consumers[w.Options().Consumer]; cc != nil && cc.AckWait.Duration > 0 && cc.AckWait.Duration < w.AckWait() {
+			w.SetAckWait(cc.AckWait.Duration)
 		}
 	}
-	d.cfg = &applied
-	d.running.Store(d.cfg)
-	if len(restart) > 0 {
-		d.log.Warn("reload: some changes need a restart (systemctl restart holdfast)", "changed", restart)
+	// Group commit stops before its stream leaves the configured
+	// subjects to clients, and starts once it has the prefixed ones.
+	stopGC, startGC := groupCommitChanged(cur, &trial)
+	for _, name := range stopGC {
+		d.closeGroupCommit(ctx, name)
 	}
-	d.log.Info("reload done")
+	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
+		// Drift is found before anything changes; a refusal by the
+		// server stops at that stream or consumer, after those logged
+		// as updated above.
+		d.log.Error("reload: stream and consumer settings not applied (except any logged as updated just above); workers keep theirs; still running the previous config for them", "err", err)
+		applied.Streams = d.reopenGroupCommit(ctx, cur, &trial, append(slices.Clone(stopGC), startGC...))
+		return &applied, fmt.Errorf("reload: stream and consumer settings not applied: %w", err)
+	}
+	for _, name := range startGC {
+		if err := d.openGroupCommit(ctx, &trial, name); err != nil {
+			d.log.Error("reload: cannot start group commit: publishes to the stream get no answer until the next restart", "stream", name, "err", err)
+		}
+	}
+	for _, name := range stopGC {
+		if !slices.Contains(startGC, name) {
+			d.log.Info("reload: group commit off", "stream", name)
+		}
+	}
+	d.leaveOut(ctx, cur, &trial)
+	for _, name := range trial.ConsumerNames() {
+		d.reloadWorkers(ctx, &trial, name)
+	}
+	d.monitor.SetConsumers(trial.StreamNames(), d.monitoredConsumers(&trial))
+	return &trial, nil
 }
 
-// restartOnlyChanges names the sections that changed between cur and
-// next and that only a restart applies.
-func restartOnlyChanges(cur, next *config.Config) []string {
-	var out []string
-	for _, s := range []struct {
-		key       string
-		old, next any
-	}{
-		{"[server]", cur.Server, next.Server},
-		{"[jetstream]", cur.JetStream, next.JetStream},
-		{"[cluster]", cur.Cluster, next.Cluster},
-		{"[leafnodes]", cur.LeafNodes, next.LeafNodes},
-		{"[http]", cur.HTTP, next.HTTP},
-		{"[auth]", cur.Auth, next.Auth},
-		{"[tls]", cur.TLS, next.TLS},
-		{"log.format", cur.Log.Format, next.Log.Format},
-	} {
-		if !reflect.DeepEqual(s.old, s.next) {
-			out = append(out, s.key)
+// leaveOut stops the workers of the consumers cur has and next has not.
+// Those consumers and the streams next leaves out stay on the server
+// with their messages; holdfast no longer watches them.
+func (d *Daemon) leaveOut(ctx context.Context, cur, next *config.Config) {
+	for _, name := range cur.ConsumerNames() {
+		if next.Consumers[name] != nil {
+			continue
+		}
+		if i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name }); i >= 0 {
+			w := d.workers[i]
+			d.setWorkers(slices.Delete(slices.Clone(d.workers), i, i+1))
+			d.log.Info("reload: draining the workers of a consumer left out of the config", "consumer", name,
+				"in_flight", w.Stats().InFlight.Load(), "shutdown_timeout", w.ShutdownTimeout)
+			_ = w.Close(ctx)
+		}
+		d.setForwarder(name, nil)
+		delete(d.workersFrom, name)
+		d.log.Info("reload: consumer left out of the config: its workers stopped; the consumer and its messages stay on the server",
+			"consumer", name, "stream", cur.Consumers[name].Stream)
+	}
+	for _, name := range cur.StreamNames() {
+		if next.Streams[name] == nil {
+			d.log.Info("reload: stream left out of the config: holdfast no longer watches it; it and its messages stay on the server", "stream", name)
+			if cur.Streams[name].GroupCommit {
+				d.log.Warn("reload: the stream left out kept group commit's prefixed subjects: publishes to its configured subjects get no answer until it is configured again or its subjects are edited", "stream", name)
+			}
 		}
 	}
-	return out
 }
 
-// movesKept returns next's consumers, except that a consumer moved to
-// another stream keeps its current settings, all of them (and the move is
-// added to restart): its durable, workers, monitoring and dead letters
-// all hang on the stream, and a restart moves them together. Applying
-// half of it at run time would leave the new stream's messages waiting
-// unseen.
-func movesKept(cur, next *config.Config, restart *[]string) map[string]*config.ConsumerConfig {
-	out := make(map[string]*config.ConsumerConfig, len(next.Consumers))
-	for name, cc := range next.Consumers {
-		if old := cur.Consumers[name]; old != nil && old.Stream != cc.Stream {
-			*restart = append(*restart, fmt.Sprintf("consumers.%s.stream (%s -> %s)", name, old.Stream, cc.Stream))
-			cc = old
+// monitoredConsumers is what the monitor watches of cfg's consumers,
+// with the workers that run now.
+func (d *Daemon) monitoredConsumers(cfg *config.Config) []pipeline.MonitoredConsumer {
+	out := make([]pipeline.MonitoredConsumer, 0, len(cfg.Consumers))
+	for _, name := range cfg.ConsumerNames() {
+		cc := cfg.Consumers[name]
+		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
+			HandlerTimeout: handlerTimeout(cc)}
+		if i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name }); i >= 0 {
+			mc.Workers = d.workers[i]
 		}
-		out[name] = cc
+		out = append(out, mc)
 	}
 	return out
 }

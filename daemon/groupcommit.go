@@ -104,6 +104,11 @@ func groupCommitChanged(cur, next *config.Config) (stop, start []string) {
 			start = append(start, name)
 		}
 	}
+	for _, name := range cur.StreamNames() {
+		if next.Streams[name] == nil && cur.Streams[name].GroupCommit {
+			stop = append(stop, name) // left out of the config
+		}
+	}
 	return stop, start
 }
 

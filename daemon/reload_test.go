@@ -1,26 +1,32 @@
 package daemon
 
 import (
+	"context"
+	"errors"
+	"runtime"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/pipeline"
 )
 
-// TestRestartOnlyChanges: every section a reload cannot apply is named
-// when it changed — [cluster] included, which a reload used to drop
-// without a word.
+// TestRestartOnlyChanges: every key a reload cannot apply is named when
+// it changed, by its path.
 func TestRestartOnlyChanges(t *testing.T) {
 	cur := config.DefaultConfig()
 	for _, tc := range []struct {
 		key    string
 		change func(*config.Config)
 	}{
-		{"[server]", func(c *config.Config) { c.Server.Port++ }},
-		{"[jetstream]", func(c *config.Config) { c.JetStream.Sync = "2m" }},
-		{"[cluster]", func(c *config.Config) { c.Cluster.Name = "site-a" }},
-		{"[http]", func(c *config.Config) { c.HTTP.Listen = "" }},
-		{"[tls]", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
+		{"server.port", func(c *config.Config) { c.Server.Port++ }},
+		{"jetstream.sync", func(c *config.Config) { c.JetStream.Sync = "2m" }},
+		{"cluster.name", func(c *config.Config) { c.Cluster.Name = "site-a" }},
+		{"http.listen", func(c *config.Config) { c.HTTP.Listen = "" }},
+		{"tls.min_version", func(c *config.Config) { c.TLS.MinVersion = "1.3" }},
 		{"log.format", func(c *config.Config) { c.Log.Format = "json" }},
 	} {
 		next := config.DefaultConfig()
@@ -39,7 +45,191 @@ func TestRestartOnlyChanges(t *testing.T) {
 func TestLeafNodesChangeNeedsRestart(t *testing.T) {
 	cur, next := config.DefaultConfig(), config.DefaultConfig()
 	next.LeafNodes.Listen = "127.0.0.1:7422"
-	if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{"[leafnodes]"}) {
+	if got := restartOnlyChanges(cur, next); !slices.Equal(got, []string{"leafnodes.listen"}) {
 		t.Errorf("restart names %v", got)
+	}
+}
+
+// TestHealthyDuringReload: the watchdog's probe may run while a reload
+// replaces the running config (go test -race tells).
+func TestHealthyDuringReload(t *testing.T) {
+	d := openDefault(t)
+	// A cancelled context makes the JetStream round trip fail at once, so
+	// that Healthy goes on to read the config.
+	cancelled, cancel := context.WithCancel(context.Background())
+	cancel()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for range 200 {
+			_ = d.Healthy(cancelled)
+		}
+	}()
+	for i := range 4 {
+		next := *d.Running()
+		next.Log.Level = []string{"debug", "info"}[i%2]
+		if err := d.Reload(context.Background(), &next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	<-done
+}
+
+// TestReloadWorkersOpenFails: when a reload cannot start a forward
+// consumer's workers, its new forwarder is closed and not registered:
+// no hub check goes on, and status, metrics and health do not show it.
+func TestReloadWorkersOpenFails(t *testing.T) {
+	d := openDefault(t)
+	next := editable(d.Running())
+	cc := *next.Consumers["WORKER1"]
+	cc.Handler, cc.Workers = "forward", 1
+	next.Consumers["FORWARD"] = &cc // not on the server: the workers cannot start
+	d.reloadWorkers(context.Background(), next, "FORWARD")
+	if f := d.forwarders["FORWARD"]; f != nil {
+		t.Error("the forwarder of workers that could not start is still registered")
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		buf := make([]byte, 1<<20)
+		if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*Forwarder).recheck") {
+			return errors.New("the forwarder's hub check still runs")
+		}
+		return nil
+	})
+}
+
+// TestReloadAddsAndLeavesOutStreamsAndConsumers: a reload that adds a
+// stream and a consumer also applies the other changes of the file
+// (workers 4 -> 3, max_deliver 5 -> 4), creates both and starts the new
+// consumer's workers; one that leaves them out again stops the workers
+// and leaves the stream, the consumer and their messages on the server.
+func TestReloadAddsAndLeavesOutStreamsAndConsumers(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	js := d.srv.JetStream()
+	base := d.Running()
+	next := editable(base)
+	next.Consumers["WORKER1"].Workers, next.Consumers["WORKER1"].MaxDeliver = 3, 4
+	archive := *next.Consumers["WORKER1"]
+	archive.Workers = 1
+	next.Consumers["ARCHIVE"] = &archive
+	extra := *next.Streams["ORDERS"]
+	extra.Subjects = []string{"extra.*"}
+	next.Streams["EXTRA"] = &extra
+	if err := next.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if o := workerOptions(d, "WORKER1"); o.Workers != 3 || o.MaxDeliver != 4 {
+		t.Errorf("WORKER1's workers after the reload: %d with max_deliver %d, want 3 with max_deliver 4", o.Workers, o.MaxDeliver)
+	}
+	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.MaxDeliver != 4 {
+		t.Errorf("WORKER1's max_deliver on the server: %d, want 4", ci.Config.MaxDeliver)
+	}
+	if w := workersOf(d, "ARCHIVE"); w == nil || !w.Running() {
+		t.Error("ARCHIVE's workers do not run after the reload that added it")
+	}
+	natstest.ConsumerInfo(t, js, "ORDERS", "ARCHIVE")
+	if _, err := js.Stream(ctx, "EXTRA"); err != nil {
+		t.Fatalf("stream EXTRA after the reload that added it: %v", err)
+	}
+	if got := monitoredNames(d.monitor.CheckNow(ctx)); !slices.Equal(got, []string{"ORDERS/ARCHIVE", "ORDERS/WORKER1", "stream EXTRA"}) {
+		t.Errorf("the monitor watches %q after adding ARCHIVE and EXTRA", got)
+	}
+	if _, err := js.Publish(ctx, "extra.created", []byte("kept")); err != nil {
+		t.Fatal(err)
+	}
+
+	if err := d.Reload(ctx, editable(base)); err != nil {
+		t.Fatal(err)
+	}
+	if workersOf(d, "ARCHIVE") != nil {
+		t.Error("ARCHIVE's workers still run after the reload that left it out")
+	}
+	natstest.ConsumerInfo(t, js, "ORDERS", "ARCHIVE")
+	s, err := js.Stream(ctx, "EXTRA")
+	if err != nil || s.CachedInfo().State.Msgs != 1 {
+		t.Fatalf("stream EXTRA after the reload that left it out: %v, want it kept with its message", err)
+	}
+	r := d.monitor.CheckNow(ctx)
+	if got := monitoredNames(r); !slices.Equal(got, []string{"ORDERS/WORKER1"}) {
+		t.Errorf("the monitor watches %q after leaving ARCHIVE and EXTRA out", got)
+	}
+	if r.Health.Status != pipeline.HealthOK {
+		t.Errorf("health after leaving ARCHIVE and EXTRA out: %+v", r.Health)
+	}
+}
+
+// monitoredNames lists the consumers ("STREAM/NAME") a monitor report
+// has, then its configured streams other than ORDERS and its dead-letter
+// stream ("stream NAME").
+func monitoredNames(r *pipeline.Report) []string {
+	var out []string
+	for _, c := range r.Consumers {
+		out = append(out, c.Stream+"/"+c.Name)
+	}
+	for _, s := range r.Streams {
+		if s.Name != "ORDERS" && s.Name != "ORDERS_DLQ" {
+			out = append(out, "stream "+s.Name)
+		}
+	}
+	return out
+}
+
+// TestReloadRefusesRestartChangesWhole: a reload with a change only a
+// restart applies applies none of its changes, says which keys need the
+// restart (with systemctl only under systemd), and the health warns of
+// them, still ok, until a reload of a file without them.
+func TestReloadRefusesRestartChangesWhole(t *testing.T) {
+	t.Setenv("INVOCATION_ID", "")
+	t.Setenv("NOTIFY_SOCKET", "")
+	var log natstest.Buffer
+	d := openDefaultLog(t, &log)
+	ctx := natstest.Context(t)
+	base := d.Running()
+	next := editable(base)
+	next.Consumers["WORKER1"].Workers = 3
+	next.LeafNodes.Listen = "127.0.0.1:7422"
+	err := d.Reload(ctx, next)
+	if !errors.Is(err, ErrRestartNeeded) || !strings.Contains(err.Error(), "leafnodes.listen") {
+		t.Fatalf("reload with leafnodes.listen changed: %v, want ErrRestartNeeded naming leafnodes.listen", err)
+	}
+	if d.Running() != base {
+		t.Error("the running config changed")
+	}
+	if n := workerOptions(d, "WORKER1").Workers; n != 4 {
+		t.Errorf("WORKER1's workers: %d, want its 4 kept", n)
+	}
+	if s := log.String(); !strings.Contains(s, "reload refused") || !strings.Contains(s, "(restart holdfast)") ||
+		strings.Contains(s, "systemctl") || strings.Contains(s, "reload done") {
+		t.Errorf("the reload's log does not say it was refused, with restart holdfast and no reload done:\n%s", s)
+	}
+	const warning = "config on disk differs from the running config: restart to apply leafnodes.listen"
+	h := d.monitor.CheckNow(ctx).Health
+	if h.Status != pipeline.HealthOK || len(h.Warnings) != 1 || h.Warnings[0] != warning {
+		t.Errorf("health after the refused reload: %s %q, want ok with %q", h.Status, h.Warnings, warning)
+	}
+
+	t.Setenv("INVOCATION_ID", "0123")
+	if err := d.Reload(ctx, next); err == nil {
+		t.Fatal("the second reload was applied")
+	}
+	if !strings.Contains(log.String(), "(systemctl restart holdfast)") {
+		t.Errorf("under systemd the log does not say systemctl restart holdfast:\n%s", log.String())
+	}
+	if h := d.monitor.CheckNow(ctx).Health; len(h.Warnings) != 1 || h.Warnings[0] != warning+" (systemctl restart holdfast)" {
+		t.Errorf("health under systemd: %q", h.Warnings)
+	}
+
+	next.LeafNodes = base.LeafNodes
+	if err := d.Reload(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if n := workerOptions(d, "WORKER1").Workers; n != 3 {
+		t.Errorf("WORKER1's workers after the reload without the restart change: %d, want 3", n)
+	}
+	if h := d.monitor.CheckNow(ctx).Health; len(h.Warnings) != 0 {
+		t.Errorf("health still warns after the reload was applied: %q", h.Warnings)
 	}
 }

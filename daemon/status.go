@@ -29,14 +29,17 @@ const StatusSubjectPrefix = "$HOLDFAST.STATUS."
 
 // StatusSubject is the status subject of the server named name: its name
 // as one subject token (characters a token cannot hold become '_').
-func StatusSubject(name string) string {
-	token := strings.Map(func(r rune) rune {
+func StatusSubject(name string) string { return StatusSubjectPrefix + subjectToken(name) }
+
+// subjectToken is name as one subject token: characters a token cannot
+// hold become '_'.
+func subjectToken(name string) string {
+	return strings.Map(func(r rune) rune {
 		if r <= ' ' || r == '.' || r == '*' || r == '>' || r == 0x7f {
 			return '_'
 		}
 		return r
 	}, name)
-	return StatusSubjectPrefix + token
 }
 
 // StatusReply is the daemon's answer on StatusSubject.

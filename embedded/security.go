@@ -114,7 +114,8 @@ func systemAccount(opts *server.Options) *server.Account {
 // advisory would have a message dead-lettered) or publish past group
 // commit into a stream's prefixed subjects, or subscribe to holdfast's
 // internal subjects (a rogue responder could answer `holdfast status`).
-// Requests to $HOLDFAST.STATUS.<server> stay allowed to everyone.
+// Requests to $HOLDFAST.STATUS.<server> and $HOLDFAST.RELOAD.<server>
+// (both only read) stay allowed to everyone.
 var (
 	reservedPublish   = []string{"$JS.EVENT.>", config.GroupCommitPrefix + ">"}
 	reservedSubscribe = []string{"$HOLDFAST.>"}

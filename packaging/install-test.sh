@@ -38,7 +38,7 @@ GO=${GO:-go}
 CACHE=${HOLDFAST_TEST_CACHE:-/var/cache/holdfast-test}
 MIRROR=${HOLDFAST_TEST_MIRROR:-http://deb.debian.org/debian}
 N=${HOLDFAST_TEST_MESSAGES:-200}
-# procps: /bin/kill for ExecReload, a dependency of the deb.
+# procps: /bin/kill, which the cached root is checked for.
 ROOTFS_PACKAGES=systemd,systemd-sysv,dbus,procps,rpm
 
 started=$(date +%s)

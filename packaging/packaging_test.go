@@ -140,9 +140,10 @@ func TestUnitContract(t *testing.T) {
 		t.Errorf("[Install] WantedBy = %q, want multi-user.target", got)
 	}
 	// A reload checks the file first, so that a broken config fails
-	// `systemctl reload` instead of being reported as reloaded.
-	if got := svc["ExecReload"]; len(got) != 2 || got[0] != "/usr/bin/holdfast check" || got[1] != "/bin/kill -HUP $MAINPID" {
-		t.Errorf("[Service] ExecReload = %q, want holdfast check, then kill -HUP", got)
+	// `systemctl reload` instead of being reported as reloaded; holdfast
+	// reload then fails it when the reload is refused.
+	if got := svc["ExecReload"]; len(got) != 2 || got[0] != "/usr/bin/holdfast check" || got[1] != "/usr/bin/holdfast reload --pid $MAINPID" {
+		t.Errorf("[Service] ExecReload = %q, want holdfast check, then holdfast reload --pid $MAINPID", got)
 	}
 	if f := svc["SystemCallFilter"]; len(f) == 0 || f[0] != "@system-service" {
 		t.Errorf("SystemCallFilter = %q, want @system-service first", f)
@@ -438,9 +439,9 @@ func TestDebContents(t *testing.T) {
 			t.Errorf("dpkg-deb -I lacks %q:\n%s", want, info)
 		}
 	}
-	// Static binary: the only dependency is /bin/kill for ExecReload.
-	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "procps" {
-		t.Errorf("Depends = %q, want procps", got)
+	// Static binary: no dependency.
+	if got := strings.TrimSpace(run(t, "dpkg-deb", "-f", p.deb, "Depends")); got != "" {
+		t.Errorf("Depends = %q, want none", got)
 	}
 	// preinst runs useradd (passwd, not essential) when systemd-sysusers is
 	// missing, before the package is unpacked.

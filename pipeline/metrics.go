@@ -200,7 +200,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	// Worker counters are read live, the rest from the latest check.
-	for _, mc := range mon.opts.Consumers {
+	for _, mc := range mon.Consumers() {
 		if mc.Workers == nil {
 			continue
 		}

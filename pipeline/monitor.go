@@ -206,11 +206,66 @@ func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log 
 	return m
 }
 
+// SetConsumers replaces the configured streams and consumers the Monitor
+// watches, after a reload added or left out some. A consumer it watched
+// already keeps its counters and baselines, with mc's settings and workers.
+func (m *Monitor) SetConsumers(streams []string, consumers []MonitoredConsumer) {
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	trackers := make(map[consumerKey]*consumerTracker, len(consumers))
+	seen := map[string]bool{}
+	var names []string
+	add := func(s string) {
+		if s != "" && !seen[s] {
+			seen[s] = true
+			names = append(names, s)
+		}
+	}
+	for _, s := range streams {
+		add(s)
+	}
+	for _, c := range consumers {
+		add(c.Stream)
+		add(c.DeadLetter)
+		k := consumerKey{c.Stream, c.Consumer}
+		t := m.trackers[k]
+		if t == nil {
+			t = &consumerTracker{}
+		}
+		t.mc = c
+		trackers[k] = t
+	}
+	sort.Strings(names)
+	m.streams, m.trackers = names, trackers
+}
+
+// Consumers returns the consumers the Monitor watches now, by stream and
+// name.
+func (m *Monitor) Consumers() []MonitoredConsumer {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]MonitoredConsumer, 0, len(m.trackers))
+	for _, t := range m.trackers {
+		out = append(out, t.mc)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Stream != out[j].Stream {
+			return out[i].Stream < out[j].Stream
+		}
+		return out[i].Consumer < out[j].Consumer
+	})
+	return out
+}
+
 // SetWorkers replaces the workers the Monitor reports for a consumer, after
 // a reload restarted them (w nil: the consumer has no workers now).
 func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
 	m.checkMu.Lock()
 	defer m.checkMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
 		t.mc.WantWorkers = want
 		t.mc.Workers = w
@@ -222,6 +277,8 @@ func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
 func (m *Monitor) SetHandlerTimeout(stream, consumer string, timeout time.Duration) {
 	m.checkMu.Lock()
 	defer m.checkMu.Unlock()
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	if t := m.trackers[consumerKey{stream, consumer}]; t != nil {
 		t.mc.HandlerTimeout = timeout
 	}

@@ -112,6 +112,7 @@ func newApp() *cli.App {
 		Commands: []*cli.Command{
 			runCommand(),
 			checkCommand(),
+			reloadCommand(),
 			configCommand(),
 			pubCommand(),
 			dlqCommand(),

@@ -18,6 +18,8 @@ func checkCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "check",
 		Usage: "validate the config and the store dir without starting; lists every problem",
+		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "running",
+			Usage: "also ask the running holdfast what a reload of its config file applies and what needs a restart; exit 1 when anything does"}},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usageError(errUnexpectedArgs(c))
@@ -68,6 +70,9 @@ func checkCommand() *cli.Command {
 			}
 			fmt.Fprintf(c.App.Writer, "ok: %s: %d stream(s), %d consumer(s), store dir %s\n",
 				source, len(cfg.Streams), len(cfg.Consumers), cfg.JetStream.StoreDir)
+			if c.Bool("running") {
+				return checkRunning(c)
+			}
 			return nil
 		},
 	}

@@ -85,7 +85,7 @@ func e2eEnv() []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch {
-		case name == "HOLDFAST_CONFIG", name == "NOTIFY_SOCKET", name == "JOURNAL_STREAM",
+		case name == "HOLDFAST_CONFIG", name == "NOTIFY_SOCKET", name == "JOURNAL_STREAM", name == "INVOCATION_ID",
 			name == "HOME", name == "XDG_CONFIG_HOME",
 			strings.HasPrefix(name, "WATCHDOG_"), strings.HasPrefix(name, "NATS_"):
 			continue

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -21,8 +22,8 @@ import (
 )
 
 // TestReloadOnSIGHUP: SIGHUP applies a new handler and stream limit at
-// run time, names what needs a restart, and refuses a broken config while
-// the previous one keeps running.
+// run time, and refuses a broken config while the previous one keeps
+// running.
 func TestReloadOnSIGHUP(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -69,7 +70,6 @@ func TestReloadOnSIGHUP(t *testing.T) {
 
 	next := strings.Replace(string(base), a, b, 1)
 	next = strings.Replace(next, `subjects = ["orders.*"]`, "subjects = [\"orders.*\"]\nmax_age = \"24h\"", 1)
-	next = strings.Replace(next, `name = "holdfast-e2e"`, `name = "renamed"`, 1)
 	if err := os.WriteFile(in.cfg, []byte(next), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +77,7 @@ func TestReloadOnSIGHUP(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitLog("reload done")
-	for _, want := range []string{"reload: workers restarted", "field=max_age", "some changes need a restart", "[server]"} {
+	for _, want := range []string{"reload: workers restarted", "field=max_age"} {
 		if !strings.Contains(p.stderr.String(), want) {
 			t.Fatalf("reload log lacks %q:\n%s", want, p.stderr.String())
 		}
@@ -209,10 +209,8 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 }
 
 // TestReloadConsumerMovedToAnotherStream: a SIGHUP that moves a consumer
-// to another stream used to be ignored without a word (the durable was
-// created on the new stream, the workers kept pulling the old one). It is
-// named as needing a restart, nothing of it is half-applied, and the
-// restart moves the consumer.
+// to another stream is refused, naming the move as needing a restart;
+// nothing of it is half-applied, and the restart moves the consumer.
 func TestReloadConsumerMovedToAnotherStream(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
@@ -328,18 +326,22 @@ func editConfig(t *testing.T, path, old, new string) string {
 }
 
 // reloadWith writes text to the config file at path, sends SIGHUP and
-// waits until the reload is done.
+// waits until the reload is done or refused.
 func (d *e2eProc) reloadWith(path, text string) {
 	d.t.Helper()
 	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		d.t.Fatal(err)
 	}
-	before := strings.Count(d.stderr.String(), "reload done")
+	ended := func() int {
+		s := d.stderr.String()
+		return strings.Count(s, `msg="reload done"`) + strings.Count(s, "reload refused")
+	}
+	before := ended()
 	if err := d.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		d.t.Fatal(err)
 	}
 	natstest.CheckFor(d.t, 30*time.Second, 20*time.Millisecond, func() error {
-		if strings.Count(d.stderr.String(), "reload done") == before {
+		if ended() == before {
 			return fmt.Errorf("reload not done")
 		}
 		return nil
@@ -666,6 +668,142 @@ func TestSIGHUPDuringStartUpIsApplied(t *testing.T) {
 		lines := e2eLines(t, out)
 		if !slices.Contains(lines, "B one") {
 			return fmt.Errorf("no \"B one\" in %q", lines)
+		}
+		return nil
+	})
+	p.stop()
+}
+
+// TestReloadAddsConsumerAndAppliesTheRest: a SIGHUP whose file adds
+// [consumers.ARCHIVE] and changes WORKER1 (workers 2 -> 3, max_deliver
+// 3 -> 4) applies all of it: status shows ARCHIVE's workers and WORKER1's
+// new ones, and the server WORKER1's max_deliver. Leaving ARCHIVE out
+// again stops its workers and keeps the consumer on the server.
+func TestReloadAddsConsumerAndAppliesTheRest(t *testing.T) {
+	o := newOpsInstance(t, "", "", "workers = 2\nmax_deliver = 3\nhandler = \"log\"\n", "")
+	base, err := os.ReadFile(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	next := strings.Replace(string(base), "workers = 2\nmax_deliver = 3\n", "workers = 3\nmax_deliver = 4\n", 1)
+	next += "\n[consumers.ARCHIVE]\nstream = \"ORDERS\"\nworkers = 1\nhandler = \"log\"\n"
+	p.reloadWith(o.cfg, next)
+	if s := p.stderr.String(); strings.Contains(s, "need a restart") || !strings.Contains(s, `msg="reload done"`) {
+		t.Fatalf("the reload was not applied:\n%s", s)
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		out, _ := o.status(t)
+		for name, want := range map[string]int{"WORKER1": 3, "ARCHIVE": 1} {
+			c := findConsumer(t, out, name)
+			if c.Workers == nil || c.Workers.Configured != want || !c.Workers.Running {
+				return fmt.Errorf("status of %s: workers %+v, want %d running", name, c.Workers, want)
+			}
+		}
+		return nil
+	})
+	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.MaxDeliver != 4 {
+		t.Errorf("WORKER1's max_deliver on the server: %d, want 4", ci.Config.MaxDeliver)
+	}
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if ci := natstest.ConsumerInfo(t, js, "ORDERS", "ARCHIVE"); ci.AckFloor.Stream != 1 {
+			return fmt.Errorf("ARCHIVE's ack floor is %d: its workers did not process the message", ci.AckFloor.Stream)
+		}
+		return nil
+	})
+
+	p.reloadWith(o.cfg, string(base))
+	if !strings.Contains(p.stderr.String(), "consumer left out of the config") {
+		t.Fatalf("the reload does not say ARCHIVE was left out:\n%s", p.stderr.String())
+	}
+	natstest.ConsumerInfo(t, js, "ORDERS", "ARCHIVE") // kept on the server
+	out, _ := o.status(t)
+	for _, c := range out.Consumers {
+		if c.Name == "ARCHIVE" {
+			t.Errorf("status still shows ARCHIVE, left out of the config: %+v", c)
+		}
+	}
+	if code, h := o.health(t); code != http.StatusOK || h.Status != "ok" {
+		t.Errorf("/healthz after leaving ARCHIVE out = %d %+v", code, h)
+	}
+	p.stop()
+}
+
+// TestReloadRefusesRestartChangesWhole: a reload whose file changes
+// leafnodes.listen (with its jetstream.domain) and WORKER1's workers
+// applies nothing: `holdfast reload` exits 1 naming the keys, the log
+// says "restart holdfast" (not systemctl: no systemd here) and no "reload
+// done", /healthz stays 200 ok with a warning naming them, and `holdfast
+// check --running` lists both kinds of change. With the file set back,
+// check --running exits 0.
+func TestReloadRefusesRestartChangesWhole(t *testing.T) {
+	o := newOpsInstance(t, "", "", "workers = 2\nhandler = \"log\"\n", "")
+	base, err := os.ReadFile(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	leaf := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	next := strings.Replace(string(base), "workers = 2\n", "workers = 3\n", 1)
+	next = strings.Replace(next, "max_memory_store = \"64MB\"\n", "max_memory_store = \"64MB\"\ndomain = \"hub\"\n", 1)
+	next += fmt.Sprintf("\n[leafnodes]\nlisten = %q\n", leaf)
+	if err := os.WriteFile(o.cfg, []byte(next), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stderr, "leafnodes.listen") || !strings.Contains(res.stderr, "jetstream.domain") ||
+		!strings.Contains(res.stdout, "consumers.WORKER1.workers") {
+		t.Fatalf("holdfast reload exited %d, want 1 naming leafnodes.listen and jetstream.domain:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	if s := p.stderr.String(); !strings.Contains(s, "reload refused") || !strings.Contains(s, "(restart holdfast)") ||
+		strings.Contains(s, "systemctl") || strings.Contains(s, "reload done") {
+		t.Fatalf("the log does not refuse the reload with restart holdfast, or says reload done:\n%s", s)
+	}
+	out, _ := o.status(t)
+	if c := findConsumer(t, out, "WORKER1"); c.Workers == nil || c.Workers.Configured != 2 {
+		t.Errorf("WORKER1's workers after the refused reload: %+v, want 2", c.Workers)
+	}
+	if conn, err := net.Dial("tcp", leaf); err == nil {
+		conn.Close()
+		t.Error("the refused reload opened the leafnode listener")
+	}
+	const warning = "config on disk differs from the running config: restart to apply jetstream.domain, leafnodes.listen"
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		code, h := o.health(t)
+		if code != http.StatusOK || h.Status != "ok" {
+			t.Fatalf("/healthz after the refused reload = %d %+v, want 200 ok with a warning", code, h)
+		}
+		if !slices.Contains(h.Warnings, warning) {
+			return fmt.Errorf("/healthz warnings %q lack %q", h.Warnings, warning)
+		}
+		return nil
+	})
+	res = runHoldfast(t, nil, "check", "--running", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stdout, "needs a restart:\n  jetstream.domain\n  leafnodes.listen\n") ||
+		!strings.Contains(res.stdout, "a reload applies:\n  consumers.WORKER1.workers\n") {
+		t.Fatalf("holdfast check --running exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+
+	if err := os.WriteFile(o.cfg, base, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res = runHoldfast(t, nil, "check", "--running", "--config", o.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "needs a restart:\n  (none)\n") {
+		t.Fatalf("holdfast check --running on the running file exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	res = runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "reloaded "+o.cfg) {
+		t.Fatalf("holdfast reload of the running file exited %d:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if _, h := o.health(t); slices.Contains(h.Warnings, warning) {
+			return fmt.Errorf("/healthz still warns after the file was set back and reloaded: %q", h.Warnings)
 		}
 		return nil
 	})

@@ -9,7 +9,6 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -59,7 +58,7 @@ func runCommand() *cli.Command {
 			defer signal.Stop(hups)
 
 			n := newNotifier(log)
-			d := daemon.New(cfg, daemon.Options{Log: log, Level: level, Notify: n, Version: versionString()})
+			d := daemon.New(cfg, daemon.Options{Log: log, Level: level, Notify: n, Version: versionString(), ConfigFile: configPath(c)})
 			ctx, cancel := context.WithCancel(c.Context)
 			defer cancel()
 			var stopSig atomic.Value // the os.Signal that asked to stop
@@ -122,11 +121,7 @@ func runCommand() *cli.Command {
 						continue // a stop request won the race: no reload now
 					}
 					n.Reloading()
-					if next, _, err := config.LoadForReload(configPath(c), d.Running()); err != nil {
-						log.Error("reload refused: the config has problems; still running the previous one", "err", err)
-					} else {
-						d.Reload(ctx, next)
-					}
+					_ = d.ReloadFromFile(ctx) // logged, and answered on daemon.ReloadSubject
 					if ctx.Err() == nil {
 						n.Ready(d.Status())
 					}

@@ -1,0 +1,117 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// ReloadSubjectPrefix starts the subject where the running holdfast
+// answers, with a ReloadReply in JSON, what a reload of its config file
+// would apply and what needs a restart, and what its last reload did. It
+// only reads: a reload is SIGHUP (`holdfast reload` sends it and waits
+// here for the result). Like StatusSubject it ends with the server's
+// name; any NATS client may ask:
+//
+//	nats request '$HOLDFAST.RELOAD.edge-01' ''
+const ReloadSubjectPrefix = "$HOLDFAST.RELOAD."
+
+// ReloadSubject is the reload subject of the server named name.
+func ReloadSubject(name string) string { return ReloadSubjectPrefix + subjectToken(name) }
+
+// ReloadReply is the daemon's answer on ReloadSubject.
+type ReloadReply struct {
+	ServerName string `json:"server_name"`
+	PID        int    `json:"pid"`
+	// ConfigFile is the file a reload reads ("" for the built-in
+	// defaults).
+	ConfigFile string `json:"config_file"`
+	// Plan is what a reload of the file as it is now would do; nil when
+	// the file cannot be loaded, and Error says why.
+	Plan  *ReloadPlan `json:"plan,omitempty"`
+	Error string      `json:"error,omitempty"`
+	// LastReload is what the last reload did; nil before the first.
+	LastReload *ReloadResult `json:"last_reload,omitempty"`
+}
+
+// ReloadResult is what a reload did.
+type ReloadResult struct {
+	// Seq counts the reloads since start, this one included.
+	Seq  uint64     `json:"seq"`
+	Time time.Time  `json:"time"`
+	Plan ReloadPlan `json:"plan"`
+	// Error says why the reload was refused or not wholly applied; ""
+	// when it applied the whole plan.
+	Error string `json:"error,omitempty"`
+}
+
+// recordReload keeps what a reload did for ReloadSubject. It runs on the
+// signal loop only.
+func (d *Daemon) recordReload(plan ReloadPlan, err error) {
+	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan}
+	if last := d.lastReload.Load(); last != nil {
+		r.Seq = last.Seq + 1
+	}
+	if err != nil {
+		r.Error = err.Error()
+	}
+	d.lastReload.Store(r)
+}
+
+// loadForReload reads the config file as a reload does, against the
+// running config.
+func (d *Daemon) loadForReload() (*config.Config, string, error) {
+	next, source, err := config.LoadForReload(d.configFile, d.running.Load())
+	if err != nil {
+		return nil, source, fmt.Errorf("the config has problems: %w", err)
+	}
+	return next, source, nil
+}
+
+// ReloadFromFile reads the config file again (Options.ConfigFile) and
+// reloads it (see Reload). A file with problems is refused as a whole:
+// the running config stays.
+func (d *Daemon) ReloadFromFile(ctx context.Context) error {
+	next, _, err := d.loadForReload()
+	if err != nil {
+		d.log.Error("reload refused: the config has problems; still running the previous one", "err", err)
+		d.recordReload(ReloadPlan{}, err)
+		return err
+	}
+	return d.Reload(ctx, next)
+}
+
+// serveReload answers ReloadSubject on the daemon's in-process connection.
+func serveReload(d *Daemon) (*nats.Subscription, error) {
+	subject := ReloadSubject(d.running.Load().Server.Name)
+	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
+		reply := ReloadReply{ServerName: d.running.Load().Server.Name, PID: os.Getpid(), LastReload: d.lastReload.Load()}
+		next, source, err := d.loadForReload()
+		reply.ConfigFile = source
+		if err != nil {
+			reply.Error = err.Error()
+		} else {
+			plan := PlanReload(d.running.Load(), next)
+			reply.Plan = &plan
+		}
+		data, err := json.Marshal(reply)
+		if err != nil {
+			d.log.Error("cannot encode the reload plan", "err", err)
+			return
+		}
+		if err := m.Respond(data); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+			d.log.Warn("cannot answer a reload plan request", "err", err)
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve %s: %w", subject, err)
+	}
+	return sub, nil
+}
