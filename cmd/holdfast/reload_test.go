@@ -680,6 +680,7 @@ func TestSIGHUPDuringStartUpIsApplied(t *testing.T) {
 // new ones, and the server WORKER1's max_deliver. Leaving ARCHIVE out
 // again stops its workers and keeps the consumer on the server.
 func TestReloadAddsConsumerAndAppliesTheRest(t *testing.T) {
+	t.Parallel()
 	o := newOpsInstance(t, "", "", "workers = 2\nmax_deliver = 3\nhandler = \"log\"\n", "")
 	base, err := os.ReadFile(o.cfg)
 	if err != nil {
@@ -742,6 +743,7 @@ func TestReloadAddsConsumerAndAppliesTheRest(t *testing.T) {
 // check --running` lists both kinds of change. With the file set back,
 // check --running exits 0.
 func TestReloadRefusesRestartChangesWhole(t *testing.T) {
+	t.Parallel()
 	o := newOpsInstance(t, "", "", "workers = 2\nhandler = \"log\"\n", "")
 	base, err := os.ReadFile(o.cfg)
 	if err != nil {
