@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
-	"github.com/holdfast-io/holdfast/lazyfs"
+	"github.com/holdfast-io/holdfast/internal/lazyfs"
 )
 
 // The power-loss harness: holdfast runs with its store on a lazyfs mount
