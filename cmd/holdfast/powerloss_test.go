@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/lazyfs"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // The power-loss harness: holdfast runs with its store on a lazyfs mount
