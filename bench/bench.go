@@ -28,6 +28,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -330,7 +331,7 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 	if err != nil {
 		return run, nil, err
 	}
-	if err := embedded.Bootstrap(ctx, srv.JetStream(), cfg, b.Log); err != nil {
+	if err := bootstrap.Apply(ctx, srv.JetStream(), cfg, b.Log); err != nil {
 		return run, store, err
 	}
 	if groupCommit {

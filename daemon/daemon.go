@@ -17,6 +17,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -67,7 +68,7 @@ type Daemon struct {
 	// stored by Open and Reload.
 	running atomic.Pointer[config.Config]
 
-	// configDiff is what embedded.ConfigDiff last found.
+	// configDiff is what bootstrap.Diff last found.
 	configDiff atomic.Pointer[[]string]
 	// restartPending is the health warning of the last reload when it
 	// was refused for changes that need a restart; nil otherwise.
@@ -149,7 +150,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
 	d.http.setStep("bootstrapping streams and consumers")
-	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
+	if err := bootstrap.Apply(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
 		if why := d.srv.CreateFailure(); why != "" {
 			// The API error says "error creating store for stream";
 			// the server's log line says why (no space, no inodes, ...).
@@ -255,7 +256,7 @@ func (d *Daemon) watchServer(ctx context.Context) {
 const configDiffEvery = 10 * time.Second
 
 // watchConfigDiff compares the streams and consumers with the running
-// config every configDiffEvery (embedded.ConfigDiff), and logs what newly
+// config every configDiffEvery (bootstrap.Diff), and logs what newly
 // differs as a warning; the health carries it as a warning too.
 func (d *Daemon) watchConfigDiff(ctx context.Context) {
 	t := time.NewTicker(configDiffEvery)
@@ -268,7 +269,7 @@ func (d *Daemon) watchConfigDiff(ctx context.Context) {
 		case <-t.C:
 		}
 		rctx, cancel := context.WithTimeout(ctx, configDiffEvery)
-		diff := embedded.ConfigDiff(rctx, d.srv.JetStream(), d.running.Load())
+		diff := bootstrap.Diff(rctx, d.srv.JetStream(), d.running.Load())
 		cancel()
 		d.configDiff.Store(&diff)
 		for _, w := range diff {
@@ -333,7 +334,7 @@ func startupLosses(srv *embedded.Server) []string {
 // monitor when one disappeared while running; the workers resume on
 // their own once their consumer is back.
 func (d *Daemon) recreate(ctx context.Context) error {
-	return embedded.Bootstrap(ctx, d.srv.JetStream(), d.running.Load(), d.log)
+	return bootstrap.Apply(ctx, d.srv.JetStream(), d.running.Load(), d.log)
 }
 
 // handlerTimeout is the longest a consumer's handler may run: the exec or
@@ -606,7 +607,7 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 	for _, name := range stopGC {
 		d.closeGroupCommit(ctx, name)
 	}
-	if err := embedded.Bootstrap(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
+	if err := bootstrap.Apply(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
 		// Drift is found before anything changes; a refusal by the
 		// server stops at that stream or consumer, after those logged
 		// as updated above.

@@ -11,7 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/ingest"
 )
 
@@ -156,7 +156,7 @@ func (d *Daemon) streamUpdatedTo(ctx context.Context, cfg *config.Config, name s
 		d.log.Warn("reload: cannot read the stream to restart its group commit as it is", "stream", name, "err", err)
 		return false
 	}
-	have, want := s.CachedInfo().Config, embedded.StreamSpec(cfg, name)
+	have, want := s.CachedInfo().Config, bootstrap.StreamSpec(cfg, name)
 	return slices.Equal(have.Subjects, want.Subjects) && reflect.DeepEqual(have.SubjectTransform, want.SubjectTransform) &&
 		(want.Duplicates == 0 || have.Duplicates == want.Duplicates)
 }

@@ -11,22 +11,10 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
-// ReloadSubjectPrefix starts the subject where the running holdfast
-// answers, with a ReloadReply in JSON, what a reload of its config file
-// would apply and what needs a restart, and what its last reload did. It
-// only reads: a reload is SIGHUP (`holdfast reload` sends it and waits
-// here for the result). Like StatusSubject it ends with the server's
-// name; any NATS client may ask:
-//
-//	nats request '$HOLDFAST.RELOAD.edge-01' ''
-const ReloadSubjectPrefix = "$HOLDFAST.RELOAD."
-
-// ReloadSubject is the reload subject of the server named name.
-func ReloadSubject(name string) string { return ReloadSubjectPrefix + subjectToken(name) }
-
-// ReloadReply is the daemon's answer on ReloadSubject.
+// ReloadReply is the daemon's answer on subjects.Reload.
 type ReloadReply struct {
 	ServerName string `json:"server_name"`
 	PID        int    `json:"pid"`
@@ -52,7 +40,7 @@ type ReloadResult struct {
 	Error string `json:"error,omitempty"`
 }
 
-// recordReload keeps what a reload did for ReloadSubject. It runs on the
+// recordReload keeps what a reload did for subjects.Reload. It runs on the
 // signal loop only.
 func (d *Daemon) recordReload(plan ReloadPlan, err error) {
 	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan}
@@ -88,9 +76,9 @@ func (d *Daemon) ReloadFromFile(ctx context.Context) error {
 	return d.Reload(ctx, next)
 }
 
-// serveReload answers ReloadSubject on the daemon's in-process connection.
+// serveReload answers subjects.Reload on the daemon's in-process connection.
 func serveReload(d *Daemon) (*nats.Subscription, error) {
-	subject := ReloadSubject(d.running.Load().Server.Name)
+	subject := subjects.Reload(d.running.Load().Server.Name)
 	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
 		reply := ReloadReply{ServerName: d.running.Load().Server.Name, PID: os.Getpid(), LastReload: d.lastReload.Load()}
 		next, source, err := d.loadForReload()

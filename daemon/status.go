@@ -5,44 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/ingest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
-// StatusSubjectPrefix starts the subject where the running holdfast
-// answers `holdfast status` with a StatusReply in JSON: what only the
-// daemon knows (losses to retention, workers, health). The subject ends
-// with the server's name, so that in a cluster or across a leafnode each
-// node answers for itself; any NATS client may ask:
-//
-//	nats request '$HOLDFAST.STATUS.edge-01' ''
-//
-// Only holdfast's own identity may subscribe to $HOLDFAST.> (see
-// embedded's reserved subjects), so nobody else can answer.
-const StatusSubjectPrefix = "$HOLDFAST.STATUS."
-
-// StatusSubject is the status subject of the server named name: its name
-// as one subject token (characters a token cannot hold become '_').
-func StatusSubject(name string) string { return StatusSubjectPrefix + subjectToken(name) }
-
-// subjectToken is name as one subject token: characters a token cannot
-// hold become '_'.
-func subjectToken(name string) string {
-	return strings.Map(func(r rune) rune {
-		if r <= ' ' || r == '.' || r == '*' || r == '>' || r == 0x7f {
-			return '_'
-		}
-		return r
-	}, name)
-}
-
-// StatusReply is the daemon's answer on StatusSubject.
+// StatusReply is the daemon's answer on subjects.Status.
 type StatusReply struct {
 	Version    string               `json:"version"`
 	NATSServer string               `json:"nats_server"`
@@ -62,12 +35,12 @@ type StatusReply struct {
 	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
 }
 
-// serveStatus answers StatusSubject on the daemon's in-process connection
+// serveStatus answers subjects.Status on the daemon's in-process connection
 // with a fresh check.
 func serveStatus(d *Daemon) (*nats.Subscription, error) {
 	started := time.Now()
 	cfg := d.cfg // its server, jetstream and http sections never change at reload
-	subject := StatusSubject(cfg.Server.Name)
+	subject := subjects.Status(cfg.Server.Name)
 	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

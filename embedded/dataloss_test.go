@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -27,7 +28,7 @@ func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *natstest.Buf
 	if err := s.Open(natstest.Context(t)); err != nil {
 		t.Fatalf("Open: %v", err)
 	}
-	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
 	for range n {
@@ -188,7 +189,7 @@ func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
 		t.Errorf("log does not name the vanished stream and where its data went:\n%s", lb.String())
 	}
 	log, _ := testLogger(t)
-	if err := Bootstrap(natstest.Context(t), s2.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(natstest.Context(t), s2.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap after the loss: %v", err)
 	}
 }
@@ -269,7 +270,7 @@ func TestRecorderRecordsWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.x", nil); err != nil {
@@ -446,7 +447,7 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = s.Close(context.Background()) })
-	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
@@ -72,7 +73,7 @@ func TestLeafNodesEdgeToHub(t *testing.T) {
 	ctx := context.Background()
 	hubCfg := leafHubConfig(t, "", "")
 	hub := runServer(t, hubCfg)
-	if err := Bootstrap(ctx, hub.JetStream(), hubCfg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := bootstrap.Apply(ctx, hub.JetStream(), hubCfg, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	var edges []*Server
@@ -81,7 +82,7 @@ func TestLeafNodesEdgeToHub(t *testing.T) {
 		cfg := leafEdgeConfig(t, name, hubCfg, config.RemoteConfig{})
 		log, lb := testLogger(t)
 		e := runServerWithLog(t, cfg, log)
-		if err := Bootstrap(ctx, e.JetStream(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+		if err := bootstrap.Apply(ctx, e.JetStream(), cfg, slog.New(slog.DiscardHandler)); err != nil {
 			t.Fatal(err)
 		}
 		edges = append(edges, e)
@@ -276,7 +277,7 @@ func TestBootstrapSources(t *testing.T) {
 	}
 	s := runServer(t, cfg)
 	log := slog.New(slog.DiscardHandler)
-	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(ctx, s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := s.JetStream().Publish(ctx, "orders.created", []byte("x")); err != nil {
@@ -288,11 +289,11 @@ func TestBootstrapSources(t *testing.T) {
 		return err1 == nil && err2 == nil && c.CachedInfo().State.Msgs == 1 && m.CachedInfo().State.Msgs == 1
 	})
 	// Bootstrapping again changes nothing; a new filter is applied.
-	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(ctx, s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	cfg.Streams["COPY"].Sources[0].FilterSubject = "orders.*"
-	if err := Bootstrap(ctx, s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(ctx, s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	c, err := s.JetStream().Stream(ctx, "COPY")
@@ -303,10 +304,10 @@ func TestBootstrapSources(t *testing.T) {
 		t.Errorf("sources after the change: %+v", src)
 	}
 	cfg.Streams["MIRROR"].Mirror.FilterSubject = "orders.paid"
-	err = Bootstrap(ctx, s.JetStream(), cfg, log)
-	var drift *DriftError
+	err = bootstrap.Apply(ctx, s.JetStream(), cfg, log)
+	var drift *bootstrap.DriftError
 	if !errors.As(err, &drift) || drift.Field != "mirror" {
-		t.Fatalf("Bootstrap with a changed mirror = %v, want a DriftError on mirror", err)
+		t.Fatalf("Bootstrap with a changed mirror = %v, want a bootstrap.DriftError on mirror", err)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // internalIdentity is the credential of holdfast's own in-process
@@ -54,7 +55,7 @@ func (id internalIdentity) String() string { return id.user }
 func InternalPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{"$JS.API.>", "$JS.ACK.>", DeadLetterSubjectPrefix + ">", config.GroupCommitPrefix + ">"},
+			Allow: []string{"$JS.API.>", "$JS.ACK.>", subjects.DeadLetterPrefix + ">", config.GroupCommitPrefix + ">"},
 		},
 		// ">" for group commit: the ingest answers the publishes on the
 		// subjects of streams with group_commit, which a reload may

@@ -24,7 +24,9 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
@@ -78,10 +80,10 @@ func (a *asyncErrors) has(fragment string) error {
 	return fmt.Errorf("no async error contains %q (got %v)", fragment, a.errs)
 }
 
-func bootstrap(t *testing.T, s *Server, cfg *config.Config) {
+func applyConfig(t *testing.T, s *Server, cfg *config.Config) {
 	t.Helper()
 	log, _ := testLogger(t)
-	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("bootstrap over the internal connection: %v", err)
 	}
 }
@@ -135,7 +137,7 @@ func checkInternalConnection(t *testing.T, s *Server, pub jetstream.JetStream) {
 	if n == 0 {
 		t.Fatalf("internal fetch got nothing: %v", batch.Error())
 	}
-	dl := nats.NewMsg(DeadLetterSubjectPrefix + "WORKER1.orders.internal")
+	dl := nats.NewMsg(subjects.DeadLetterPrefix + "WORKER1.orders.internal")
 	dl.Data = []byte("dead")
 	if _, err := js.PublishMsg(ctx, dl); err != nil {
 		t.Fatalf("dead letter: %v", err)
@@ -167,7 +169,7 @@ func TestAuthUsersPermissions(t *testing.T) {
 	s := New(cfg, log)
 	passwords := captureIdentity(s)
 	openServer(t, s)
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	url := s.NATS().ClientURL()
 	ctx := natstest.Context(t)
 
@@ -350,7 +352,7 @@ func TestAuthToken(t *testing.T) {
 	}
 	cfg.Auth.TokenFile = tokenFile
 	s := runServer(t, cfg)
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	url := s.NATS().ClientURL()
 	for name, opt := range map[string]nats.Option{
 		"no token":    nats.Name("anonymous"),
@@ -407,7 +409,7 @@ func TestTLS(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, MinVersion: "1.2"}
 		s := runServer(t, cfg)
-		bootstrap(t, s, cfg)
+		applyConfig(t, s, cfg)
 		url := s.NATS().ClientURL()
 		if nc, err := nats.Connect(url, nats.MaxReconnects(0)); err == nil {
 			nc.Close()
@@ -438,7 +440,7 @@ func TestTLS(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, CAFile: certs.CA, Verify: true, MinVersion: "1.3"}
 		s := runServer(t, cfg)
-		bootstrap(t, s, cfg)
+		applyConfig(t, s, cfg)
 		url := s.NATS().ClientURL()
 		if nc, err := nats.Connect(url, nats.RootCAs(certs.CA), nats.MaxReconnects(0)); err == nil {
 			nc.Close()
@@ -506,7 +508,7 @@ func TestEncryptionAtRest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	ctx := natstest.Context(t)
 	for i := range 50 {
 		if _, err := s.JetStream().Publish(ctx, "orders.secret", []byte(fmt.Sprintf("%s-%d", canary, i))); err != nil {
@@ -587,7 +589,7 @@ func TestEncryptionControl(t *testing.T) {
 	// in TestEncryptionAtRest would find it.
 	cfg := testConfig(t)
 	s := runServer(t, cfg)
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.plain", []byte("PLAINTEXT-CONTROL-77")); err != nil {
 		t.Fatal(err)
 	}
@@ -616,7 +618,7 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
 	s := runServer(t, cfg)
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.before", []byte("PLAIN-BEFORE-KEY")); err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +682,7 @@ func TestReservedSubjects(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := runServer(t, cfg)
-			bootstrap(t, s, cfg)
+			applyConfig(t, s, cfg)
 			ctx := natstest.Context(t)
 
 			// What holdfast itself listens to.

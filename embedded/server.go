@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // DefaultReadyTimeout bounds how long Open waits for the server to be
@@ -89,7 +90,7 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		ServerName:             cfg.Server.Name,
 		Host:                   cfg.Server.Host,
 		Port:                   cfg.Server.Port,
-		MaxPayload:             int32(cfg.Server.MaxPayload.Bytes + DeadLetterHeadroom),
+		MaxPayload:             int32(cfg.Server.MaxPayload.Bytes + subjects.DeadLetterHeadroom),
 		JetStream:              true,
 		StoreDir:               storeDir,
 		JetStreamMaxMemory:     js.MaxMemoryStore.Bytes,

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 func TestServerOpenVerifiesFileStore(t *testing.T) {
@@ -227,7 +228,7 @@ func TestOptionsFromConfig(t *testing.T) {
 	if opts.JetStreamMaxStore != 1<<30 || opts.JetStreamMaxMemory != 64<<20 {
 		t.Errorf("max store %d, max memory %d: both must be set from the config", opts.JetStreamMaxStore, opts.JetStreamMaxMemory)
 	}
-	if opts.JetStreamDomain != "edge" || opts.MaxPayload != 1<<20+DeadLetterHeadroom {
+	if opts.JetStreamDomain != "edge" || opts.MaxPayload != 1<<20+subjects.DeadLetterHeadroom {
 		t.Errorf("domain %q, max payload %d", opts.JetStreamDomain, opts.MaxPayload)
 	}
 	if !opts.SyncAlways {

@@ -267,7 +267,7 @@ func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config
 	cfg.JetStream.OnDataLoss = "refuse"
 	before(cfg)
 	s := runServer(t, cfg)
-	bootstrap(t, s, cfg)
+	applyConfig(t, s, cfg)
 	if err := s.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}

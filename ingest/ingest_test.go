@@ -25,7 +25,7 @@ import (
 )
 
 // startIngest creates opts.Stream on opts.Subjects the way holdfast does
-// for group_commit (embedded.StreamSpec: prefixed subjects, the transform
+// for group_commit (bootstrap.StreamSpec: prefixed subjects, the transform
 // back, atomic publish; mod adjusts it) and opens a Committer with opts.
 func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Options, mod func(*jetstream.StreamConfig)) *Committer {
 	t.Helper()

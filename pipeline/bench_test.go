@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -52,7 +53,7 @@ func startBenchEnv(tb testing.TB) *benchEnv {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() { srv.Close(context.Background()) })
-	if err := embedded.Bootstrap(ctx, srv.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(ctx, srv.JetStream(), cfg, log); err != nil {
 		tb.Fatal(err)
 	}
 	return &benchEnv{srv: srv, js: srv.JetStream(), cfg: cfg, log: log}

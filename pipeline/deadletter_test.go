@@ -15,7 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -59,7 +59,7 @@ func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.cfg.Streams["ORDERS"].Retention = "workqueue"
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	w2 := e.workers(failing("exit status 65"), 1)
@@ -287,7 +287,7 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	if w.Stats().DeadLetterError() == "" {
 		t.Fatal("no dead-letter error recorded")
 	}
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	e.waitDLQ(1)
@@ -335,7 +335,7 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 	if got := w.Stats().DeadLetterError(); !strings.Contains(got, "max_msgs 2 with discard old") {
 		t.Fatalf("dead-letter error %q does not name the limit", got)
 	}
-	if err := embedded.Bootstrap(context.Background(), e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(context.Background(), e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	e.waitDLQ(4)

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -147,7 +147,7 @@ func TestForwardRecreatedStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * time.Millisecond) // a creation time of its own
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	if seq := e.publish("orders.created", "new", nil); seq != 1 {

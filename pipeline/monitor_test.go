@@ -20,6 +20,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -58,7 +59,7 @@ func newMonitorEnv(t *testing.T, tweak func(*config.Config)) *monitorEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close(context.Background()) })
-	if err := embedded.Bootstrap(context.Background(), srv.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(context.Background(), srv.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -66,7 +67,7 @@ func startEnvWith(t *testing.T, tweak func(*config.Config)) *testEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close(context.Background()) })
-	if err := embedded.Bootstrap(ctx, srv.JetStream(), cfg, log); err != nil {
+	if err := bootstrap.Apply(ctx, srv.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
 	return &testEnv{t: t, srv: srv, js: srv.JetStream(), cfg: cfg}
@@ -462,7 +463,7 @@ func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
 		t.Fatal("original acknowledged although its dead letter was not stored")
 	}
 	// Bring the dead-letter stream back: the next delivery lands there.
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {

@@ -15,13 +15,14 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 func reloadCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "reload",
 		Usage: "reload the running holdfast's config file and wait for the result; exit 1 when it was refused",
-		Description: "Sends SIGHUP to the running holdfast and waits for its answer on " + daemon.ReloadSubjectPrefix + "<server name>:\n" +
+		Description: "Sends SIGHUP to the running holdfast and waits for its answer on " + subjects.Reload("") + "<server name>:\n" +
 			"what the reload applied, or why it was refused. A reload with a change that needs a restart applies\n" +
 			"nothing and exits 1 naming the keys. When holdfast cannot be asked (no credentials for it), --pid\n" +
 			"still gets the signal, after the file passed the checks of holdfast check; its log tells the result.",
@@ -81,13 +82,13 @@ func askReload(ctx context.Context, nc *nats.Conn, cfg *config.Config) (*daemon.
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, daemon.ReloadSubject(name), nil)
+	msg, err := nc.RequestWithContext(rctx, subjects.Reload(name), nil)
 	if err != nil {
-		return nil, runtimeError(fmt.Errorf("holdfast does not answer on %s: %w (is it still starting? see holdfast status)", daemon.ReloadSubject(name), err))
+		return nil, runtimeError(fmt.Errorf("holdfast does not answer on %s: %w (is it still starting? see holdfast status)", subjects.Reload(name), err))
 	}
 	var r daemon.ReloadReply
 	if err := json.Unmarshal(msg.Data, &r); err != nil {
-		return nil, runtimeError(fmt.Errorf("cannot read holdfast's answer on %s: %w", daemon.ReloadSubject(name), err))
+		return nil, runtimeError(fmt.Errorf("cannot read holdfast's answer on %s: %w", subjects.Reload(name), err))
 	}
 	return &r, nil
 }

@@ -19,7 +19,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/backup"
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 )
 
 func restoreCommand() *cli.Command {
@@ -138,7 +138,7 @@ func checkBackupAgainstConfig(cfg *config.Config, dir string, m *backup.Manifest
 		if err := json.Unmarshal(cs.Stream, &sc); err != nil {
 			return runtimeError(fmt.Errorf("backup %s, stream %s: %w", dir, e.Name, err))
 		}
-		if derr := embedded.StreamDrift(cfg, sc); derr != nil {
+		if derr := bootstrap.StreamDrift(cfg, sc); derr != nil {
 			problems = append(problems, backupDrift(derr))
 		}
 		for _, name := range slices.Sorted(maps.Keys(cs.Consumers)) {
@@ -149,7 +149,7 @@ func checkBackupAgainstConfig(cfg *config.Config, dir string, m *backup.Manifest
 			if cc.Durable == "" {
 				cc.Durable = name
 			}
-			if derr := embedded.ConsumerDrift(cfg, e.Name, cc); derr != nil {
+			if derr := bootstrap.ConsumerDrift(cfg, e.Name, cc); derr != nil {
 				problems = append(problems, backupDrift(derr))
 			}
 		}
@@ -164,7 +164,7 @@ func checkBackupAgainstConfig(cfg *config.Config, dir string, m *backup.Manifest
 
 // backupDrift words a difference between a backup and the config.
 func backupDrift(err error) error {
-	var de *embedded.DriftError
+	var de *bootstrap.DriftError
 	if !errors.As(err, &de) {
 		return err
 	}

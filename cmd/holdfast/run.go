@@ -121,7 +121,7 @@ func runCommand() *cli.Command {
 						continue // a stop request won the race: no reload now
 					}
 					n.Reloading()
-					_ = d.ReloadFromFile(ctx) // logged, and answered on daemon.ReloadSubject
+					_ = d.ReloadFromFile(ctx) // logged, and answered on subjects.Reload
 					if ctx.Err() == nil {
 						n.Ready(d.Status())
 					}

@@ -19,6 +19,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/ingest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -126,7 +127,7 @@ func statusCommand() *cli.Command {
 		Name:  "status",
 		Usage: "show JetStream, streams, consumers and workers of the running holdfast; exit 1 when it is not healthy",
 		Description: "Connects to the running holdfast as a NATS client, reads JetStream, every stream and consumer,\n" +
-			"and asks the daemon it is connected to (on " + daemon.StatusSubjectPrefix + "<server name>) for what only it knows: losses to retention,\n" +
+			"and asks the daemon it is connected to (on " + subjects.Status("") + "<server name>) for what only it knows: losses to retention,\n" +
 			"workers and health. Exit 0 when healthy, 1 when degraded or unreachable.",
 		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON instead of tables"}},
 		Action: func(c *cli.Context) error {
@@ -185,7 +186,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	if name == "" {
 		name = cfg.Server.Name
 	}
-	subject := daemon.StatusSubject(name)
+	subject := subjects.Status(name)
 	msg, err := nc.RequestWithContext(ctx, subject, nil)
 	if err == nil {
 		reply = &daemon.StatusReply{}

@@ -1,4 +1,4 @@
-package embedded
+package bootstrap
 
 import (
 	"context"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // ErrDrift is the sentinel for a difference between the config and an
@@ -48,8 +49,8 @@ type Change struct {
 //
 // Its max_msg_size is cfg.StreamMaxMsgSize: server.max_payload (more on a
 // hub's stream of edge messages). The server itself accepts
-// DeadLetterHeadroom more (see Options), so that a message of the largest
-// allowed size still fits in its dead letter with the Holdfast-* headers
+// subjects.DeadLetterHeadroom more (see embedded.Options), so that a
+// message of the largest allowed size still fits in its dead letter with the Holdfast-* headers
 // added; configured streams refuse anything larger.
 func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 	sc := cfg.Streams[name]
@@ -97,15 +98,15 @@ func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 //
 // replicas follows the streams it serves (see config.DeadLetterReplicas).
 func DeadLetterSpec(name string, consumers []string, replicas int) jetstream.StreamConfig {
-	subjects := make([]string, 0, len(consumers))
+	subjs := make([]string, 0, len(consumers))
 	for _, c := range consumers {
-		subjects = append(subjects, DeadLetterSubjectPrefix+c+".>")
+		subjs = append(subjs, subjects.DeadLetters(c))
 	}
-	sort.Strings(subjects)
+	sort.Strings(subjs)
 	return jetstream.StreamConfig{
 		Name:              name,
 		Description:       "holdfast dead letters",
-		Subjects:          subjects,
+		Subjects:          subjs,
 		Retention:         jetstream.LimitsPolicy,
 		Discard:           jetstream.DiscardNew,
 		Storage:           jetstream.FileStorage,
@@ -118,15 +119,6 @@ func DeadLetterSpec(name string, consumers []string, replicas int) jetstream.Str
 		Duplicates:        2 * time.Minute,
 	}
 }
-
-// DeadLetterHeadroom is what the server accepts beyond server.max_payload:
-// room for the headers a dead letter adds (the workers cut Holdfast-Error,
-// the handler's reason, to 1 KiB).
-const DeadLetterHeadroom = 8 << 10
-
-// DeadLetterSubjectPrefix starts every dead-letter subject:
-// dlq.<CONSUMER>.<original subject>.
-const DeadLetterSubjectPrefix = "dlq."
 
 // ConsumerSpec turns a configured consumer into the server's durable pull
 // consumer config. The retry backoff stays with holdfast (NakWithDelay):
@@ -147,7 +139,7 @@ func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConf
 // Bootstrap creates or updates every configured stream, dead-letter stream
 // and consumer. It is idempotent, never deletes anything, logs every field
 // it changes and stops at a difference the server cannot apply.
-func Bootstrap(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
+func Apply(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	log = log.With("component", "bootstrap")
 	// Right after the meta leader is elected, a stream another node just
 	// created may have no leader of its own for a moment: its info times
@@ -289,7 +281,7 @@ func warnUnconfiguredConsumers(ctx context.Context, js jetstream.JetStream, cfg 
 func releaseMovedDeadLetters(ctx context.Context, js jetstream.JetStream, dls map[string][]string, log *slog.Logger) error {
 	for _, target := range slices.Sorted(maps.Keys(dls)) {
 		for _, consumer := range dls[target] {
-			subj := DeadLetterSubjectPrefix + consumer + ".>"
+			subj := subjects.DeadLetters(consumer)
 			names := js.StreamNames(ctx, jetstream.WithStreamListSubject(subj))
 			var owners []string
 			for n := range names.Name() {

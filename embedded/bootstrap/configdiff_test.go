@@ -1,4 +1,4 @@
-package embedded
+package bootstrap
 
 import (
 	"log/slog"
@@ -16,33 +16,33 @@ func TestConfigDiff(t *testing.T) {
 	ctx := natstest.Context(t)
 	one := testConfig(t)
 	s := runServerWithLog(t, one, slog.New(slog.DiscardHandler))
-	if err := Bootstrap(ctx, s.JetStream(), one, slog.New(slog.DiscardHandler)); err != nil {
+	if err := Apply(ctx, s.JetStream(), one, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	if d := ConfigDiff(ctx, s.JetStream(), one); d != nil {
+	if d := Diff(ctx, s.JetStream(), one); d != nil {
 		t.Fatalf("one node right after its bootstrap: %q", d)
 	}
 
 	cfgs := testClusterConfigs(t, 3)
-	servers, _ := openCluster(t, cfgs)
+	servers := openCluster(t, cfgs)
 	for i, s := range servers {
-		if err := Bootstrap(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
+		if err := Apply(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	for i, s := range servers {
-		if d := ConfigDiff(ctx, s.JetStream(), cfgs[i]); d != nil {
+		if d := Diff(ctx, s.JetStream(), cfgs[i]); d != nil {
 			t.Fatalf("%s right after the bootstrap: %q", cfgs[i].Server.Name, d)
 		}
 	}
 	cfgs[0].Streams["ORDERS"].MaxMsgs = 500
-	if err := Bootstrap(ctx, servers[0].JetStream(), cfgs[0], slog.New(slog.DiscardHandler)); err != nil {
+	if err := Apply(ctx, servers[0].JetStream(), cfgs[0], slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	if d := ConfigDiff(ctx, servers[0].JetStream(), cfgs[0]); d != nil {
+	if d := Diff(ctx, servers[0].JetStream(), cfgs[0]); d != nil {
 		t.Fatalf("the node that applied its config: %q", d)
 	}
-	d := ConfigDiff(ctx, servers[1].JetStream(), cfgs[1])
+	d := Diff(ctx, servers[1].JetStream(), cfgs[1])
 	if len(d) != 1 || !strings.Contains(d[0], "stream ORDERS differs from this node's config ([streams.ORDERS]): max_msgs is 500 on the server, 1000000 in this node's config") ||
 		!strings.Contains(d[0], "make the config the same on every node") {
 		t.Fatalf("another node: %q", d)
@@ -62,15 +62,15 @@ func TestBootstrapNeverLowersReplicas(t *testing.T) {
 	for _, cfg := range cfgs {
 		cfg.Streams["ORDERS"].Replicas = 3
 	}
-	servers, _ := openCluster(t, cfgs)
+	servers := openCluster(t, cfgs)
 	for i, s := range servers {
-		if err := Bootstrap(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
+		if err := Apply(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	cfgs[0].Streams["ORDERS"].Replicas = 1
 	var log natstest.Buffer
-	if err := Bootstrap(ctx, servers[0].JetStream(), cfgs[0], slog.New(slog.NewTextHandler(&log, nil))); err != nil {
+	if err := Apply(ctx, servers[0].JetStream(), cfgs[0], slog.New(slog.NewTextHandler(&log, nil))); err != nil {
 		t.Fatal(err)
 	}
 	for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
@@ -86,11 +86,11 @@ func TestBootstrapNeverLowersReplicas(t *testing.T) {
 	if !strings.Contains(log.String(), want) || !strings.Contains(log.String(), "nats stream edit ORDERS --replicas 1") {
 		t.Errorf("the node's bootstrap log does not say %q and how to lower them:\n%s", want, log.String())
 	}
-	d := ConfigDiff(ctx, servers[0].JetStream(), cfgs[0])
+	d := Diff(ctx, servers[0].JetStream(), cfgs[0])
 	if len(d) != 2 || !strings.Contains(d[0], want) || !strings.Contains(d[1], "dead-letter stream ORDERS_DLQ") {
 		t.Errorf("the node's config diff: %q, want the replicas kept for ORDERS and ORDERS_DLQ", d)
 	}
-	if d := ConfigDiff(ctx, servers[1].JetStream(), cfgs[1]); d != nil {
+	if d := Diff(ctx, servers[1].JetStream(), cfgs[1]); d != nil {
 		t.Errorf("another node, whose config says 3: %q", d)
 	}
 }

@@ -1,4 +1,4 @@
-package embedded
+package bootstrap
 
 import (
 	"fmt"
@@ -42,7 +42,7 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 
 			tc.lower(cfg.Streams["ORDERS"])
 			cfg.Consumers["WORKER1"].MaxDeliver = 7 // applied beside the kept limit
-			if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 				t.Fatalf("Bootstrap with %s lowered: %v", tc.field, err)
 			}
 			si := natstest.StreamInfo(t, js, "ORDERS")
@@ -61,7 +61,7 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 				}
 			}
 			// The config-diff watch says the same, and blames no other node.
-			diff := ConfigDiff(natstest.Context(t), js, cfg)
+			diff := Diff(natstest.Context(t), js, cfg)
 			if len(diff) != 1 || !strings.Contains(diff[0], "streams.ORDERS."+tc.field+" = ") || !strings.Contains(diff[0], "not applied") {
 				t.Errorf("ConfigDiff = %q, want the one kept %s", diff, tc.field)
 			}
@@ -85,7 +85,7 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 			if n != 20 {
 				t.Fatalf("fetched %d messages, want 20", n)
 			}
-			if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 				t.Fatalf("Bootstrap after the consumer caught up: %v", err)
 			}
 			if got := tc.got(natstest.StreamInfo(t, js, "ORDERS").Config); got == tc.was {

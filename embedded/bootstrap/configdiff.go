@@ -1,4 +1,4 @@
-package embedded
+package bootstrap
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // shared stream under it, and this node's next start or reload would
 // change it back. A stream or consumer that does not answer is left out
 // (the Monitor reports it).
-func ConfigDiff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
+func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
 	var out []string
 	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, table string, deadLetter bool) {
 		have := s.CachedInfo().Config

@@ -1,4 +1,4 @@
-package embedded
+package bootstrap
 
 import (
 	"context"
@@ -17,11 +17,11 @@ import (
 )
 
 // bootstrapped runs a server on cfg and bootstraps it.
-func bootstrapped(t *testing.T, cfg *config.Config) (*Server, *natstest.Buffer) {
+func bootstrapped(t *testing.T, cfg *config.Config) (*testServer, *natstest.Buffer) {
 	t.Helper()
 	log, lb := testLogger(t)
 	s := runServerWithLog(t, cfg, log)
-	if err := Bootstrap(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
+	if err := Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap: %v", err)
 	}
 	return s, lb
@@ -127,7 +127,7 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 	worker := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
 
 	before := len(lb.String())
-	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 		t.Fatalf("second Bootstrap: %v", err)
 	}
 	second := lb.String()[before:]
@@ -174,7 +174,7 @@ func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 	cfg.Streams["ORDERS"].MaxAge = config.Dur(24 * time.Hour)
 	cfg.Consumers["WORKER1"].MaxDeliver = 7
 	before := len(lb.String())
-	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 		t.Fatalf("Bootstrap with changed max_age and max_deliver: %v", err)
 	}
 
@@ -229,7 +229,7 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 			if err := cfg.Validate(); err != nil {
 				t.Fatalf("changed config does not validate: %v", err)
 			}
-			err := Bootstrap(natstest.Context(t), js, cfg, s.base)
+			err := Apply(natstest.Context(t), js, cfg, s.base)
 			if err == nil {
 				t.Fatalf("Bootstrap applied a %s change", tc.field)
 			}
@@ -310,7 +310,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 				t.Fatal(err)
 			}
 			log, lb := testLogger(t)
-			if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
+			if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatalf("Bootstrap after moving dead_letter: %v", err)
 			}
 			if !strings.Contains(lb.String(), "dead letters of the consumer moved") {
@@ -332,7 +332,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 			}
 			// And again: nothing left to change.
 			log, lb = testLogger(t)
-			if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
+			if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatal(err)
 			}
 			if bootstrapChanged(lb.String()) || strings.Contains(lb.String(), "moved") {
@@ -356,7 +356,7 @@ func TestBootstrapWarnsOfUnconfiguredConsumers(t *testing.T) {
 		t.Fatal(err)
 	}
 	publish(t, js, "orders.created", 3)
-	if err := Bootstrap(natstest.Context(t), js, cfg, s.base); err != nil {
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 		t.Fatal(err)
 	}
 	if log := lb.String(); !strings.Contains(log, "consumer not in the config") || !strings.Contains(log, "consumer=OLD") || !strings.Contains(log, "pending=3") || strings.Contains(log, "consumer=WORKER1 retention") {
@@ -391,7 +391,7 @@ func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
 	log, lb := testLogger(t)
 	s := runServerWithLog(t, cfg, log)
 	js := &lateOnce{JetStream: s.JetStream()}
-	if err := Bootstrap(natstest.Context(t), js, cfg, log); err != nil {
+	if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
 		t.Fatalf("Bootstrap after one late answer: %v", err)
 	}
 	if !strings.Contains(lb.String(), "bootstrap tries again") {
@@ -426,7 +426,7 @@ func TestBootstrapDriftChangesNothing(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("changed config does not validate: %v", err)
 	}
-	err := Bootstrap(natstest.Context(t), js, cfg, s.base)
+	err := Apply(natstest.Context(t), js, cfg, s.base)
 	if !errors.Is(err, ErrDrift) {
 		t.Fatalf("Bootstrap = %v, want ErrDrift", err)
 	}
@@ -457,7 +457,7 @@ func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	err := Bootstrap(natstest.Context(t), js, cfg, s.base)
+	err := Apply(natstest.Context(t), js, cfg, s.base)
 	if err == nil {
 		t.Fatal("Bootstrap created SALES beside ORDERS on the same subjects")
 	}
