@@ -30,7 +30,8 @@ type RestoreOptions struct {
 	// twice is restored once.
 	Streams []string
 	// Replace deletes a stream that exists and holds (or held) messages
-	// before restoring it. Without it such a stream is an *ExistsError.
+	// before restoring it, once it takes no more publishes and is saved
+	// (see SaveDir). Without it such a stream is an *ExistsError.
 	Replace bool
 	// Progress, when set, is called as data is sent.
 	Progress func(Progress)
@@ -75,9 +76,9 @@ func (e *ExistsError) Error() string {
 type Restored struct {
 	Name string
 	// Replaced tells that an existing stream was deleted first; it held
-	// ReplacedMessages messages.
-	Replaced         bool
-	ReplacedMessages uint64
+	// ReplacedMessages messages, up to sequence ReplacedLastSeq.
+	Replaced                          bool
+	ReplacedMessages, ReplacedLastSeq uint64
 	// Messages and LastSeq right after the restore.
 	Messages, LastSeq uint64
 	// AckFloors are the consumers' ack floors (stream sequences) read
@@ -162,58 +163,40 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 }
 
 // restoreStream restores one stream and checks it against the manifest.
-// An existing stream that holds messages and is to be replaced is saved
-// first (a backup of it, in opts.SaveDir) and put back when the restore
-// fails or is interrupted: deleted and not restored, its messages were
-// lost (measured: a --replace that the server refused for want of
-// storage left the stream missing, its message gone).
+// An existing stream that has held messages and is to be replaced first
+// stops taking publishes (closeStream), so that the copy of it saved next
+// (a backup, in opts.SaveDir) holds every message acknowledged until it
+// is deleted; that copy is put back when the restore fails or is
+// interrupted (putBack).
 func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
 	st, exists := existing[e.Name]
-	if !opts.Replace || !exists || st.Msgs == 0 {
-		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	if !opts.Replace || !exists || st.LastSeq == 0 {
+		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, nil)
 	}
 	notice := noticeFunc(opts)
-	saved, entry, err := saveReplaced(ctx, nc, dir, e.Name, opts)
+	subjects, err := closeStream(ctx, js, e.Name)
 	if err != nil {
-		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not replaced, nothing changed: its %d message(s) could not be saved first (to be put back should the restore fail): %w", e.Name, st.Msgs, err)
+		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not replaced, nothing changed: %w", e.Name, err)
 	}
-	if entry == nil { // a memory stream: nothing to save, as in a backup
-		os.RemoveAll(saved)
-		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	if subjects != nil {
+		notice("stream %s takes no publishes until it is replaced: its subjects %v are held back (publishers get errors meanwhile)", e.Name, subjects)
 	}
-	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	saved, entry, now, err := saveClosed(ctx, js, nc, dir, e.Name, opts)
+	if err != nil {
+		err = fmt.Errorf("stream %s was not replaced: its messages could not be saved first (to be put back should the restore fail): %w", e.Name, err)
+		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, subjects); rerr != nil {
+			return Restored{Name: e.Name}, fmt.Errorf("%w; %s", err, heldBack(e.Name, subjects, rerr))
+		}
+		return Restored{Name: e.Name}, fmt.Errorf("%w; nothing changed", err)
+	}
+	existing[e.Name] = now
+	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, nil)
 	if err == nil {
 		os.RemoveAll(saved)
 		return r, nil
 	}
-	// Put the stream back as it was, also when interrupted (a further
-	// interrupt is ignored meanwhile): left now, it would have neither its
-	// messages nor the backup's.
-	back := context.WithoutCancel(ctx)
-	notice("putting stream %s back as it was before the restore (%d messages, saved in %s)", e.Name, entry.Messages, saved)
-	now, ok, serr := streamState(back, js, e.Name)
-	switch {
-	case serr != nil:
-		err = fmt.Errorf("%w; stream %s was not put back (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, serr, saved, saved)
-	case ok && now.LastSeq > 0:
-		// Not deleted (the delete failed or was interrupted), or created
-		// again and published into: left as it is.
-		err = fmt.Errorf("%w; stream %s holds messages now (last sequence %d; not deleted, or published into since): it is left as it is, and what it held before the restore is kept in %s (holdfast restore --replace %s puts that back)", err, e.Name, now.LastSeq, saved, saved)
-	default:
-		cur := map[string]jetstream.StreamState{}
-		if ok {
-			cur[e.Name] = now
-		}
-		back := RestoreOptions{Timeout: opts.Timeout, Notice: opts.Notice}
-		if _, perr := restoreFrom(context.WithoutCancel(ctx), js, nc, saved, *entry, idx, count, cur, back); perr != nil {
-			err = fmt.Errorf("%w; putting stream %s back failed too (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, perr, saved, saved)
-		} else {
-			os.RemoveAll(saved)
-			err = fmt.Errorf("%w; stream %s was put back as it was (%d messages, last sequence %d)", err, e.Name, entry.Messages, entry.LastSeq)
-		}
-	}
-	return r, err
+	return r, putBack(ctx, js, nc, e.Name, idx, count, saved, entry, subjects, opts, err)
 }
 
 // saveReplaced backs up stream, which a restore from dir is to replace,
@@ -249,8 +232,10 @@ func noticeFunc(opts RestoreOptions) func(format string, args ...any) {
 }
 
 // restoreFrom restores one stream from dir and checks it against e.
+// adjust, when set, changes the stream's configuration the restore
+// creates it with (the backup's).
 func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
-	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
+	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions, adjust func(*api.StreamConfig)) (Restored, error) {
 	timeout := apiTimeout(opts.Timeout)
 	notice := noticeFunc(opts)
 	r := Restored{Name: e.Name, AckFloors: map[string]uint64{}}
@@ -276,7 +261,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
 			}
 		}
-		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf)
+		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf, adjust)
 		if err != nil && (strings.Contains(err.Error(), "closed pipe") || strings.Contains(err.Error(), "is stalled")) {
 			err = fmt.Errorf("%w: the server gave up the restore, as it does when storing one chunk of it takes over 5 s (is the store's disk that slow?)", err)
 		}
@@ -292,7 +277,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				afterDelete(e.Name)
 			}
 			if st.LastSeq > 0 && !r.Replaced {
-				r.Replaced, r.ReplacedMessages = true, st.Msgs
+				r.Replaced, r.ReplacedMessages, r.ReplacedLastSeq = true, st.Msgs, st.LastSeq
 				notice("deleted the existing stream %s (%d messages, last sequence %d)", e.Name, st.Msgs, st.LastSeq)
 			}
 		}
@@ -419,8 +404,12 @@ const firstChunkWait = 3 * time.Second
 // responders" for the first chunk, seen in one of eight restores through a
 // node that is not the new stream's leader); the server then waited 5 s for
 // a chunk, gave up without its RESTORE_COMPLETE advisory, and the restore
-// failed.
-func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser) (*api.StreamState, error) {
+// failed. A stream saved while closed (closeStream) is created with its
+// own subjects; adjust, when set, changes the configuration further. The
+// server creates the stream with the request's configuration, not the one
+// in the data.
+func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser,
+	adjust func(*api.StreamConfig)) (*api.StreamState, error) {
 	defer data.Close()
 	defer meta.Close()
 	raw, err := io.ReadAll(meta)
@@ -436,6 +425,10 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, 
 	}
 	if req.Config.Storage == api.MemoryStorage {
 		return nil, jsm.ErrMemoryStreamNotSupported
+	}
+	reopenConfig(&req.Config)
+	if adjust != nil {
+		adjust(&req.Config)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

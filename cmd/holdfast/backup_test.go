@@ -344,7 +344,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 		t.Fatalf("verify-only of the good backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	res = runHoldfast(t, nil, "restore", "--config", in.cfg, "--replace", dir)
-	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted)") {
+	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted, last sequence 60)") {
 		t.Fatalf("restore --replace: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.LastSeq != 50 || st.Msgs != 50 {

@@ -110,7 +110,7 @@ func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) 
 		}
 		replaced := "-"
 		if r.Replaced {
-			replaced = fmt.Sprintf("yes (%d messages deleted)", r.ReplacedMessages)
+			replaced = fmt.Sprintf("yes (%d messages deleted, last sequence %d)", r.ReplacedMessages, r.ReplacedLastSeq)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", r.Name, r.Messages, r.LastSeq, strings.Join(cons, ", "), replaced)
 	}
