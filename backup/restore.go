@@ -48,6 +48,10 @@ type RestoreOptions struct {
 	// holdfast-replaced-STREAM-* in it, removed once the restore or the
 	// putting back succeeded. Default: the parent of the backup directory.
 	SaveDir string
+	// Replicas gives the streams it names the replicas they are restored
+	// with, in place of the backup's, and no placement: those the running
+	// config gives them. The others keep the backup's.
+	Replicas map[string]int
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -150,6 +154,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if err := checkOverlaps(ctx, js, dir, todo); err != nil {
 		return m, nil, err
 	}
+	if err := checkReplicas(nc, dir, todo); err != nil {
+		return m, nil, err
+	}
 
 	var out []Restored
 	for i, e := range todo {
@@ -171,8 +178,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
 	st, exists := existing[e.Name]
+	adjust := configured(opts, e.Name)
 	if !opts.Replace || !exists || st.LastSeq == 0 {
-		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, nil)
+		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	}
 	notice := noticeFunc(opts)
 	subjects, err := closeStream(ctx, js, e.Name)
@@ -191,7 +199,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 		return Restored{Name: e.Name}, fmt.Errorf("%w; nothing changed", err)
 	}
 	existing[e.Name] = now
-	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, nil)
+	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	if err == nil {
 		os.RemoveAll(saved)
 		return r, nil
@@ -788,22 +796,69 @@ func (r *restoreReader) Close() error {
 	return r.file.Close()
 }
 
+// snapshotConfig returns the configuration of the stream in a snapshot
+// directory.
+func snapshotConfig(sdir string) (api.StreamConfig, error) {
+	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
+	if err != nil {
+		return api.StreamConfig{}, err
+	}
+	var meta struct {
+		Config api.StreamConfig `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		return api.StreamConfig{}, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+	}
+	return meta.Config, nil
+}
+
 // snapshotSubjects returns the subjects of the stream in a snapshot
 // directory.
 func snapshotSubjects(sdir string) ([]string, error) {
-	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
-	if err != nil {
-		return nil, err
+	cfg, err := snapshotConfig(sdir)
+	return cfg.Subjects, err
+}
+
+// configured returns what makes stream take the replicas opts.Replicas
+// gives it when restored, without the backup's placement (a cluster's
+// name or tags there need not exist here); nil when opts.Replicas does
+// not name it.
+func configured(opts RestoreOptions, stream string) func(*api.StreamConfig) {
+	r, ok := opts.Replicas[stream]
+	if !ok || r < 1 {
+		return nil
 	}
-	var meta struct {
-		Config struct {
-			Subjects []string `json:"subjects"`
-		} `json:"config"`
+	return func(c *api.StreamConfig) {
+		c.Replicas = r
+		c.Placement = nil
 	}
-	if err := json.Unmarshal(raw, &meta); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+}
+
+// checkReplicas refuses, before anything changed, a stream the backup
+// holds with more than one replica when the server nc is connected to is
+// not part of a cluster: nats-server refuses it ("replicas > 1 not
+// supported in non-clustered mode") only once its restore started, after
+// a Replace deleted the stream there.
+func checkReplicas(nc *nats.Conn, dir string, todo []StreamEntry) error {
+	if nc.ConnectedClusterName() != "" {
+		return nil
 	}
-	return meta.Config.Subjects, nil
+	var problems []string
+	for _, e := range todo {
+		cfg, err := snapshotConfig(filepath.Join(dir, filepath.FromSlash(e.Dir)))
+		if err != nil {
+			return fmt.Errorf("stream %s of the backup: %w", e.Name, err)
+		}
+		if cfg.Replicas > 1 {
+			problems = append(problems, fmt.Sprintf("%s has %d replicas in the backup", e.Name, cfg.Replicas))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("stream(s) of the backup come from a cluster: %s, and this server, not part of a cluster, holds one copy of a stream only; "+
+			"nothing was restored: restore the backup into a cluster of at least that many nodes, or leave those streams out with --stream",
+			strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // checkOverlaps refuses, before anything changed, a restore of a stream

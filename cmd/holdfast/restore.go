@@ -74,6 +74,7 @@ func restoreCommand() *cli.Command {
 			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
 				Streams:  c.StringSlice("stream"),
 				Replace:  c.Bool("replace"),
+				Replicas: configuredReplicas(cfg),
 				Verified: verified,
 				Progress: bar.update,
 				Notice: func(msg string) {
@@ -92,6 +93,20 @@ func restoreCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// configuredReplicas returns the replicas the config gives each stream
+// and dead-letter stream: a restore gives them to what it restores, as
+// the bootstrap would have.
+func configuredReplicas(cfg *config.Config) map[string]int {
+	out := map[string]int{}
+	for _, name := range cfg.StreamNames() {
+		out[name] = cfg.Streams[name].Replicas
+	}
+	for name := range cfg.DeadLetterStreams() {
+		out[name] = cfg.DeadLetterReplicas(name)
+	}
+	return out
 }
 
 // printRestored lists the restored streams next to the manifest.
