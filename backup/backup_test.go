@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -1007,6 +1009,38 @@ func TestRestoreReplaceFailedPutsBack(t *testing.T) {
 	if left, _ := os.ReadDir(save); len(left) != 0 {
 		t.Errorf("the saved copy was left in %s: %v", save, left)
 	}
+	checkOpen(t, js2)
+}
+
+// checkOpen fails the test unless ORDERS has its subjects (orders.*)
+// and takes publishes.
+func checkOpen(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	info := natstest.StreamInfo(t, js, "ORDERS")
+	if !slices.Equal(info.Config.Subjects, []string{"orders.*"}) || info.Config.Metadata[heldSubjectsKey] != "" {
+		t.Fatalf("ORDERS has subjects %v, metadata %v; want orders.* back", info.Config.Subjects, info.Config.Metadata)
+	}
+	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil {
+		t.Fatalf("publish to ORDERS: %v", err)
+	}
+}
+
+// TestRestoreReplaceUnsavedReopens: a Replace that cannot save the
+// stream it replaces (here its directory is missing) changes nothing: the
+// stream, which took no publishes while it was to be saved, has its
+// subjects back.
+func TestRestoreReplaceUnsavedReopens(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 5, 0)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	_, _, err := Restore(natstest.Context(t), nc, dir, RestoreOptions{Replace: true, SaveDir: filepath.Join(t.TempDir(), "missing")})
+	if err == nil || !strings.Contains(err.Error(), "could not be saved first") || !strings.Contains(err.Error(), "nothing changed") {
+		t.Fatalf("restore --replace without a place to save: %v", err)
+	}
+	checkOpen(t, js)
+	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.Msgs != 6 {
+		t.Fatalf("ORDERS after the refused restore: %+v, want its 5 messages and the one published since", st)
+	}
 }
 
 // TestRestoreDropsReplayClaims: a backup taken while a dead letter was
@@ -1043,4 +1077,133 @@ func TestRestoreDropsReplayClaims(t *testing.T) {
 	if !strings.Contains(strings.Join(notices, "\n"), "deleted "+claim.Durable+", the claim of a replay") {
 		t.Fatalf("notices: %q", notices)
 	}
+}
+
+// TestRestoreReplaceAccountsForEveryPubAck: publishers keep writing to
+// ORDERS while restore --replace deletes it. Every message they got a
+// PubAck for is either in the restored stream (published after the
+// restore) or in the copy of the replaced stream that the restore saved
+// before deleting it, and within the last sequence the restore reports
+// as deleted.
+func TestRestoreReplaceAccountsForEveryPubAck(t *testing.T) {
+	nc, js := runServer(t)
+	ctx := natstest.Context(t)
+	seed(t, js, 100, 10)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+
+	type ack struct {
+		id  string
+		seq uint64
+	}
+	var (
+		mu    sync.Mutex
+		acks  []ack
+		stop  = make(chan struct{})
+		count atomic.Int64
+		wg    sync.WaitGroup
+	)
+	for p := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				id := fmt.Sprintf("p%d-%d", p, i)
+				pctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				pa, err := js.Publish(pctx, "orders.created", []byte(id))
+				cancel()
+				if err != nil {
+					continue // refused or unanswered: not acknowledged
+				}
+				mu.Lock()
+				acks = append(acks, ack{id, pa.Sequence})
+				mu.Unlock()
+				count.Add(1)
+			}
+		}()
+	}
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := count.Load(); n < 200 {
+			return fmt.Errorf("%d PubAcks so far", n)
+		}
+		return nil
+	})
+
+	// The saved copy is removed once the restore succeeded: keep it,
+	// taken as it is when the stream is deleted.
+	save := t.TempDir()
+	kept := filepath.Join(t.TempDir(), "kept")
+	t.Cleanup(func() { afterDelete = nil })
+	afterDelete = func(string) {
+		entries, err := os.ReadDir(save)
+		if err != nil || len(entries) != 1 {
+			t.Errorf("saved copies in %s: %v, %v", save, entries, err)
+			return
+		}
+		if err := os.CopyFS(kept, os.DirFS(filepath.Join(save, entries[0].Name()))); err != nil {
+			t.Error(err)
+		}
+	}
+	var notices []string
+	_, restored, err := Restore(ctx, nc, dir, RestoreOptions{Replace: true, SaveDir: save,
+		Notice: func(m string) { notices = append(notices, m) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	afterDelete = nil
+	atRestore := count.Load()
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if n := count.Load(); n < atRestore+50 {
+			return fmt.Errorf("%d PubAcks since the restore", n-atRestore)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("notices: %q", notices)
+
+	r := restored[0]
+	if !r.Replaced {
+		t.Fatalf("restored %+v: ORDERS not reported replaced", r)
+	}
+	savedM, err := Verify(kept)
+	if err != nil {
+		t.Fatalf("the saved copy: %v", err)
+	}
+	saved := savedM.Stream("ORDERS")
+	if saved.LastSeq != r.ReplacedLastSeq || saved.Messages != r.ReplacedMessages {
+		t.Errorf("reported deleted: %d messages up to %d; the saved copy holds %d up to %d",
+			r.ReplacedMessages, r.ReplacedLastSeq, saved.Messages, saved.LastSeq)
+	}
+	want := fmt.Sprintf("deleted the existing stream ORDERS (%d messages, last sequence %d)", saved.Messages, saved.LastSeq)
+	if !slices.Contains(notices, want) {
+		t.Errorf("notices %q lack %q", notices, want)
+	}
+	// The saved copy, restored into a server of its own, to read it.
+	_, sjs := runServer(t)
+	if _, _, err := Restore(ctx, sjs.Conn(), kept, RestoreOptions{}); err != nil {
+		t.Fatalf("restore of the saved copy: %v", err)
+	}
+	in := func(js jetstream.JetStream, a ack) bool {
+		s, err := js.Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := s.GetMsg(ctx, a.seq)
+		return err == nil && string(m.Data) == a.id
+	}
+	lost := 0
+	for _, a := range acks {
+		if !in(js, a) && !in(sjs, a) {
+			if lost++; lost <= 10 {
+				t.Errorf("PubAck %s (sequence %d) is neither in the restored stream nor in the saved copy (last sequence %d)", a.id, a.seq, saved.LastSeq)
+			}
+		}
+	}
+	t.Logf("%d PubAcks: the replaced stream ended at %d (%d messages), the restored one at %d; %d lost",
+		len(acks), saved.LastSeq, saved.Messages, natstest.StreamInfo(t, js, "ORDERS").State.LastSeq, lost)
 }

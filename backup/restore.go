@@ -30,7 +30,8 @@ type RestoreOptions struct {
 	// twice is restored once.
 	Streams []string
 	// Replace deletes a stream that exists and holds (or held) messages
-	// before restoring it. Without it such a stream is an *ExistsError.
+	// before restoring it, once it takes no more publishes and is saved
+	// (see SaveDir). Without it such a stream is an *ExistsError.
 	Replace bool
 	// Progress, when set, is called as data is sent.
 	Progress func(Progress)
@@ -47,6 +48,10 @@ type RestoreOptions struct {
 	// holdfast-replaced-STREAM-* in it, removed once the restore or the
 	// putting back succeeded. Default: the parent of the backup directory.
 	SaveDir string
+	// Replicas gives the streams it names the replicas they are restored
+	// with, in place of the backup's, and no placement: those the running
+	// config gives them. The others keep the backup's.
+	Replicas map[string]int
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -75,9 +80,9 @@ func (e *ExistsError) Error() string {
 type Restored struct {
 	Name string
 	// Replaced tells that an existing stream was deleted first; it held
-	// ReplacedMessages messages.
-	Replaced         bool
-	ReplacedMessages uint64
+	// ReplacedMessages messages, up to sequence ReplacedLastSeq.
+	Replaced                          bool
+	ReplacedMessages, ReplacedLastSeq uint64
 	// Messages and LastSeq right after the restore.
 	Messages, LastSeq uint64
 	// AckFloors are the consumers' ack floors (stream sequences) read
@@ -149,6 +154,9 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 	if err := checkOverlaps(ctx, js, dir, todo); err != nil {
 		return m, nil, err
 	}
+	if err := checkReplicas(nc, dir, todo); err != nil {
+		return m, nil, err
+	}
 
 	var out []Restored
 	for i, e := range todo {
@@ -162,58 +170,41 @@ func Restore(ctx context.Context, nc *nats.Conn, dir string, opts RestoreOptions
 }
 
 // restoreStream restores one stream and checks it against the manifest.
-// An existing stream that holds messages and is to be replaced is saved
-// first (a backup of it, in opts.SaveDir) and put back when the restore
-// fails or is interrupted: deleted and not restored, its messages were
-// lost (measured: a --replace that the server refused for want of
-// storage left the stream missing, its message gone).
+// An existing stream that has held messages and is to be replaced first
+// stops taking publishes (closeStream), so that the copy of it saved next
+// (a backup, in opts.SaveDir) holds every message acknowledged until it
+// is deleted; that copy is put back when the restore fails or is
+// interrupted (putBack).
 func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
 	st, exists := existing[e.Name]
-	if !opts.Replace || !exists || st.Msgs == 0 {
-		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	adjust := configured(opts, e.Name)
+	if !opts.Replace || !exists || st.LastSeq == 0 {
+		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	}
 	notice := noticeFunc(opts)
-	saved, entry, err := saveReplaced(ctx, nc, dir, e.Name, opts)
+	subjects, err := closeStream(ctx, js, e.Name)
 	if err != nil {
-		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not replaced, nothing changed: its %d message(s) could not be saved first (to be put back should the restore fail): %w", e.Name, st.Msgs, err)
+		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not replaced, nothing changed: %w", e.Name, err)
 	}
-	if entry == nil { // a memory stream: nothing to save, as in a backup
-		os.RemoveAll(saved)
-		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	if subjects != nil {
+		notice("stream %s takes no publishes until it is replaced: its subjects %v are held back (publishers get errors meanwhile)", e.Name, subjects)
 	}
-	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts)
+	saved, entry, now, err := saveClosed(ctx, js, nc, dir, e.Name, opts)
+	if err != nil {
+		err = fmt.Errorf("stream %s was not replaced: its messages could not be saved first (to be put back should the restore fail): %w", e.Name, err)
+		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, subjects); rerr != nil {
+			return Restored{Name: e.Name}, fmt.Errorf("%w; %s", err, heldBack(e.Name, subjects, rerr))
+		}
+		return Restored{Name: e.Name}, fmt.Errorf("%w; nothing changed", err)
+	}
+	existing[e.Name] = now
+	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	if err == nil {
 		os.RemoveAll(saved)
 		return r, nil
 	}
-	// Put the stream back as it was, also when interrupted (a further
-	// interrupt is ignored meanwhile): left now, it would have neither its
-	// messages nor the backup's.
-	back := context.WithoutCancel(ctx)
-	notice("putting stream %s back as it was before the restore (%d messages, saved in %s)", e.Name, entry.Messages, saved)
-	now, ok, serr := streamState(back, js, e.Name)
-	switch {
-	case serr != nil:
-		err = fmt.Errorf("%w; stream %s was not put back (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, serr, saved, saved)
-	case ok && now.LastSeq > 0:
-		// Not deleted (the delete failed or was interrupted), or created
-		// again and published into: left as it is.
-		err = fmt.Errorf("%w; stream %s holds messages now (last sequence %d; not deleted, or published into since): it is left as it is, and what it held before the restore is kept in %s (holdfast restore --replace %s puts that back)", err, e.Name, now.LastSeq, saved, saved)
-	default:
-		cur := map[string]jetstream.StreamState{}
-		if ok {
-			cur[e.Name] = now
-		}
-		back := RestoreOptions{Timeout: opts.Timeout, Notice: opts.Notice}
-		if _, perr := restoreFrom(context.WithoutCancel(ctx), js, nc, saved, *entry, idx, count, cur, back); perr != nil {
-			err = fmt.Errorf("%w; putting stream %s back failed too (%v): its previous messages are kept in %s: holdfast restore --replace %s", err, e.Name, perr, saved, saved)
-		} else {
-			os.RemoveAll(saved)
-			err = fmt.Errorf("%w; stream %s was put back as it was (%d messages, last sequence %d)", err, e.Name, entry.Messages, entry.LastSeq)
-		}
-	}
-	return r, err
+	return r, putBack(ctx, js, nc, e.Name, idx, count, saved, entry, subjects, opts, err)
 }
 
 // saveReplaced backs up stream, which a restore from dir is to replace,
@@ -249,8 +240,10 @@ func noticeFunc(opts RestoreOptions) func(format string, args ...any) {
 }
 
 // restoreFrom restores one stream from dir and checks it against e.
+// adjust, when set, changes the stream's configuration the restore
+// creates it with (the backup's).
 func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
-	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
+	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions, adjust func(*api.StreamConfig)) (Restored, error) {
 	timeout := apiTimeout(opts.Timeout)
 	notice := noticeFunc(opts)
 	r := Restored{Name: e.Name, AckFloors: map[string]uint64{}}
@@ -276,7 +269,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
 			}
 		}
-		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf)
+		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf, adjust)
 		if err != nil && (strings.Contains(err.Error(), "closed pipe") || strings.Contains(err.Error(), "is stalled")) {
 			err = fmt.Errorf("%w: the server gave up the restore, as it does when storing one chunk of it takes over 5 s (is the store's disk that slow?)", err)
 		}
@@ -292,7 +285,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				afterDelete(e.Name)
 			}
 			if st.LastSeq > 0 && !r.Replaced {
-				r.Replaced, r.ReplacedMessages = true, st.Msgs
+				r.Replaced, r.ReplacedMessages, r.ReplacedLastSeq = true, st.Msgs, st.LastSeq
 				notice("deleted the existing stream %s (%d messages, last sequence %d)", e.Name, st.Msgs, st.LastSeq)
 			}
 		}
@@ -419,8 +412,12 @@ const firstChunkWait = 3 * time.Second
 // responders" for the first chunk, seen in one of eight restores through a
 // node that is not the new stream's leader); the server then waited 5 s for
 // a chunk, gave up without its RESTORE_COMPLETE advisory, and the restore
-// failed.
-func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser) (*api.StreamState, error) {
+// failed. A stream saved while closed (closeStream) is created with its
+// own subjects; adjust, when set, changes the configuration further. The
+// server creates the stream with the request's configuration, not the one
+// in the data.
+func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser,
+	adjust func(*api.StreamConfig)) (*api.StreamState, error) {
 	defer data.Close()
 	defer meta.Close()
 	raw, err := io.ReadAll(meta)
@@ -436,6 +433,10 @@ func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, 
 	}
 	if req.Config.Storage == api.MemoryStorage {
 		return nil, jsm.ErrMemoryStreamNotSupported
+	}
+	reopenConfig(&req.Config)
+	if adjust != nil {
+		adjust(&req.Config)
 	}
 	body, err := json.Marshal(req)
 	if err != nil {
@@ -795,22 +796,69 @@ func (r *restoreReader) Close() error {
 	return r.file.Close()
 }
 
+// snapshotConfig returns the configuration of the stream in a snapshot
+// directory.
+func snapshotConfig(sdir string) (api.StreamConfig, error) {
+	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
+	if err != nil {
+		return api.StreamConfig{}, err
+	}
+	var meta struct {
+		Config api.StreamConfig `json:"config"`
+	}
+	if err := json.Unmarshal(raw, &meta); err != nil {
+		return api.StreamConfig{}, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+	}
+	return meta.Config, nil
+}
+
 // snapshotSubjects returns the subjects of the stream in a snapshot
 // directory.
 func snapshotSubjects(sdir string) ([]string, error) {
-	raw, err := os.ReadFile(filepath.Join(sdir, jsm.SnapshotMetaFile))
-	if err != nil {
-		return nil, err
+	cfg, err := snapshotConfig(sdir)
+	return cfg.Subjects, err
+}
+
+// configured returns what makes stream take the replicas opts.Replicas
+// gives it when restored, without the backup's placement (a cluster's
+// name or tags there need not exist here); nil when opts.Replicas does
+// not name it.
+func configured(opts RestoreOptions, stream string) func(*api.StreamConfig) {
+	r, ok := opts.Replicas[stream]
+	if !ok || r < 1 {
+		return nil
 	}
-	var meta struct {
-		Config struct {
-			Subjects []string `json:"subjects"`
-		} `json:"config"`
+	return func(c *api.StreamConfig) {
+		c.Replicas = r
+		c.Placement = nil
 	}
-	if err := json.Unmarshal(raw, &meta); err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(sdir, jsm.SnapshotMetaFile), err)
+}
+
+// checkReplicas refuses, before anything changed, a stream the backup
+// holds with more than one replica when the server nc is connected to is
+// not part of a cluster: nats-server refuses it ("replicas > 1 not
+// supported in non-clustered mode") only once its restore started, after
+// a Replace deleted the stream there.
+func checkReplicas(nc *nats.Conn, dir string, todo []StreamEntry) error {
+	if nc.ConnectedClusterName() != "" {
+		return nil
 	}
-	return meta.Config.Subjects, nil
+	var problems []string
+	for _, e := range todo {
+		cfg, err := snapshotConfig(filepath.Join(dir, filepath.FromSlash(e.Dir)))
+		if err != nil {
+			return fmt.Errorf("stream %s of the backup: %w", e.Name, err)
+		}
+		if cfg.Replicas > 1 {
+			problems = append(problems, fmt.Sprintf("%s has %d replicas in the backup", e.Name, cfg.Replicas))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("stream(s) of the backup come from a cluster: %s, and this server, not part of a cluster, holds one copy of a stream only; "+
+			"nothing was restored: restore the backup into a cluster of at least that many nodes, or leave those streams out with --stream",
+			strings.Join(problems, "; "))
+	}
+	return nil
 }
 
 // checkOverlaps refuses, before anything changed, a restore of a stream

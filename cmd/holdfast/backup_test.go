@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -346,7 +347,7 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 		t.Fatalf("verify-only of the good backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	res = runHoldfast(t, nil, "restore", "--config", in.cfg, "--replace", dir)
-	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted)") {
+	if res.code != 0 || !strings.Contains(res.stdout, "yes (60 messages deleted, last sequence 60)") {
 		t.Fatalf("restore --replace: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	if st := natstest.StreamInfo(t, js, "ORDERS").State; st.LastSeq != 50 || st.Msgs != 50 {
@@ -530,4 +531,75 @@ func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
 	pb = startHoldfast(t, b.cfg)
 	pb.waitReady()
 	pb.stop()
+}
+
+// TestRestoreAcrossClusterAndSingleNode: a backup of a single holdfast
+// (streams with one replica) restored into a three-node cluster comes back
+// with the replicas every node's config gives its streams (3), all of them
+// current. A backup of that cluster (three replicas) is refused by the
+// single holdfast before anything changes, even with --replace: a server
+// outside a cluster cannot hold a stream of three replicas.
+func TestRestoreAcrossClusterAndSingleNode(t *testing.T) {
+	single := newE2EInstance(t)
+	sd := startHoldfast(t, single.cfg)
+	sd.waitReady()
+	_, sjs := e2eConnect(t, single)
+	e2ePublishAcked(t, sjs, 0, 20)
+	fromSingle := filepath.Join(t.TempDir(), "from-single")
+	if res := runHoldfast(t, nil, "backup", "--config", single.cfg, fromSingle); res.code != 0 {
+		t.Fatalf("backup of the single node: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	cjs := clusterJetStream(t, nodes)
+	res := runHoldfast(t, nil, "restore", "--config", nodes[1].cfg, fromSingle)
+	t.Logf("restore into the cluster: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	if res.code != 0 {
+		t.Fatalf("restore of the single node's backup into the cluster: exit %d", res.code)
+	}
+	for _, name := range []string{"ORDERS", "ORDERS_DLQ"} {
+		if info := streamClusterInfo(t, cjs, name); info.Config.Replicas != 3 {
+			t.Fatalf("%s restored into the cluster with %d replica(s); every node's config says 3", name, info.Config.Replicas)
+		}
+		waitReplicasCurrent(t, cjs, name, 3)
+	}
+	if st := streamClusterInfo(t, cjs, "ORDERS").State; st.Msgs != 20 || st.LastSeq != 20 {
+		t.Fatalf("ORDERS in the cluster after the restore: %+v, want the backup's 20 messages", st)
+	}
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		c, err := cjs.Consumer(ctx, "ORDERS", "WORKER1")
+		if err != nil {
+			return err
+		}
+		if cl := c.CachedInfo().Cluster; cl == nil || cl.Leader == "" || len(cl.Replicas) != 2 {
+			return fmt.Errorf("WORKER1 after the restore: %+v, want a leader and two replicas", cl)
+		}
+		return nil
+	})
+
+	fromCluster := filepath.Join(t.TempDir(), "from-cluster")
+	if res := runHoldfast(t, nil, "backup", "--config", nodes[0].cfg, fromCluster); res.code != 0 {
+		t.Fatalf("backup of the cluster: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	before := natstest.StreamInfo(t, sjs, "ORDERS")
+	res = runHoldfast(t, nil, "restore", "--config", single.cfg, "--replace", fromCluster)
+	t.Logf("restore of the cluster's backup into the single node: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	if res.code != 1 || !strings.Contains(res.stderr, "ORDERS has 3 replicas in the backup") || !strings.Contains(res.stderr, "nothing was restored") {
+		t.Fatalf("restore of an R3 backup into a single node: exit %d, want 1 and the refusal", res.code)
+	}
+	if strings.Contains(res.stderr, "deleted") || strings.Contains(res.stderr, "held back") {
+		t.Fatalf("the refused restore changed the stream first")
+	}
+	after := natstest.StreamInfo(t, sjs, "ORDERS")
+	if after.State.Msgs != 20 || !after.Created.Equal(before.Created) || !slices.Equal(after.Config.Subjects, []string{"orders.*"}) {
+		t.Fatalf("ORDERS on the single node after the refused restore: %+v, created %v (was %v), subjects %v",
+			after.State, after.Created, before.Created, after.Config.Subjects)
+	}
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+	sd.stop()
 }

@@ -74,6 +74,7 @@ func restoreCommand() *cli.Command {
 			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
 				Streams:  c.StringSlice("stream"),
 				Replace:  c.Bool("replace"),
+				Replicas: configuredReplicas(cfg),
 				Verified: verified,
 				Progress: bar.update,
 				Notice: func(msg string) {
@@ -94,6 +95,20 @@ func restoreCommand() *cli.Command {
 	}
 }
 
+// configuredReplicas returns the replicas the config gives each stream
+// and dead-letter stream: a restore gives them to what it restores, as
+// the bootstrap would have.
+func configuredReplicas(cfg *config.Config) map[string]int {
+	out := map[string]int{}
+	for _, name := range cfg.StreamNames() {
+		out[name] = cfg.Streams[name].Replicas
+	}
+	for name := range cfg.DeadLetterStreams() {
+		out[name] = cfg.DeadLetterReplicas(name)
+	}
+	return out
+}
+
 // printRestored lists the restored streams next to the manifest.
 func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
@@ -110,7 +125,7 @@ func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) 
 		}
 		replaced := "-"
 		if r.Replaced {
-			replaced = fmt.Sprintf("yes (%d messages deleted)", r.ReplacedMessages)
+			replaced = fmt.Sprintf("yes (%d messages deleted, last sequence %d)", r.ReplacedMessages, r.ReplacedLastSeq)
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", r.Name, r.Messages, r.LastSeq, strings.Join(cons, ", "), replaced)
 	}
