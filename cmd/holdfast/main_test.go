@@ -53,9 +53,12 @@ func testMain(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "cannot build the binaries for the end-to-end tests: go not in PATH")
 		return 1
 	}
+	// Built as packaging/build.sh builds the shipped binary (static,
+	// -trimpath): the tests run what ships, and the packaging tests and
+	// install-test reuse these compiled packages from the build cache.
 	builds := [][]string{
-		{"build", "-o", holdfastBin, "."},
-		{"build", "-o", natsBin, "github.com/nats-io/natscli/nats"},
+		{"build", "-trimpath", "-o", holdfastBin, "."},
+		{"build", "-trimpath", "-o", natsBin, "github.com/nats-io/natscli/nats"},
 	}
 	errs := make([]error, len(builds))
 	var wg sync.WaitGroup
@@ -63,7 +66,9 @@ func testMain(m *testing.M) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out, err := exec.Command(goBin, args...).CombinedOutput()
+			cmd := exec.Command(goBin, args...)
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			out, err := cmd.CombinedOutput()
 			if err != nil {
 				errs[i] = fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
 			}
