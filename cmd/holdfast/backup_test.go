@@ -427,7 +427,10 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 	t.Parallel()
 	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGHUP} {
-		t.Run(sig.String(), func(t *testing.T) { testRestoreInterrupted(t, sig) })
+		t.Run(sig.String(), func(t *testing.T) {
+			t.Parallel()
+			testRestoreInterrupted(t, sig)
+		})
 	}
 }
 
