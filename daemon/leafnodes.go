@@ -34,7 +34,7 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 		}
 	}
 	if l.Hub() && len(l.EdgeSubjects) > 0 {
-		t, err := pipeline.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects)
+		t, err := pipeline.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects, d.log.With("component", "edges"))
 		if err != nil {
 			return nil, err
 		}
