@@ -206,8 +206,10 @@ var (
 func (m *pulledMsg) Ack() error                          { return m.settle(context.Background(), false, ackAck, true) }
 func (m *pulledMsg) DoubleAck(ctx context.Context) error { return m.settle(ctx, true, ackAck, true) }
 func (m *pulledMsg) Nak() error                          { return m.settle(context.Background(), false, ackNak, true) }
-func (m *pulledMsg) InProgress() error                   { return m.settle(context.Background(), false, ackProgress, false) }
-func (m *pulledMsg) Term() error                         { return m.settle(context.Background(), false, ackTerm, true) }
+func (m *pulledMsg) InProgress() error {
+	return m.settle(context.Background(), false, ackProgress, false)
+}
+func (m *pulledMsg) Term() error { return m.settle(context.Background(), false, ackTerm, true) }
 
 func (m *pulledMsg) NakWithDelay(delay time.Duration) error {
 	return m.settle(context.Background(), false, fmt.Appendf(nil, `-NAK {"delay": %d}`, delay.Nanoseconds()), true)
