@@ -328,6 +328,10 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 		return nil, false, &ParseError{Source: source, Err: tomlError(err)}
 	}
 	var problems []string
+	// failed are the [streams.NAME] and [consumers.NAME] tables whose
+	// decoding stopped at a wrongly typed value: their later keys are left
+	// undecoded, and are not unknown.
+	failed := map[[2]string]bool{}
 	// The decoder leaves a map alone when the TOML value is not a table,
 	// so `streams = 5` would silently mean the default streams.
 	for _, k := range []string{"streams", "consumers"} {
@@ -346,6 +350,7 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 		sc := DefaultStream(nil)
 		if err := md.PrimitiveDecode(layout.Streams[name], sc); err != nil {
 			problems = append(problems, fmt.Sprintf("streams.%s: %v", name, tomlError(err)))
+			failed[[2]string{"streams", name}] = true
 			continue
 		}
 		out.Streams[name] = sc
@@ -359,6 +364,7 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 		cc := DefaultConsumer(probe.Stream)
 		if err := md.PrimitiveDecode(prim, cc); err != nil {
 			problems = append(problems, fmt.Sprintf("consumers.%s: %v", name, tomlError(err)))
+			failed[[2]string{"consumers", name}] = true
 			continue
 		}
 		out.Consumers[name] = cc
@@ -368,19 +374,36 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 	out.leafNodesTable = md.IsDefined("leafnodes")
 	out.applyLeafNodeDefaults()
 	out.applyClusterDefaults(func(stream string) bool { return md.IsDefined("streams", stream, "replicas") })
-	// keyLine reads the whole file: name a bounded number of unknown keys.
-	unknown := md.Undecoded()
-	for i, k := range unknown {
-		if i == maxUnknownKeys {
-			problems = append(problems, fmt.Sprintf("... and %d more unknown keys", len(unknown)-i))
-			break
-		}
-		problems = append(problems, fmt.Sprintf("line %d: %s: unknown key; `holdfast config` prints every valid key", keyLine(string(data), k), k.String()))
-	}
+	problems = append(problems, unknownKeys(string(data), md.Undecoded(), failed)...)
 	if len(problems) > 0 {
 		return nil, false, &ParseError{Source: source, Err: errors.New(strings.Join(problems, "\n  "))}
 	}
 	return &out, len(md.Keys()) > 0, nil
+}
+
+// unknownKeys describes the keys the decoder left undecoded, but for
+// those of the tables in failed, with a likely meant key when there is
+// one. keyLine reads the whole file: it names a bounded number.
+func unknownKeys(data string, undecoded []toml.Key, failed map[[2]string]bool) []string {
+	var unknown []toml.Key
+	for _, k := range undecoded {
+		if len(k) < 2 || !failed[[2]string{k[0], k[1]}] {
+			unknown = append(unknown, k)
+		}
+	}
+	var out []string
+	for i, k := range unknown {
+		if i == maxUnknownKeys {
+			out = append(out, fmt.Sprintf("... and %d more unknown keys", len(unknown)-i))
+			break
+		}
+		hint := ""
+		if s := suggestKey(k); s != "" {
+			hint = fmt.Sprintf(" (did you mean %s?)", s)
+		}
+		out = append(out, fmt.Sprintf("line %d: %s: unknown key%s; `holdfast config` prints every valid key", keyLine(data, k), k.String(), hint))
+	}
+	return out
 }
 
 // keyLine finds the line that defines key, for error messages: a line

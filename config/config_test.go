@@ -1111,3 +1111,57 @@ func TestStreamMaxMsgSize(t *testing.T) {
 		})
 	}
 }
+
+// TestWrongTypeReportsOnlyItself: a wrongly typed value in a stream or
+// consumer table stops that table's decoding; the valid keys after it
+// are not unknown keys (they were reported as such, a different set from
+// one run to the next).
+func TestWrongTypeReportsOnlyItself(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want string
+	}{
+		{"consumer workers as a string", "[streams.S]\nsubjects = [\"s.*\"]\n[consumers.C]\nstream = \"S\"\nworkers = \"3\"\nmax_deliver = 5\nbackoff = [\"1s\"]\nhandler = \"exec\"\n[consumers.C.exec]\ncommand = [\"/bin/true\"]\n", "consumers.C"},
+		{"stream max_msgs as a string", "[streams.S]\nmax_msgs = \"10\"\nsubjects = [\"s.*\"]\nmax_age = \"1h\"\nreplicas = 1\n", "streams.S"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for range 20 { // the decoder walks tables in map order
+				err := wantParseError(t, tt.toml, tt.want)
+				if strings.Contains(err.Error(), "unknown key") || strings.Count(err.Error(), "\n") > 0 {
+					t.Fatalf("want the type error alone, got:\n%v", err)
+				}
+			}
+		})
+	}
+}
+
+// TestUnknownKeySuggestsValidOne: an unknown key close to a valid key of
+// its table names it; one close to none names none.
+func TestUnknownKeySuggestsValidOne(t *testing.T) {
+	tests := []struct {
+		name string
+		toml string
+		want string // "" for no suggestion
+	}{
+		{"consumer", consumerC + "max_delivers = 5\n", "consumers.C.max_delivers: unknown key (did you mean consumers.C.max_deliver?)"},
+		{"consumer exec", consumerC + "[consumers.C.exec]\ncomand = [\"/bin/true\"]\n", "consumers.C.exec.comand: unknown key (did you mean consumers.C.exec.command?)"},
+		{"stream", "[streams.S]\nsubjects = [\"s.*\"]\nmaxage = \"1h\"\n", "streams.S.maxage: unknown key (did you mean streams.S.max_age?)"},
+		{"jetstream", "[jetstream]\nstoredir = \"/x\"\n", "jetstream.storedir: unknown key (did you mean jetstream.store_dir?)"},
+		{"auth user", "[auth.users.app]\npasword = \"x\"\n", "auth.users.app.pasword: unknown key (did you mean auth.users.app.password?)"},
+		{"top-level table", "[steams.S]\nsubjects = [\"s.*\"]\n", "steams.S.subjects: unknown key (did you mean streams.S.subjects?)"},
+		{"nothing close", "[server]\nlisten = \"x\"\n", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := wantParseError(t, tt.toml, "unknown key")
+			switch {
+			case tt.want == "" && strings.Contains(err.Error(), "did you mean"):
+				t.Fatalf("want no suggestion, got %v", err)
+			case tt.want != "" && !strings.Contains(err.Error(), tt.want):
+				t.Fatalf("want %q in %v", tt.want, err)
+			}
+		})
+	}
+}

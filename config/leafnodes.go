@@ -2,6 +2,7 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -205,6 +206,21 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 	if (l.User == "") != (l.PasswordFile == "") {
 		v.add("leafnodes.user", q(l.User), "leafnodes.user and leafnodes.password_file go together")
 	}
+	c.validateRemotes(v)
+	if l.Edge() && c.JetStream.Domain == "" {
+		v.add("jetstream.domain", `""`, "required with [[leafnodes.remotes]]: the edge's own JetStream domain keeps its streams local and apart from the hub's (it defaults to server.name)")
+	}
+	for _, name := range c.ConsumerNames() {
+		if cc := c.Consumers[name]; cc.Handler == "forward" {
+			c.validateForward(v, name, cc)
+		}
+	}
+	c.validateSources(v)
+}
+
+// validateRemotes checks the [[leafnodes.remotes]] entries.
+func (c *Config) validateRemotes(v *validator) {
+	l := c.LeafNodes
 	seen := map[string]bool{}
 	for i, r := range l.Remotes {
 		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
@@ -222,6 +238,8 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 			v.add(key+".url", q(r.URL), "port %s is not 1-65535", u.Port())
 		case u.User != nil:
 			v.add(key+".url", q(r.Redacted()), "must not hold credentials: use user and password_file, token_file or credentials")
+		case l.Hub() && pointsAtListener(u, l.Listen):
+			v.add(key+".url", q(r.URL), "is this node's own leafnode listener (leafnodes.listen = %s): a remote is the hub's address; give the hub's host, or remove the remote", q(l.Listen))
 		default:
 			if seen[strings.ToLower(u.Host)] {
 				v.add(key+".url", q(r.URL), "listed twice")
@@ -244,15 +262,33 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 			v.add(key+".cert_file", q(r.CertFile), "a client certificate needs cert_file and key_file")
 		}
 	}
-	if l.Edge() && c.JetStream.Domain == "" {
-		v.add("jetstream.domain", `""`, "required with [[leafnodes.remotes]]: the edge's own JetStream domain keeps its streams local and apart from the hub's (it defaults to server.name)")
+}
+
+// pointsAtListener reports whether the remote URL u reaches listen, a
+// leafnode listener of this node: the same port on the same host, or on
+// a loopback or local address when listen is on every address.
+func pointsAtListener(u *url.URL, listen string) bool {
+	lhost, lport, err := net.SplitHostPort(listen)
+	if err != nil || lport != u.Port() {
+		return false
 	}
-	for _, name := range c.ConsumerNames() {
-		if cc := c.Consumers[name]; cc.Handler == "forward" {
-			c.validateForward(v, name, cc)
+	rhost := strings.ToLower(u.Hostname())
+	if strings.EqualFold(rhost, lhost) || IsLoopback(rhost) && IsLoopback(lhost) {
+		return true
+	}
+	if lhost != "" && lhost != "0.0.0.0" && lhost != "::" {
+		return false
+	}
+	if IsLoopback(rhost) {
+		return true
+	}
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.Equal(net.ParseIP(rhost)) {
+			return true
 		}
 	}
-	c.validateSources(v)
+	return false
 }
 
 // validateForward checks a consumer's forward handler settings.

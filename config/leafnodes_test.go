@@ -135,6 +135,9 @@ func TestLeafNodeRefusals(t *testing.T) {
 		{"source without a name", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ domain = \"hub\" }]\n", "streams.CMDS.sources[0].name", "must name the stream"},
 		{"source is the stream itself", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ name = \"CMDS\" }]\n", "streams.CMDS.sources[0].name", "this stream itself"},
 		{"source filter", edgeNode + "[streams.CMDS]\nsubjects = [\"cmd.local\"]\nsources = [{ name = \"C\", domain = \"hub\", filter_subject = \"a..b\" }]\n", "streams.CMDS.sources[0].filter_subject", "not a valid"},
+		{"remote at own listener", strings.Replace(edgeNode, "[[leafnodes.remotes]]", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[[leafnodes.remotes]]", 1), "leafnodes.remotes[0].url", "this node's own leafnode listener"},
+		{"remote at own listener by name", strings.Replace(strings.Replace(edgeNode, "127.0.0.1:7422", "localhost:7422", 1), "[[leafnodes.remotes]]", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[[leafnodes.remotes]]", 1), "leafnodes.remotes[0].url", "this node's own leafnode listener"},
+		{"remote at own wildcard listener", strings.Replace(edgeNode, "[[leafnodes.remotes]]", "[leafnodes]\nlisten = \"0.0.0.0:7422\"\nuser = \"leaf\"\npassword_file = \"/p\"\n[[leafnodes.remotes]]", 1), "leafnodes.remotes[0].url", "this node's own leafnode listener"},
 		{"server name with a dot", strings.Replace(edgeNode, `name = "edge1"`, `name = "edge.1"`, 1) + "[jetstream]\ndomain = \"e1\"\n", "server.name", "no '.'"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -187,7 +187,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		Consumers:        d.monitoredConsumers(d.cfg),
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
 		FailOnLoss:       d.cfg.HTTP.FailOnLoss,
-		Check:            jetStreamCheck(d.srv),
+		Check:            d.serverCheck,
 		FileStoreLimit:   fileStoreLimit(d.srv, d.cfg),
 		MemoryStoreLimit: d.cfg.JetStream.MaxMemoryStore.Bytes,
 		StartupLosses:    startupLosses(d.srv),
@@ -295,18 +295,64 @@ func (d *Daemon) warnings() []string {
 }
 
 // closedConnection names an in-process connection that is closed while
-// the daemon runs (the server closes a connection that breaks a protocol
-// limit; an in-process one does not reconnect), or "".
+// the daemon runs, or "": the server closes a connection that breaks a
+// protocol limit with an error, after which it does not reconnect (a
+// connection lost otherwise reconnects, see connectionProblem).
 func (d *Daemon) closedConnection() string {
-	if nc := d.srv.Conn(); nc != nil && nc.IsClosed() {
-		return "holdfast-internal"
+	for name, nc := range d.connections() {
+		if nc.IsClosed() {
+			return name
+		}
+	}
+	return ""
+}
+
+// connections returns holdfast's in-process connections by name.
+func (d *Daemon) connections() map[string]*nats.Conn {
+	out := map[string]*nats.Conn{}
+	if nc := d.srv.Conn(); nc != nil {
+		out["holdfast-internal"] = nc
 	}
 	d.gc.mu.Lock()
 	defer d.gc.mu.Unlock()
-	if d.gc.nc != nil && d.gc.nc.IsClosed() {
-		return "holdfast-ingest"
+	if d.gc.nc != nil {
+		out["holdfast-ingest"] = d.gc.nc
 	}
-	return ""
+	return out
+}
+
+// reconnectGrace is how long an in-process connection may be reconnecting
+// before the health fails: the server gives it a new pipe at once unless
+// it refuses connections (server.max_connections reached); the client
+// tries again every two seconds.
+const reconnectGrace = 5 * time.Second
+
+// connectionProblem says which in-process connection is closed, or has
+// been reconnecting for longer than reconnectGrace, and what stops
+// because of it; nil when none.
+func (d *Daemon) connectionProblem() error {
+	if d.srv == nil {
+		return nil
+	}
+	if name := d.closedConnection(); name != "" {
+		return fmt.Errorf("holdfast's in-process connection %s is closed (the server's reason is logged): workers, dead letters, group commit and status cannot go on without it", name)
+	}
+	for name, nc := range d.connections() {
+		if since, ok := d.srv.Reconnecting(nc); ok && time.Since(since) > reconnectGrace {
+			return fmt.Errorf("holdfast's in-process connection %s has been reconnecting for %s: workers, dead letters, group commit and status wait for it; the server refuses it while it is at server.max_connections (%d)",
+				name, time.Since(since).Round(time.Second), d.cfg.Server.MaxConnections)
+		}
+	}
+	return nil
+}
+
+// serverCheck is the monitor's check of the server: holdfast's in-process
+// connections, then JetStream on the configured file store.
+func (d *Daemon) serverCheck() error {
+	if err := d.connectionProblem(); err != nil {
+		return err
+	}
+	return jetStreamCheck(d.srv)()
 }
 
 // fileStoreLimit is the file store limit the server runs with: the
@@ -402,6 +448,9 @@ func (d *Daemon) Status() string {
 func (d *Daemon) Healthy(ctx context.Context) error {
 	if d.srv == nil || d.srv.NATS() == nil || !d.srv.NATS().Running() {
 		return errors.New("NATS server not running")
+	}
+	if err := d.connectionProblem(); err != nil {
+		return err
 	}
 	if err := d.srv.CheckStore(); err != nil {
 		return err

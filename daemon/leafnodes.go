@@ -34,7 +34,7 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 		}
 	}
 	if l.Hub() && len(l.EdgeSubjects) > 0 {
-		t, err := pipeline.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects)
+		t, err := pipeline.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects, d.log.With("component", "edges"))
 		if err != nil {
 			return nil, err
 		}
@@ -60,7 +60,7 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 		LinkUp:             func() bool { return d.srv.LeafReaches(cc.Forward.Domain) },
 		Domains:            d.srv.LeafDomains,
 		WaitOnShortWindow:  d.workersOpened,
-	}, d.log.With("component", "handler"))
+	}, d.log)
 	if err != nil {
 		return nil, fmt.Errorf("consumers.%s.forward: %w", name, err)
 	}

@@ -206,7 +206,7 @@ func (s *Server) startLeafWatch() {
 		return
 	}
 	now := time.Now()
-	w := &leafLinks{log: s.log.With("component", "leafnodes"), done: make(chan struct{}),
+	w := &leafLinks{log: s.base.With("component", "leafnodes"), done: make(chan struct{}),
 		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}, nsLog: s.nsLog, serverName: s.cfg.Server.Name}
 	for _, r := range remotes {
 		w.links = append(w.links, LeafLink{Remote: r.Redacted(), Since: now})

@@ -149,6 +149,11 @@ func TestLeafNodesEdgeToHub(t *testing.T) {
 			t.Errorf("edge log lacks %q", want)
 		}
 	}
+	for line := range strings.Lines(logs[0].String()) {
+		if strings.Contains(line, "leafnode") && strings.Count(line, "component=") != 1 {
+			t.Errorf("want one component in each leafnode log line: %s", line)
+		}
+	}
 }
 
 // TestLeafNodesAuth: a hub with leafnodes.user refuses an edge with the

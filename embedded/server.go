@@ -72,6 +72,9 @@ type Server struct {
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
 	recordMu   sync.Mutex // serializes writes of the state file
+	// connDown holds, per in-process connection (*nats.Conn) that lost
+	// its link and has not got it back, when it lost it.
+	connDown sync.Map
 }
 
 // New returns a Server for cfg, which must have passed Validate.
@@ -434,6 +437,12 @@ func (s *Server) Connect(name string) (*nats.Conn, error) {
 // client library reports only asynchronously — a subscription too slow
 // for its messages (they are dropped), a permissions violation, the
 // connection lost and back — which would otherwise pass unseen.
+//
+// A lost in-process connection reconnects like any other: the client
+// asks the server for a new pipe (InProcessConn). The server refuses one
+// while it is at server.max_connections, so a connection may stay
+// reconnecting (see Reconnecting). One the server closes with an error
+// (a protocol limit broken) does not reconnect: it is closed for good.
 func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string) []nats.Option {
 	log := s.log.With("connection", name)
 	return []nats.Option{nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
@@ -451,11 +460,30 @@ func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string
 		// is lost, and group commit's clients get no answer for it.
 		nats.DisconnectErrHandler(func(c *nats.Conn, err error) {
 			// nil: closed by holdfast (Close, shutdown).
-			if err != nil && !c.IsClosed() && ns.Running() {
+			if c.IsClosed() {
+				return
+			}
+			s.connDown.LoadOrStore(c, time.Now())
+			if err != nil && ns.Running() {
 				log.Warn("in-process connection lost: what was in flight on it is lost (group commit: those publishers get no answer); reconnecting", "err", err)
 			}
 		}),
-		nats.ReconnectHandler(func(*nats.Conn) { log.Warn("in-process connection back") })}
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			s.connDown.Delete(c)
+			log.Warn("in-process connection back")
+		})}
+}
+
+// Reconnecting reports since when nc, an in-process connection of s, has
+// been trying to get its link back, and false when it is not.
+func (s *Server) Reconnecting(nc *nats.Conn) (since time.Time, ok bool) {
+	if nc == nil || !nc.IsReconnecting() {
+		return time.Time{}, false
+	}
+	if v, found := s.connDown.Load(nc); found {
+		return v.(time.Time), true
+	}
+	return time.Now(), true
 }
 
 // Conn returns the in-process client connection.

@@ -87,21 +87,30 @@ type Options struct {
 	DuplicateWindow time.Duration
 	// Metrics, when set, observes each commit.
 	Metrics *Metrics
-	// MaxWaitingBytes bounds the bytes of the messages taken and not yet
-	// sent (0: DefaultMaxWaitingBytes); past it, or past maxWaitingMsgs
-	// messages, a publish gets the server's own "too many requests"
-	// (code 429), as from a stream whose inbound queue is full.
+	// MaxWaitingBytes and MaxWaitingMsgs bound the messages taken and
+	// not yet sent (0: DefaultMaxWaitingBytes, DefaultMaxWaitingMsgs);
+	// past either, a publish gets the server's own "too many requests"
+	// (code 429) at once, as from a stream whose inbound queue is full.
 	MaxWaitingBytes int
+	MaxWaitingMsgs  int
 }
 
-// DefaultMaxWaitingBytes and maxWaitingMsgs are the limits of a stream's
-// inbound queue in nats-server v2.15.2 (streamDefaultMaxQueueBytes and
-// streamDefaultMaxQueueMsgs), beyond which it answers publishes with
-// "too many requests": group commit queues them in its stead.
+// DefaultMaxWaitingBytes and DefaultMaxWaitingMsgs are the limits of a
+// stream's inbound queue in nats-server v2.15.2
+// (streamDefaultMaxQueueBytes and streamDefaultMaxQueueMsgs), beyond which
+// it answers publishes with "too many requests": group commit queues them
+// in its stead.
 const (
 	DefaultMaxWaitingBytes = 128 << 20
-	maxWaitingMsgs         = 100_000
+	DefaultMaxWaitingMsgs  = 100_000
 )
+
+// inChanLen is the capacity of the channel the subscriptions deliver
+// into; the NATS client drops a message that finds it full, and its
+// publisher gets no answer at all. Only the intake goroutine reads it,
+// taking each message off in constant time (queued or refused with 429),
+// so that it never waits for the committing (see intake).
+const inChanLen = 1 << 16
 
 // OptionsFor returns the Options of stream name's ingest under cfg: what
 // a change of, on reload, means starting the ingest again.
@@ -142,6 +151,23 @@ type Committer struct {
 
 	in      chan *nats.Msg
 	replies chan *nats.Msg
+	// intakeDone is closed when intake has taken everything from in.
+	intakeDone chan struct{}
+	// queue holds what intake took and run has not: run is told on
+	// queued. waitingMsgs and waitingBytes count queue and pend together
+	// (the limits of Options); throttling is set while publishes are
+	// refused for them. All four are under qmu.
+	qmu          sync.Mutex
+	queue        []item
+	queued       chan struct{}
+	waitingMsgs  int
+	waitingBytes int
+	throttling   bool
+	// tooMany is the answer to a publish refused for the waiting limits.
+	tooMany []byte
+	// hold, when set, runs before each step of the run goroutine (tests
+	// hold it up with it, as a busy goroutine would be).
+	hold    func()
 	subs    []*nats.Subscription
 	rsub    *nats.Subscription
 	inbox   string
@@ -167,10 +193,6 @@ type Committer struct {
 	// not have applied it yet (see dispatch). fwd are those messages.
 	unflushed string
 	fwd       []item
-	// pendBytes are the bytes (item.size) in pend; throttling is set
-	// while publishes are refused for them (see add).
-	pendBytes  int
-	throttling bool
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -212,7 +234,11 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 	if opts.MaxWaitingBytes <= 0 {
 		opts.MaxWaitingBytes = DefaultMaxWaitingBytes
 	}
-	return &Committer{nc: nc, opts: opts, log: log.With("component", "ingest", "stream", opts.Stream)}
+	if opts.MaxWaitingMsgs <= 0 {
+		opts.MaxWaitingMsgs = DefaultMaxWaitingMsgs
+	}
+	tooMany, _ := json.Marshal(pubAck{Stream: opts.Stream, Error: &apiError{Code: 429, ErrCode: errTooManyRequests, Description: "too many requests"}})
+	return &Committer{nc: nc, opts: opts, tooMany: tooMany, log: log.With("component", "ingest", "stream", opts.Stream)}
 }
 
 // queueGroup is the queue group of the subscriptions on the stream's
@@ -234,11 +260,14 @@ func (c *Committer) Open(ctx context.Context) error {
 	}
 	c.closing = make(chan struct{})
 	c.done = make(chan struct{})
+	c.intakeDone = make(chan struct{})
+	c.queued = make(chan struct{}, 1)
 	c.inflight = make(map[string]*unit)
 	c.ids = make(map[string]struct{})
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.opened = true
+	go c.intake(rctx)
 	go c.run(rctx)
 	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
 	return nil
@@ -247,7 +276,7 @@ func (c *Committer) Open(ctx context.Context) error {
 // subscribe subscribes to the replies and the stream's subjects and waits
 // until the server has the subscriptions.
 func (c *Committer) subscribe(ctx context.Context) error {
-	c.in = make(chan *nats.Msg, 1<<16)
+	c.in = make(chan *nats.Msg, inChanLen)
 	c.replies = make(chan *nats.Msg, 1<<12)
 	c.inbox = c.nc.NewInbox()
 	var err error
@@ -333,10 +362,12 @@ func (c *Committer) run(ctx context.Context) {
 	defer tick.Stop()
 	closing := c.closing
 	for {
+		if c.hold != nil {
+			c.hold()
+		}
 		select {
-		case m := <-c.in:
-			c.add(m)
-			c.drainIn()
+		case <-c.queued:
+			c.takeQueued()
 		case r := <-c.replies:
 			c.answer(r)
 		case <-tick.C:
@@ -344,7 +375,12 @@ func (c *Committer) run(ctx context.Context) {
 			c.forgetIDs(c.opts.DuplicateWindow)
 		case <-closing:
 			closing = nil
-			c.drainIn()
+			select {
+			case <-c.intakeDone:
+			case <-ctx.Done():
+				return
+			}
+			c.takeQueued()
 		case <-ctx.Done():
 			return
 		}
@@ -355,29 +391,115 @@ func (c *Committer) run(ctx context.Context) {
 		// turns group commit off could remove the transform while the
 		// stream still held some of them, and store them under the
 		// prefixed subjects.
-		if closing == nil && len(c.in) == 0 && len(c.pend) == 0 && len(c.inflight) == 0 {
+		if closing == nil && len(c.pend) == 0 && len(c.inflight) == 0 && c.queueEmpty() {
 			return
 		}
 	}
 }
 
-// drainIn takes what already waits, up to one full batch more.
-func (c *Committer) drainIn() {
-	for range maxBatch {
+// intake takes what the subscriptions deliver as it comes: past the
+// waiting limits each publish is refused with "too many requests" here,
+// at once, whatever the run goroutine is doing; the others go to queue.
+// When closing, it takes what is left in c.in and ends.
+func (c *Committer) intake(ctx context.Context) {
+	defer close(c.intakeDone)
+	for {
 		select {
 		case m := <-c.in:
-			c.add(m)
-		default:
+			c.admit(m)
+		case <-c.closing:
+			for {
+				select {
+				case m := <-c.in:
+					c.admit(m)
+				default:
+					return
+				}
+			}
+		case <-ctx.Done():
 			return
 		}
 	}
 }
 
-func (c *Committer) add(m *nats.Msg) {
+// admit queues m for run, or refuses it when the waiting limits are
+// reached. A burst larger than the stream's inbound queue is refused in
+// part by the server ("too many requests"); held here instead, it took
+// twice its size in memory, and the server closed the ingest connection
+// as a slow consumer, leaving what was in flight unanswered.
+func (c *Committer) admit(m *nats.Msg) {
+	it := item{m: m, size: c.size(m)}
+	c.qmu.Lock()
+	if c.waitingMsgs >= c.opts.MaxWaitingMsgs || (c.waitingMsgs > 0 && c.waitingBytes+it.size > c.opts.MaxWaitingBytes) {
+		first := !c.throttling
+		c.throttling = true
+		msgs, bytes := c.waitingMsgs, c.waitingBytes
+		c.qmu.Unlock()
+		c.throttled.Add(1)
+		if first {
+			c.log.Warn("too many publishes waiting: refusing more with \"too many requests\", as the server does for a stream's full inbound queue",
+				"waiting_msgs", msgs, "waiting_bytes", bytes)
+		}
+		c.reply(item{m: m}, c.tooMany)
+		return
+	}
+	c.queue = append(c.queue, it)
+	c.waitingMsgs++
+	c.waitingBytes += it.size
+	c.qmu.Unlock()
+	select {
+	case c.queued <- struct{}{}:
+	default:
+	}
+}
+
+// size is what m counts against Options.MaxWaitingBytes and a batch's
+// bytes: its data, subject and headers with what group commit adds.
+func (c *Committer) size(m *nats.Msg) int {
+	n := len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64
+	for k, vs := range m.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4
+		}
+	}
+	return n
+}
+
+// takeQueued adds everything intake queued to pend.
+func (c *Committer) takeQueued() {
+	c.qmu.Lock()
+	q := c.queue
+	c.queue = nil
+	c.qmu.Unlock()
+	for _, it := range q {
+		c.add(it)
+	}
+}
+
+func (c *Committer) queueEmpty() bool {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	return len(c.queue) == 0
+}
+
+// release takes items of size bytes off the waiting counts.
+func (c *Committer) release(n, bytes int) {
+	c.qmu.Lock()
+	c.waitingMsgs -= n
+	c.waitingBytes -= bytes
+	if c.throttling && c.waitingBytes < c.opts.MaxWaitingBytes/2 && c.waitingMsgs < c.opts.MaxWaitingMsgs/2 {
+		c.throttling = false
+	}
+	c.qmu.Unlock()
+}
+
+func (c *Committer) add(it item) {
+	m := it.m
 	// What this connection publishes must fit the server's control line,
 	// or the server closes it and group commit stops answering.
 	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > config.ControlLineBudget {
 		c.log.Warn("publish refused: its subject and reply are too long for group commit", "subject_bytes", len(m.Subject), "reply_bytes", len(m.Reply))
+		c.release(1, it.size)
 		c.refuseOne(m, &apiError{Code: 400,
 			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, config.GroupCommitSubject(c.opts.Stream, ""), config.ControlLineBudget)})
 		return
@@ -387,6 +509,7 @@ func (c *Committer) add(m *nats.Msg) {
 	// sight of the consumers filtered on the configured subjects.
 	if !server.IsValidLiteralSubject(m.Subject) {
 		c.log.Warn("publish refused: its subject is not literal", "subject", m.Subject)
+		c.release(1, it.size)
 		c.refuseOne(m, &apiError{Code: 400,
 			Description: fmt.Sprintf("subject %q is not literal (a wildcard token * or >, or an empty one): publish to a literal subject", m.Subject)})
 		return
@@ -396,14 +519,11 @@ func (c *Committer) add(m *nats.Msg) {
 	// the whole batch for the missing message.
 	if why := unsendableHeader(m); why != "" {
 		c.log.Warn("publish refused: group commit cannot pass its headers on", "subject", m.Subject, "why", why)
+		c.release(1, it.size)
 		c.refuseOne(m, &apiError{Code: 400, Description: "group commit cannot pass this message on: " + why})
 		return
 	}
-	it := item{m: m, size: len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64}
 	for k, vs := range m.Header {
-		for _, v := range vs {
-			it.size += len(k) + len(v) + 4
-		}
 		if len(k) < len("Nats-") || !strings.EqualFold(k[:len("Nats-")], "Nats-") {
 			continue
 		}
@@ -421,21 +541,6 @@ func (c *Committer) add(m *nats.Msg) {
 		// without allow_rollup_hdrs, ...) must not fail a whole batch.
 		it.alone = true
 	}
-	// A burst larger than the stream's inbound queue is refused in part
-	// by the server ("too many requests"); held here instead, it took
-	// twice its size in memory (512 MiB offered: 1 GiB of heap), and at
-	// 800 MiB the server closed the ingest connection as a slow
-	// consumer, leaving what was in flight unanswered.
-	if len(c.pend) >= maxWaitingMsgs || (len(c.pend) > 0 && c.pendBytes+it.size > c.opts.MaxWaitingBytes) {
-		c.throttled.Add(1)
-		if !c.throttling {
-			c.throttling = true
-			c.log.Warn("too many publishes waiting: refusing more with \"too many requests\", as the server does for a stream's full inbound queue",
-				"waiting_msgs", len(c.pend), "waiting_bytes", c.pendBytes)
-		}
-		c.refuseOne(m, &apiError{Code: 429, ErrCode: errTooManyRequests, Description: "too many requests"})
-		return
-	}
 	// The stream's max_msg_size counts the header block, and in a batch
 	// that holds the batch headers too: a message the server would store
 	// alone may be too large inside a batch, where it would fail the
@@ -444,18 +549,16 @@ func (c *Committer) add(m *nats.Msg) {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
-	c.pendBytes += it.size
 }
 
 // took removes the first n messages of pend, sent.
 func (c *Committer) took(n int) {
+	bytes := 0
 	for _, it := range c.pend[:n] {
-		c.pendBytes -= it.size
+		bytes += it.size
 	}
 	c.pend = c.pend[n:]
-	if c.throttling && c.pendBytes < c.opts.MaxWaitingBytes/2 {
-		c.throttling = false
-	}
+	c.release(n, bytes)
 }
 
 // refuseOne answers a publish group commit does not take with the

@@ -29,6 +29,13 @@ import (
 // back, atomic publish; mod adjusts it) and opens a Committer with opts.
 func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Options, mod func(*jetstream.StreamConfig)) *Committer {
 	t.Helper()
+	return startIngestHeld(t, s, js, opts, mod, nil)
+}
+
+// startIngestHeld is startIngest with the Committer's hold set before it
+// opens.
+func startIngestHeld(t testing.TB, s *server.Server, js jetstream.JetStream, opts Options, mod func(*jetstream.StreamConfig), hold func()) *Committer {
+	t.Helper()
 	cfg := jetstream.StreamConfig{Name: opts.Stream, Subjects: config.GroupCommitSubjects(opts.Stream, opts.Subjects),
 		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(opts.Stream, ">"), Destination: ">"},
 		AllowAtomicPublish: true, Duplicates: time.Minute, Storage: jetstream.FileStorage}
@@ -39,6 +46,7 @@ func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Op
 		t.Fatal(err)
 	}
 	c := New(natstest.Connect(t, s), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c.hold = hold
 	if err := c.Open(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -1052,4 +1060,76 @@ func TestBurstBeyondQueueRefusedAsTooManyRequests(t *testing.T) {
 		t.Fatalf("%d acknowledged, %d stored", acked.Load(), info.State.Msgs)
 	}
 	t.Logf("%d acknowledged, %d refused with 429; stats %+v", acked.Load(), throttled.Load(), c.Stats())
+}
+
+// TestBurstWhileBusyAnsweredEveryOne: while the committing goroutine is
+// busy, a burst larger than the channel the subscriptions deliver into
+// still gets an answer for every publish: "too many requests" (429) at
+// once past the waiting limit, a PubAck for the others once committed.
+// None is dropped as a slow consumer (no answer at all).
+func TestBurstWhileBusyAnsweredEveryOne(t *testing.T) {
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	busy := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(busy) }) }
+	defer release()
+	limit, total := 4096, inChanLen+4096
+	c := startIngestHeld(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxWaitingMsgs: limit}, nil, func() { <-busy })
+
+	var acked, throttled, other atomic.Int64
+	nc := natstest.Connect(t, s)
+	inbox := nc.NewInbox()
+	sub, err := nc.Subscribe(inbox, func(m *nats.Msg) {
+		switch {
+		case strings.Contains(string(m.Data), `"code":429`):
+			throttled.Add(1)
+		case strings.Contains(string(m.Data), `"seq":`) && !strings.Contains(string(m.Data), `"error"`):
+			acked.Add(1)
+		default:
+			other.Add(1)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		t.Fatal(err)
+	}
+	base := c.nc.Stats().InMsgs
+	for range total {
+		if err := nc.PublishMsg(&nats.Msg{Subject: "s.a", Reply: inbox, Data: []byte("x")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if n := c.nc.Stats().InMsgs - base; n < uint64(total) {
+			return fmt.Errorf("%d of %d publishes reached the committer's connection", n, total)
+		}
+		c.qmu.Lock()
+		queued := c.waitingMsgs
+		c.qmu.Unlock()
+		if n := int(c.Stats().Throttled) + queued; n < total {
+			return fmt.Errorf("%d of %d publishes taken (%d queued), %d wait in the channel", n, total, queued, len(c.in))
+		}
+		return nil
+	})
+	release()
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		if n := acked.Load() + throttled.Load() + other.Load(); n < int64(total) {
+			return fmt.Errorf("%d of %d publishes answered (%d acknowledged, %d too many requests, %d other); stats %+v",
+				n, total, acked.Load(), throttled.Load(), other.Load(), c.Stats())
+		}
+		return nil
+	})
+	if other.Load() != 0 || throttled.Load() != int64(total-limit) {
+		t.Fatalf("%d acknowledged, %d too many requests, %d other: want %d too many requests, the rest acknowledged",
+			acked.Load(), throttled.Load(), other.Load(), total-limit)
+	}
+	if info := natstest.StreamInfo(t, js, "S"); info.State.Msgs != uint64(acked.Load()) {
+		t.Fatalf("%d acknowledged, %d stored", acked.Load(), info.State.Msgs)
+	}
 }

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"fmt"
+	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,17 +26,26 @@ type EdgeSeen struct {
 	Messages      uint64    `json:"messages"`         // seen since start (redeliveries included)
 }
 
+// MaxTrackedEdges bounds the edge streams an EdgeTracker keeps: the
+// origin headers are whatever a publisher on the edge subjects writes, so
+// past it the least recently seen edge stream is dropped (and counted).
+const MaxTrackedEdges = 1000
+
 // EdgeTracker watches the subjects edges forward to, on a hub, and keeps
-// per edge and stream the last message seen.
+// per edge and stream the last message seen, for at most MaxTrackedEdges
+// edge streams.
 type EdgeTracker struct {
-	subs []*nats.Subscription
-	mu   sync.Mutex
-	seen map[[2]string]*EdgeSeen
+	subs    []*nats.Subscription
+	log     *slog.Logger
+	mu      sync.Mutex
+	seen    map[[2]string]*EdgeSeen
+	evicted uint64
 }
 
-// OpenEdgeTracker subscribes to subjects on nc.
-func OpenEdgeTracker(nc *nats.Conn, subjects []string) (*EdgeTracker, error) {
-	t := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}}
+// OpenEdgeTracker subscribes to subjects on nc; log tells when edge
+// streams start to be dropped for MaxTrackedEdges.
+func OpenEdgeTracker(nc *nats.Conn, subjects []string, log *slog.Logger) (*EdgeTracker, error) {
+	t := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}, log: log}
 	for _, s := range subjects {
 		sub, err := nc.Subscribe(s, t.observe)
 		if err != nil {
@@ -63,6 +73,9 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 	k := [2]string{edge, stream}
 	e := t.seen[k]
 	if e == nil {
+		if len(t.seen) >= MaxTrackedEdges {
+			t.evictOldest()
+		}
 		e = &EdgeSeen{Edge: edge, Stream: stream}
 		t.seen[k] = e
 	}
@@ -78,6 +91,32 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 	if origin.After(e.LastOrigin) {
 		e.LastOrigin = origin
 	}
+}
+
+// evictOldest drops the least recently seen edge stream; t.mu is held.
+func (t *EdgeTracker) evictOldest() {
+	var oldest [2]string
+	var at time.Time
+	for k, e := range t.seen {
+		if at.IsZero() || e.LastSeen.Before(at) {
+			oldest, at = k, e.LastSeen
+		}
+	}
+	delete(t.seen, oldest)
+	if t.evicted++; t.evicted == 1 && t.log != nil {
+		t.log.Warn("more edge streams seen than tracked: the least recently seen are dropped from status and metrics (counted in holdfast_edge_streams_dropped_total)",
+			"max", MaxTrackedEdges, "dropped_edge", oldest[0], "dropped_stream", oldest[1])
+	}
+}
+
+// Dropped returns how many edge streams were dropped for MaxTrackedEdges.
+func (t *EdgeTracker) Dropped() uint64 {
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.evicted
 }
 
 // laterRFC3339 reports whether time a is after b ("" or unreadable: none,

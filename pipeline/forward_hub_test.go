@@ -1,11 +1,16 @@
 package pipeline
 
 import (
+	"fmt"
+	"io"
+	"log/slog"
 	"strconv"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestForwardHubTracksIncarnations: the hub keeps each edge stream's highest
@@ -50,5 +55,44 @@ func TestForwardHubTracksIncarnations(t *testing.T) {
 	}
 	if got := tr.Seen()[0].Messages; got != 5 {
 		t.Errorf("messages = %d, want 5", got)
+	}
+}
+
+// TestEdgeTrackerBounded: the origin headers are the publisher's to write;
+// one that sends 10,000 distinct origin servers to the edge subjects
+// cannot grow the hub's tracker past MaxTrackedEdges. The least recently
+// seen edge streams are dropped and counted; the latest are kept.
+func TestEdgeTrackerBounded(t *testing.T) {
+	s := natstest.RunServer(t)
+	tr, err := OpenEdgeTracker(natstest.Connect(t, s), []string{"edge.>"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	nc := natstest.Connect(t, s)
+	const edges = 10_000
+	for i := range edges {
+		m := nats.NewMsg("edge.x.orders.created")
+		m.Header.Set(HeaderOriginServer, fmt.Sprintf("edge-%d", i))
+		m.Header.Set(HeaderOriginStream, "ORDERS")
+		m.Header.Set(HeaderOriginSeq, "1")
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := fmt.Sprintf("edge-%d", edges-1)
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		for _, e := range tr.Seen() {
+			if e.Edge == last {
+				return nil
+			}
+		}
+		return fmt.Errorf("the last edge, %s, not seen yet", last)
+	})
+	if n := len(tr.Seen()); n > MaxTrackedEdges {
+		t.Fatalf("%d edge streams tracked after %d distinct origins, want at most %d", n, edges, MaxTrackedEdges)
+	}
+	if got, want := tr.Dropped(), uint64(edges-MaxTrackedEdges); got != want {
+		t.Fatalf("%d edge streams counted as dropped, want %d", got, want)
 	}
 }

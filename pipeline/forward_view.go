@@ -168,7 +168,9 @@ type EdgeStatus struct {
 	Links    []LinkState     `json:"links,omitempty"`
 	Forwards []ForwardStatus `json:"forwards,omitempty"`
 	Edges    []EdgeSeen      `json:"edges,omitempty"`
-	Sources  []SourceStatus  `json:"sources,omitempty"`
+	// EdgesDropped counts edge streams no longer tracked (MaxTrackedEdges).
+	EdgesDropped uint64         `json:"edges_dropped,omitempty"`
+	Sources      []SourceStatus `json:"sources,omitempty"`
 }
 
 // Status reads the current state (the backlog with one consumer info and
@@ -177,7 +179,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	if v == nil {
 		return nil
 	}
-	out := &EdgeStatus{Links: v.links(), Edges: v.Hub.Seen(), Sources: v.checkSources(ctx, time.Now())}
+	out := &EdgeStatus{Links: v.links(), Edges: v.Hub.Seen(), EdgesDropped: v.Hub.Dropped(), Sources: v.checkSources(ctx, time.Now())}
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwardStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
@@ -219,13 +221,14 @@ var (
 	descSourceActive   = desc("stream_source_active_seconds", "How long ago the source last had activity (-1: never).", "stream", "source")
 	descSourceStalled  = desc("stream_source_stalled", "1 when the source's lag has not shrunk for the stall timeout while the link was up.", "stream", "source")
 	descEdgeMessages   = desc("edge_messages_seen_total", "Hub: messages seen from the edge's stream since start, sent-again ones included.", "edge", "stream")
+	descEdgesDropped   = desc("edge_streams_dropped_total", "Hub: edge streams dropped from tracking, least recently seen first, past the bound of tracked ones.")
 )
 
 // Describe implements prometheus.Collector.
 func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
 		descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
-		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descSourceLag, descSourceActive, descSourceStalled} {
+		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descEdgesDropped, descSourceLag, descSourceActive, descSourceStalled} {
 		ch <- d
 	}
 }
@@ -276,6 +279,9 @@ func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSourceLag, prometheus.GaugeValue, float64(s.Lag), s.Stream, s.Source)
 		ch <- prometheus.MustNewConstMetric(descSourceActive, prometheus.GaugeValue, active, s.Stream, s.Source)
 		ch <- prometheus.MustNewConstMetric(descSourceStalled, prometheus.GaugeValue, b2f(s.Stalled), s.Stream, s.Source)
+	}
+	if v.Hub != nil {
+		ch <- prometheus.MustNewConstMetric(descEdgesDropped, prometheus.CounterValue, float64(st.EdgesDropped))
 	}
 	for _, e := range st.Edges {
 		ch <- prometheus.MustNewConstMetric(descEdgeLastOrigin, prometheus.GaugeValue, float64(e.LastOrigin.UnixNano())/1e9, e.Edge, e.Stream)

@@ -108,6 +108,9 @@ type Workers struct {
 	// ShutdownTimeout is how long Close lets in-flight handlers finish
 	// before cancelling them.
 	ShutdownTimeout time.Duration
+	// PullFailGrace is how long pull requests may fail before it is
+	// logged as a warning; DefaultPullFailGrace when zero.
+	PullFailGrace time.Duration
 
 	advisory *nats.Subscription
 	replay   *nats.Subscription
@@ -402,7 +405,7 @@ func (w *Workers) sendInProgress(now time.Time, after time.Duration) {
 func (w *Workers) fetch() {
 	defer close(w.fetcherDone)
 	defer close(w.queue)
-	failures := 0
+	var fails pullFailures
 	capacity := cap(w.slots)
 	free := make([]int, 0, capacity) // free places the fetcher took
 	for {
@@ -446,19 +449,56 @@ func (w *Workers) fetch() {
 		if w.runCtx.Err() != nil {
 			return
 		}
+		w.logPull(&fails, err)
 		if err == nil {
-			failures = 0
 			continue
-		}
-		failures++
-		if failures == 1 || failures%60 == 0 {
-			w.log.Error("cannot pull messages: workers idle until the consumer answers again", "err", err, "attempts", failures)
 		}
 		select {
 		case <-w.runCtx.Done():
 			return
 		case <-time.After(time.Second):
 		}
+	}
+}
+
+// DefaultPullFailGrace is how long pulls may fail before a warning: while
+// a consumer's leader is elected (at a cluster's start, after a node is
+// lost: nats-server's election timeout is 4 to 9 s) its pull requests get
+// no responders (503), and that is no fault.
+const DefaultPullFailGrace = 20 * time.Second
+
+// pullFailures are the failed pull requests in a row.
+type pullFailures struct {
+	n      int
+	since  time.Time
+	warned bool
+}
+
+// logPull logs the outcome of a pull request that ended with err: a
+// failure at debug level until failures have lasted PullFailGrace, then
+// as a warning (again every 60 failures), and the end of the failures
+// that were warned of.
+func (w *Workers) logPull(f *pullFailures, err error) {
+	if err == nil {
+		if f.warned {
+			w.log.Info("pulling messages again", "after", time.Since(f.since).Round(time.Second))
+		}
+		*f = pullFailures{}
+		return
+	}
+	if f.n++; f.n == 1 {
+		f.since = time.Now()
+	}
+	grace := w.PullFailGrace
+	if grace <= 0 {
+		grace = DefaultPullFailGrace
+	}
+	switch failing := time.Since(f.since); {
+	case failing < grace:
+		w.log.Debug("cannot pull messages yet (the consumer's leader may be being elected); trying again", "err", err, "attempts", f.n)
+	case !f.warned || f.n%60 == 0:
+		f.warned = true
+		w.log.Warn("cannot pull messages: workers idle until the consumer answers again", "err", err, "attempts", f.n, "for", failing.Round(time.Second))
 	}
 }
 

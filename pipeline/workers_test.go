@@ -864,3 +864,74 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 		t.Errorf("handler called %d times on the message, want 2 (interrupted, resumed)", n)
 	}
 }
+
+// openLoggedWorkers opens log-handler workers on e's consumer that log at
+// debug level into the returned buffer, with pulls warned of after grace.
+func openLoggedWorkers(t *testing.T, e *testEnv, grace time.Duration) (*pipeline.Workers, *natstest.Buffer) {
+	t.Helper()
+	lb := &natstest.Buffer{}
+	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
+		AckWait: 5 * time.Second, MaxDeliver: 5, Handler: pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })}
+	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	w.ShutdownTimeout = 2 * time.Second
+	w.PullFailGrace = grace
+	if err := w.Open(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	return w, lb
+}
+
+// TestPullFailuresWithinGraceAreNoError: while a consumer does not answer
+// (its leader being elected at a cluster's start; here it is deleted and
+// created again) the pull requests get no responders (503). A healthy
+// cluster start logged that as level=ERROR before "ready". Within
+// PullFailGrace it is logged at debug level only; the workers go on once
+// the consumer answers.
+func TestPullFailuresWithinGraceAreNoError(t *testing.T) {
+	e := startEnv(t, nil)
+	w, lb := openLoggedWorkers(t, e, time.Minute)
+	ctx := context.Background()
+	if err := e.js.DeleteConsumer(ctx, "ORDERS", config.DefaultConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(lb.String(), "cannot pull messages") {
+			return errors.New("no failed pull logged yet")
+		}
+		return nil
+	})
+	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	e.publish("orders.created", "after", nil)
+	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().Acked.Load(); n != 1 {
+			return fmt.Errorf("acked %d, want 1", n)
+		}
+		return nil
+	})
+	for line := range strings.Lines(lb.String()) {
+		if strings.Contains(line, "cannot pull") && !strings.Contains(line, "level=DEBUG") {
+			t.Errorf("a pull failure within the grace logged above debug level: %s", line)
+		}
+	}
+}
+
+// TestPullFailuresPastGraceWarn: pull requests failing for longer than
+// PullFailGrace are a warning, naming how long.
+func TestPullFailuresPastGraceWarn(t *testing.T) {
+	e := startEnv(t, nil)
+	_, lb := openLoggedWorkers(t, e, time.Second)
+	if err := e.js.DeleteConsumer(context.Background(), "ORDERS", config.DefaultConsumerName); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
+		for line := range strings.Lines(lb.String()) {
+			if strings.Contains(line, "level=WARN") && strings.Contains(line, "cannot pull messages") && strings.Contains(line, "for=") {
+				return nil
+			}
+		}
+		return errors.New("no warning of the failing pulls")
+	})
+}

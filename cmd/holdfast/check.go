@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -66,7 +67,7 @@ func checkCommand() *cli.Command {
 				}
 			}
 			if len(problems) > 0 {
-				return runtimeError(fmt.Errorf("check failed (%s):\n%w", source, errors.Join(problems...)))
+				return runtimeError(checkFailed(source, problems))
 			}
 			fmt.Fprintf(c.App.Writer, "ok: %s: %d stream(s), %d consumer(s), store dir %s\n",
 				source, len(cfg.Streams), len(cfg.Consumers), cfg.JetStream.StoreDir)
@@ -77,6 +78,39 @@ func checkCommand() *cli.Command {
 		},
 	}
 }
+
+// checkFailed is check's error: one list of every problem, those of the
+// config's validation and parsing among the others, with their count.
+func checkFailed(source string, problems []error) error {
+	var lines []string
+	for _, err := range problems {
+		var ve *config.ValidationError
+		var pe *config.ParseError
+		switch {
+		case errors.As(err, &ve):
+			for _, p := range ve.Problems {
+				lines = append(lines, p.String())
+			}
+		case errors.As(err, &pe):
+			// file: line N: ..., as the parse error names it.
+			for l := range strings.SplitSeq(pe.Err.Error(), "\n") {
+				lines = append(lines, (&config.ParseError{Source: pe.Source, Err: errors.New(strings.TrimSpace(l))}).Error())
+			}
+		default:
+			lines = append(lines, err.Error())
+		}
+	}
+	return &checkError{msg: fmt.Sprintf("check failed (%s): %d problem(s):\n  %s", source, len(lines), strings.Join(lines, "\n  ")), problems: problems}
+}
+
+// checkError lists check's problems and unwraps to each of them.
+type checkError struct {
+	msg      string
+	problems []error
+}
+
+func (e *checkError) Error() string   { return e.msg }
+func (e *checkError) Unwrap() []error { return e.problems }
 
 // checkHandlers builds the exec and http handlers as run does, so that a
 // command run would refuse (missing, a directory, not executable) fails

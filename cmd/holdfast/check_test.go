@@ -263,3 +263,23 @@ ca_file = %q
 		t.Errorf("check of a matching pair: exit %d\n%s%s", ok.code, ok.stdout, ok.stderr)
 	}
 }
+
+// TestCheckCountsEveryProblem: check's count and list hold every problem,
+// those of validation and the ones check finds itself (a missing script).
+// It printed "2 problem(s)" and then the third after the list.
+func TestCheckCountsEveryProblem(t *testing.T) {
+	t.Parallel()
+	missing := filepath.Join(t.TempDir(), "missing")
+	extra := fmt.Sprintf("\n[log]\nlevel = \"loud\"\n\n[consumers.WORKER2]\nstream = \"ORDERS\"\nhandler = \"exec\"\nmax_deliver = 0\n[consumers.WORKER2.exec]\ncommand = [%q]\n", missing)
+	path := e2eWriteConfig(t, e2eConfigTOML(filepath.Join(t.TempDir(), "store"), natstest.FreePort(t), extra))
+	res := runHoldfast(t, nil, "check", "--config", path)
+	if res.code != 1 || !strings.Contains(res.stderr, "3 problem(s):") {
+		t.Fatalf("check exited %d, want 1 and \"3 problem(s):\":\n%s", res.code, res.stderr)
+	}
+	list := res.stderr[strings.Index(res.stderr, "3 problem(s):"):]
+	for _, want := range []string{"log.level", "consumers.WORKER2.max_deliver", "consumers.WORKER2.exec: exec handler: command " + missing} {
+		if !strings.Contains(list, "\n  "+want) {
+			t.Errorf("the list does not hold %q as an item:\n%s", want, res.stderr)
+		}
+	}
+}

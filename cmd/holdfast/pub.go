@@ -84,7 +84,7 @@ func pubCommand() *cli.Command {
 				}
 				ack, err := publishOne(c.Context, js, msg)
 				if err != nil {
-					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, err)))
+					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, msg.Header.Get(nats.MsgIdHdr), 1, err)))
 				}
 				dup := ""
 				if ack.Duplicate {
@@ -93,7 +93,9 @@ func pubCommand() *cli.Command {
 				fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
 				return nil
 			}
-			return publishMany(c, js, msg, c.String("id"), count, func(err error) error { return explainPubError(cfg, nc, msg, err) })
+			return publishMany(c, js, msg, c.String("id"), count, func(err error) error {
+				return explainPubError(cfg, nc, msg, c.String("id"), count, err)
+			})
 		},
 	}
 }
@@ -222,17 +224,30 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 	return nil
 }
 
+// retryAdvice says how to publish again after a publish that may or may
+// not be stored, without storing it twice.
+func retryAdvice(id string, count int) string {
+	switch {
+	case id == "":
+		return "publishing it again may store it twice: publish with --id ID (its Nats-Msg-Id), and the stream stores a message with an id it holds once within its duplicate_window"
+	case count > 1:
+		return "run it again with the same --id and --count: the messages already stored are not stored again within the stream's duplicate_window"
+	}
+	return "publish again with the same --id, which the stream stores once within its duplicate_window"
+}
+
 // explainPubError says what a failed publish means and what to do, which
 // nats.go words for a programmer: no acknowledgement in time (the message
 // may or may not be stored), no stream takes the subject or none answers
 // ("no response from stream": nothing stored), and a message over the
-// server's max_payload ("maximum payload exceeded").
-func explainPubError(cfg *config.Config, nc *nats.Conn, msg *nats.Msg, err error) error {
+// server's max_payload ("maximum payload exceeded"). id is the message's
+// Nats-Msg-Id (with count > 1, the --id the ids are made of), or "".
+func explainPubError(cfg *config.Config, nc *nats.Conn, msg *nats.Msg, id string, count int, err error) error {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrTimeout):
 		return fmt.Errorf("%w: no acknowledgement within %s, so the message may or may not be stored: the stream's leader did not answer "+
 			"(in a cluster: a leader being elected, or this node without its quorum; holdfast status says which); "+
-			"publish again with the same --id, which the stream stores once within its duplicate_window", err, pubAckWait)
+			"%s", err, pubAckWait, retryAdvice(id, count))
 	case errors.Is(err, jetstream.ErrNoStreamResponse):
 		var streams []string
 		for _, name := range cfg.StreamNames() {

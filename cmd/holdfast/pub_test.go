@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -126,5 +130,33 @@ func TestPubRefusesHeaderNameWithBlank(t *testing.T) {
 		if res.code != 2 || !strings.Contains(res.stderr, "holds a blank or a control character") {
 			t.Errorf("pub -H %q: exit %d, want 2\n%s", h, res.code, res.stderr)
 		}
+	}
+}
+
+// TestPubTimeoutAdviceFitsTheID: a publish that got no PubAck in time may
+// be stored. The advice fits how it was published: without an id a retry
+// may store it twice (publish with --id); with one, publish again with
+// the same --id (and --count). It told a publish without --id to
+// "publish again with the same --id".
+func TestPubTimeoutAdviceFitsTheID(t *testing.T) {
+	cfg := config.DefaultConfig()
+	msg := nats.NewMsg("orders.created")
+	for _, tt := range []struct {
+		name, id string
+		count    int
+		want     string
+		not      string
+	}{
+		{"no id", "", 1, "publishing it again may store it twice: publish with --id", "the same --id"},
+		{"no id, --count", "", 5, "publishing it again may store it twice: publish with --id", "the same --id"},
+		{"--id", "order-1", 1, "publish again with the same --id", "may store it twice"},
+		{"--id and --count", "batch", 5, "run it again with the same --id and --count", "may store it twice"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			err := explainPubError(cfg, nil, msg, tt.id, tt.count, context.DeadlineExceeded).Error()
+			if !strings.Contains(err, tt.want) || strings.Contains(err, tt.not) {
+				t.Errorf("advice %q, want %q and not %q", err, tt.want, tt.not)
+			}
+		})
 	}
 }
