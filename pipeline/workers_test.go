@@ -901,7 +901,7 @@ func TestPullFailuresWithinGraceAreNoError(t *testing.T) {
 		}
 		return nil
 	})
-	if err := embedded.Bootstrap(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
 	e.publish("orders.created", "after", nil)
