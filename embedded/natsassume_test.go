@@ -4,9 +4,17 @@ package embedded
 // test each, so that an upgrade that breaks one fails by name.
 
 import (
+	"encoding/json"
+	"fmt"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestAssumeSystemAccountAddsNoAuthUser: options built in code with a
@@ -36,5 +44,147 @@ func TestAssumeSystemAccountAddsNoAuthUser(t *testing.T) {
 	}
 	if opts := build(true); opts.NoAuthUser != "" || len(opts.Users) != 2 {
 		t.Errorf("with defineAuthorization: no-auth user %q, %d users, want none added", opts.NoAuthUser, len(opts.Users))
+	}
+}
+
+// sendAtomicBatch publishes n messages on subject as one atomic batch, as
+// ingest's committer does (only the commit carries a reply), with the
+// Nats-Msg-Id id(i) when id is not nil, and returns the server's answer
+// to the commit.
+func sendAtomicBatch(t *testing.T, nc *nats.Conn, subject string, n int, id func(int) string) pubAckReply {
+	t.Helper()
+	inbox := nats.NewInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	batch := nats.NewInbox()[len("_INBOX."):]
+	for i := 1; i <= n; i++ {
+		m := nats.NewMsg(subject)
+		m.Data = []byte(strconv.Itoa(i))
+		m.Header.Set("Nats-Batch-Id", batch)
+		m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i))
+		if id != nil {
+			m.Header.Set(nats.MsgIdHdr, id(i))
+		}
+		if i == n {
+			m.Header.Set("Nats-Batch-Commit", "1")
+			m.Reply = inbox
+		}
+		if err := nc.PublishMsg(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg, err := sub.NextMsg(10 * time.Second)
+	if err != nil {
+		t.Fatalf("no answer to the commit: %v", err)
+	}
+	var ack pubAckReply
+	if err := json.Unmarshal(msg.Data, &ack); err != nil {
+		t.Fatalf("answer %q: %v", msg.Data, err)
+	}
+	return ack
+}
+
+type pubAckReply struct {
+	Seq   uint64 `json:"seq"`
+	Count int    `json:"count"`
+	Error *struct {
+		ErrCode int `json:"err_code"`
+	} `json:"error"`
+}
+
+// atomicStream runs a server with a stream on subject that allows atomic
+// batches and returns a connection to it.
+func atomicStream(t *testing.T, subject string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc := natstest.Connect(t, natstest.RunServer(t, natstest.SyncAlways))
+	js := natstest.JetStream(t, nc)
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "A", Subjects: []string{subject},
+		AllowAtomicPublish: true, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
+}
+
+// TestAssumeAtomicBatchLimit: the server takes atomic batches of up to
+// 1,000 messages (ingest's maxBatch) and refuses a larger one whole.
+func TestAssumeAtomicBatchLimit(t *testing.T) {
+	t.Parallel()
+	nc, js := atomicStream(t, "a.>")
+	if ack := sendAtomicBatch(t, nc, "a.x", 1000, nil); ack.Error != nil || ack.Count != 1000 {
+		t.Fatalf("a batch of 1,000: %+v", ack)
+	}
+	if ack := sendAtomicBatch(t, nc, "a.x", 1001, nil); ack.Error == nil || ack.Error.ErrCode != 10199 {
+		t.Fatalf("a batch of 1,001: %+v, want error 10199 (too large)", ack)
+	}
+	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 1000 {
+		t.Errorf("%d messages stored, want 1000", n)
+	}
+}
+
+// TestAssumeAtomicBatchDuplicateFailsWhole: a batch holding a Nats-Msg-Id
+// already in the stream's duplicate window fails whole with 10201
+// (ingest's errDuplicateInBatch), storing none of it.
+func TestAssumeAtomicBatchDuplicateFailsWhole(t *testing.T) {
+	t.Parallel()
+	nc, js := atomicStream(t, "a.>")
+	if _, err := js.Publish(natstest.Context(t), "a.x", nil, jetstream.WithMsgID("id-2")); err != nil {
+		t.Fatal(err)
+	}
+	ack := sendAtomicBatch(t, nc, "a.x", 3, func(i int) string { return "id-" + strconv.Itoa(i) })
+	if ack.Error == nil || ack.Error.ErrCode != 10201 {
+		t.Fatalf("a batch with a duplicate id: %+v, want error 10201", ack)
+	}
+	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 1 {
+		t.Errorf("%d messages stored, want 1 (none of the batch)", n)
+	}
+}
+
+// TestAssumeBatchesStoredInSendOrder: batches and single publishes sent
+// on one connection without waiting are stored in the order they were
+// sent (ingest keeps several batches in flight on this).
+func TestAssumeBatchesStoredInSendOrder(t *testing.T) {
+	t.Parallel()
+	nc, js := atomicStream(t, "a.>")
+	for b := range 20 {
+		subject := fmt.Sprintf("a.%02d", b)
+		if b%2 == 0 {
+			if err := nc.Publish(subject, nil); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		batch := nats.NewInbox()[len("_INBOX."):]
+		for i := 1; i <= 50; i++ {
+			m := nats.NewMsg(subject)
+			m.Header.Set("Nats-Batch-Id", batch)
+			m.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i))
+			if i == 50 {
+				m.Header.Set("Nats-Batch-Commit", "1")
+			}
+			if err := nc.PublishMsg(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 10+10*50 {
+			return fmt.Errorf("%d messages stored, want %d", n, 10+10*50)
+		}
+		return nil
+	})
+	s, _ := js.Stream(natstest.Context(t), "A")
+	last := ""
+	for seq := uint64(1); seq <= 510; seq++ {
+		m, err := s.GetMsg(natstest.Context(t), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.Subject < last {
+			t.Fatalf("seq %d is %s after %s: not stored in send order", seq, m.Subject, last)
+		}
+		last = m.Subject
 	}
 }

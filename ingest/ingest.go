@@ -13,11 +13,9 @@
 // flush, as without group commit); whatever arrives while a commit is in
 // flight joins the next batch. Everything goes out in arrival order on one
 // connection, and the stream applies its inbound messages and batch commits
-// one at a time in that order (nats-server v2.15.2 server/stream.go
-// internalLoop: one goroutine pops mset.msgs and calls
-// processJetStreamAtomicBatchMsg, which commits a batch under isolateMu when
-// its commit message is processed), so several batches may be in flight and
-// still be stored in the order they were sent.
+// one at a time in that order, so several batches may be in flight and
+// still be stored in the order they were sent (embedded's
+// TestAssumeBatchesStoredInSendOrder checks the server does so).
 package ingest
 
 import (
@@ -44,7 +42,8 @@ import (
 
 // How batches are cut (README.md, Group commit, documents these figures).
 const (
-	// maxBatch is nats-server's default maximum atomic batch size.
+	// maxBatch is nats-server's default maximum atomic batch size
+	// (TestAssumeAtomicBatchLimit).
 	maxBatch = 1000
 	// maxBatchBytes bounds the bytes of one batch.
 	maxBatchBytes = 8 << 20
