@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // Daemon wires the parts of `holdfast run` together: opened in order,
@@ -495,7 +496,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 // counting on in the consumer's counters.
 func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
-	var h pipeline.Handler
+	var h handler.Handler
 	var fw *pipeline.Forwarder
 	var err error
 	if cc.Handler == "forward" {
@@ -730,19 +731,19 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 }
 
 // NewHandler builds a consumer's configured handler.
-func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error) {
+func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (handler.Handler, error) {
 	hlog := log.With("component", "handler")
 	switch cc.Handler {
 	case "log":
-		return pipeline.NewLogHandler(hlog), nil
+		return handler.NewLog(hlog), nil
 	case "exec":
-		h, err := pipeline.NewExecHandler(pipeline.ExecOptions{Command: cc.Exec.Command, Timeout: cc.Exec.Timeout.Duration}, hlog)
+		h, err := handler.NewExec(handler.ExecOptions{Command: cc.Exec.Command, Timeout: cc.Exec.Timeout.Duration}, hlog)
 		if err != nil {
 			return nil, fmt.Errorf("consumers.%s.exec: %w", name, err)
 		}
 		return h, nil
 	case "http":
-		h, err := pipeline.NewHTTPHandler(pipeline.HTTPOptions{URL: cc.HTTP.URL, Timeout: cc.HTTP.Timeout.Duration}, hlog)
+		h, err := handler.NewHTTP(handler.HTTPOptions{URL: cc.HTTP.URL, Timeout: cc.HTTP.Timeout.Duration}, hlog)
 		if err != nil {
 			return nil, fmt.Errorf("consumers.%s.http: %w", name, err)
 		}
@@ -752,7 +753,7 @@ func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipel
 }
 
 // ConsumerOptions are the workers' options for a configured consumer.
-func ConsumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions {
+func ConsumerOptions(name string, cc *config.ConsumerConfig, h handler.Handler) pipeline.ConsumerOptions {
 	backoff := make([]time.Duration, len(cc.Backoff))
 	for i, b := range cc.Backoff {
 		backoff[i] = b.Duration

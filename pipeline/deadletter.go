@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -67,7 +68,7 @@ func DeadLetterMsgID(stream, consumer string, seq uint64, streamCreated time.Tim
 // incarnation created at streamCreated: payload and headers kept, the
 // original's Nats-Msg-Id moved to Holdfast-Original-Msg-Id, and the failure
 // described in Holdfast-* headers.
-func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
+func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
@@ -142,7 +143,7 @@ func (w *Workers) streamCreated(ctx context.Context, stream string) (time.Time, 
 // stream. A PubAck proves the dead letter stored only when it stored this
 // message: a "duplicate" answer is checked against what the dead-letter
 // stream holds under that sequence.
-func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreated time.Time, reason string) error {
+func (w *Workers) publishDeadLetter(ctx context.Context, m *handler.Message, streamCreated time.Time, reason string) error {
 	return w.storeDeadLetter(ctx, NewDeadLetter(w.opts.Consumer, m, streamCreated, reason, time.Now()))
 }
 
@@ -240,7 +241,7 @@ const deadLetterTimeout = 10 * time.Second
 // then terminates it. If the publish fails, the message is not terminated:
 // before its last delivery it is redelivered; on its last delivery it is
 // kept (in-progress acks) and the publish is retried until it succeeds.
-func (w *Workers) deadLetter(msg jetstream.Msg, m *Message, reason string, lastDelivery bool) {
+func (w *Workers) deadLetter(msg jetstream.Msg, m *handler.Message, reason string, lastDelivery bool) {
 	if w.opts.DeadLetter == "" {
 		if err := msg.TermWithReason(reason); err != nil {
 			w.stats.Failures.Add(1)
@@ -313,7 +314,7 @@ func (w *Workers) keepInHand(msg jetstream.Msg, seq uint64) (release func()) {
 }
 
 // terminateDeadLettered terminates a message whose dead letter is stored.
-func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *Message, reason string) {
+func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *handler.Message, reason string) {
 	if err := msg.TermWithReason(reason); err != nil {
 		// Already in the dead-letter stream; a redelivery is deduplicated
 		// there by its Nats-Msg-Id.
@@ -659,7 +660,7 @@ func (w *Workers) deadLetterBySeq(adv maxDeliveriesAdvisory) {
 		if w.opts.DeadLetter == "" {
 			return nil
 		}
-		m := &Message{
+		m := &handler.Message{
 			Subject:   raw.Subject,
 			Stream:    w.opts.Stream,
 			Consumer:  w.opts.Consumer,

@@ -18,11 +18,12 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
-func failing(reason string) pipeline.Handler {
-	return pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
-		return pipeline.Fail(reason)
+func failing(reason string) handler.Handler {
+	return handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+		return handler.Fail(reason)
 	})
 }
 
@@ -142,7 +143,7 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 
 // workersLogged starts workers like e.workers, with their own counters and
 // their log in the returned buffer.
-func (e *testEnv) workersLogged(h pipeline.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
+func (e *testEnv) workersLogged(h handler.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
 	e.t.Helper()
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	var backoff []time.Duration
@@ -191,7 +192,7 @@ func (e *testEnv) waitLogOrDeadLetter(buf *natstest.Buffer, want string, count i
 // and by later workers that know nothing of it.
 func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 	e := startEnv(t, nil)
-	ok := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+	ok := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() })
 	w, buf := e.workersLogged(ok, 2)
 	seq := e.publish("orders.created", "done", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -231,8 +232,8 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 // carries the handler's own reason, as a give-up on the last delivery does.
 func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 	e := startEnv(t, nil)
-	retry := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
-		res := pipeline.RetryLater("upstream said 503")
+	retry := handler.Func(func(context.Context, *handler.Message) handler.Result {
+		res := handler.RetryLater("upstream said 503")
 		res.RetryAfter = 3 * time.Second
 		return res
 	})
@@ -358,11 +359,11 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 func TestDeadLetterOfALongSubject(t *testing.T) {
 	e := startEnv(t, nil)
 	long := "orders." + strings.Repeat("x", 4029) // 4036 bytes: 60 below the server's 4096
-	w := e.workers(pipeline.HandlerFunc(func(_ context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workers(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
 		if m.Subject == long {
-			return pipeline.Fail("bad")
+			return handler.Fail("bad")
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1)
 	e.publish(long, "long", nil)
 	e.waitDLQ(1)
@@ -492,7 +493,7 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	}
 	for range batch.Messages() {
 	}
-	w, _ := e.workersLogged(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() }), 1)
+	w, _ := e.workersLogged(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() }), 1)
 	select {
 	case <-attempts:
 	case <-time.After(15 * time.Second):

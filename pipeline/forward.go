@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // Headers a forwarded message carries: where it came from.
@@ -512,7 +513,7 @@ func (f *Forwarder) streamCreated(ctx context.Context, stream string, published 
 // NewForwardMsg builds the message sent to the hub: payload and headers
 // kept, except the server's own Nats-* headers (the original Nats-Msg-Id
 // moves to Holdfast-Origin-Msg-Id), and the origin headers added.
-func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) *nats.Msg {
+func NewForwardMsg(subject, server string, m *handler.Message, streamCreated time.Time) *nats.Msg {
 	out := nats.NewMsg(subject)
 	out.Data = m.Data
 	for k, vs := range m.Header {
@@ -540,23 +541,23 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 // (a duplicate PubAck too: the hub has the message already). While the
 // link is down it waits, within the same delivery, for the link to come
 // back; a message the hub can never take (too large) fails at once.
-func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
+func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Result {
 	created, err := f.streamCreated(ctx, m.Stream, m.Published)
 	if err != nil {
-		return RetryLater(err.Error())
+		return handler.RetryLater(err.Error())
 	}
 	out := NewForwardMsg(ForwardSubject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
 	if len(out.Subject) > maxPublishSubject {
 		// The server would close the connection that publishes it.
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
+		return handler.Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
 	}
 	// Header block and data, as the server and the client count a
 	// payload against max_payload and max_msg_size (not the subject).
 	size := out.Size() - len(out.Subject) - len(out.Reply)
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
+		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
 	}
 	if !f.hubTakes(out.Subject) {
 		// Checked again first: the hub's streams may have changed.
@@ -565,7 +566,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			f.mu.Lock()
 			streams, subjects := f.hubStream, f.hubSubjects
 			f.mu.Unlock()
-			return Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
+			return handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
 				f.opts.Domain, out.Subject, streams, strings.Join(subjects, ", ")))
 		}
 	}
@@ -576,11 +577,11 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		// With several hub streams, one smaller than hubMax may refuse a
 		// smaller message itself (10054, permanentForwardError).
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
+		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
 	}
 	for {
 		if err := f.waitReady(ctx); err != nil {
-			return RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
+			return handler.RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
 		}
 		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		watched := f.cancelOnLinkDown(pctx, cancel)
@@ -611,12 +612,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			}
 			f.stats.LastForward.Store(time.Now().UnixNano())
 			f.stats.LastOriginTime.Store(m.Published.UnixNano())
-			return Ok()
+			return handler.Ok()
 		}
 		f.stats.Errors.Add(1)
 		if reason, permanent := permanentForwardError(err); permanent {
 			f.stats.Refused.Add(1)
-			return Fail("the hub refused the message: " + reason)
+			return handler.Fail("the hub refused the message: " + reason)
 		}
 		if reason, full := hubStoreRefusal(err); full {
 			// The hub's stream explains it: wait in this delivery, as
@@ -625,7 +626,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			continue
 		}
 		if ctx.Err() != nil {
-			return RetryLater(err.Error())
+			return handler.RetryLater(err.Error())
 		}
 		if !f.linkUp() {
 			continue // the link fell under the publish: wait for it, same delivery
@@ -657,7 +658,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			f.hubCannotStore(fmt.Sprintf("no PubAck within forward.timeout (%s)", f.opts.Timeout), "check the hub's stream: `nats stream info` on the hub")
 			continue
 		}
-		return RetryLater("publish to the hub: " + err.Error())
+		return handler.RetryLater("publish to the hub: " + err.Error())
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // forwardEnv is a testEnv whose own JetStream (domain "") plays the hub:
@@ -338,7 +339,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	}
 	paused := func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } }
 	// The link falls as the handler starts: it waits for the link.
-	w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		up.Store(false)
 		return f.Handle(ctx, m)
 	}), 1, paused)
@@ -434,14 +435,14 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forwarded := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+	forwarded := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
 		Data: []byte("forwarded before the restore"), Published: stored.Time}
 	// What the restored store holds at sequence 1 afterwards: another
 	// message, stored later.
-	reused := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+	reused := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
 		Data: []byte("published after the restore"), Published: stored.Time.Add(time.Second)}
-	for _, m := range []*pipeline.Message{forwarded, forwarded, reused} {
-		if r := f.Handle(ctx, m); r.Outcome != pipeline.Success {
+	for _, m := range []*handler.Message{forwarded, forwarded, reused} {
+		if r := f.Handle(ctx, m); r.Outcome != handler.Success {
 			t.Fatalf("Handle(%q): %+v", m.Data, r)
 		}
 	}
@@ -470,10 +471,10 @@ func TestForwardMessageOlderThanItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	restored := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
+	restored := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
 		Data: []byte("stored before the restore"), Published: orders.CachedInfo().Created.Add(-time.Hour)}
 	for i := range 2 {
-		if r := f.Handle(ctx, restored); r.Outcome != pipeline.Success {
+		if r := f.Handle(ctx, restored); r.Outcome != handler.Success {
 			t.Fatalf("Handle #%d of a message older than its stream: %+v", i+1, r)
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -98,8 +99,8 @@ func (m *Metrics) Handler() http.Handler {
 
 // ObserveResult returns a ConsumerOptions.OnResult hook that records the
 // handler duration for a consumer of stream.
-func (m *Metrics) ObserveResult(stream string) func(consumer string, res Result, took time.Duration) {
-	return func(consumer string, res Result, took time.Duration) {
+func (m *Metrics) ObserveResult(stream string) func(consumer string, res handler.Result, took time.Duration) {
+	return func(consumer string, res handler.Result, took time.Duration) {
 		m.duration.WithLabelValues(stream, consumer, res.Outcome.String()).Observe(took.Seconds())
 	}
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // monitorEnv is an embedded server on t.TempDir() with the streams and
@@ -354,12 +355,12 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkers(h, 2)
 	m := e.monitor(pipeline.MonitorOptions{StallTimeout: 300 * time.Millisecond}, map[string]*pipeline.Workers{"WORKER1": w})
@@ -383,7 +384,7 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 	})
 }
 
-func (e *monitorEnv) startWorkers(h pipeline.Handler, n int) *pipeline.Workers {
+func (e *monitorEnv) startWorkers(h handler.Handler, n int) *pipeline.Workers {
 	e.t.Helper()
 	cc := e.cfg.Consumers["WORKER1"]
 	return e.startWorkersWith(pipeline.ConsumerOptions{
@@ -468,14 +469,14 @@ func TestMetricsCountProcessing(t *testing.T) {
 	metrics := pipeline.NewMetrics("test", "2.15.2")
 	// "fail" always fails (retried, then dead-lettered on delivery 3),
 	// "bad" fails permanently, anything else succeeds.
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		switch msg.Subject {
 		case "orders.fail":
-			return pipeline.RetryLater("always failing")
+			return handler.RetryLater("always failing")
 		case "orders.bad":
-			return pipeline.Fail("malformed")
+			return handler.Fail("malformed")
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	cc := e.cfg.Consumers["WORKER1"]
 	w := e.startWorkersWith(pipeline.ConsumerOptions{

@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // The shipped Grafana dashboard and Prometheus alert rules
@@ -114,7 +115,7 @@ func TestMonitoringFiles(t *testing.T) {
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: 30 * time.Second, MaxDeliver: 3,
 		Backoff: []time.Duration{20 * time.Millisecond}, DeadLetter: "ORDERS_DLQ",
-		Handler:  pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() }),
+		Handler:  handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() }),
 		OnResult: metrics.ObserveResult("ORDERS"),
 	})
 	// As the daemon sets it up (daemon/daemon.go).

@@ -16,6 +16,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // stallTimeout is short so that the old definition of a stall (work
@@ -54,9 +55,9 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 	var calls sync.WaitGroup
 	calls.Add(3)
 	var once [3]sync.Once
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		once[msg.Sequence-1].Do(calls.Done)
-		return pipeline.RetryLater("the endpoint is down")
+		return handler.RetryLater("the endpoint is down")
 	})
 	cc := e.cfg.Consumers["WORKER1"]
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
@@ -94,8 +95,8 @@ func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
 	opts := pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
 		MaxDeliver: 5, Backoff: []time.Duration{time.Minute},
-		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
-			return pipeline.RetryLater("the endpoint is down")
+		Handler: handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
+			return handler.RetryLater("the endpoint is down")
 		}),
 	}
 	w1 := e.startWorkersWith(opts)
@@ -129,8 +130,8 @@ func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
 	opts := pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
 		MaxDeliver: 5, Backoff: []time.Duration{100 * time.Millisecond}, Stats: stats,
-		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
-			r := pipeline.RetryLater("HTTP 503 Service Unavailable")
+		Handler: handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
+			r := handler.RetryLater("HTTP 503 Service Unavailable")
 			r.RetryAfter = time.Minute
 			return r
 		}),
@@ -166,13 +167,13 @@ func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
 	var rel sync.Once
 	t.Cleanup(func() { rel.Do(func() { close(release) }) })
 	started := make(chan struct{}, 10)
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		started <- struct{}{}
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second, MaxDeliver: 5, Handler: h,
@@ -211,7 +212,7 @@ func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[uint64][]uint64{} // seq -> deliveries handled
 	started := make(chan struct{}, 10)
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		mu.Lock()
 		runs[msg.Sequence] = append(runs[msg.Sequence], msg.Delivery)
 		mu.Unlock()
@@ -220,7 +221,7 @@ func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
 		case <-time.After(5 * time.Second):
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 2, AckWait: 20 * time.Second, MaxDeliver: 5, Handler: h,
@@ -252,9 +253,9 @@ func TestMonitorHandlerPastItsTimeoutIsAStall(t *testing.T) {
 	e := newMonitorEnv(t, func(cfg *config.Config) { cfg.Consumers["WORKER1"].Workers = 1 })
 	release := make(chan struct{})
 	var rel sync.Once
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		<-release // ignores ctx and its own timeout: stuck
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkers(h, 1)
 	// Registered after the workers, so it runs before their Close waits.
