@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
@@ -58,8 +59,8 @@ type Daemon struct {
 
 	// edge is the leafnode view (nil without [leafnodes] or sources);
 	// forwarders are the forward handlers by consumer.
-	edge       *pipeline.EdgeView
-	forwarders map[string]*pipeline.Forwarder
+	edge       *forward.EdgeView
+	forwarders map[string]*forward.Forwarder
 	// workersOpened is set once Open started every consumer's workers:
 	// later forwarders (a reload) wait for a hub they find wanting.
 	workersOpened bool
@@ -497,7 +498,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
 	var h handler.Handler
-	var fw *pipeline.Forwarder
+	var fw *forward.Forwarder
 	var err error
 	if cc.Handler == "forward" {
 		fw, err = d.openForwarder(ctx, cfg, name)

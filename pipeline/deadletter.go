@@ -13,7 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -42,18 +41,12 @@ const (
 // original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {
 	s := "dlq." + consumer + "." + subject
-	if len(s) <= maxPublishSubject {
+	if len(s) <= handler.MaxPublishSubject {
 		return s
 	}
 	sum := sha256.Sum256([]byte(subject))
 	return "dlq." + consumer + ".long-subject." + hex.EncodeToString(sum[:16])
 }
-
-// maxPublishSubject is the longest subject holdfast's workers publish to
-// (a dead letter, a forwarded message): config.ControlLineBudget less
-// room for the reply subject of a JetStream publish (_INBOX.<nuid>.<token>,
-// under 64 bytes): 4000 bytes.
-const maxPublishSubject = config.ControlLineBudget - 64
 
 // DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
 // "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix
@@ -72,7 +65,7 @@ func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time,
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			addHeader(out.Header, k, v)
+			handler.AddHeader(out.Header, k, v)
 		}
 	}
 	if id := out.Header.Get(nats.MsgIdHdr); id != "" {
@@ -99,35 +92,6 @@ func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time,
 	out.Header.Set(HeaderFailedAt, failedAt.UTC().Format(time.RFC3339Nano))
 	out.Data = m.Data
 	return out
-}
-
-// HeaderUnsendable carries a header of the original message whose name
-// the NATS client refuses to publish (the server stores what a client
-// sent raw, such as "X-Eq=Name"), as the quoted name, ": " and the value.
-const HeaderUnsendable = "Holdfast-Original-Header"
-
-// addHeader adds k: v to h, or, when k is not a name the NATS client
-// publishes (printable ASCII without any of "()/,:;<=>?@[\]{} and the
-// double quote), keeps it in HeaderUnsendable: else the publish of the
-// dead letter or forwarded message would fail every time.
-func addHeader(h nats.Header, k, v string) {
-	if sendableHeaderName(k) {
-		h.Add(k, v)
-		return
-	}
-	h.Add(HeaderUnsendable, strconv.Quote(k)+": "+v)
-}
-
-func sendableHeaderName(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 // streamCreated is the creation time of the current incarnation of stream.

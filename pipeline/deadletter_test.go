@@ -402,7 +402,7 @@ func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
 	}
 	e.waitDLQ(1)
 	dl := e.dlqMsg(1)
-	if got := dl.Header.Get(pipeline.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
+	if got := dl.Header.Get(handler.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
 		t.Fatalf("dead letter headers %v, data %q", dl.Header, dl.Data)
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
@@ -140,7 +141,7 @@ func TestMonitoringFiles(t *testing.T) {
 		}
 		return nil
 	})
-	described := pipeline.MetricNames()
+	described := pipeline.MetricNames(&forward.EdgeView{})
 
 	dash, rules := dashboardExprs(t), ruleExprs(t)
 	if len(dash) < 15 || len(rules) < 10 {

@@ -20,6 +20,7 @@ import (
 	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
 )
 
 // printJSON prints v indented, as `status --json` and the HTTP endpoints do.
@@ -47,7 +48,7 @@ type statusOutput struct {
 	Streams   []streamOutput        `json:"streams"`
 	Consumers []consumerOutput      `json:"consumers"`
 
-	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	Leafnodes *forward.EdgeStatus `json:"leafnodes,omitempty"`
 }
 
 type daemonOutput struct {
@@ -603,7 +604,7 @@ func groupCommitText(s streamOutput) string {
 }
 
 // printLeafnodes is the leafnode part of `holdfast status`.
-func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
+func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 	if st == nil {
 		return
 	}

@@ -1,4 +1,4 @@
-package pipeline_test
+package forward_test
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
@@ -34,9 +35,9 @@ func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*testEnv, *atomic.Boo
 	return e, &up
 }
 
-func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*pipeline.Forwarder, error) {
+func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*forward.Forwarder, error) {
 	e.t.Helper()
-	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+	f, err := forward.New(e.srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: minWindow,
 		LinkUp: up.Load,
@@ -106,14 +107,14 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		nats.MsgIdHdr:                      pipeline.ForwardMsgID("edge1", "ORDERS", 1, first.Time),
-		pipeline.HeaderOriginServer:        "edge1",
-		pipeline.HeaderOriginStream:        "ORDERS",
-		pipeline.HeaderOriginSeq:           "1",
-		pipeline.HeaderOriginSubject:       "orders.created",
-		pipeline.HeaderOriginMsgID:         "client-id-1",
-		pipeline.HeaderOriginStreamCreated: created.UTC().Format(time.RFC3339Nano),
-		"X-Trace":                          "abc",
+		nats.MsgIdHdr:                     forward.MsgID("edge1", "ORDERS", 1, first.Time),
+		forward.HeaderOriginServer:        "edge1",
+		forward.HeaderOriginStream:        "ORDERS",
+		forward.HeaderOriginSeq:           "1",
+		forward.HeaderOriginSubject:       "orders.created",
+		forward.HeaderOriginMsgID:         "client-id-1",
+		forward.HeaderOriginStreamCreated: created.UTC().Format(time.RFC3339Nano),
+		"X-Trace":                         "abc",
 	}
 	for k, v := range want {
 		if got := m.Header.Get(k); got != v {
@@ -241,7 +242,7 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 2 * time.Minute})
 	_, err := e.forwarder(up, 5*time.Minute)
-	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
+	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming HUB", err)
 	}
 }
@@ -298,7 +299,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 	var up atomic.Bool
 	up.Store(true)
 	_, err := e.forwarder(&up, 5*time.Minute)
-	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
+	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming Z_METRICS", err)
 	}
 }
@@ -307,7 +308,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+	f, err := forward.New(e.srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: time.Minute, LinkUp: up.Load,
 	}, nil)
@@ -323,7 +324,7 @@ func TestForwardOpenInterrupted(t *testing.T) {
 }
 
 func TestForwardSubject(t *testing.T) {
-	if got := pipeline.ForwardSubject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
+	if got := forward.Subject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
 		t.Errorf("got %s", got)
 	}
 }
