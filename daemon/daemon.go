@@ -20,6 +20,7 @@ import (
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // Daemon wires the parts of `holdfast run` together: opened in order,
@@ -32,7 +33,7 @@ type Daemon struct {
 	version string
 
 	http      *httpServer
-	metrics   *pipeline.Metrics
+	metrics   *monitor.Metrics
 	srv       *embedded.Server
 	workersMu sync.Mutex // guards workers: Healthy reads it from the watchdog
 	workers   []*pipeline.Workers
@@ -47,7 +48,7 @@ type Daemon struct {
 	// the next reload tries again. Open and Reload use it, on one
 	// goroutine.
 	workersFrom map[string]*config.ConsumerConfig
-	monitor     *pipeline.Monitor
+	monitor     *monitor.Monitor
 	gc          groupCommit
 	statusSub   *nats.Subscription
 	reloadSub   *nats.Subscription
@@ -125,7 +126,7 @@ func New(cfg *config.Config, opts Options) *Daemon {
 // bootstraps streams and consumers, starts the workers, the monitor and
 // the status responder.
 func (d *Daemon) Open(ctx context.Context) error {
-	d.metrics = pipeline.NewMetrics(d.version, server.VERSION)
+	d.metrics = monitor.NewMetrics(d.version, server.VERSION)
 	d.srv = embedded.New(d.cfg, d.log)
 	// What start-up is doing goes to systemd and, until holdfast serves,
 	// to /healthz: a node waiting for its cluster says so there too.
@@ -183,7 +184,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		d.setWorkers(append(d.workers, w))
 	}
 	d.workersOpened = true
-	d.monitor = pipeline.NewMonitor(d.srv.JetStream(), d.srv.Conn(), pipeline.MonitorOptions{
+	d.monitor = monitor.New(d.srv.JetStream(), d.srv.Conn(), monitor.Options{
 		Streams:          d.cfg.StreamNames(),
 		Consumers:        d.monitoredConsumers(d.cfg),
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
@@ -397,7 +398,7 @@ func (d *Daemon) Status() string {
 // checks keep coming, every consumer's workers run and none is stalled.
 // Only what a restart cures fails it: being stuck. A stall is holdfast's
 // own workers not progressing when they could (see
-// pipeline.ConsumerStatus.Stalled); handlers running within their
+// monitor.ConsumerStatus.Stalled); handlers running within their
 // timeout, delayed retries and a consumer without in-process workers
 // blocked by its clients do not fail it, nor does a retention loss.
 func (d *Daemon) Healthy(ctx context.Context) error {
@@ -666,11 +667,11 @@ func (d *Daemon) leaveOut(ctx context.Context, cur, next *config.Config) {
 
 // monitoredConsumers is what the monitor watches of cfg's consumers,
 // with the workers that run now.
-func (d *Daemon) monitoredConsumers(cfg *config.Config) []pipeline.MonitoredConsumer {
-	out := make([]pipeline.MonitoredConsumer, 0, len(cfg.Consumers))
+func (d *Daemon) monitoredConsumers(cfg *config.Config) []monitor.Consumer {
+	out := make([]monitor.Consumer, 0, len(cfg.Consumers))
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
+		mc := monitor.Consumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
 			HandlerTimeout: handlerTimeout(cc)}
 		if i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name }); i >= 0 {
 			mc.Workers = d.workers[i]

@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/ingest"
-	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // StatusSubjectPrefix starts the subject where the running holdfast
@@ -55,8 +55,8 @@ type StatusReply struct {
 	Domain     string              `json:"domain,omitempty"`
 	HTTPListen string              `json:"http_listen,omitempty"`
 	FailOnLoss bool                `json:"fail_on_loss"`
-	Health     pipeline.Health     `json:"health"`
-	Report     *pipeline.Report    `json:"report"`
+	Health     monitor.Health      `json:"health"`
+	Report     *monitor.Report     `json:"report"`
 	Cluster    *ClusterStatus      `json:"cluster,omitempty"`
 	Leafnodes  *forward.EdgeStatus `json:"leafnodes,omitempty"`
 	// GroupCommit holds the counters of each stream with group commit.

@@ -512,11 +512,11 @@ type maxDeliveriesAdvisory struct {
 // maxDeliveriesType is the advisory's schema type.
 const maxDeliveriesType = "io.nats.jetstream.advisory.v1.max_deliver"
 
-// checkAdvisoryScope reports why an advisory is not one the local
+// CheckAdvisoryScope reports why an advisory is not one the local
 // JetStream (domain localDomain) sent about stream/consumer, or "" when it
 // is. Advisories carry the domain of the server that sent them; a hub's
 // advisories that cross a leafnode carry the hub's domain.
-func checkAdvisoryScope(typ, gotType, stream, consumer, domain, wantStream, wantConsumer, localDomain string) string {
+func CheckAdvisoryScope(typ, gotType, stream, consumer, domain, wantStream, wantConsumer, localDomain string) string {
 	switch {
 	case gotType != typ:
 		return fmt.Sprintf("type %q, not %q", gotType, typ)
@@ -538,7 +538,7 @@ func (w *Workers) onMaxDeliveries(nm *nats.Msg) {
 		w.log.Error("unreadable max-deliveries advisory: ignored", "err", err)
 		return
 	}
-	if why := checkAdvisoryScope(maxDeliveriesType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, w.opts.Stream, w.opts.Consumer, w.domain); why != "" {
+	if why := CheckAdvisoryScope(maxDeliveriesType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, w.opts.Stream, w.opts.Consumer, w.domain); why != "" {
 		w.log.Warn("max-deliveries advisory not from this server's JetStream: ignored", "seq", adv.StreamSeq, "why", why)
 		return
 	}

@@ -508,46 +508,6 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	}
 }
 
-// Issue 12: a message whose dead letter cannot be stored makes health
-// degraded, with the reason, until the dead letter is stored.
-func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
-	e := newMonitorEnv(t, func(cfg *config.Config) {
-		cc := cfg.Consumers["WORKER1"]
-		cc.Workers = 1
-		cc.MaxDeliver = 1
-		cc.AckWait = config.Dur(2 * time.Second)
-	})
-	ctx := context.Background()
-	// The dead-letter stream exists but is full: it refuses the dead letter.
-	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 1, jetstream.DiscardNew })
-	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
-		t.Fatal(err)
-	}
-	w := e.startWorkers(failing("bad"), 1)
-	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
-	e.publish("orders.created", 1)
-	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
-		h := m.Health()
-		if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
-			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
-		}
-		return nil
-	})
-	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dlq.DeleteMsg(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
-		if h := m.Health(); h.Status != pipeline.HealthOK {
-			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
-		}
-		return nil
-	})
-}
-
 // ListDeadLetters (dlq ls, dlq replay --all) read with an ordered
 // consumer that stayed on the dead-letter stream for nats.go's default
 // inactive threshold, 5 minutes: a backup taken meanwhile held it, and

@@ -176,6 +176,10 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 // Stats returns the live counters.
 func (w *Workers) Stats() *Stats { return w.stats }
 
+// Draining reports whether Close has begun: the workers take no new
+// message and wait for the handlers still running.
+func (w *Workers) Draining() bool { return w.stopping.Load() }
+
 // Running reports whether every worker goroutine and the fetcher are
 // alive and the workers are not shutting down.
 func (w *Workers) Running() bool {
