@@ -31,6 +31,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // Names of what `holdfast bench` creates in its own instance, or (only the
@@ -156,8 +157,8 @@ func (p *Params) Validate() error {
 // Wiring is how the daemon builds a consumer's handler and options from
 // its config; the bench uses the same, so it measures what runs.
 type Wiring struct {
-	NewHandler      func(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error)
-	ConsumerOptions func(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions
+	NewHandler      func(name string, cc *config.ConsumerConfig, log *slog.Logger) (handler.Handler, error)
+	ConsumerOptions func(name string, cc *config.ConsumerConfig, h handler.Handler) pipeline.ConsumerOptions
 }
 
 // Bencher runs the measurements.

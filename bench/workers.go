@@ -9,14 +9,15 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // noopHandler succeeds at once.
-var noopHandler = pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+var noopHandler = handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() })
 
 // startBenchWorkers starts the workers of a bench consumer with h, or with
 // the handler its config names when h is nil (the daemon's own wiring).
-func (b *Bencher) startBenchWorkers(ctx context.Context, srv *embedded.Server, cfg *config.Config, name string, h pipeline.Handler) (*pipeline.Workers, error) {
+func (b *Bencher) startBenchWorkers(ctx context.Context, srv *embedded.Server, cfg *config.Config, name string, h handler.Handler) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
 	if h == nil {
 		var err error
@@ -39,11 +40,11 @@ func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config
 	n := b.Params.Msgs
 	// Like nats bench, the clock starts with the first message handled.
 	var first atomic.Int64
-	h := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(context.Context, *handler.Message) handler.Result {
 		if first.Load() == 0 {
 			first.CompareAndSwap(0, time.Now().UnixNano())
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w, err := b.startBenchWorkers(ctx, srv, cfg, name, h)
 	if err != nil {
@@ -58,17 +59,17 @@ func (b *Bencher) consume(ctx context.Context, srv *embedded.Server, cfg *config
 	return newFigure("consume (noop)", n, b.Params.Size, last.Sub(time.Unix(0, first.Load())), nil), nil
 }
 
-// endToEnd starts the workers of handler, publishes to them and measures
+// endToEnd starts the workers of the named handler kind, publishes to them and measures
 // from the first publish to the last ack; each message's latency is from
 // its publish to the server receiving its ack.
-func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *config.Config, url, handler string, acks *ackWatcher) (Figure, error) {
-	name := benchConsumerName(handler)
+func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *config.Config, url, kind string, acks *ackWatcher) (Figure, error) {
+	name := benchConsumerName(kind)
 	n := b.Params.Msgs
-	if handler == "exec" {
+	if kind == "exec" {
 		n = b.Params.ExecMsgs
 	}
-	var h pipeline.Handler
-	if handler == "noop" {
+	var h handler.Handler
+	if kind == "noop" {
 		h = noopHandler
 	}
 	w, err := b.startBenchWorkers(ctx, srv, cfg, name, h)
@@ -81,9 +82,9 @@ func (b *Bencher) endToEnd(ctx context.Context, srv *embedded.Server, cfg *confi
 	}
 	acks.expect(name, n)
 	var recs []pubRecord
-	label := "e2e " + handler
+	label := "e2e " + kind
 	start := time.Now()
-	if _, err := b.publishAsync(ctx, url, benchE2ESubject(handler), n, label+" (publish)", &recs); err != nil {
+	if _, err := b.publishAsync(ctx, url, benchE2ESubject(kind), n, label+" (publish)", &recs); err != nil {
 		return Figure{}, err
 	}
 	b.progress.set(label, acks.counter(name).Load, n)

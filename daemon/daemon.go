@@ -19,6 +19,9 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // Daemon wires the parts of `holdfast run` together: opened in order,
@@ -31,7 +34,7 @@ type Daemon struct {
 	version string
 
 	http      *httpServer
-	metrics   *pipeline.Metrics
+	metrics   *monitor.Metrics
 	srv       *embedded.Server
 	workersMu sync.Mutex // guards workers: Healthy reads it from the watchdog
 	workers   []*pipeline.Workers
@@ -46,7 +49,7 @@ type Daemon struct {
 	// the next reload tries again. Open and Reload use it, on one
 	// goroutine.
 	workersFrom map[string]*config.ConsumerConfig
-	monitor     *pipeline.Monitor
+	monitor     *monitor.Monitor
 	gc          groupCommit
 	statusSub   *nats.Subscription
 	reloadSub   *nats.Subscription
@@ -58,8 +61,8 @@ type Daemon struct {
 
 	// edge is the leafnode view (nil without [leafnodes] or sources);
 	// forwarders are the forward handlers by consumer.
-	edge       *pipeline.EdgeView
-	forwarders map[string]*pipeline.Forwarder
+	edge       *forward.EdgeView
+	forwarders map[string]*forward.Forwarder
 	// workersOpened is set once Open started every consumer's workers:
 	// later forwarders (a reload) wait for a hub they find wanting.
 	workersOpened bool
@@ -124,7 +127,7 @@ func New(cfg *config.Config, opts Options) *Daemon {
 // bootstraps streams and consumers, starts the workers, the monitor and
 // the status responder.
 func (d *Daemon) Open(ctx context.Context) error {
-	d.metrics = pipeline.NewMetrics(d.version, server.VERSION)
+	d.metrics = monitor.NewMetrics(d.version, server.VERSION)
 	d.srv = embedded.New(d.cfg, d.log)
 	// What start-up is doing goes to systemd and, until holdfast serves,
 	// to /healthz: a node waiting for its cluster says so there too.
@@ -182,7 +185,7 @@ func (d *Daemon) Open(ctx context.Context) error {
 		d.setWorkers(append(d.workers, w))
 	}
 	d.workersOpened = true
-	d.monitor = pipeline.NewMonitor(d.srv.JetStream(), d.srv.Conn(), pipeline.MonitorOptions{
+	d.monitor = monitor.New(d.srv.JetStream(), d.srv.Conn(), monitor.Options{
 		Streams:          d.cfg.StreamNames(),
 		Consumers:        d.monitoredConsumers(d.cfg),
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
@@ -442,7 +445,7 @@ func (d *Daemon) Status() string {
 // checks keep coming, every consumer's workers run and none is stalled.
 // Only what a restart cures fails it: being stuck. A stall is holdfast's
 // own workers not progressing when they could (see
-// pipeline.ConsumerStatus.Stalled); handlers running within their
+// monitor.ConsumerStatus.Stalled); handlers running within their
 // timeout, delayed retries and a consumer without in-process workers
 // blocked by its clients do not fail it, nor does a retention loss.
 func (d *Daemon) Healthy(ctx context.Context) error {
@@ -545,8 +548,8 @@ func (d *Daemon) Close(ctx context.Context) error {
 // counting on in the consumer's counters.
 func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
-	var h pipeline.Handler
-	var fw *pipeline.Forwarder
+	var h handler.Handler
+	var fw *forward.Forwarder
 	var err error
 	if cc.Handler == "forward" {
 		fw, err = d.openForwarder(ctx, cfg, name)
@@ -714,11 +717,11 @@ func (d *Daemon) leaveOut(ctx context.Context, cur, next *config.Config) {
 
 // monitoredConsumers is what the monitor watches of cfg's consumers,
 // with the workers that run now.
-func (d *Daemon) monitoredConsumers(cfg *config.Config) []pipeline.MonitoredConsumer {
-	out := make([]pipeline.MonitoredConsumer, 0, len(cfg.Consumers))
+func (d *Daemon) monitoredConsumers(cfg *config.Config) []monitor.Consumer {
+	out := make([]monitor.Consumer, 0, len(cfg.Consumers))
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		mc := pipeline.MonitoredConsumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
+		mc := monitor.Consumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
 			HandlerTimeout: handlerTimeout(cc)}
 		if i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name }); i >= 0 {
 			mc.Workers = d.workers[i]
@@ -780,19 +783,19 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 }
 
 // NewHandler builds a consumer's configured handler.
-func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipeline.Handler, error) {
+func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (handler.Handler, error) {
 	hlog := log.With("component", "handler")
 	switch cc.Handler {
 	case "log":
-		return pipeline.NewLogHandler(hlog), nil
+		return handler.NewLog(hlog), nil
 	case "exec":
-		h, err := pipeline.NewExecHandler(pipeline.ExecOptions{Command: cc.Exec.Command, Timeout: cc.Exec.Timeout.Duration}, hlog)
+		h, err := handler.NewExec(handler.ExecOptions{Command: cc.Exec.Command, Timeout: cc.Exec.Timeout.Duration}, hlog)
 		if err != nil {
 			return nil, fmt.Errorf("consumers.%s.exec: %w", name, err)
 		}
 		return h, nil
 	case "http":
-		h, err := pipeline.NewHTTPHandler(pipeline.HTTPOptions{URL: cc.HTTP.URL, Timeout: cc.HTTP.Timeout.Duration}, hlog)
+		h, err := handler.NewHTTP(handler.HTTPOptions{URL: cc.HTTP.URL, Timeout: cc.HTTP.Timeout.Duration}, hlog)
 		if err != nil {
 			return nil, fmt.Errorf("consumers.%s.http: %w", name, err)
 		}
@@ -802,7 +805,7 @@ func NewHandler(name string, cc *config.ConsumerConfig, log *slog.Logger) (pipel
 }
 
 // ConsumerOptions are the workers' options for a configured consumer.
-func ConsumerOptions(name string, cc *config.ConsumerConfig, h pipeline.Handler) pipeline.ConsumerOptions {
+func ConsumerOptions(name string, cc *config.ConsumerConfig, h handler.Handler) pipeline.ConsumerOptions {
 	backoff := make([]time.Duration, len(cc.Backoff))
 	for i, b := range cc.Backoff {
 		backoff[i] = b.Duration

@@ -16,7 +16,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/holdfast-io/holdfast/embedded"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // Phases of the daemon, as /readyz reports them.
@@ -53,12 +53,12 @@ const (
 type httpServer struct {
 	addr    string
 	version string
-	metrics *pipeline.Metrics
+	metrics *monitor.Metrics
 	log     *slog.Logger
 
 	mu    sync.Mutex
 	ns    *server.Server
-	mon   *pipeline.Monitor
+	mon   *monitor.Monitor
 	phase string
 	// step is what start-up is doing (the sd_notify STATUS= line), for
 	// /healthz while it is not serving.
@@ -73,7 +73,7 @@ type httpServer struct {
 	once sync.Once
 }
 
-func newHTTPServer(addr string, metrics *pipeline.Metrics, log *slog.Logger, version string) *httpServer {
+func newHTTPServer(addr string, metrics *monitor.Metrics, log *slog.Logger, version string) *httpServer {
 	return &httpServer{
 		addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting, version: version,
 		readTimeout: httpReadTimeout, writeTimeout: httpWriteTimeout, idleTimeout: httpIdleTimeout,
@@ -143,7 +143,7 @@ func (h *httpServer) setNATS(ns *server.Server) {
 	h.ns = ns
 }
 
-func (h *httpServer) setMonitor(mon *pipeline.Monitor) {
+func (h *httpServer) setMonitor(mon *monitor.Monitor) {
 	if h == nil {
 		return
 	}
@@ -171,7 +171,7 @@ func (h *httpServer) setStep(step string) {
 	h.step = step
 }
 
-func (h *httpServer) state() (*server.Server, *pipeline.Monitor, string) {
+func (h *httpServer) state() (*server.Server, *monitor.Monitor, string) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.ns, h.mon, h.phase
@@ -237,7 +237,7 @@ func (h *httpServer) healthz(w http.ResponseWriter, r *http.Request) {
 		if phase == phaseStopping {
 			reason = "stopping"
 		}
-		writeJSON(w, http.StatusServiceUnavailable, pipeline.Health{Status: pipeline.HealthUnhealthy, Reason: reason, Problems: []string{reason}})
+		writeJSON(w, http.StatusServiceUnavailable, monitor.Health{Status: monitor.HealthUnhealthy, Reason: reason, Problems: []string{reason}})
 		return
 	}
 	health := mon.Health()

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // TestHTTPServerClosesIdleAndSlowConnections: a client that keeps a
@@ -19,7 +19,7 @@ import (
 // server shares) for ever. Before, both stayed open as long as the client
 // liked.
 func TestHTTPServerClosesIdleAndSlowConnections(t *testing.T) {
-	h := newHTTPServer("127.0.0.1:0", pipeline.NewMetrics("test", "test"), slog.New(slog.NewTextHandler(io.Discard, nil)), "test")
+	h := newHTTPServer("127.0.0.1:0", monitor.NewMetrics("test", "test"), slog.New(slog.NewTextHandler(io.Discard, nil)), "test")
 	h.readTimeout, h.writeTimeout, h.idleTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
 	if err := h.Open(natstest.Context(t)); err != nil {
 		t.Fatal(err)

@@ -5,13 +5,13 @@ import (
 	"fmt"
 
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
 )
 
 // openEdgeView builds the leafnode view of a hub or an edge (nil for a
 // node without [leafnodes] or sourced streams): the links, the hub's
 // tracker of edges, the sources, and the metrics.
-func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
+func (d *Daemon) openEdgeView() (*forward.EdgeView, error) {
 	l := d.cfg.LeafNodes
 	var sourced []string
 	for _, name := range d.cfg.StreamNames() {
@@ -22,19 +22,19 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 	if !l.Hub() && !l.Edge() && len(sourced) == 0 {
 		return nil, nil
 	}
-	v := &pipeline.EdgeView{UnreachableAfter: l.UnreachableAfter.Duration,
+	v := &forward.EdgeView{UnreachableAfter: l.UnreachableAfter.Duration,
 		JS: d.srv.JetStream(), Conn: d.srv.Conn(), SourcedStreams: sourced, StallAfter: d.cfg.HTTP.StallTimeout.Duration}
 	if l.Edge() {
-		v.Links = func() []pipeline.LinkState {
-			var out []pipeline.LinkState
+		v.Links = func() []forward.LinkState {
+			var out []forward.LinkState
 			for _, ll := range d.srv.LeafLinks() {
-				out = append(out, pipeline.LinkState{Remote: ll.Remote, Connected: ll.Connected, Since: ll.Since, Connects: ll.Connects, Problem: ll.Problem})
+				out = append(out, forward.LinkState{Remote: ll.Remote, Connected: ll.Connected, Since: ll.Since, Connects: ll.Connects, Problem: ll.Problem})
 			}
 			return out
 		}
 	}
 	if l.Hub() && len(l.EdgeSubjects) > 0 {
-		t, err := pipeline.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects, d.log.With("component", "edges"))
+		t, err := forward.OpenEdgeTracker(d.srv.Conn(), l.EdgeSubjects, d.log.With("component", "edges"))
 		if err != nil {
 			return nil, err
 		}
@@ -47,9 +47,9 @@ func (d *Daemon) openEdgeView() (*pipeline.EdgeView, error) {
 // openForwarder builds and opens the forward handler of consumer name; at
 // start it refuses a reachable hub whose stream's duplicate window is too
 // short (later, on a reload, forwarding waits for it instead).
-func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*pipeline.Forwarder, error) {
+func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*forward.Forwarder, error) {
 	cc := cfg.Consumers[name]
-	f, err := pipeline.NewForwarder(d.srv.Conn(), pipeline.ForwardOptions{
+	f, err := forward.New(d.srv.Conn(), forward.Options{
 		ServerName:         cfg.Server.Name,
 		Stream:             cc.Stream,
 		Consumer:           name,
@@ -74,7 +74,7 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 // setForwarder records the forwarder of consumer name, closing the one it
 // replaces (a reload restarted the workers); a nil f leaves the consumer
 // without one (its workers no longer forward).
-func (d *Daemon) setForwarder(name string, f *pipeline.Forwarder) {
+func (d *Daemon) setForwarder(name string, f *forward.Forwarder) {
 	if old := d.forwarders[name]; old != nil && old != f {
 		old.Close()
 	}
@@ -82,7 +82,7 @@ func (d *Daemon) setForwarder(name string, f *pipeline.Forwarder) {
 		delete(d.forwarders, name)
 	} else {
 		if d.forwarders == nil {
-			d.forwarders = map[string]*pipeline.Forwarder{}
+			d.forwarders = map[string]*forward.Forwarder{}
 		}
 		d.forwarders[name] = f
 	}

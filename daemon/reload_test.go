@@ -11,7 +11,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // TestRestartOnlyChanges: every key a reload cannot apply is named when
@@ -156,7 +156,7 @@ func TestReloadAddsAndLeavesOutStreamsAndConsumers(t *testing.T) {
 	if got := monitoredNames(r); !slices.Equal(got, []string{"ORDERS/WORKER1"}) {
 		t.Errorf("the monitor watches %q after leaving ARCHIVE and EXTRA out", got)
 	}
-	if r.Health.Status != pipeline.HealthOK {
+	if r.Health.Status != monitor.HealthOK {
 		t.Errorf("health after leaving ARCHIVE and EXTRA out: %+v", r.Health)
 	}
 }
@@ -164,7 +164,7 @@ func TestReloadAddsAndLeavesOutStreamsAndConsumers(t *testing.T) {
 // monitoredNames lists the consumers ("STREAM/NAME") a monitor report
 // has, then its configured streams other than ORDERS and its dead-letter
 // stream ("stream NAME").
-func monitoredNames(r *pipeline.Report) []string {
+func monitoredNames(r *monitor.Report) []string {
 	var out []string
 	for _, c := range r.Consumers {
 		out = append(out, c.Stream+"/"+c.Name)
@@ -207,7 +207,7 @@ func TestReloadRefusesRestartChangesWhole(t *testing.T) {
 	}
 	const warning = "config on disk differs from the running config: restart to apply leafnodes.listen"
 	h := d.monitor.CheckNow(ctx).Health
-	if h.Status != pipeline.HealthOK || len(h.Warnings) != 1 || h.Warnings[0] != warning {
+	if h.Status != monitor.HealthOK || len(h.Warnings) != 1 || h.Warnings[0] != warning {
 		t.Errorf("health after the refused reload: %s %q, want ok with %q", h.Status, h.Warnings, warning)
 	}
 

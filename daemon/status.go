@@ -12,25 +12,26 @@ import (
 
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // StatusReply is the daemon's answer on subjects.Status.
 type StatusReply struct {
-	Version    string               `json:"version"`
-	NATSServer string               `json:"nats_server"`
-	ServerName string               `json:"server_name"`
-	PID        int                  `json:"pid"`
-	Started    time.Time            `json:"started"`
-	StoreDir   string               `json:"store_dir"`
-	Sync       string               `json:"sync"`
-	Domain     string               `json:"domain,omitempty"`
-	HTTPListen string               `json:"http_listen,omitempty"`
-	FailOnLoss bool                 `json:"fail_on_loss"`
-	Health     pipeline.Health      `json:"health"`
-	Report     *pipeline.Report     `json:"report"`
-	Cluster    *ClusterStatus       `json:"cluster,omitempty"`
-	Leafnodes  *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	Version    string              `json:"version"`
+	NATSServer string              `json:"nats_server"`
+	ServerName string              `json:"server_name"`
+	PID        int                 `json:"pid"`
+	Started    time.Time           `json:"started"`
+	StoreDir   string              `json:"store_dir"`
+	Sync       string              `json:"sync"`
+	Domain     string              `json:"domain,omitempty"`
+	HTTPListen string              `json:"http_listen,omitempty"`
+	FailOnLoss bool                `json:"fail_on_loss"`
+	Health     monitor.Health      `json:"health"`
+	Report     *monitor.Report     `json:"report"`
+	Cluster    *ClusterStatus      `json:"cluster,omitempty"`
+	Leafnodes  *forward.EdgeStatus `json:"leafnodes,omitempty"`
 	// GroupCommit holds the counters of each stream with group commit.
 	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // TestLostAckRedeliveredAndCounted: workers whose acks never reach the
@@ -53,9 +54,9 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 	rec := &recorder{}
 	w := pipeline.NewWorkers(js, nc, pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 2, Prefetch: 16,
-		AckWait: time.Second, Handler: pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		AckWait: time.Second, Handler: handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 			rec.record(m)
-			return pipeline.Ok()
+			return handler.Ok()
 		}),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	w.ShutdownTimeout = 2 * time.Second
@@ -104,7 +105,7 @@ func TestMaxAckPendingRespected(t *testing.T) {
 	for i := range 40 {
 		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
 	}
-	e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		n := held.Add(1)
 		for {
@@ -114,7 +115,7 @@ func TestMaxAckPendingRespected(t *testing.T) {
 		}
 		<-release
 		held.Add(-1)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), maxAckPending/2, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
 	// Half the allowed messages are being handled, the other half queued.
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
@@ -151,13 +152,13 @@ func TestMaxAckPendingRespected(t *testing.T) {
 func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 	started := make(chan struct{}, 100)
-	w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		started <- struct{}{}
 		select {
 		case <-time.After(300 * time.Millisecond):
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 64 })
 	var seqs []uint64
 	for i := range 20 {
@@ -178,9 +179,9 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 		t.Fatalf("all %d handled before the shutdown: nothing was queued", handled)
 	}
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 4)
 	last := seqs[len(seqs)-1]
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error { // ack_wait is a minute
@@ -208,7 +209,7 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	slow, err := pipeline.NewExecHandler(pipeline.ExecOptions{Command: []string{"/bin/sleep", "0.2"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	slow, err := handler.NewExec(handler.ExecOptions{Command: []string{"/bin/sleep", "0.2"}}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -217,11 +218,11 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	fast := map[uint64]bool{}
 	wf := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "FAST", Workers: 2, Prefetch: 256, AckWait: 5 * time.Second,
-		Handler: pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+		Handler: handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 			mu.Lock()
 			fast[m.Sequence] = true
 			mu.Unlock()
-			return pipeline.Ok()
+			return handler.Ok()
 		}),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := wf.Open(ctx); err != nil {
@@ -305,12 +306,12 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sub.Unsubscribe()
-			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				select {
 				case <-time.After(tc.handler):
 				case <-ctx.Done():
 				}
-				return pipeline.Ok()
+				return handler.Ok()
 			}), 2, func(o *pipeline.ConsumerOptions) { o.Prefetch, o.MaxPrefetch = 16, 998 })
 			last := seqs[len(seqs)-1]
 			natstest.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
@@ -353,10 +354,10 @@ func TestHeldBytesBounded(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	var handled atomic.Int64
-	e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		<-release
 		handled.Add(1)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1, func(o *pipeline.ConsumerOptions) {
 		o.Prefetch = 64
 		o.MaxHeldBytes = limit

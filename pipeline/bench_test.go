@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // The benchmarks run the real path on an embedded server on b.TempDir()
@@ -75,7 +76,7 @@ func (e *benchEnv) fill(tb testing.TB, n int) {
 	}
 }
 
-func (e *benchEnv) workers(h pipeline.Handler, n, prefetch int) *pipeline.Workers {
+func (e *benchEnv) workers(h handler.Handler, n, prefetch int) *pipeline.Workers {
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	return pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
 		Stream:     config.DefaultStreamName,
@@ -105,7 +106,7 @@ func benchWaitFor(tb testing.TB, done func() bool) {
 
 // runWorkers stores b.N messages, then times the workers handling and
 // settling all of them; done tells when they have.
-func runWorkers(b *testing.B, workers, prefetch int, h pipeline.Handler, done func(*pipeline.Stats, int) bool) {
+func runWorkers(b *testing.B, workers, prefetch int, h handler.Handler, done func(*pipeline.Stats, int) bool) {
 	e := startBenchEnv(b)
 	e.fill(b, b.N)
 	w := e.workers(h, workers, prefetch)
@@ -149,7 +150,7 @@ func (c cpuClock) report(b *testing.B) {
 // Message, call a no-op handler, ack (counted once confirmed), without
 // and with the default prefetch.
 func BenchmarkDispatch(b *testing.B) {
-	noop := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+	noop := handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() })
 	for _, prefetch := range []int{0, 256, 996} {
 		for _, workers := range []int{1, 4, 16} {
 			b.Run(fmt.Sprintf("workers=%d/prefetch=%d", workers, prefetch), func(b *testing.B) {
@@ -226,7 +227,7 @@ func plainConsume(b *testing.B, fanout int) {
 // BenchmarkDeadLetter is the permanent-failure path per message: publish
 // the dead letter, wait for its PubAck, then terminate the original.
 func BenchmarkDeadLetter(b *testing.B) {
-	fail := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Fail("bench") })
+	fail := handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Fail("bench") })
 	runWorkers(b, 4, 256, fail, func(st *pipeline.Stats, n int) bool { return st.DeadLettered.Load() >= uint64(n) })
 }
 

@@ -13,7 +13,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -41,18 +41,12 @@ const (
 // original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {
 	s := "dlq." + consumer + "." + subject
-	if len(s) <= maxPublishSubject {
+	if len(s) <= handler.MaxPublishSubject {
 		return s
 	}
 	sum := sha256.Sum256([]byte(subject))
 	return "dlq." + consumer + ".long-subject." + hex.EncodeToString(sum[:16])
 }
-
-// maxPublishSubject is the longest subject holdfast's workers publish to
-// (a dead letter, a forwarded message): config.ControlLineBudget less
-// room for the reply subject of a JetStream publish (_INBOX.<nuid>.<token>,
-// under 64 bytes): 4000 bytes.
-const maxPublishSubject = config.ControlLineBudget - 64
 
 // DeadLetterMsgID is the Nats-Msg-Id of a dead letter,
 // "STREAM:CONSUMER:seq:created" with the stream's creation time in Unix
@@ -67,11 +61,11 @@ func DeadLetterMsgID(stream, consumer string, seq uint64, streamCreated time.Tim
 // incarnation created at streamCreated: payload and headers kept, the
 // original's Nats-Msg-Id moved to Holdfast-Original-Msg-Id, and the failure
 // described in Holdfast-* headers.
-func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
+func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
 		for _, v := range vs {
-			addHeader(out.Header, k, v)
+			handler.AddHeader(out.Header, k, v)
 		}
 	}
 	if id := out.Header.Get(nats.MsgIdHdr); id != "" {
@@ -100,35 +94,6 @@ func NewDeadLetter(consumer string, m *Message, streamCreated time.Time, reason 
 	return out
 }
 
-// HeaderUnsendable carries a header of the original message whose name
-// the NATS client refuses to publish (the server stores what a client
-// sent raw, such as "X-Eq=Name"), as the quoted name, ": " and the value.
-const HeaderUnsendable = "Holdfast-Original-Header"
-
-// addHeader adds k: v to h, or, when k is not a name the NATS client
-// publishes (printable ASCII without any of "()/,:;<=>?@[\]{} and the
-// double quote), keeps it in HeaderUnsendable: else the publish of the
-// dead letter or forwarded message would fail every time.
-func addHeader(h nats.Header, k, v string) {
-	if sendableHeaderName(k) {
-		h.Add(k, v)
-		return
-	}
-	h.Add(HeaderUnsendable, strconv.Quote(k)+": "+v)
-}
-
-func sendableHeaderName(k string) bool {
-	if k == "" {
-		return false
-	}
-	for i := 0; i < len(k); i++ {
-		if c := k[i]; c < 33 || c > 126 || strings.IndexByte(`"()/,:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
-}
-
 // streamCreated is the creation time of the current incarnation of stream.
 func (w *Workers) streamCreated(ctx context.Context, stream string) (time.Time, error) {
 	s, err := w.js.Stream(ctx, stream)
@@ -142,7 +107,7 @@ func (w *Workers) streamCreated(ctx context.Context, stream string) (time.Time, 
 // stream. A PubAck proves the dead letter stored only when it stored this
 // message: a "duplicate" answer is checked against what the dead-letter
 // stream holds under that sequence.
-func (w *Workers) publishDeadLetter(ctx context.Context, m *Message, streamCreated time.Time, reason string) error {
+func (w *Workers) publishDeadLetter(ctx context.Context, m *handler.Message, streamCreated time.Time, reason string) error {
 	return w.storeDeadLetter(ctx, NewDeadLetter(w.opts.Consumer, m, streamCreated, reason, time.Now()))
 }
 
@@ -240,7 +205,7 @@ const deadLetterTimeout = 10 * time.Second
 // then terminates it. If the publish fails, the message is not terminated:
 // before its last delivery it is redelivered; on its last delivery it is
 // kept (in-progress acks) and the publish is retried until it succeeds.
-func (w *Workers) deadLetter(msg jetstream.Msg, m *Message, reason string, lastDelivery bool) {
+func (w *Workers) deadLetter(msg jetstream.Msg, m *handler.Message, reason string, lastDelivery bool) {
 	if w.opts.DeadLetter == "" {
 		if err := msg.TermWithReason(reason); err != nil {
 			w.stats.Failures.Add(1)
@@ -313,7 +278,7 @@ func (w *Workers) keepInHand(msg jetstream.Msg, seq uint64) (release func()) {
 }
 
 // terminateDeadLettered terminates a message whose dead letter is stored.
-func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *Message, reason string) {
+func (w *Workers) terminateDeadLettered(msg jetstream.Msg, m *handler.Message, reason string) {
 	if err := msg.TermWithReason(reason); err != nil {
 		// Already in the dead-letter stream; a redelivery is deduplicated
 		// there by its Nats-Msg-Id.
@@ -547,11 +512,11 @@ type maxDeliveriesAdvisory struct {
 // maxDeliveriesType is the advisory's schema type.
 const maxDeliveriesType = "io.nats.jetstream.advisory.v1.max_deliver"
 
-// checkAdvisoryScope reports why an advisory is not one the local
+// CheckAdvisoryScope reports why an advisory is not one the local
 // JetStream (domain localDomain) sent about stream/consumer, or "" when it
 // is. Advisories carry the domain of the server that sent them; a hub's
 // advisories that cross a leafnode carry the hub's domain.
-func checkAdvisoryScope(typ, gotType, stream, consumer, domain, wantStream, wantConsumer, localDomain string) string {
+func CheckAdvisoryScope(typ, gotType, stream, consumer, domain, wantStream, wantConsumer, localDomain string) string {
 	switch {
 	case gotType != typ:
 		return fmt.Sprintf("type %q, not %q", gotType, typ)
@@ -573,7 +538,7 @@ func (w *Workers) onMaxDeliveries(nm *nats.Msg) {
 		w.log.Error("unreadable max-deliveries advisory: ignored", "err", err)
 		return
 	}
-	if why := checkAdvisoryScope(maxDeliveriesType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, w.opts.Stream, w.opts.Consumer, w.domain); why != "" {
+	if why := CheckAdvisoryScope(maxDeliveriesType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, w.opts.Stream, w.opts.Consumer, w.domain); why != "" {
 		w.log.Warn("max-deliveries advisory not from this server's JetStream: ignored", "seq", adv.StreamSeq, "why", why)
 		return
 	}
@@ -659,7 +624,7 @@ func (w *Workers) deadLetterBySeq(adv maxDeliveriesAdvisory) {
 		if w.opts.DeadLetter == "" {
 			return nil
 		}
-		m := &Message{
+		m := &handler.Message{
 			Subject:   raw.Subject,
 			Stream:    w.opts.Stream,
 			Consumer:  w.opts.Consumer,

@@ -18,11 +18,12 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
-func failing(reason string) pipeline.Handler {
-	return pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
-		return pipeline.Fail(reason)
+func failing(reason string) handler.Handler {
+	return handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+		return handler.Fail(reason)
 	})
 }
 
@@ -142,7 +143,7 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 
 // workersLogged starts workers like e.workers, with their own counters and
 // their log in the returned buffer.
-func (e *testEnv) workersLogged(h pipeline.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
+func (e *testEnv) workersLogged(h handler.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
 	e.t.Helper()
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	var backoff []time.Duration
@@ -191,7 +192,7 @@ func (e *testEnv) waitLogOrDeadLetter(buf *natstest.Buffer, want string, count i
 // and by later workers that know nothing of it.
 func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 	e := startEnv(t, nil)
-	ok := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() })
+	ok := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() })
 	w, buf := e.workersLogged(ok, 2)
 	seq := e.publish("orders.created", "done", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -231,8 +232,8 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 // carries the handler's own reason, as a give-up on the last delivery does.
 func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 	e := startEnv(t, nil)
-	retry := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
-		res := pipeline.RetryLater("upstream said 503")
+	retry := handler.Func(func(context.Context, *handler.Message) handler.Result {
+		res := handler.RetryLater("upstream said 503")
 		res.RetryAfter = 3 * time.Second
 		return res
 	})
@@ -358,11 +359,11 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 func TestDeadLetterOfALongSubject(t *testing.T) {
 	e := startEnv(t, nil)
 	long := "orders." + strings.Repeat("x", 4029) // 4036 bytes: 60 below the server's 4096
-	w := e.workers(pipeline.HandlerFunc(func(_ context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workers(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
 		if m.Subject == long {
-			return pipeline.Fail("bad")
+			return handler.Fail("bad")
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1)
 	e.publish(long, "long", nil)
 	e.waitDLQ(1)
@@ -401,7 +402,7 @@ func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
 	}
 	e.waitDLQ(1)
 	dl := e.dlqMsg(1)
-	if got := dl.Header.Get(pipeline.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
+	if got := dl.Header.Get(handler.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
 		t.Fatalf("dead letter headers %v, data %q", dl.Header, dl.Data)
 	}
 }
@@ -492,7 +493,7 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	}
 	for range batch.Messages() {
 	}
-	w, _ := e.workersLogged(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result { return pipeline.Ok() }), 1)
+	w, _ := e.workersLogged(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() }), 1)
 	select {
 	case <-attempts:
 	case <-time.After(15 * time.Second):
@@ -505,46 +506,6 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	if stacks := string(buf[:runtime.Stack(buf, true)]); strings.Contains(stacks, "(*Workers).deadLetterBySeq") {
 		t.Fatalf("a dead-letter goroutine outlived Close:\n%s", stacks)
 	}
-}
-
-// Issue 12: a message whose dead letter cannot be stored makes health
-// degraded, with the reason, until the dead letter is stored.
-func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
-	e := newMonitorEnv(t, func(cfg *config.Config) {
-		cc := cfg.Consumers["WORKER1"]
-		cc.Workers = 1
-		cc.MaxDeliver = 1
-		cc.AckWait = config.Dur(2 * time.Second)
-	})
-	ctx := context.Background()
-	// The dead-letter stream exists but is full: it refuses the dead letter.
-	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 1, jetstream.DiscardNew })
-	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
-		t.Fatal(err)
-	}
-	w := e.startWorkers(failing("bad"), 1)
-	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
-	e.publish("orders.created", 1)
-	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
-		h := m.Health()
-		if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
-			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
-		}
-		return nil
-	})
-	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dlq.DeleteMsg(ctx, 1); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
-		if h := m.Health(); h.Status != pipeline.HealthOK {
-			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
-		}
-		return nil
-	})
 }
 
 // ListDeadLetters (dlq ls, dlq replay --all) read with an ordered

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // Replaying a dead letter hands it to the handler of the consumer that
@@ -196,7 +197,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	from := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
 
 	res := w.handleOutOfBand(m)
-	if res.Outcome != Success {
+	if res.Outcome != handler.Success {
 		w.log.Warn("replayed dead letter failed again: it stays in the dead-letter stream", "dead_letter", from,
 			"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
 		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("the handler failed (%s): %s; the dead letter is kept", res.Outcome, res.Reason)}
@@ -214,7 +215,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 // handleOutOfBand runs the handler on a message that did not come from
 // the fetcher (a replayed dead letter, a resumed interrupted message),
 // counted like one that did.
-func (w *Workers) handleOutOfBand(m *Message) Result {
+func (w *Workers) handleOutOfBand(m *handler.Message) handler.Result {
 	w.stats.InFlight.Add(1)
 	start := time.Now()
 	res := w.handleReplay(m)
@@ -228,13 +229,13 @@ func (w *Workers) handleOutOfBand(m *Message) Result {
 }
 
 // handleReplay calls the handler, turning a panic into a retry.
-func (w *Workers) handleReplay(m *Message) (res Result) {
+func (w *Workers) handleReplay(m *handler.Message) (res handler.Result) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
-			res = RetryLater(fmt.Sprintf("handler panicked: %v", r))
+			res = handler.RetryLater(fmt.Sprintf("handler panicked: %v", r))
 		}
-		res.Reason = oneLine(res.Reason, maxReason)
+		res.Reason = handler.OneLine(res.Reason, maxReason)
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
 }
@@ -244,7 +245,7 @@ func (w *Workers) handleReplay(m *Message) (res Result) {
 // Holdfast-* headers of the dead letter removed, Holdfast-Replayed-From
 // added), its Nats-Msg-Id back, and the same idempotency key (that
 // Nats-Msg-Id, else "STREAM:seq" of the original).
-func ReplayMessage(dl DeadLetter) (*Message, error) {
+func ReplayMessage(dl DeadLetter) (*handler.Message, error) {
 	if dl.OriginalSubject == "" || dl.OriginalStream == "" || dl.OriginalSeq == 0 {
 		return nil, fmt.Errorf("dead letter %s #%d lacks %s, %s or %s: not a holdfast dead letter", dl.Stream, dl.Seq,
 			HeaderOriginalSubject, HeaderOriginalStream, HeaderOriginalSeq)
@@ -262,7 +263,7 @@ func ReplayMessage(dl DeadLetter) (*Message, error) {
 		key = id
 	}
 	h.Set(HeaderReplayedFrom, dl.Stream+":"+strconv.FormatUint(dl.Seq, 10))
-	return &Message{
+	return &handler.Message{
 		Subject:        dl.OriginalSubject,
 		Stream:         dl.OriginalStream,
 		Consumer:       dl.Consumer,

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // An attempt interrupted by a shutdown or a reload is not a failed one.
@@ -33,8 +34,8 @@ const HeaderInterrupted = "Holdfast-Interrupted"
 const reasonInterrupted = "interrupted by a shutdown or reload on its last allowed delivery (not a handler failure): handed to the handler again when the workers start"
 
 // messageOf is the Message a handler sees for msg.
-func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *Message {
-	m := &Message{
+func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *handler.Message {
+	m := &handler.Message{
 		Subject:   msg.Subject(),
 		Stream:    md.Stream,
 		Consumer:  w.opts.Consumer,
@@ -82,7 +83,7 @@ func (w *Workers) giveBack(msg jetstream.Msg) {
 
 // park stores m, marked interrupted, in the dead-letter stream and then
 // terminates the original.
-func (w *Workers) park(msg jetstream.Msg, m *Message) error {
+func (w *Workers) park(msg jetstream.Msg, m *handler.Message) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	created, err := w.streamCreated(ctx, m.Stream)
@@ -165,12 +166,12 @@ func (w *Workers) resume1(dl DeadLetter) {
 	m.Consumer = w.opts.Consumer
 	m.Header.Del(HeaderReplayedFrom)
 	res := w.handleOutOfBand(m)
-	if w.handlerCtx.Err() != nil && res.Outcome != Success {
+	if w.handlerCtx.Err() != nil && res.Outcome != handler.Success {
 		return // interrupted again: it stays parked
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if res.Outcome != Success {
+	if res.Outcome != handler.Success {
 		// Its last attempt has a verdict now: an ordinary dead letter.
 		final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, res.Reason, time.Now())
 		final.Header.Del(HeaderReplayedFrom)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // DefaultRetryDelay is the delay before a retry when no backoff is
@@ -41,11 +42,11 @@ type ConsumerOptions struct {
 	// messages with a log line only.
 	DeadLetter string
 	// Handler handles each message. When it keeps connections for reuse
-	// (it has a CloseIdleConnections method, as HTTPHandler does), Close
+	// (it has a CloseIdleConnections method, as handler.HTTP does), Close
 	// closes them once the workers stopped.
-	Handler Handler
+	Handler handler.Handler
 	// OnResult, when set, is called after each handled message (metrics).
-	OnResult func(consumer string, res Result, took time.Duration)
+	OnResult func(consumer string, res handler.Result, took time.Duration)
 	// Stats, when set, receives the counters, so that workers replaced at
 	// a reload keep counting where the old ones stopped.
 	Stats *Stats
@@ -177,6 +178,10 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 
 // Stats returns the live counters.
 func (w *Workers) Stats() *Stats { return w.stats }
+
+// Draining reports whether Close has begun: the workers take no new
+// message and wait for the handlers still running.
+func (w *Workers) Draining() bool { return w.stopping.Load() }
 
 // Running reports whether every worker goroutine and the fetcher are
 // alive and the workers are not shutting down.
@@ -614,13 +619,13 @@ func (w *Workers) process(i int, msg jetstream.Msg) {
 // handle calls the handler, turning a panic into a retry. The message is
 // kept alive with in-progress acks from its receipt until it is settled
 // (see fetch).
-func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
+func (w *Workers) handle(msg jetstream.Msg, m *handler.Message) (res handler.Result) {
 	defer func() {
 		if r := recover(); r != nil {
 			w.log.Error("handler panicked", "seq", m.Sequence, "panic", r, "stack", string(debug.Stack()))
-			res = RetryLater(fmt.Sprintf("handler panicked: %v", r))
+			res = handler.RetryLater(fmt.Sprintf("handler panicked: %v", r))
 		}
-		res.Reason = oneLine(res.Reason, maxReason)
+		res.Reason = handler.OneLine(res.Reason, maxReason)
 	}()
 	return w.opts.Handler.Handle(w.handlerCtx, m)
 }
@@ -635,8 +640,8 @@ func (w *Workers) handle(msg jetstream.Msg, m *Message) (res Result) {
 const maxReason = 1024
 
 // settle acks, naks or dead-letters a handled message.
-func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
-	if w.handlerCtx.Err() != nil && res.Outcome != Success {
+func (w *Workers) settle(msg jetstream.Msg, m *handler.Message, res handler.Result) {
+	if w.handlerCtx.Err() != nil && res.Outcome != handler.Success {
 		// Cancelled by shutdown: hand it back for the next start, once
 		// the last pull request has ended (see giveBack).
 		w.log.Info("handler interrupted by shutdown: message returned", "seq", m.Sequence)
@@ -645,11 +650,11 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 		return
 	}
 	switch res.Outcome {
-	case Success:
+	case handler.Success:
 		// Acked off the worker's path, confirmed by batch (see acker): a
 		// lost ack is seen and counted, and the message comes back.
 		w.acks.add(msg, m.Sequence)
-	case Retry:
+	case handler.Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
 			w.deadLetter(msg, m, reason, true)
@@ -668,7 +673,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *Message, res Result) {
 		w.activity.delayed(m.Sequence, time.Now().Add(delay), res.Reason)
 		w.log.Warn("handler failed: will retry", "seq", m.Sequence, "subject", m.Subject,
 			"delivery", m.Delivery, "max_deliver", w.opts.MaxDeliver, "retry_in", delay, "reason", res.Reason)
-	case Permanent:
+	case handler.Permanent:
 		w.deadLetter(msg, m, res.Reason, m.Delivery >= uint64(w.opts.MaxDeliver))
 	default:
 		w.log.Error("handler returned an unknown outcome: retrying", "seq", m.Sequence, "outcome", res.Outcome.String())

@@ -21,6 +21,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // testEnv is a real embedded server on t.TempDir() with the ORDERS stream,
@@ -77,13 +78,13 @@ type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
-func (e *testEnv) workers(h pipeline.Handler, n int) *pipeline.Workers {
+func (e *testEnv) workers(h handler.Handler, n int) *pipeline.Workers {
 	e.t.Helper()
 	return e.workersWith(h, n, nil)
 }
 
 // workersWith is workers with the options changed by tweak (may be nil).
-func (e *testEnv) workersWith(h pipeline.Handler, n int, tweak func(*pipeline.ConsumerOptions)) *pipeline.Workers {
+func (e *testEnv) workersWith(h handler.Handler, n int, tweak func(*pipeline.ConsumerOptions)) *pipeline.Workers {
 	e.t.Helper()
 	cc := e.cfg.Consumers[config.DefaultConsumerName]
 	var backoff []time.Duration
@@ -149,10 +150,10 @@ type recorder struct {
 type call struct {
 	seq, delivery uint64
 	at            time.Time
-	msg           pipeline.Message
+	msg           handler.Message
 }
 
-func (r *recorder) record(m *pipeline.Message) {
+func (r *recorder) record(m *handler.Message) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls = append(r.calls, call{seq: m.Sequence, delivery: m.Delivery, at: time.Now(), msg: *m})
@@ -173,9 +174,9 @@ func (r *recorder) forSeq(seq uint64) []call {
 func TestSuccessAcks(t *testing.T) {
 	e := startEnv(t, nil)
 	rec := &recorder{}
-	w := e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 4)
 	const n = 50
 	for i := 0; i < n; i++ {
@@ -208,9 +209,9 @@ func TestSuccessAcks(t *testing.T) {
 func TestIdempotencyKeyFromMsgID(t *testing.T) {
 	e := startEnv(t, nil)
 	got := make(chan string, 1)
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		got <- m.IdempotencyKey
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1)
 	e.publish("orders.created", "x", nats.Header{nats.MsgIdHdr: []string{"order-42"}})
 	select {
@@ -229,12 +230,12 @@ func TestRetryBackoffThenSuccess(t *testing.T) {
 		cc.MaxDeliver = 5
 	})
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		if m.Delivery < 4 {
-			return pipeline.RetryLater("not yet")
+			return handler.RetryLater("not yet")
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 2)
 	seq := e.publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
@@ -280,9 +281,9 @@ func (e *testEnv) dlqMsg(seq uint64) *jetstream.RawStreamMsg {
 func TestPermanentGoesToDeadLetter(t *testing.T) {
 	e := startEnv(t, nil)
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Fail("schema violation: no id")
+		return handler.Fail("schema violation: no id")
 	}), 1)
 	seq := e.publish("orders.created", `{"bad":true}`, nats.Header{"Trace": []string{"abc"}, nats.MsgIdHdr: []string{"m-1"}})
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -330,9 +331,9 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 3 })
 	rec := &recorder{}
-	w := e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.RetryLater("downstream unavailable")
+		return handler.RetryLater("downstream unavailable")
 	}), 2)
 	seq := e.publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -361,13 +362,13 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		select {
 		case <-time.After(3500 * time.Millisecond): // 3.5× ack_wait
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 2)
 	seq := e.publish("orders.created", "slow", nil)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
@@ -409,13 +410,13 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 			for i := range tc.msgs {
 				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
 			}
-			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				rec.record(m)
 				select {
 				case <-time.After(tc.handler):
 				case <-ctx.Done():
 				}
-				return pipeline.Ok()
+				return handler.Ok()
 			}), 4, func(o *pipeline.ConsumerOptions) { o.Prefetch = tc.prefetch })
 			last := seqs[len(seqs)-1]
 			natstest.CheckFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
@@ -448,9 +449,9 @@ func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Fail("bad")
+		return handler.Fail("bad")
 	}), 1)
 	seq := e.publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
@@ -498,9 +499,9 @@ func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
 		t.Fatalf("fetched %d", got)
 	}
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := e.dlqCount(); n != 1 {
@@ -522,7 +523,7 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 	started := make(chan uint64, 10)
 	var mu sync.Mutex
 	finished := map[uint64]bool{}
-	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		started <- m.Sequence
 		d := 200 * time.Millisecond
 		if string(m.Data) == "stuck" {
@@ -533,9 +534,9 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 			mu.Lock()
 			finished[m.Sequence] = true
 			mu.Unlock()
-			return pipeline.Ok()
+			return handler.Ok()
 		case <-ctx.Done():
-			return pipeline.RetryLater("cancelled")
+			return handler.RetryLater("cancelled")
 		}
 	})
 	w := e.workers(h, 2)
@@ -562,9 +563,9 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 	}
 	// The stuck one was nak'ed without delay: a new worker gets it at once.
 	rec := &recorder{}
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
-		return pipeline.Ok()
+		return handler.Ok()
 	}), 1)
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error { // well below ack_wait (1m)
 		if len(rec.forSeq(stuck)) != 1 {
@@ -589,8 +590,8 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 		t.Run("dead_letter="+dlq, func(t *testing.T) {
 			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 			tweak := func(o *pipeline.ConsumerOptions) { o.DeadLetter = dlq; o.Prefetch = 16 }
-			w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
-				return pipeline.Ok()
+			w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+				return handler.Ok()
 			}), 1, tweak)
 			natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
 				if n := e.consumerInfo().NumWaiting; n == 0 {
@@ -612,9 +613,9 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 			<-closed
 
 			rec := &recorder{}
-			e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				rec.record(m)
-				return pipeline.Ok()
+				return handler.Ok()
 			}), 1, tweak)
 			natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 				for _, seq := range seqs {
@@ -641,8 +642,8 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 // larger one is refused at publish by the stream.
 func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 	e := startEnv(t, nil)
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
-		return pipeline.Fail(strings.Repeat("a long reason ", 10))
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+		return handler.Fail(strings.Repeat("a long reason ", 10))
 	}), 1)
 	max := int(e.cfg.Server.MaxPayload.Bytes)
 	hdr := nats.Header{"Trace": []string{"t-1"}}
@@ -672,8 +673,8 @@ func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 // the last one the message was kept, the publish retried forever.
 func TestLongReasonIsDeadLettered(t *testing.T) {
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 2 })
-	e.workers(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
-		return pipeline.Fail("refused: " + strings.Repeat("x", 20000))
+	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+		return handler.Fail("refused: " + strings.Repeat("x", 20000))
 	}), 1)
 	max := int(e.cfg.Server.MaxPayload.Bytes)
 	e.publish("orders.created", strings.Repeat("x", max-100), nil)
@@ -701,17 +702,17 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 	var mu sync.Mutex
 	block := true
 	started := make(chan struct{}, 1)
-	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		mu.Lock()
 		b := block
 		mu.Unlock()
 		if !b {
-			return pipeline.Ok()
+			return handler.Ok()
 		}
 		started <- struct{}{}
 		<-ctx.Done()
-		return pipeline.RetryLater("cancelled")
+		return handler.RetryLater("cancelled")
 	})
 	w1 := e.workersWith(h, 1, nil)
 	w1.ShutdownTimeout = 100 * time.Millisecond
@@ -775,9 +776,9 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 	e := startEnv(t, nil)
 	js := &lateLookUp{JetStream: e.js}
 	var handled atomic.Int32
-	h := pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(context.Context, *handler.Message) handler.Result {
 		handled.Add(1)
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
 		AckWait: 30 * time.Second, MaxDeliver: 5, Handler: h}
@@ -814,15 +815,15 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 	rec := &recorder{}
 	var calls atomic.Int32
 	started := make(chan struct{}, 1)
-	h := pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		if calls.Add(1) == 1 {
 			started <- struct{}{}
 			<-ctx.Done()
-			return pipeline.RetryLater("cancelled")
+			return handler.RetryLater("cancelled")
 		}
 		time.Sleep(time.Second) // the resume, or the replay, runs a while
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w1 := e.workersWith(h, 1, nil)
 	w1.ShutdownTimeout = 100 * time.Millisecond
@@ -871,7 +872,7 @@ func openLoggedWorkers(t *testing.T, e *testEnv, grace time.Duration) (*pipeline
 	t.Helper()
 	lb := &natstest.Buffer{}
 	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
-		AckWait: 5 * time.Second, MaxDeliver: 5, Handler: pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() })}
+		AckWait: 5 * time.Second, MaxDeliver: 5, Handler: handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() })}
 	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	w.ShutdownTimeout = 2 * time.Second
 	w.PullFailGrace = grace

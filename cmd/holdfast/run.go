@@ -10,7 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/daemon"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 func runCommand() *cli.Command {
@@ -68,7 +68,7 @@ func runCommand() *cli.Command {
 				cancel()
 				sig = <-stopSigs
 				log.Error("second signal: exiting at once", "signal", sig.String(),
-					"handler_commands_killed", pipeline.KillRunningCommands())
+					"handler_commands_killed", handler.KillRunningCommands())
 				os.Exit(1)
 			}()
 			opened := make(chan error, 1)

@@ -21,6 +21,8 @@ import (
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // printJSON prints v indented, as `status --json` and the HTTP endpoints do.
@@ -41,14 +43,14 @@ type statusOutput struct {
 	Error     string                `json:"error,omitempty"`
 	URL       string                `json:"url"`
 	Daemon    *daemonOutput         `json:"daemon"`
-	Health    *pipeline.Health      `json:"health"`
+	Health    *monitor.Health       `json:"health"`
 	Problems  []string              `json:"problems,omitempty"`
 	JetStream jetStreamOutput       `json:"jetstream"`
 	Cluster   *daemon.ClusterStatus `json:"cluster,omitempty"`
 	Streams   []streamOutput        `json:"streams"`
 	Consumers []consumerOutput      `json:"consumers"`
 
-	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
+	Leafnodes *forward.EdgeStatus `json:"leafnodes,omitempty"`
 }
 
 type daemonOutput struct {
@@ -81,7 +83,7 @@ type storageUsage struct {
 }
 
 type streamOutput struct {
-	pipeline.StreamStatus
+	monitor.StreamStatus
 	DeadLetter    bool    `json:"dead_letter"`
 	MaxAgeSeconds float64 `json:"max_age_seconds"`
 	// Ratios to each limit that is set: messages, bytes, and the age of
@@ -111,15 +113,15 @@ type consumerOutput struct {
 	DeadLetters      *uint64 `json:"dead_letters"`
 	// LostToRetention and the fields below come from the daemon; null
 	// when it did not answer.
-	LostToRetention *uint64                `json:"lost_to_retention"`
-	LastLoss        *pipeline.LossEvent    `json:"last_loss,omitempty"`
-	Stalled         bool                   `json:"stalled"`
-	BacklogRatio    map[string]float64     `json:"backlog_ratio,omitempty"`
-	Warnings        []string               `json:"warnings,omitempty"`
-	Workers         *pipeline.WorkerStatus `json:"workers"`
+	LostToRetention *uint64               `json:"lost_to_retention"`
+	LastLoss        *monitor.LossEvent    `json:"last_loss,omitempty"`
+	Stalled         bool                  `json:"stalled"`
+	BacklogRatio    map[string]float64    `json:"backlog_ratio,omitempty"`
+	Warnings        []string              `json:"warnings,omitempty"`
+	Workers         *monitor.WorkerStatus `json:"workers"`
 	// Leader and Replicas are the consumer's Raft group in a cluster.
-	Leader   string                   `json:"leader,omitempty"`
-	Replicas []pipeline.ReplicaStatus `json:"replicas,omitempty"`
+	Leader   string                  `json:"leader,omitempty"`
+	Replicas []monitor.ReplicaStatus `json:"replicas,omitempty"`
 }
 
 func statusCommand() *cli.Command {
@@ -240,7 +242,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	type consumerRef struct{ stream, name, deadLetter string }
 	var streams []string
 	var consumers []consumerRef
-	daemonConsumers := map[string]pipeline.ConsumerStatus{}
+	daemonConsumers := map[string]monitor.ConsumerStatus{}
 	if reply != nil && reply.Report != nil {
 		for _, s := range reply.Report.Streams {
 			streams = append(streams, s.Name)
@@ -265,7 +267,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 
 	now := time.Now()
 	for _, name := range streams {
-		so := streamOutput{StreamStatus: pipeline.StreamStatus{Name: name, MaxMsgs: -1, MaxBytes: -1}, DeadLetter: deadLetterStreams[name]}
+		so := streamOutput{StreamStatus: monitor.StreamStatus{Name: name, MaxMsgs: -1, MaxBytes: -1}, DeadLetter: deadLetterStreams[name]}
 		s, err := js.Stream(ctx, name)
 		if err != nil {
 			so.Error = notFound(err, "stream does not exist")
@@ -274,7 +276,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			continue
 		}
 		si := s.CachedInfo()
-		pipeline.FillStream(&so.StreamStatus, si)
+		monitor.FillStream(&so.StreamStatus, si)
 		so.MaxAgeSeconds = si.Config.MaxAge.Seconds()
 		so.GroupCommit = "off"
 		if t := si.Config.SubjectTransform; t != nil && config.IsGroupCommitSubject(t.Source) {
@@ -333,7 +335,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			if cl := ci.Cluster; cl != nil && len(cl.Replicas) > 0 {
 				co.Leader = cl.Leader
 				for _, r := range cl.Replicas {
-					co.Replicas = append(co.Replicas, pipeline.ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+					co.Replicas = append(co.Replicas, monitor.ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
 				}
 			}
 		}
@@ -357,7 +359,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		out.Consumers = append(out.Consumers, co)
 	}
 
-	out.Healthy = reply != nil && reply.Health.Status == pipeline.HealthOK && len(out.Problems) == 0
+	out.Healthy = reply != nil && reply.Health.Status == monitor.HealthOK && len(out.Problems) == 0
 	return out
 }
 
@@ -394,7 +396,7 @@ func printStatus(w io.Writer, out *statusOutput) {
 		verdict = "UNKNOWN (daemon does not answer)"
 	case !out.Healthy:
 		verdict = strings.ToUpper(out.Health.Status)
-		if out.Health.Status == pipeline.HealthOK {
+		if out.Health.Status == monitor.HealthOK {
 			verdict = "DEGRADED"
 		}
 	}
@@ -604,7 +606,7 @@ func groupCommitText(s streamOutput) string {
 }
 
 // printLeafnodes is the leafnode part of `holdfast status`.
-func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
+func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 	if st == nil {
 		return
 	}
@@ -664,7 +666,7 @@ func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
 
 // localHealthz reads the /healthz of the holdfast listening on listen (the
 // config's http.listen; on this host when it names no address), or nil.
-func localHealthz(ctx context.Context, listen string) *pipeline.Health {
+func localHealthz(ctx context.Context, listen string) *monitor.Health {
 	host, port, err := net.SplitHostPort(listen)
 	if listen == "" || err != nil {
 		return nil
@@ -683,7 +685,7 @@ func localHealthz(ctx context.Context, listen string) *pipeline.Health {
 		return nil
 	}
 	defer resp.Body.Close()
-	var h pipeline.Health
+	var h monitor.Health
 	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&h); err != nil || h.Status == "" {
 		return nil
 	}

@@ -26,7 +26,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/internal/natstest"
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // opsInstance is an instance with the HTTP listener on a free port.
@@ -68,10 +68,10 @@ func (o *opsInstance) get(t *testing.T, path string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
-func (o *opsInstance) health(t *testing.T) (int, pipeline.Health) {
+func (o *opsInstance) health(t *testing.T) (int, monitor.Health) {
 	t.Helper()
 	code, body := o.get(t, "/healthz")
-	var h pipeline.Health
+	var h monitor.Health
 	if err := json.Unmarshal([]byte(body), &h); err != nil {
 		t.Fatalf("/healthz is not JSON: %v\n%s", err, body)
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"context"
@@ -88,12 +88,12 @@ func testMessage() *Message {
 	}
 }
 
-func TestLogHandlerInfo(t *testing.T) {
+func TestLogInfo(t *testing.T) {
 	logger, logs := newTestLogger(t, slog.LevelInfo)
 	msg := testMessage()
 	msg.Data = []byte("secret-ish payload")
 
-	if r := NewLogHandler(logger).Handle(context.Background(), msg); r != Ok() {
+	if r := NewLog(logger).Handle(context.Background(), msg); r != Ok() {
 		t.Fatalf("result = %+v, want Ok", r)
 	}
 
@@ -128,7 +128,7 @@ func TestLogHandlerInfo(t *testing.T) {
 	}
 }
 
-func TestLogHandlerDebugPayload(t *testing.T) {
+func TestLogDebugPayload(t *testing.T) {
 	for _, tc := range []struct {
 		name          string
 		size          int
@@ -145,7 +145,7 @@ func TestLogHandlerDebugPayload(t *testing.T) {
 			msg := testMessage()
 			msg.Data = []byte(strings.Repeat("x", tc.size))
 
-			if r := NewLogHandler(logger).Handle(context.Background(), msg); r != Ok() {
+			if r := NewLog(logger).Handle(context.Background(), msg); r != Ok() {
 				t.Fatalf("result = %+v, want Ok", r)
 			}
 			if n := len(logs.Entries("message")); n != 1 {
@@ -172,8 +172,8 @@ func TestLogHandlerDebugPayload(t *testing.T) {
 	}
 }
 
-func TestLogHandlerNilLogger(t *testing.T) {
-	if r := NewLogHandler(nil).Handle(context.Background(), testMessage()); r != Ok() {
+func TestLogNilLogger(t *testing.T) {
+	if r := NewLog(nil).Handle(context.Background(), testMessage()); r != Ok() {
 		t.Fatalf("result = %+v, want Ok", r)
 	}
 }
@@ -202,13 +202,13 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 }
 
-// TestLogHandlerUnderLoad: at info level at most logLinesPerSecond
+// TestLogUnderLoad: at info level at most logLinesPerSecond
 // messages a second get their own line; the others are counted in one
 // summary line at the end of the second. At debug level every one is
 // logged.
-func TestLogHandlerUnderLoad(t *testing.T) {
+func TestLogUnderLoad(t *testing.T) {
 	logger, logs := newTestLogger(t, slog.LevelInfo)
-	h := NewLogHandler(logger)
+	h := NewLog(logger)
 	for range 500 {
 		if r := h.Handle(context.Background(), testMessage()); r != Ok() {
 			t.Fatalf("result = %+v, want Ok", r)
@@ -232,7 +232,7 @@ func TestLogHandlerUnderLoad(t *testing.T) {
 	}
 
 	debug, dlogs := newTestLogger(t, slog.LevelDebug)
-	h = NewLogHandler(debug)
+	h = NewLog(debug)
 	for range 100 {
 		h.Handle(context.Background(), testMessage())
 	}

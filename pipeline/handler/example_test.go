@@ -1,4 +1,4 @@
-package pipeline_test
+package handler_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // errInventoryDown stands in for a dependency that is briefly unavailable.
@@ -25,26 +25,26 @@ func reserve(sku string, qty int) error {
 // in Go. The verdict decides what happens to the message: Ok acknowledges
 // it, RetryLater redelivers it after the consumer's backoff (or after
 // RetryAfter, when set), Fail dead-letters it at once.
-func ExampleHandlerFunc() {
+func ExampleFunc() {
 	type order struct {
 		SKU string `json:"sku"`
 		Qty int    `json:"qty"`
 	}
-	handler := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	reserveOrder := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		var o order
 		if err := json.Unmarshal(msg.Data, &o); err != nil {
 			// Redelivering a payload that cannot be parsed never helps.
-			return pipeline.Fail("bad order: " + err.Error())
+			return handler.Fail("bad order: " + err.Error())
 		}
 		if o.Qty <= 0 {
-			return pipeline.Fail(fmt.Sprintf("bad order: quantity %d", o.Qty))
+			return handler.Fail(fmt.Sprintf("bad order: quantity %d", o.Qty))
 		}
 		if err := reserve(o.SKU, o.Qty); errors.Is(err, errInventoryDown) {
-			r := pipeline.RetryLater(err.Error())
+			r := handler.RetryLater(err.Error())
 			r.RetryAfter = 30 * time.Second
 			return r
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 
 	for i, payload := range []string{
@@ -53,7 +53,7 @@ func ExampleHandlerFunc() {
 		`{"sku":"A-1","qty":0}`,
 		`not json`,
 	} {
-		msg := &pipeline.Message{
+		msg := &handler.Message{
 			Subject:        "orders.created",
 			Stream:         "ORDERS",
 			Consumer:       "WORKER1",
@@ -62,7 +62,7 @@ func ExampleHandlerFunc() {
 			IdempotencyKey: fmt.Sprintf("ORDERS:%d", i+1),
 			Data:           []byte(payload),
 		}
-		r := handler.Handle(context.Background(), msg)
+		r := reserveOrder.Handle(context.Background(), msg)
 		fmt.Printf("seq %d: %s", msg.Sequence, r.Outcome)
 		if r.Reason != "" {
 			fmt.Printf(" (%s)", r.Reason)

@@ -1,4 +1,4 @@
-package pipeline_test
+package monitor_test
 
 import (
 	"context"
@@ -16,6 +16,8 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // stallTimeout is short so that the old definition of a stall (work
@@ -25,7 +27,7 @@ const stallTimeout = 300 * time.Millisecond
 // watchNotStalled checks the monitor's reports for long enough that a
 // stall would have been declared many times over (the stall timeout plus
 // a dozen checks), and fails on any stalled report or unhealthy verdict.
-func watchNotStalled(t *testing.T, m *pipeline.Monitor, consumer string, wantStatus string) {
+func watchNotStalled(t *testing.T, m *monitor.Monitor, consumer string, wantStatus string) {
 	t.Helper()
 	until := time.Now().Add(stallTimeout + 2*time.Second)
 	checks := 0
@@ -54,16 +56,16 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 	var calls sync.WaitGroup
 	calls.Add(3)
 	var once [3]sync.Once
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		once[msg.Sequence-1].Do(calls.Done)
-		return pipeline.RetryLater("the endpoint is down")
+		return handler.RetryLater("the endpoint is down")
 	})
 	cc := e.cfg.Consumers["WORKER1"]
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 2, AckWait: cc.AckWait.Duration,
 		MaxDeliver: 5, Backoff: []time.Duration{time.Minute, 10 * time.Minute}, Handler: h,
 	})
-	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w})
+	m := e.monitor(monitor.Options{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 4) // 3 fill max_ack_pending, 1 stays pending
 	calls.Wait()
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -72,7 +74,7 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 		}
 		return nil
 	})
-	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+	watchNotStalled(t, m, "WORKER1", monitor.HealthOK)
 	cs := consumerStatus(t, m.Report(), "WORKER1")
 	if cs.Workers.DelayedRetries != 3 || cs.AckPending != 3 || cs.Pending != 1 {
 		t.Fatalf("consumer status = %+v, want 3 delayed retries, 3 awaiting ack, 1 pending", cs)
@@ -94,8 +96,8 @@ func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
 	opts := pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
 		MaxDeliver: 5, Backoff: []time.Duration{time.Minute},
-		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
-			return pipeline.RetryLater("the endpoint is down")
+		Handler: handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
+			return handler.RetryLater("the endpoint is down")
 		}),
 	}
 	w1 := e.startWorkersWith(opts)
@@ -110,8 +112,8 @@ func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	w2 := e.startWorkersWith(opts) // a restart: counters and all anew
-	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
-	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+	m := e.monitor(monitor.Options{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
+	watchNotStalled(t, m, "WORKER1", monitor.HealthOK)
 }
 
 // TestMonitorRetryAfterAcrossReloadIsNotAStall: a retry delayed by the
@@ -129,8 +131,8 @@ func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
 	opts := pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second,
 		MaxDeliver: 5, Backoff: []time.Duration{100 * time.Millisecond}, Stats: stats,
-		Handler: pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
-			r := pipeline.RetryLater("HTTP 503 Service Unavailable")
+		Handler: handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
+			r := handler.RetryLater("HTTP 503 Service Unavailable")
 			r.RetryAfter = time.Minute
 			return r
 		}),
@@ -147,8 +149,8 @@ func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
 		t.Fatal(err)
 	}
 	w2 := e.startWorkersWith(opts)
-	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
-	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+	m := e.monitor(monitor.Options{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w2})
+	watchNotStalled(t, m, "WORKER1", monitor.HealthOK)
 	if cs := consumerStatus(t, m.Report(), "WORKER1"); cs.Workers.DelayedRetries != 1 {
 		t.Fatalf("delayed retries = %d, want the one given back before the reload", cs.Workers.DelayedRetries)
 	}
@@ -166,22 +168,22 @@ func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
 	var rel sync.Once
 	t.Cleanup(func() { rel.Do(func() { close(release) }) })
 	started := make(chan struct{}, 10)
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		started <- struct{}{}
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: time.Second, MaxDeliver: 5, Handler: h,
 	})
-	opts := pipeline.MonitorOptions{StallTimeout: stallTimeout}
+	opts := monitor.Options{StallTimeout: stallTimeout}
 	m := e.monitorWith(opts, map[string]*pipeline.Workers{"WORKER1": w}, map[string]time.Duration{"WORKER1": time.Hour})
 	e.publish("orders.created", 2)
 	<-started
-	watchNotStalled(t, m, "WORKER1", pipeline.HealthOK)
+	watchNotStalled(t, m, "WORKER1", monitor.HealthOK)
 	cs := consumerStatus(t, m.Report(), "WORKER1")
 	if cs.Redelivered != 0 || cs.Workers.OldestHandlerStart.IsZero() {
 		t.Fatalf("consumer status = %+v: want the running message kept alive by in-progress acks and its handler reported", cs)
@@ -211,7 +213,7 @@ func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
 	var mu sync.Mutex
 	runs := map[uint64][]uint64{} // seq -> deliveries handled
 	started := make(chan struct{}, 10)
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		mu.Lock()
 		runs[msg.Sequence] = append(runs[msg.Sequence], msg.Delivery)
 		mu.Unlock()
@@ -220,12 +222,12 @@ func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
 		case <-time.After(5 * time.Second):
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 2, AckWait: 20 * time.Second, MaxDeliver: 5, Handler: h,
 	})
-	e.monitor(pipeline.MonitorOptions{StallTimeout: time.Minute}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.monitor(monitor.Options{StallTimeout: time.Minute}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 1)
 	<-started
 	natstest.EditConsumer(t, e.js, "ORDERS", "WORKER1", func(c *jetstream.ConsumerConfig) { c.AckWait = 3 * time.Second })
@@ -252,14 +254,14 @@ func TestMonitorHandlerPastItsTimeoutIsAStall(t *testing.T) {
 	e := newMonitorEnv(t, func(cfg *config.Config) { cfg.Consumers["WORKER1"].Workers = 1 })
 	release := make(chan struct{})
 	var rel sync.Once
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		<-release // ignores ctx and its own timeout: stuck
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkers(h, 1)
 	// Registered after the workers, so it runs before their Close waits.
 	t.Cleanup(func() { rel.Do(func() { close(release) }) })
-	m := e.monitorWith(pipeline.MonitorOptions{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w},
+	m := e.monitorWith(monitor.Options{StallTimeout: stallTimeout}, map[string]*pipeline.Workers{"WORKER1": w},
 		map[string]time.Duration{"WORKER1": 200 * time.Millisecond})
 	e.publish("orders.created", 3)
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -272,7 +274,7 @@ func TestMonitorHandlerPastItsTimeoutIsAStall(t *testing.T) {
 	})
 	rel.Do(func() { close(release) })
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if hl := m.Health(); hl.Status != pipeline.HealthOK {
+		if hl := m.Health(); hl.Status != monitor.HealthOK {
 			return fmt.Errorf("health = %+v", hl)
 		}
 		return nil
@@ -289,7 +291,7 @@ func TestMonitorConsumerWithoutWorkersIsBlockedNotStalled(t *testing.T) {
 		cc.MaxAckPending = 2
 		cc.AckWait = config.Dur(time.Second)
 	})
-	m := e.monitor(pipeline.MonitorOptions{StallTimeout: stallTimeout}, nil)
+	m := e.monitor(monitor.Options{StallTimeout: stallTimeout}, nil)
 	e.publish("orders.created", 3)
 	c, err := e.js.Consumer(context.Background(), "ORDERS", "WORKER1")
 	if err != nil {
@@ -309,7 +311,7 @@ func TestMonitorConsumerWithoutWorkersIsBlockedNotStalled(t *testing.T) {
 	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
 		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
 		hl := m.Health()
-		if cs.Stalled || !cs.Blocked || hl.Status != pipeline.HealthDegraded || hl.HTTPStatus() != http.StatusOK ||
+		if cs.Stalled || !cs.Blocked || hl.Status != monitor.HealthDegraded || hl.HTTPStatus() != http.StatusOK ||
 			!strings.Contains(hl.Reason, "blocked") {
 			return fmt.Errorf("consumer %+v, health %+v: want blocked, not stalled, degraded with 200", cs, hl)
 		}
@@ -323,7 +325,7 @@ func TestMonitorIdleFilteredConsumerCreatesNoProbes(t *testing.T) {
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
 	})
-	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	m := e.monitor(monitor.Options{}, nil)
 	e.publish("orders.created", 3)
 	e.publish("orders.updated", 2)
 	created := make(chan string, 100)

@@ -1,8 +1,9 @@
-// Package pipeline runs in-process workers that hand each message of a
-// durable JetStream consumer to a Handler and acknowledge it only after the
-// handler succeeded; failures are retried with backoff and, in the end,
-// dead-lettered.
-package pipeline
+// Package handler is what a worker hands a message to: the Handler
+// contract (Message in, Result out) and the handlers holdfast ships, exec,
+// http and log. A handler returns a verdict and never settles the message
+// itself; the workers of package pipeline acknowledge, retry or
+// dead-letter it.
+package handler
 
 import (
 	"context"
@@ -81,8 +82,8 @@ type Handler interface {
 	Handle(ctx context.Context, msg *Message) Result
 }
 
-// HandlerFunc adapts a function to Handler.
-type HandlerFunc func(ctx context.Context, msg *Message) Result
+// Func adapts a function to Handler.
+type Func func(ctx context.Context, msg *Message) Result
 
 // Handle calls f.
-func (f HandlerFunc) Handle(ctx context.Context, msg *Message) Result { return f(ctx, msg) }
+func (f Func) Handle(ctx context.Context, msg *Message) Result { return f(ctx, msg) }

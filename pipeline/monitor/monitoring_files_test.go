@@ -1,4 +1,4 @@
-package pipeline_test
+package monitor_test
 
 import (
 	"context"
@@ -15,13 +15,16 @@ import (
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // The shipped Grafana dashboard and Prometheus alert rules
 // (packaging installs them under /usr/share/holdfast/).
 const (
-	dashboardFile = "../monitoring/grafana/holdfast.json"
-	rulesFile     = "../monitoring/prometheus/holdfast-rules.yml"
+	dashboardFile = "../../monitoring/grafana/holdfast.json"
+	rulesFile     = "../../monitoring/prometheus/holdfast-rules.yml"
 )
 
 // metricNameRe finds the metric names in a PromQL expression: holdfast's
@@ -110,15 +113,15 @@ func ruleExprs(t *testing.T) []string {
 // and promtool accepts the rules.
 func TestMonitoringFiles(t *testing.T) {
 	e := newMonitorEnv(t, nil)
-	metrics := pipeline.NewMetrics("test", "2.15.2")
+	metrics := monitor.NewMetrics("test", "2.15.2")
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "WORKER1", Workers: 1, AckWait: 30 * time.Second, MaxDeliver: 3,
 		Backoff: []time.Duration{20 * time.Millisecond}, DeadLetter: "ORDERS_DLQ",
-		Handler:  pipeline.HandlerFunc(func(context.Context, *pipeline.Message) pipeline.Result { return pipeline.Ok() }),
+		Handler:  handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() }),
 		OnResult: metrics.ObserveResult("ORDERS"),
 	})
 	// As the daemon sets it up (daemon/daemon.go).
-	m := e.monitor(pipeline.MonitorOptions{
+	m := e.monitor(monitor.Options{
 		FileStoreLimit:   e.cfg.JetStream.MaxFileStore.Bytes,
 		MemoryStoreLimit: e.cfg.JetStream.MaxMemoryStore.Bytes,
 		StoreWriteErrors: e.srv.StoreWriteErrors,
@@ -139,7 +142,7 @@ func TestMonitoringFiles(t *testing.T) {
 		}
 		return nil
 	})
-	described := pipeline.MetricNames()
+	described := monitor.MetricNames(&forward.EdgeView{})
 
 	dash, rules := dashboardExprs(t), ruleExprs(t)
 	if len(dash) < 15 || len(rules) < 10 {

@@ -1,4 +1,4 @@
-package pipeline_test
+package monitor_test
 
 import (
 	"context"
@@ -23,6 +23,8 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
+	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
 // monitorEnv is an embedded server on t.TempDir() with the streams and
@@ -72,18 +74,18 @@ func newMonitorEnv(t *testing.T, tweak func(*config.Config)) *monitorEnv {
 
 // monitor starts a Monitor on every configured consumer, with workers
 // where given.
-func (e *monitorEnv) monitor(opts pipeline.MonitorOptions, workers map[string]*pipeline.Workers) *pipeline.Monitor {
+func (e *monitorEnv) monitor(opts monitor.Options, workers map[string]*pipeline.Workers) *monitor.Monitor {
 	e.t.Helper()
 	return e.monitorWith(opts, workers, nil)
 }
 
 // monitorWith is monitor with handler timeouts by consumer.
-func (e *monitorEnv) monitorWith(opts pipeline.MonitorOptions, workers map[string]*pipeline.Workers, timeouts map[string]time.Duration) *pipeline.Monitor {
+func (e *monitorEnv) monitorWith(opts monitor.Options, workers map[string]*pipeline.Workers, timeouts map[string]time.Duration) *monitor.Monitor {
 	e.t.Helper()
 	opts.Streams = e.cfg.StreamNames()
 	for _, name := range e.cfg.ConsumerNames() {
 		cc := e.cfg.Consumers[name]
-		opts.Consumers = append(opts.Consumers, pipeline.MonitoredConsumer{
+		opts.Consumers = append(opts.Consumers, monitor.Consumer{
 			Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, Workers: workers[name], DeadLetter: cc.DeadLetter,
 			HandlerTimeout: timeouts[name],
 		})
@@ -91,7 +93,7 @@ func (e *monitorEnv) monitorWith(opts pipeline.MonitorOptions, workers map[strin
 	if opts.Interval == 0 {
 		opts.Interval = 20 * time.Millisecond
 	}
-	m := pipeline.NewMonitor(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(e.log, nil)))
+	m := monitor.New(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(e.log, nil)))
 	if err := m.Open(context.Background()); err != nil {
 		e.t.Fatal(err)
 	}
@@ -108,7 +110,7 @@ func (e *monitorEnv) publish(subject string, n int) {
 	}
 }
 
-func consumerStatus(t *testing.T, r *pipeline.Report, name string) pipeline.ConsumerStatus {
+func consumerStatus(t *testing.T, r *monitor.Report, name string) monitor.ConsumerStatus {
 	t.Helper()
 	for _, c := range r.Consumers {
 		if c.Name == name {
@@ -116,14 +118,14 @@ func consumerStatus(t *testing.T, r *pipeline.Report, name string) pipeline.Cons
 		}
 	}
 	t.Fatalf("no consumer %s in the report", name)
-	return pipeline.ConsumerStatus{}
+	return monitor.ConsumerStatus{}
 }
 
 // waitLost waits until the consumer's loss count is want, and checks that
 // it stays there for a few more checks.
-func waitLost(t *testing.T, m *pipeline.Monitor, consumer string, want uint64) pipeline.ConsumerStatus {
+func waitLost(t *testing.T, m *monitor.Monitor, consumer string, want uint64) monitor.ConsumerStatus {
 	t.Helper()
-	var cs pipeline.ConsumerStatus
+	var cs monitor.ConsumerStatus
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		cs = consumerStatus(t, m.CheckNow(context.Background()), consumer)
 		if cs.LostToRetention != want {
@@ -145,8 +147,8 @@ func TestMonitorCountsRetentionLossExactly(t *testing.T) {
 		cfg.Streams["ORDERS"].MaxMsgs = 10
 		cfg.Consumers["WORKER1"].MaxAckPending = 5
 	})
-	m := e.monitor(pipeline.MonitorOptions{FailOnLoss: true}, nil)
-	if h := m.Health(); h.Status != pipeline.HealthOK || h.HTTPStatus() != http.StatusOK {
+	m := e.monitor(monitor.Options{FailOnLoss: true}, nil)
+	if h := m.Health(); h.Status != monitor.HealthOK || h.HTTPStatus() != http.StatusOK {
 		t.Fatalf("health before any message = %+v, want ok", h)
 	}
 
@@ -157,7 +159,7 @@ func TestMonitorCountsRetentionLossExactly(t *testing.T) {
 		t.Errorf("last loss = %+v, want up to seq 15 caused by max_msgs", cs.LastLoss)
 	}
 	h := m.Health()
-	if h.Status != pipeline.HealthDegraded || h.HTTPStatus() != http.StatusServiceUnavailable {
+	if h.Status != monitor.HealthDegraded || h.HTTPStatus() != http.StatusServiceUnavailable {
 		t.Errorf("health after a loss = %s (%d), want degraded with 503 (fail_on_loss)", h.Status, h.HTTPStatus())
 	}
 	if h.LostToRetention["ORDERS/WORKER1"] != 15 || !strings.Contains(h.Reason, "lost 15 message(s)") {
@@ -210,10 +212,10 @@ func TestMonitorCountsRetentionLossExactly(t *testing.T) {
 
 	// Without fail_on_loss a loss is degraded with 200. The consumer is
 	// at seq 38 of 33..42: 20 more remove 33..52, of which 38..52 unread.
-	m2 := e.monitor(pipeline.MonitorOptions{}, nil)
+	m2 := e.monitor(monitor.Options{}, nil)
 	e.publish("orders.created", 20)
 	waitLost(t, m2, "WORKER1", 15)
-	if h := m2.Health(); h.Status != pipeline.HealthDegraded || h.HTTPStatus() != http.StatusOK {
+	if h := m2.Health(); h.Status != monitor.HealthDegraded || h.HTTPStatus() != http.StatusOK {
 		t.Errorf("health without fail_on_loss = %s (%d), want degraded with 200", h.Status, h.HTTPStatus())
 	}
 }
@@ -224,7 +226,7 @@ func TestMonitorCountsFilteredConsumerLoss(t *testing.T) {
 		cfg.Streams["ORDERS"].MaxMsgs = 10
 		cfg.Consumers["WORKER1"].FilterSubject = "orders.eu"
 	})
-	m := e.monitor(pipeline.MonitorOptions{Interval: time.Hour}, nil)
+	m := e.monitor(monitor.Options{Interval: time.Hour}, nil)
 	// 15 eu and 15 us, interleaved, with a check between publishes (as
 	// when the publish rate is below max_msgs per check interval): 20
 	// removed, 10 of them eu.
@@ -273,7 +275,7 @@ func TestMonitorDiscardNewRefusesInsteadOfLosing(t *testing.T) {
 		cfg.Streams["ORDERS"].MaxMsgs = 10
 		cfg.Streams["ORDERS"].Discard = "new"
 	})
-	m := e.monitor(pipeline.MonitorOptions{FailOnLoss: true}, nil)
+	m := e.monitor(monitor.Options{FailOnLoss: true}, nil)
 	e.publish("orders.created", 10)
 	refused := 0
 	for i := 0; i < 5; i++ {
@@ -285,7 +287,7 @@ func TestMonitorDiscardNewRefusesInsteadOfLosing(t *testing.T) {
 		t.Fatalf("%d of 5 publishes over max_msgs refused, want all", refused)
 	}
 	cs := waitLost(t, m, "WORKER1", 0)
-	if h := m.Health(); h.Status != pipeline.HealthOK {
+	if h := m.Health(); h.Status != monitor.HealthOK {
 		t.Errorf("health with a full discard=new stream = %+v, want ok", h)
 	}
 	if len(cs.Warnings) == 0 || !strings.Contains(cs.Warnings[0], "refused") {
@@ -295,8 +297,8 @@ func TestMonitorDiscardNewRefusesInsteadOfLosing(t *testing.T) {
 
 func TestMonitorHealthMissingConsumerAndStream(t *testing.T) {
 	e := newMonitorEnv(t, nil)
-	m := e.monitor(pipeline.MonitorOptions{}, nil)
-	if h := m.Health(); h.Status != pipeline.HealthOK {
+	m := e.monitor(monitor.Options{}, nil)
+	if h := m.Health(); h.Status != monitor.HealthOK {
 		t.Fatalf("health = %+v, want ok", h)
 	}
 	if err := e.js.DeleteConsumer(context.Background(), "ORDERS", "WORKER1"); err != nil {
@@ -325,7 +327,7 @@ func TestMonitorHealthServerCheck(t *testing.T) {
 	e := newMonitorEnv(t, nil)
 	var fail sync.Mutex
 	failing := false
-	m := e.monitor(pipeline.MonitorOptions{Check: func() error {
+	m := e.monitor(monitor.Options{Check: func() error {
 		fail.Lock()
 		defer fail.Unlock()
 		if failing {
@@ -355,15 +357,15 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 	release := make(chan struct{})
 	var once sync.Once
 	t.Cleanup(func() { once.Do(func() { close(release) }) })
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		select {
 		case <-release:
 		case <-ctx.Done():
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	w := e.startWorkers(h, 2)
-	m := e.monitor(pipeline.MonitorOptions{StallTimeout: 300 * time.Millisecond}, map[string]*pipeline.Workers{"WORKER1": w})
+	m := e.monitor(monitor.Options{StallTimeout: 300 * time.Millisecond}, map[string]*pipeline.Workers{"WORKER1": w})
 	e.publish("orders.created", 5)
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		hl := m.Health()
@@ -377,14 +379,14 @@ func TestMonitorDetectsStalledWorkers(t *testing.T) {
 	}
 	once.Do(func() { close(release) })
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if hl := m.Health(); hl.Status != pipeline.HealthOK {
+		if hl := m.Health(); hl.Status != monitor.HealthOK {
 			return fmt.Errorf("health = %+v", hl)
 		}
 		return nil
 	})
 }
 
-func (e *monitorEnv) startWorkers(h pipeline.Handler, n int) *pipeline.Workers {
+func (e *monitorEnv) startWorkers(h handler.Handler, n int) *pipeline.Workers {
 	e.t.Helper()
 	cc := e.cfg.Consumers["WORKER1"]
 	return e.startWorkersWith(pipeline.ConsumerOptions{
@@ -466,17 +468,17 @@ func TestMetricsCountProcessing(t *testing.T) {
 		cc.Workers = 2
 		cc.MaxDeliver = 3
 	})
-	metrics := pipeline.NewMetrics("test", "2.15.2")
+	metrics := monitor.NewMetrics("test", "2.15.2")
 	// "fail" always fails (retried, then dead-lettered on delivery 3),
 	// "bad" fails permanently, anything else succeeds.
-	h := pipeline.HandlerFunc(func(ctx context.Context, msg *pipeline.Message) pipeline.Result {
+	h := handler.Func(func(ctx context.Context, msg *handler.Message) handler.Result {
 		switch msg.Subject {
 		case "orders.fail":
-			return pipeline.RetryLater("always failing")
+			return handler.RetryLater("always failing")
 		case "orders.bad":
-			return pipeline.Fail("malformed")
+			return handler.Fail("malformed")
 		}
-		return pipeline.Ok()
+		return handler.Ok()
 	})
 	cc := e.cfg.Consumers["WORKER1"]
 	w := e.startWorkersWith(pipeline.ConsumerOptions{
@@ -484,7 +486,7 @@ func TestMetricsCountProcessing(t *testing.T) {
 		Backoff: []time.Duration{20 * time.Millisecond}, DeadLetter: cc.DeadLetter, Handler: h,
 		OnResult: metrics.ObserveResult("ORDERS"),
 	})
-	m := e.monitor(pipeline.MonitorOptions{}, map[string]*pipeline.Workers{"WORKER1": w})
+	m := e.monitor(monitor.Options{}, map[string]*pipeline.Workers{"WORKER1": w})
 	metrics.SetMonitor(m)
 	ts := httptest.NewServer(metrics.Handler())
 	defer ts.Close()
@@ -555,7 +557,7 @@ func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
 		s.MaxAge = config.Dur(2 * time.Second)
 		s.DuplicateWindow = config.Dur(time.Second)
 	})
-	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	m := e.monitor(monitor.Options{}, nil)
 	e.publish("orders.created", 3)
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
 		cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1")
@@ -584,10 +586,10 @@ func TestMonitorHealthStartupLoss(t *testing.T) {
 	e := newMonitorEnv(t, nil)
 	loss := "stream ORDERS went backwards: last sequence 20 recorded, 10 found"
 	for _, failOnLoss := range []bool{true, false} {
-		m := e.monitor(pipeline.MonitorOptions{StartupLosses: []string{loss}, FailOnLoss: failOnLoss}, nil)
+		m := e.monitor(monitor.Options{StartupLosses: []string{loss}, FailOnLoss: failOnLoss}, nil)
 		natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 			h := m.Health()
-			if h.Status != pipeline.HealthDegraded || !strings.Contains(h.Reason, loss) {
+			if h.Status != monitor.HealthDegraded || !strings.Contains(h.Reason, loss) {
 				return fmt.Errorf("health = %+v", h)
 			}
 			want := http.StatusOK
@@ -608,7 +610,7 @@ func TestMonitorHealthStartupLoss(t *testing.T) {
 // advisory from the local domain is.
 func TestMonitorIgnoresForeignTerminatedAdvisories(t *testing.T) {
 	e := newMonitorEnv(t, nil)
-	m := e.monitor(pipeline.MonitorOptions{Interval: time.Hour}, nil)
+	m := e.monitor(monitor.Options{Interval: time.Hour}, nil)
 	send := func(domain string, seq uint64) {
 		t.Helper()
 		adv := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.terminated","stream":"ORDERS","consumer":"WORKER1","stream_seq":%d,"reason":"Unacknowledged message was deleted","domain":%q}`, seq, domain)
@@ -643,8 +645,8 @@ func TestMetricsCoverEveryStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.publish("audit.login", 2)
-	metrics := pipeline.NewMetrics("test", "2.15.2")
-	m := e.monitor(pipeline.MonitorOptions{}, nil)
+	metrics := monitor.NewMetrics("test", "2.15.2")
+	m := e.monitor(monitor.Options{}, nil)
 	metrics.SetMonitor(m)
 	ts := httptest.NewServer(metrics.Handler())
 	defer ts.Close()
@@ -661,7 +663,7 @@ func TestMetricsCoverEveryStream(t *testing.T) {
 	if _, ok := sample(f, "holdfast_stream_exists", map[string]string{"stream": "AUDIT"}); ok {
 		t.Error("holdfast_stream_exists for a stream holdfast does not manage")
 	}
-	if h := m.Health(); h.Status != pipeline.HealthOK {
+	if h := m.Health(); h.Status != monitor.HealthOK {
 		t.Errorf("health %s with unmanaged streams: %v", h.Status, h.Problems)
 	}
 
@@ -676,4 +678,44 @@ func TestMetricsCoverEveryStream(t *testing.T) {
 	if v, ok := sample(scrape(t, ts.URL), "holdfast_consumer_oldest_unprocessed_age_seconds", worker1); !ok || v < 0.1 || v > 60 {
 		t.Errorf("oldest unprocessed age = %v (present %v), want the age of the first message (>= 0.1s)", v, ok)
 	}
+}
+
+// Issue 12: a message whose dead letter cannot be stored makes health
+// degraded, with the reason, until the dead letter is stored.
+func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
+	e := newMonitorEnv(t, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Workers = 1
+		cc.MaxDeliver = 1
+		cc.AckWait = config.Dur(2 * time.Second)
+	})
+	ctx := context.Background()
+	// The dead-letter stream exists but is full: it refuses the dead letter.
+	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 1, jetstream.DiscardNew })
+	if _, err := e.js.Publish(ctx, "dlq.WORKER1.filler", nil); err != nil {
+		t.Fatal(err)
+	}
+	w := e.startWorkers(handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Fail("bad") }), 1)
+	m := e.monitor(monitor.Options{}, map[string]*pipeline.Workers{"WORKER1": w})
+	e.publish("orders.created", 1)
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		h := m.Health()
+		if h.Status != monitor.HealthDegraded || !strings.Contains(h.Reason, "dead letter cannot be stored") {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
+	dlq, err := e.js.Stream(ctx, "ORDERS_DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dlq.DeleteMsg(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 15*time.Second, 10*time.Millisecond, func() error {
+		if h := m.Health(); h.Status != monitor.HealthOK {
+			return fmt.Errorf("health %s: %s", h.Status, h.Reason)
+		}
+		return nil
+	})
 }

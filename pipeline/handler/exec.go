@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"bytes"
@@ -64,7 +64,7 @@ var execMetadataVars = []string{
 	"HOLDFAST_MSG_ID",
 }
 
-// ExecOptions configures an ExecHandler.
+// ExecOptions configures an Exec handler.
 type ExecOptions struct {
 	// Command is the program, as an absolute path, and its arguments. It is
 	// run directly, without a shell and without a PATH lookup.
@@ -77,7 +77,7 @@ type ExecOptions struct {
 	StderrLimit int
 }
 
-// ExecHandler is the "exec" handler: it runs a command per message, with the
+// Exec is the "exec" handler: it runs a command per message, with the
 // payload on stdin and the metadata in the environment, and judges the
 // message by the exit status. It is safe for concurrent use.
 //
@@ -107,7 +107,7 @@ type ExecOptions struct {
 // command succeeded: its last 100 lines within its last StderrLimit bytes,
 // after one record saying how much was dropped. Stdout is discarded, unless the logger is enabled for
 // debug level: then its last 4 KiB are logged at debug level.
-type ExecHandler struct {
+type Exec struct {
 	command     []string
 	timeout     time.Duration
 	timeoutErr  error
@@ -116,9 +116,9 @@ type ExecHandler struct {
 	logger      *slog.Logger
 }
 
-// NewExecHandler checks cfg and returns an ExecHandler. The command must be
+// NewExec checks cfg and returns an Exec handler. The command must be
 // an absolute path to an executable file. A nil logger means slog.Default().
-func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) {
+func NewExec(cfg ExecOptions, logger *slog.Logger) (*Exec, error) {
 	if len(cfg.Command) == 0 || cfg.Command[0] == "" {
 		return nil, errors.New("exec handler: no command given")
 	}
@@ -167,7 +167,7 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &ExecHandler{
+	return &Exec{
 		command:     slices.Clone(cfg.Command),
 		timeout:     cfg.Timeout,
 		timeoutErr:  fmt.Errorf("timed out after %s", cfg.Timeout),
@@ -178,7 +178,7 @@ func NewExecHandler(cfg ExecOptions, logger *slog.Logger) (*ExecHandler, error) 
 }
 
 // Handle runs the command for msg and waits for it to exit.
-func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
+func (h *Exec) Handle(ctx context.Context, msg *Message) Result {
 	env, err := messageEnv(os.Environ(), msg)
 	if err != nil {
 		return Fail(err.Error())
@@ -275,7 +275,7 @@ func (h *ExecHandler) Handle(ctx context.Context, msg *Message) Result {
 }
 
 // logOutput logs what a command wrote to stdout or stderr, one record a line.
-func (h *ExecHandler) logOutput(ctx context.Context, level slog.Level, text string, msg *Message, out *tailBuffer) {
+func (h *Exec) logOutput(ctx context.Context, level slog.Level, text string, msg *Message, out *tailBuffer) {
 	if !h.logger.Enabled(ctx, level) {
 		return
 	}
@@ -565,7 +565,7 @@ func lastLine(out []byte) string {
 	if i := bytes.LastIndexByte(out, '\n'); i >= 0 {
 		out = out[i+1:]
 	}
-	return oneLine(string(out), reasonLineLimit)
+	return OneLine(string(out), reasonLineLimit)
 }
 
 // withLine appends a quoted stderr line to a reason.
@@ -576,10 +576,10 @@ func withLine(reason, line string) string {
 	return reason + ": " + line
 }
 
-// oneLine makes s fit for a log attribute or a NATS header value: valid
+// OneLine makes s fit for a log attribute or a NATS header value: valid
 // UTF-8, control characters as spaces, trimmed, and at most limit bytes (cut
 // on a character boundary, marked with "...").
-func oneLine(s string, limit int) string {
+func OneLine(s string, limit int) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")
 	s = strings.Map(func(r rune) rune {
 		if r < ' ' || r == 0x7f {

@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"bufio"
@@ -12,12 +12,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
@@ -31,13 +29,13 @@ type receivedRequest struct {
 	Body   []byte
 }
 
-// newHTTP returns an HTTPHandler for opts, failing the test on error, and
+// newHTTP returns an HTTP handler for opts, failing the test on error, and
 // closes its idle connections at cleanup.
-func newHTTP(t *testing.T, opts HTTPOptions, logger *slog.Logger) *HTTPHandler {
+func newHTTP(t *testing.T, opts HTTPOptions, logger *slog.Logger) *HTTP {
 	t.Helper()
-	h, err := NewHTTPHandler(opts, logger)
+	h, err := NewHTTP(opts, logger)
 	if err != nil {
-		t.Fatalf("NewHTTPHandler(%q): %v", opts.URL, err)
+		t.Fatalf("NewHTTP(%q): %v", opts.URL, err)
 	}
 	t.Cleanup(h.CloseIdleConnections)
 	return h
@@ -60,7 +58,7 @@ func newRecordingServer(t *testing.T, respond http.HandlerFunc) (*httptest.Serve
 	return srv, requests
 }
 
-func TestNewHTTPHandlerValidation(t *testing.T) {
+func TestNewHTTPValidation(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		opts HTTPOptions
@@ -82,7 +80,7 @@ func TestNewHTTPHandlerValidation(t *testing.T) {
 		{"ipv6", HTTPOptions{URL: "http://[::1]:8080/"}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := NewHTTPHandler(tc.opts, nil)
+			h, err := NewHTTP(tc.opts, nil)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -769,66 +767,4 @@ func TestHTTPRedirectFailuresNameTheRedirect(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestHTTPWorkersCloseTheirConnections: closing the workers (a stop, or a
-// reload that restarts them with a new handler) closes the connections
-// their http handler kept alive. They used to stay open, idle, until the
-// idle timeout (90s): 4 connections per reload of a consumer with 4
-// workers.
-func TestHTTPWorkersCloseTheirConnections(t *testing.T) {
-	var open atomic.Int64
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
-	srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
-		switch s {
-		case http.StateNew:
-			open.Add(1)
-		case http.StateClosed, http.StateHijacked:
-			open.Add(-1)
-		}
-	}
-	srv.Start()
-	t.Cleanup(srv.Close)
-	ns := natstest.RunServer(t)
-	nc := natstest.Connect(t, ns)
-	js := natstest.JetStream(t, nc)
-	ctx := natstest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
-		t.Fatal(err)
-	}
-	h, err := NewHTTPHandler(HTTPOptions{URL: srv.URL, Timeout: 5 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := NewWorkers(js, nc, ConsumerOptions{Stream: "ORDERS", Consumer: "WORKER1", Workers: 4, MaxDeliver: 5, Handler: h}, nil)
-	if err := w.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = w.Close(context.Background()) })
-	for i := range 40 {
-		if _, err := js.Publish(ctx, "orders.created", []byte(strconv.Itoa(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	natstest.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
-		if n := w.Stats().Acked.Load(); n != 40 {
-			return fmt.Errorf("%d of 40 acked", n)
-		}
-		return nil
-	})
-	if open.Load() == 0 {
-		t.Fatal("no connection kept alive: nothing to check")
-	}
-	if err := w.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if n := open.Load(); n != 0 {
-			return fmt.Errorf("%d connections to the endpoint still open after the workers closed", n)
-		}
-		return nil
-	})
 }

@@ -1,4 +1,4 @@
-package pipeline
+package monitor
 
 import (
 	"strings"
@@ -70,7 +70,7 @@ func TestHealthInCluster(t *testing.T) {
 // replica's time behind the leader likewise.
 func TestClusterViewTracksIsolation(t *testing.T) {
 	current := 1
-	m := &Monitor{opts: MonitorOptions{ServerName: "n2", ClusterPeers: func() (int, int, bool) { return current, 3, true }}}
+	m := &Monitor{opts: Options{ServerName: "n2", ClusterPeers: func() (int, int, bool) { return current, 3, true }}}
 	t0 := time.Now()
 	if v := m.clusterView(t0); !v.NoQuorum() || v.IsolatedFor != 0 {
 		t.Fatalf("first isolated check: %+v", v)
@@ -86,7 +86,7 @@ func TestClusterViewTracksIsolation(t *testing.T) {
 	if v := m.clusterView(t0.Add(92 * time.Second)); v.IsolatedFor != 0 {
 		t.Fatalf("isolated again: the time starts again, got %s", v.IsolatedFor)
 	}
-	single := &Monitor{opts: MonitorOptions{ClusterPeers: func() (int, int, bool) { return 0, 0, false }}}
+	single := &Monitor{opts: Options{ClusterPeers: func() (int, int, bool) { return 0, 0, false }}}
 	if v := single.clusterView(t0); v != nil || v.NoQuorum() {
 		t.Fatalf("single node: %+v", v)
 	}

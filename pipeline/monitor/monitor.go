@@ -1,4 +1,4 @@
-package pipeline
+package monitor
 
 import (
 	"context"
@@ -16,24 +16,26 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/pipeline"
 )
 
-// Defaults for MonitorOptions.
+// Defaults for Options.
 const (
-	DefaultMonitorInterval = time.Second
-	DefaultStallTimeout    = 5 * time.Minute
-	DefaultWarnRatio       = 0.8
+	DefaultInterval     = time.Second
+	DefaultStallTimeout = 5 * time.Minute
+	DefaultWarnRatio    = 0.8
 )
 
-// MonitoredConsumer is a durable consumer the Monitor watches.
-type MonitoredConsumer struct {
+// Consumer is a durable consumer the Monitor watches.
+type Consumer struct {
 	Stream   string
 	Consumer string
 	// WantWorkers is the configured number of in-process workers; 0 means
 	// the consumer is read by other clients.
 	WantWorkers int
 	// Workers are its running in-process workers, nil when it has none.
-	Workers *Workers
+	Workers *pipeline.Workers
 	// DeadLetter is its dead-letter stream, "" when it has none.
 	DeadLetter string
 	// HandlerTimeout is the longest a handler may run (the exec or http
@@ -43,13 +45,13 @@ type MonitoredConsumer struct {
 	HandlerTimeout time.Duration
 }
 
-// MonitorOptions configures a Monitor.
-type MonitorOptions struct {
+// Options configures a Monitor.
+type Options struct {
 	// Streams are watched for existence and state; the streams of the
 	// consumers are added to them.
 	Streams   []string
-	Consumers []MonitoredConsumer
-	// Interval between two checks; DefaultMonitorInterval when zero.
+	Consumers []Consumer
+	// Interval between two checks; DefaultInterval when zero.
 	Interval time.Duration
 	// StallTimeout is how long a consumer with work to do may go without
 	// a delivery or an acknowledgement; DefaultStallTimeout when zero.
@@ -120,7 +122,7 @@ type MonitorOptions struct {
 type Monitor struct {
 	js   jetstream.JetStream
 	nc   *nats.Conn
-	opts MonitorOptions
+	opts Options
 	log  *slog.Logger
 
 	streams []string
@@ -163,11 +165,11 @@ type Monitor struct {
 
 type consumerKey struct{ stream, consumer string }
 
-// NewMonitor returns a Monitor that reads JetStream through js and
+// New returns a Monitor that reads JetStream through js and
 // receives the server's advisories on nc.
-func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log *slog.Logger) *Monitor {
+func New(js jetstream.JetStream, nc *nats.Conn, opts Options, log *slog.Logger) *Monitor {
 	if opts.Interval <= 0 {
-		opts.Interval = DefaultMonitorInterval
+		opts.Interval = DefaultInterval
 	}
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = DefaultStallTimeout
@@ -209,7 +211,7 @@ func NewMonitor(js jetstream.JetStream, nc *nats.Conn, opts MonitorOptions, log 
 // SetConsumers replaces the configured streams and consumers the Monitor
 // watches, after a reload added or left out some. A consumer it watched
 // already keeps its counters and baselines, with mc's settings and workers.
-func (m *Monitor) SetConsumers(streams []string, consumers []MonitoredConsumer) {
+func (m *Monitor) SetConsumers(streams []string, consumers []Consumer) {
 	m.checkMu.Lock()
 	defer m.checkMu.Unlock()
 	m.mu.Lock()
@@ -243,10 +245,10 @@ func (m *Monitor) SetConsumers(streams []string, consumers []MonitoredConsumer) 
 
 // Consumers returns the consumers the Monitor watches now, by stream and
 // name.
-func (m *Monitor) Consumers() []MonitoredConsumer {
+func (m *Monitor) Consumers() []Consumer {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := make([]MonitoredConsumer, 0, len(m.trackers))
+	out := make([]Consumer, 0, len(m.trackers))
 	for _, t := range m.trackers {
 		out = append(out, t.mc)
 	}
@@ -261,7 +263,7 @@ func (m *Monitor) Consumers() []MonitoredConsumer {
 
 // SetWorkers replaces the workers the Monitor reports for a consumer, after
 // a reload restarted them (w nil: the consumer has no workers now).
-func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
+func (m *Monitor) SetWorkers(stream, consumer string, want int, w *pipeline.Workers) {
 	m.checkMu.Lock()
 	defer m.checkMu.Unlock()
 	m.mu.Lock()
@@ -273,7 +275,7 @@ func (m *Monitor) SetWorkers(stream, consumer string, want int, w *Workers) {
 }
 
 // SetHandlerTimeout replaces the handler timeout of a consumer (see
-// MonitoredConsumer.HandlerTimeout), after a reload changed it.
+// Consumer.HandlerTimeout), after a reload changed it.
 func (m *Monitor) SetHandlerTimeout(stream, consumer string, timeout time.Duration) {
 	m.checkMu.Lock()
 	defer m.checkMu.Unlock()
@@ -285,14 +287,14 @@ func (m *Monitor) SetHandlerTimeout(stream, consumer string, timeout time.Durati
 }
 
 // Options returns the options the Monitor runs with.
-func (m *Monitor) Options() MonitorOptions { return m.opts }
+func (m *Monitor) Options() Options { return m.opts }
 
 // Open subscribes to the server's termination advisories (a message
 // removed while delivered and unacknowledged is reported there), runs a
 // first check and starts checking every Interval.
 func (m *Monitor) Open(ctx context.Context) error {
 	// Advisories are acted on only when they carry this server's
-	// JetStream domain (see checkAdvisoryScope).
+	// JetStream domain (see pipeline.CheckAdvisoryScope).
 	ai, err := m.js.AccountInfo(ctx)
 	if err != nil {
 		return fmt.Errorf("monitor: cannot read the JetStream domain: %w", err)
@@ -990,7 +992,7 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 	defer m.mu.Unlock()
 	m.account(t, obs, now)
 	m.warn(t, obs.si, obs.ci, oldest, now)
-	var act Activity
+	var act pipeline.Activity
 	if t.mc.Workers != nil {
 		act = t.mc.Workers.Activity(now)
 	}
@@ -1034,7 +1036,7 @@ func (m *Monitor) onTerminated(msg *nats.Msg) {
 		return
 	}
 	// From another server's JetStream (across a leafnode): not ours to count.
-	if checkAdvisoryScope(terminatedType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, adv.Stream, adv.Consumer, m.domain) != "" {
+	if pipeline.CheckAdvisoryScope(terminatedType, adv.Type, adv.Stream, adv.Consumer, adv.Domain, adv.Stream, adv.Consumer, m.domain) != "" {
 		return
 	}
 	m.mu.Lock()

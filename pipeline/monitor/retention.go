@@ -1,4 +1,4 @@
-package pipeline
+package monitor
 
 // Retention-loss detection.
 //
@@ -43,11 +43,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/pipeline"
 )
 
 // consumerTracker is the Monitor's memory of one consumer between checks.
 type consumerTracker struct {
-	mc MonitoredConsumer
+	mc Consumer
 
 	// The baseline belongs to this consumer and stream (an operator may
 	// delete and recreate either).
@@ -499,7 +501,7 @@ const (
 // expected to progress only when they could: a handler still running
 // within its time and a message waiting for a delayed retry (backoff,
 // Retry-After) are waits on purpose, not stalls.
-func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act Activity) (expectation, time.Duration) {
+func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act pipeline.Activity) (expectation, time.Duration) {
 	ackPending := uint64(max(ci.NumAckPending, 0))
 	pinned := ci.Config.MaxAckPending > 0 && ci.NumAckPending >= ci.Config.MaxAckPending
 	if t.mc.Workers == nil || t.mc.WantWorkers == 0 {
@@ -527,7 +529,7 @@ func (t *consumerTracker) expecting(ci *jetstream.ConsumerInfo, act Activity) (e
 // (DefaultRetryDelay without a backoff).
 func longestBackoff(backoff []time.Duration) time.Duration {
 	if len(backoff) == 0 {
-		return DefaultRetryDelay
+		return pipeline.DefaultRetryDelay
 	}
 	return slices.Max(backoff)
 }
@@ -544,7 +546,7 @@ func redeliveryGrace(ci *jetstream.ConsumerInfo) time.Duration {
 
 // progress notes whether the consumer moved since the last check. The
 // stall clock runs only while the consumer is expected to progress.
-func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, act Activity, now time.Time) {
+func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, act pipeline.Activity, now time.Time) {
 	var processed uint64
 	if t.mc.Workers != nil {
 		processed = t.mc.Workers.Stats().Processed.Load()
@@ -561,7 +563,7 @@ func (t *consumerTracker) progress(ci *jetstream.ConsumerInfo, act Activity, now
 // and are not — which a restart can cure — and why. A handler running
 // longer than its timeout plus the stall timeout is stuck whatever the
 // other workers do.
-func (t *consumerTracker) stalled(ci *jetstream.ConsumerInfo, act Activity, timeout time.Duration, now time.Time) (bool, string) {
+func (t *consumerTracker) stalled(ci *jetstream.ConsumerInfo, act pipeline.Activity, timeout time.Duration, now time.Time) (bool, string) {
 	if t.mc.Workers != nil && len(act.Running) > 0 && !act.Paused {
 		if ran := now.Sub(act.Running[0]); ran >= t.mc.HandlerTimeout+timeout {
 			limit := "no timeout"
@@ -635,7 +637,7 @@ func (t *consumerTracker) status(now time.Time) ConsumerStatus {
 	return cs
 }
 
-func workerStatus(mc MonitoredConsumer) WorkerStatus {
+func workerStatus(mc Consumer) WorkerStatus {
 	ws := WorkerStatus{Configured: mc.WantWorkers}
 	if w := mc.Workers; w != nil {
 		act := w.Activity(time.Now())
@@ -646,7 +648,7 @@ func workerStatus(mc MonitoredConsumer) WorkerStatus {
 		}
 		st := w.Stats()
 		ws.Running = w.Running()
-		ws.Draining = w.stopping.Load()
+		ws.Draining = w.Draining()
 		ws.InFlight = st.InFlight.Load()
 		ws.Processed = st.Processed.Load()
 		ws.Acked = st.Acked.Load()

@@ -1,4 +1,4 @@
-package pipeline
+package monitor
 
 import (
 	"net/http"
@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -60,19 +61,22 @@ func NewMetrics(version, natsVersion string) *Metrics {
 	return m
 }
 
-// MetricNames returns the name of every holdfast_ metric this package
-// may export, also those only a cluster node, an edge or a hub has
-// (histograms by their base name), sorted: what NewMetrics registers and
-// the EdgeView adds. Dashboards and alert rules are checked against it.
-// (Group commit's histograms are package ingest's.)
-func MetricNames() []string {
+// MetricNames returns the name of every holdfast_ metric NewMetrics
+// registers and the collectors in more describe (the daemon registers
+// forward.EdgeView's beside them), also those only a cluster node, an edge
+// or a hub has (histograms by their base name), sorted. Dashboards and
+// alert rules are checked against it. (Group commit's histograms are
+// package ingest's.)
+func MetricNames(more ...prometheus.Collector) []string {
 	m := NewMetrics("", "")
 	ch := make(chan *prometheus.Desc, 128)
 	go func() {
 		m.duration.Describe(ch)
 		m.buildInfo.Describe(ch)
 		(&collector{}).Describe(ch)
-		(&EdgeView{}).Describe(ch)
+		for _, c := range more {
+			c.Describe(ch)
+		}
 		close(ch)
 	}()
 	var names []string
@@ -98,8 +102,8 @@ func (m *Metrics) Handler() http.Handler {
 
 // ObserveResult returns a ConsumerOptions.OnResult hook that records the
 // handler duration for a consumer of stream.
-func (m *Metrics) ObserveResult(stream string) func(consumer string, res Result, took time.Duration) {
-	return func(consumer string, res Result, took time.Duration) {
+func (m *Metrics) ObserveResult(stream string) func(consumer string, res handler.Result, took time.Duration) {
+	return func(consumer string, res handler.Result, took time.Duration) {
 		m.duration.WithLabelValues(stream, consumer, res.Outcome.String()).Observe(took.Seconds())
 	}
 }

@@ -1,4 +1,9 @@
-package pipeline
+// Package forward links an edge to its hub: the forward handler that
+// publishes each message of a consumer to the hub's stream across a
+// leafnode link (Forwarder), the hub-side tracking of the edges it hears
+// from (EdgeTracker), and the view of links, forwarders and stream sources
+// that /healthz, /metrics and `holdfast status` read (EdgeView).
+package forward
 
 import (
 	"context"
@@ -16,6 +21,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // Headers a forwarded message carries: where it came from.
@@ -29,7 +35,7 @@ const (
 	HeaderOriginMsgID         = "Holdfast-Origin-Msg-Id"
 )
 
-// ForwardMsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
+// MsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
 // stream, sequence and the time the edge stored the message, so that the
 // hub's stream stores each message once however often it is sent. The
 // stored time tells apart messages with the same sequence: those of a
@@ -38,13 +44,13 @@ const (
 // sequences used again). It names no stream creation time: a restore
 // (holdfast restore) gives the stream a new one but keeps its messages,
 // which are then sent again under the same ids.
-func ForwardMsgID(server, stream string, seq uint64, stored time.Time) string {
+func MsgID(server, stream string, seq uint64, stored time.Time) string {
 	return server + ":" + stream + ":" + strconv.FormatUint(seq, 10) + ":" + strconv.FormatInt(stored.UnixNano(), 10)
 }
 
-// ForwardSubject fills a destination template: {server} is the edge's
+// Subject fills a destination template: {server} is the edge's
 // name, {subject} the original subject.
-func ForwardSubject(template, server, subject string) string {
+func Subject(template, server, subject string) string {
 	return strings.NewReplacer("{server}", server, "{subject}", subject).Replace(template)
 }
 
@@ -52,14 +58,14 @@ func ForwardSubject(template, server, subject string) string {
 // shorter time than forwarding must be free of duplicates for.
 var ErrDuplicateWindow = errors.New("the hub's stream duplicate window is too short")
 
-// ForwardOptions configures a Forwarder.
-type ForwardOptions struct {
+// Options configures a Forwarder.
+type Options struct {
 	// ServerName is this edge's server.name.
 	ServerName string
 	// Stream and Consumer are the local consumer whose messages are
 	// forwarded (for the backlog).
 	Stream, Consumer string
-	// Subject is the destination template (see ForwardSubject).
+	// Subject is the destination template (see Subject).
 	Subject string
 	// Domain is the hub's JetStream domain; "" uses the JetStream nc
 	// reaches without one.
@@ -87,8 +93,8 @@ type ForwardOptions struct {
 	Domains func() []string
 }
 
-// ForwardStats counts what a Forwarder did since start.
-type ForwardStats struct {
+// Stats counts what a Forwarder did since start.
+type Stats struct {
 	Forwarded  atomic.Uint64 // messages the hub stored (PubAck)
 	Duplicates atomic.Uint64 // PubAcks saying the hub had it already
 	Refused    atomic.Uint64 // messages failed at once (too large, refused by the hub)
@@ -106,9 +112,9 @@ type Forwarder struct {
 	local jetstream.JetStream // this node's JetStream: stream incarnations, the backlog
 	hub   jetstream.JetStream // the hub's, through the leafnode
 	nc    *nats.Conn
-	opts  ForwardOptions
+	opts  Options
 	log   *slog.Logger
-	stats ForwardStats
+	stats Stats
 
 	mu           sync.Mutex
 	incarnations map[string]incarnation
@@ -141,9 +147,9 @@ type incarnation struct {
 	created, seenAt time.Time
 }
 
-// NewForwarder returns a forward handler publishing on nc (the in-process
+// New returns a forward handler publishing on nc (the in-process
 // connection); Open checks the hub and must be called before use.
-func NewForwarder(nc *nats.Conn, opts ForwardOptions, log *slog.Logger) (*Forwarder, error) {
+func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -268,7 +274,7 @@ func (f *Forwarder) checkHub(ctx context.Context) error {
 }
 
 func (f *Forwarder) pattern() string {
-	return ForwardSubject(f.opts.Subject, f.opts.ServerName, ">")
+	return Subject(f.opts.Subject, f.opts.ServerName, ">")
 }
 
 // domains are the JetStream domains reachable over the links now.
@@ -482,7 +488,7 @@ func (f *Forwarder) hubStores() {
 }
 
 // Stats returns the live counters.
-func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
+func (f *Forwarder) Stats() *Stats { return &f.stats }
 
 // streamCreated returns the creation time of stream as last looked up,
 // looking it up again when the message is newer than that look (the
@@ -490,7 +496,7 @@ func (f *Forwarder) Stats() *ForwardStats { return &f.stats }
 // creation time is forwarded all the same, under the creation time looked
 // up: a stream restored from a backup (holdfast restore) gets a new
 // creation time and keeps its messages, older than it. The forwarded id
-// does not depend on it (ForwardMsgID).
+// does not depend on it (MsgID).
 func (f *Forwarder) streamCreated(ctx context.Context, stream string, published time.Time) (time.Time, error) {
 	f.mu.Lock()
 	inc, ok := f.incarnations[stream]
@@ -509,10 +515,10 @@ func (f *Forwarder) streamCreated(ctx context.Context, stream string, published 
 	return inc.created, nil
 }
 
-// NewForwardMsg builds the message sent to the hub: payload and headers
+// NewMsg builds the message sent to the hub: payload and headers
 // kept, except the server's own Nats-* headers (the original Nats-Msg-Id
 // moves to Holdfast-Origin-Msg-Id), and the origin headers added.
-func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) *nats.Msg {
+func NewMsg(subject, server string, m *handler.Message, streamCreated time.Time) *nats.Msg {
 	out := nats.NewMsg(subject)
 	out.Data = m.Data
 	for k, vs := range m.Header {
@@ -520,13 +526,13 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 			continue
 		}
 		for _, v := range vs {
-			addHeader(out.Header, k, v)
+			handler.AddHeader(out.Header, k, v)
 		}
 	}
 	if id := m.Header.Get(nats.MsgIdHdr); id != "" {
 		out.Header.Set(HeaderOriginMsgID, id)
 	}
-	out.Header.Set(nats.MsgIdHdr, ForwardMsgID(server, m.Stream, m.Sequence, m.Published))
+	out.Header.Set(nats.MsgIdHdr, MsgID(server, m.Stream, m.Sequence, m.Published))
 	out.Header.Set(HeaderOriginServer, server)
 	out.Header.Set(HeaderOriginStream, m.Stream)
 	out.Header.Set(HeaderOriginStreamCreated, streamCreated.UTC().Format(time.RFC3339Nano))
@@ -540,23 +546,23 @@ func NewForwardMsg(subject, server string, m *Message, streamCreated time.Time) 
 // (a duplicate PubAck too: the hub has the message already). While the
 // link is down it waits, within the same delivery, for the link to come
 // back; a message the hub can never take (too large) fails at once.
-func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
+func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Result {
 	created, err := f.streamCreated(ctx, m.Stream, m.Published)
 	if err != nil {
-		return RetryLater(err.Error())
+		return handler.RetryLater(err.Error())
 	}
-	out := NewForwardMsg(ForwardSubject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
-	if len(out.Subject) > maxPublishSubject {
+	out := NewMsg(Subject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
+	if len(out.Subject) > handler.MaxPublishSubject {
 		// The server would close the connection that publishes it.
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), maxPublishSubject))
+		return handler.Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), handler.MaxPublishSubject))
 	}
 	// Header block and data, as the server and the client count a
 	// payload against max_payload and max_msg_size (not the subject).
 	size := out.Size() - len(out.Subject) - len(out.Reply)
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
+		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
 	}
 	if !f.hubTakes(out.Subject) {
 		// Checked again first: the hub's streams may have changed.
@@ -565,7 +571,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			f.mu.Lock()
 			streams, subjects := f.hubStream, f.hubSubjects
 			f.mu.Unlock()
-			return Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
+			return handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
 				f.opts.Domain, out.Subject, streams, strings.Join(subjects, ", ")))
 		}
 	}
@@ -576,11 +582,11 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 		// With several hub streams, one smaller than hubMax may refuse a
 		// smaller message itself (10054, permanentForwardError).
 		f.stats.Refused.Add(1)
-		return Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
+		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
 	}
 	for {
 		if err := f.waitReady(ctx); err != nil {
-			return RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
+			return handler.RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
 		}
 		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		watched := f.cancelOnLinkDown(pctx, cancel)
@@ -611,12 +617,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			}
 			f.stats.LastForward.Store(time.Now().UnixNano())
 			f.stats.LastOriginTime.Store(m.Published.UnixNano())
-			return Ok()
+			return handler.Ok()
 		}
 		f.stats.Errors.Add(1)
 		if reason, permanent := permanentForwardError(err); permanent {
 			f.stats.Refused.Add(1)
-			return Fail("the hub refused the message: " + reason)
+			return handler.Fail("the hub refused the message: " + reason)
 		}
 		if reason, full := hubStoreRefusal(err); full {
 			// The hub's stream explains it: wait in this delivery, as
@@ -625,7 +631,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			continue
 		}
 		if ctx.Err() != nil {
-			return RetryLater(err.Error())
+			return handler.RetryLater(err.Error())
 		}
 		if !f.linkUp() {
 			continue // the link fell under the publish: wait for it, same delivery
@@ -657,7 +663,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *Message) Result {
 			f.hubCannotStore(fmt.Sprintf("no PubAck within forward.timeout (%s)", f.opts.Timeout), "check the hub's stream: `nats stream info` on the hub")
 			continue
 		}
-		return RetryLater("publish to the hub: " + err.Error())
+		return handler.RetryLater("publish to the hub: " + err.Error())
 	}
 }
 

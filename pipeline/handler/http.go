@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"bytes"
@@ -34,7 +34,7 @@ const (
 	maxRedirects = 10
 )
 
-// HTTPOptions configures an HTTPHandler.
+// HTTPOptions configures an HTTP handler.
 type HTTPOptions struct {
 	// URL is the http:// or https:// endpoint each message is POSTed to.
 	URL string
@@ -43,7 +43,7 @@ type HTTPOptions struct {
 	Timeout time.Duration
 }
 
-// HTTPHandler is the "http" handler: it POSTs each message's payload to a
+// HTTP is the "http" handler: it POSTs each message's payload to a
 // URL and judges the message by the response status. It is safe for
 // concurrent use and keeps connections alive across messages.
 //
@@ -85,7 +85,7 @@ type HTTPOptions struct {
 // an http or https URL; a 301, 302 or 303, or a 307 or 308 to another
 // scheme, fails the message. A failure after a redirect, a status
 // included, names where it led (without password, query or fragment).
-type HTTPHandler struct {
+type HTTP struct {
 	url        string
 	errURL     string // url as net/http's errors show it
 	timeout    time.Duration
@@ -94,9 +94,9 @@ type HTTPHandler struct {
 	logger     *slog.Logger
 }
 
-// NewHTTPHandler checks cfg and returns an HTTPHandler. A nil logger means
+// NewHTTP checks cfg and returns an HTTP handler. A nil logger means
 // slog.Default().
-func NewHTTPHandler(cfg HTTPOptions, logger *slog.Logger) (*HTTPHandler, error) {
+func NewHTTP(cfg HTTPOptions, logger *slog.Logger) (*HTTP, error) {
 	u, err := url.Parse(cfg.URL)
 	if err != nil {
 		// url.Error quotes the URL, which may hold a password.
@@ -150,7 +150,7 @@ func NewHTTPHandler(cfg HTTPOptions, logger *slog.Logger) (*HTTPHandler, error) 
 			return nil
 		},
 	}
-	h := &HTTPHandler{
+	h := &HTTP{
 		url:        u.String(),
 		errURL:     u.String(),
 		timeout:    cfg.Timeout,
@@ -167,12 +167,12 @@ func NewHTTPHandler(cfg HTTPOptions, logger *slog.Logger) (*HTTPHandler, error) 
 
 // CloseIdleConnections closes the connections kept alive for reuse. Call it
 // when the handler is no longer used.
-func (h *HTTPHandler) CloseIdleConnections() {
+func (h *HTTP) CloseIdleConnections() {
 	h.client.CloseIdleConnections()
 }
 
 // Handle POSTs msg and reads the response.
-func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
+func (h *HTTP) Handle(ctx context.Context, msg *Message) Result {
 	if h.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, h.timeout, h.timeoutErr)
@@ -246,7 +246,7 @@ func (h *HTTPHandler) Handle(ctx context.Context, msg *Message) Result {
 	case code >= 300 && code <= 399:
 		reason := "HTTP " + status
 		if loc := resp.Header.Get("Location"); loc != "" {
-			reason += " to " + oneLine(loc, bodySnippetLimit)
+			reason += " to " + OneLine(loc, bodySnippetLimit)
 			if code == http.StatusTemporaryRedirect || code == http.StatusPermanentRedirect {
 				if target, err := resp.Request.URL.Parse(loc); err == nil && target.Scheme != "http" && target.Scheme != "https" {
 					reason += " (not followed: not an http or https URL)"
@@ -275,7 +275,7 @@ func redirectTarget(raw string) string {
 
 // setHeaders fills a request's header from msg. It returns a reason to fail
 // the message when one of holdfast's own headers cannot be sent.
-func (h *HTTPHandler) setHeaders(ctx context.Context, header http.Header, msg *Message) string {
+func (h *HTTP) setHeaders(ctx context.Context, header http.Header, msg *Message) string {
 	var skipped []string
 	for name, values := range msg.Header {
 		sendAs := requestHeaderName(name)
@@ -432,7 +432,7 @@ func parseRetryAfter(v string, now time.Time) time.Duration {
 func bodySnippet(body io.Reader) string {
 	buf := make([]byte, bodySnippetLimit+1)
 	n, _ := io.ReadFull(body, buf)
-	return oneLine(string(buf[:n]), bodySnippetLimit)
+	return OneLine(string(buf[:n]), bodySnippetLimit)
 }
 
 // drainAndClose reads what is left of a body, up to drainLimit, so the

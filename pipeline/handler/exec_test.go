@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"bytes"
@@ -30,7 +30,7 @@ import (
 // binary then acts as a handler command, see TestExecHelperProcess.
 const helperArg = "holdfast-exec-helper"
 
-// helperNewArg makes a run of the test binary call NewExecHandler on the
+// helperNewArg makes a run of the test binary call NewExec on the
 // command given after it and print the error or "ok" (see
 // TestExecHelperProcess).
 const helperNewArg = "holdfast-exec-new-handler"
@@ -41,7 +41,7 @@ const helperNewArg = "holdfast-exec-new-handler"
 func TestExecHelperProcess(t *testing.T) {
 	args := flag.Args()
 	if len(args) == 2 && args[0] == helperNewArg {
-		if _, err := NewExecHandler(ExecOptions{Command: []string{args[1]}}, nil); err != nil {
+		if _, err := NewExec(ExecOptions{Command: []string{args[1]}}, nil); err != nil {
 			fmt.Println(err)
 		} else {
 			fmt.Println("ok")
@@ -90,12 +90,12 @@ func writeScript(t *testing.T, body string) string {
 	return path
 }
 
-// newExec returns an ExecHandler for opts, failing the test on error.
-func newExec(t *testing.T, opts ExecOptions, logger *slog.Logger) *ExecHandler {
+// newExec returns an Exec handler for opts, failing the test on error.
+func newExec(t *testing.T, opts ExecOptions, logger *slog.Logger) *Exec {
 	t.Helper()
-	h, err := NewExecHandler(opts, logger)
+	h, err := NewExec(opts, logger)
 	if err != nil {
-		t.Fatalf("NewExecHandler(%q): %v", opts.Command, err)
+		t.Fatalf("NewExec(%q): %v", opts.Command, err)
 	}
 	return h
 }
@@ -142,7 +142,7 @@ func killAtCleanup(t *testing.T, pid int) {
 	t.Cleanup(func() { _ = syscall.Kill(pid, syscall.SIGKILL) })
 }
 
-func TestNewExecHandlerValidation(t *testing.T) {
+func TestNewExecValidation(t *testing.T) {
 	dir := t.TempDir()
 	plain := filepath.Join(dir, "not-executable")
 	if err := os.WriteFile(plain, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -170,7 +170,7 @@ func TestNewExecHandlerValidation(t *testing.T) {
 		{"valid without timeout", ExecOptions{Command: []string{script}}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h, err := NewExecHandler(tc.opts, nil)
+			h, err := NewExec(tc.opts, nil)
 			if tc.want == "" {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)
@@ -190,7 +190,7 @@ func TestNewExecHandlerValidation(t *testing.T) {
 	}
 }
 
-func TestExecHandlerKeepsItsOwnCommand(t *testing.T) {
+func TestExecKeepsItsOwnCommand(t *testing.T) {
 	script := writeScript(t, `[ "$1" = keep ] || exit 1`)
 	cmd := []string{script, "keep"}
 	h := newExec(t, ExecOptions{Command: cmd}, nil)
@@ -772,7 +772,7 @@ func TestKillRunningCommandsReachesACommandThatLeftItsGroup(t *testing.T) {
 // written a pid (its own, or a child's) to pidFile, then requires that
 // KillRunningCommands signals one command, that Handle returns a retry
 // ("killed by signal") and that the process of that pid is gone.
-func killRunningCommand(t *testing.T, h *ExecHandler, pidFile string) {
+func killRunningCommand(t *testing.T, h *Exec, pidFile string) {
 	t.Helper()
 	done := make(chan Result, 1)
 	go func() { done <- h.Handle(context.Background(), testMessage()) }()
@@ -796,13 +796,13 @@ func killRunningCommand(t *testing.T, h *ExecHandler, pidFile string) {
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error { return processGone(pid) })
 }
 
-// TestNewExecHandlerRefusesACommandItsUserCannotRun: a command whose mode
+// TestNewExecRefusesACommandItsUserCannotRun: a command whose mode
 // lets someone run it, but not the user holdfast runs as (a root-owned
 // 0700 script for the holdfast user), is refused when the handler is made
 // (holdfast check, run, a reload). It used to pass, and every message then
 // failed to start ("permission denied") until max_deliver dead-lettered
 // it. As root the check runs as nobody, in a copy of the test binary.
-func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
+func TestNewExecRefusesACommandItsUserCannotRun(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "handler.sh")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\nexit 0\n"), 0o700); err != nil {
@@ -814,9 +814,9 @@ func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
 		if err := os.Chmod(script, 0o601); err != nil {
 			t.Fatal(err)
 		}
-		_, err := NewExecHandler(ExecOptions{Command: []string{script}}, nil)
+		_, err := NewExec(ExecOptions{Command: []string{script}}, nil)
 		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("NewExecHandler(%s, mode 0601) = %v, want an error containing %q", script, err, want)
+			t.Fatalf("NewExec(%s, mode 0601) = %v, want an error containing %q", script, err, want)
 		}
 		return
 	}
@@ -856,25 +856,25 @@ func TestNewExecHandlerRefusesACommandItsUserCannotRun(t *testing.T) {
 		return strings.TrimSpace(string(out))
 	}
 	if out := newAs(t); !strings.Contains(out, want) || !strings.Contains(out, "permission denied") {
-		t.Errorf("NewExecHandler as nobody on a root-owned 0700 script: %q, want %q and permission denied", out, want)
+		t.Errorf("NewExec as nobody on a root-owned 0700 script: %q, want %q and permission denied", out, want)
 	}
 	// The same script, once nobody may run it, is accepted.
 	if err := os.Chmod(script, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if out := newAs(t); out != "ok" {
-		t.Errorf("NewExecHandler as nobody on a 0755 script: %q, want ok", out)
+		t.Errorf("NewExec as nobody on a 0755 script: %q, want ok", out)
 	}
 }
 
-// TestNewExecHandlerRefusesAScriptWhoseInterpreterCannotRun: a script
+// TestNewExecRefusesAScriptWhoseInterpreterCannotRun: a script
 // whose #! line names an interpreter that is missing (python not
 // installed on the host) or that ends with a carriage return (a script
 // saved with Windows line endings) is refused, naming the interpreter.
 // Both passed holdfast check, and every message then failed with "cannot
 // start /path/script: ... no such file or directory" — of a file that is
 // there — until max_deliver dead-lettered it.
-func TestNewExecHandlerRefusesAScriptWhoseInterpreterCannotRun(t *testing.T) {
+func TestNewExecRefusesAScriptWhoseInterpreterCannotRun(t *testing.T) {
 	dir := t.TempDir()
 	notExec := filepath.Join(dir, "not-executable-interpreter")
 	if err := os.WriteFile(notExec, []byte("#!/bin/sh\n"), 0o644); err != nil {
@@ -897,7 +897,7 @@ func TestNewExecHandlerRefusesAScriptWhoseInterpreterCannotRun(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.text), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			_, err := NewExecHandler(ExecOptions{Command: []string{path}}, nil)
+			_, err := NewExec(ExecOptions{Command: []string{path}}, nil)
 			switch {
 			case tc.want == "" && err != nil:
 				t.Fatalf("unexpected error: %v", err)
@@ -932,12 +932,12 @@ func TestExecInterpreterRemovedAfterStart(t *testing.T) {
 	}
 }
 
-// TestNewExecHandlerRefusesAScriptWithoutAnInterpreterLine: a script
+// TestNewExecRefusesAScriptWithoutAnInterpreterLine: a script
 // without a #! line (or with a byte-order mark before it) runs from a
 // shell, which falls back to sh, but not from holdfast, which starts it
 // without a shell: it passed holdfast check, and every message then failed
 // with "exec format error" until dead-lettered.
-func TestNewExecHandlerRefusesAScriptWithoutAnInterpreterLine(t *testing.T) {
+func TestNewExecRefusesAScriptWithoutAnInterpreterLine(t *testing.T) {
 	if hasBinfmtMisc() {
 		t.Skip("binfmt_misc formats are registered: the kernel may run other files")
 	}
@@ -952,14 +952,14 @@ func TestNewExecHandlerRefusesAScriptWithoutAnInterpreterLine(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.text), 0o755); err != nil {
 				t.Fatal(err)
 			}
-			_, err := NewExecHandler(ExecOptions{Command: []string{path}}, nil)
+			_, err := NewExec(ExecOptions{Command: []string{path}}, nil)
 			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "exec format error") {
 				t.Fatalf("error = %v, want one saying exec format error and %q", err, tc.want)
 			}
 		})
 	}
 	// A binary is fine.
-	if _, err := NewExecHandler(ExecOptions{Command: []string{"/bin/true"}}, nil); err != nil {
+	if _, err := NewExec(ExecOptions{Command: []string{"/bin/true"}}, nil); err != nil {
 		t.Fatalf("/bin/true refused: %v", err)
 	}
 }

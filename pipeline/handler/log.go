@@ -1,4 +1,4 @@
-package pipeline
+package handler
 
 import (
 	"context"
@@ -20,14 +20,14 @@ const logPayloadLimit = 256
 // one by one at info level; the rest are counted in one line a second.
 const logLinesPerSecond = 20
 
-// NewLogHandler returns the "log" handler: it logs each message's subject,
+// NewLog returns the "log" handler: it logs each message's subject,
 // stream, consumer, sequence, delivery attempt, idempotency key and size at
 // info level, and succeeds. Under load it logs at most 20 messages a second
 // that way and counts the others in one line a second, so that a terminal
 // or the journal is not flooded; at debug level every message is logged,
 // with the first 256 bytes of its payload (never at info).
 // A nil logger means slog.Default().
-func NewLogHandler(logger *slog.Logger) Handler {
+func NewLog(logger *slog.Logger) Handler {
 	if logger == nil {
 		logger = slog.Default()
 	}

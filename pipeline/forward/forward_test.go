@@ -1,4 +1,4 @@
-package pipeline_test
+package forward_test
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
+	"github.com/holdfast-io/holdfast/pipeline/forward"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // forwardEnv is a testEnv whose own JetStream (domain "") plays the hub:
@@ -33,9 +35,9 @@ func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*testEnv, *atomic.Boo
 	return e, &up
 }
 
-func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*pipeline.Forwarder, error) {
+func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*forward.Forwarder, error) {
 	e.t.Helper()
-	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+	f, err := forward.New(e.srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: minWindow,
 		LinkUp: up.Load,
@@ -105,14 +107,14 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		nats.MsgIdHdr:                      pipeline.ForwardMsgID("edge1", "ORDERS", 1, first.Time),
-		pipeline.HeaderOriginServer:        "edge1",
-		pipeline.HeaderOriginStream:        "ORDERS",
-		pipeline.HeaderOriginSeq:           "1",
-		pipeline.HeaderOriginSubject:       "orders.created",
-		pipeline.HeaderOriginMsgID:         "client-id-1",
-		pipeline.HeaderOriginStreamCreated: created.UTC().Format(time.RFC3339Nano),
-		"X-Trace":                          "abc",
+		nats.MsgIdHdr:                     forward.MsgID("edge1", "ORDERS", 1, first.Time),
+		forward.HeaderOriginServer:        "edge1",
+		forward.HeaderOriginStream:        "ORDERS",
+		forward.HeaderOriginSeq:           "1",
+		forward.HeaderOriginSubject:       "orders.created",
+		forward.HeaderOriginMsgID:         "client-id-1",
+		forward.HeaderOriginStreamCreated: created.UTC().Format(time.RFC3339Nano),
+		"X-Trace":                         "abc",
 	}
 	for k, v := range want {
 		if got := m.Header.Get(k); got != v {
@@ -240,7 +242,7 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 2 * time.Minute})
 	_, err := e.forwarder(up, 5*time.Minute)
-	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
+	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming HUB", err)
 	}
 }
@@ -297,7 +299,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 	var up atomic.Bool
 	up.Store(true)
 	_, err := e.forwarder(&up, 5*time.Minute)
-	if !errors.Is(err, pipeline.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
+	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming Z_METRICS", err)
 	}
 }
@@ -306,7 +308,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := pipeline.NewForwarder(e.srv.Conn(), pipeline.ForwardOptions{
+	f, err := forward.New(e.srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: time.Minute, LinkUp: up.Load,
 	}, nil)
@@ -322,7 +324,7 @@ func TestForwardOpenInterrupted(t *testing.T) {
 }
 
 func TestForwardSubject(t *testing.T) {
-	if got := pipeline.ForwardSubject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
+	if got := forward.Subject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
 		t.Errorf("got %s", got)
 	}
 }
@@ -338,7 +340,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	}
 	paused := func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } }
 	// The link falls as the handler starts: it waits for the link.
-	w := e.workersWith(pipeline.HandlerFunc(func(ctx context.Context, m *pipeline.Message) pipeline.Result {
+	w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		up.Store(false)
 		return f.Handle(ctx, m)
 	}), 1, paused)
@@ -434,14 +436,14 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	forwarded := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+	forwarded := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
 		Data: []byte("forwarded before the restore"), Published: stored.Time}
 	// What the restored store holds at sequence 1 afterwards: another
 	// message, stored later.
-	reused := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
+	reused := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 1, Delivery: 1,
 		Data: []byte("published after the restore"), Published: stored.Time.Add(time.Second)}
-	for _, m := range []*pipeline.Message{forwarded, forwarded, reused} {
-		if r := f.Handle(ctx, m); r.Outcome != pipeline.Success {
+	for _, m := range []*handler.Message{forwarded, forwarded, reused} {
+		if r := f.Handle(ctx, m); r.Outcome != handler.Success {
 			t.Fatalf("Handle(%q): %+v", m.Data, r)
 		}
 	}
@@ -470,10 +472,10 @@ func TestForwardMessageOlderThanItsStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	restored := &pipeline.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
+	restored := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
 		Data: []byte("stored before the restore"), Published: orders.CachedInfo().Created.Add(-time.Hour)}
 	for i := range 2 {
-		if r := f.Handle(ctx, restored); r.Outcome != pipeline.Success {
+		if r := f.Handle(ctx, restored); r.Outcome != handler.Success {
 			t.Fatalf("Handle #%d of a message older than its stream: %+v", i+1, r)
 		}
 	}

@@ -1,4 +1,4 @@
-package pipeline
+package forward
 
 import (
 	"context"
@@ -144,8 +144,8 @@ func unservedDomain(f *Forwarder, links []LinkState, now time.Time) string {
 		f.opts.Domain, served, f.opts.Consumer)
 }
 
-// ForwardStatus is one forwarding consumer in `holdfast status`.
-type ForwardStatus struct {
+// ForwarderStatus is one forwarding consumer in `holdfast status`.
+type ForwarderStatus struct {
 	Consumer    string    `json:"consumer"`
 	Stream      string    `json:"stream"`
 	Domain      string    `json:"domain"`
@@ -165,9 +165,9 @@ type ForwardStatus struct {
 
 // EdgeStatus is the leafnode part of `holdfast status`.
 type EdgeStatus struct {
-	Links    []LinkState     `json:"links,omitempty"`
-	Forwards []ForwardStatus `json:"forwards,omitempty"`
-	Edges    []EdgeSeen      `json:"edges,omitempty"`
+	Links    []LinkState       `json:"links,omitempty"`
+	Forwards []ForwarderStatus `json:"forwards,omitempty"`
+	Edges    []EdgeSeen        `json:"edges,omitempty"`
 	// EdgesDropped counts edge streams no longer tracked (MaxTrackedEdges).
 	EdgesDropped uint64         `json:"edges_dropped,omitempty"`
 	Sources      []SourceStatus `json:"sources,omitempty"`
@@ -182,7 +182,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	out := &EdgeStatus{Links: v.links(), Edges: v.Hub.Seen(), EdgesDropped: v.Hub.Dropped(), Sources: v.checkSources(ctx, time.Now())}
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
-		fs := ForwardStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
+		fs := ForwarderStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
 			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load()}
 		if fs.Problem == "" {
 			fs.Problem = unservedDomain(f, out.Links, time.Now())
@@ -200,6 +200,11 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 		out.Forwards = append(out.Forwards, fs)
 	}
 	return out
+}
+
+// desc describes one of the edge's holdfast_ metrics.
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName("holdfast", "", name), help, labels, nil)
 }
 
 var (
