@@ -20,8 +20,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // runServer starts a JetStream server on a temporary store
@@ -1045,7 +1045,7 @@ func TestRestoreReplaceUnsavedReopens(t *testing.T) {
 
 // TestRestoreDropsReplayClaims: a backup taken while a dead letter was
 // being replayed in a cluster holds that replay's claim (a consumer named
-// config.ReplayClaim(seq) on the dead-letter stream). Restored, no replay
+// subjects.ReplayClaim(seq) on the dead-letter stream). Restored, no replay
 // holds it, and it refused every replay of that dead letter until the
 // server removed it an hour later: the restore deletes it, and keeps the
 // stream's other consumers.
@@ -1053,7 +1053,7 @@ func TestRestoreDropsReplayClaims(t *testing.T) {
 	nc, js := runServer(t)
 	ctx := natstest.Context(t)
 	seed(t, js, 3, 0)
-	claim := jetstream.ConsumerConfig{Durable: config.ReplayClaim(2), AckPolicy: jetstream.AckNonePolicy,
+	claim := jetstream.ConsumerConfig{Durable: subjects.ReplayClaim(2), AckPolicy: jetstream.AckNonePolicy,
 		DeliverPolicy: jetstream.DeliverNewPolicy, MemoryStorage: true, InactiveThreshold: time.Hour}
 	if _, err := js.CreateConsumer(ctx, "ORDERS", claim); err != nil {
 		t.Fatal(err)

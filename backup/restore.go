@@ -20,8 +20,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // RestoreOptions configure Restore.
@@ -342,14 +342,14 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 }
 
 // dropReplayClaims deletes the replay claims a backup taken while dead
-// letters were being replayed in a cluster holds (config.ReplayClaim):
+// letters were being replayed in a cluster holds (subjects.ReplayClaim):
 // restored, no replay holds them, and each would refuse every replay of
 // its dead letter until the server removed it an hour later. A dead letter
 // whose replay had not ended when the backup was taken is in the restored
 // stream, to be replayed again.
 func dropReplayClaims(ctx context.Context, js jetstream.JetStream, e StreamEntry, notice func(string, ...any)) {
 	for _, c := range e.Consumers {
-		if !config.IsReplayClaim(c.Name) {
+		if !subjects.IsReplayClaim(c.Name) {
 			continue
 		}
 		if err := js.DeleteConsumer(ctx, e.Name, c.Name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {

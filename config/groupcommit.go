@@ -1,33 +1,5 @@
 package config
 
-import "strings"
-
-// GroupCommitPrefix is where a stream with group_commit stores what
-// holdfast's ingest publishes: the stream's subjects behind this prefix and
-// the stream name, mapped back to the configured subjects by a subject
-// transform. Clients may not publish here (embedded denies it), so every
-// message reaches the stream through holdfast's batches.
-const GroupCommitPrefix = "$HOLDFAST.GC."
-
-// GroupCommitSubject is the subject holdfast publishes a client's message
-// on subj to, for stream.
-func GroupCommitSubject(stream, subj string) string {
-	return GroupCommitPrefix + stream + "." + subj
-}
-
-// GroupCommitSubjects are the subjects the stored stream listens on.
-func GroupCommitSubjects(stream string, subjects []string) []string {
-	out := make([]string, len(subjects))
-	for i, s := range subjects {
-		out[i] = GroupCommitSubject(stream, s)
-	}
-	return out
-}
-
-// IsGroupCommitSubject reports whether subj is one of the prefixed
-// subjects (as a stream lists them while group commit is on).
-func IsGroupCommitSubject(subj string) bool { return strings.HasPrefix(subj, GroupCommitPrefix) }
-
 // GroupCommitStreams names the configured streams with group_commit on.
 func (c *Config) GroupCommitStreams() []string {
 	var out []string

@@ -140,15 +140,3 @@ func checkShape(data []byte) error {
 func hasPrefix(b, prefix []byte) bool {
 	return len(b) >= len(prefix) && string(b[:len(prefix)]) == string(prefix)
 }
-
-// ControlLineBudget is how long the subject and the reply of a message
-// that holdfast publishes on its own in-process connections may be
-// together. nats-server closes a connection whose control line ("HPUB
-// subject reply header_size total_size") is longer than max_control_line,
-// 4096 bytes by default, which holdfast keeps: a client's publish that
-// fits can exceed it once holdfast adds a prefix (dlq.CONSUMER. for a
-// dead letter, $HOLDFAST.GC.STREAM. for group commit, the forward
-// subject's), and a closed in-process connection stops the workers, the
-// dead letters or group commit. 32 bytes are left for the sizes and
-// spaces.
-const ControlLineBudget = 4096 - 32

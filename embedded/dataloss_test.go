@@ -16,6 +16,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // lossServer opens a server on cfg, bootstraps it and publishes n
@@ -521,7 +522,7 @@ func TestMemoryConsumerIsNotRecorded(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := lossServer(t, cfg, 1)
 	if _, err := s.JetStream().CreateConsumer(natstest.Context(t), "ORDERS_DLQ", jetstream.ConsumerConfig{
-		Durable: config.ReplayClaim(1), AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
+		Durable: subjects.ReplayClaim(1), AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,
 		MemoryStorage: true, InactiveThreshold: time.Hour,
 	}); err != nil {
 		t.Fatal(err)

@@ -51,11 +51,11 @@ func (id internalIdentity) String() string { return id.user }
 // the status subject it answers (replies go to the asker's inbox
 // through the response permission), and group commit: the publishes on the
 // streams' subjects, answered by PubAcks through the response permission,
-// and its batches under config.GroupCommitPrefix.
+// and its batches under subjects.GroupCommitPrefix.
 func InternalPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{"$JS.API.>", "$JS.ACK.>", subjects.DeadLetterPrefix + ">", config.GroupCommitPrefix + ">"},
+			Allow: []string{"$JS.API.>", "$JS.ACK.>", subjects.DeadLetterPrefix + ">", subjects.GroupCommitPrefix + ">"},
 		},
 		// ">" for group commit: the ingest answers the publishes on the
 		// subjects of streams with group_commit, which a reload may
@@ -118,7 +118,7 @@ func systemAccount(opts *server.Options) *server.Account {
 // Requests to $HOLDFAST.STATUS.<server> and $HOLDFAST.RELOAD.<server>
 // (both only read) stay allowed to everyone.
 var (
-	reservedPublish   = []string{"$JS.EVENT.>", config.GroupCommitPrefix + ">"}
+	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">"}
 	reservedSubscribe = []string{"$HOLDFAST.>"}
 )
 

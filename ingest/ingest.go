@@ -5,7 +5,7 @@
 // message is committed.
 //
 // The stored stream listens on the configured subjects behind
-// config.GroupCommitPrefix (clients may not publish there) and maps them
+// subjects.GroupCommitPrefix (clients may not publish there) and maps them
 // back with a subject transform, so consumers see the configured subjects.
 //
 // Batches form leader/follower style: a message that arrives while nothing
@@ -38,6 +38,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // How batches are cut (README.md, Group commit, documents these figures).
@@ -228,7 +229,7 @@ type unit struct {
 
 // New returns a Committer for one stream on nc (an in-process connection
 // allowed to subscribe to the stream's subjects and to publish under
-// config.GroupCommitPrefix). Open starts it.
+// subjects.GroupCommitPrefix). Open starts it.
 func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 	if opts.MaxWaitingBytes <= 0 {
 		opts.MaxWaitingBytes = DefaultMaxWaitingBytes
@@ -268,7 +269,7 @@ func (c *Committer) Open(ctx context.Context) error {
 	c.opened = true
 	go c.intake(rctx)
 	go c.run(rctx)
-	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", config.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
+	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", subjects.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
 	return nil
 }
 
@@ -455,7 +456,7 @@ func (c *Committer) admit(m *nats.Msg) {
 // size is what m counts against Options.MaxWaitingBytes and a batch's
 // bytes: its data, subject and headers with what group commit adds.
 func (c *Committer) size(m *nats.Msg) int {
-	n := len(m.Data) + len(m.Subject) + len(config.GroupCommitPrefix) + len(c.opts.Stream) + 64
+	n := len(m.Data) + len(m.Subject) + len(subjects.GroupCommitPrefix) + len(c.opts.Stream) + 64
 	for k, vs := range m.Header {
 		for _, v := range vs {
 			n += len(k) + len(v) + 4
@@ -496,11 +497,11 @@ func (c *Committer) add(it item) {
 	m := it.m
 	// What this connection publishes must fit the server's control line,
 	// or the server closes it and group commit stops answering.
-	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > config.ControlLineBudget {
+	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > subjects.ControlLineBudget {
 		c.log.Warn("publish refused: its subject and reply are too long for group commit", "subject_bytes", len(m.Subject), "reply_bytes", len(m.Reply))
 		c.release(1, it.size)
 		c.refuseOne(m, &apiError{Code: 400,
-			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, config.GroupCommitSubject(c.opts.Stream, ""), config.ControlLineBudget)})
+			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, subjects.GroupCommit(c.opts.Stream, ""), subjects.ControlLineBudget)})
 		return
 	}
 	// The stream's transform maps literal subjects only: one with a
@@ -687,7 +688,7 @@ func (c *Committer) nextBatch() (n int, risky, full bool) {
 }
 
 func (c *Committer) target(m *nats.Msg) string {
-	return config.GroupCommitSubject(c.opts.Stream, m.Subject)
+	return subjects.GroupCommit(c.opts.Stream, m.Subject)
 }
 
 // forward publishes a message as the client would, with the client's

@@ -20,8 +20,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // startIngest creates opts.Stream on opts.Subjects the way holdfast does
@@ -36,8 +36,8 @@ func startIngest(t testing.TB, s *server.Server, js jetstream.JetStream, opts Op
 // opens.
 func startIngestHeld(t testing.TB, s *server.Server, js jetstream.JetStream, opts Options, mod func(*jetstream.StreamConfig), hold func()) *Committer {
 	t.Helper()
-	cfg := jetstream.StreamConfig{Name: opts.Stream, Subjects: config.GroupCommitSubjects(opts.Stream, opts.Subjects),
-		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(opts.Stream, ">"), Destination: ">"},
+	cfg := jetstream.StreamConfig{Name: opts.Stream, Subjects: subjects.GroupCommitSubjects(opts.Stream, opts.Subjects),
+		SubjectTransform:   &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit(opts.Stream, ">"), Destination: ">"},
 		AllowAtomicPublish: true, Duplicates: time.Minute, Storage: jetstream.FileStorage}
 	if mod != nil {
 		mod(&cfg)
@@ -918,7 +918,7 @@ func TestUnansweredUnitDoesNotHoldTheLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	swallowed := make(chan *nats.Msg, 100)
-	hole, err := nc.ChanSubscribe(config.GroupCommitSubject("S", ">"), swallowed)
+	hole, err := nc.ChanSubscribe(subjects.GroupCommit("S", ">"), swallowed)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ const (
 // DeadLetterSubject is where a consumer's dead letter for subject goes.
 //
 // A subject too long to be published with that prefix (see
-// config.ControlLineBudget) becomes dlq.<CONSUMER>.long-subject.<hash>,
+// subjects.ControlLineBudget) becomes dlq.<CONSUMER>.long-subject.<hash>,
 // the first 16 bytes of its SHA-256 in hex; the dead letter keeps the
 // original subject in its Holdfast-Original-Subject header either way.
 func DeadLetterSubject(consumer, subject string) string {

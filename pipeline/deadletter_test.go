@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
@@ -425,7 +426,7 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 	}
 	const n = 3
 	for i := 1; i <= n; i++ {
-		m := nats.NewMsg(config.GroupCommitSubject("ORDERS", "orders.created"))
+		m := nats.NewMsg(subjects.GroupCommit("ORDERS", "orders.created"))
 		m.Data = []byte(fmt.Sprint(i))
 		m.Header.Set("X-Mine", "kept")
 		m.Header.Set("Nats-Batch-Id", "b1")

@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
@@ -71,7 +71,7 @@ func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (r
 	if w.nc.ConnectedClusterName() == "" {
 		return func() { replaysRunning.Delete(local) }, nil
 	}
-	name := config.ReplayClaim(seq)
+	name := subjects.ReplayClaim(seq)
 	node := w.nc.ConnectedServerName()
 	_, err = w.js.CreateConsumer(ctx, stream, jetstream.ConsumerConfig{
 		Durable: name,

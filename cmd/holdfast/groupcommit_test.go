@@ -15,8 +15,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // gcPublish publishes n messages on conns publishers with PublishAsync and
@@ -491,8 +491,8 @@ func TestGroupCommitWithoutIngestIsAProblem(t *testing.T) {
 	d.waitReady()
 	_, js := e2eConnect(t, o.e2eInstance)
 	natstest.EditStream(t, js, "ORDERS", func(sc *jetstream.StreamConfig) {
-		sc.Subjects = config.GroupCommitSubjects("ORDERS", sc.Subjects)
-		sc.SubjectTransform = &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject("ORDERS", ">"), Destination: ">"}
+		sc.Subjects = subjects.GroupCommitSubjects("ORDERS", sc.Subjects)
+		sc.SubjectTransform = &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit("ORDERS", ">"), Destination: ">"}
 		sc.AllowAtomicPublish = true
 	})
 	out, res := o.status(t)

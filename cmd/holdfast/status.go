@@ -279,7 +279,7 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		monitor.FillStream(&so.StreamStatus, si)
 		so.MaxAgeSeconds = si.Config.MaxAge.Seconds()
 		so.GroupCommit = "off"
-		if t := si.Config.SubjectTransform; t != nil && config.IsGroupCommitSubject(t.Source) {
+		if t := si.Config.SubjectTransform; t != nil && subjects.IsGroupCommit(t.Source) {
 			so.GroupCommit = "on"
 		}
 		if st, ok := replyGroupCommit(reply, name); ok {
@@ -293,13 +293,13 @@ func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 		} else if so.GroupCommit == "on" && reply != nil {
 			// The stream listens on the prefixed subjects only: with no
 			// ingest, nothing answers its configured subjects.
-			subjects := make([]string, len(si.Config.Subjects))
+			plain := make([]string, len(si.Config.Subjects))
 			for i, sub := range si.Config.Subjects {
-				subjects[i] = strings.TrimPrefix(sub, config.GroupCommitSubject(name, ""))
+				plain[i] = strings.TrimPrefix(sub, subjects.GroupCommit(name, ""))
 			}
 			out.Problems = append(out.Problems, fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
 				"every publish to %s gets \"no responders\"; set group_commit = true for it and reload, or reload to set its subjects back",
-				name, strings.Join(subjects, ", ")))
+				name, strings.Join(plain, ", ")))
 		}
 		so.LimitRatio = map[string]float64{}
 		if si.Config.MaxMsgs > 0 {

@@ -84,9 +84,9 @@ func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 	if sc.GroupCommit {
 		// holdfast's ingest answers the configured subjects and publishes
 		// atomic batches behind the prefix; the transform stores them
-		// under the configured subjects again (config.GroupCommitPrefix).
-		c.Subjects = config.GroupCommitSubjects(name, sc.Subjects)
-		c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: config.GroupCommitSubject(name, ">"), Destination: ">"}
+		// under the configured subjects again (subjects.GroupCommitPrefix).
+		c.Subjects = subjects.GroupCommitSubjects(name, sc.Subjects)
+		c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit(name, ">"), Destination: ">"}
 		c.AllowAtomicPublish = true
 	}
 	return c

@@ -5,7 +5,10 @@
 // so that every package may use it.
 package subjects
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // Internal is the prefix of the subjects only holdfast's own in-process
 // identity may subscribe to: nobody else can answer a request made on
@@ -60,3 +63,54 @@ func Token(name string) string {
 // Replay is the subject on which the workers of consumer take requests to
 // replay dead letters.
 func Replay(consumer string) string { return Internal + "REPLAY." + consumer }
+
+// GroupCommitPrefix is where a stream with group_commit stores what
+// holdfast's ingest publishes: the stream's subjects behind this prefix and
+// the stream name, mapped back to the configured subjects by a subject
+// transform. Clients may not publish here (embedded denies it), so every
+// message reaches the stream through holdfast's batches.
+const GroupCommitPrefix = Internal + "GC."
+
+// GroupCommit is the subject holdfast publishes a client's message
+// on subj to, for stream.
+func GroupCommit(stream, subj string) string {
+	return GroupCommitPrefix + stream + "." + subj
+}
+
+// GroupCommitSubjects are the subjects the stored stream listens on.
+func GroupCommitSubjects(stream string, subjs []string) []string {
+	out := make([]string, len(subjs))
+	for i, s := range subjs {
+		out[i] = GroupCommit(stream, s)
+	}
+	return out
+}
+
+// IsGroupCommit reports whether subj is one of the prefixed
+// subjects (as a stream lists them while group commit is on).
+func IsGroupCommit(subj string) bool { return strings.HasPrefix(subj, GroupCommitPrefix) }
+
+// ReplayClaimPrefix begins the name of the consumer that claims a dead
+// letter on its dead-letter stream while a replay of it runs in a cluster
+// (one node runs the handler; the consumer is deleted when the replay
+// ends). A stream restored from a backup taken meanwhile holds it too,
+// with no replay running.
+const ReplayClaimPrefix = "holdfast-claim-"
+
+// ReplayClaim is the name of the consumer that claims dead letter seq.
+func ReplayClaim(seq uint64) string { return ReplayClaimPrefix + strconv.FormatUint(seq, 10) }
+
+// IsReplayClaim reports whether a consumer's name is a replay claim's.
+func IsReplayClaim(name string) bool { return strings.HasPrefix(name, ReplayClaimPrefix) }
+
+// ControlLineBudget is how long the subject and the reply of a message
+// that holdfast publishes on its own in-process connections may be
+// together. nats-server closes a connection whose control line ("HPUB
+// subject reply header_size total_size") is longer than max_control_line,
+// 4096 bytes by default, which holdfast keeps: a client's publish that
+// fits can exceed it once holdfast adds a prefix (dlq.CONSUMER. for a
+// dead letter, $HOLDFAST.GC.STREAM. for group commit, the forward
+// subject's), and a closed in-process connection stops the workers, the
+// dead letters or group commit. 32 bytes are left for the sizes and
+// spaces.
+const ControlLineBudget = 4096 - 32

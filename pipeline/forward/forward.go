@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
@@ -345,7 +345,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
 	}
 	var cfg jetstream.StreamConfig
-	var subjects []string
+	var hubSubjects []string
 	// The largest max_msg_size of the streams (0: one takes any size): a
 	// message over it fits none of them, so none can store it. Sent all
 	// the same, one over the hub's max_payload would make the hub close
@@ -363,7 +363,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		}
 		maxMsg = max(maxMsg, cfg.MaxMsgSize)
 		for _, sub := range cfg.Subjects {
-			subjects = append(subjects, strings.TrimPrefix(sub, config.GroupCommitSubject(name, "")))
+			hubSubjects = append(hubSubjects, strings.TrimPrefix(sub, subjects.GroupCommit(name, "")))
 		}
 		if cfg.Duplicates < f.opts.MinDuplicateWindow {
 			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
@@ -376,7 +376,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		maxMsg = 0
 	}
 	f.mu.Lock()
-	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, subjects
+	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, hubSubjects
 	f.mu.Unlock()
 	return nil
 }
@@ -410,10 +410,10 @@ func subjectMatches(subject, filter string) bool {
 // hubStreamNames returns, sorted, the streams of js that take a part of
 // subj: on subj itself, or, for a holdfast stream with group_commit, on
 // its prefixed form (holdfast answers the publishes to subj and stores
-// them there: config.GroupCommitSubject).
+// them there: subjects.GroupCommit).
 func hubStreamNames(ctx context.Context, js jetstream.JetStream, subj string) ([]string, error) {
 	var names []string
-	for _, filter := range []string{subj, config.GroupCommitSubject("*", subj)} {
+	for _, filter := range []string{subj, subjects.GroupCommit("*", subj)} {
 		lister := js.StreamNames(ctx, jetstream.WithStreamListSubject(filter))
 		for name := range lister.Name() {
 			names = append(names, name)
@@ -569,10 +569,10 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 		if err := f.checkHub(ctx); err == nil && !f.hubTakes(out.Subject) {
 			f.stats.Refused.Add(1)
 			f.mu.Lock()
-			streams, subjects := f.hubStream, f.hubSubjects
+			streams, hubSubjects := f.hubStream, f.hubSubjects
 			f.mu.Unlock()
 			return handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
-				f.opts.Domain, out.Subject, streams, strings.Join(subjects, ", ")))
+				f.opts.Domain, out.Subject, streams, strings.Join(hubSubjects, ", ")))
 		}
 	}
 	f.mu.Lock()

@@ -6,14 +6,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // MaxPublishSubject is the longest subject holdfast's workers publish to
-// (a dead letter, a forwarded message): config.ControlLineBudget less
+// (a dead letter, a forwarded message): subjects.ControlLineBudget less
 // room for the reply subject of a JetStream publish (_INBOX.<nuid>.<token>,
 // under 64 bytes): 4000 bytes.
-const MaxPublishSubject = config.ControlLineBudget - 64
+const MaxPublishSubject = subjects.ControlLineBudget - 64
 
 // HeaderUnsendable carries a header of the original message whose name
 // the NATS client refuses to publish (the server stores what a client
