@@ -395,6 +395,7 @@ func decodedLen(t *testing.T, chunk []byte) int {
 // under -race, and about one in two without) when the restore sent the
 // backup's own blocks.
 func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("restores 90,000 messages one flush each: skipped with -short")
 	}
@@ -405,6 +406,7 @@ func TestRestoreIntoSyncAlwaysStore(t *testing.T) {
 		{60000, 0},
 	} {
 		t.Run(fmt.Sprintf("%d messages of %d bytes", c.n, c.size), func(t *testing.T) {
+			t.Parallel()
 			nc, js := runServer(t)
 			ctx := natstest.Context(t)
 			if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}); err != nil {

@@ -30,6 +30,7 @@ import (
 // failure, never as acked, and the server delivers the messages again
 // after ack_wait: a lost ack is a redelivery, not a loss.
 func TestLostAckRedeliveredAndCounted(t *testing.T) {
+	t.Parallel()
 	hash, err := bcrypt.GenerateFromPassword([]byte("lossy-password"), bcrypt.MinCost)
 	if err != nil {
 		t.Fatal(err)
@@ -336,6 +337,7 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 // place is free). Without the bound an edge forwarding 400 messages of
 // 900 KB after a hub outage held them all: 1.06 GB of RSS.
 func TestHeldBytesBounded(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, nil)
 	const (
 		n       = 30

@@ -232,6 +232,7 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 // not finish within ack_wait" — untrue, the handler had answered. It
 // carries the handler's own reason, as a give-up on the last delivery does.
 func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, nil)
 	retry := handler.Func(func(context.Context, *handler.Message) handler.Result {
 		res := handler.RetryLater("upstream said 503")
@@ -262,6 +263,7 @@ func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 // kept (in-progress acks, so the server does not give up on it), retried
 // until the dead-letter stream takes it, and counted as failing meanwhile.
 func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(2 * time.Second)
@@ -461,6 +463,7 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never
 // answers); Close must end it and wait for it.
 func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(time.Second)

@@ -225,6 +225,7 @@ func TestIdempotencyKeyFromMsgID(t *testing.T) {
 }
 
 func TestRetryBackoffThenSuccess(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) {
 		cc.Backoff = []config.Duration{config.Dur(300 * time.Millisecond), config.Dur(900 * time.Millisecond)}
 		cc.MaxDeliver = 5
@@ -360,6 +361,7 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 }
 
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
 	rec := &recorder{}
 	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
@@ -519,6 +521,7 @@ func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
 }
 
 func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 	started := make(chan uint64, 10)
 	var mu sync.Mutex
@@ -586,6 +589,7 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 // seeing it — parked in the dead-letter stream, or, with dead_letter = "",
 // never delivered again.
 func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
+	t.Parallel()
 	for _, dlq := range []string{"ORDERS_DLQ", ""} {
 		t.Run("dead_letter="+dlq, func(t *testing.T) {
 			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
@@ -811,6 +815,7 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 // Both ran the handler (3 calls here: the interrupted one, the resume and
 // the replay).
 func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
+	t.Parallel()
 	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
 	rec := &recorder{}
 	var calls atomic.Int32

@@ -379,6 +379,7 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 // delivery instead of spending deliveries and dead-lettering; once the
 // stream is back the message is forwarded.
 func TestForwardWaitsForHubStream(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := e.forwarder(up, time.Minute)
 	if err != nil {

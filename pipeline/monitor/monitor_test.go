@@ -222,6 +222,7 @@ func TestMonitorCountsRetentionLossExactly(t *testing.T) {
 
 // A consumer that reads part of its stream loses only its own messages.
 func TestMonitorCountsFilteredConsumerLoss(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cfg.Streams["ORDERS"].MaxMsgs = 10
 		cfg.Consumers["WORKER1"].FilterSubject = "orders.eu"
@@ -552,6 +553,7 @@ func TestMetricsCountProcessing(t *testing.T) {
 // max_age: a warning when the oldest unacknowledged message passes 80% of
 // it, and a loss with cause max_age when it expires.
 func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		s := cfg.Streams["ORDERS"]
 		s.MaxAge = config.Dur(2 * time.Second)

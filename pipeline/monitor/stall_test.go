@@ -48,6 +48,7 @@ func watchNotStalled(t *testing.T, m *monitor.Monitor, consumer string, wantStat
 // A handler that keeps failing with a long backoff leaves its messages
 // in a deliberate delayed retry: that is waiting, not a stall.
 func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cc := cfg.Consumers["WORKER1"]
 		cc.Workers = 2
@@ -88,6 +89,7 @@ func TestMonitorDelayedRetryIsNotAStall(t *testing.T) {
 // watchdog's pings withheld, so systemd restarted holdfast, and again
 // after each start, until the retry was due.
 func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cc := cfg.Consumers["WORKER1"]
 		cc.Workers = 1
@@ -122,6 +124,7 @@ func TestMonitorDelayedRetryOfEarlierWorkersIsNotAStall(t *testing.T) {
 // consumer's Stats, as the daemon's reload does), so it is waiting, not a
 // stall.
 func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cc := cfg.Consumers["WORKER1"]
 		cc.Workers = 1
@@ -159,6 +162,7 @@ func TestMonitorRetryAfterAcrossReloadIsNotAStall(t *testing.T) {
 // A handler that runs long (within its timeout) while in-progress acks
 // keep its message is working, not stalled.
 func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cc := cfg.Consumers["WORKER1"]
 		cc.Workers = 1
@@ -205,6 +209,7 @@ func TestMonitorLongHandlerIsNotAStall(t *testing.T) {
 // server delivered the message again 3s after its receipt while its 5s
 // handler still ran, and again 3s later: 3 concurrent runs of one message.
 func TestAckWaitEditedWhileHandlersRun(t *testing.T) {
+	t.Parallel()
 	e := newMonitorEnv(t, func(cfg *config.Config) {
 		cc := cfg.Consumers["WORKER1"]
 		cc.Workers = 2
