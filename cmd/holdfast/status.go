@@ -1,24 +1,17 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"strings"
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
-	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
-	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
@@ -29,97 +22,6 @@ func printJSON(w io.Writer, v any) error {
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
-}
-
-// statusOutput is what `holdfast status --json` prints.
-type statusOutput struct {
-	// Healthy is true when the daemon answered and reports "ok"; the
-	// exit code is 0 then, else 1.
-	Healthy bool `json:"healthy"`
-	// Error says why nothing could be read (holdfast unreachable); the
-	// other fields are empty then.
-	Error     string                `json:"error,omitempty"`
-	URL       string                `json:"url"`
-	Daemon    *daemonOutput         `json:"daemon"`
-	Health    *pipeline.Health      `json:"health"`
-	Problems  []string              `json:"problems,omitempty"`
-	JetStream jetStreamOutput       `json:"jetstream"`
-	Cluster   *daemon.ClusterStatus `json:"cluster,omitempty"`
-	Streams   []streamOutput        `json:"streams"`
-	Consumers []consumerOutput      `json:"consumers"`
-
-	Leafnodes *pipeline.EdgeStatus `json:"leafnodes,omitempty"`
-}
-
-type daemonOutput struct {
-	Version    string    `json:"version"`
-	NATSServer string    `json:"nats_server"`
-	ServerName string    `json:"server_name"`
-	PID        int       `json:"pid"`
-	Started    time.Time `json:"started"`
-	HTTPListen string    `json:"http_listen,omitempty"`
-	FailOnLoss bool      `json:"fail_on_loss"`
-}
-
-type jetStreamOutput struct {
-	Enabled   bool         `json:"enabled"`
-	Error     string       `json:"error,omitempty"`
-	StoreDir  string       `json:"store_dir,omitempty"`
-	Sync      string       `json:"sync,omitempty"`
-	Domain    string       `json:"domain,omitempty"`
-	File      storageUsage `json:"file"`
-	Memory    storageUsage `json:"memory"`
-	Streams   int          `json:"streams"`
-	Consumers int          `json:"consumers"`
-}
-
-type storageUsage struct {
-	Used     uint64 `json:"used"`
-	Reserved uint64 `json:"reserved"`
-	// Limit is -1 when unknown or unlimited.
-	Limit int64 `json:"limit"`
-}
-
-type streamOutput struct {
-	pipeline.StreamStatus
-	DeadLetter    bool    `json:"dead_letter"`
-	MaxAgeSeconds float64 `json:"max_age_seconds"`
-	// Ratios to each limit that is set: messages, bytes, and the age of
-	// the first message.
-	LimitRatio map[string]float64 `json:"limit_ratio,omitempty"`
-	// GroupCommit is "on" when the stream stores through group commit
-	// (its subjects behind the prefix), with the daemon's counters.
-	GroupCommit      string        `json:"group_commit"`
-	GroupCommitStats *ingest.Stats `json:"group_commit_stats,omitempty"`
-}
-
-type consumerOutput struct {
-	Name          string `json:"name"`
-	Stream        string `json:"stream"`
-	Exists        bool   `json:"exists"`
-	Error         string `json:"error,omitempty"`
-	FilterSubject string `json:"filter_subject,omitempty"`
-	Pending       uint64 `json:"pending"`
-	AckPending    uint64 `json:"ack_pending"`
-	Redelivered   uint64 `json:"redelivered"`
-	MaxAckPending int    `json:"max_ack_pending"`
-	DeliveredSeq  uint64 `json:"delivered_stream_seq"`
-	AckFloorSeq   uint64 `json:"ack_floor_stream_seq"`
-	// DeadLetters is the number of its dead letters stored in
-	// DeadLetterStream now; null without a dead-letter stream.
-	DeadLetterStream string  `json:"dead_letter_stream,omitempty"`
-	DeadLetters      *uint64 `json:"dead_letters"`
-	// LostToRetention and the fields below come from the daemon; null
-	// when it did not answer.
-	LostToRetention *uint64                `json:"lost_to_retention"`
-	LastLoss        *pipeline.LossEvent    `json:"last_loss,omitempty"`
-	Stalled         bool                   `json:"stalled"`
-	BacklogRatio    map[string]float64     `json:"backlog_ratio,omitempty"`
-	Warnings        []string               `json:"warnings,omitempty"`
-	Workers         *pipeline.WorkerStatus `json:"workers"`
-	// Leader and Replicas are the consumer's Raft group in a cluster.
-	Leader   string                   `json:"leader,omitempty"`
-	Replicas []pipeline.ReplicaStatus `json:"replicas,omitempty"`
 }
 
 func statusCommand() *cli.Command {
@@ -138,15 +40,14 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				if c.Bool("json") {
 					// Scripts parse stdout: an object saying why, exit 1.
-					if werr := printJSON(c.App.Writer, statusOutput{Error: err.Error()}); werr != nil {
+					if werr := printJSON(c.App.Writer, daemon.ClientStatus{Error: err.Error()}); werr != nil {
 						return runtimeError(werr)
 					}
 				}
 				return err
 			}
 			defer nc.Close()
-			out := collectStatus(c.Context, cfg, nc, js)
-			out.URL = nc.ConnectedUrlRedacted()
+			out := daemon.CollectStatus(c.Context, cfg, nc, js)
 			if c.Bool("json") {
 				if err := printJSON(c.App.Writer, out); err != nil {
 					return runtimeError(err)
@@ -162,7 +63,7 @@ func statusCommand() *cli.Command {
 	}
 }
 
-func reasonSuffix(out *statusOutput) string {
+func reasonSuffix(out *daemon.ClientStatus) string {
 	if out.Health != nil && out.Health.Reason != "" {
 		return ": " + out.Health.Reason
 	}
@@ -172,222 +73,8 @@ func reasonSuffix(out *statusOutput) string {
 	return ""
 }
 
-// collectStatus reads JetStream as any client would and merges what the
-// daemon reports.
-func collectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js jetstream.JetStream) *statusOutput {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	out := &statusOutput{}
-
-	var reply *daemon.StatusReply
-	// The server this client is connected to answers, not another node of
-	// a cluster or a leafnode network.
-	name := nc.ConnectedServerName()
-	if name == "" {
-		name = cfg.Server.Name
-	}
-	subject := subjects.Status(name)
-	msg, err := nc.RequestWithContext(ctx, subject, nil)
-	if err == nil {
-		reply = &daemon.StatusReply{}
-		if err = json.Unmarshal(msg.Data, reply); err != nil {
-			reply = nil
-		}
-	}
-	if reply == nil {
-		// A daemon still starting (a cluster node waiting for its quorum,
-		// a store being recovered) does not answer yet; its /healthz
-		// says what it waits for.
-		if h := localHealthz(ctx, cfg.HTTP.Listen); h != nil {
-			out.Health = h
-			out.Problems = append(out.Problems, "/healthz on "+cfg.HTTP.Listen+": "+h.Reason)
-		}
-		out.Problems = append(out.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", subject, err))
-	} else {
-		out.Daemon = &daemonOutput{Version: reply.Version, NATSServer: reply.NATSServer, ServerName: reply.ServerName,
-			PID: reply.PID, Started: reply.Started, HTTPListen: reply.HTTPListen, FailOnLoss: reply.FailOnLoss}
-		h := reply.Health
-		out.Health = &h
-		out.JetStream.StoreDir = reply.StoreDir
-		out.JetStream.Sync = reply.Sync
-		out.JetStream.Domain = reply.Domain
-		out.Cluster = reply.Cluster
-		out.Leafnodes = reply.Leafnodes
-	}
-
-	out.JetStream.File.Limit, out.JetStream.Memory.Limit = -1, -1
-	if ai, err := js.AccountInfo(ctx); err != nil {
-		out.JetStream.Error = err.Error()
-		out.Problems = append(out.Problems, "JetStream: "+err.Error())
-	} else {
-		out.JetStream.Enabled = true
-		out.JetStream.File = storageUsage{Used: ai.Store, Reserved: ai.ReservedStore, Limit: ai.Limits.MaxStore}
-		out.JetStream.Memory = storageUsage{Used: ai.Memory, Reserved: ai.ReservedMemory, Limit: ai.Limits.MaxMemory}
-		out.JetStream.Streams, out.JetStream.Consumers = ai.Streams, ai.Consumers
-	}
-	if reply != nil && reply.Report != nil {
-		// The account is unlimited on a single server; the server's own
-		// limits are the ones that matter.
-		if l := reply.Report.JetStream.FileLimit; l > 0 && out.JetStream.File.Limit <= 0 {
-			out.JetStream.File.Limit = l
-		}
-		if l := reply.Report.JetStream.MemoryLimit; l > 0 && out.JetStream.Memory.Limit <= 0 {
-			out.JetStream.Memory.Limit = l
-		}
-	}
-
-	// What to show: what the daemon watches, else the local config.
-	type consumerRef struct{ stream, name, deadLetter string }
-	var streams []string
-	var consumers []consumerRef
-	daemonConsumers := map[string]pipeline.ConsumerStatus{}
-	if reply != nil && reply.Report != nil {
-		for _, s := range reply.Report.Streams {
-			streams = append(streams, s.Name)
-		}
-		for _, c := range reply.Report.Consumers {
-			consumers = append(consumers, consumerRef{c.Stream, c.Name, c.DeadLetter})
-			daemonConsumers[c.Stream+"/"+c.Name] = c
-		}
-	} else {
-		streams = cfg.AllStreamNames()
-		for _, name := range cfg.ConsumerNames() {
-			cc := cfg.Consumers[name]
-			consumers = append(consumers, consumerRef{cc.Stream, name, cc.DeadLetter})
-		}
-	}
-	deadLetterStreams := map[string]bool{}
-	for _, c := range consumers {
-		if c.deadLetter != "" {
-			deadLetterStreams[c.deadLetter] = true
-		}
-	}
-
-	now := time.Now()
-	for _, name := range streams {
-		so := streamOutput{StreamStatus: pipeline.StreamStatus{Name: name, MaxMsgs: -1, MaxBytes: -1}, DeadLetter: deadLetterStreams[name]}
-		s, err := js.Stream(ctx, name)
-		if err != nil {
-			so.Error = notFound(err, "stream does not exist")
-			out.Problems = append(out.Problems, fmt.Sprintf("stream %s: %s", name, so.Error))
-			out.Streams = append(out.Streams, so)
-			continue
-		}
-		si := s.CachedInfo()
-		pipeline.FillStream(&so.StreamStatus, si)
-		so.MaxAgeSeconds = si.Config.MaxAge.Seconds()
-		so.GroupCommit = "off"
-		if t := si.Config.SubjectTransform; t != nil && config.IsGroupCommitSubject(t.Source) {
-			so.GroupCommit = "on"
-		}
-		if st, ok := replyGroupCommit(reply, name); ok {
-			so.GroupCommitStats = &st
-			if so.GroupCommit == "off" {
-				// The stream takes the configured subjects itself, and
-				// group commit takes them too.
-				out.Problems = append(out.Problems, fmt.Sprintf("stream %s: holdfast runs group commit for it but the stream does not have its prefixed subjects (edited by hand?): "+
-					"each publish is taken by both and may be stored twice; reload holdfast (systemctl reload holdfast) to set them back", name))
-			}
-		} else if so.GroupCommit == "on" && reply != nil {
-			// The stream listens on the prefixed subjects only: with no
-			// ingest, nothing answers its configured subjects.
-			subjects := make([]string, len(si.Config.Subjects))
-			for i, sub := range si.Config.Subjects {
-				subjects[i] = strings.TrimPrefix(sub, config.GroupCommitSubject(name, ""))
-			}
-			out.Problems = append(out.Problems, fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
-				"every publish to %s gets \"no responders\"; set group_commit = true for it and reload, or reload to set its subjects back",
-				name, strings.Join(subjects, ", ")))
-		}
-		so.LimitRatio = map[string]float64{}
-		if si.Config.MaxMsgs > 0 {
-			so.LimitRatio["max_msgs"] = float64(si.State.Msgs) / float64(si.Config.MaxMsgs)
-		}
-		if si.Config.MaxBytes > 0 {
-			so.LimitRatio["max_bytes"] = float64(si.State.Bytes) / float64(si.Config.MaxBytes)
-		}
-		if si.Config.MaxAge > 0 && si.State.Msgs > 0 {
-			so.LimitRatio["max_age"] = float64(now.Sub(si.State.FirstTime)) / float64(si.Config.MaxAge)
-		}
-		if len(so.LimitRatio) == 0 {
-			so.LimitRatio = nil
-		}
-		out.Streams = append(out.Streams, so)
-	}
-
-	for _, ref := range consumers {
-		co := consumerOutput{Name: ref.name, Stream: ref.stream, DeadLetterStream: ref.deadLetter}
-		if c, err := js.Consumer(ctx, ref.stream, ref.name); err != nil {
-			co.Error = notFound(err, "consumer does not exist")
-			out.Problems = append(out.Problems, fmt.Sprintf("consumer %s on stream %s: %s", ref.name, ref.stream, co.Error))
-		} else {
-			ci := c.CachedInfo()
-			co.Exists = true
-			co.FilterSubject = ci.Config.FilterSubject
-			co.Pending = ci.NumPending
-			co.AckPending = uint64(max(ci.NumAckPending, 0))
-			co.Redelivered = uint64(max(ci.NumRedelivered, 0))
-			co.MaxAckPending = ci.Config.MaxAckPending
-			co.DeliveredSeq = ci.Delivered.Stream
-			co.AckFloorSeq = ci.AckFloor.Stream
-			if cl := ci.Cluster; cl != nil && len(cl.Replicas) > 0 {
-				co.Leader = cl.Leader
-				for _, r := range cl.Replicas {
-					co.Replicas = append(co.Replicas, pipeline.ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
-				}
-			}
-		}
-		if ref.deadLetter != "" {
-			if n, err := countDeadLetters(ctx, js, ref.deadLetter, ref.name); err == nil {
-				co.DeadLetters = &n
-			} else {
-				out.Problems = append(out.Problems, fmt.Sprintf("dead letters of %s in %s: %v", ref.name, ref.deadLetter, err))
-			}
-		}
-		if dc, ok := daemonConsumers[ref.stream+"/"+ref.name]; ok {
-			lost := dc.LostToRetention
-			co.LostToRetention = &lost
-			co.LastLoss = dc.LastLoss
-			co.Stalled = dc.Stalled
-			co.BacklogRatio = dc.BacklogRatio
-			co.Warnings = dc.Warnings
-			ws := dc.Workers
-			co.Workers = &ws
-		}
-		out.Consumers = append(out.Consumers, co)
-	}
-
-	out.Healthy = reply != nil && reply.Health.Status == pipeline.HealthOK && len(out.Problems) == 0
-	return out
-}
-
-func notFound(err error, text string) string {
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return text
-	}
-	return err.Error()
-}
-
-// countDeadLetters counts a consumer's dead letters (subjects
-// dlq.<CONSUMER>.>) stored in a dead-letter stream.
-func countDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string) (uint64, error) {
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return 0, err
-	}
-	info, err := s.Info(ctx, jetstream.WithSubjectFilter(pipeline.DeadLetterSubject(consumer, ">")))
-	if err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, c := range info.State.Subjects {
-		n += c
-	}
-	return n, nil
-}
-
 // printStatus prints the compact human view.
-func printStatus(w io.Writer, out *statusOutput) {
+func printStatus(w io.Writer, out *daemon.ClientStatus) {
 	verdict := "OK"
 	switch {
 	case out.Health == nil:
@@ -521,7 +208,7 @@ func orDash(s string) string {
 	return s
 }
 
-func usageText(u storageUsage) string {
+func usageText(u daemon.StorageUsage) string {
 	s := formatBytes(int64(u.Used)) + " used"
 	if u.Limit > 0 {
 		s += fmt.Sprintf(" of %s (%.0f%%)", formatBytes(u.Limit), 100*float64(u.Used)/float64(u.Limit))
@@ -532,7 +219,7 @@ func usageText(u storageUsage) string {
 	return s
 }
 
-func limitsText(s streamOutput) string {
+func limitsText(s daemon.StreamStatus) string {
 	var parts []string
 	pct := func(k string) string {
 		if r, ok := s.LimitRatio[k]; ok {
@@ -581,18 +268,9 @@ func replicaText(current, offline bool, lag uint64) string {
 	}
 }
 
-// groupCommit returns the daemon's group commit counters of stream name.
-func replyGroupCommit(r *daemon.StatusReply, name string) (ingest.Stats, bool) {
-	if r == nil {
-		return ingest.Stats{}, false
-	}
-	st, ok := r.GroupCommit[name]
-	return st, ok
-}
-
 // groupCommitText is the GROUP COMMIT column: off, or on with the batches
 // committed and their average size.
-func groupCommitText(s streamOutput) string {
+func groupCommitText(s daemon.StreamStatus) string {
 	if s.GroupCommit != "on" {
 		return "off"
 	}
@@ -660,32 +338,4 @@ func printLeafnodes(w io.Writer, st *pipeline.EdgeStatus) {
 		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
 			e.Edge, e.Stream, e.LastSeq, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second), e.Messages)
 	}
-}
-
-// localHealthz reads the /healthz of the holdfast listening on listen (the
-// config's http.listen; on this host when it names no address), or nil.
-func localHealthz(ctx context.Context, listen string) *pipeline.Health {
-	host, port, err := net.SplitHostPort(listen)
-	if listen == "" || err != nil {
-		return nil
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
-	if err != nil {
-		return nil
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil
-	}
-	defer resp.Body.Close()
-	var h pipeline.Health
-	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&h); err != nil || h.Status == "" {
-		return nil
-	}
-	return &h
 }
