@@ -75,6 +75,17 @@ func reasonSuffix(out *daemon.ClientStatus) string {
 
 // printStatus prints the compact human view.
 func printStatus(w io.Writer, out *daemon.ClientStatus) {
+	printVerdict(w, out)
+	printJetStream(w, out.JetStream)
+	printLeafnodes(w, out.Leafnodes)
+	printCluster(w, out.Cluster)
+	printStreams(w, out.Streams, out.Cluster != nil)
+	printConsumers(w, out.Consumers)
+	printProblems(w, out)
+}
+
+// printVerdict prints which holdfast answered and whether it is healthy.
+func printVerdict(w io.Writer, out *daemon.ClientStatus) {
 	verdict := "OK"
 	switch {
 	case out.Health == nil:
@@ -91,30 +102,40 @@ func printStatus(w io.Writer, out *daemon.ClientStatus) {
 	} else {
 		fmt.Fprintf(w, "holdfast at %s: %s\n", out.URL, verdict)
 	}
+}
 
-	js := out.JetStream
+// printJetStream prints the store and its use of file and memory.
+func printJetStream(w io.Writer, js daemon.JetStreamStatus) {
 	fmt.Fprintln(w)
 	if !js.Enabled {
 		fmt.Fprintf(w, "JetStream  NOT AVAILABLE: %s\n", js.Error)
-	} else {
-		fmt.Fprintf(w, "JetStream  enabled, store %s, sync %s\n", orDash(js.StoreDir), orDash(js.Sync))
-		fmt.Fprintf(w, "  file     %s\n", usageText(js.File))
-		fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
+		return
 	}
+	fmt.Fprintf(w, "JetStream  enabled, store %s, sync %s\n", orDash(js.StoreDir), orDash(js.Sync))
+	fmt.Fprintf(w, "  file     %s\n", usageText(js.File))
+	fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
+}
 
-	printLeafnodes(w, out.Leafnodes)
-	if c := out.Cluster; c != nil {
-		fmt.Fprintln(w)
-		fmt.Fprintf(w, "Cluster    %s: this node %s, meta leader %s, %d node(s), %d route(s)\n", orDash(c.Name), c.Node, orDash(c.MetaLeader), c.Size, c.Routes)
-		for _, p := range c.Peers {
-			fmt.Fprintf(w, "  peer     %s: %s\n", p.Name, replicaText(p.Current, p.Offline, p.Lag))
-		}
+// printCluster prints the cluster and its peers; nothing for a single
+// server.
+func printCluster(w io.Writer, c *daemon.ClusterStatus) {
+	if c == nil {
+		return
 	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "Cluster    %s: this node %s, meta leader %s, %d node(s), %d route(s)\n", orDash(c.Name), c.Node, orDash(c.MetaLeader), c.Size, c.Routes)
+	for _, p := range c.Peers {
+		fmt.Fprintf(w, "  peer     %s: %s\n", p.Name, replicaText(p.Current, p.Offline, p.Lag))
+	}
+}
 
+// printStreams prints the table of streams, then the Raft group of each
+// replicated one.
+func printStreams(w io.Writer, streams []daemon.StreamStatus, clustered bool) {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS\tGROUP COMMIT")
-	for _, s := range out.Streams {
+	for _, s := range streams {
 		if !s.Exists {
 			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\t\n", s.Name, s.Error)
 			continue
@@ -122,65 +143,83 @@ func printStatus(w io.Writer, out *daemon.ClientStatus) {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s), groupCommitText(s))
 	}
 	tw.Flush()
-	for _, s := range out.Streams {
+	for _, s := range streams {
 		// A single server names itself leader of every stream: no Raft
 		// group to show.
-		if s.Leader == "" || (len(s.Replicas) == 0 && out.Cluster == nil) {
+		if s.Leader == "" || (len(s.Replicas) == 0 && !clustered) {
 			continue
 		}
-		var reps []string
-		for _, r := range s.Replicas {
-			reps = append(reps, r.Name+" "+replicaText(r.Current, r.Offline, r.Lag))
-		}
-		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", s.Name, s.Leader, strings.Join(reps, ", "))
+		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", s.Name, s.Leader, replicasText(s.Replicas))
 	}
+}
 
+// printConsumers prints the table of consumers, then the Raft group of
+// each replicated one.
+func printConsumers(w io.Writer, consumers []daemon.ConsumerStatus) {
 	fmt.Fprintln(w)
-	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tACK PENDING\tREDELIVERED\tDEAD LETTERS\tLOST\tWORKERS")
-	for _, c := range out.Consumers {
+	for _, c := range consumers {
 		if !c.Exists {
 			fmt.Fprintf(tw, "%s\t%s\tMISSING: %s\t\t\t\t\t\n", c.Name, c.Stream, c.Error)
 			continue
 		}
-		dead, lost, workers := "-", "?", "?"
+		dead, lost := "-", "?"
 		if c.DeadLetters != nil {
 			dead = fmt.Sprint(*c.DeadLetters)
 		}
 		if c.LostToRetention != nil {
 			lost = fmt.Sprint(*c.LostToRetention)
 		}
-		if ws := c.Workers; ws != nil {
-			switch {
-			case ws.Configured == 0:
-				workers = "none"
-			case ws.Draining:
-				workers = fmt.Sprintf("%d draining for a reload (%d busy)", ws.Configured, ws.InFlight)
-			case !ws.Running:
-				workers = fmt.Sprintf("%d NOT RUNNING", ws.Configured)
-			default:
-				workers = fmt.Sprintf("%d (%d busy; %d processed, %d acked, %d retried, %d dead-lettered)",
-					ws.Configured, ws.InFlight, ws.Processed, ws.Acked, ws.Retried, ws.DeadLettered)
-			}
-			if c.Stalled {
-				workers += " STALLED"
-			}
-		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d/%d\t%d\t%s\t%s\t%s\n", c.Name, c.Stream, c.Pending, c.AckPending, c.MaxAckPending,
-			c.Redelivered, dead, lost, workers)
+			c.Redelivered, dead, lost, workersText(c))
 	}
 	tw.Flush()
-	for _, c := range out.Consumers {
+	for _, c := range consumers {
 		if c.Replicas == nil {
 			continue
 		}
-		var reps []string
-		for _, r := range c.Replicas {
-			reps = append(reps, r.Name+" "+replicaText(r.Current, r.Offline, r.Lag))
-		}
-		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", c.Name, orDash(c.Leader), strings.Join(reps, ", "))
+		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", c.Name, orDash(c.Leader), replicasText(c.Replicas))
 	}
+}
 
+// workersText is the WORKERS column of a consumer: "?" when the daemon did
+// not answer.
+func workersText(c daemon.ConsumerStatus) string {
+	ws := c.Workers
+	if ws == nil {
+		return "?"
+	}
+	var text string
+	switch {
+	case ws.Configured == 0:
+		text = "none"
+	case ws.Draining:
+		text = fmt.Sprintf("%d draining for a reload (%d busy)", ws.Configured, ws.InFlight)
+	case !ws.Running:
+		text = fmt.Sprintf("%d NOT RUNNING", ws.Configured)
+	default:
+		text = fmt.Sprintf("%d (%d busy; %d processed, %d acked, %d retried, %d dead-lettered)",
+			ws.Configured, ws.InFlight, ws.Processed, ws.Acked, ws.Retried, ws.DeadLettered)
+	}
+	if c.Stalled {
+		text += " STALLED"
+	}
+	return text
+}
+
+// replicasText lists the replicas of a Raft group and their state.
+func replicasText(replicas []pipeline.ReplicaStatus) string {
+	var reps []string
+	for _, r := range replicas {
+		reps = append(reps, r.Name+" "+replicaText(r.Current, r.Offline, r.Lag))
+	}
+	return strings.Join(reps, ", ")
+}
+
+// printProblems prints the daemon's problems and the client's, then the
+// daemon's warnings.
+func printProblems(w io.Writer, out *daemon.ClientStatus) {
 	var problems, warnings []string
 	if out.Health != nil {
 		problems = append(problems, out.Health.Problems...)
