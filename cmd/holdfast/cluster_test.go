@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -253,7 +254,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 	// holdfast status on a node shows the cluster and each stream's group.
 	natstest.CheckFor(t, 30*time.Second, 500*time.Millisecond, func() error {
 		res := runHoldfast(t, nil, "status", "--config", nodes[1].cfg, "--json")
-		var out statusOutput
+		var out daemon.ClientStatus
 		if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
 			return fmt.Errorf("status --json: %v\n%s%s", err, res.stdout, res.stderr)
 		}

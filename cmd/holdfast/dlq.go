@@ -16,6 +16,7 @@ import (
 
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -26,230 +27,280 @@ var consumerFlag = &cli.StringFlag{Name: "consumer", Usage: "only the dead lette
 
 func dlqCommand() *cli.Command {
 	return &cli.Command{
-		Name:  "dlq",
-		Usage: "inspect dead letters and hand them back to the handler of the consumer that failed them",
-		Subcommands: []*cli.Command{
-			{
-				Name:  "ls",
-				Usage: "list dead letters, oldest first",
-				Flags: []cli.Flag{serverFlag, consumerFlag},
-				Action: func(c *cli.Context) error {
-					cfg, nc, js, err := connectJetStream(c)
-					if err != nil {
-						return err
-					}
-					defer nc.Close()
-					tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
-					fmt.Fprintln(tw, "STREAM\tSEQ\tCONSUMER\tSUBJECT\tORIG SEQ\tDELIVERIES\tFAILED AT\tERROR")
-					targets, err := dlqStreams(cfg, c.String("consumer"))
-					if err != nil {
-						return err
-					}
-					n := 0
-					for _, s := range targets {
-						err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
-							n++
-							fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
-								dl.OriginalSeq, dl.Deliveries, dl.FailedAt.Format(time.RFC3339), oneLine(dl.Error, 80))
-							return nil
-						})
-						if err != nil {
-							return runtimeError(err)
-						}
-					}
-					tw.Flush()
-					fmt.Fprintf(c.App.Writer, "%d dead letter(s)\n", n)
-					return nil
-				},
-			},
-			{
-				Name:      "show",
-				Usage:     "print one dead letter with its headers and payload",
-				ArgsUsage: "SEQ",
-				Flags:     []cli.Flag{serverFlag, &cli.StringFlag{Name: "stream", Usage: "dead-letter stream (default: the only one configured)"}},
-				Action: func(c *cli.Context) error {
-					if c.NArg() != 1 {
-						return usageError(errors.New("usage: holdfast dlq show SEQ"))
-					}
-					seq, err := parseSeq(c.Args().First())
-					if err != nil {
-						return err
-					}
-					cfg, nc, js, err := connectJetStream(c)
-					if err != nil {
-						return err
-					}
-					defer nc.Close()
-					stream, err := pickDLQStream(cfg, c.String("stream"))
-					if err != nil {
-						return err
-					}
-					dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
-					if err != nil {
-						return runtimeError(err)
-					}
-					if dl.Consumer == "" || dl.OriginalSubject == "" || dl.OriginalStream == "" {
-						// It printed any message of any --stream as a dead letter.
-						return runtimeError(fmt.Errorf("%s #%d on %s is not a holdfast dead letter (not on dlq.<CONSUMER>.>, or without the %s and %s headers); "+
-							"the config's dead-letter streams: %s; read other messages with: go tool nats stream get %s %d",
-							stream, seq, dl.Subject, pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
-							strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", "), stream, seq))
-					}
-					w := c.App.Writer
-					fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
-					keys := make([]string, 0, len(dl.Header))
-					for k := range dl.Header {
-						keys = append(keys, k)
-					}
-					sort.Strings(keys)
-					for _, k := range keys {
-						for _, v := range dl.Header[k] {
-							fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
-						}
-					}
-					fmt.Fprintf(w, "\n%s\n", dl.Data)
-					return nil
-				},
-			},
-			{
-				Name:      "replay",
-				Usage:     "run the failed consumer's handler on dead letters again (in the running holdfast); each is removed once its handler succeeded",
-				ArgsUsage: "[SEQ...]",
-				Flags: []cli.Flag{serverFlag, consumerFlag,
-					&cli.StringFlag{Name: "stream", Usage: "dead-letter stream for SEQ arguments (default: the only one configured)"},
-					&cli.BoolFlag{Name: "all", Usage: "replay every dead letter (of --consumer, if given)"}},
-				Action: func(c *cli.Context) error {
-					if c.Bool("all") == (c.NArg() > 0) {
-						return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
-					}
-					// Each was ignored without a word in the other form.
-					if c.IsSet("consumer") && !c.Bool("all") {
-						return usageError(errors.New("--consumer goes with --all (replay every dead letter of that consumer); SEQ arguments name dead letters of --stream, whichever consumer failed them"))
-					}
-					if c.IsSet("stream") && c.Bool("all") {
-						return usageError(errors.New("--stream goes with SEQ arguments; --all replays the dead letters of every dead-letter stream (or of --consumer)"))
-					}
-					cfg, nc, js, err := connectJetStream(c)
-					if err != nil {
-						return err
-					}
-					defer nc.Close()
-					var todo []pipeline.DeadLetter
-					if c.Bool("all") {
-						targets, err := dlqStreams(cfg, c.String("consumer"))
-						if err != nil {
-							return err
-						}
-						for _, s := range targets {
-							err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
-								todo = append(todo, dl)
-								return nil
-							})
-							if err != nil {
-								return runtimeError(err)
-							}
-						}
-					} else {
-						stream, err := pickDLQStream(cfg, c.String("stream"))
-						if err != nil {
-							return err
-						}
-						for _, a := range c.Args().Slice() {
-							seq, err := parseSeq(a)
-							if err != nil {
-								return err
-							}
-							dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
-							if err != nil {
-								return runtimeError(err)
-							}
-							todo = append(todo, dl)
-						}
-					}
-					progress := isTerminal(os.Stderr) && len(todo) > 20
-					var failed []error
-					replayed := 0
-					unanswered := map[string]int{} // consumers whose workers do not answer: asked once
-					for i, dl := range todo {
-						if _, ok := unanswered[dl.Consumer]; ok {
-							unanswered[dl.Consumer]++
-						} else if err := pipeline.RequestReplay(c.Context, nc, dl, replayTimeout(cfg, dl.Consumer)); err != nil {
-							failed = append(failed, err)
-							if errors.Is(err, pipeline.ErrNoReplayWorkers) {
-								unanswered[dl.Consumer] = 0
-							}
-						} else {
-							replayed++
-						}
-						if progress && (i%50 == 0 || i == len(todo)-1) {
-							fmt.Fprintf(os.Stderr, "\rreplayed %d/%d", i+1, len(todo))
-						}
-					}
-					if progress {
-						fmt.Fprintln(os.Stderr)
-					}
-					for _, name := range slices.Sorted(maps.Keys(unanswered)) {
-						if n := unanswered[name]; n > 0 {
-							failed = append(failed, fmt.Errorf("%d more dead letter(s) of consumer %s not replayed for the same reason", n, name))
-						}
-					}
-					fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", replayed, len(todo))
-					if len(failed) > 0 {
-						return runtimeError(errors.Join(failed...))
-					}
-					return nil
-				},
-			},
-			{
-				Name:  "purge",
-				Usage: "delete dead letters for good (needs --yes)",
-				Flags: []cli.Flag{serverFlag, consumerFlag,
-					&cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"},
-					&cli.Uint64Flag{Name: "upto", Usage: "delete only dead letters up to this sequence (the SEQ column of holdfast dlq ls): those stored since you looked are kept"}},
-				Action: func(c *cli.Context) error {
-					cfg, nc, _, err := connectJetStream(c)
-					if err != nil {
-						return err
-					}
-					defer nc.Close()
-					streams, err := dlqStreams(cfg, c.String("consumer"))
-					if err != nil {
-						return err
-					}
-					if len(streams) == 0 {
-						return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
-					}
-					var names []string
-					for _, s := range streams {
-						names = append(names, s.stream)
-					}
-					upto := c.Uint64("upto")
-					if c.IsSet("upto") && (upto == 0 || len(streams) > 1) {
-						return usageError(fmt.Errorf("--upto %d: give the last sequence to delete (1 or more) of one dead-letter stream; %d are configured (%s): pick one with --consumer",
-							upto, len(streams), strings.Join(names, ", ")))
-					}
-					if !c.Bool("yes") {
-						return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes, with --upto SEQ to keep those stored since", strings.Join(names, ", ")))
-					}
-					for _, s := range streams {
-						n, err := purgeDeadLetters(c, nc, s, upto)
-						if err != nil {
-							return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
-						}
-						what := ""
-						if s.consumer != "" {
-							what += " of consumer " + s.consumer
-						}
-						if upto > 0 {
-							what += fmt.Sprintf(" up to seq %d", upto)
-						}
-						fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", n, what, s.stream)
-					}
-					return nil
-				},
-			},
-		},
+		Name:        "dlq",
+		Usage:       "inspect dead letters and hand them back to the handler of the consumer that failed them",
+		Subcommands: []*cli.Command{dlqLsCommand(), dlqShowCommand(), dlqReplayCommand(), dlqPurgeCommand()},
 	}
+}
+
+func dlqLsCommand() *cli.Command {
+	return &cli.Command{
+		Name:   "ls",
+		Usage:  "list dead letters, oldest first",
+		Flags:  []cli.Flag{serverFlag, consumerFlag},
+		Action: dlqLs,
+	}
+}
+
+// dlqLs prints a table of the dead letters, one row each.
+func dlqLs(c *cli.Context) error {
+	cfg, nc, js, err := connectJetStream(c)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	tw := tabwriter.NewWriter(c.App.Writer, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tSEQ\tCONSUMER\tSUBJECT\tORIG SEQ\tDELIVERIES\tFAILED AT\tERROR")
+	targets, err := dlqStreams(cfg, c.String("consumer"))
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, s := range targets {
+		err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
+			n++
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
+				dl.OriginalSeq, dl.Deliveries, dl.FailedAt.Format(time.RFC3339), oneLine(dl.Error, 80))
+			return nil
+		})
+		if err != nil {
+			return runtimeError(err)
+		}
+	}
+	tw.Flush()
+	fmt.Fprintf(c.App.Writer, "%d dead letter(s)\n", n)
+	return nil
+}
+
+func dlqShowCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "show",
+		Usage:     "print one dead letter with its headers and payload",
+		ArgsUsage: "SEQ",
+		Flags:     []cli.Flag{serverFlag, &cli.StringFlag{Name: "stream", Usage: "dead-letter stream (default: the only one configured)"}},
+		Action:    dlqShow,
+	}
+}
+
+// dlqShow prints one dead letter: where it is, its headers sorted by key,
+// and its payload.
+func dlqShow(c *cli.Context) error {
+	if c.NArg() != 1 {
+		return usageError(errors.New("usage: holdfast dlq show SEQ"))
+	}
+	seq, err := parseSeq(c.Args().First())
+	if err != nil {
+		return err
+	}
+	cfg, nc, js, err := connectJetStream(c)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	stream, err := pickDLQStream(cfg, c.String("stream"))
+	if err != nil {
+		return err
+	}
+	dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
+	if err != nil {
+		return runtimeError(err)
+	}
+	if dl.Consumer == "" || dl.OriginalSubject == "" || dl.OriginalStream == "" {
+		// Any message of any --stream can be read; only a dead letter
+		// is shown as one.
+		return runtimeError(fmt.Errorf("%s #%d on %s is not a holdfast dead letter (not on dlq.<CONSUMER>.>, or without the %s and %s headers); "+
+			"the config's dead-letter streams: %s; read other messages with: go tool nats stream get %s %d",
+			stream, seq, dl.Subject, pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
+			strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", "), stream, seq))
+	}
+	w := c.App.Writer
+	fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
+	for _, k := range slices.Sorted(maps.Keys(dl.Header)) {
+		for _, v := range dl.Header[k] {
+			fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
+		}
+	}
+	fmt.Fprintf(w, "\n%s\n", dl.Data)
+	return nil
+}
+
+func dlqReplayCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "replay",
+		Usage:     "run the failed consumer's handler on dead letters again (in the running holdfast); each is removed once its handler succeeded",
+		ArgsUsage: "[SEQ...]",
+		Flags: []cli.Flag{serverFlag, consumerFlag,
+			&cli.StringFlag{Name: "stream", Usage: "dead-letter stream for SEQ arguments (default: the only one configured)"},
+			&cli.BoolFlag{Name: "all", Usage: "replay every dead letter (of --consumer, if given)"}},
+		Action: dlqReplay,
+	}
+}
+
+// dlqReplay asks the running holdfast to replay the dead letters named by
+// SEQ arguments or by --all.
+func dlqReplay(c *cli.Context) error {
+	if c.Bool("all") == (c.NArg() > 0) {
+		return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
+	}
+	// A flag of the other form would be ignored: refuse it.
+	if c.IsSet("consumer") && !c.Bool("all") {
+		return usageError(errors.New("--consumer goes with --all (replay every dead letter of that consumer); SEQ arguments name dead letters of --stream, whichever consumer failed them"))
+	}
+	if c.IsSet("stream") && c.Bool("all") {
+		return usageError(errors.New("--stream goes with SEQ arguments; --all replays the dead letters of every dead-letter stream (or of --consumer)"))
+	}
+	cfg, nc, js, err := connectJetStream(c)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	var todo []pipeline.DeadLetter
+	if c.Bool("all") {
+		todo, err = listAllDeadLetters(c.Context, js, cfg, c.String("consumer"))
+	} else {
+		todo, err = getDeadLetters(c.Context, js, cfg, c.String("stream"), c.Args().Slice())
+	}
+	if err != nil {
+		return err
+	}
+	replayed, failed := replayDeadLetters(c.Context, nc, cfg, todo)
+	fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", replayed, len(todo))
+	if len(failed) > 0 {
+		return runtimeError(errors.Join(failed...))
+	}
+	return nil
+}
+
+// listAllDeadLetters reads every dead letter of the configured dead-letter
+// streams, or of consumer's when it is not "".
+func listAllDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config.Config, consumer string) ([]pipeline.DeadLetter, error) {
+	targets, err := dlqStreams(cfg, consumer)
+	if err != nil {
+		return nil, err
+	}
+	var all []pipeline.DeadLetter
+	for _, s := range targets {
+		err := pipeline.ListDeadLetters(ctx, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
+			all = append(all, dl)
+			return nil
+		})
+		if err != nil {
+			return nil, runtimeError(err)
+		}
+	}
+	return all, nil
+}
+
+// getDeadLetters reads the dead letters with the sequence numbers args in
+// stream (the only dead-letter stream configured when it is "").
+func getDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config.Config, stream string, args []string) ([]pipeline.DeadLetter, error) {
+	stream, err := pickDLQStream(cfg, stream)
+	if err != nil {
+		return nil, err
+	}
+	var dls []pipeline.DeadLetter
+	for _, a := range args {
+		seq, err := parseSeq(a)
+		if err != nil {
+			return nil, err
+		}
+		dl, err := pipeline.GetDeadLetter(ctx, js, stream, seq)
+		if err != nil {
+			return nil, runtimeError(err)
+		}
+		dls = append(dls, dl)
+	}
+	return dls, nil
+}
+
+// replayDeadLetters requests a replay of each dead letter in todo and
+// returns how many were replayed and why the others were not. A consumer
+// whose workers do not answer is asked once: its other dead letters are
+// counted, not requested.
+func replayDeadLetters(ctx context.Context, nc *nats.Conn, cfg *config.Config, todo []pipeline.DeadLetter) (int, []error) {
+	progress := isTerminal(os.Stderr) && len(todo) > 20
+	var failed []error
+	replayed := 0
+	unanswered := map[string]int{}
+	for i, dl := range todo {
+		if _, ok := unanswered[dl.Consumer]; ok {
+			unanswered[dl.Consumer]++
+		} else if err := pipeline.RequestReplay(ctx, nc, dl, replayTimeout(cfg, dl.Consumer)); err != nil {
+			failed = append(failed, err)
+			if errors.Is(err, pipeline.ErrNoReplayWorkers) {
+				unanswered[dl.Consumer] = 0
+			}
+		} else {
+			replayed++
+		}
+		if progress && (i%50 == 0 || i == len(todo)-1) {
+			fmt.Fprintf(os.Stderr, "\rreplayed %d/%d", i+1, len(todo))
+		}
+	}
+	if progress {
+		fmt.Fprintln(os.Stderr)
+	}
+	for _, name := range slices.Sorted(maps.Keys(unanswered)) {
+		if n := unanswered[name]; n > 0 {
+			failed = append(failed, fmt.Errorf("%d more dead letter(s) of consumer %s not replayed for the same reason", n, name))
+		}
+	}
+	return replayed, failed
+}
+
+func dlqPurgeCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "purge",
+		Usage: "delete dead letters for good (needs --yes)",
+		Flags: []cli.Flag{serverFlag, consumerFlag,
+			&cli.BoolFlag{Name: "yes", Usage: "confirm: the dead letters are deleted and cannot be replayed"},
+			&cli.Uint64Flag{Name: "upto", Usage: "delete only dead letters up to this sequence (the SEQ column of holdfast dlq ls): those stored since you looked are kept"}},
+		Action: dlqPurge,
+	}
+}
+
+// dlqPurge deletes the dead letters of every dead-letter stream, or of
+// --consumer's, once --yes confirms it.
+func dlqPurge(c *cli.Context) error {
+	cfg, nc, _, err := connectJetStream(c)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	streams, err := dlqStreams(cfg, c.String("consumer"))
+	if err != nil {
+		return err
+	}
+	if len(streams) == 0 {
+		return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
+	}
+	var names []string
+	for _, s := range streams {
+		names = append(names, s.stream)
+	}
+	upto := c.Uint64("upto")
+	if c.IsSet("upto") && (upto == 0 || len(streams) > 1) {
+		return usageError(fmt.Errorf("--upto %d: give the last sequence to delete (1 or more) of one dead-letter stream; %d are configured (%s): pick one with --consumer",
+			upto, len(streams), strings.Join(names, ", ")))
+	}
+	if !c.Bool("yes") {
+		return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes, with --upto SEQ to keep those stored since", strings.Join(names, ", ")))
+	}
+	for _, s := range streams {
+		n, err := purgeDeadLetters(c, nc, s, upto)
+		if err != nil {
+			return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
+		}
+		what := ""
+		if s.consumer != "" {
+			what += " of consumer " + s.consumer
+		}
+		if upto > 0 {
+			what += fmt.Sprintf(" up to seq %d", upto)
+		}
+		fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", n, what, s.stream)
+	}
+	return nil
 }
 
 // purgeDeadLetters purges the dead letters of target (up to sequence upto
@@ -307,9 +358,8 @@ type dlqTarget struct{ stream, consumer string }
 
 // dlqStreams lists the dead-letter streams to look at: all configured, or
 // the one of consumer (filtered to its subjects). A consumer the config
-// does not have, or one without a dead-letter stream, is a usage error: a
-// mistyped --consumer used to list "0 dead letter(s)" and replay "0 of 0"
-// with exit 0, as if it had none.
+// does not have, or one without a dead-letter stream, is a usage error, so
+// that a mistyped --consumer does not read as one without dead letters.
 func dlqStreams(cfg *config.Config, consumer string) ([]dlqTarget, error) {
 	if consumer != "" {
 		cc := cfg.Consumers[consumer]

@@ -129,17 +129,17 @@ next:
 	return v, ok
 }
 
-func (o *opsInstance) status(t *testing.T) (statusOutput, e2eResult) {
+func (o *opsInstance) status(t *testing.T) (daemon.ClientStatus, e2eResult) {
 	t.Helper()
 	res := runHoldfast(t, nil, "status", "--config", o.cfg, "--json")
-	var out statusOutput
+	var out daemon.ClientStatus
 	if err := json.Unmarshal([]byte(res.stdout), &out); err != nil {
 		t.Fatalf("holdfast status --json exited %d with no JSON: %v\nstdout:\n%s\nstderr:\n%s", res.code, err, res.stdout, res.stderr)
 	}
 	return out, res
 }
 
-func findConsumer(t *testing.T, out statusOutput, name string) consumerOutput {
+func findConsumer(t *testing.T, out daemon.ClientStatus, name string) daemon.ConsumerStatus {
 	t.Helper()
 	for _, c := range out.Consumers {
 		if c.Name == name {
@@ -147,10 +147,10 @@ func findConsumer(t *testing.T, out statusOutput, name string) consumerOutput {
 		}
 	}
 	t.Fatalf("status has no consumer %s: %+v", name, out.Consumers)
-	return consumerOutput{}
+	return daemon.ConsumerStatus{}
 }
 
-func findStream(t *testing.T, out statusOutput, name string) streamOutput {
+func findStream(t *testing.T, out daemon.ClientStatus, name string) daemon.StreamStatus {
 	t.Helper()
 	for _, s := range out.Streams {
 		if s.Name == name {
@@ -158,7 +158,7 @@ func findStream(t *testing.T, out statusOutput, name string) streamOutput {
 		}
 	}
 	t.Fatalf("status has no stream %s: %+v", name, out.Streams)
-	return streamOutput{}
+	return daemon.StreamStatus{}
 }
 
 // A stream that keeps 10 messages and a consumer that reads nothing:
@@ -449,7 +449,7 @@ command = [%q]
 			t.Fatal(err)
 		}
 	}
-	var out statusOutput
+	var out daemon.ClientStatus
 	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
 		var res e2eResult
 		out, res = o.status(t)
