@@ -143,46 +143,8 @@ func publishOne(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) (*je
 // failure: every message reported stored got its PubAck.
 func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int, explain func(error) error) error {
 	const pubWindow = 256
-	progress := isTerminal(os.Stderr)
-	var stored, dups int
-	var first, last uint64
-	var stream string
+	t := &pubTally{progress: isTerminal(os.Stderr), count: count}
 	pending := make([]jetstream.PubAckFuture, 0, pubWindow)
-	// settle waits for every PubAck of the window, also after a failure:
-	// the later messages were sent, and those stored count in "failed
-	// after K stored" (it stopped at the first failure and undercounted).
-	settle := func() error {
-		var failed error
-		for _, f := range pending {
-			select {
-			case ack := <-f.Ok():
-				if ack.Duplicate {
-					dups++
-					continue
-				}
-				stored++
-				stream = ack.Stream
-				if first == 0 {
-					first = ack.Sequence
-				}
-				last = max(last, ack.Sequence)
-			case err := <-f.Err():
-				if failed == nil {
-					failed = err
-				}
-			case <-c.Context.Done():
-				return c.Context.Err()
-			}
-		}
-		pending = pending[:0]
-		if failed != nil {
-			return failed
-		}
-		if progress {
-			fmt.Fprintf(os.Stderr, "\rpublished %d/%d", stored+dups, count)
-		}
-		return nil
-	}
 	for i := 1; i <= count; i++ {
 		m := nats.NewMsg(msg.Subject)
 		m.Data = msg.Data
@@ -199,29 +161,76 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 		if err == nil && len(pending) < pubWindow && i < count {
 			continue
 		}
-		if serr := settle(); err == nil {
+		if serr := t.settle(c.Context, pending); err == nil {
 			err = serr
 		}
+		pending = pending[:0]
 		if err != nil {
-			if progress {
+			if t.progress {
 				fmt.Fprintln(os.Stderr)
 			}
-			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, stored, explain(err)))
+			return runtimeError(fmt.Errorf("publish to %s failed after %d stored: %w", msg.Subject, t.stored, explain(err)))
 		}
 	}
-	if progress {
+	if t.progress {
 		fmt.Fprintln(os.Stderr)
 	}
-	if stored > 0 {
-		fmt.Fprintf(c.App.Writer, "stored %d message(s) in %s as seq %d..%d", stored, stream, first, last)
-	} else {
-		fmt.Fprint(c.App.Writer, "stored 0 messages")
-	}
-	if dups > 0 {
-		fmt.Fprintf(c.App.Writer, ", %d duplicate(s) not stored again", dups)
-	}
-	fmt.Fprintln(c.App.Writer)
+	t.print(c.App.Writer)
 	return nil
+}
+
+// pubTally counts the PubAcks of publishMany.
+type pubTally struct {
+	progress     bool
+	count        int
+	stored, dups int
+	first, last  uint64
+	stream       string
+}
+
+// settle waits for every PubAck of pending, also after a failure: the
+// later messages were sent, and those stored count in "failed after K
+// stored". It returns the first failure.
+func (t *pubTally) settle(ctx context.Context, pending []jetstream.PubAckFuture) error {
+	var failed error
+	for _, f := range pending {
+		select {
+		case ack := <-f.Ok():
+			if ack.Duplicate {
+				t.dups++
+				continue
+			}
+			t.stored++
+			t.stream = ack.Stream
+			if t.first == 0 {
+				t.first = ack.Sequence
+			}
+			t.last = max(t.last, ack.Sequence)
+		case err := <-f.Err():
+			if failed == nil {
+				failed = err
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if failed == nil && t.progress {
+		fmt.Fprintf(os.Stderr, "\rpublished %d/%d", t.stored+t.dups, t.count)
+	}
+	return failed
+}
+
+// print writes the summary line of publishMany.
+func (t *pubTally) print(w io.Writer) {
+	if t.stored > 0 {
+		fmt.Fprintf(w, "stored %d message(s) in %s as seq %d..%d", t.stored, t.stream, t.first, t.last)
+	} else {
+		fmt.Fprint(w, "stored 0 messages")
+	}
+	if t.dups > 0 {
+		fmt.Fprintf(w, ", %d duplicate(s) not stored again", t.dups)
+	}
+	fmt.Fprintln(w)
 }
 
 // retryAdvice says how to publish again after a publish that may or may
