@@ -135,6 +135,26 @@ func (d *Daemon) Open(ctx context.Context) error {
 		d.notify.Status(msg)
 		d.http.setStep(msg)
 	}
+	if err := d.openServer(ctx); err != nil {
+		return err
+	}
+	if err := d.openConsumers(ctx); err != nil {
+		return err
+	}
+	if err := d.openMonitor(ctx); err != nil {
+		return err
+	}
+	d.http.setPhase(phaseReady)
+	d.startWatches()
+	d.log.Info("serving", "version", d.version, "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
+		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
+		"consumers", d.cfg.ConsumerNames(), "workers", d.cfg.TotalWorkers())
+	return nil
+}
+
+// openServer locks the store, opens the HTTP listener, starts the
+// embedded server and bootstraps the streams and consumers.
+func (d *Daemon) openServer(ctx context.Context) error {
 	// The store lock first: a second holdfast on the same store is told
 	// which process holds it, not that a port is in use.
 	if err := d.srv.PrepareStore(); err != nil {
@@ -161,6 +181,12 @@ func (d *Daemon) Open(ctx context.Context) error {
 		}
 		return err
 	}
+	return nil
+}
+
+// openConsumers opens the edge view, group commit and every consumer's
+// workers.
+func (d *Daemon) openConsumers(ctx context.Context) error {
 	var err error
 	if d.edge, err = d.openEdgeView(); err != nil {
 		return err
@@ -185,6 +211,11 @@ func (d *Daemon) Open(ctx context.Context) error {
 		d.setWorkers(append(d.workers, w))
 	}
 	d.workersOpened = true
+	return nil
+}
+
+// openMonitor opens the monitor and the status and reload subjects.
+func (d *Daemon) openMonitor(ctx context.Context) error {
 	d.monitor = monitor.New(d.srv.JetStream(), d.srv.Conn(), monitor.Options{
 		Streams:          d.cfg.StreamNames(),
 		Consumers:        d.monitoredConsumers(d.cfg),
@@ -209,14 +240,17 @@ func (d *Daemon) Open(ctx context.Context) error {
 	}
 	d.metrics.SetMonitor(d.monitor)
 	d.http.setMonitor(d.monitor)
+	var err error
 	if d.statusSub, err = serveStatus(d); err != nil {
 		return err
 	}
-	if d.reloadSub, err = serveReload(d); err != nil {
-		return err
-	}
-	d.http.setPhase(phaseReady)
+	d.reloadSub, err = serveReload(d)
+	return err
+}
 
+// startWatches starts the goroutines that watch the server, the config
+// on the server, memory and the store directory until Close.
+func (d *Daemon) startWatches() {
 	wctx, cancel := context.WithCancel(context.Background())
 	d.stopWatch = cancel
 	go d.watchServer(wctx)
@@ -227,10 +261,6 @@ func (d *Daemon) Open(ctx context.Context) error {
 			"what the store held is gone with it. Put the directory back (restore a backup) before starting holdfast again, "+
 			"or start it to begin with an empty store", err))
 	})
-	d.log.Info("serving", "version", d.version, "store_dir", d.srv.StoreDir(), "fs", d.srv.StoreFSType(), "sync", d.cfg.JetStream.Sync,
-		"client_url", d.srv.NATS().ClientURL(), "http", d.http.Addr(), "streams", d.cfg.StreamNames(),
-		"consumers", d.cfg.ConsumerNames(), "workers", d.cfg.TotalWorkers())
-	return nil
 }
 
 // watchServer closes failed when the NATS server stops on its own.
