@@ -25,11 +25,12 @@ func TestClusterPeersOnTheLeaderWhosePeersDied(t *testing.T) {
 	if leader == nil {
 		t.Fatal("no meta leader")
 	}
-	peers := clusterPeers(leader)
+	w := &peerWatch{}
+	peers := w.clusterPeers(leader)
 	// Every route up and every peer current, as the cluster settles.
 	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		if current, size, ok := peers(); !ok || current != 3 || size != 3 {
-			return fmt.Errorf("before: %d of %d current (ok %v), want 3 of 3", current, size, ok)
+		if p, ok := peers(); !ok || p.Current != 3 || p.Size != 3 {
+			return fmt.Errorf("before: %d of %d current (ok %v), want 3 of 3", p.Current, p.Size, ok)
 		}
 		return nil
 	})
@@ -40,14 +41,60 @@ func TestClusterPeersOnTheLeaderWhosePeersDied(t *testing.T) {
 		}
 	}
 	natstest.CheckFor(t, 3*time.Second, 50*time.Millisecond, func() error {
-		if current, size, _ := peers(); current != 1 || size != 3 {
-			return fmt.Errorf("the leader sees %d of %d nodes current, want 1 of 3", current, size)
+		if p, _ := peers(); p.Current != 1 || p.Size != 3 || len(p.Down) != 2 {
+			return fmt.Errorf("the leader sees %d of %d nodes current, %d down, want 1 of 3, 2 down", p.Current, p.Size, len(p.Down))
 		}
 		return nil
 	})
-	for _, p := range clusterView(leader).Peers {
+	for _, p := range w.clusterView(leader).Peers {
 		if p.Current {
 			t.Errorf("peer %s is current on the leader although it is down", p.Name)
 		}
+	}
+}
+
+// TestClusterPeerKilledIsDownEverywhere: a follower killed is down, with
+// when it was last seen, on the meta leader and on the other follower at
+// once: the leader's meta group marks it offline only much later, and the
+// leader showed it "lagging (0 behind)" meanwhile.
+func TestClusterPeerKilledIsDownEverywhere(t *testing.T) {
+	servers := natstest.RunCluster(t, 3)
+	var leader *server.Server
+	var followers []*server.Server
+	for _, s := range servers {
+		if s.JetStreamIsLeader() {
+			leader = s
+		} else {
+			followers = append(followers, s)
+		}
+	}
+	if leader == nil || len(followers) != 2 {
+		t.Fatal("no meta leader")
+	}
+	watches := map[*server.Server]*peerWatch{leader: {}, followers[1]: {}}
+	for s, w := range watches {
+		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if p, _ := w.clusterPeers(s)(); p.Current != 3 {
+				return fmt.Errorf("%s sees %d of 3 current before", s.Name(), p.Current)
+			}
+			return nil
+		})
+	}
+	killed := followers[0]
+	killed.Shutdown()
+	killed.WaitForShutdown()
+	for s, w := range watches {
+		natstest.CheckFor(t, 5*time.Second, 50*time.Millisecond, func() error {
+			p, _ := w.clusterPeers(s)()
+			if p.Current != 2 || len(p.Down) != 1 || p.Down[0].Name != killed.Name() || p.Down[0].Since.IsZero() {
+				return fmt.Errorf("%s: %d of %d current, down %+v; want 2 current and %s down with a last-seen time", s.Name(), p.Current, p.Size, p.Down, killed.Name())
+			}
+			for _, ps := range w.clusterView(s).Peers {
+				if ps.Name == killed.Name() && (!ps.Offline || ps.Current) {
+					return fmt.Errorf("%s shows %s as %+v, want offline", s.Name(), ps.Name, ps)
+				}
+			}
+			return nil
+		})
 	}
 }

@@ -36,6 +36,7 @@ type Daemon struct {
 	http      *httpServer
 	metrics   *monitor.Metrics
 	srv       *embedded.Server
+	peers     peerWatch  // when this node last had a route to each cluster peer
 	workersMu sync.Mutex // guards workers: Healthy reads it from the watchdog
 	workers   []*pipeline.Workers
 	// stats are each consumer's counters, kept for the life of the
@@ -229,7 +230,7 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 		Diagnose:         d.srv.ProbeStoreWritable,
 		StoreWriteErrors: d.srv.StoreWriteErrors,
 		ServerName:       d.cfg.Server.Name,
-		ClusterPeers:     clusterPeers(d.srv.NATS()),
+		ClusterPeers:     d.peers.clusterPeers(d.srv.NATS()),
 		ClusterNodes:     d.srv.ClusterNodes(),
 		Degraded:         d.edge.Problems,
 		Warnings:         d.warnings,

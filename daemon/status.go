@@ -64,7 +64,7 @@ func serveStatus(d *Daemon) (*nats.Subscription, error) {
 			HTTPListen: d.http.Addr(),
 			FailOnLoss: cfg.HTTP.FailOnLoss,
 			Report:     d.monitor.CheckNow(ctx),
-			Cluster:    clusterView(d.srv.NATS()),
+			Cluster:    d.peers.clusterView(d.srv.NATS()),
 			Leafnodes:  d.edge.Status(ctx),
 		}
 		reply.Health = d.monitor.Health()

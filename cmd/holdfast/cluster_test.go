@@ -399,11 +399,38 @@ func TestClusterSurvivesLeaderKill(t *testing.T) {
 		t.Fatalf("only %d of %d publishes acknowledged", len(acked), total)
 	}
 
+	// Each survivor shows the killed node down, with when it last had a
+	// route to it, and is degraded: one more node lost loses the quorum.
+	for i, nd := range nodes {
+		if i == leader {
+			continue
+		}
+		natstest.CheckFor(t, 30*time.Second, 250*time.Millisecond, func() error {
+			res := runHoldfast(t, nil, "status", "--config", nd.cfg)
+			if want := "peer     " + nodes[leader].name + ": down (no route since "; !strings.Contains(res.stdout, want) {
+				return fmt.Errorf("%s's status does not say %q:\n%s", nd.name, want, res.stdout)
+			}
+			code, status, reason, err := clusterHealth(nd)
+			if err != nil || code != 200 || status != "degraded" || !strings.Contains(reason, "can survive no further node loss") {
+				return fmt.Errorf("%s's /healthz: %d %s %q %v", nd.name, code, status, reason, err)
+			}
+			return nil
+		})
+	}
+
 	// The killed node comes back and catches up.
 	nodes[leader].proc = startHoldfast(t, nodes[leader].cfg)
 	nodes[leader].proc.waitReadyWithin(2 * time.Minute)
 	survivor := conns[(leader+1)%len(nodes)]
 	waitReplicasCurrent(t, survivor, "ORDERS", 3)
+	for _, nd := range nodes {
+		natstest.CheckFor(t, 30*time.Second, 250*time.Millisecond, func() error {
+			if code, status, reason, err := clusterHealth(nd); err != nil || code != 200 || status != "ok" {
+				return fmt.Errorf("%s's /healthz once the node is back: %d %s %q %v", nd.name, code, status, reason, err)
+			}
+			return nil
+		})
+	}
 	// Its own replica was behind the cluster's when it came back: that is
 	// no data loss (the data-loss check asks the cluster, not the disk).
 	if log := nodes[leader].proc.stderr.String(); strings.Contains(log, "data loss") || strings.Contains(log, "store state lost") {
@@ -664,7 +691,7 @@ func TestClusterNodeReplacedUnderANewName(t *testing.T) {
 		})
 	}
 	res := runHoldfast(t, nil, "status", "--config", nodes[0].cfg)
-	if !strings.Contains(res.stdout, "peer     n3: offline") || !strings.Contains(res.stdout+res.stderr, "raft peer-remove") {
+	if !strings.Contains(res.stdout, "peer     n3: down") || !strings.Contains(res.stdout+res.stderr, "raft peer-remove") {
 		t.Fatalf("holdfast status on n1 does not show the lingering n3:\n%s%s", res.stdout, res.stderr)
 	}
 
@@ -1044,7 +1071,7 @@ func TestClusterRoutesNameOnlyTheOthers(t *testing.T) {
 	nodes[2].proc.stop()
 	for _, nd := range nodes[:2] {
 		natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
-			if res := runHoldfast(t, nil, "status", "--config", nd.cfg); !strings.Contains(res.stdout, "peer     n3: offline") {
+			if res := runHoldfast(t, nil, "status", "--config", nd.cfg); !strings.Contains(res.stdout, "peer     n3: down") {
 				return fmt.Errorf("holdfast status on %s does not show n3 offline yet:\n%s%s", nd.name, res.stdout, res.stderr)
 			}
 			return nil

@@ -126,7 +126,7 @@ func printCluster(w io.Writer, c *daemon.ClusterStatus) {
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "Cluster    %s: this node %s, meta leader %s, %d node(s), %d route(s)\n", orDash(c.Name), c.Node, orDash(c.MetaLeader), c.Size, c.Routes)
 	for _, p := range c.Peers {
-		fmt.Fprintf(w, "  peer     %s: %s\n", p.Name, replicaText(p.Current, p.Offline, p.Lag))
+		fmt.Fprintf(w, "  peer     %s: %s\n", p.Name, peerText(p, time.Now()))
 	}
 }
 
@@ -296,7 +296,19 @@ func formatBytes(n int64) string {
 	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
-// replicaText describes a cluster peer or stream replica.
+// peerText describes a cluster peer: down (since when), current or
+// lagging.
+func peerText(p daemon.PeerStatus, now time.Time) string {
+	switch {
+	case p.Offline && !p.DownSince.IsZero():
+		return fmt.Sprintf("down (no route since %s, %s ago)", p.DownSince.Format(time.RFC3339), now.Sub(p.DownSince).Round(time.Second))
+	case p.Offline:
+		return "down (no route since this node started)"
+	}
+	return replicaText(p.Current, false, p.Lag)
+}
+
+// replicaText describes a stream replica.
 func replicaText(current, offline bool, lag uint64) string {
 	switch {
 	case offline:

@@ -3,6 +3,7 @@ package monitor
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -108,8 +109,12 @@ func (m *Monitor) evaluate(r *Report) Health {
 		}
 		unreachable = problem
 	}
+	if c := r.Cluster; c.LastQuorum() && !c.Lingering() {
+		problem("%d of the %d nodes of the cluster are up (down: %s): the cluster can survive no further node loss; bring the node back, or replace it",
+			c.Size-len(c.Down), c.Size, downText(c.Down, r.Time))
+	}
 	if c := r.Cluster; c.Lingering() {
-		problem("the cluster counts %d nodes, %d of them current, but cluster.routes names %d: a node replaced under another name (or taken away) is still a member, the streams keep a replica on it and one more node down loses the quorum; once it will not come back, remove it: nats --user system server raft peer-remove NAME (the peer holdfast status shows offline)",
+		problem("the cluster counts %d nodes, %d of them current, but cluster.routes names %d: a node replaced under another name (or taken away) is still a member, the streams keep a replica on it and one more node down loses the quorum; once it will not come back, remove it: nats --user system server raft peer-remove NAME (the peer holdfast status shows down)",
 			c.Size, c.Current, c.Configured)
 	}
 	if r.JetStream.Diagnosis != "" {
@@ -207,4 +212,20 @@ func (m *Monitor) evaluate(r *Report) Health {
 		h.Reason = h.Problems[0]
 	}
 	return h
+}
+
+// downText names the down peers with how long ago each was last seen.
+func downText(down []DownPeer, now time.Time) string {
+	if len(down) == 0 {
+		return "unknown"
+	}
+	var parts []string
+	for _, d := range down {
+		if d.Since.IsZero() || now.IsZero() {
+			parts = append(parts, d.Name)
+			continue
+		}
+		parts = append(parts, fmt.Sprintf("%s, last seen %s ago", d.Name, now.Sub(d.Since).Round(time.Second)))
+	}
+	return strings.Join(parts, "; ")
 }

@@ -21,8 +21,10 @@ func TestHealthInCluster(t *testing.T) {
 	}{
 		{"all current", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
 			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
-		{"one peer lost, quorum kept", Report{Cluster: &ClusterView{Current: 2, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+		{"one peer catching up, quorum kept", Report{Cluster: &ClusterView{Current: 2, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
 			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
+		{"one peer down, quorum kept", Report{Cluster: &ClusterView{Current: 2, Size: 3, Down: []DownPeer{{Name: "n3"}}}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthDegraded, "can survive no further node loss"},
 		{"minority: the API does not answer", Report{Cluster: &ClusterView{Current: 1, Size: 3, IsolatedFor: 5 * time.Second},
 			JetStream: JetStreamStatus{Error: timeout},
 			Streams:   []StreamStatus{{Name: "ORDERS", Error: timeout}},
@@ -70,7 +72,7 @@ func TestHealthInCluster(t *testing.T) {
 // replica's time behind the leader likewise.
 func TestClusterViewTracksIsolation(t *testing.T) {
 	current := 1
-	m := &Monitor{opts: Options{ServerName: "n2", ClusterPeers: func() (int, int, bool) { return current, 3, true }}}
+	m := &Monitor{opts: Options{ServerName: "n2", ClusterPeers: func() (Peers, bool) { return Peers{Current: current, Size: 3}, true }}}
 	t0 := time.Now()
 	if v := m.clusterView(t0); !v.NoQuorum() || v.IsolatedFor != 0 {
 		t.Fatalf("first isolated check: %+v", v)
@@ -86,7 +88,7 @@ func TestClusterViewTracksIsolation(t *testing.T) {
 	if v := m.clusterView(t0.Add(92 * time.Second)); v.IsolatedFor != 0 {
 		t.Fatalf("isolated again: the time starts again, got %s", v.IsolatedFor)
 	}
-	single := &Monitor{opts: Options{ClusterPeers: func() (int, int, bool) { return 0, 0, false }}}
+	single := &Monitor{opts: Options{ClusterPeers: func() (Peers, bool) { return Peers{}, false }}}
 	if v := single.clusterView(t0); v != nil || v.NoQuorum() {
 		t.Fatalf("single node: %+v", v)
 	}
@@ -107,5 +109,32 @@ func TestClusterViewTracksIsolation(t *testing.T) {
 	}
 	if st := behind(false, 42*time.Second); st.BehindFor != 0 {
 		t.Fatalf("behind again: the time starts again, got %s", st.BehindFor)
+	}
+}
+
+// TestHealthLastQuorum: a cluster that keeps its quorum with one node
+// down is degraded, naming the node and when it was last seen; with every
+// node current, or outside the quorum, this rule says nothing.
+func TestHealthLastQuorum(t *testing.T) {
+	now := time.Now()
+	m := &Monitor{}
+	report := func(current, size int, down ...DownPeer) *Report {
+		return &Report{Time: now, JetStream: JetStreamStatus{Enabled: true}, Cluster: &ClusterView{Current: current, Size: size, Down: down}}
+	}
+	h := m.evaluate(report(2, 3, DownPeer{Name: "n1", Since: now.Add(-65 * time.Second)}))
+	if h.Status != HealthDegraded || !strings.Contains(h.Reason, "can survive no further node loss") || !strings.Contains(h.Reason, "n1, last seen 1m5s ago") {
+		t.Errorf("one of three down: %s, %q", h.Status, h.Reason)
+	}
+	if h := m.evaluate(report(3, 5, DownPeer{Name: "n4"}, DownPeer{Name: "n5"})); h.Status != HealthDegraded || !strings.Contains(h.Reason, "down: n4; n5") {
+		t.Errorf("two of five down: %s, %q", h.Status, h.Reason)
+	}
+	if h := m.evaluate(report(4, 5, DownPeer{Name: "n5"})); strings.Contains(h.Reason+strings.Join(h.Problems, " "), "no further node loss") {
+		t.Errorf("one of five down: %q %q", h.Reason, h.Problems)
+	}
+	if h := m.evaluate(report(3, 3)); h.Status != HealthOK {
+		t.Errorf("all current: %s, %q", h.Status, h.Reason)
+	}
+	if h := m.evaluate(report(2, 3)); h.Status != HealthOK {
+		t.Errorf("a peer back and catching up: %s, %q", h.Status, h.Reason)
 	}
 }

@@ -248,9 +248,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 
 	if f := mon.opts.ClusterPeers; f != nil {
-		if current, size, ok := f(); ok {
-			metric(descClusterPeers, prometheus.GaugeValue, float64(current))
-			metric(descClusterSize, prometheus.GaugeValue, float64(size))
+		if p, ok := f(); ok {
+			metric(descClusterPeers, prometheus.GaugeValue, float64(p.Current))
+			metric(descClusterSize, prometheus.GaugeValue, float64(p.Size))
 		}
 	}
 	streamState := func(s StreamStatus) {

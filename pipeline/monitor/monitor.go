@@ -80,9 +80,10 @@ type Options struct {
 	// reported as such (holdfast_stream_leader).
 	ServerName string
 	// ClusterPeers, when set, tells how many nodes of the JetStream
-	// cluster this one sees current (itself included) and how many the
-	// cluster has; ok is false on a single node.
-	ClusterPeers func() (current, size int, ok bool)
+	// cluster this one sees current (itself included), how many the
+	// cluster has and which peers it sees down; ok is false on a single
+	// node.
+	ClusterPeers func() (p Peers, ok bool)
 	// ClusterNodes is how many nodes the config's cluster.routes name
 	// with this one (which the routes may or may not name):
 	// a cluster whose meta group counts more, one of them not current,
@@ -392,6 +393,8 @@ type ClusterView struct {
 	// Configured is the number of nodes cluster.routes names (0 when
 	// unknown).
 	Configured int `json:"configured,omitempty"`
+	// Down are the peers this node has no route to.
+	Down []DownPeer `json:"down,omitempty"`
 }
 
 // Lingering tells whether the meta group counts more nodes than the
@@ -400,6 +403,34 @@ type ClusterView struct {
 // on it, and the meta group needs a majority of all its members.
 func (c *ClusterView) Lingering() bool {
 	return c != nil && c.Configured > 0 && c.Size > c.Configured && c.Current < c.Size
+}
+
+// Peers is this node's count of its JetStream cluster.
+type Peers struct {
+	// Current counts the nodes this one sees current, itself included;
+	// Size is the number of nodes of the cluster.
+	Current, Size int
+	// Down are the peers this node has no route to.
+	Down []DownPeer
+}
+
+// DownPeer is a peer this node has no route to.
+type DownPeer struct {
+	Name string `json:"name"`
+	// Since is when this node last saw it (zero when unknown: down since
+	// this node started).
+	Since time.Time `json:"since,omitzero"`
+}
+
+// LastQuorum tells whether the cluster keeps its quorum with some peers
+// down (no route to them) but would lose it with one more. A peer that is
+// back and catching up is not down.
+func (c *ClusterView) LastQuorum() bool {
+	if c == nil || c.Size <= 1 || len(c.Down) == 0 || c.NoQuorum() {
+		return false
+	}
+	up := c.Size - len(c.Down)
+	return up*2 > c.Size && (up-1)*2 <= c.Size
 }
 
 // NoQuorum tells whether this node is outside a majority of its cluster.
@@ -667,13 +698,13 @@ func (m *Monitor) clusterView(now time.Time) *ClusterView {
 	if m.opts.ClusterPeers == nil {
 		return nil
 	}
-	current, size, ok := m.opts.ClusterPeers()
-	if !ok || size <= 1 {
+	p, ok := m.opts.ClusterPeers()
+	if !ok || p.Size <= 1 {
 		m.isolatedSince = time.Time{}
 		return nil
 	}
-	v := &ClusterView{Current: current, Size: size, Configured: m.opts.ClusterNodes}
-	if current > 1 {
+	v := &ClusterView{Current: p.Current, Size: p.Size, Configured: m.opts.ClusterNodes, Down: p.Down}
+	if p.Current > 1 {
 		m.isolatedSince = time.Time{}
 		return v
 	}
