@@ -24,14 +24,17 @@ nats-cli:
 run: build nats-cli
 	./bin/holdfast run
 
-# Tests run in parallel within a package up to this many at once. Most
-# end-to-end tests wait on subprocesses, elections and timers rather than
-# on the CPU: 4 at once on 2 cores keeps them well inside their deadlines.
+# Tests run in parallel within a package up to TEST_PARALLEL at once, and
+# up to TEST_PACKAGES packages at once. Most tests wait on subprocesses,
+# elections and timers rather than on the CPU: 4 and 4 on 2 cores keep
+# them well inside their deadlines, and the long end-to-end package
+# (cmd/holdfast) no longer holds the workers' package back until it ends.
 TEST_PARALLEL ?= 4
+TEST_PACKAGES ?= 4
 
 ## test: gofmt check, go vet, staticcheck, go mod tidy check, go test -race (then every skipped test with its reason)
 test: fmt-check vet staticcheck tidy-check
-	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -timeout 20m -json ./... | $(GO) run ./internal/testreport
+	set -o pipefail; CGO_ENABLED=1 $(GO) test -race -count=1 -p $(TEST_PACKAGES) -parallel $(TEST_PARALLEL) -timeout 20m -json ./... | $(GO) run ./internal/testreport
 
 test-short: 
 	CGO_ENABLED=1 $(GO) test -race -short -count=1 ./...
