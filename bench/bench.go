@@ -29,6 +29,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -302,7 +303,7 @@ func groupCommitMode(mode string) (string, bool) {
 	return sync, gc
 }
 
-func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, store *embedded.StoreDirCheck, err error) {
+func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, checked *store.DirCheck, err error) {
 	p := b.Params
 	run.Sync = mode
 	mode, groupCommit := groupCommitMode(mode)
@@ -328,17 +329,17 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 		return run, nil, err
 	}
 	defer srv.Close(context.Background())
-	store, err = embedded.CheckStoreDir(srv.StoreDir(), false, 0)
+	checked, err = store.CheckDir(srv.StoreDir(), false, 0)
 	if err != nil {
 		return run, nil, err
 	}
 	if err := bootstrap.Apply(ctx, srv.JetStream(), cfg, b.Log); err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	if groupCommit {
 		gc, err := b.openGroupCommit(ctx, srv, cfg)
 		if err != nil {
-			return run, store, err
+			return run, checked, err
 		}
 		defer func() {
 			st := gc.Stats()
@@ -350,42 +351,42 @@ func (b *Bencher) local(ctx context.Context, parent, mode string) (run SyncRun, 
 
 	f, err := b.publishAsync(ctx, url, benchDrainSubject, p.Msgs, "publish async", nil)
 	if err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	run.Figures = append(run.Figures, f)
 	if f, err = b.publishSync(ctx, url, benchSyncSubject, p.Msgs); err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	run.Figures = append(run.Figures, f)
 	if f, err = b.consume(ctx, srv, cfg); err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	run.Figures = append(run.Figures, f)
 	if f, err = b.bareConsume(ctx, srv); err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	run.Figures = append(run.Figures, f)
 	// A separate in-process connection sees the workers' acks, for the
 	// latencies; only from here on, so that "consume" does not pay for it.
 	acks, err := newAckWatcher(srv.NATS())
 	if err != nil {
-		return run, store, err
+		return run, checked, err
 	}
 	defer acks.close()
 	for _, h := range p.Handlers {
 		f, err := b.endToEnd(ctx, srv, cfg, url, h, acks)
 		if err != nil {
-			return run, store, fmt.Errorf("e2e %s: %w", h, err)
+			return run, checked, fmt.Errorf("e2e %s: %w", h, err)
 		}
 		run.Figures = append(run.Figures, f)
 		if h == "noop" {
 			if f, err = b.bareEndToEnd(ctx, srv, url); err != nil {
-				return run, store, err
+				return run, checked, err
 			}
 			run.Figures = append(run.Figures, f)
 		}
 	}
-	return run, store, nil
+	return run, checked, nil
 }
 
 // benchGroupCommit is the bench stream's ingest and its connection.

@@ -16,6 +16,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // The server itself restarts "ready" after losing a stream to a power cut
@@ -25,15 +27,6 @@ import (
 // holdfast therefore records, durably, what every file stream held and
 // where every consumer stood, and compares at the next start, before the
 // bootstrap.
-
-// StateFileName is the file in the store dir where holdfast records each
-// stream's last sequence and each consumer's ack floor. Removing it makes
-// the next start accept whatever the store holds.
-const StateFileName = "holdfast-state.json"
-
-// OrphanDirName is the directory in the store dir where the data directory
-// of a vanished stream is moved before the stream is created anew.
-const OrphanDirName = "holdfast-orphans"
 
 // DefaultStateInterval is how often a running holdfast reads the state,
 // and records it when it changed.
@@ -187,7 +180,7 @@ func (e *DataLossError) Unwrap() error { return ErrDataLoss }
 // ReadStoreState reads the recorded state in dir; it returns nil and no
 // error when nothing was recorded yet.
 func ReadStoreState(dir string) (*StoreState, error) {
-	path := filepath.Join(dir, StateFileName)
+	path := filepath.Join(dir, store.StateFileName)
 	b, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -229,7 +222,7 @@ func WriteStoreState(dir string, st *StoreState) error {
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, StateFileName)
+	path := filepath.Join(dir, store.StateFileName)
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
 	if err != nil {
@@ -431,7 +424,7 @@ func moveOrphan(storeDir, stream string, now time.Time) (string, error) {
 	var moved []string
 	for _, dir := range dirs {
 		account := filepath.Base(filepath.Dir(filepath.Dir(dir)))
-		destDir := filepath.Join(storeDir, OrphanDirName)
+		destDir := filepath.Join(storeDir, store.OrphanDirName)
 		if err := os.MkdirAll(destDir, 0o750); err != nil {
 			return "", err
 		}
@@ -468,7 +461,7 @@ func orphanDirs(storeDir, stream string) ([]string, error) {
 		return nil, fmt.Errorf("cannot look for the data directory of stream %q: not a valid stream name", stream)
 	}
 	root := filepath.Join(storeDir, "jetstream")
-	accounts, err := storeAccounts(root)
+	accounts, err := store.Accounts(root)
 	if err != nil {
 		return nil, fmt.Errorf("cannot look for the data directory of vanished stream %s: %w", stream, err)
 	}
@@ -539,7 +532,7 @@ func (s *Server) checkDataLoss(ctx context.Context) error {
 		for _, l := range losses {
 			s.logLoss(l, recorded.Written)
 		}
-		return &DataLossError{Losses: losses, StateFile: filepath.Join(dir, StateFileName)}
+		return &DataLossError{Losses: losses, StateFile: filepath.Join(dir, store.StateFileName)}
 	}
 	at := time.Now()
 	for i, l := range losses {

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -132,7 +133,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 	if logged := lb.String(); !strings.Contains(logged, "stream not checked for data loss") || !strings.Contains(logged, "stream=ONE") {
 		t.Errorf("the log does not say that stream ONE could not be checked:\n%s", lb.String())
 	}
-	if _, err := os.Stat(filepath.Join(dir, OrphanDirName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, store.OrphanDirName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("something was moved aside: %v", err)
 	}
 	// The recorder keeps ONE's position while it is unavailable.
@@ -378,7 +379,7 @@ func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 	for i, c := range cfgs {
-		if _, err := os.Stat(filepath.Join(c.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+		if _, err := os.Stat(filepath.Join(c.JetStream.StoreDir, store.EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s keeps copies: %v", c.Server.Name, err)
 		}
 		if !strings.Contains(logs[i].String(), "without the copy a single node keeps") {

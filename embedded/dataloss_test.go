@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
@@ -139,7 +140,7 @@ func TestStreamGoneBackwardsRefuses(t *testing.T) {
 	if !errors.Is(err, ErrDataLoss) || !errors.As(err, &dle) {
 		t.Fatalf("Open = %v, want a DataLossError", err)
 	}
-	for _, want := range []string{"stream ORDERS went backwards", "10 recorded, 3 found", "on_data_loss = \"warn\"", StateFileName} {
+	for _, want := range []string{"stream ORDERS went backwards", "10 recorded, 3 found", "on_data_loss = \"warn\"", store.StateFileName} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error does not say %q: %v", want, err)
 		}
@@ -177,8 +178,8 @@ func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
 		t.Fatalf("losses = %+v, want ORDERS vanished with 4 messages, moved aside", losses)
 	}
 	moved := losses[0].MovedTo
-	if !strings.HasPrefix(moved, filepath.Join(dir, OrphanDirName)) {
-		t.Errorf("moved to %s, want under %s", moved, OrphanDirName)
+	if !strings.HasPrefix(moved, filepath.Join(dir, store.OrphanDirName)) {
+		t.Errorf("moved to %s, want under %s", moved, store.OrphanDirName)
 	}
 	if _, err := os.Stat(filepath.Join(moved, "msgs")); err != nil {
 		t.Errorf("orphaned messages not kept: %v", err)
@@ -251,10 +252,10 @@ func TestStoreStateFile(t *testing.T) {
 	if err != nil || got.Streams["A"].LastSeq != 9 {
 		t.Fatalf("read back %+v, %v", got, err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, StateFileName+".tmp")); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, store.StateFileName+".tmp")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("temp file left behind")
 	}
-	if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte("{garbage"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, store.StateFileName), []byte("{garbage"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := ReadStoreState(dir); err == nil || !strings.Contains(err.Error(), "remove it") {
@@ -451,7 +452,7 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
+	path := filepath.Join(cfg.JetStream.StoreDir, store.StateFileName)
 	// Each write renames a new file over the old one: a new inode.
 	inode := func() uint64 {
 		fi, err := os.Stat(path)
@@ -503,7 +504,7 @@ func TestStateFileWithInvalidNames(t *testing.T) {
 		cfg := testConfig(t)
 		s, _ := lossServer(t, cfg, 3)
 		closeServer(t, s)
-		path := filepath.Join(cfg.JetStream.StoreDir, StateFileName)
+		path := filepath.Join(cfg.JetStream.StoreDir, store.StateFileName)
 		if err := os.WriteFile(path, []byte(body), 0o640); err != nil {
 			t.Fatal(err)
 		}

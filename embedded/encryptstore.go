@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // The server encrypts a stream kept in clear text in place, at the first
@@ -26,10 +27,6 @@ import (
 // aside before such a start, puts the copies back if the start did not
 // finish, and removes them once the server has encrypted every one.
 
-// EncryptingDirName is the directory in the store dir holding the copies
-// of the clear-text streams while the server encrypts them.
-const EncryptingDirName = "holdfast-encrypting"
-
 // encryptingComplete marks a finished copy: without it the copy is
 // incomplete, and the server never started on the streams it copied.
 const encryptingComplete = "COPY-COMPLETE"
@@ -38,12 +35,12 @@ const encryptingComplete = "COPY-COMPLETE"
 // <name>) that hold a stream in clear text: metadata and no key file.
 func clearStreams(jsDir string) ([]string, error) {
 	var out []string
-	accounts, err := storeAccounts(jsDir)
+	accounts, err := store.Accounts(jsDir)
 	if err != nil {
 		return nil, err
 	}
 	for _, a := range accounts {
-		streams, err := accountStreams(filepath.Join(jsDir, a))
+		streams, err := store.AccountStreams(filepath.Join(jsDir, a))
 		if err != nil {
 			return nil, err
 		}
@@ -110,7 +107,7 @@ func convertingStreams(jsDir, key string, sc server.StoreCipher) (clear, other [
 // start that did not finish, and removes the directory. It returns the
 // streams put back.
 func restoreClearCopies(storeDir string) ([]string, error) {
-	dir := filepath.Join(storeDir, EncryptingDirName)
+	dir := filepath.Join(storeDir, store.EncryptingDirName)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	}
@@ -171,9 +168,9 @@ func copyClearStreams(storeDir string, clear, other []string, free int64) error 
 	if need+need/10 > free {
 		return fmt.Errorf("cannot convert the store's %d stream(s) to encrypted or to the configured cipher safely: the copy kept while the server converts them needs %s and %s is free in %s; "+
 			"free space, or back up (holdfast backup), start an empty store with the key and restore the backup into it",
-			len(dirs), humanBytes(need), humanBytes(free), storeDir)
+			len(dirs), store.HumanBytes(need), store.HumanBytes(free), storeDir)
 	}
-	dir := filepath.Join(storeDir, EncryptingDirName)
+	dir := filepath.Join(storeDir, store.EncryptingDirName)
 	for _, d := range dirs {
 		account := filepath.Base(filepath.Dir(filepath.Dir(d)))
 		if err := copyTree(d, filepath.Join(dir, account, filepath.Base(d))); err != nil {
@@ -375,7 +372,7 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 	sort.Strings(names)
 	s.log.Info("the server converts streams at this start (clear text to encrypted, or to jetstream.encryption_cipher): "+
 		"a copy is kept until it has converted them all", "streams", strings.Join(names, ","), "cipher", js.EncryptionCipher,
-		"copy", filepath.Join(s.store.Path, EncryptingDirName))
+		"copy", filepath.Join(s.store.Path, store.EncryptingDirName))
 	return names, nil
 }
 
@@ -390,7 +387,7 @@ func (s *Server) finishEncrypting(names []string, key string) error {
 		return nil
 	}
 	sc := storeCipher(s.cfg.JetStream.EncryptionCipher)
-	dir := filepath.Join(s.store.Path, EncryptingDirName)
+	dir := filepath.Join(s.store.Path, store.EncryptingDirName)
 	accounts, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("cannot list %s: %w", dir, err)

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // nats-server (v2.15.2) deletes the whole directory of a stream it fails
@@ -22,16 +24,12 @@ import (
 // start, all of them intact before it.
 //
 // So before the server starts, holdfast hard-links every file of every
-// stream directory into RecoveryLinksDirName (no data is copied), and
+// stream directory into store.RecoveryLinksDirName (no data is copied), and
 // once the server is ready it puts back what the server deleted. A
 // failure that comes from the host (StreamLoadFailure.Environmental)
 // stops the start-up with the data in place; another one (a damaged
 // stream) leaves the deleted stream's files in holdfast-orphans for the
 // data-loss check to report.
-
-// RecoveryLinksDirName is the directory in the store dir that holds hard
-// links to the streams' files while the server recovers them.
-const RecoveryLinksDirName = "holdfast-recovery-links"
 
 // recoveryGuard is the set of stream directories linked before a start.
 type recoveryGuard struct {
@@ -50,12 +48,12 @@ func (g *recoveryGuard) leftDir() string {
 }
 
 // guardStreams links every stream directory of the store's JetStream
-// directory into RecoveryLinksDirName. What an earlier start left there
+// directory into store.RecoveryLinksDirName. What an earlier start left there
 // (killed while the server recovered) is dealt with first: a stream the
 // server deleted then is put back. It returns nil when there is nothing to
 // guard or linking is impossible (logged: the start goes on unguarded).
 func guardStreams(storeDir string, log *slog.Logger) (*recoveryGuard, error) {
-	g := &recoveryGuard{storeDir: storeDir, dir: filepath.Join(storeDir, RecoveryLinksDirName)}
+	g := &recoveryGuard{storeDir: storeDir, dir: filepath.Join(storeDir, store.RecoveryLinksDirName)}
 	if err := os.RemoveAll(g.trash()); err != nil {
 		return nil, fmt.Errorf("cannot remove %s: %w", g.trash(), err)
 	}
@@ -72,7 +70,7 @@ func guardStreams(storeDir string, log *slog.Logger) (*recoveryGuard, error) {
 			return nil, err
 		}
 		if len(restored) > 0 {
-			log.Warn("stream directories deleted by the server during an interrupted start-up were put back from "+RecoveryLinksDirName,
+			log.Warn("stream directories deleted by the server during an interrupted start-up were put back from "+store.RecoveryLinksDirName,
 				"streams", restored)
 		}
 		g.streams = nil
@@ -99,13 +97,13 @@ func guardStreams(storeDir string, log *slog.Logger) (*recoveryGuard, error) {
 
 // listGuarded lists <account>/streams/<stream> under root.
 func listGuarded(root string) ([]string, error) {
-	accounts, err := storeAccounts(root)
+	accounts, err := store.Accounts(root)
 	if err != nil {
 		return nil, err
 	}
 	var out []string
 	for _, a := range accounts {
-		names, err := accountStreams(filepath.Join(root, a))
+		names, err := store.AccountStreams(filepath.Join(root, a))
 		if err != nil {
 			return nil, err
 		}
@@ -218,11 +216,11 @@ func (g *recoveryGuard) restore(dest func(rel string) string, replace func(rel s
 
 // trash is where the links go once they are no longer needed.
 func (g *recoveryGuard) trash() string {
-	return filepath.Join(g.storeDir, RecoveryLinksDirName+".done")
+	return filepath.Join(g.storeDir, store.RecoveryLinksDirName+".done")
 }
 
 // errGuardLeft: the links could not all be removed; the next start does.
-var errGuardLeft = errors.New("cannot remove " + RecoveryLinksDirName + " (the next start removes it)")
+var errGuardLeft = errors.New("cannot remove " + store.RecoveryLinksDirName + " (the next start removes it)")
 
 // finish is called once the server recovered the store. A stream the
 // server deleted for a reason of the host is put back in place and the
@@ -255,7 +253,7 @@ func (g *recoveryGuard) finish(failures map[string]StreamLoadFailure, log *slog.
 			return g.live(rel)
 		}
 		account := filepath.Base(filepath.Dir(filepath.Dir(rel)))
-		dest := filepath.Join(g.storeDir, OrphanDirName, fmt.Sprintf("%s.%s.%s.deleted-by-server", account, name, at))
+		dest := filepath.Join(g.storeDir, store.OrphanDirName, fmt.Sprintf("%s.%s.%s.deleted-by-server", account, name, at))
 		rescued[name] = dest
 		return dest
 	}, func(rel string) bool { return env && failed[filepath.Base(rel)] })

@@ -6,20 +6,22 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // guardedStore makes a store with one stream directory holding a block.
-func guardedStore(t *testing.T) (store, live string) {
+func guardedStore(t *testing.T) (storeDir, live string) {
 	t.Helper()
-	store = t.TempDir()
-	live = filepath.Join(store, "jetstream", "$G", "streams", "ORDERS")
+	storeDir = t.TempDir()
+	live = filepath.Join(storeDir, "jetstream", "$G", "streams", "ORDERS")
 	if err := os.MkdirAll(filepath.Join(live, "msgs"), 0o750); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(live, "msgs", "1.blk"), []byte("acknowledged"), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	return store, live
+	return storeDir, live
 }
 
 func wantBlock(t *testing.T, dir string) {
@@ -33,8 +35,8 @@ func wantBlock(t *testing.T, dir string) {
 func TestRecoveryGuard(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	t.Run("nothing deleted: links removed", func(t *testing.T) {
-		store, live := guardedStore(t)
-		g, err := guardStreams(store, log)
+		storeDir, live := guardedStore(t)
+		g, err := guardStreams(storeDir, log)
 		if err != nil || g == nil {
 			t.Fatalf("guardStreams: %v, %v", g, err)
 		}
@@ -43,13 +45,13 @@ func TestRecoveryGuard(t *testing.T) {
 			t.Fatalf("finish: %v, %v", rescued, err)
 		}
 		wantBlock(t, live)
-		if _, err := os.Lstat(filepath.Join(store, RecoveryLinksDirName)); !os.IsNotExist(err) {
+		if _, err := os.Lstat(filepath.Join(storeDir, store.RecoveryLinksDirName)); !os.IsNotExist(err) {
 			t.Errorf("links left: %v", err)
 		}
 	})
 	t.Run("deleted for a host cause: put back, start refused", func(t *testing.T) {
-		store, live := guardedStore(t)
-		g, _ := guardStreams(store, log)
+		storeDir, live := guardedStore(t)
+		g, _ := guardStreams(storeDir, log)
 		os.RemoveAll(live) // what the server does
 		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
 		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put $G/streams/ORDERS back") {
@@ -58,8 +60,8 @@ func TestRecoveryGuard(t *testing.T) {
 		wantBlock(t, live)
 	})
 	t.Run("half deleted for a host cause: put back whole", func(t *testing.T) {
-		store, live := guardedStore(t)
-		g, _ := guardStreams(store, log)
+		storeDir, live := guardedStore(t)
+		g, _ := guardStreams(storeDir, log)
 		// The server's RemoveAll ran out of files too: the block is gone,
 		// the directory is left.
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
@@ -70,25 +72,25 @@ func TestRecoveryGuard(t *testing.T) {
 		wantBlock(t, live)
 	})
 	t.Run("deleted for another cause: kept in the orphans", func(t *testing.T) {
-		store, live := guardedStore(t)
-		g, _ := guardStreams(store, log)
+		storeDir, live := guardedStore(t)
+		g, _ := guardStreams(storeDir, log)
 		os.RemoveAll(live)
 		rescued, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "corrupt state file"}}, log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(rescued["ORDERS"], filepath.Join(store, OrphanDirName, "$G.ORDERS.")) {
-			t.Fatalf("rescued %v, want ORDERS in %s", rescued, OrphanDirName)
+		if !strings.HasPrefix(rescued["ORDERS"], filepath.Join(storeDir, store.OrphanDirName, "$G.ORDERS.")) {
+			t.Fatalf("rescued %v, want ORDERS in %s", rescued, store.OrphanDirName)
 		}
 		wantBlock(t, rescued["ORDERS"])
 	})
 	t.Run("start killed after the server deleted a stream", func(t *testing.T) {
-		store, live := guardedStore(t)
-		if _, err := guardStreams(store, log); err != nil {
+		storeDir, live := guardedStore(t)
+		if _, err := guardStreams(storeDir, log); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live) // and the process is killed before finish
-		g, err := guardStreams(store, log)
+		g, err := guardStreams(storeDir, log)
 		if err != nil || g == nil {
 			t.Fatalf("guardStreams after the kill: %v, %v", g, err)
 		}
@@ -98,12 +100,12 @@ func TestRecoveryGuard(t *testing.T) {
 		}
 	})
 	t.Run("start killed after the server half deleted a stream", func(t *testing.T) {
-		store, live := guardedStore(t)
-		if _, err := guardStreams(store, log); err != nil {
+		storeDir, live := guardedStore(t)
+		if _, err := guardStreams(storeDir, log); err != nil {
 			t.Fatal(err)
 		}
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
-		g, err := guardStreams(store, log)
+		g, err := guardStreams(storeDir, log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -113,15 +115,15 @@ func TestRecoveryGuard(t *testing.T) {
 		}
 	})
 	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
-		store, live := guardedStore(t)
-		g, _ := guardStreams(store, log)
+		storeDir, live := guardedStore(t)
+		g, _ := guardStreams(storeDir, log)
 		// finish could not remove them (too many open files): they stay
 		// under the trash name while the stream is deleted with the CLI.
 		if err := os.Rename(g.dir, g.trash()); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live)
-		if _, err := guardStreams(store, log); err != nil {
+		if _, err := guardStreams(storeDir, log); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Lstat(live); !os.IsNotExist(err) {

@@ -25,6 +25,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/internal/testcert"
@@ -464,7 +465,7 @@ func treeDigest(t *testing.T, dir string) string {
 	t.Helper()
 	var lines []string
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == LockFileName {
+		if err != nil || d.IsDir() || d.Name() == store.LockFileName {
 			return err
 		}
 		b, err := os.ReadFile(p)

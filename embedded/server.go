@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
@@ -46,8 +47,8 @@ type Server struct {
 	StateInterval time.Duration
 
 	mu       sync.Mutex
-	store    *StoreDirCheck
-	lock     *StoreLock
+	store    *store.DirCheck
+	lock     *store.Lock
 	ns       *server.Server
 	nc       *nats.Conn
 	js       jetstream.JetStream
@@ -138,20 +139,20 @@ func (s *Server) prepareStoreLocked() error {
 		return nil
 	}
 	js := s.cfg.JetStream
-	store, err := CheckStoreDir(js.StoreDir, js.AllowTmpfs, js.MaxFileStore.Bytes)
+	dir, err := store.CheckDir(js.StoreDir, js.AllowTmpfs, js.MaxFileStore.Bytes)
 	if err != nil {
 		return err
 	}
-	for _, w := range store.Warnings {
+	for _, w := range dir.Warnings {
 		s.log.Warn(w)
 	}
-	if s.lock, err = LockStoreDir(store.Path); err != nil {
+	if s.lock, err = store.LockDir(dir.Path); err != nil {
 		return err
 	}
-	s.store = store
+	s.store = dir
 	s.log.Info("store dir ready", "path", s.store.Path, "fs", s.store.FSType, "created", s.store.Created,
-		"free", humanBytes(s.store.Free), "max_file_store", humanBytes(js.MaxFileStore.Bytes),
-		"max_memory_store", humanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
+		"free", store.HumanBytes(s.store.Free), "max_file_store", store.HumanBytes(js.MaxFileStore.Bytes),
+		"max_memory_store", store.HumanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
 	if !js.SyncAlways() {
 		s.log.Warn("jetstream.sync is an interval: acknowledged messages written since the last sync are lost on power failure", "sync", js.Sync)
 	}
@@ -181,9 +182,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 
 	opts := Options(s.cfg, s.store.Path)
-	if limit, lowered := fileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {
+	if limit, lowered := store.FileStoreLimit(s.store, opts.JetStreamMaxStore); lowered {
 		s.log.Warn("jetstream.max_file_store lowered to what the disk can hold: publishes get an error when the store is full, and work again once messages are removed",
-			"max_file_store", humanBytes(opts.JetStreamMaxStore), "limit", humanBytes(limit), "free", humanBytes(s.store.Free))
+			"max_file_store", store.HumanBytes(opts.JetStreamMaxStore), "limit", store.HumanBytes(limit), "free", store.HumanBytes(s.store.Free))
 		opts.JetStreamMaxStore = limit
 	}
 	secrets, err := s.cfg.LoadSecrets()

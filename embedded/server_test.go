@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
@@ -50,7 +51,7 @@ func TestServerOpenVerifiesFileStore(t *testing.T) {
 	if _, err := s.JetStream().AccountInfo(natstest.Context(t)); err != nil {
 		t.Fatalf("AccountInfo: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(want, LockFileName)); err != nil {
+	if _, err := os.Stat(filepath.Join(want, store.LockFileName)); err != nil {
 		t.Errorf("no lock file in the store dir: %v", err)
 	}
 }
@@ -67,8 +68,8 @@ func TestServerSecondOnSameStoreIsRefused(t *testing.T) {
 		second.Close(context.Background())
 		t.Fatal("second server on the same store dir opened")
 	}
-	if !errors.Is(err, ErrStoreDir) {
-		t.Errorf("error does not unwrap to ErrStoreDir: %v", err)
+	if !errors.Is(err, store.ErrDir) {
+		t.Errorf("error does not unwrap to store.ErrDir: %v", err)
 	}
 	if !strings.Contains(err.Error(), "locked") || !strings.Contains(err.Error(), first.StoreDir()) {
 		t.Errorf("error does not say the store dir %s is locked: %v", first.StoreDir(), err)
@@ -182,7 +183,7 @@ func TestServerCloseIsIdempotent(t *testing.T) {
 	if !s.Conn().IsClosed() {
 		t.Error("in-process connection still open after Close")
 	}
-	if holder := LockHolder(s.StoreDir()); holder != "" {
+	if holder := store.LockHolder(s.StoreDir()); holder != "" {
 		t.Errorf("store dir still locked by %s after Close", holder)
 	}
 }
@@ -205,7 +206,7 @@ func TestServerOpenHonoursContext(t *testing.T) {
 	if err := s.Close(context.Background()); err != nil {
 		t.Errorf("Close: %v", err)
 	}
-	if holder := LockHolder(cfg.JetStream.StoreDir); holder != "" {
+	if holder := store.LockHolder(cfg.JetStream.StoreDir); holder != "" {
 		t.Errorf("store dir still locked by %s after a cancelled Open", holder)
 	}
 }

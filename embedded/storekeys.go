@@ -20,6 +20,7 @@ import (
 	"golang.org/x/crypto/chacha20poly1305"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // The server keeps, for every stream, message block and consumer of an
@@ -54,7 +55,7 @@ type storeKeyFile struct {
 // directory are left out; so is the key of a block whose data file is
 // gone.
 func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
-	accounts, err := storeAccounts(jsDir)
+	accounts, err := store.Accounts(jsDir)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +67,7 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 			return nil, err
 		}
 		out = append(out, logs...)
-		streams, err := accountStreams(filepath.Join(jsDir, account))
+		streams, err := store.AccountStreams(filepath.Join(jsDir, account))
 		if err != nil {
 			return nil, err
 		}

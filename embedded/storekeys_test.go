@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -291,7 +292,7 @@ func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config
 			t.Errorf("start %d: the server could not read a stream:\n%s", start, lb.String())
 		}
 	}
-	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, store.EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the clear-text copies are still there: %v", err)
 	}
 }
@@ -306,11 +307,11 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := lossServer(t, cfg, 10)
 	closeServer(t, s)
-	store := cfg.JetStream.StoreDir
-	orders := filepath.Join(store, "jetstream", "$G", "streams", "ORDERS")
+	storeDir := cfg.JetStream.StoreDir
+	orders := filepath.Join(storeDir, "jetstream", "$G", "streams", "ORDERS")
 
 	// An incomplete copy: removed, the stream untouched.
-	partial := filepath.Join(store, EncryptingDirName, "$G", "ORDERS")
+	partial := filepath.Join(storeDir, store.EncryptingDirName, "$G", "ORDERS")
 	if err := os.MkdirAll(partial, 0o750); err != nil {
 		t.Fatal(err)
 	}
@@ -322,16 +323,16 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 		t.Fatalf("with an incomplete copy: %v", err)
 	}
 	closeServer(t, s2)
-	if _, err := os.Stat(filepath.Join(store, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(storeDir, store.EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the incomplete copy is still there: %v", err)
 	}
 
 	// A complete copy and a half-encrypted stream: put back, encrypted.
-	dirs, err := clearStreams(filepath.Join(store, "jetstream"))
+	dirs, err := clearStreams(filepath.Join(storeDir, "jetstream"))
 	if err != nil || len(dirs) != 2 {
 		t.Fatalf("clear streams %v, %v", dirs, err)
 	}
-	if err := copyClearStreams(store, dirs, nil, 1<<40); err != nil {
+	if err := copyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(orders, "meta.key"), bytes.Repeat([]byte{7}, 72), 0o640); err != nil {
@@ -381,14 +382,14 @@ func TestEncryptingKeepsAStreamTheServerCannotLoad(t *testing.T) {
 	if !strings.Contains(lb.String(), "stream ORDERS vanished") {
 		t.Errorf("the data-loss check did not report ORDERS:\n%s", lb.String())
 	}
-	moved, _ := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, OrphanDirName, "*ORDERS*", "meta.inf"))
+	moved, _ := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, store.OrphanDirName, "*ORDERS*", "meta.inf"))
 	if len(moved) != 1 {
 		t.Fatalf("ORDERS's directory not moved aside: %v", moved)
 	}
 	if after, err := os.ReadFile(moved[0]); err != nil || !bytes.Equal(after, before) {
 		t.Errorf("ORDERS's metadata changed: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(cfg.JetStream.StoreDir, store.EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("the clear-text copies are still there: %v", err)
 	}
 }
@@ -401,20 +402,20 @@ func TestEncryptingCopyKeepsModes(t *testing.T) {
 	cfg := testConfig(t)
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
-	store := cfg.JetStream.StoreDir
-	dirs, err := clearStreams(filepath.Join(store, "jetstream"))
+	storeDir := cfg.JetStream.StoreDir
+	dirs, err := clearStreams(filepath.Join(storeDir, "jetstream"))
 	if err != nil || len(dirs) == 0 {
 		t.Fatalf("clear streams %v, %v", dirs, err)
 	}
-	if err := copyClearStreams(store, dirs, nil, 1<<40); err != nil {
+	if err := copyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
 		t.Fatal(err)
 	}
-	err = filepath.WalkDir(filepath.Join(store, EncryptingDirName), func(p string, d os.DirEntry, err error) error {
+	err = filepath.WalkDir(filepath.Join(storeDir, store.EncryptingDirName), func(p string, d os.DirEntry, err error) error {
 		if err != nil || d.IsDir() || d.Name() == encryptingComplete {
 			return err
 		}
-		rel, _ := filepath.Rel(filepath.Join(store, EncryptingDirName, "$G"), p)
-		orig, err := os.Stat(filepath.Join(store, "jetstream", "$G", "streams", rel))
+		rel, _ := filepath.Rel(filepath.Join(storeDir, store.EncryptingDirName, "$G"), p)
+		orig, err := os.Stat(filepath.Join(storeDir, "jetstream", "$G", "streams", rel))
 		if err != nil {
 			return nil // removed from the stream after the copy (index.db)
 		}

@@ -13,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"golang.org/x/sys/unix"
+
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // ErrStoreLost means the store directory the server opened is no longer
@@ -66,13 +68,17 @@ func (s *Server) recordStoreIdentity() error {
 		}
 		id.paths, id.ids = append(id.paths, p), append(id.ids, fid)
 	}
-	if s.lock != nil && s.lock.f != nil {
-		fi, err := s.lock.f.Stat()
+	if s.lock != nil {
+		fi, err := s.lock.Stat()
+		if errors.Is(err, os.ErrClosed) {
+			s.identity = id
+			return nil
+		}
 		if err != nil {
 			return fmt.Errorf("cannot stat lock file: %w", err)
 		}
 		if fid, ok := idOf(fi); ok {
-			id.paths, id.ids = append(id.paths, filepath.Join(s.store.Path, LockFileName)), append(id.ids, fid)
+			id.paths, id.ids = append(id.paths, filepath.Join(s.store.Path, store.LockFileName)), append(id.ids, fid)
 		}
 	}
 	s.identity = id
@@ -311,7 +317,7 @@ func (s *Server) StoreLost() bool { return s.lost.Load() }
 // already wrong.
 func (s *Server) ProbeStoreWritable() error {
 	dir := filepath.Join(s.StoreDir(), server.JetStreamStoreDir)
-	if err := probeWrite(dir); err != nil {
+	if err := store.ProbeWrite(dir); err != nil {
 		return fmt.Errorf("%w: cannot write a file in %s: %w", ErrStoreWrite, dir, err)
 	}
 	return nil

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -21,23 +22,23 @@ import (
 func TestCheckStore(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		lose func(t *testing.T, store string) string // returns the path the error must name
+		lose func(t *testing.T, storeDir string) string // returns the path the error must name
 	}{
-		{"lock file replaced", func(t *testing.T, store string) string {
-			p := filepath.Join(store, LockFileName)
+		{"lock file replaced", func(t *testing.T, storeDir string) string {
+			p := filepath.Join(storeDir, store.LockFileName)
 			mustDo(t, os.Remove(p))
 			mustDo(t, os.WriteFile(p, nil, 0o640))
 			return p
 		}},
-		{"jetstream dir moved", func(t *testing.T, store string) string {
-			p := filepath.Join(store, server.JetStreamStoreDir)
+		{"jetstream dir moved", func(t *testing.T, storeDir string) string {
+			p := filepath.Join(storeDir, server.JetStreamStoreDir)
 			mustDo(t, os.Rename(p, p+".moved"))
 			return p
 		}},
-		{"store dir replaced", func(t *testing.T, store string) string {
-			mustDo(t, os.Rename(store, store+".old"))
-			mustDo(t, os.Mkdir(store, 0o750))
-			return store
+		{"store dir replaced", func(t *testing.T, storeDir string) string {
+			mustDo(t, os.Rename(storeDir, storeDir+".old"))
+			mustDo(t, os.Mkdir(storeDir, 0o750))
+			return storeDir
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
-	"github.com/holdfast-io/holdfast/embedded"
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 func checkCommand() *cli.Command {
@@ -47,7 +47,7 @@ func checkCommand() *cli.Command {
 			}
 			if cfg != nil && cfg.JetStream.StoreDir != "" {
 				// Without side effects: nothing is created or left behind.
-				res, serr := embedded.InspectStoreDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)
+				res, serr := store.InspectDir(cfg.JetStream.StoreDir, cfg.JetStream.AllowTmpfs, cfg.JetStream.MaxFileStore.Bytes)
 				if serr != nil {
 					problems = append(problems, serr)
 				} else {
@@ -59,7 +59,7 @@ func checkCommand() *cli.Command {
 					}
 					// The lock as run takes it: a lock file run cannot open is a
 					// problem, a lock another process holds only a note.
-					if holder, lerr := embedded.ProbeLock(res.Path); lerr != nil {
+					if holder, lerr := store.ProbeLock(res.Path); lerr != nil {
 						problems = append(problems, lerr)
 					} else if holder != "" {
 						fmt.Fprintf(c.App.Writer, "note: store dir %s is in use by %s; a second instance on it would be refused\n", res.Path, holder)

@@ -2,7 +2,7 @@
 // directory (validated and locked before the server touches it), start-up
 // with readiness and verification, shutdown, and the bootstrap of streams
 // and consumers.
-package embedded
+package store
 
 import (
 	"errors"
@@ -19,12 +19,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ErrStoreDir is the sentinel every store directory refusal unwraps to.
-var ErrStoreDir = errors.New("store dir refused")
+// ErrDir is the sentinel every store directory refusal unwraps to.
+var ErrDir = errors.New("store dir refused")
 
-// StoreDirError is one refusal of the store directory: the path, what is
+// DirError is one refusal of the store directory: the path, what is
 // wrong and how to fix it, as one line.
-type StoreDirError struct {
+type DirError struct {
 	Path   string
 	Reason string
 	Fix    string
@@ -33,7 +33,7 @@ type StoreDirError struct {
 	Holder string
 }
 
-func (e *StoreDirError) Error() string {
+func (e *DirError) Error() string {
 	msg := fmt.Sprintf("store dir %s: %s", e.Path, e.Reason)
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
@@ -44,14 +44,14 @@ func (e *StoreDirError) Error() string {
 	return msg
 }
 
-// Unwrap returns ErrStoreDir and the cause.
-func (e *StoreDirError) Unwrap() []error { return []error{ErrStoreDir, e.Err} }
+// Unwrap returns ErrDir and the cause.
+func (e *DirError) Unwrap() []error { return []error{ErrDir, e.Err} }
 
-// StoreDirCheck is what CheckStoreDir learned about a usable directory.
-type StoreDirCheck struct {
+// DirCheck is what CheckDir learned about a usable directory.
+type DirCheck struct {
 	Path    string // absolute path
 	Created bool   // the directory did not exist and was created
-	// Missing: the directory does not exist (InspectStoreDir, which does
+	// Missing: the directory does not exist (InspectDir, which does
 	// not create it); the checks ran on Parent, its nearest existing
 	// ancestor, where it would be created.
 	Missing  bool
@@ -80,32 +80,32 @@ var fsNames = map[int64]string{
 	ramfsMagic: "ramfs",
 }
 
-// CheckStoreDir makes sure dir can hold a JetStream file store that
+// CheckDir makes sure dir can hold a JetStream file store that
 // survives a reboot: it creates a missing directory (0750) and refuses a
 // path that is not a directory, is not writable (proved by creating,
 // writing, fsyncing, renaming and removing a probe file), or is on
 // tmpfs/ramfs unless allowTmpfs. It warns when free space is below
-// maxFileStore. It does not lock: see LockStoreDir.
-func CheckStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCheck, error) {
+// maxFileStore. It does not lock: see LockDir.
+func CheckDir(dir string, allowTmpfs bool, maxFileStore int64) (*DirCheck, error) {
 	return checkStoreDir(dir, allowTmpfs, maxFileStore, true)
 }
 
-// InspectStoreDir checks dir as CheckStoreDir does, for `holdfast check`,
+// InspectDir checks dir as CheckDir does, for `holdfast check`,
 // but leaves nothing behind: a missing directory is not created (its
 // nearest existing ancestor must take the directory: same file system,
 // write and read-only checks; the write probe's file is removed).
-func InspectStoreDir(dir string, allowTmpfs bool, maxFileStore int64) (*StoreDirCheck, error) {
+func InspectDir(dir string, allowTmpfs bool, maxFileStore int64) (*DirCheck, error) {
 	return checkStoreDir(dir, allowTmpfs, maxFileStore, false)
 }
 
-func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool) (*StoreDirCheck, error) {
+func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool) (*DirCheck, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return nil, &StoreDirError{Path: dir, Reason: "cannot resolve path", Err: err}
+		return nil, &DirError{Path: dir, Reason: "cannot resolve path", Err: err}
 	}
-	res := &StoreDirCheck{Path: abs}
+	res := &DirCheck{Path: abs}
 	// at is the directory the checks run on: the store dir, or for
-	// InspectStoreDir of a missing one the ancestor it would be made in.
+	// InspectDir of a missing one the ancestor it would be made in.
 	at := abs
 	fi, err := os.Stat(abs)
 	if errors.Is(err, os.ErrNotExist) {
@@ -114,7 +114,7 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 			if link != abs {
 				what = "has " + link + " in its path, which is"
 			}
-			return nil, &StoreDirError{Path: abs, Reason: fmt.Sprintf("%s a symbolic link to %s, which does not exist: a disk not mounted?", what, target),
+			return nil, &DirError{Path: abs, Reason: fmt.Sprintf("%s a symbolic link to %s, which does not exist: a disk not mounted?", what, target),
 				Fix: "mount the file system the link points into, or create " + target + " and give the holdfast user write access, or set jetstream.store_dir; " +
 					"holdfast does not create it, which would put the store under an empty mount point"}
 		}
@@ -128,27 +128,27 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 				break
 			}
 			if perr == nil || !errors.Is(perr, os.ErrNotExist) || at == filepath.Dir(at) {
-				return nil, &StoreDirError{Path: abs, Reason: "missing and cannot be created under " + at, Err: unwrapPath(perr),
+				return nil, &DirError{Path: abs, Reason: "missing and cannot be created under " + at, Err: unwrapPath(perr),
 					Fix: "create it and give the holdfast user write access, or set jetstream.store_dir"}
 			}
 		}
 		res.Parent = at
 	case errors.Is(err, os.ErrNotExist):
 		if err := os.MkdirAll(abs, 0o750); err != nil {
-			return nil, &StoreDirError{Path: abs, Reason: "missing and cannot be created", Err: unwrapPath(err),
+			return nil, &DirError{Path: abs, Reason: "missing and cannot be created", Err: unwrapPath(err),
 				Fix: "create it and give the holdfast user write access, or set jetstream.store_dir"}
 		}
 		res.Created = true
 	case err != nil:
-		return nil, &StoreDirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err), Fix: statFix(err)}
+		return nil, &DirError{Path: abs, Reason: "cannot stat", Err: unwrapPath(err), Fix: statFix(err)}
 	case !fi.IsDir():
-		return nil, &StoreDirError{Path: abs, Reason: "not a directory",
+		return nil, &DirError{Path: abs, Reason: "not a directory",
 			Fix: "move the file away or set jetstream.store_dir to a directory"}
 	}
 
 	var st unix.Statfs_t
 	if err := unix.Statfs(at, &st); err != nil {
-		return nil, &StoreDirError{Path: abs, Reason: "cannot statfs", Err: err}
+		return nil, &DirError{Path: abs, Reason: "cannot statfs", Err: err}
 	}
 	fsType := int64(st.Type)
 	res.FSType = fsNames[fsType]
@@ -158,21 +158,21 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 	res.Free = int64(st.Bavail) * int64(st.Bsize)
 	if fsType == tmpfsMagic || fsType == ramfsMagic {
 		if !allowTmpfs {
-			return nil, &StoreDirError{Path: abs, Reason: "is on " + res.FSType + ", which loses every message at reboot",
+			return nil, &DirError{Path: abs, Reason: "is on " + res.FSType + ", which loses every message at reboot",
 				Fix: "put the store on a disk, or set jetstream.allow_tmpfs = true to accept the loss"}
 		}
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s is on %s: every message is lost at reboot (jetstream.allow_tmpfs = true)", abs, res.FSType))
 	}
 	if st.Flags&unix.ST_RDONLY != 0 {
-		return nil, &StoreDirError{Path: abs, Reason: "is on a read-only file system",
+		return nil, &DirError{Path: abs, Reason: "is on a read-only file system",
 			Fix: "remount it read-write or set jetstream.store_dir to a writable directory"}
 	}
-	if err := probeWrite(at); err != nil {
+	if err := ProbeWrite(at); err != nil {
 		reason := "not writable"
 		if at != abs {
 			reason = "missing, and " + at + " where it would be created is not writable"
 		}
-		return nil, &StoreDirError{Path: abs, Reason: reason, Err: err,
+		return nil, &DirError{Path: abs, Reason: reason, Err: err,
 			Fix: "give the user running holdfast write access (chown holdfast:holdfast), or set jetstream.store_dir"}
 	}
 	if !res.Missing {
@@ -190,7 +190,7 @@ func checkStoreDir(dir string, allowTmpfs bool, maxFileStore int64, create bool)
 	}
 	if maxFileStore > 0 && res.Free < maxFileStore {
 		res.Warnings = append(res.Warnings, fmt.Sprintf("store dir %s has %s free, less than jetstream.max_file_store (%s): publishes will fail when the disk fills before the limit",
-			abs, humanBytes(res.Free), humanBytes(maxFileStore)))
+			abs, HumanBytes(res.Free), HumanBytes(maxFileStore)))
 	}
 	return res, nil
 }
@@ -259,20 +259,20 @@ func checkStoreEntries(dir string) error {
 			continue
 		}
 		if err != nil {
-			return &StoreDirError{Path: dir, Reason: "cannot stat " + e.name, Err: unwrapPath(err),
+			return &DirError{Path: dir, Reason: "cannot stat " + e.name, Err: unwrapPath(err),
 				Fix: "give the user running holdfast access to it"}
 		}
 		if fi.Mode()&os.ModeSymlink != 0 {
 			// The server and the lock follow a link; judge what it points to.
 			if fi, err = os.Stat(path); err != nil {
-				return &StoreDirError{Path: dir, Reason: e.name + " is a symbolic link that cannot be followed", Err: unwrapPath(err),
+				return &DirError{Path: dir, Reason: e.name + " is a symbolic link that cannot be followed", Err: unwrapPath(err),
 					Fix: "remove the link " + path + " or make it point to an existing " + kind(e.dir)}
 			}
 		}
 		if fi.IsDir() == e.dir && (e.dir || fi.Mode().IsRegular()) {
 			continue
 		}
-		return &StoreDirError{Path: dir, Reason: fmt.Sprintf("%s is a %s, not a %s (%s)", e.name, describeMode(fi.Mode()), kind(e.dir), e.what),
+		return &DirError{Path: dir, Reason: fmt.Sprintf("%s is a %s, not a %s (%s)", e.name, describeMode(fi.Mode()), kind(e.dir), e.what),
 			Fix: "move " + path + " out of the store dir; holdfast creates it"}
 	}
 	return nil
@@ -293,14 +293,14 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 			if errors.Is(err, unix.ENOENT) {
 				return nil // removed meanwhile, or a dangling link the server never follows
 			}
-			return &StoreDirError{Path: dir, Reason: "cannot statfs " + relTo(dir, path), Err: err,
+			return &DirError{Path: dir, Reason: "cannot statfs " + relTo(dir, path), Err: err,
 				Fix: "give the user running holdfast access to it"}
 		}
 		fsType := int64(st.Type)
 		if fsType == tmpfsMagic || fsType == ramfsMagic {
 			name := fsNames[fsType]
 			if !allowTmpfs {
-				return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on " + name + " (mounted or linked inside the store dir), which loses every message at reboot",
+				return &DirError{Path: dir, Reason: relTo(dir, path) + " is on " + name + " (mounted or linked inside the store dir), which loses every message at reboot",
 					Fix: "unmount it or remove the link so that the whole store is on a disk, or set jetstream.allow_tmpfs = true to accept the loss"}
 			}
 			if !seen[fsType] {
@@ -309,7 +309,7 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 			}
 		}
 		if st.Flags&unix.ST_RDONLY != 0 {
-			return &StoreDirError{Path: dir, Reason: relTo(dir, path) + " is on a read-only file system (mounted or linked inside the store dir)",
+			return &DirError{Path: dir, Reason: relTo(dir, path) + " is on a read-only file system (mounted or linked inside the store dir)",
 				Fix: "remount it read-write, or unmount it or remove the link"}
 		}
 		return nil
@@ -337,7 +337,7 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 				if errors.Is(err, fs.ErrNotExist) {
 					return nil
 				}
-				return &StoreDirError{Path: dir, Reason: "cannot read " + relTo(dir, p), Err: unwrapPath(err),
+				return &DirError{Path: dir, Reason: "cannot read " + relTo(dir, p), Err: unwrapPath(err),
 					Fix: "chown -R the store dir to the user running holdfast"}
 			}
 			if p == path {
@@ -392,7 +392,7 @@ func checkAccess(dir, path string, isDir bool) error {
 	if isDir {
 		what = "directory"
 	}
-	return &StoreDirError{Path: dir,
+	return &DirError{Path: dir,
 		Reason: fmt.Sprintf("%s %s (owned by %s) cannot be read and written by %s, which runs holdfast; the server would delete the data of a stream whose files it cannot open",
 			what, relTo(dir, path), owner, userName(uint32(os.Geteuid()))),
 		Err: err,
@@ -468,9 +468,9 @@ func describeMode(m os.FileMode) string {
 	return "special file"
 }
 
-// probeWrite proves the directory takes the operations the file store
+// ProbeWrite proves the directory takes the operations the file store
 // needs: create, write, fsync, rename, remove.
-func probeWrite(dir string) error {
+func ProbeWrite(dir string) error {
 	tmp := filepath.Join(dir, ".holdfast-probe."+strconv.Itoa(os.Getpid()))
 	final := tmp + ".renamed"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
@@ -507,7 +507,7 @@ func unwrapPath(err error) error {
 	return err
 }
 
-func humanBytes(n int64) string {
+func HumanBytes(n int64) string {
 	const unit = 1024
 	if n < unit {
 		return fmt.Sprintf("%dB", n)
@@ -523,13 +523,21 @@ func humanBytes(n int64) string {
 // LockFileName is the lock file holdfast keeps in the store directory.
 const LockFileName = "holdfast.lock"
 
-// StoreLock is an exclusive lock on a store directory, held for the life
+// Lock is an exclusive lock on a store directory, held for the life
 // of the process (the kernel releases it if the process dies).
-type StoreLock struct {
+type Lock struct {
 	f *os.File
 }
 
-// LockStoreDir takes an exclusive, non-blocking flock on dir/holdfast.lock
+// Stat describes the lock file (os.ErrClosed once unlocked).
+func (l *Lock) Stat() (os.FileInfo, error) {
+	if l.f == nil {
+		return nil, os.ErrClosed
+	}
+	return l.f.Stat()
+}
+
+// LockDir takes an exclusive, non-blocking flock on dir/holdfast.lock
 // and records the holder's PID in it. A second holdfast on the same
 // directory is refused with a message that names the holder.
 //
@@ -537,19 +545,19 @@ type StoreLock struct {
 // with SIGKILL can leave it held for a moment after it was reaped, by a
 // handler process it was starting (forked, not yet exec'd) — a restart
 // right after a kill -9 must not fail on that.
-func LockStoreDir(dir string) (*StoreLock, error) {
+func LockDir(dir string) (*Lock, error) {
 	return lockStoreDir(dir, LockWait)
 }
 
-// LockWait is how long LockStoreDir waits for a lock held by another
+// LockWait is how long LockDir waits for a lock held by another
 // process before refusing.
 const LockWait = 3 * time.Second
 
-func lockStoreDir(dir string, wait time.Duration) (*StoreLock, error) {
+func lockStoreDir(dir string, wait time.Duration) (*Lock, error) {
 	path := filepath.Join(dir, LockFileName)
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o640)
 	if err != nil {
-		return nil, &StoreDirError{Path: dir, Reason: "cannot open lock file " + LockFileName, Err: unwrapPath(err),
+		return nil, &DirError{Path: dir, Reason: "cannot open lock file " + LockFileName, Err: unwrapPath(err),
 			Fix: "give the user running holdfast write access"}
 	}
 	deadline := time.Now().Add(wait)
@@ -567,28 +575,28 @@ func lockStoreDir(dir string, wait time.Duration) (*StoreLock, error) {
 		}
 		f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
-			return nil, &StoreDirError{Path: dir, Reason: "locked by " + holder + " (another holdfast is using it)", Holder: holder,
+			return nil, &DirError{Path: dir, Reason: "locked by " + holder + " (another holdfast is using it)", Holder: holder,
 				Fix: "stop the other instance (systemctl stop holdfast) or give this one its own jetstream.store_dir"}
 		}
-		return nil, &StoreDirError{Path: dir, Reason: "cannot lock", Err: err}
+		return nil, &DirError{Path: dir, Reason: "cannot lock", Err: err}
 	}
 	// A stock nats-server takes no lock on its store: look for any other
 	// process with files open under the directory.
 	if pid, comm := openedBy(dir); pid != 0 {
 		f.Close()
-		return nil, &StoreDirError{Path: dir, Reason: fmt.Sprintf("in use by process %d (%s), which has files open in it", pid, comm),
+		return nil, &DirError{Path: dir, Reason: fmt.Sprintf("in use by process %d (%s), which has files open in it", pid, comm),
 			Holder: fmt.Sprintf("process %d (%s)", pid, comm),
 			Fix:    "stop that process or give holdfast its own jetstream.store_dir"}
 	}
 	if err := f.Truncate(0); err == nil {
 		_, _ = f.WriteAt([]byte(strconv.Itoa(os.Getpid())+"\n"), 0)
 	}
-	return &StoreLock{f: f}, nil
+	return &Lock{f: f}, nil
 }
 
 // Unlock releases the lock. The lock file stays: removing it would race
 // with another process that opened it already.
-func (l *StoreLock) Unlock() error {
+func (l *Lock) Unlock() error {
 	if l == nil || l.f == nil {
 		return nil
 	}
@@ -644,7 +652,7 @@ func LockHolder(dir string) string {
 // not be taken for any other reason (which would stop `holdfast run`).
 //
 // A missing lock file is not created: no process holds it, and the
-// directory was proved writable by InspectStoreDir.
+// directory was proved writable by InspectDir.
 func ProbeLock(dir string) (holder string, err error) {
 	if _, err := os.Lstat(filepath.Join(dir, LockFileName)); errors.Is(err, os.ErrNotExist) {
 		return "", nil
@@ -653,7 +661,7 @@ func ProbeLock(dir string) (holder string, err error) {
 	if err == nil {
 		return "", l.Unlock()
 	}
-	var se *StoreDirError
+	var se *DirError
 	if errors.As(err, &se) && se.Holder != "" {
 		return se.Holder, nil
 	}

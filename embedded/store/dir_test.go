@@ -1,4 +1,4 @@
-package embedded
+package store
 
 import (
 	"bufio"
@@ -37,7 +37,7 @@ const (
 // subprocesses the store dir tests start by re-executing the test binary.
 // It does nothing in a normal run.
 //
-//	check: run CheckStoreDir and print its result
+//	check: run CheckDir and print its result
 //	lock:  take the store lock, print "ready", hold it until stdin closes
 //	open:  open a file under the dir, print "ready", keep it open until stdin closes
 func TestStoreDirHelperProcess(t *testing.T) {
@@ -48,13 +48,13 @@ func TestStoreDirHelperProcess(t *testing.T) {
 	dir := os.Getenv(storeHelperDirEnv)
 	switch mode {
 	case "check":
-		if _, err := CheckStoreDir(dir, false, 0); err != nil {
+		if _, err := CheckDir(dir, false, 0); err != nil {
 			fmt.Println("error:", err)
 		} else {
 			fmt.Println("ok")
 		}
 	case "lock":
-		l, err := LockStoreDir(dir)
+		l, err := LockDir(dir)
 		if err != nil {
 			fmt.Println("error:", err)
 			os.Exit(1)
@@ -130,19 +130,19 @@ func startStoreHelper(t *testing.T, mode, dir string) *exec.Cmd {
 	return cmd
 }
 
-// wantStoreDirError checks that err is a one-line *StoreDirError for path
-// that unwraps to ErrStoreDir and contains every fragment.
-func wantStoreDirError(t *testing.T, err error, path string, fragments ...string) *StoreDirError {
+// wantStoreDirError checks that err is a one-line *DirError for path
+// that unwraps to ErrDir and contains every fragment.
+func wantStoreDirError(t *testing.T, err error, path string, fragments ...string) *DirError {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("store dir %s accepted, want a refusal containing %q", path, fragments)
 	}
-	var se *StoreDirError
+	var se *DirError
 	if !errors.As(err, &se) {
-		t.Fatalf("error %v (%T) is not a *StoreDirError", err, err)
+		t.Fatalf("error %v (%T) is not a *DirError", err, err)
 	}
-	if !errors.Is(err, ErrStoreDir) {
-		t.Errorf("errors.Is(%v, ErrStoreDir) = false", err)
+	if !errors.Is(err, ErrDir) {
+		t.Errorf("errors.Is(%v, ErrDir) = false", err)
 	}
 	msg := err.Error()
 	if !strings.HasPrefix(msg, "store dir "+path+": ") {
@@ -218,7 +218,7 @@ func umask(t *testing.T) os.FileMode {
 
 func TestCheckStoreDirCreatesMissingDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "var", "lib", "holdfast")
-	res, err := CheckStoreDir(dir, false, 0)
+	res, err := CheckDir(dir, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +238,7 @@ func TestCheckStoreDirCreatesMissingDir(t *testing.T) {
 	}
 
 	// The second time it exists.
-	res, err = CheckStoreDir(dir, false, 0)
+	res, err = CheckDir(dir, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestCheckStoreDirCreatesMissingDir(t *testing.T) {
 
 func TestCheckStoreDirExisting(t *testing.T) {
 	dir := t.TempDir()
-	res, err := CheckStoreDir(dir, false, 1)
+	res, err := CheckDir(dir, false, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -271,7 +271,7 @@ func TestCheckStoreDirExisting(t *testing.T) {
 func TestCheckStoreDirRelativePath(t *testing.T) {
 	parent := t.TempDir()
 	t.Chdir(parent)
-	res, err := CheckStoreDir("holdfast-data", false, 0)
+	res, err := CheckDir("holdfast-data", false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +286,7 @@ func TestCheckStoreDirNotADirectory(t *testing.T) {
 	if err := os.WriteFile(path, []byte("not a dir"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := CheckStoreDir(path, false, 0)
+	_, err := CheckDir(path, false, 0)
 	wantStoreDirError(t, err, path, "not a directory", "jetstream.store_dir")
 	// The file is left alone.
 	if b, _ := os.ReadFile(path); string(b) != "not a dir" {
@@ -294,7 +294,7 @@ func TestCheckStoreDirNotADirectory(t *testing.T) {
 	}
 
 	// A file in the way of a parent directory.
-	_, err = CheckStoreDir(filepath.Join(path, "sub"), false, 0)
+	_, err = CheckDir(filepath.Join(path, "sub"), false, 0)
 	wantStoreDirError(t, err, filepath.Join(path, "sub"), "not a directory")
 }
 
@@ -305,22 +305,22 @@ func TestCheckStoreDirReadOnlyMount(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "x"), nil, 0o600); err == nil {
 			t.Fatal("the read-only mount takes writes")
 		}
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "read-only file system", "remount it read-write")
 	})
 	t.Run("missing under a read-only mount", func(t *testing.T) {
 		parent := t.TempDir()
 		bindReadOnly(t, parent)
 		dir := filepath.Join(parent, "store")
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "missing and cannot be created", "read-only file system")
 	})
 	t.Run("read-only tmpfs even when tmpfs is allowed", func(t *testing.T) {
 		dir := t.TempDir()
 		mountFS(t, "tmpfs", dir, unix.MS_RDONLY, "size=1m")
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "tmpfs")
-		_, err = CheckStoreDir(dir, true, 0)
+		_, err = CheckDir(dir, true, 0)
 		wantStoreDirError(t, err, dir, "read-only file system")
 	})
 }
@@ -335,7 +335,7 @@ func TestCheckStoreDirNotWritable(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.Chmod(dir, 0o755) })
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "not writable", "permission denied")
 		return
 	}
@@ -435,10 +435,10 @@ func TestCheckStoreDirTmpfs(t *testing.T) {
 				data = ""
 			}
 			mountFS(t, fstype, dir, 0, data)
-			_, err := CheckStoreDir(dir, false, 0)
+			_, err := CheckDir(dir, false, 0)
 			wantStoreDirError(t, err, dir, "is on "+fstype, "loses every message at reboot", "jetstream.allow_tmpfs = true")
 
-			res, err := CheckStoreDir(dir, true, 0)
+			res, err := CheckDir(dir, true, 0)
 			if err != nil {
 				t.Fatalf("allow_tmpfs = true: %v", err)
 			}
@@ -454,7 +454,7 @@ func TestCheckStoreDirTmpfs(t *testing.T) {
 		mnt := t.TempDir()
 		mountFS(t, "tmpfs", mnt, 0, "size=1m")
 		dir := filepath.Join(mnt, "store")
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "tmpfs")
 	})
 }
@@ -479,12 +479,12 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 	}
 	t.Run("tmpfs on jetstream", func(t *testing.T) {
 		dir, _ := mountAt(t, "tmpfs", "jetstream")
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "jetstream is on tmpfs", "loses every message at reboot", "jetstream.allow_tmpfs = true")
-		_, err = InspectStoreDir(dir, false, 0)
+		_, err = InspectDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "jetstream is on tmpfs")
 
-		res, err := CheckStoreDir(dir, true, 0)
+		res, err := CheckDir(dir, true, 0)
 		if err != nil {
 			t.Fatalf("allow_tmpfs = true: %v", err)
 		}
@@ -494,7 +494,7 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 	})
 	t.Run("ramfs on a stream directory", func(t *testing.T) {
 		dir, _ := mountAt(t, "ramfs", "jetstream", "$G", "streams", "ORDERS")
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "jetstream/$G/streams/ORDERS is on ramfs")
 	})
 	t.Run("jetstream linked to a tmpfs", func(t *testing.T) {
@@ -504,7 +504,7 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 		if err := os.Symlink(mnt, filepath.Join(dir, "jetstream")); err != nil {
 			t.Fatal(err)
 		}
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, "jetstream is on tmpfs")
 	})
 	t.Run("state file linked to a tmpfs", func(t *testing.T) {
@@ -517,7 +517,7 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 		if err := os.Symlink(filepath.Join(mnt, StateFileName), filepath.Join(dir, StateFileName)); err != nil {
 			t.Fatal(err)
 		}
-		_, err := CheckStoreDir(dir, false, 0)
+		_, err := CheckDir(dir, false, 0)
 		wantStoreDirError(t, err, dir, StateFileName+" is on tmpfs")
 	})
 	t.Run("read-only bind on jetstream", func(t *testing.T) {
@@ -527,7 +527,7 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 			t.Fatal(err)
 		}
 		bindReadOnly(t, js)
-		_, err := CheckStoreDir(dir, true, 0)
+		_, err := CheckDir(dir, true, 0)
 		wantStoreDirError(t, err, dir, "jetstream is on a read-only file system", "remount it read-write")
 	})
 	t.Run("a disk below a disk is fine", func(t *testing.T) {
@@ -535,7 +535,7 @@ func TestCheckStoreDirTmpfsInside(t *testing.T) {
 		if err := os.MkdirAll(filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS", "msgs"), 0o750); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := CheckStoreDir(dir, false, 0); err != nil {
+		if _, err := CheckDir(dir, false, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -567,9 +567,9 @@ func TestCheckStoreDirDanglingLink(t *testing.T) {
 		{"a dir in its path", filepath.Join(relLink, "holdfast"), []string{"has " + relLink + " in its path, which is a symbolic link to " + filepath.Join(base, "mnt", "nodisk")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := InspectStoreDir(c.dir, false, 0)
+			_, err := InspectDir(c.dir, false, 0)
 			wantStoreDirError(t, err, c.dir, c.want...)
-			_, err = CheckStoreDir(c.dir, false, 0)
+			_, err = CheckDir(c.dir, false, 0)
 			wantStoreDirError(t, err, c.dir, c.want...)
 			if _, err := os.Lstat(filepath.Join(base, "mnt", "disk")); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("the link's target was created under the mount point: %v", err)
@@ -581,7 +581,7 @@ func TestCheckStoreDirDanglingLink(t *testing.T) {
 		if err := os.Symlink("loop", loop); err != nil {
 			t.Fatal(err)
 		}
-		_, err := CheckStoreDir(filepath.Join(loop, "store"), false, 0)
+		_, err := CheckDir(filepath.Join(loop, "store"), false, 0)
 		wantStoreDirError(t, err, filepath.Join(loop, "store"), "symbolic links form a loop")
 	})
 	t.Run("file in the path", func(t *testing.T) {
@@ -589,7 +589,7 @@ func TestCheckStoreDirDanglingLink(t *testing.T) {
 		if err := os.WriteFile(file, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := CheckStoreDir(filepath.Join(file, "store"), false, 0)
+		_, err := CheckDir(filepath.Join(file, "store"), false, 0)
 		wantStoreDirError(t, err, filepath.Join(file, "store"), "a part of the path is a file")
 	})
 }
@@ -607,21 +607,21 @@ func TestCheckStoreDirRootOnAnotherUsersStore(t *testing.T) {
 	}
 	uid, _ := strconv.Atoi(nobody.Uid)
 	dir := t.TempDir()
-	res, err := CheckStoreDir(dir, false, 0)
+	res, err := CheckDir(dir, false, 0)
 	if err != nil || len(res.Warnings) != 0 {
 		t.Fatalf("root's own store: %v, warnings %q", err, res.Warnings)
 	}
 	if err := os.Chown(dir, uid, -1); err != nil {
 		t.Fatal(err)
 	}
-	res, err = CheckStoreDir(dir, false, 0)
+	res, err = CheckDir(dir, false, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Warnings) != 1 || !strings.Contains(res.Warnings[0], "holdfast runs as root") || !strings.Contains(res.Warnings[0], "chown -R "+nobody.Username+" "+dir) {
 		t.Errorf("warnings %q, want one about root on %s's store with the chown", res.Warnings, nobody.Username)
 	}
-	if res, err := InspectStoreDir(dir, false, 0); err != nil || len(res.Warnings) != 0 {
+	if res, err := InspectDir(dir, false, 0); err != nil || len(res.Warnings) != 0 {
 		t.Errorf("holdfast check, which creates nothing: %v, warnings %q", err, res.Warnings)
 	}
 }
@@ -629,7 +629,7 @@ func TestCheckStoreDirRootOnAnotherUsersStore(t *testing.T) {
 func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 	t.Run("disk", func(t *testing.T) {
 		dir := t.TempDir()
-		res, err := CheckStoreDir(dir, false, math.MaxInt64)
+		res, err := CheckDir(dir, false, math.MaxInt64)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -640,7 +640,7 @@ func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 	t.Run("small tmpfs", func(t *testing.T) {
 		dir := t.TempDir()
 		mountFS(t, "tmpfs", dir, 0, "size=16m")
-		res, err := CheckStoreDir(dir, true, 1<<30)
+		res, err := CheckDir(dir, true, 1<<30)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -657,7 +657,7 @@ func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 			t.Errorf("warnings %q, want one about free space below 1.0GiB", res.Warnings)
 		}
 		// Enough room: no free space warning.
-		res, err = CheckStoreDir(dir, true, 1<<20)
+		res, err = CheckDir(dir, true, 1<<20)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -669,7 +669,7 @@ func TestCheckStoreDirLowFreeSpace(t *testing.T) {
 
 func TestLockStoreDirTwiceInOneProcess(t *testing.T) {
 	dir := t.TempDir()
-	l, err := LockStoreDir(dir)
+	l, err := LockDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -680,7 +680,7 @@ func TestLockStoreDirTwiceInOneProcess(t *testing.T) {
 
 	// flock is per open file description: a second open in this process
 	// is refused like another process would be.
-	_, err = LockStoreDir(dir)
+	_, err = LockDir(dir)
 	se := wantStoreDirError(t, err, dir, "locked by process "+pid, "another holdfast is using it", "stop the other instance")
 	if se.Holder != "process "+pid {
 		t.Errorf("Holder = %q", se.Holder)
@@ -695,14 +695,14 @@ func TestLockStoreDirTwiceInOneProcess(t *testing.T) {
 	if err := l.Unlock(); err != nil {
 		t.Errorf("second Unlock: %v", err)
 	}
-	var nilLock *StoreLock
+	var nilLock *Lock
 	if err := nilLock.Unlock(); err != nil {
 		t.Errorf("Unlock on nil: %v", err)
 	}
 	if got := LockHolder(dir); got != "" {
 		t.Errorf("LockHolder after Unlock = %q, want \"\"", got)
 	}
-	l, err = LockStoreDir(dir)
+	l, err = LockDir(dir)
 	if err != nil {
 		t.Fatalf("lock after Unlock: %v", err)
 	}
@@ -714,7 +714,7 @@ func TestLockStoreDirHeldByAnotherProcess(t *testing.T) {
 	child := startStoreHelper(t, "lock", dir)
 	pid := strconv.Itoa(child.Process.Pid)
 
-	_, err := LockStoreDir(dir)
+	_, err := LockDir(dir)
 	se := wantStoreDirError(t, err, dir, "locked by process "+pid)
 	if se.Holder != "process "+pid {
 		t.Errorf("Holder = %q, want process %s", se.Holder, pid)
@@ -730,7 +730,7 @@ func TestLockStoreDirHeldByAnotherProcess(t *testing.T) {
 	}
 	_ = child.Wait()
 	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
-		l, err := LockStoreDir(dir)
+		l, err := LockDir(dir)
 		if err != nil {
 			return err
 		}
@@ -741,7 +741,7 @@ func TestLockStoreDirHeldByAnotherProcess(t *testing.T) {
 	}
 }
 
-// A stock nats-server takes no lock: LockStoreDir also refuses a directory
+// A stock nats-server takes no lock: LockDir also refuses a directory
 // in which another process has files open.
 func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 	t.Run("sleep with a store file as stdin", func(t *testing.T) {
@@ -766,7 +766,7 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 		})
 		pid := strconv.Itoa(sleep.Process.Pid)
 
-		_, err = LockStoreDir(dir)
+		_, err = LockDir(dir)
 		se := wantStoreDirError(t, err, dir, "in use by process "+pid+" (sleep)", "which has files open in it", "stop that process")
 		if se.Holder != "process "+pid+" (sleep)" {
 			t.Errorf("Holder = %q", se.Holder)
@@ -779,7 +779,7 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		_ = sleep.Wait()
-		l, err := LockStoreDir(dir)
+		l, err := LockDir(dir)
 		if err != nil {
 			t.Fatalf("lock after the other process exited: %v", err)
 		}
@@ -788,7 +788,7 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 	t.Run("re-executed test binary", func(t *testing.T) {
 		dir := t.TempDir()
 		child := startStoreHelper(t, "open", dir)
-		_, err := LockStoreDir(dir)
+		_, err := LockDir(dir)
 		wantStoreDirError(t, err, dir, fmt.Sprintf("in use by process %d", child.Process.Pid))
 	})
 	t.Run("a sibling directory is not the store", func(t *testing.T) {
@@ -801,7 +801,7 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 			}
 		}
 		startStoreHelper(t, "open", other)
-		l, err := LockStoreDir(dir)
+		l, err := LockDir(dir)
 		if err != nil {
 			t.Fatalf("a process with files in %s blocks %s: %v", other, dir, err)
 		}
@@ -818,7 +818,7 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		child := startStoreHelper(t, "open", dir)
-		_, err := LockStoreDir(link)
+		_, err := LockDir(link)
 		wantStoreDirError(t, err, link, fmt.Sprintf("in use by process %d", child.Process.Pid))
 	})
 	t.Run("relative path", func(t *testing.T) {
@@ -829,14 +829,14 @@ func TestLockStoreDirInUseByAnotherProcess(t *testing.T) {
 		}
 		child := startStoreHelper(t, "open", dir)
 		t.Chdir(parent)
-		_, err := LockStoreDir("store")
+		_, err := LockDir("store")
 		wantStoreDirError(t, err, "store", fmt.Sprintf("in use by process %d", child.Process.Pid))
 	})
 }
 
 func TestLockStoreDirMissingDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "missing")
-	_, err := LockStoreDir(dir)
+	_, err := LockDir(dir)
 	wantStoreDirError(t, err, dir, "cannot open lock file "+LockFileName, "no such file or directory")
 	if got := LockHolder(dir); got != "" {
 		t.Errorf("LockHolder of a missing dir = %q", got)
@@ -845,30 +845,30 @@ func TestLockStoreDirMissingDir(t *testing.T) {
 
 func TestStoreDirErrorFormat(t *testing.T) {
 	tests := []struct {
-		err  *StoreDirError
+		err  *DirError
 		want string
 	}{
-		{&StoreDirError{Path: "/d", Reason: "not a directory"}, "store dir /d: not a directory"},
-		{&StoreDirError{Path: "/d", Reason: "not writable", Err: unix.EACCES, Fix: "chown it"}, "store dir /d: not writable: permission denied (chown it)"},
-		{&StoreDirError{Path: "/d", Reason: "locked", Fix: "stop it"}, "store dir /d: locked (stop it)"},
+		{&DirError{Path: "/d", Reason: "not a directory"}, "store dir /d: not a directory"},
+		{&DirError{Path: "/d", Reason: "not writable", Err: unix.EACCES, Fix: "chown it"}, "store dir /d: not writable: permission denied (chown it)"},
+		{&DirError{Path: "/d", Reason: "locked", Fix: "stop it"}, "store dir /d: locked (stop it)"},
 	}
 	for _, tt := range tests {
 		if got := tt.err.Error(); got != tt.want {
 			t.Errorf("Error() = %q, want %q", got, tt.want)
 		}
-		if !errors.Is(tt.err, ErrStoreDir) {
-			t.Errorf("%q does not unwrap to ErrStoreDir", tt.err)
+		if !errors.Is(tt.err, ErrDir) {
+			t.Errorf("%q does not unwrap to ErrDir", tt.err)
 		}
 	}
 	if !errors.Is(tests[1].err, unix.EACCES) {
-		t.Error("StoreDirError does not unwrap to its cause")
+		t.Error("DirError does not unwrap to its cause")
 	}
 }
 
 func TestHumanBytes(t *testing.T) {
 	for n, want := range map[int64]string{0: "0B", 1023: "1023B", 1024: "1.0KiB", 1536: "1.5KiB", 10 << 30: "10.0GiB", math.MaxInt64: "8.0EiB"} {
-		if got := humanBytes(n); got != want {
-			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		if got := HumanBytes(n); got != want {
+			t.Errorf("HumanBytes(%d) = %q, want %q", n, got, want)
 		}
 	}
 }
@@ -921,7 +921,7 @@ func TestCheckStoreDirRefusesWrongEntries(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			store := t.TempDir()
 			tt.make(t, filepath.Join(store, tt.entry))
-			_, err := CheckStoreDir(store, false, 0)
+			_, err := CheckDir(store, false, 0)
 			wantStoreDirError(t, err, store, tt.want, filepath.Join(store, tt.entry))
 		})
 	}
@@ -931,7 +931,7 @@ func TestCheckStoreDirRefusesWrongEntries(t *testing.T) {
 		file(t, filepath.Join(store, LockFileName))
 		file(t, filepath.Join(store, StateFileName))
 		dir(t, filepath.Join(store, OrphanDirName))
-		if _, err := CheckStoreDir(store, false, 0); err != nil {
+		if _, err := CheckDir(store, false, 0); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -945,7 +945,7 @@ func TestProbeLock(t *testing.T) {
 	if holder, err := ProbeLock(store); holder != "" || err != nil {
 		t.Fatalf("ProbeLock of a free dir = %q, %v", holder, err)
 	}
-	l, err := LockStoreDir(store)
+	l, err := LockDir(store)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package embedded
+package store
 
 import (
 	"io/fs"
@@ -17,7 +17,7 @@ const (
 	storeReservePercent = 2
 )
 
-// fileStoreLimit returns the JetStream file-store limit to run with: want
+// FileStoreLimit returns the JetStream file-store limit to run with: want
 // (jetstream.max_file_store), or less when the disk cannot hold that much,
 // so that a full store refuses publishes with an error instead of hitting
 // ENOSPC. The server answers no publish once a stream got a write error
@@ -25,11 +25,11 @@ const (
 // after space was freed; JetStream's own limit answers every publish with
 // "insufficient resources" and lifts as soon as messages are removed.
 // lowered reports whether the limit is below want.
-func fileStoreLimit(check *StoreDirCheck, want int64) (limit int64, lowered bool) {
+func FileStoreLimit(check *DirCheck, want int64) (limit int64, lowered bool) {
 	if check == nil || want <= 0 {
 		return want, false
 	}
-	used := diskUsage(filepath.Join(check.Path, server.JetStreamStoreDir))
+	used := DiskUsage(filepath.Join(check.Path, server.JetStreamStoreDir))
 	capacity := check.Free + used
 	reserve := max(int64(minStoreReserve), capacity*storeReservePercent/100)
 	limit = capacity - reserve
@@ -37,13 +37,13 @@ func fileStoreLimit(check *StoreDirCheck, want int64) (limit int64, lowered bool
 		return want, false
 	}
 	// Never zero or negative: that would mean no file storage at all. A
-	// disk this full is refused by CheckStoreDir's write probe anyway.
+	// disk this full is refused by CheckDir's write probe anyway.
 	return max(limit, 1<<20), true
 }
 
-// diskUsage returns the bytes the files under dir occupy on disk; what it
+// DiskUsage returns the bytes the files under dir occupy on disk; what it
 // cannot read counts as nothing.
-func diskUsage(dir string) int64 {
+func DiskUsage(dir string) int64 {
 	var total int64
 	_ = filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -1,4 +1,4 @@
-package embedded
+package store
 
 import (
 	"errors"
@@ -9,10 +9,10 @@ import (
 	"strings"
 )
 
-// storeAccounts lists the account directories of the JetStream store at
+// Accounts lists the account directories of the JetStream store at
 // jsDir (jetstream/<account>), neither the cluster's _js_ nor hidden ones;
 // none when jsDir does not exist.
-func storeAccounts(jsDir string) ([]string, error) {
+func Accounts(jsDir string) ([]string, error) {
 	entries, err := os.ReadDir(jsDir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -29,10 +29,10 @@ func storeAccounts(jsDir string) ([]string, error) {
 	return out, nil
 }
 
-// accountStreams lists the names of the stream directories of an account
+// AccountStreams lists the names of the stream directories of an account
 // directory (<account>/streams/<stream>), hidden ones left out; none when
 // it has no streams directory.
-func accountStreams(accountDir string) ([]string, error) {
+func AccountStreams(accountDir string) ([]string, error) {
 	sdir := filepath.Join(accountDir, "streams")
 	entries, err := os.ReadDir(sdir)
 	if errors.Is(err, fs.ErrNotExist) {

@@ -1,4 +1,4 @@
-package embedded
+package store
 
 import (
 	"os"
@@ -15,9 +15,9 @@ func TestFileStoreLimit(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(js, "1.blk"), make([]byte, 4<<20), 0o640); err != nil {
 		t.Fatal(err)
 	}
-	used := diskUsage(js)
+	used := DiskUsage(js)
 	if used < 4<<20 {
-		t.Fatalf("diskUsage = %d, want at least 4 MiB", used)
+		t.Fatalf("DiskUsage = %d, want at least 4 MiB", used)
 	}
 	for _, tc := range []struct {
 		name        string
@@ -35,9 +35,9 @@ func TestFileStoreLimit(t *testing.T) {
 		{"no limit asked", 0, 0, false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			limit, lowered := fileStoreLimit(&StoreDirCheck{Path: dir, Free: tc.free}, tc.want)
+			limit, lowered := FileStoreLimit(&DirCheck{Path: dir, Free: tc.free}, tc.want)
 			if lowered != tc.wantLowered || limit != tc.wantLimit {
-				t.Fatalf("fileStoreLimit(free %d, want %d) = %d, %v; want %d, %v", tc.free, tc.want, limit, lowered, tc.wantLimit, tc.wantLowered)
+				t.Fatalf("FileStoreLimit(free %d, want %d) = %d, %v; want %d, %v", tc.free, tc.want, limit, lowered, tc.wantLimit, tc.wantLowered)
 			}
 		})
 	}
