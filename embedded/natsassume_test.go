@@ -188,3 +188,77 @@ func TestAssumeBatchesStoredInSendOrder(t *testing.T) {
 		last = m.Subject
 	}
 }
+
+// TestAssumeAcksOfOneConnectionInOrder: the server handles one
+// connection's acks to a consumer in the order they were sent and answers
+// an AckSync only after it handled it, so the answer to the last ack of a
+// batch confirms the plain acks before it (the workers' acker relies on
+// this).
+func TestAssumeAcksOfOneConnectionInOrder(t *testing.T) {
+	t.Parallel()
+	nc := natstest.Connect(t, natstest.RunServer(t))
+	js := natstest.JetStream(t, nc)
+	ctx := natstest.Context(t)
+	s, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "A", Subjects: []string{"a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 500
+	for i := range n {
+		if _, err := js.Publish(ctx, "a", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := s.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, MaxAckPending: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []jetstream.Msg
+	for m := range batch.Messages() {
+		msgs = append(msgs, m)
+	}
+	if len(msgs) != n {
+		t.Fatalf("fetched %d of %d", len(msgs), n)
+	}
+	for _, m := range msgs[:n-1] {
+		if err := m.Ack(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := msgs[n-1].DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ci.AckFloor.Stream != n || ci.NumAckPending != 0 {
+		t.Errorf("right after the last ack's confirmation: ack floor %d, %d pending; want %d and 0", ci.AckFloor.Stream, ci.NumAckPending, n)
+	}
+}
+
+// TestAssumeExpectedStreamMismatchAnsweredNotStored: a publish expecting
+// another stream's name is answered with an error and not stored: group
+// commit's marker, sent after messages a stream answers itself, relies on
+// it (the stream handles its inbound messages in order).
+func TestAssumeExpectedStreamMismatchAnsweredNotStored(t *testing.T) {
+	t.Parallel()
+	nc, js := atomicStream(t, "a.>")
+	m := nats.NewMsg("a.x")
+	m.Header.Set("Nats-Expected-Stream", "holdfast marker")
+	reply, err := nc.RequestMsg(m, 5*time.Second)
+	if err != nil {
+		t.Fatalf("no answer to a marker: %v", err)
+	}
+	var ack pubAckReply
+	if err := json.Unmarshal(reply.Data, &ack); err != nil || ack.Error == nil {
+		t.Fatalf("answer %q, want an error", reply.Data)
+	}
+	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 0 {
+		t.Errorf("%d messages stored, want none", n)
+	}
+}
