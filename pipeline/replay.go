@@ -159,9 +159,9 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	if w.stopping.Load() {
 		return ReplayReply{Error: fmt.Sprintf("consumer %s is shutting down: try again when holdfast runs", w.opts.Consumer)}
 	}
-	// One replay of a dead letter at a time in this process (two `dlq
-	// replay --all` at once ran the handler twice on most letters: 23 of
-	// 30 measured). The claim comes before the read, and the dead letter
+	// One replay of a dead letter at a time in this process, so that two
+	// replays at once (two `dlq replay --all`) do not both run the
+	// handler on it. The claim comes before the read, and the dead letter
 	// is deleted before the claim is released: a request that gets the
 	// claim afterwards finds it gone.
 	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
