@@ -58,11 +58,11 @@ const claimTTL = time.Hour
 // of replaysRunning; in a cluster also a consumer on the dead-letter
 // stream named after the sequence, created through the meta leader's Raft
 // log, which only one node's create can win: every node of a cluster
-// runs workers of the same consumers, and each resumed every parked
-// message at a whole-cluster restart, and answered `holdfast dlq replay`
-// through itself, so two or three of them ran the handler on the same
-// dead letter. A claim that cannot be taken is an error: the dead letter
-// stays for a later replay or start.
+// runs workers of the same consumers, each resumes every parked message
+// at a whole-cluster restart and answers `holdfast dlq replay` through
+// itself, so without the claim several of them would run the handler on
+// the same dead letter. A claim that cannot be taken is an error: the
+// dead letter stays for a later replay or start.
 func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (release func(), err error) {
 	local := stream + ":" + strconv.FormatUint(seq, 10)
 	if _, busy := replaysRunning.LoadOrStore(local, struct{}{}); busy {
