@@ -368,8 +368,8 @@ const placementWait = 30 * time.Second
 // requestRestore sends the restore request, again (every half second, up
 // to placementWait) while a cluster answers that it is settling
 // (settle.ClusterSettling; e.g. no suitable peers, 10005: right after a
-// stream was deleted under load the meta leader counted a peer offline,
-// seen once in CI). Nothing was sent yet, so asking again is safe; any
+// stream is deleted under load the meta leader may count a peer
+// offline). Nothing was sent yet, so asking again is safe; any
 // other refusal, any refusal by a single server, and the last one when
 // the wait is over are returned.
 func requestRestore(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, body []byte) (*api.JSApiStreamRestoreResponse, error) {
@@ -409,11 +409,11 @@ const firstChunkWait = 3 * time.Second
 // chunk again while no one receives it: in a cluster the stream's leader
 // answers the request through one route and announces its subscription to
 // the chunks through another, and the answer may arrive first ("no
-// responders" for the first chunk, seen in one of eight restores through a
-// node that is not the new stream's leader); the server then waited 5 s for
-// a chunk, gave up without its RESTORE_COMPLETE advisory, and the restore
-// failed. A stream saved while closed (closeStream) is created with its
-// own subjects; adjust, when set, changes the configuration further. The
+// responders" for the first chunk, through a node that is not the new
+// stream's leader); the server would then wait 5 s for a chunk, give up
+// without its RESTORE_COMPLETE advisory, and fail the restore. A stream
+// saved while closed (closeStream) is created with its own subjects;
+// adjust, when set, changes the configuration further. The
 // server creates the stream with the request's configuration, not the one
 // in the data.
 func restoreSnapshot(ctx context.Context, nc *nats.Conn, timeout time.Duration, stream string, data io.ReadCloser, meta io.ReadCloser,
@@ -523,7 +523,7 @@ func sendChunks(ctx context.Context, nc *nats.Conn, timeout time.Duration, subje
 
 // endRestore ends a restore given up halfway (interrupted, or failed on
 // this side) and waits, up to timeout, for the server to say it ended.
-// Left alone, nats-server 2.15.2 waits 5 s for the next chunk, then gives
+// Left alone, the server waits 5 s for the next chunk, then gives
 // the restore up without announcing its end (no RESTORE_COMPLETE: the
 // running holdfast would wait 30 min before it creates the stream again)
 // and keeps the stream it registered at the first chunk with what it had
@@ -590,13 +590,13 @@ const (
 // restoredConsumer looks up a consumer of a stream just restored, whose
 // ack floor should be at least floor. In a cluster nats-server answers the
 // restore before the consumers are assigned: the stream's leader proposes
-// them to the meta leader only once its restore is done (monitorStream in
-// nats-server's jetstream_cluster.go). Until then a consumer is "not
-// found", or answered by the stream leader's unassigned copy (no cluster
-// information, ack floor 0), or by a replica while no leader is elected.
-// Each of these is asked again: the first and last for up to consumerWait,
-// the unassigned copy, when clustered, for up to unassignedWait (on a
-// single server no consumer has cluster information).
+// them to the meta leader only once its restore is done. Until then a
+// consumer is "not found", or answered by the stream leader's unassigned
+// copy (no cluster information, ack floor 0), or by a replica while no
+// leader is elected. Each of these is asked again: the first and last for
+// up to consumerWait, the unassigned copy, when clustered, for up to
+// unassignedWait (on a single server no consumer has cluster
+// information).
 func restoredConsumer(ctx context.Context, js jetstream.JetStream, stream, name string, floor uint64, clustered bool) (*jetstream.ConsumerInfo, error) {
 	start := time.Now()
 	for {
@@ -683,14 +683,13 @@ const (
 	// starts the stream with one of 10.
 	maxBlock = blockSize + 8 + 10
 	// chunkTarget is how long the server should take for one chunk.
-	// nats-server (processStreamRestore in jetstream_api.go) fails a
-	// restore with "stalled" ("io: read/write on closed pipe" at the
-	// client) when 5 s pass between a chunk's arrival and the end of its
-	// write into the restore, or between two chunks: and a chunk's write
-	// ends only when the restore has taken all of it, that is after it
-	// stored every message of the blocks before the chunk's last. A
-	// quarter of a second leaves a factor of 20 for a store that slows
-	// down from one chunk to the next.
+	// nats-server fails a restore with "stalled" ("io: read/write on
+	// closed pipe" at the client) when 5 s pass between a chunk's arrival
+	// and the end of its write into the restore, or between two chunks:
+	// and a chunk's write ends only when the restore has taken all of it,
+	// that is after it stored every message of the blocks before the
+	// chunk's last. A quarter of a second leaves a factor of 20 for a
+	// store that slows down from one chunk to the next.
 	chunkTarget = 250 * time.Millisecond
 )
 
@@ -702,7 +701,7 @@ const (
 // The backup's own blocks are the server's, of 1 MiB decompressed: the
 // server stores all the messages of such a block (60,000 of zero-byte
 // payload) before it takes any byte of the next, which into a store with
-// sync = "always" (a flush per message) took more than the 5 s the
+// sync = "always" (a flush per message) can take more than the 5 s the
 // server allows, however small the chunks sent.
 type restoreReader struct {
 	file     io.ReadCloser

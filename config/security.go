@@ -333,9 +333,9 @@ func checkExists(v *validator, key, path string) {
 }
 
 // checkTLSFiles loads a certificate with its key, and a CA file, of the
-// table whose keys start with prefix, as the server will: `holdfast check`
-// passed a certificate whose key was another's, or a file that was no
-// PEM, and run then refused to start ("tls: error parsing X509
+// table whose keys start with prefix, as the server will, so that `holdfast
+// check` refuses a certificate whose key is another's, or a file that is
+// no PEM, which run would refuse at start ("tls: error parsing X509
 // certificate/key pair", naming no key). Files that are missing or
 // unreadable are reported by checkExists and checkSecretFile.
 func checkTLSFiles(v *validator, prefix, cert, key, ca string) {

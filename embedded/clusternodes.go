@@ -13,8 +13,9 @@ import (
 // this node itself (as the README's example does on every node) or not
 // (each node listing only the others): nats-server ignores a route to
 // itself, and counting it as another node, or not counting this node,
-// made a cluster of three look like one of two, so that any node down
-// read as a node replaced under another name. 0 outside a cluster.
+// would make a cluster of three look like one of two, so that any node
+// down would read as a node replaced under another name. 0 outside a
+// cluster.
 func (s *Server) ClusterNodes() int {
 	ns := s.NATS()
 	if !s.cfg.Cluster.Enabled() || ns == nil {
@@ -42,8 +43,8 @@ func (s *Server) ClusterNodes() int {
 
 // clusterNodes counts this node and the routes that do not lead to it: a
 // route leads to this node when it names the advertised host:port, or
-// this node's route port on one of its local addresses (how nats-server
-// tells, route.go). lookup resolves a host name.
+// this node's route port on one of its local addresses (as nats-server
+// tells). lookup resolves a host name.
 func clusterNodes(routes []string, port int, advertise string, local []net.IP, lookup func(string) []net.IP) int {
 	others := 0
 	for _, r := range routes {

@@ -343,7 +343,7 @@ func collectStream(ctx context.Context, js jetstream.JetStream, name string, st 
 		// A consumer keeping its state in memory has no position to lose
 		// (the workers' claims on dead letters being replayed are such
 		// consumers, deleted when the replay ends): recorded, its absence
-		// at the next start was reported as a vanished consumer.
+		// at the next start would read as a vanished consumer.
 		if ci.Config.Durable == "" || ci.Config.MemoryStorage || !durables[ci.Name] {
 			delete(durables, ci.Name)
 			continue
@@ -561,13 +561,12 @@ var ErrStoreOfAnotherCluster = errors.New("the store dir belongs to another clus
 
 // checkStoreCluster refuses, before the server starts, a store whose
 // streams were recorded in a cluster of another name. nats-server keeps
-// each stream placed in the cluster that created it: measured with
-// nats-server 2.15.2, such a stream runs on while its replicas stay the
-// same, but any change of replicas (a node's config or a reload) fails
-// with "no suitable peers for placement" ("not target cluster" in the
-// server's debug log) — at start-up every node retried that for two
-// minutes and exited — and the old cluster's streams join the new
-// cluster's.
+// each stream placed in the cluster that created it: such a stream runs
+// on while its replicas stay the same, but any change of replicas (a
+// node's config or a reload) fails with "no suitable peers for placement"
+// ("not target cluster" in the server's debug log), at start-up for
+// every node until it gives up, and the old cluster's streams join the
+// new cluster's.
 func (s *Server) checkStoreCluster() error {
 	if !s.cfg.Cluster.Enabled() {
 		return nil

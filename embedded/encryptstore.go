@@ -20,12 +20,12 @@ import (
 // start with a key: it writes the stream's key file, then its metadata and
 // checksum, and for each message block a key file and then the block
 // again, each step on its own. A start killed between two steps leaves a
-// stream it cannot load with any key or without one: measured with the
-// built binary (kill -9 during that start): "checksums do not match",
-// "unable to recover keys", "corrupt state file", the stream skipped and
-// its messages lost. holdfast therefore copies every clear-text stream
-// aside before such a start, puts the copies back if the start did not
-// finish, and removes them once the server has encrypted every one.
+// stream it cannot load with any key or without one ("checksums do not
+// match", "unable to recover keys", "corrupt state file"): the stream is
+// skipped and its messages lost. holdfast therefore copies every
+// clear-text stream aside before such a start, puts the copies back if
+// the start did not finish, and removes them once the server has
+// encrypted every one.
 
 // encryptingComplete marks a finished copy: without it the copy is
 // incomplete, and the server never started on the streams it copied.
@@ -201,9 +201,9 @@ func copyClearStreams(storeDir string, clear, other []string, free int64) error 
 // what the server would not encrypt and could then not read: its state
 // file (msgs/index.db, which it reads in clear at the encrypting start and
 // keeps as it is, then fails to decrypt at every later start) and its
-// empty message blocks (a stream never written to has one: at the second
-// start with the key the server tried to encrypt it, failed with "corrupt
-// state file" and dropped the stream). The server rebuilds the state from
+// empty message blocks (a stream never written to has one: the server
+// fails to encrypt it with "corrupt state file" and drops the stream).
+// The server rebuilds the state from
 // the blocks and writes it encrypted. Called once the copy is complete, so
 // a crash puts the stream back as it was.
 func dropClearState(streamDir string) error {
@@ -216,8 +216,8 @@ func dropClearState(streamDir string) error {
 // dropEmptyBlocks removes the zero-length message blocks of a stream the
 // server is about to convert, with their key files when withKeys (else a
 // block with a key file is kept): converting an empty block fails
-// ("corrupt state file"), and the server then dropped the whole stream
-// (measured for a stream never written to, at a cipher change).
+// ("corrupt state file"), and the server then drops the whole stream
+// (a stream never written to has one).
 func dropEmptyBlocks(streamDir string, withKeys bool) error {
 	mdir := filepath.Join(streamDir, "msgs")
 	files, err := os.ReadDir(mdir)

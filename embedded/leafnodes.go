@@ -40,8 +40,8 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 // carries them over a leafnode link to every server whose consumer of a
 // stream and consumer of the same names subscribes to it. Two edges with
 // ORDERS and FORWARD would ack (nak, terminate) each other's messages of
-// the same sequence, and a message acked that way while it waited for
-// the hub was never forwarded after a restart.
+// the same sequence, and a message acked that way while it waits for the
+// hub is not forwarded after a restart.
 func LeafDenied(cfg *config.Config) []string {
 	var out []string
 	for _, name := range cfg.StreamNames() {

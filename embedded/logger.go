@@ -50,15 +50,15 @@ type serverLogger struct {
 	createFailure string
 }
 
-// The leafnode errors a hub sends an edge that holdfast reports, as
-// nats-server (v2.15.2) words them.
+// The leafnode errors a hub sends an edge that holdfast reports, as the
+// nats-server in go.mod words them.
 const (
 	// leafDuplicate: the hub dropped the connection because another one
 	// came from a server of the same name (or the same server, over a
 	// second remote), in the same account.
 	leafDuplicate = "Duplicate Remote LeafNode Connection"
 	// leafPayloadViolation: the hub closed it for a message larger than
-	// its max_payload (leafnode.go, maxPayloadViolation).
+	// its max_payload.
 	leafPayloadViolation = "Maximum Payload Violation"
 	// leafAuthViolation: the hub refused its credentials.
 	leafAuthViolation = "Authorization Violation"
@@ -69,11 +69,11 @@ const (
 	leafTLSFailure = "TLS handshake"
 )
 
-// leafTLSError is how nats-server (v2.15.2, client.go) logs a leafnode's
+// leafTLSError is how nats-server logs a leafnode's
 // failed TLS handshake, and then the connection's close for it; the
 // prefix names the hub's address on the edge. When the hub spoke no TLS
-// (or did not answer) the handshake error is logged at debug level only
-// (isClientProbeTLSHandshakeError), and the close says it all.
+// (or did not answer) the handshake error is logged at debug level only,
+// and the close says it all.
 var leafTLSError = regexp.MustCompile(`^(\S+) - lid:\d+ - (?:TLS leafnode handshake error: (.*)|Leafnode connection closed: TLS Handshake Failure)$`)
 
 // leafReadError: the hub closed the connection, seen as a read error.
@@ -82,14 +82,14 @@ var leafTLSError = regexp.MustCompile(`^(\S+) - lid:\d+ - (?:TLS leafnode handsh
 // before the hub checks, and its refusal comes with the first read.
 const leafReadError = "Read Error"
 
-// leafReadErrorLine is how nats-server (v2.15.2) logs it.
+// leafReadErrorLine is how nats-server logs it.
 var leafReadErrorLine = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode connection closed: Read Error$`)
 
 // leafTLSNoDetail stands for the handshake error the server logged at
 // debug level only.
 const leafTLSNoDetail = "the hub answered without TLS (does it have leafnodes.cert_file?), or did not finish the handshake"
 
-// leafError is how nats-server (v2.15.2) logs on an edge an error its hub
+// leafError is how nats-server logs on an edge an error its hub
 // sent over a leafnode connection; the connection's prefix names the
 // hub's address.
 var leafError = regexp.MustCompile(`^(\S+) - lid:\d+ - Leafnode Error '([^']*)'`)
@@ -180,7 +180,7 @@ func (l *serverLogger) leafErrorCount(addr, kind string) (time.Time, string, int
 	return e.at, e.detail, e.count
 }
 
-// routeNameConflict is what nats-server (v2.15.2, route.go) logs when a
+// routeNameConflict is what nats-server logs when a
 // route's cluster name is not this node's: the remote's, then ours; or,
 // inside "Route Error '...'", what the other node sent back (ours first).
 var routeNameConflict = regexp.MustCompile(`Rejecting connection, cluster name "([^"]*)" does not match "([^"]*)"`)
@@ -207,7 +207,7 @@ func (l *serverLogger) noteRouteRefusal(msg string) {
 	l.routeRefusal, l.routeRefusedAt = why, time.Now()
 }
 
-// routeDuplicateName is what nats-server (v2.15.2, route.go) logs when it
+// routeDuplicateName is what nats-server logs when it
 // accepts a route from a server with its own server name (the connection's
 // prefix names the other end's address); it then closes that route, and
 // the nodes keep trying again.
@@ -239,12 +239,11 @@ func (l *serverLogger) RouteRefusal(d time.Duration) string {
 	return l.routeRefusal
 }
 
-// storeWriteErrors are what nats-server (v2.15.2) logs when a write to the
-// file store fails: filestore.go and raft.go "Critical write error",
-// stream.go "JetStream failed to store a msg", jetstream.go "JetStream out
-// of ... resources" and the permission-denied shutdowns. A file store that
-// got a write error refuses every later write until it is opened again
-// (fileStore.werr is never cleared), even after space was freed.
+// storeWriteErrors are what nats-server logs when a write to the file
+// store fails: "Critical write error", "JetStream failed to store a msg",
+// "JetStream out of ... resources" and the permission-denied shutdowns. A
+// file store that got a write error refuses every later write until it
+// is opened again, even after space is freed.
 var storeWriteErrors = []string{"Critical write error", "JetStream failed to store a msg", "JetStream out of",
 	"permission denied while writing"}
 

@@ -14,14 +14,11 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
-// nats-server (v2.15.2) deletes the whole directory of a stream it fails
-// to open while it recovers the store at start-up (stream.go: setupStore
-// fails, stop(true) removes the directory), whatever the cause: too many
+// nats-server deletes the whole directory of a stream it fails to open
+// while it recovers the store at start-up, whatever the cause: too many
 // open files, an I/O error, a file it may not open. It skips a stream
-// whose meta file it cannot read, and holdfast's data-loss check then
-// found it vanished and moved it aside. Measured with 40 streams and
-// `ulimit -n 12`: 3 stream directories deleted and 25 moved aside by one
-// start, all of them intact before it.
+// whose meta file it cannot read, which holdfast's data-loss check would
+// then find vanished and move aside, though its files are intact.
 //
 // So before the server starts, holdfast hard-links every file of every
 // stream directory into store.RecoveryLinksDirName (no data is copied), and
@@ -307,7 +304,7 @@ func (f StreamLoadFailure) Environmental() bool {
 }
 
 // noteLoadFailure records a stream or consumer the server says it could
-// not load (nats-server v2.15.2, jetstream.go's wording).
+// not load, in the words of the server's log.
 func (l *serverLogger) noteLoadFailure(format string, v []any) {
 	var name string
 	switch format {

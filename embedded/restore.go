@@ -9,8 +9,8 @@ import (
 
 // RestoreRunning tells whether nats-server still runs a restore of stream:
 // the restore's subscription to its data ($JS.SNAPSHOT.RESTORE.<stream>.<id>)
-// stays until the restore ended, announced or not. nats-server 2.15.2 gives
-// up a restore whose client stopped sending after 5 s, without its
+// stays until the restore ended, announced or not. The server gives up a
+// restore whose client stopped sending after 5 s, without its
 // RESTORE_COMPLETE advisory. known is false in a cluster, where the
 // restore runs on the stream's leader, maybe another node.
 func (s *Server) RestoreRunning(stream string) (running, known bool) {

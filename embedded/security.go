@@ -67,10 +67,9 @@ func InternalPermissions() *server.Permissions {
 		// identity receives until it answers, or until Expires: group
 		// commit receives each client publish and leaves the answer of
 		// those it passes on with the client's reply to the stream, so
-		// without Expires the server kept one entry per such publish
-		// for good (measured: about 60 bytes each and growing, under
-		// [auth], and a scan of all of them every 4096 publishes).
-		// Group commit answers within 30 s of sending a batch.
+		// without Expires the server would keep an entry per such
+		// publish for good. Group commit answers within 30 s of sending
+		// a batch.
 		Response: &server.ResponsePermission{MaxMsgs: 1, Expires: InternalReplyExpiry},
 	}
 }

@@ -29,7 +29,7 @@ import (
 // context naming the asset), preceded by the nonce it was sealed with. The
 // data files are encrypted with keys derived from the seed, so a key file
 // re-sealed under another key leaves them readable. These are the
-// server's file names and contexts (nats-server v2.15.2, filestore.go).
+// server's file names and contexts.
 const (
 	keyFileName      = "meta.key" // of a stream (context: its name) and of a consumer ("stream.consumer")
 	blockKeySuffix   = ".key"     // msgs/N.key, of message block N ("stream:N")
@@ -115,9 +115,9 @@ func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
 // meta group's and each stream's and consumer's raft log, in the system
 // account's _js_ directory): a file store each, named for its group, whose
 // key the server derives with the group's name where a stream's has the
-// account's. The server opens them with the configured key only: after a
-// rotation it failed with "Can't start JetStream: chacha20poly1305:
-// message authentication failed" (measured on a three-node cluster).
+// account's. The server opens them with the configured key only: one
+// left under the old key after a rotation stops JetStream from starting
+// ("chacha20poly1305: message authentication failed").
 func clusterLogKeyFiles(dir string) ([]storeKeyFile, error) {
 	groups, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -220,13 +220,11 @@ type rekeyResult struct {
 // Before anything is written, every key file is opened: if one opens with
 // neither key, nothing is changed and the error (ErrEncryptionKey) lists
 // what the key does not open. Without this the server would load a
-// stream whose consumers it cannot decrypt (it rotates consumers only
-// between ciphers, never between keys: nats-server v2.15.2) and skip
-// those consumers with a warning, and holdfast would create them anew
-// and deliver the stream again from the start; and it deletes a message
-// block whose key file it cannot open (measured: 4 blocks, 100 messages
-// of a stream gone at a start with the new key alone after a rotation
-// that left them under the old one), before any check of holdfast's.
+// stream whose consumers it cannot decrypt (it converts consumers only
+// between ciphers, never between keys) and skip those consumers with a
+// warning, and holdfast would create them anew and deliver the stream
+// again from the start; and it would delete a message block whose key
+// file it cannot open, before any check of holdfast's.
 func rekeyStore(jsDir, newKey, oldKey, keyFile, oldKeyFile string) (rekeyResult, error) {
 	res := rekeyResult{streams: map[string]bool{}}
 	files, err := listStoreKeyFiles(jsDir)

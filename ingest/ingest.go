@@ -14,8 +14,8 @@
 // flight joins the next batch. Everything goes out in arrival order on one
 // connection, and the stream applies its inbound messages and batch commits
 // one at a time in that order, so several batches may be in flight and
-// still be stored in the order they were sent (embedded's
-// TestAssumeBatchesStoredInSendOrder checks the server does so).
+// still be stored in the order they were sent (see
+// embedded/natsassume_test.go).
 package ingest
 
 import (
@@ -43,8 +43,8 @@ import (
 
 // How batches are cut (README.md, Group commit, documents these figures).
 const (
-	// maxBatch is nats-server's default maximum atomic batch size
-	// (TestAssumeAtomicBatchLimit).
+	// maxBatch is nats-server's default maximum atomic batch size (see
+	// embedded/natsassume_test.go).
 	maxBatch = 1000
 	// maxBatchBytes bounds the bytes of one batch.
 	maxBatchBytes = 8 << 20
@@ -52,9 +52,9 @@ const (
 	// server allows 50 per stream, 1000 per server).
 	maxInflight = 4
 	// minBatch is the smallest batch: fewer messages are published one by
-	// one (pipelined), because an atomic batch costs a fixed ~2.4 ms (the
-	// server stages it in a store of its own) against ~0.2 ms per single
-	// flushed message on the disks measured here.
+	// one (pipelined), because an atomic batch has a fixed cost (the
+	// server stages it in a store of its own) of about a dozen single
+	// flushed messages.
 	minBatch = 16
 	// answerTimeout is how long a batch may go unanswered before its
 	// clients are given up on (they see their own publish timeout).
@@ -95,11 +95,10 @@ type Options struct {
 	MaxWaitingMsgs  int
 }
 
-// DefaultMaxWaitingBytes and DefaultMaxWaitingMsgs are the limits of a
-// stream's inbound queue in nats-server v2.15.2
-// (streamDefaultMaxQueueBytes and streamDefaultMaxQueueMsgs), beyond which
-// it answers publishes with "too many requests": group commit queues them
-// in its stead.
+// DefaultMaxWaitingBytes and DefaultMaxWaitingMsgs are the server's
+// default limits of a stream's inbound queue, beyond which it answers
+// publishes with "too many requests": group commit queues them in its
+// stead.
 const (
 	DefaultMaxWaitingBytes = 128 << 20
 	DefaultMaxWaitingMsgs  = 100_000
@@ -424,9 +423,10 @@ func (c *Committer) intake(ctx context.Context) {
 
 // admit queues m for run, or refuses it when the waiting limits are
 // reached. A burst larger than the stream's inbound queue is refused in
-// part by the server ("too many requests"); held here instead, it took
-// twice its size in memory, and the server closed the ingest connection
-// as a slow consumer, leaving what was in flight unanswered.
+// part by the server ("too many requests"); held here without a bound, it
+// would take twice its size in memory, and the server would close the
+// ingest connection as a slow consumer, leaving what is in flight
+// unanswered.
 func (c *Committer) admit(m *nats.Msg) {
 	it := item{m: m, size: c.size(m)}
 	c.qmu.Lock()

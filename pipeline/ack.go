@@ -30,15 +30,10 @@ var ackPayload = []byte("+ACK")
 // One confirmation covers a whole batch. The acker sends a plain ack for
 // each message but the last, then a confirmed ack (AckSync, a request) for
 // the last, all on the one connection the messages came from. The server
-// handles a connection's acks to a consumer in the order they were sent,
-// and answers the AckSync only after it handled it (nats-server v2.15.2:
-// client.deliverMsg calls the consumer's internal subscription callback
-// inline in the connection's read loop, server/client.go; that callback,
-// consumer.pushAck, appends the ack to the consumer's FIFO queue ackMsgs;
-// one goroutine, consumer.processInboundAcks, takes them in order and
-// consumer.processAck sends the reply of an AckSync after applying it,
-// server/consumer.go). So the confirmation of the last ack means the
-// server has handled every earlier one. A batch that is not confirmed (no
+// queues a connection's acks to a consumer in the order they were sent,
+// applies them one at a time, and answers an AckSync only after applying
+// it. So the confirmation of the last ack means the server has handled
+// every earlier one. A batch that is not confirmed (no
 // answer within ackConfirmTimeout, a closed connection) counts every
 // message in it as a Failure; the messages whose acks did not arrive are
 // delivered again after ack_wait — never lost.

@@ -758,9 +758,8 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 	}()
 	// In a cluster the consumer is created through the meta leader and
 	// then set up on the node that leads it: a pull request right after
-	// the create met no responders there (measured: `holdfast dlq ls`
-	// failed with "nats: no responders available for request" in most
-	// runs on a fresh three-node cluster). Asked again for a while.
+	// the create may meet no responders there, so it is asked again for a
+	// while.
 	settleUntil := time.Now().Add(5 * time.Second)
 	for {
 		msg, err := oc.Next(jetstream.FetchMaxWait(2 * time.Second))

@@ -16,7 +16,7 @@ import (
 // puller sends a consumer's pull requests on one long-lived inbox
 // subscription. nats.go's Fetch subscribes a fresh inbox for every request
 // and unsubscribes it at the end; with a request per batch of a few
-// hundred messages that cost bounded how fast the workers drain a stream.
+// hundred messages that cost bounds how fast the workers drain a stream.
 // Only one request is out at a time, so every message that arrives
 // belongs to it; after a request that got no answer the inbox is replaced,
 // so that a late answer cannot be taken for the next one.

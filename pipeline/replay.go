@@ -58,11 +58,11 @@ const claimTTL = time.Hour
 // of replaysRunning; in a cluster also a consumer on the dead-letter
 // stream named after the sequence, created through the meta leader's Raft
 // log, which only one node's create can win: every node of a cluster
-// runs workers of the same consumers, and each resumed every parked
-// message at a whole-cluster restart, and answered `holdfast dlq replay`
-// through itself, so two or three of them ran the handler on the same
-// dead letter. A claim that cannot be taken is an error: the dead letter
-// stays for a later replay or start.
+// runs workers of the same consumers, each resumes every parked message
+// at a whole-cluster restart and answers `holdfast dlq replay` through
+// itself, so without the claim several of them would run the handler on
+// the same dead letter. A claim that cannot be taken is an error: the
+// dead letter stays for a later replay or start.
 func (w *Workers) claimReplay(ctx context.Context, stream string, seq uint64) (release func(), err error) {
 	local := stream + ":" + strconv.FormatUint(seq, 10)
 	if _, busy := replaysRunning.LoadOrStore(local, struct{}{}); busy {
@@ -159,9 +159,9 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	if w.stopping.Load() {
 		return ReplayReply{Error: fmt.Sprintf("consumer %s is shutting down: try again when holdfast runs", w.opts.Consumer)}
 	}
-	// One replay of a dead letter at a time in this process (two `dlq
-	// replay --all` at once ran the handler twice on most letters: 23 of
-	// 30 measured). The claim comes before the read, and the dead letter
+	// One replay of a dead letter at a time in this process, so that two
+	// replays at once (two `dlq replay --all`) do not both run the
+	// handler on it. The claim comes before the read, and the dead letter
 	// is deleted before the claim is released: a request that gets the
 	// claim afterwards finds it gone.
 	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)

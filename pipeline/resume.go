@@ -60,10 +60,10 @@ func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *handl
 // The workers call it only when no pull request of theirs is open any
 // more: the server would deliver the message to that request again at
 // once, the workers (stopping) would give it back again, and so on until
-// the request's batch ran out — each round spending a delivery, so that a
-// message published during a stop reached max_deliver in milliseconds
-// without a handler ever seeing it (parked, or with dead_letter = ""
-// given up by the server).
+// the request's batch runs out — each round spending a delivery, so that
+// a message published during a stop would reach max_deliver in
+// milliseconds without a handler ever seeing it (parked, or with
+// dead_letter = "" given up by the server).
 func (w *Workers) giveBack(msg jetstream.Msg) {
 	md, err := msg.Metadata()
 	if err == nil && w.opts.MaxDeliver > 0 && md.NumDelivered >= uint64(w.opts.MaxDeliver) && w.opts.DeadLetter != "" {
@@ -133,8 +133,8 @@ func (w *Workers) resumeInterrupted() {
 }
 
 // resume1 runs the handler on one parked message, unless `holdfast dlq
-// replay` is handling it (or has handled it) meanwhile: both ran the
-// handler on it.
+// replay` is handling it (or has handled it) meanwhile, so that the
+// handler does not run on it twice.
 func (w *Workers) resume1(dl DeadLetter) {
 	// A claim the cluster cannot take yet (a meta leader being elected
 	// at a whole-cluster start) is asked again, once a second for a while.

@@ -1,4 +1,4 @@
-// Command compare measures a stock nats-server v2.15.2 with the nats CLI's
+// Command compare measures a stock nats-server with the nats CLI's
 // `nats bench` and `holdfast bench` on the same machine, with the same
 // message size and count, and prints a markdown table with the ratios
 // holdfast/stock. It is what `make bench-compare` runs.

@@ -65,8 +65,8 @@ func connect(c *cli.Context, jsOpts ...jetstream.JetStreamOpt) (*config.Config, 
 // connectJetStream is connect for the commands that need JetStream's API
 // (dlq, backup, restore): a server that answers that it has no JetStream,
 // or where nothing answers JetStream requests, is refused at once, saying
-// so; they used to fail at their first request with nats.go's "no
-// responders available for request". Any other answer (a user not allowed
+// so, rather than at the first request with nats.go's "no responders
+// available for request". Any other answer (a user not allowed
 // $JS.API.INFO, a timeout) is left to the command's own requests. pub does
 // without: a publisher may be allowed its subjects only, and a publish
 // denied by permissions goes unanswered until the timeout.
@@ -182,7 +182,7 @@ func connectHint(c *cli.Context, err error) string {
 	given := c.String("user") != "" || c.String("token") != "" || c.String("creds") != ""
 	switch {
 	case strings.Contains(msg, "authorization") && given:
-		// It used to say "requires credentials" to whoever had passed them.
+		// Credentials were given: the hint is about them, not their absence.
 		return "the server refused the credentials given (--user and --password/HOLDFAST_PASSWORD, --token or --creds): check them against [auth] in holdfast's config"
 	case strings.Contains(msg, "authorization"):
 		return "the server requires credentials: pass --user with HOLDFAST_PASSWORD, --token or --creds"

@@ -63,8 +63,8 @@ func pubCommand() *cli.Command {
 					return usageError(fmt.Errorf("--header %q: use Name:Value", h))
 				}
 				if name := strings.TrimSpace(k); strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
-					// nats.go sent it, and the publish failed with "nats:
-					// message could not decode headers".
+					// nats.go would send it, and the publish would fail
+					// with "nats: message could not decode headers".
 					return usageError(fmt.Errorf("--header %q: the name %q holds a blank or a control character; use a name such as X-Order-Id", h, name))
 				}
 				msg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
@@ -103,16 +103,15 @@ func pubCommand() *cli.Command {
 // pubAckWait is how long holdfast pub waits for each PubAck. A publish
 // whose request reached a stream leader that lost its quorum, or died,
 // is never answered: without a limit the asynchronous publishes of
-// --count waited forever.
+// --count would wait forever.
 const pubAckWait = 10 * time.Second
 
 // A single publish that no stream answered ("no responders": nothing
 // stored) is sent again every pubRetryWait, pubRetries times: a stream
-// leader's election after its node died takes 4-5 s and up to 9 s and more
-// (nats-server's election timeout is random between 4 and 9 s), during
-// which a publish failed after half a second; with 7.5 s of retries, one
-// failed in CI (TestClusterPubDuringLeaderElection). The asynchronous publishes of
-// --count are not retried (nats.go arms no PubAck timeout on a retry).
+// leader's election after its node died can take 9 s and more
+// (nats-server's election timeout is random between 4 and 9 s), and the
+// retries outlast it. The asynchronous publishes of --count are not
+// retried (nats.go arms no PubAck timeout on a retry).
 const (
 	pubRetryWait = 250 * time.Millisecond
 	pubRetries   = 48 // 12 s

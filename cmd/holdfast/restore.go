@@ -135,9 +135,9 @@ func printRestored(w io.Writer, m *backup.Manifest, restored []backup.Restored) 
 // checkBackupAgainstConfig refuses, before anything changes, a backup
 // whose streams or consumers differ from the config in a field the server
 // cannot change in place (a stream's retention or storage, a consumer's
-// ack or deliver policy): the restore succeeded, and holdfast then refused
-// to start at its next start (measured: a workqueue ORDERS restored into a
-// holdfast configured with limits).
+// ack or deliver policy): the restore would succeed, and holdfast would
+// then refuse to start at its next start (e.g. a workqueue stream restored
+// into a holdfast configured with limits retention).
 func checkBackupAgainstConfig(cfg *config.Config, dir string, m *backup.Manifest, only []string) error {
 	todo, err := m.Select(only)
 	if err != nil {

@@ -195,10 +195,8 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 // checkDrift returns every difference the server cannot apply in place
 // (DriftError) between the config and the streams, dead-letter streams
 // and consumers that exist, before anything is changed: else the streams
-// sorted before the one that drifted were updated, and a reload then said
-// "not changed" and kept the old config as the running one (measured:
-// max_age of ORDERS 72h -> 24h applied while ZZZ's retention change was
-// refused).
+// sorted before the one that drifted would be updated while a reload says
+// "not changed" and keeps the old config as the running one.
 func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) error {
 	var errs []error
 	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, _ bool) {
@@ -276,8 +274,8 @@ func warnUnconfiguredConsumers(ctx context.Context, js jetstream.JetStream, cfg 
 // (dlq.<CONSUMER>.>) today gives that subject up, so that the new
 // dead-letter stream can take it. Nothing is deleted: the dead letters
 // already there stay in the old stream (logged, with where to find them).
-// Without this, creating the new stream failed on overlapping subjects and
-// holdfast could not start.
+// Otherwise creating the new stream fails on overlapping subjects and
+// holdfast cannot start.
 func releaseMovedDeadLetters(ctx context.Context, js jetstream.JetStream, dls map[string][]string, log *slog.Logger) error {
 	for _, target := range slices.Sorted(maps.Keys(dls)) {
 		for _, consumer := range dls[target] {

@@ -14,11 +14,10 @@ import (
 // (max_msgs, max_bytes, max_age) that the server would enforce at once by
 // deleting messages a durable consumer of the stream has not processed
 // yet, and returns one line per limit kept, naming the key, the consumer
-// and what to do. A config edit is not a retention loss: without this, a
-// reload or start that lowered max_msgs below the backlog deleted the
-// unprocessed messages in the same instant (measured: max_msgs 1000000 ->
-// 5 with 20 waiting removed 15), and holdfast only reported the loss
-// afterwards.
+// and what to do. A config edit is not a retention loss: a reload or
+// start that lowers max_msgs below the backlog would otherwise delete the
+// unprocessed messages in the same instant, and holdfast would only
+// report the loss afterwards.
 //
 // The server enforces max_msgs and max_bytes on an update only with
 // discard old; max_age always. max_bytes is judged with the stream's
@@ -159,9 +158,9 @@ func firstUnprocessed(ctx context.Context, s jetstream.Stream, ci *jetstream.Con
 // the line that says so, or "". holdfast raises a stream's replicas from
 // its config but never lowers them: every node of a cluster applies its
 // own config at its start or reload, so one node's file saying
-// replicas = 1 (a copy of a single node's, a typo) made the shared stream
-// R1 on every node, each acknowledged message then on one disk. Lowering
-// them is the operator's act, once, with nats stream edit.
+// replicas = 1 (a copy of a single node's, a typo) would make the shared
+// stream R1 on every node, each acknowledged message then on one disk.
+// Lowering them is the operator's act, once, with nats stream edit.
 func holdBackReplicas(have jetstream.StreamConfig, next *jetstream.StreamConfig, changes []Change, deadLetter bool) (kept string, rest []Change) {
 	if next.Replicas >= have.Replicas {
 		return "", changes

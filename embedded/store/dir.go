@@ -370,9 +370,8 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 // running holdfast cannot read and write (a directory: also enter), as
 // left by running holdfast once as root. nats-server deletes the whole
 // directory of a stream whose files it cannot open while it recovers the
-// store at start-up (v2.15.2, stream.go: setupStore fails, stop(true)),
-// and holdfast then found the stream vanished: measured, one root-owned
-// message block cost all of its stream's messages.
+// store at start-up, so one such message block costs all of its stream's
+// messages.
 func checkAccess(dir, path string, isDir bool) error {
 	mode := uint32(unix.R_OK | unix.W_OK)
 	if isDir {

@@ -22,7 +22,7 @@ const (
 // so that a full store refuses publishes with an error instead of hitting
 // ENOSPC. The server answers no publish once a stream got a write error
 // (publishers time out), and that stream stays broken until a restart even
-// after space was freed; JetStream's own limit answers every publish with
+// after space is freed; JetStream's own limit answers every publish with
 // "insufficient resources" and lifts as soon as messages are removed.
 // lowered reports whether the limit is below want.
 func FileStoreLimit(check *DirCheck, want int64) (limit int64, lowered bool) {

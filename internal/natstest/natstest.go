@@ -165,13 +165,12 @@ func ConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *je
 
 // FreePort returns a TCP port of 127.0.0.1 that was free a moment ago:
 // the listener that found it is closed again, so something else may take
-// it before the test binds it. Two things did, once the cluster and
-// leafnode tests ran in parallel: the kernel handed the same port to two
-// calls (a cluster's config then listed one route twice), and the servers'
-// outgoing connections took a port from the same ephemeral range before
-// its test bound it (a node never became ready). So the ports come from
-// below the ephemeral range (ip_local_port_range starts at 32768), and
-// none is handed out twice in a test binary.
+// it before the test binds it. With tests in parallel, the kernel may hand
+// the same port to two calls (a cluster's config would list one route
+// twice), and the servers' outgoing connections may take a port from the
+// ephemeral range before its test binds it (a node never becomes ready).
+// So the ports come from below the ephemeral range (ip_local_port_range
+// starts at 32768), and none is handed out twice in a test binary.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	handedOut.Lock()

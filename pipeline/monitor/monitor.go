@@ -789,8 +789,8 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 	}
 	if kind == "DELETED" {
 		// A restore given up by its client (interrupted, or failed) is
-		// never announced complete: nats-server 2.15.2 ends it after 5 s
-		// without data and publishes no RESTORE_COMPLETE. holdfast
+		// never announced complete: the server ends it after 5 s without
+		// data and publishes no RESTORE_COMPLETE. holdfast
 		// restore ends it itself first; a client that does not (nats
 		// stream restore, an older holdfast) may delete what it left,
 		// and that deletion ends the restore here.
