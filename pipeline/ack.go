@@ -32,8 +32,9 @@ var ackPayload = []byte("+ACK")
 // the last, all on the one connection the messages came from. The server
 // queues a connection's acks to a consumer in the order they were sent,
 // applies them one at a time, and answers an AckSync only after applying
-// it. So the confirmation of the last ack means the server has handled
-// every earlier one. A batch that is not confirmed (no
+// it (TestAssumeAcksOfOneConnectionInOrder in embedded/natsassume_test.go).
+// So the confirmation of the last ack means the server has handled every
+// earlier one. A batch that is not confirmed (no
 // answer within ackConfirmTimeout, a closed connection) counts every
 // message in it as a Failure; the messages whose acks did not arrive are
 // delivered again after ack_wait — never lost.
