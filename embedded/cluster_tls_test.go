@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
@@ -27,14 +28,14 @@ func TestClusterTLS(t *testing.T) {
 	}
 	servers := make([]*Server, len(ports))
 	for i, p := range ports {
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		cfg.Server.Name = fmt.Sprintf("node%d", i+1)
 		cfg.Cluster = config.ClusterConfig{Name: "tls", Listen: fmt.Sprintf("127.0.0.1:%d", p), Routes: routes,
 			CertFile: certs.ServerCert, KeyFile: certs.ServerKey, CAFile: certs.CA}
 		if err := cfg.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		log, _ := testLogger(t)
+		log, _ := natstest.Logger(t)
 		servers[i] = New(cfg, log)
 		servers[i].ReadyTimeout = 20 * time.Second
 	}

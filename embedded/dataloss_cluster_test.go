@@ -15,32 +15,12 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
-// testClusterConfigs returns the configs of n nodes that form one
-// JetStream cluster on 127.0.0.1, each with its own store.
-func testClusterConfigs(t *testing.T, n int) []*config.Config {
-	t.Helper()
-	ports := make([]int, n)
-	var routes []string
-	for i := range ports {
-		ports[i] = natstest.FreePort(t)
-		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", ports[i]))
-	}
-	cfgs := make([]*config.Config, n)
-	for i, p := range ports {
-		cfg := testConfig(t)
-		cfg.Server.Name = fmt.Sprintf("node%d", i+1)
-		cfg.Cluster = config.ClusterConfig{Name: "loss", Listen: fmt.Sprintf("127.0.0.1:%d", p), Routes: routes}
-		cfg.JetStream.OnDataLoss = "refuse"
-		if err := cfg.Validate(); err != nil {
-			t.Fatal(err)
-		}
-		cfgs[i] = cfg
-	}
-	return cfgs
-}
+// refuseDataLoss makes a node refuse to start on a store that lost data.
+func refuseDataLoss(cfg *config.Config) { cfg.JetStream.OnDataLoss = "refuse" }
 
 // openCluster opens a server per config at the same moment (none is
 // ready before a quorum is up).
@@ -51,7 +31,7 @@ func openCluster(t *testing.T, cfgs []*config.Config) ([]*Server, []*natstest.Bu
 	errs := make(chan error, len(cfgs))
 	for i, cfg := range cfgs {
 		var log *slog.Logger
-		log, logs[i] = testLogger(t)
+		log, logs[i] = natstest.Logger(t)
 		servers[i] = New(cfg, log)
 		servers[i].ReadyTimeout = time.Minute
 		servers[i].StateInterval = 50 * time.Millisecond
@@ -78,7 +58,7 @@ func openCluster(t *testing.T, cfgs []*config.Config) ([]*Server, []*natstest.Bu
 // on_data_loss = "refuse", would refuse to start; and the recorder
 // overwrote the stream's recorded position with nothing.
 func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "loss", refuseDataLoss)
 	servers, _ := openCluster(t, cfgs)
 
 	ctx := natstest.Context(t)
@@ -119,7 +99,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 	// The stream's only replica goes, then another node restarts.
 	closeServer(t, servers[host])
 	closeServer(t, servers[restarted])
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfgs[restarted], log)
 	s.ReadyTimeout = time.Minute
 	s.StateInterval = 50 * time.Millisecond
@@ -147,7 +127,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 	}
 
 	// Its node back, the stream answers and is recorded as it is.
-	log, _ = testLogger(t)
+	log, _ = natstest.Logger(t)
 	back := New(cfgs[host], log)
 	back.ReadyTimeout = time.Minute
 	if err := back.Open(natstest.Context(t)); err != nil {
@@ -183,7 +163,7 @@ func streamInfo(t *testing.T, js jetstream.JetStream, name string) *jetstream.St
 // loss for that node: the cluster decided it. The node starts with
 // on_data_loss = "refuse" and says what changed.
 func TestClusterStreamDeletedWhileANodeWasDown(t *testing.T) {
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "loss", refuseDataLoss)
 	servers, _ := openCluster(t, cfgs)
 	js := servers[0].JetStream()
 	for _, name := range []string{"GONE", "AGAIN"} {
@@ -244,7 +224,7 @@ func TestClusterStreamDeletedWhileANodeWasDown(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfgs[down], log)
 	s.ReadyTimeout = time.Minute
 	if err := s.Open(natstest.Context(t)); err != nil {
@@ -274,7 +254,7 @@ func TestClusterKeyRotation(t *testing.T) {
 	keys := t.TempDir()
 	oldKey := writeKey(t, keys, "old", strings.Repeat("o", 40))
 	newKey := writeKey(t, keys, "new", strings.Repeat("n", 44))
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "loss", refuseDataLoss)
 	for _, c := range cfgs {
 		c.JetStream.EncryptionKeyFile = oldKey
 	}
@@ -353,7 +333,7 @@ func TestClusterKeyRotation(t *testing.T) {
 // replicated stream comes back encrypted.
 func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "loss", refuseDataLoss)
 	servers, _ := openCluster(t, cfgs)
 	ctx := natstest.Context(t)
 	js := servers[0].JetStream()

@@ -16,6 +16,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
@@ -24,7 +25,7 @@ import (
 // messages to ORDERS. It does not close it.
 func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *natstest.Buffer) {
 	t.Helper()
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
 	if err := s.Open(natstest.Context(t)); err != nil {
@@ -44,7 +45,7 @@ func lossServer(t *testing.T, cfg *config.Config, n int) (*Server, *natstest.Buf
 // reopen opens a second server on the same config and returns Open's error.
 func reopen(t *testing.T, cfg *config.Config, accept bool) (*Server, *natstest.Buffer, error) {
 	t.Helper()
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
 	s.AcceptDataLoss = accept
@@ -77,7 +78,7 @@ func bumpRecorded(t *testing.T, dir, stream string, by uint64) {
 }
 
 func TestCleanRestartReportsNoLoss(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 5)
 	// An operator purge keeps the last sequence: no loss either.
 	str, err := s.JetStream().Stream(natstest.Context(t), "ORDERS")
@@ -103,7 +104,7 @@ func TestCleanRestartReportsNoLoss(t *testing.T) {
 }
 
 func TestStreamGoneBackwardsWarns(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
 	bumpRecorded(t, cfg.JetStream.StoreDir, "ORDERS", 7)
@@ -129,7 +130,7 @@ func TestStreamGoneBackwardsWarns(t *testing.T) {
 }
 
 func TestStreamGoneBackwardsRefuses(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
 	bumpRecorded(t, cfg.JetStream.StoreDir, "ORDERS", 7)
@@ -160,7 +161,7 @@ func TestStreamGoneBackwardsRefuses(t *testing.T) {
 // moves the orphaned directory aside before the bootstrap creates the
 // stream anew.
 func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 4)
 	closeServer(t, s)
 	dir := cfg.JetStream.StoreDir
@@ -190,14 +191,14 @@ func TestVanishedStreamIsReportedAndMovedAside(t *testing.T) {
 	if !strings.Contains(lb.String(), "stream ORDERS vanished") || !strings.Contains(lb.String(), moved) {
 		t.Errorf("log does not name the vanished stream and where its data went:\n%s", lb.String())
 	}
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	if err := bootstrap.Apply(natstest.Context(t), s2.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap after the loss: %v", err)
 	}
 }
 
 func TestVanishedStreamRefusedKeepsItsDirectory(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 2)
 	closeServer(t, s)
 	streamDir := filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS")
@@ -216,7 +217,7 @@ func TestVanishedStreamRefusedKeepsItsDirectory(t *testing.T) {
 
 // A consumer that lost its position redelivers: reported, never refused.
 func TestConsumerGoneBackwardsOnlyWarns(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 1)
 	closeServer(t, s)
 	st, _ := ReadStoreState(cfg.JetStream.StoreDir)
@@ -264,8 +265,8 @@ func TestStoreStateFile(t *testing.T) {
 }
 
 func TestRecorderRecordsWhileRunning(t *testing.T) {
-	cfg := testConfig(t)
-	log, _ := testLogger(t)
+	cfg := configtest.Default(t)
+	log, _ := natstest.Logger(t)
 	s := New(cfg, log)
 	s.StateInterval = 50 * time.Millisecond
 	if err := s.Open(natstest.Context(t)); err != nil {
@@ -329,7 +330,7 @@ func TestCorruptMessageBlockIsReported(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			s, _ := lossServer(t, cfg, 20)
 			closeServer(t, s)
 			blks, _ := filepath.Glob(filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS", "msgs", "*.blk"))
@@ -441,8 +442,8 @@ func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
 // An idle server does not rewrite the state file every interval; a change
 // is recorded.
 func TestRecorderWritesOnlyOnChange(t *testing.T) {
-	cfg := testConfig(t)
-	log, _ := testLogger(t)
+	cfg := configtest.Default(t)
+	log, _ := natstest.Logger(t)
 	s := New(cfg, log)
 	s.StateInterval = 20 * time.Millisecond
 	if err := s.Open(natstest.Context(t)); err != nil {
@@ -501,7 +502,7 @@ func TestStateFileWithInvalidNames(t *testing.T) {
 		`{"version":1,"streams":{"../x":{"last_seq":10}}}`,
 		`{"version":1,"streams":{},"consumers":{"ORDERS/W":{"stream":"../ORDERS","name":"W","ack_floor":3}}}`,
 	} {
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		s, _ := lossServer(t, cfg, 3)
 		closeServer(t, s)
 		path := filepath.Join(cfg.JetStream.StoreDir, store.StateFileName)
@@ -520,7 +521,7 @@ func TestStateFileWithInvalidNames(t *testing.T) {
 // such consumers, recorded when a record fell during a replay, and their
 // absence at the next start was reported as a consumer that vanished.
 func TestMemoryConsumerIsNotRecorded(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 1)
 	if _, err := s.JetStream().CreateConsumer(natstest.Context(t), "ORDERS_DLQ", jetstream.ConsumerConfig{
 		Durable: subjects.ReplayClaim(1), AckPolicy: jetstream.AckNonePolicy, DeliverPolicy: jetstream.DeliverNewPolicy,

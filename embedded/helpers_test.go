@@ -10,47 +10,11 @@ import (
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
-// testConfig returns the built-in defaults (stream ORDERS, consumer
-// WORKER1) with the store in a fresh t.TempDir(), a random client port, no
-// HTTP listener and no in-process workers.
-func testConfig(t *testing.T) *config.Config {
-	t.Helper()
-	cfg := config.DefaultConfig()
-	cfg.Server.Name = "holdfast-test"
-	cfg.Server.Port = -1
-	cfg.JetStream.StoreDir = t.TempDir()
-	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
-	cfg.JetStream.MaxMemoryStore = config.Bytes(64 << 20)
-	cfg.HTTP.Listen = ""
-	for _, c := range cfg.Consumers {
-		c.Workers = 0
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatalf("test config does not validate: %v", err)
-	}
-	return cfg
-}
-
-// testLogger returns a debug logger that writes into a buffer dumped on
-// failure: the lines are printed only when the test fails, so that server
-// goroutines logging during shutdown never call t.Log after the test has
-// returned.
-func testLogger(t *testing.T) (*slog.Logger, *natstest.Buffer) {
-	t.Helper()
-	lb := &natstest.Buffer{}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("log:\n%s", lb.String())
-		}
-	})
-	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
-}
-
 // runServer opens an embedded server for cfg and closes it when the test
 // ends.
 func runServer(t *testing.T, cfg *config.Config) *Server {
 	t.Helper()
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	return runServerWithLog(t, cfg, log)
 }
 

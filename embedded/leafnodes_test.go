@@ -16,6 +16,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
@@ -25,7 +26,7 @@ import (
 // when user is set.
 func leafHubConfig(t *testing.T, user, passwordFile string) *config.Config {
 	t.Helper()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.Name = "hub"
 	cfg.JetStream.Domain = "hub"
 	cfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
@@ -42,7 +43,7 @@ func leafHubConfig(t *testing.T, user, passwordFile string) *config.Config {
 // remote, the hub's listener.
 func leafEdgeConfig(t *testing.T, name string, hub *config.Config, remote config.RemoteConfig) *config.Config {
 	t.Helper()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.Name = name
 	cfg.JetStream.Domain = name
 	remote.URL = "nats-leaf://" + hub.LeafNodes.Listen
@@ -80,7 +81,7 @@ func TestLeafNodesEdgeToHub(t *testing.T) {
 	var logs []*natstest.Buffer
 	for _, name := range []string{"edge1", "edge2"} {
 		cfg := leafEdgeConfig(t, name, hubCfg, config.RemoteConfig{})
-		log, lb := testLogger(t)
+		log, lb := natstest.Logger(t)
 		e := runServerWithLog(t, cfg, log)
 		if err := bootstrap.Apply(ctx, e.JetStream(), cfg, slog.New(slog.DiscardHandler)); err != nil {
 			t.Fatal(err)
@@ -207,7 +208,7 @@ func TestLeafNodesTLS(t *testing.T) {
 // TestLeafDenied: an edge keeps its streams' subjects, the acks of their
 // consumers and the dead letters off the link.
 func TestLeafDenied(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Streams["MORE"] = config.DefaultStream([]string{"more.>", "orders.*"})
 	got := strings.Join(LeafDenied(cfg), " ")
 	if got != "$JS.ACK.MORE.> $JS.ACK.ORDERS.> $JS.ACK.ORDERS_DLQ.> $JS.EVENT.> dlq.> more.> orders.*" {
@@ -251,7 +252,7 @@ func TestLeafPermissions(t *testing.T) {
 		}, nil, []string{"edge.>", "site.>"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			cfg.Server.Name = "edge1"
 			tc.change(cfg)
 			p := InternalPermissions()
@@ -265,14 +266,14 @@ func TestLeafPermissions(t *testing.T) {
 			}
 		})
 	}
-	leafPermissions(nil, testConfig(t)) // no permissions (no [auth]): nothing to add to
+	leafPermissions(nil, configtest.Default(t)) // no permissions (no [auth]): nothing to add to
 }
 
 // TestBootstrapSources: sources are created and changed in place (logged
 // field by field); a changed mirror is refused by name, the stream kept.
 func TestBootstrapSources(t *testing.T) {
 	ctx := context.Background()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Streams["COPY"] = config.DefaultStream(nil)
 	cfg.Streams["COPY"].Sources = []config.SourceConfig{{Name: "ORDERS", FilterSubject: "orders.created"}}
 	cfg.Streams["MIRROR"] = config.DefaultStream(nil)

@@ -26,6 +26,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/internal/testcert"
@@ -83,7 +84,7 @@ func (a *asyncErrors) has(fragment string) error {
 
 func applyConfig(t *testing.T, s *Server, cfg *config.Config) {
 	t.Helper()
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	if err := bootstrap.Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("bootstrap over the internal connection: %v", err)
 	}
@@ -150,7 +151,7 @@ func checkInternalConnection(t *testing.T, s *Server, pub jetstream.JetStream) {
 
 func TestAuthUsersPermissions(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	hashFile := filepath.Join(t.TempDir(), "reader.hash")
 	if err := os.WriteFile(hashFile, []byte(bcryptHash(t, "reader-password")+"\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -166,7 +167,7 @@ func TestAuthUsersPermissions(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	log, logs := testLogger(t)
+	log, logs := natstest.Logger(t)
 	s := New(cfg, log)
 	passwords := captureIdentity(s)
 	openServer(t, s)
@@ -346,7 +347,7 @@ func grepTree(t *testing.T, dir string, needle []byte) string {
 
 func TestAuthToken(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -385,14 +386,14 @@ func TestAuthToken(t *testing.T) {
 
 func TestSecretFileReadableByOthersRefusesStart(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	_ = os.Chmod(tokenFile, 0o644)
 	cfg.Auth.TokenFile = tokenFile
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	err := openWithin(t, New(cfg, log), 20*time.Second)
 	if err == nil || !strings.Contains(err.Error(), "auth.token_file") || !strings.Contains(err.Error(), "mode 0644") {
 		t.Fatalf("Open = %v, want a refusal naming auth.token_file and its mode", err)
@@ -407,7 +408,7 @@ func TestTLS(t *testing.T) {
 	}
 	t.Run("server certificate", func(t *testing.T) {
 		t.Parallel()
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, MinVersion: "1.2"}
 		s := runServer(t, cfg)
 		applyConfig(t, s, cfg)
@@ -438,7 +439,7 @@ func TestTLS(t *testing.T) {
 	})
 	t.Run("verify client certificates", func(t *testing.T) {
 		t.Parallel()
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		cfg.TLS = config.TLSConfig{CertFile: certs.ServerCert, KeyFile: certs.ServerKey, CAFile: certs.CA, Verify: true, MinVersion: "1.3"}
 		s := runServer(t, cfg)
 		applyConfig(t, s, cfg)
@@ -496,11 +497,11 @@ func TestEncryptionAtRest(t *testing.T) {
 	const canary = "PLAINTEXT-CANARY-4f1c2a"
 	keys := t.TempDir()
 	key := writeKey(t, keys, "key", strings.Repeat("0123456789", 5))
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.JetStream.EncryptionKeyFile = key
 
 	open := func(cfg *config.Config) (*Server, error) {
-		log, _ := testLogger(t)
+		log, _ := natstest.Logger(t)
 		s := New(cfg, log)
 		s.ReadyTimeout = 30 * time.Second
 		return s, openWithin(t, s, 30*time.Second)
@@ -588,7 +589,7 @@ func TestEncryptionControl(t *testing.T) {
 	t.Parallel()
 	// Without a key the payload is in the store in clear text: the grep
 	// in TestEncryptionAtRest would find it.
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s := runServer(t, cfg)
 	applyConfig(t, s, cfg)
 	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.plain", []byte("PLAINTEXT-CONTROL-77")); err != nil {
@@ -600,7 +601,7 @@ func TestEncryptionControl(t *testing.T) {
 }
 
 func TestOptionsLimits(t *testing.T) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.MaxConnections = 7
 	cfg.Server.MaxSubscriptions = 9
 	opts := Options(cfg, t.TempDir())
@@ -617,7 +618,7 @@ func TestOptionsLimits(t *testing.T) {
 // streams at that start, and they stay readable.
 func TestEncryptionAddedToPlainStore(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s := runServer(t, cfg)
 	applyConfig(t, s, cfg)
 	if _, err := s.JetStream().Publish(natstest.Context(t), "orders.before", []byte("PLAIN-BEFORE-KEY")); err != nil {
@@ -677,7 +678,7 @@ func TestReservedSubjects(t *testing.T) {
 		{"token", func(c *config.Config) { c.Auth.TokenFile = tokenFile }, nats.Token("0123456789abcdef-token")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			tc.setup(cfg)
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
@@ -765,7 +766,7 @@ func TestSystemAccount(t *testing.T) {
 	}
 
 	t.Run("no auth, loopback", func(t *testing.T) {
-		s := runServer(t, testConfig(t))
+		s := runServer(t, configtest.Default(t))
 		url := s.NATS().ClientURL()
 		if err := ping(t, url, nats.UserInfo(SystemUser, "")); err != nil {
 			t.Errorf("user system: %v", err)
@@ -784,7 +785,7 @@ func TestSystemAccount(t *testing.T) {
 		}
 	})
 	t.Run("no auth beyond loopback", func(t *testing.T) {
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		cfg.Server.Host = "0.0.0.0"
 		cfg.Server.AllowAnonymous = true
 		if err := cfg.Validate(); err != nil {
@@ -800,7 +801,7 @@ func TestSystemAccount(t *testing.T) {
 		}
 	})
 	t.Run("auth user marked system", func(t *testing.T) {
-		cfg := testConfig(t)
+		cfg := configtest.Default(t)
 		cfg.Auth.Users = map[string]*config.UserConfig{
 			"ops": {Password: bcryptHash(t, "ops-password"), System: true},
 			"app": {Password: bcryptHash(t, "app-password")},
@@ -861,7 +862,7 @@ func TestAnonymousRefusedWithAuth(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			cfg.Server.Host = tc.host
 			if tc.token {
 				cfg.Auth.Token = "a-long-shared-token-0123456789"
@@ -898,7 +899,7 @@ func TestAnonymousRefusedWithAuth(t *testing.T) {
 // start needs its peers, the options are checked as the server takes them).
 func TestServerAddsNoUsers(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.Host = "0.0.0.0"
 	cfg.Auth.Users = map[string]*config.UserConfig{
 		"app":   {Password: bcryptHash(t, "app-password")},

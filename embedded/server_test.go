@@ -16,13 +16,14 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 func TestServerOpenVerifiesFileStore(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s := runServer(t, cfg)
 
 	want, err := filepath.Abs(cfg.JetStream.StoreDir)
@@ -58,10 +59,10 @@ func TestServerOpenVerifiesFileStore(t *testing.T) {
 
 func TestServerSecondOnSameStoreIsRefused(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	first := runServer(t, cfg)
 
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	second := New(cfg, log)
 	err := openWithin(t, second, 20*time.Second)
 	if err == nil {
@@ -94,14 +95,14 @@ func TestServerSecondOnSameStoreIsRefused(t *testing.T) {
 // into an error instead of waiting for readiness.
 func TestServerJetStreamFailureIsAnError(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	// holdfast's own checks pass (the store dir is a writable directory),
 	// but the server cannot create its jetstream directory inside it.
 	blocker := filepath.Join(cfg.JetStream.StoreDir, server.JetStreamStoreDir)
 	if err := os.WriteFile(blocker, []byte("not a directory\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfg, log) // default ReadyTimeout (minutes): only the fatal report can end Open in time
 	err := openWithin(t, s, 20*time.Second)
 	if err == nil {
@@ -135,10 +136,10 @@ func TestServerPortInUseIsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.Port = ln.Addr().(*net.TCPAddr).Port
 
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	s := New(cfg, log)
 	err = openWithin(t, s, 20*time.Second)
 	if err == nil {
@@ -159,8 +160,8 @@ func TestServerPortInUseIsAnError(t *testing.T) {
 
 func TestServerCloseIsIdempotent(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	log, _ := testLogger(t)
+	cfg := configtest.Default(t)
+	log, _ := natstest.Logger(t)
 
 	never := New(cfg, log)
 	if err := never.Close(context.Background()); err != nil {
@@ -190,8 +191,8 @@ func TestServerCloseIsIdempotent(t *testing.T) {
 
 func TestServerOpenHonoursContext(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	log, _ := testLogger(t)
+	cfg := configtest.Default(t)
+	log, _ := natstest.Logger(t)
 	s := New(cfg, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -213,7 +214,7 @@ func TestServerOpenHonoursContext(t *testing.T) {
 
 func TestOptionsFromConfig(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Server.Port = 14222
 	cfg.JetStream.Domain = "edge"
 	opts := Options(cfg, "/var/lib/holdfast")
@@ -247,8 +248,8 @@ func TestOptionsFromConfig(t *testing.T) {
 // connection — here a subscription too slow for its messages, which are
 // dropped — is logged with the connection and the subject, not lost.
 func TestInProcessConnectionErrorsAreLogged(t *testing.T) {
-	log, lb := testLogger(t)
-	s := runServerWithLog(t, testConfig(t), log)
+	log, lb := natstest.Logger(t)
+	s := runServerWithLog(t, configtest.Default(t), log)
 	nc, err := s.Connect("holdfast-test-conn")
 	if err != nil {
 		t.Fatal(err)
@@ -367,8 +368,8 @@ func TestNoteLeafDuplicate(t *testing.T) {
 // passed without a word; it is logged as a warning now, with the
 // connection's name.
 func TestInProcessDisconnectLogged(t *testing.T) {
-	log, lb := testLogger(t)
-	s := runServerWithLog(t, testConfig(t), log)
+	log, lb := natstest.Logger(t)
+	s := runServerWithLog(t, configtest.Default(t), log)
 	nc, err := s.Connect("holdfast-ingest")
 	if err != nil {
 		t.Fatal(err)
@@ -392,8 +393,8 @@ func TestInProcessDisconnectLogged(t *testing.T) {
 // TestInProcessCloseNotLogged: closing an in-process connection (holdfast
 // shutting down or reloading) is no loss and logs no warning.
 func TestInProcessCloseNotLogged(t *testing.T) {
-	log, lb := testLogger(t)
-	s := runServerWithLog(t, testConfig(t), log)
+	log, lb := natstest.Logger(t)
+	s := runServerWithLog(t, configtest.Default(t), log)
 	nc, err := s.Connect("holdfast-ingest")
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -24,10 +25,10 @@ import (
 // config (closed).
 func keyedStore(t *testing.T, keyFile, cipher string) *config.Config {
 	t.Helper()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.JetStream.EncryptionKeyFile = keyFile
 	cfg.JetStream.EncryptionCipher = cipher
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
 	if err := openWithin(t, s, 30*time.Second); err != nil {
@@ -70,7 +71,7 @@ func keyedStore(t *testing.T, keyFile, cipher string) *config.Config {
 // of keyedStore is there.
 func checkKeyedStore(t *testing.T, cfg *config.Config) {
 	t.Helper()
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := New(cfg, log)
 	s.ReadyTimeout = 30 * time.Second
 	if err := openWithin(t, s, 30*time.Second); err != nil {
@@ -153,7 +154,7 @@ func TestKeyRotationKeepsConsumers(t *testing.T) {
 			rotated.JetStream.EncryptionOldKeyFile = ""
 			checkKeyedStore(t, &rotated)
 			before := treeDigest(t, cfg.JetStream.StoreDir)
-			log, _ := testLogger(t)
+			log, _ := natstest.Logger(t)
 			s := New(cfg, log)
 			s.ReadyTimeout = 30 * time.Second
 			err := openWithin(t, s, 30*time.Second)
@@ -212,7 +213,7 @@ func TestKeyRotationInterrupted(t *testing.T) {
 
 	rotated.JetStream.EncryptionOldKeyFile = ""
 	before := treeDigest(t, cfg.JetStream.StoreDir)
-	log, _ := testLogger(t)
+	log, _ := natstest.Logger(t)
 	s := New(&rotated, log)
 	s.ReadyTimeout = 30 * time.Second
 	err = openWithin(t, s, 30*time.Second)
@@ -264,7 +265,7 @@ func TestCipherChangeKeepsUnusedStream(t *testing.T) {
 // (ORDERS and ORDERS_DLQ never written to), then starts it three times as
 // configured by after: the streams must stay.
 func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config)) {
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.JetStream.OnDataLoss = "refuse"
 	before(cfg)
 	s := runServer(t, cfg)
@@ -274,7 +275,7 @@ func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config
 	}
 	after(cfg)
 	for start := range 3 {
-		log, lb := testLogger(t)
+		log, lb := natstest.Logger(t)
 		s := New(cfg, log)
 		s.ReadyTimeout = 30 * time.Second
 		if err := openWithin(t, s, 30*time.Second); err != nil {
@@ -304,7 +305,7 @@ func checkUnusedStreamsConverted(t *testing.T, before, after func(*config.Config
 // its completion mark is only removed: the server never started on it.
 func TestEncryptingStartInterrupted(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 10)
 	closeServer(t, s)
 	storeDir := cfg.JetStream.StoreDir
@@ -362,7 +363,7 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 // instead of holdfast refusing every start.
 func TestEncryptingKeepsAStreamTheServerCannotLoad(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
 	sum := filepath.Join(cfg.JetStream.StoreDir, "jetstream", "$G", "streams", "ORDERS", "meta.sum")
@@ -399,7 +400,7 @@ func TestEncryptingKeepsAStreamTheServerCannotLoad(t *testing.T) {
 // streams (the server writes 0600); they were 0640.
 func TestEncryptingCopyKeepsModes(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
 	storeDir := cfg.JetStream.StoreDir

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/embedded/store"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -42,7 +43,7 @@ func TestCheckStore(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := runServer(t, testConfig(t))
+			s := runServer(t, configtest.Default(t))
 			if err := s.CheckStore(); err != nil {
 				t.Fatalf("untouched store: %v", err)
 			}
@@ -61,7 +62,7 @@ func TestCheckStore(t *testing.T) {
 // TestWatchStoreStopsJetStream: once the store is lost, JetStream stops
 // (no more PubAcks) and onLost is called once with the reason.
 func TestWatchStoreStopsJetStream(t *testing.T) {
-	s := runServer(t, testConfig(t))
+	s := runServer(t, configtest.Default(t))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	lost := make(chan error, 2)
@@ -101,7 +102,7 @@ func mustDo(t *testing.T, err error) {
 // while running, and holdfast exited 1 after a `nats stream rm` of the
 // last stream.
 func TestLastStreamDeletedIsNoStoreLoss(t *testing.T) {
-	s := runServer(t, testConfig(t))
+	s := runServer(t, configtest.Default(t))
 	js := s.JetStream()
 	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ONLY", Subjects: []string{"only.>"}}); err != nil {
 		t.Fatal(err)

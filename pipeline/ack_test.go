@@ -20,6 +20,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/pipelinetest"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
@@ -35,7 +36,7 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := startEnvWith(t, func(cfg *config.Config) {
+	e := pipelinetest.StartWith(t, func(cfg *config.Config) {
 		cfg.Auth.Users = map[string]*config.UserConfig{
 			"lossy": {Password: string(hash), PublishDeny: []string{"$JS.ACK.>"}},
 		}
@@ -43,7 +44,7 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 		cc.AckWait = config.Dur(time.Second)
 		cc.MaxDeliver = 100
 	})
-	nc, err := nats.Connect(e.srv.NATS().ClientURL(), nats.UserInfo("lossy", "lossy-password"))
+	nc, err := nats.Connect(e.Srv.NATS().ClientURL(), nats.UserInfo("lossy", "lossy-password"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 	if n := w.Stats().Acked.Load(); n != 0 {
 		t.Fatalf("%d acks counted as confirmed, none reached the server", n)
 	}
-	if f := e.consumerInfo().AckFloor.Stream; f != 0 {
+	if f := e.ConsumerInfo().AckFloor.Stream; f != 0 {
 		t.Fatalf("ack floor %d, want 0", f)
 	}
 }
@@ -98,15 +99,15 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 // once.
 func TestMaxAckPendingRespected(t *testing.T) {
 	const maxAckPending = 8
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxAckPending = maxAckPending })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxAckPending = maxAckPending })
 	release := make(chan struct{})
 	var held, most atomic.Int64
 	rec := &recorder{}
 	var seqs []uint64
 	for i := range 40 {
-		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+		seqs = append(seqs, e.Publish("orders.created", strconv.Itoa(i), nil))
 	}
-	e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		n := held.Add(1)
 		for {
@@ -120,19 +121,19 @@ func TestMaxAckPendingRespected(t *testing.T) {
 	}), maxAckPending/2, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
 	// Half the allowed messages are being handled, the other half queued.
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
-		if n := e.consumerInfo().NumAckPending; n != maxAckPending {
+		if n := e.ConsumerInfo().NumAckPending; n != maxAckPending {
 			return fmt.Errorf("%d messages out, want max_ack_pending %d", n, maxAckPending)
 		}
 		return nil
 	})
 	time.Sleep(1500 * time.Millisecond) // a pull request expires and is renewed
-	if n := e.consumerInfo().NumAckPending; n > maxAckPending {
+	if n := e.ConsumerInfo().NumAckPending; n > maxAckPending {
 		t.Fatalf("%d messages out, more than max_ack_pending %d", n, maxAckPending)
 	}
 	close(release)
 	last := seqs[len(seqs)-1]
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if f := e.consumerInfo().AckFloor.Stream; f != last {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != last {
 			return fmt.Errorf("ack floor %d of %d", f, last)
 		}
 		return nil
@@ -151,9 +152,9 @@ func TestMaxAckPendingRespected(t *testing.T) {
 // when the workers stop are given back at once (nak without delay), so
 // the next workers get them long before ack_wait.
 func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 	started := make(chan struct{}, 100)
-	w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	w := e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		started <- struct{}{}
 		select {
 		case <-time.After(300 * time.Millisecond):
@@ -163,10 +164,10 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 	}), 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 64 })
 	var seqs []uint64
 	for i := range 20 {
-		seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+		seqs = append(seqs, e.Publish("orders.created", strconv.Itoa(i), nil))
 	}
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if n := e.consumerInfo().NumAckPending; n != len(seqs) {
+		if n := e.ConsumerInfo().NumAckPending; n != len(seqs) {
 			return fmt.Errorf("%d of %d pulled", n, len(seqs))
 		}
 		return nil
@@ -180,13 +181,13 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 		t.Fatalf("all %d handled before the shutdown: nothing was queued", handled)
 	}
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Ok()
 	}), 4)
 	last := seqs[len(seqs)-1]
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error { // ack_wait is a minute
-		if f := e.consumerInfo().AckFloor.Stream; f != last {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != last {
 			return fmt.Errorf("ack floor %d of %d: queued messages not given back at once", f, last)
 		}
 		return nil
@@ -203,9 +204,9 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 // server and one connection, both progress: the fast one finishes while
 // the slow one is still working through its messages.
 func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	ctx := context.Background()
-	if _, err := e.js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
+	if _, err := e.JS.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
 		Durable: "FAST", AckPolicy: jetstream.AckExplicitPolicy, AckWait: 5 * time.Second, MaxAckPending: 1000,
 	}); err != nil {
 		t.Fatal(err)
@@ -214,10 +215,10 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ws := e.workersWith(slow, 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
+	ws := e.WorkersWith(slow, 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 256 })
 	var mu sync.Mutex
 	fast := map[uint64]bool{}
-	wf := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
+	wf := pipeline.NewWorkers(e.JS, e.Srv.Conn(), pipeline.ConsumerOptions{
 		Stream: "ORDERS", Consumer: "FAST", Workers: 2, Prefetch: 256, AckWait: 5 * time.Second,
 		Handler: handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 			mu.Lock()
@@ -232,7 +233,7 @@ func TestSlowConsumerDoesNotStarveFast(t *testing.T) {
 	defer wf.Close(ctx)
 	const n = 200
 	for i := range n {
-		e.publish("orders.created", strconv.Itoa(i), nil)
+		e.Publish("orders.created", strconv.Itoa(i), nil)
 	}
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if a := wf.Stats().Acked.Load(); a != n {
@@ -277,17 +278,17 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := startEnv(t, nil)
+			e := pipelinetest.Start(t, nil)
 			msgs := 2000
 			if tc.handler > 0 {
 				msgs = 60
 			}
 			var seqs []uint64
 			for i := range msgs {
-				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+				seqs = append(seqs, e.Publish("orders.created", strconv.Itoa(i), nil))
 			}
 			// The workers' pull requests, as the server gets them.
-			nc := natstest.Connect(t, e.srv.NATS())
+			nc := natstest.Connect(t, e.Srv.NATS())
 			var mu sync.Mutex
 			largest := 0
 			sub, err := nc.Subscribe("$JS.API.CONSUMER.MSG.NEXT.ORDERS."+config.DefaultConsumerName, func(m *nats.Msg) {
@@ -307,7 +308,7 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sub.Unsubscribe()
-			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+			e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				select {
 				case <-time.After(tc.handler):
 				case <-ctx.Done():
@@ -316,7 +317,7 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 			}), 2, func(o *pipeline.ConsumerOptions) { o.Prefetch, o.MaxPrefetch = 16, 998 })
 			last := seqs[len(seqs)-1]
 			natstest.CheckFor(t, time.Minute, 20*time.Millisecond, func() error {
-				if f := e.consumerInfo().AckFloor.Stream; f != last {
+				if f := e.ConsumerInfo().AckFloor.Stream; f != last {
 					return fmt.Errorf("ack floor %d of %d", f, last)
 				}
 				return nil
@@ -338,25 +339,25 @@ func TestPullDepthFollowsHandlers(t *testing.T) {
 // 900 KB after a hub outage held them all: 1.06 GB of RSS.
 func TestHeldBytesBounded(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	const (
 		n       = 30
 		size    = 900 << 10
 		limit   = 4 << 20
 		mostMsg = limit / size // 4
 	)
-	if int(e.cfg.Server.MaxPayload.Bytes) < size+1024 || 2*int(e.cfg.Server.MaxPayload.Bytes) > limit {
-		t.Fatalf("max_payload %d: the test needs one 900 KB message to fit and two of max_payload to fit in %d", e.cfg.Server.MaxPayload.Bytes, limit)
+	if int(e.Cfg.Server.MaxPayload.Bytes) < size+1024 || 2*int(e.Cfg.Server.MaxPayload.Bytes) > limit {
+		t.Fatalf("max_payload %d: the test needs one 900 KB message to fit and two of max_payload to fit in %d", e.Cfg.Server.MaxPayload.Bytes, limit)
 	}
 	body := strings.Repeat("x", size)
 	for range n {
-		e.publish("orders.created", body, nil)
+		e.Publish("orders.created", body, nil)
 	}
 	release := make(chan struct{})
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	var handled atomic.Int64
-	e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		<-release
 		handled.Add(1)
 		return handler.Ok()
@@ -368,7 +369,7 @@ func TestHeldBytesBounded(t *testing.T) {
 	// The handler blocks on the first message: what the workers hold is
 	// what the consumer counts as delivered and not acknowledged.
 	ctx := context.Background()
-	c, err := e.js.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	c, err := e.JS.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
 	if err != nil {
 		t.Fatal(err)
 	}

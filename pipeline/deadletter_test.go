@@ -17,6 +17,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/pipelinetest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -28,10 +29,10 @@ func failing(reason string) handler.Handler {
 	})
 }
 
-func (e *testEnv) waitDLQ(want uint64) {
-	e.t.Helper()
-	natstest.CheckFor(e.t, 15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != want {
+func waitDLQ(e *pipelinetest.Env, want uint64) {
+	e.T.Helper()
+	natstest.CheckFor(e.T, 15*time.Second, 20*time.Millisecond, func() error {
+		if n := e.DLQCount(); n != want {
 			return fmt.Errorf("%d dead letters, want %d", n, want)
 		}
 		return nil
@@ -44,35 +45,35 @@ func (e *testEnv) waitDLQ(want uint64) {
 // duplicates of the old incarnation's dead letters (same stream, consumer
 // and sequence, inside the dead-letter stream's duplicate window).
 func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	ctx := context.Background()
-	w := e.workers(failing("exit status 65"), 1)
+	w := e.Workers(failing("exit status 65"), 1)
 	for i := 0; i < 3; i++ {
-		e.publish("orders.created", fmt.Sprintf("old-%d", i), nil)
+		e.Publish("orders.created", fmt.Sprintf("old-%d", i), nil)
 	}
-	e.waitDLQ(3)
+	waitDLQ(e, 3)
 	if err := w.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	// Back up, delete, change retention, restart: bootstrap recreates
 	// ORDERS (at seq 1) and WORKER1; the dead-letter stream stays.
-	if err := e.js.DeleteStream(ctx, "ORDERS"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "ORDERS"); err != nil {
 		t.Fatal(err)
 	}
-	e.cfg.Streams["ORDERS"].Retention = "workqueue"
-	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	e.Cfg.Streams["ORDERS"].Retention = "workqueue"
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
-	w2 := e.workers(failing("exit status 65"), 1)
+	w2 := e.Workers(failing("exit status 65"), 1)
 	for i := 0; i < 3; i++ {
-		if seq := e.publish("orders.created", fmt.Sprintf("new-%d", i), nil); seq != uint64(i+1) {
+		if seq := e.Publish("orders.created", fmt.Sprintf("new-%d", i), nil); seq != uint64(i+1) {
 			t.Fatalf("recreated stream stored at seq %d", seq)
 		}
 	}
-	e.waitDLQ(6)
+	waitDLQ(e, 6)
 	for seq := uint64(4); seq <= 6; seq++ {
-		dl := e.dlqMsg(seq)
+		dl := e.DLQMsg(seq)
 		if want := fmt.Sprintf("new-%d", seq-4); string(dl.Data) != want {
 			t.Fatalf("dead letter %d holds %q, want %q", seq, dl.Data, want)
 		}
@@ -80,7 +81,7 @@ func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
 	// The originals are terminated only now that their own dead letters
 	// are stored: the workqueue stream empties.
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		s, err := e.js.Stream(ctx, "ORDERS")
+		s, err := e.JS.Stream(ctx, "ORDERS")
 		if err != nil {
 			return err
 		}
@@ -96,7 +97,7 @@ func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
 	if n := w2.Stats().DeadLettered.Load(); n != 3 {
 		t.Fatalf("dead-lettered %d, want 3", n)
 	}
-	if n := e.dlqCount(); n != 6 {
+	if n := e.DLQCount(); n != 6 {
 		t.Fatalf("%d dead letters, want 6", n)
 	}
 }
@@ -105,9 +106,9 @@ func TestDeadLettersStoredAfterStreamRecreated(t *testing.T) {
 // a different message stored under the same Nats-Msg-Id is no proof, and
 // the original is kept.
 func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 100 })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 100 })
 	ctx := context.Background()
-	s, err := e.js.Stream(ctx, "ORDERS")
+	s, err := e.JS.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,70 +118,55 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 	squatter := nats.NewMsg("dlq.WORKER1.orders.created")
 	squatter.Header.Set(nats.MsgIdHdr, pipeline.DeadLetterMsgID("ORDERS", "WORKER1", 1, created))
 	squatter.Data = []byte("not the message")
-	if _, err := e.js.PublishMsg(ctx, squatter); err != nil {
+	if _, err := e.JS.PublishMsg(ctx, squatter); err != nil {
 		t.Fatal(err)
 	}
-	w := e.workers(failing("bad"), 1)
-	seq := e.publish("orders.created", "the message", nil)
+	w := e.Workers(failing("bad"), 1)
+	seq := e.Publish("orders.created", "the message", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Failures.Load(); n < 1 {
 			return fmt.Errorf("%d failures", n)
 		}
 		return nil
 	})
-	if info := e.consumerInfo(); info.AckFloor.Stream >= seq {
+	if info := e.ConsumerInfo(); info.AckFloor.Stream >= seq {
 		t.Fatal("original terminated on a duplicate PubAck that points at another message")
 	}
 	if n := w.Stats().DeadLettered.Load(); n != 0 {
 		t.Fatalf("counted %d dead letters", n)
 	}
-	if n := e.dlqCount(); n != 1 {
+	if n := e.DLQCount(); n != 1 {
 		t.Fatalf("%d messages in the dead-letter stream", n)
 	}
-	if got := e.dlqMsg(1).Header.Get("Holdfast-Original-Seq"); got != "" {
+	if got := e.DLQMsg(1).Header.Get("Holdfast-Original-Seq"); got != "" {
 		t.Fatalf("squatter changed: %q", got)
 	}
 }
 
-// workersLogged starts workers like e.workers, with their own counters and
+// workersLogged starts workers like e.Workers, with their own counters and
 // their log in the returned buffer.
-func (e *testEnv) workersLogged(h handler.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
-	e.t.Helper()
-	cc := e.cfg.Consumers[config.DefaultConsumerName]
-	var backoff []time.Duration
-	for _, b := range cc.Backoff {
-		backoff = append(backoff, b.Duration)
-	}
+func workersLogged(e *pipelinetest.Env, h handler.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
+	e.T.Helper()
 	buf := &natstest.Buffer{}
-	w := pipeline.NewWorkers(e.js, e.srv.Conn(), pipeline.ConsumerOptions{
-		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
-		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
-		DeadLetter: cc.DeadLetter, Handler: h,
-	}, slog.New(slog.NewTextHandler(buf, nil)))
-	w.ShutdownTimeout = 2 * time.Second
-	if err := w.Open(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { w.Close(context.Background()) })
-	return w, buf
+	return e.OpenWorkers(e.Options(h, n), slog.New(slog.NewTextHandler(buf, nil))), buf
 }
 
 // forgeMaxDeliveries publishes a max-deliveries advisory for seq of
 // ORDERS/WORKER1, as any client of the account could.
-func (e *testEnv) forgeMaxDeliveries(seq uint64, domain string) {
-	e.t.Helper()
+func forgeMaxDeliveries(e *pipelinetest.Env, seq uint64, domain string) {
+	e.T.Helper()
 	adv := fmt.Sprintf(`{"type":"io.nats.jetstream.advisory.v1.max_deliver","id":"forged","timestamp":"2026-12-01T00:00:00Z","stream":"ORDERS","consumer":"WORKER1","stream_seq":%d,"deliveries":5,"domain":%q}`, seq, domain)
-	if err := e.srv.Conn().Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1", []byte(adv)); err != nil {
-		e.t.Fatal(err)
+	if err := e.Srv.Conn().Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1", []byte(adv)); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
 // waitLogOrDeadLetter waits until the log holds want (count times) or a
 // dead letter appears.
-func (e *testEnv) waitLogOrDeadLetter(buf *natstest.Buffer, want string, count int) {
-	e.t.Helper()
-	natstest.CheckFor(e.t, 15*time.Second, 20*time.Millisecond, func() error {
-		if e.dlqCount() > 0 || strings.Count(buf.String(), want) >= count {
+func waitLogOrDeadLetter(e *pipelinetest.Env, buf *natstest.Buffer, want string, count int) {
+	e.T.Helper()
+	natstest.CheckFor(e.T, 15*time.Second, 20*time.Millisecond, func() error {
+		if e.DLQCount() > 0 || strings.Count(buf.String(), want) >= count {
 			return nil
 		}
 		return fmt.Errorf("no %q in the log and no dead letter", want)
@@ -192,10 +178,10 @@ func (e *testEnv) waitLogOrDeadLetter(buf *natstest.Buffer, want string, count i
 // consumer's state first: by the workers that acknowledged the message,
 // and by later workers that know nothing of it.
 func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	ok := handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() })
-	w, buf := e.workersLogged(ok, 2)
-	seq := e.publish("orders.created", "done", nil)
+	w, buf := workersLogged(e, ok, 2)
+	seq := e.Publish("orders.created", "done", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if w.Stats().Acked.Load() != 1 {
 			return fmt.Errorf("not acked yet")
@@ -203,24 +189,24 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 		return nil
 	})
 	const ignored = "does not match the consumer's state: ignored"
-	e.forgeMaxDeliveries(seq, "")
-	e.waitLogOrDeadLetter(buf, ignored, 1)
-	if n := e.dlqCount(); n != 0 {
+	forgeMaxDeliveries(e, seq, "")
+	waitLogOrDeadLetter(e, buf, ignored, 1)
+	if n := e.DLQCount(); n != 0 {
 		t.Fatalf("a forged advisory dead-lettered an acknowledged message (%d dead letters)", n)
 	}
 	// Issue 12: an advisory of another JetStream domain (a hub's, across a
 	// leafnode) is not about this server's consumer.
-	e.forgeMaxDeliveries(seq, "hub")
-	e.waitLogOrDeadLetter(buf, "not from this server's JetStream: ignored", 1)
+	forgeMaxDeliveries(e, seq, "hub")
+	waitLogOrDeadLetter(e, buf, "not from this server's JetStream: ignored", 1)
 
 	// New workers, which did not see the ack: the server's state says no.
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	_, buf2 := e.workersLogged(ok, 1)
-	e.forgeMaxDeliveries(seq, "")
-	e.waitLogOrDeadLetter(buf2, ignored, 1)
-	if n := e.dlqCount(); n != 0 {
+	_, buf2 := workersLogged(e, ok, 1)
+	forgeMaxDeliveries(e, seq, "")
+	waitLogOrDeadLetter(e, buf2, ignored, 1)
+	if n := e.DLQCount(); n != 0 {
 		t.Fatalf("a forged advisory dead-lettered an acknowledged message (%d dead letters)", n)
 	}
 }
@@ -233,23 +219,23 @@ func TestForgedMaxDeliveriesAdvisoryIgnored(t *testing.T) {
 // carries the handler's own reason, as a give-up on the last delivery does.
 func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	retry := handler.Func(func(context.Context, *handler.Message) handler.Result {
 		res := handler.RetryLater("upstream said 503")
 		res.RetryAfter = 3 * time.Second
 		return res
 	})
-	w, buf := e.workersLogged(retry, 1)
-	seq := e.publish("orders.created", "x", nil)
+	w, buf := workersLogged(e, retry, 1)
+	seq := e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Retried.Load(); n != 1 {
 			return fmt.Errorf("%d retries", n)
 		}
 		return nil
 	})
-	natstest.EditConsumer(t, e.js, "ORDERS", config.DefaultConsumerName, func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 1 })
-	e.waitDLQ(1)
-	dl := pipeline.ParseDeadLetter("ORDERS_DLQ", e.dlqMsg(1))
+	natstest.EditConsumer(t, e.JS, "ORDERS", config.DefaultConsumerName, func(c *jetstream.ConsumerConfig) { c.MaxDeliver = 1 })
+	waitDLQ(e, 1)
+	dl := pipeline.ParseDeadLetter("ORDERS_DLQ", e.DLQMsg(1))
 	if dl.OriginalSeq != seq || !strings.Contains(dl.Error, "upstream said 503") || strings.Contains(dl.Error, "did not finish") {
 		t.Fatalf("dead letter of seq %d says %q; want the handler's reason", dl.OriginalSeq, dl.Error)
 	}
@@ -264,16 +250,16 @@ func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 // until the dead-letter stream takes it, and counted as failing meanwhile.
 func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(2 * time.Second)
 	})
 	ctx := context.Background()
-	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := e.workersLogged(failing("bad"), 1)
-	seq := e.publish("orders.created", "x", nil)
+	w, _ := workersLogged(e, failing("bad"), 1)
+	seq := e.Publish("orders.created", "x", nil)
 	// Six failed attempts take 100+200+400+800+1600ms between them: longer
 	// than ack_wait.
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
@@ -282,7 +268,7 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 		}
 		return nil
 	})
-	if info := e.consumerInfo(); info.NumAckPending != 1 || info.AckFloor.Stream >= seq {
+	if info := e.ConsumerInfo(); info.NumAckPending != 1 || info.AckFloor.Stream >= seq {
 		t.Fatalf("message not kept while its dead letter fails: ack pending %d, ack floor %d", info.NumAckPending, info.AckFloor.Stream)
 	}
 	if n := w.Stats().DeadLetterFailing.Load(); n != 1 {
@@ -291,12 +277,12 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	if w.Stats().DeadLetterError() == "" {
 		t.Fatal("no dead-letter error recorded")
 	}
-	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
-	e.waitDLQ(1)
+	waitDLQ(e, 1)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		info := e.consumerInfo()
+		info := e.ConsumerInfo()
 		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
 			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
 		}
@@ -317,34 +303,34 @@ func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 // error says why, and once the stream is set back every dead letter is
 // stored.
 func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(2 * time.Second)
 	})
-	natstest.EditStream(t, e.js, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 2, jetstream.DiscardOld })
-	w, _ := e.workersLogged(failing("bad"), 1)
+	natstest.EditStream(t, e.JS, "ORDERS_DLQ", func(c *jetstream.StreamConfig) { c.MaxMsgs, c.Discard = 2, jetstream.DiscardOld })
+	w, _ := workersLogged(e, failing("bad"), 1)
 	for i := range 4 {
-		e.publish("orders.created", fmt.Sprintf("m%d", i), nil)
+		e.Publish("orders.created", fmt.Sprintf("m%d", i), nil)
 	}
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().DeadLetterFailing.Load(); n != 4 {
 			return fmt.Errorf("DeadLetterFailing = %d, want 4 (dead-lettered %d, %d in the dead-letter stream)",
-				n, w.Stats().DeadLettered.Load(), e.dlqCount())
+				n, w.Stats().DeadLettered.Load(), e.DLQCount())
 		}
 		return nil
 	})
-	if n := e.dlqCount(); n != 0 {
+	if n := e.DLQCount(); n != 0 {
 		t.Fatalf("%d messages in the dead-letter stream that removes them", n)
 	}
 	if got := w.Stats().DeadLetterError(); !strings.Contains(got, "max_msgs 2 with discard old") {
 		t.Fatalf("dead-letter error %q does not name the limit", got)
 	}
-	if err := bootstrap.Apply(context.Background(), e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(context.Background(), e.JS, e.Cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
-	e.waitDLQ(4)
+	waitDLQ(e, 4)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if info := e.consumerInfo(); info.NumAckPending != 0 || info.AckFloor.Stream != 4 {
+		if info := e.ConsumerInfo(); info.NumAckPending != 0 || info.AckFloor.Stream != 4 {
 			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
 		}
 		return nil
@@ -360,26 +346,26 @@ func TestDeadLetterStreamThatRemovesMessagesIsNotUsed(t *testing.T) {
 // which stopped the workers and every dead letter after it. Its dead
 // letter goes to a shortened subject instead, and the workers go on.
 func TestDeadLetterOfALongSubject(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	long := "orders." + strings.Repeat("x", 4029) // 4036 bytes: 60 below the server's 4096
-	w := e.workers(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
+	w := e.Workers(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
 		if m.Subject == long {
 			return handler.Fail("bad")
 		}
 		return handler.Ok()
 	}), 1)
-	e.publish(long, "long", nil)
-	e.waitDLQ(1)
-	dl := e.dlqMsg(1)
+	e.Publish(long, "long", nil)
+	waitDLQ(e, 1)
+	dl := e.DLQMsg(1)
 	if got := dl.Header.Get(pipeline.HeaderOriginalSubject); got != long {
 		t.Fatalf("dead letter's original subject has %d bytes, want the %d of the message", len(got), len(long))
 	}
 	if want := pipeline.DeadLetterSubject("WORKER1", long); dl.Subject != want || !strings.HasPrefix(want, "dlq.WORKER1.long-subject.") {
 		t.Fatalf("dead letter on %q, want %q", dl.Subject, want)
 	}
-	seq := e.publish("orders.created", "after", nil)
+	seq := e.Publish("orders.created", "after", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if info := e.consumerInfo(); info.AckFloor.Stream != seq {
+		if info := e.ConsumerInfo(); info.AckFloor.Stream != seq {
 			return fmt.Errorf("ack floor %d, want %d (acked %d)", info.AckFloor.Stream, seq, w.Stats().Acked.Load())
 		}
 		return nil
@@ -391,9 +377,9 @@ func TestDeadLetterOfALongSubject(t *testing.T) {
 // copied it, its publish failed every time, and the message was kept
 // forever. The header goes into Holdfast-Original-Header instead.
 func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
-	e := startEnv(t, nil)
-	e.workers(failing("bad"), 1)
-	conn, err := net.Dial("tcp", strings.TrimPrefix(e.srv.NATS().ClientURL(), "nats://"))
+	e := pipelinetest.Start(t, nil)
+	e.Workers(failing("bad"), 1)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(e.Srv.NATS().ClientURL(), "nats://"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,8 +389,8 @@ func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
 	if _, err := fmt.Fprintf(conn, "CONNECT {\"verbose\":false,\"headers\":true}\r\nHPUB orders.created %d %d\r\n%s%s\r\nPING\r\n", len(hdr), len(hdr)+len(body), hdr, body); err != nil {
 		t.Fatal(err)
 	}
-	e.waitDLQ(1)
-	dl := e.dlqMsg(1)
+	waitDLQ(e, 1)
+	dl := e.DLQMsg(1)
 	if got := dl.Header.Get(handler.HeaderUnsendable); got != `"X-Eq=Name": v` || dl.Header.Get("X-Good") != "g" || string(dl.Data) != body {
 		t.Fatalf("dead letter headers %v, data %q", dl.Header, dl.Data)
 	}
@@ -418,9 +404,9 @@ func TestDeadLetterOfAnUnsendableHeader(t *testing.T) {
 // 10174) every time: the messages were never dead-lettered. They are
 // dropped, as the server drops them when it sources a message.
 func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
-	e := startEnvWith(t, func(cfg *config.Config) { cfg.Streams["ORDERS"].GroupCommit = true })
-	e.workers(failing("bad"), 1)
-	nc := e.srv.Conn()
+	e := pipelinetest.StartWith(t, func(cfg *config.Config) { cfg.Streams["ORDERS"].GroupCommit = true })
+	e.Workers(failing("bad"), 1)
+	nc := e.Srv.Conn()
 	inbox := nc.NewInbox()
 	reply, err := nc.SubscribeSync(inbox)
 	if err != nil {
@@ -444,9 +430,9 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 	if r, err := reply.NextMsg(10 * time.Second); err != nil || !strings.Contains(string(r.Data), `"count":3`) {
 		t.Fatalf("batch not committed: %v %v", r, err)
 	}
-	e.waitDLQ(n)
+	waitDLQ(e, n)
 	for seq := uint64(1); seq <= n; seq++ {
-		dl := e.dlqMsg(seq)
+		dl := e.DLQMsg(seq)
 		for k := range dl.Header {
 			if strings.HasPrefix(k, "Nats-Batch-") {
 				t.Fatalf("dead letter %d carries %s", seq, k)
@@ -464,15 +450,15 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 // answers); Close must end it and wait for it.
 func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(time.Second)
 	})
 	ctx := context.Background()
-	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect("", nats.InProcessServer(e.srv.NATS()))
+	nc, err := nats.Connect("", nats.InProcessServer(e.Srv.NATS()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,10 +470,10 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	e.publish("orders.created", "orphan", nil)
+	e.Publish("orders.created", "orphan", nil)
 	// A client takes the message and dies: the server gives up after
 	// ack_wait and sends the advisory.
-	cons, err := e.js.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	cons, err := e.JS.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,7 +483,7 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 	}
 	for range batch.Messages() {
 	}
-	w, _ := e.workersLogged(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() }), 1)
+	w, _ := workersLogged(e, handler.Func(func(ctx context.Context, m *handler.Message) handler.Result { return handler.Ok() }), 1)
 	select {
 	case <-attempts:
 	case <-time.After(15 * time.Second):
@@ -517,19 +503,19 @@ func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
 // inactive threshold, 5 minutes: a backup taken meanwhile held it, and
 // nats consumer ls showed it. It is deleted when the listing ends.
 func TestListDeadLettersLeavesNoConsumer(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	ctx := natstest.Context(t)
-	e.workers(failing("exit status 65"), 1)
+	e.Workers(failing("exit status 65"), 1)
 	for i := range 3 {
-		e.publish("orders.created", fmt.Sprintf("m-%d", i), nil)
+		e.Publish("orders.created", fmt.Sprintf("m-%d", i), nil)
 	}
-	e.waitDLQ(3)
+	waitDLQ(e, 3)
 	for _, consumer := range []string{"", "WORKER1"} {
 		n := 0
-		if err := pipeline.ListDeadLetters(ctx, e.js, "ORDERS_DLQ", consumer, func(pipeline.DeadLetter) error { n++; return nil }); err != nil || n != 3 {
+		if err := pipeline.ListDeadLetters(ctx, e.JS, "ORDERS_DLQ", consumer, func(pipeline.DeadLetter) error { n++; return nil }); err != nil || n != 3 {
 			t.Fatalf("ListDeadLetters(%q): %d dead letters, %v; want 3", consumer, n, err)
 		}
-		s, err := e.js.Stream(ctx, "ORDERS_DLQ")
+		s, err := e.JS.Stream(ctx, "ORDERS_DLQ")
 		if err != nil {
 			t.Fatal(err)
 		}

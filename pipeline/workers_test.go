@@ -17,129 +17,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
-	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/pipelinetest"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
-
-// testEnv is a real embedded server on t.TempDir() with the ORDERS stream,
-// WORKER1 consumer and ORDERS_DLQ bootstrapped.
-type testEnv struct {
-	t   *testing.T
-	srv *embedded.Server
-	js  jetstream.JetStream
-	cfg *config.Config
-}
-
-func startEnv(t *testing.T, tweak func(*config.ConsumerConfig)) *testEnv {
-	t.Helper()
-	return startEnvWith(t, func(cfg *config.Config) {
-		if tweak != nil {
-			tweak(cfg.Consumers[config.DefaultConsumerName])
-		}
-	})
-}
-
-// startEnvWith is startEnv with the whole config changed by tweak.
-func startEnvWith(t *testing.T, tweak func(*config.Config)) *testEnv {
-	t.Helper()
-	cfg := config.DefaultConfig()
-	cfg.Server.Port = -1
-	cfg.HTTP.Listen = ""
-	cfg.JetStream.StoreDir = t.TempDir()
-	cc := cfg.Consumers[config.DefaultConsumerName]
-	cc.AckWait = config.Dur(5 * time.Second)
-	cc.Backoff = []config.Duration{config.Dur(100 * time.Millisecond)}
-	if tweak != nil {
-		tweak(cfg)
-	}
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
-	srv := embedded.New(cfg, log)
-	ctx := context.Background()
-	if err := srv.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close(context.Background()) })
-	if err := bootstrap.Apply(ctx, srv.JetStream(), cfg, log); err != nil {
-		t.Fatal(err)
-	}
-	return &testEnv{t: t, srv: srv, js: srv.JetStream(), cfg: cfg}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
-
-func (e *testEnv) workers(h handler.Handler, n int) *pipeline.Workers {
-	e.t.Helper()
-	return e.workersWith(h, n, nil)
-}
-
-// workersWith is workers with the options changed by tweak (may be nil).
-func (e *testEnv) workersWith(h handler.Handler, n int, tweak func(*pipeline.ConsumerOptions)) *pipeline.Workers {
-	e.t.Helper()
-	cc := e.cfg.Consumers[config.DefaultConsumerName]
-	var backoff []time.Duration
-	for _, b := range cc.Backoff {
-		backoff = append(backoff, b.Duration)
-	}
-	opts := pipeline.ConsumerOptions{
-		Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: n,
-		AckWait: cc.AckWait.Duration, MaxDeliver: cc.MaxDeliver, Backoff: backoff,
-		DeadLetter: cc.DeadLetter, Handler: h,
-	}
-	if tweak != nil {
-		tweak(&opts)
-	}
-	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	w.ShutdownTimeout = 2 * time.Second
-	if err := w.Open(context.Background()); err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(func() { w.Close(context.Background()) })
-	return w
-}
-
-func (e *testEnv) publish(subject, data string, hdr nats.Header) uint64 {
-	e.t.Helper()
-	m := nats.NewMsg(subject)
-	m.Data = []byte(data)
-	for k, v := range hdr {
-		m.Header[k] = v
-	}
-	ack, err := e.js.PublishMsg(context.Background(), m)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ack.Sequence
-}
-
-// consumerInfo returns the info of the consumer the workers pull from.
-func (e *testEnv) consumerInfo() *jetstream.ConsumerInfo {
-	e.t.Helper()
-	return natstest.ConsumerInfo(e.t, e.js, "ORDERS", config.DefaultConsumerName)
-}
-
-func (e *testEnv) dlqCount() uint64 {
-	e.t.Helper()
-	s, err := e.js.Stream(context.Background(), "ORDERS_DLQ")
-	if err != nil {
-		return 0
-	}
-	info, err := s.Info(context.Background())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return info.State.Msgs
-}
 
 // recorder records every handler call.
 type recorder struct {
@@ -172,18 +55,18 @@ func (r *recorder) forSeq(seq uint64) []call {
 }
 
 func TestSuccessAcks(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	rec := &recorder{}
-	w := e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	w := e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Ok()
 	}), 4)
 	const n = 50
 	for i := 0; i < n; i++ {
-		e.publish("orders.created", fmt.Sprintf(`{"id":%d}`, i), nil)
+		e.Publish("orders.created", fmt.Sprintf(`{"id":%d}`, i), nil)
 	}
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if f := e.consumerInfo().AckFloor.Stream; f != n {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != n {
 			return fmt.Errorf("ack floor %d, want %d", f, n)
 		}
 		return nil
@@ -201,19 +84,19 @@ func TestSuccessAcks(t *testing.T) {
 	if c[0].msg.IdempotencyKey != "ORDERS:7" || c[0].msg.Subject != "orders.created" || c[0].msg.Delivery != 1 || c[0].msg.Stream != "ORDERS" {
 		t.Fatalf("message view: %+v", c[0].msg)
 	}
-	if e.dlqCount() != 0 {
+	if e.DLQCount() != 0 {
 		t.Fatal("dead letters after success")
 	}
 }
 
 func TestIdempotencyKeyFromMsgID(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	got := make(chan string, 1)
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		got <- m.IdempotencyKey
 		return handler.Ok()
 	}), 1)
-	e.publish("orders.created", "x", nats.Header{nats.MsgIdHdr: []string{"order-42"}})
+	e.Publish("orders.created", "x", nats.Header{nats.MsgIdHdr: []string{"order-42"}})
 	select {
 	case k := <-got:
 		if k != "order-42" {
@@ -226,21 +109,21 @@ func TestIdempotencyKeyFromMsgID(t *testing.T) {
 
 func TestRetryBackoffThenSuccess(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.Backoff = []config.Duration{config.Dur(300 * time.Millisecond), config.Dur(900 * time.Millisecond)}
 		cc.MaxDeliver = 5
 	})
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		if m.Delivery < 4 {
 			return handler.RetryLater("not yet")
 		}
 		return handler.Ok()
 	}), 2)
-	seq := e.publish("orders.created", "x", nil)
+	seq := e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if f := e.consumerInfo().AckFloor.Stream; f != seq {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != seq {
 			return fmt.Errorf("ack floor %d", f)
 		}
 		return nil
@@ -261,39 +144,26 @@ func TestRetryBackoffThenSuccess(t *testing.T) {
 			t.Fatalf("retry %d came after %s, before its backoff %s", i, gap, want[i-1])
 		}
 	}
-	if e.dlqCount() != 0 {
+	if e.DLQCount() != 0 {
 		t.Fatal("dead-lettered a message that succeeded")
 	}
 }
 
-func (e *testEnv) dlqMsg(seq uint64) *jetstream.RawStreamMsg {
-	e.t.Helper()
-	s, err := e.js.Stream(context.Background(), "ORDERS_DLQ")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	m, err := s.GetMsg(context.Background(), seq)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return m
-}
-
 func TestPermanentGoesToDeadLetter(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Fail("schema violation: no id")
 	}), 1)
-	seq := e.publish("orders.created", `{"bad":true}`, nats.Header{"Trace": []string{"abc"}, nats.MsgIdHdr: []string{"m-1"}})
+	seq := e.Publish("orders.created", `{"bad":true}`, nats.Header{"Trace": []string{"abc"}, nats.MsgIdHdr: []string{"m-1"}})
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
 	})
-	dl := e.dlqMsg(1)
+	dl := e.DLQMsg(1)
 	if dl.Subject != "dlq.WORKER1.orders.created" || string(dl.Data) != `{"bad":true}` {
 		t.Fatalf("dead letter %s %q", dl.Subject, dl.Data)
 	}
@@ -318,7 +188,7 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 	}
 	// The original is terminated: acknowledged, never delivered again.
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		info := e.consumerInfo()
+		info := e.ConsumerInfo()
 		if info.AckFloor.Stream != seq || info.NumAckPending != 0 {
 			return fmt.Errorf("ack floor %d, ack pending %d", info.AckFloor.Stream, info.NumAckPending)
 		}
@@ -330,15 +200,15 @@ func TestPermanentGoesToDeadLetter(t *testing.T) {
 }
 
 func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 3 })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 3 })
 	rec := &recorder{}
-	w := e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	w := e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.RetryLater("downstream unavailable")
 	}), 2)
-	seq := e.publish("orders.created", "x", nil)
+	seq := e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
@@ -346,7 +216,7 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 	if n := len(rec.forSeq(seq)); n != 3 {
 		t.Fatalf("handled %d times, want max_deliver 3", n)
 	}
-	dl := e.dlqMsg(1)
+	dl := e.DLQMsg(1)
 	if dl.Header.Get("Holdfast-Deliveries") != "3" {
 		t.Fatalf("deliveries header %q", dl.Header.Get("Holdfast-Deliveries"))
 	}
@@ -362,9 +232,9 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		select {
 		case <-time.After(3500 * time.Millisecond): // 3.5× ack_wait
@@ -372,9 +242,9 @@ func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 		}
 		return handler.Ok()
 	}), 2)
-	seq := e.publish("orders.created", "slow", nil)
+	seq := e.Publish("orders.created", "slow", nil)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if f := e.consumerInfo().AckFloor.Stream; f != seq {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != seq {
 			return fmt.Errorf("ack floor %d", f)
 		}
 		return nil
@@ -406,13 +276,13 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(3 * time.Second) })
+			e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(3 * time.Second) })
 			rec := &recorder{}
 			var seqs []uint64
 			for i := range tc.msgs {
-				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+				seqs = append(seqs, e.Publish("orders.created", strconv.Itoa(i), nil))
 			}
-			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+			e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				rec.record(m)
 				select {
 				case <-time.After(tc.handler):
@@ -422,7 +292,7 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 			}), 4, func(o *pipeline.ConsumerOptions) { o.Prefetch = tc.prefetch })
 			last := seqs[len(seqs)-1]
 			natstest.CheckFor(t, 2*time.Minute, 20*time.Millisecond, func() error {
-				if f := e.consumerInfo().AckFloor.Stream; f != last {
+				if f := e.ConsumerInfo().AckFloor.Stream; f != last {
 					return fmt.Errorf("ack floor %d of %d", f, last)
 				}
 				return nil
@@ -436,7 +306,7 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 			if len(twice) > 0 {
 				t.Fatalf("%d of %d messages handled more than once: %v", len(twice), len(seqs), twice)
 			}
-			if n := e.consumerInfo().NumRedelivered; n != 0 {
+			if n := e.ConsumerInfo().NumRedelivered; n != 0 {
 				t.Fatalf("server redelivered %d messages", n)
 			}
 		})
@@ -444,33 +314,33 @@ func TestQueuedMessagesNotRedelivered(t *testing.T) {
 }
 
 func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 10 })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 10 })
 	ctx := context.Background()
 	// Take the dead-letter stream away: publishes to dlq.> get no answer.
-	if err := e.js.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
 		t.Fatal(err)
 	}
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Fail("bad")
 	}), 1)
-	seq := e.publish("orders.created", "x", nil)
+	seq := e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := len(rec.forSeq(seq)); n < 2 {
 			return fmt.Errorf("delivered %d times, want a redelivery after the failed dead letter", n)
 		}
 		return nil
 	})
-	if info := e.consumerInfo(); info.AckFloor.Stream >= seq {
+	if info := e.ConsumerInfo(); info.AckFloor.Stream >= seq {
 		t.Fatal("original acknowledged although its dead letter was not stored")
 	}
 	// Bring the dead-letter stream back: the next delivery lands there.
-	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
@@ -478,14 +348,14 @@ func TestDeadLetterPublishFailureKeepsOriginal(t *testing.T) {
 }
 
 func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(time.Second)
 	})
 	ctx := context.Background()
-	seq := e.publish("orders.created", "orphan", nil)
+	seq := e.Publish("orders.created", "orphan", nil)
 	// A worker that takes the message and dies: fetched, never settled.
-	cons, err := e.js.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	cons, err := e.JS.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -501,17 +371,17 @@ func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
 		t.Fatalf("fetched %d", got)
 	}
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Ok()
 	}), 1)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
 	})
-	dl := e.dlqMsg(1)
+	dl := e.DLQMsg(1)
 	if string(dl.Data) != "orphan" || dl.Header.Get("Holdfast-Original-Seq") != strconv.FormatUint(seq, 10) {
 		t.Fatalf("dead letter %q %v", dl.Data, dl.Header)
 	}
@@ -522,7 +392,7 @@ func TestMaxDeliveriesAdvisoryDeadLetters(t *testing.T) {
 
 func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 	started := make(chan uint64, 10)
 	var mu sync.Mutex
 	finished := map[uint64]bool{}
@@ -542,9 +412,9 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 			return handler.RetryLater("cancelled")
 		}
 	})
-	w := e.workers(h, 2)
-	quick := e.publish("orders.created", "quick", nil)
-	stuck := e.publish("orders.created", "stuck", nil)
+	w := e.Workers(h, 2)
+	quick := e.Publish("orders.created", "quick", nil)
+	stuck := e.Publish("orders.created", "stuck", nil)
 	for i := 0; i < 2; i++ {
 		select {
 		case <-started:
@@ -560,13 +430,13 @@ func TestDrainFinishesOrReturnsInFlight(t *testing.T) {
 		t.Fatalf("finished %v", finished)
 	}
 	mu.Unlock()
-	info := e.consumerInfo()
+	info := e.ConsumerInfo()
 	if info.AckFloor.Stream != quick {
 		t.Fatalf("ack floor %d, want %d (quick acked, stuck returned)", info.AckFloor.Stream, quick)
 	}
 	// The stuck one was nak'ed without delay: a new worker gets it at once.
 	rec := &recorder{}
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		return handler.Ok()
 	}), 1)
@@ -592,13 +462,13 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 	t.Parallel()
 	for _, dlq := range []string{"ORDERS_DLQ", ""} {
 		t.Run("dead_letter="+dlq, func(t *testing.T) {
-			e := startEnv(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
+			e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 			tweak := func(o *pipeline.ConsumerOptions) { o.DeadLetter = dlq; o.Prefetch = 16 }
-			w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+			w := e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				return handler.Ok()
 			}), 1, tweak)
 			natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-				if n := e.consumerInfo().NumWaiting; n == 0 {
+				if n := e.ConsumerInfo().NumWaiting; n == 0 {
 					return errors.New("no pull request waiting")
 				}
 				return nil
@@ -612,12 +482,12 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 			// second) is still waiting.
 			var seqs []uint64
 			for i := range 3 {
-				seqs = append(seqs, e.publish("orders.created", strconv.Itoa(i), nil))
+				seqs = append(seqs, e.Publish("orders.created", strconv.Itoa(i), nil))
 			}
 			<-closed
 
 			rec := &recorder{}
-			e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+			e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 				rec.record(m)
 				return handler.Ok()
 			}), 1, tweak)
@@ -634,7 +504,7 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 					t.Errorf("seq %d handled %d times, first on delivery %d: want once, on delivery 1 or 2", seq, len(c), c[0].delivery)
 				}
 			}
-			if n := e.dlqCount(); n != 0 {
+			if n := e.DLQCount(); n != 0 {
 				t.Errorf("%d messages in the dead-letter stream, want none", n)
 			}
 		})
@@ -645,26 +515,26 @@ func TestStopGivesBackWithoutSpendingDeliveries(t *testing.T) {
 // letter (the server accepts headroom for the Holdfast-* headers), and a
 // larger one is refused at publish by the stream.
 func TestLargestMessageCanBeDeadLettered(t *testing.T) {
-	e := startEnv(t, nil)
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e := pipelinetest.Start(t, nil)
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		return handler.Fail(strings.Repeat("a long reason ", 10))
 	}), 1)
-	max := int(e.cfg.Server.MaxPayload.Bytes)
+	max := int(e.Cfg.Server.MaxPayload.Bytes)
 	hdr := nats.Header{"Trace": []string{"t-1"}}
 	hdrLen := len("NATS/1.0\r\nTrace: t-1\r\n\r\n")
-	seq := e.publish("orders.created", strings.Repeat("x", max-hdrLen), hdr)
+	seq := e.Publish("orders.created", strings.Repeat("x", max-hdrLen), hdr)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
 	})
-	if dl := e.dlqMsg(1); len(dl.Data) != max-hdrLen || dl.Header.Get("Holdfast-Original-Seq") != strconv.FormatUint(seq, 10) {
+	if dl := e.DLQMsg(1); len(dl.Data) != max-hdrLen || dl.Header.Get("Holdfast-Original-Seq") != strconv.FormatUint(seq, 10) {
 		t.Fatalf("dead letter of %d bytes for seq %s", len(dl.Data), dl.Header.Get("Holdfast-Original-Seq"))
 	}
 	m := nats.NewMsg("orders.created")
 	m.Data = []byte(strings.Repeat("x", max+1))
-	if _, err := e.js.PublishMsg(context.Background(), m); err == nil {
+	if _, err := e.JS.PublishMsg(context.Background(), m); err == nil {
 		t.Fatal("a message over max_payload was stored")
 	}
 }
@@ -676,19 +546,19 @@ func TestLargestMessageCanBeDeadLettered(t *testing.T) {
 // than the server accepts: the publish failed at every delivery, and on
 // the last one the message was kept, the publish retried forever.
 func TestLongReasonIsDeadLettered(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 2 })
-	e.workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 2 })
+	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		return handler.Fail("refused: " + strings.Repeat("x", 20000))
 	}), 1)
-	max := int(e.cfg.Server.MaxPayload.Bytes)
-	e.publish("orders.created", strings.Repeat("x", max-100), nil)
+	max := int(e.Cfg.Server.MaxPayload.Bytes)
+	e.Publish("orders.created", strings.Repeat("x", max-100), nil)
 	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 1 {
+		if n := e.DLQCount(); n != 1 {
 			return fmt.Errorf("%d dead letters", n)
 		}
 		return nil
 	})
-	if reason := e.dlqMsg(1).Header.Get("Holdfast-Error"); !strings.HasPrefix(reason, "refused: xxx") || len(reason) > 1100 {
+	if reason := e.DLQMsg(1).Header.Get("Holdfast-Error"); !strings.HasPrefix(reason, "refused: xxx") || len(reason) > 1100 {
 		t.Fatalf("Holdfast-Error of %d bytes: %.40q...", len(reason), reason)
 	}
 }
@@ -701,7 +571,7 @@ func TestLongReasonIsDeadLettered(t *testing.T) {
 // its last delivery: the server's max-deliveries advisory then had it
 // dead-lettered without the handler ever giving a verdict.
 func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
 	rec := &recorder{}
 	var mu sync.Mutex
 	block := true
@@ -718,9 +588,9 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 		<-ctx.Done()
 		return handler.RetryLater("cancelled")
 	})
-	w1 := e.workersWith(h, 1, nil)
+	w1 := e.WorkersWith(h, 1, nil)
 	w1.ShutdownTimeout = 100 * time.Millisecond
-	seq := e.publish("orders.created", "last-chance", nats.Header{"Nats-Msg-Id": []string{"order-1"}})
+	seq := e.Publish("orders.created", "last-chance", nats.Header{"Nats-Msg-Id": []string{"order-1"}})
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
@@ -732,13 +602,13 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 	mu.Lock()
 	block = false
 	mu.Unlock()
-	e.workersWith(h, 1, nil)
+	e.WorkersWith(h, 1, nil)
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		calls := rec.forSeq(seq)
 		if len(calls) < 2 {
 			return fmt.Errorf("handler called %d time(s), want the interrupted message handed over again", len(calls))
 		}
-		if n := e.dlqCount(); n != 0 {
+		if n := e.DLQCount(); n != 0 {
 			return fmt.Errorf("%d message(s) left in the dead-letter stream", n)
 		}
 		return nil
@@ -749,7 +619,7 @@ func TestInterruptedLastDeliveryIsResumed(t *testing.T) {
 	}
 	// Nothing comes back later either (no advisory dead letter).
 	time.Sleep(500 * time.Millisecond)
-	if n := e.dlqCount(); n != 0 {
+	if n := e.DLQCount(); n != 0 {
 		t.Fatalf("%d dead letter(s) after the resumed message succeeded", n)
 	}
 	if n := len(rec.forSeq(seq)); n != 2 {
@@ -777,8 +647,8 @@ func (j *lateLookUp) Consumer(ctx context.Context, stream, name string) (jetstre
 // load); the workers then process as usual. A consumer that is not there
 // still fails at once.
 func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
-	e := startEnv(t, nil)
-	js := &lateLookUp{JetStream: e.js}
+	e := pipelinetest.Start(t, nil)
+	js := &lateLookUp{JetStream: e.JS}
 	var handled atomic.Int32
 	h := handler.Func(func(context.Context, *handler.Message) handler.Result {
 		handled.Add(1)
@@ -786,7 +656,7 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 	})
 	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
 		AckWait: 30 * time.Second, MaxDeliver: 5, Handler: h}
-	w := pipeline.NewWorkers(js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	w := pipeline.NewWorkers(js, e.Srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := w.Open(natstest.Context(t)); err != nil {
 		t.Fatalf("Open after one late lookup: %v", err)
 	}
@@ -794,7 +664,7 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 	if n := js.calls.Load(); n < 2 {
 		t.Errorf("consumer looked up %d time(s), want 2", n)
 	}
-	e.publish("orders.created", "m", nil)
+	e.Publish("orders.created", "m", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if n := handled.Load(); n != 1 {
 			return fmt.Errorf("handled %d, want 1", n)
@@ -803,7 +673,7 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 	})
 
 	opts.Consumer = "NOPE"
-	if err := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil))).Open(natstest.Context(t)); err == nil ||
+	if err := pipeline.NewWorkers(e.JS, e.Srv.Conn(), opts, slog.New(slog.NewTextHandler(io.Discard, nil))).Open(natstest.Context(t)); err == nil ||
 		!errors.Is(err, jetstream.ErrConsumerNotFound) {
 		t.Errorf("Open of a missing consumer: %v, want consumer not found at once", err)
 	}
@@ -816,7 +686,7 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 // the replay).
 func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 	t.Parallel()
-	e := startEnv(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 1 })
 	rec := &recorder{}
 	var calls atomic.Int32
 	started := make(chan struct{}, 1)
@@ -830,9 +700,9 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 		time.Sleep(time.Second) // the resume, or the replay, runs a while
 		return handler.Ok()
 	})
-	w1 := e.workersWith(h, 1, nil)
+	w1 := e.WorkersWith(h, 1, nil)
 	w1.ShutdownTimeout = 100 * time.Millisecond
-	seq := e.publish("orders.created", "last-chance", nil)
+	seq := e.Publish("orders.created", "last-chance", nil)
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
@@ -842,25 +712,25 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 		t.Fatal(err)
 	}
 	var parked []pipeline.DeadLetter
-	if err := pipeline.ListDeadLetters(natstest.Context(t), e.js, "ORDERS_DLQ", "", func(dl pipeline.DeadLetter) error {
+	if err := pipeline.ListDeadLetters(natstest.Context(t), e.JS, "ORDERS_DLQ", "", func(dl pipeline.DeadLetter) error {
 		parked = append(parked, dl)
 		return nil
 	}); err != nil || len(parked) != 1 {
 		t.Fatalf("parked: %d, %v; want the interrupted message", len(parked), err)
 	}
-	e.workersWith(h, 1, nil)
+	e.WorkersWith(h, 1, nil)
 	natstest.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
 		if n := calls.Load(); n < 2 {
 			return fmt.Errorf("handler called %d time(s), want the resume running", n)
 		}
 		return nil
 	})
-	err := pipeline.RequestReplay(natstest.Context(t), e.srv.Conn(), parked[0], 30*time.Second)
+	err := pipeline.RequestReplay(natstest.Context(t), e.Srv.Conn(), parked[0], 30*time.Second)
 	if err == nil || !strings.Contains(err.Error(), "being handled right now") {
 		t.Errorf("replay while the resume runs: %v, want it refused as being handled", err)
 	}
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
-		if n := e.dlqCount(); n != 0 {
+		if n := e.DLQCount(); n != 0 {
 			return fmt.Errorf("%d message(s) left in the dead-letter stream", n)
 		}
 		return nil
@@ -873,12 +743,12 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 
 // openLoggedWorkers opens log-handler workers on e's consumer that log at
 // debug level into the returned buffer, with pulls warned of after grace.
-func openLoggedWorkers(t *testing.T, e *testEnv, grace time.Duration) (*pipeline.Workers, *natstest.Buffer) {
+func openLoggedWorkers(t *testing.T, e *pipelinetest.Env, grace time.Duration) (*pipeline.Workers, *natstest.Buffer) {
 	t.Helper()
 	lb := &natstest.Buffer{}
 	opts := pipeline.ConsumerOptions{Stream: "ORDERS", Consumer: config.DefaultConsumerName, Workers: 1,
 		AckWait: 5 * time.Second, MaxDeliver: 5, Handler: handler.Func(func(context.Context, *handler.Message) handler.Result { return handler.Ok() })}
-	w := pipeline.NewWorkers(e.js, e.srv.Conn(), opts, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	w := pipeline.NewWorkers(e.JS, e.Srv.Conn(), opts, slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	w.ShutdownTimeout = 2 * time.Second
 	w.PullFailGrace = grace
 	if err := w.Open(context.Background()); err != nil {
@@ -895,10 +765,10 @@ func openLoggedWorkers(t *testing.T, e *testEnv, grace time.Duration) (*pipeline
 // PullFailGrace it is logged at debug level only; the workers go on once
 // the consumer answers.
 func TestPullFailuresWithinGraceAreNoError(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	w, lb := openLoggedWorkers(t, e, time.Minute)
 	ctx := context.Background()
-	if err := e.js.DeleteConsumer(ctx, "ORDERS", config.DefaultConsumerName); err != nil {
+	if err := e.JS.DeleteConsumer(ctx, "ORDERS", config.DefaultConsumerName); err != nil {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
@@ -907,10 +777,10 @@ func TestPullFailuresWithinGraceAreNoError(t *testing.T) {
 		}
 		return nil
 	})
-	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	e.publish("orders.created", "after", nil)
+	e.Publish("orders.created", "after", nil)
 	natstest.CheckFor(t, 20*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Acked.Load(); n != 1 {
 			return fmt.Errorf("acked %d, want 1", n)
@@ -927,9 +797,9 @@ func TestPullFailuresWithinGraceAreNoError(t *testing.T) {
 // TestPullFailuresPastGraceWarn: pull requests failing for longer than
 // PullFailGrace are a warning, naming how long.
 func TestPullFailuresPastGraceWarn(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	_, lb := openLoggedWorkers(t, e, time.Second)
-	if err := e.js.DeleteConsumer(context.Background(), "ORDERS", config.DefaultConsumerName); err != nil {
+	if err := e.JS.DeleteConsumer(context.Background(), "ORDERS", config.DefaultConsumerName); err != nil {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {

@@ -13,13 +13,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // bootstrapped runs a server on cfg and bootstraps it.
 func bootstrapped(t *testing.T, cfg *config.Config) (*testServer, *natstest.Buffer) {
 	t.Helper()
-	log, lb := testLogger(t)
+	log, lb := natstest.Logger(t)
 	s := runServerWithLog(t, cfg, log)
 	if err := Apply(natstest.Context(t), s.JetStream(), cfg, log); err != nil {
 		t.Fatalf("Bootstrap: %v", err)
@@ -51,7 +52,7 @@ func bootstrapChanged(logs string) bool {
 // reports it.
 func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
 	t.Parallel()
-	s, _ := bootstrapped(t, testConfig(t))
+	s, _ := bootstrapped(t, configtest.Default(t))
 	js := s.JetStream()
 
 	sc := natstest.StreamInfo(t, js, "ORDERS").Config
@@ -117,7 +118,7 @@ func TestBootstrapCreatesSeedStreamAndConsumer(t *testing.T) {
 
 func TestBootstrapTwiceIsNoOp(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, lb := bootstrapped(t, cfg)
 	js := s.JetStream()
 	publish(t, js, "orders.created", 3)
@@ -164,7 +165,7 @@ func TestBootstrapTwiceIsNoOp(t *testing.T) {
 
 func TestBootstrapAppliesUpdatableChanges(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, lb := bootstrapped(t, cfg)
 	js := s.JetStream()
 	publish(t, js, "orders.created", 5)
@@ -219,7 +220,7 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			t.Parallel()
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			s, _ := bootstrapped(t, cfg)
 			js := s.JetStream()
 			publish(t, js, "orders.created", 10)
@@ -266,7 +267,7 @@ func TestBootstrapRefusesNonUpdatableChanges(t *testing.T) {
 // restarted server's bootstrap changes nothing.
 func TestBootstrapAfterRestartKeepsData(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := bootstrapped(t, cfg)
 	publish(t, s.JetStream(), "orders.created", 20)
 	created := natstest.StreamInfo(t, s.JetStream(), "ORDERS").Created
@@ -294,7 +295,7 @@ func TestBootstrapAfterRestartKeepsData(t *testing.T) {
 func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 	for _, shared := range []bool{false, true} {
 		t.Run(fmt.Sprintf("old stream shared=%v", shared), func(t *testing.T) {
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			if shared {
 				// Another consumer keeps using the old dead-letter stream.
 				other := *cfg.Consumers[config.DefaultConsumerName]
@@ -309,7 +310,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 			if err := cfg.Validate(); err != nil {
 				t.Fatal(err)
 			}
-			log, lb := testLogger(t)
+			log, lb := natstest.Logger(t)
 			if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatalf("Bootstrap after moving dead_letter: %v", err)
 			}
@@ -331,7 +332,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 				t.Fatalf("new dead-letter stream has %d messages, want 1", n)
 			}
 			// And again: nothing left to change.
-			log, lb = testLogger(t)
+			log, lb = natstest.Logger(t)
 			if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
 				t.Fatal(err)
 			}
@@ -348,7 +349,7 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 // nothing said so (status lists configured consumers only).
 func TestBootstrapWarnsOfUnconfiguredConsumers(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Streams["ORDERS"].Retention = "interest"
 	s, lb := bootstrapped(t, cfg)
 	js := s.JetStream()
@@ -387,8 +388,8 @@ func (j *lateOnce) CreateConsumer(ctx context.Context, stream string, cfg jetstr
 // fails at once.
 func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
-	log, lb := testLogger(t)
+	cfg := configtest.Default(t)
+	log, lb := natstest.Logger(t)
 	s := runServerWithLog(t, cfg, log)
 	js := &lateOnce{JetStream: s.JetStream()}
 	if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
@@ -408,7 +409,7 @@ func TestBootstrapRetriesTimeoutOnOneNode(t *testing.T) {
 // changed" while keeping the old config as the running one.
 func TestBootstrapDriftChangesNothing(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	cfg.Streams["ZZZ"] = config.DefaultStream([]string{"zzz.*"})
 	cfg.Streams["ZZZ"].MaxBytes = config.Bytes(1 << 20)
 	cfg.Streams["ORDERS"].MaxBytes = config.Bytes(1 << 20)
@@ -447,7 +448,7 @@ func TestBootstrapDriftChangesNothing(t *testing.T) {
 // ("subjects overlap with an existing stream").
 func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
 	t.Parallel()
-	cfg := testConfig(t)
+	cfg := configtest.Default(t)
 	s, _ := bootstrapped(t, cfg)
 	js := s.JetStream()
 	publish(t, js, "orders.created", 3)

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -14,7 +15,7 @@ import (
 // says the old value, name the field, both values and the way out.
 func TestConfigDiff(t *testing.T) {
 	ctx := natstest.Context(t)
-	one := testConfig(t)
+	one := configtest.Default(t)
 	s := runServerWithLog(t, one, slog.New(slog.DiscardHandler))
 	if err := Apply(ctx, s.JetStream(), one, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
@@ -23,7 +24,7 @@ func TestConfigDiff(t *testing.T) {
 		t.Fatalf("one node right after its bootstrap: %q", d)
 	}
 
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "bootstrap", nil)
 	servers := openCluster(t, cfgs)
 	for i, s := range servers {
 		if err := Apply(ctx, s.JetStream(), cfgs[i], slog.New(slog.DiscardHandler)); err != nil {
@@ -58,7 +59,7 @@ func TestConfigDiff(t *testing.T) {
 // purpose, and its config diff says it too.
 func TestBootstrapNeverLowersReplicas(t *testing.T) {
 	ctx := natstest.Context(t)
-	cfgs := testClusterConfigs(t, 3)
+	cfgs := configtest.Cluster(t, 3, "bootstrap", nil)
 	for _, cfg := range cfgs {
 		cfg.Streams["ORDERS"].Replicas = 3
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -34,7 +35,7 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			t.Parallel()
-			cfg := testConfig(t)
+			cfg := configtest.Default(t)
 			s, lb := bootstrapped(t, cfg)
 			js := s.JetStream()
 			publish(t, js, "orders.created", 20)

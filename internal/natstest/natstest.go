@@ -1,7 +1,8 @@
 // Package natstest holds the helpers that holdfast's tests in several
 // packages need: a stock nats-server with JetStream on a temporary store,
-// clients for it, a free port, a bounded context, polling for a condition
-// and a buffer a server may log into while the test reads it.
+// clients for it, a free port, a bounded context, polling for a condition,
+// a buffer a server may log into while the test reads it and a logger into
+// such a buffer.
 //
 // It is imported by _test.go files only. Everything it starts ends with the
 // test (t.Cleanup). It does not import holdfast's own packages, so that any
@@ -12,6 +13,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/url"
@@ -255,6 +257,21 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// Logger returns a debug logger that writes into the returned buffer,
+// which is printed into the test's log only when the test fails: server
+// goroutines that log during shutdown then never call t.Log after the
+// test has returned.
+func Logger(t testing.TB) (*slog.Logger, *Buffer) {
+	t.Helper()
+	lb := &Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("log:\n%s", lb.String())
+		}
+	})
+	return slog.New(slog.NewTextHandler(lb, &slog.HandlerOptions{Level: slog.LevelDebug})), lb
 }
 
 // EditConsumer changes the configuration of consumer name of stream as

@@ -156,3 +156,12 @@ func TestBuffer(t *testing.T) {
 		t.Fatalf("len = %d, want 400", n)
 	}
 }
+
+// TestLogger: debug lines go into the buffer.
+func TestLogger(t *testing.T) {
+	log, lb := Logger(t)
+	log.Debug("hello", "n", 1)
+	if !strings.Contains(lb.String(), "level=DEBUG msg=hello n=1") {
+		t.Fatalf("log = %q", lb.String())
+	}
+}

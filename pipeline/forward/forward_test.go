@@ -16,18 +16,19 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/pipelinetest"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
-// forwardEnv is a testEnv whose own JetStream (domain "") plays the hub:
+// forwardEnv is a pipelinetest.Env whose own JetStream (domain "") plays the hub:
 // the stream HUB on edge.> takes the forwarded messages.
-func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*testEnv, *atomic.Bool) {
+func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*pipelinetest.Env, *atomic.Bool) {
 	t.Helper()
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	hub.Name, hub.Subjects = "HUB", []string{"edge.>"}
-	if _, err := e.js.CreateStream(context.Background(), hub); err != nil {
+	if _, err := e.JS.CreateStream(context.Background(), hub); err != nil {
 		t.Fatal(err)
 	}
 	var up atomic.Bool
@@ -35,33 +36,33 @@ func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*testEnv, *atomic.Boo
 	return e, &up
 }
 
-func (e *testEnv) forwarder(up *atomic.Bool, minWindow time.Duration) (*forward.Forwarder, error) {
-	e.t.Helper()
-	f, err := forward.New(e.srv.Conn(), forward.Options{
+func forwarder(e *pipelinetest.Env, up *atomic.Bool, minWindow time.Duration) (*forward.Forwarder, error) {
+	e.T.Helper()
+	f, err := forward.New(e.Srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: minWindow,
 		LinkUp: up.Load,
 	}, nil)
 	if err != nil {
-		e.t.Fatal(err)
+		e.T.Fatal(err)
 	}
 	if err := f.Open(context.Background()); err != nil {
 		return nil, err
 	}
-	e.t.Cleanup(f.Close)
+	e.T.Cleanup(f.Close)
 	return f, nil
 }
 
-func (e *testEnv) hubMsgs() uint64 {
-	e.t.Helper()
-	return natstest.StreamInfo(e.t, e.js, "HUB").State.Msgs
+func hubMsgs(e *pipelinetest.Env) uint64 {
+	e.T.Helper()
+	return natstest.StreamInfo(e.T, e.JS, "HUB").State.Msgs
 }
 
 // waitHubMsgs waits until the hub's stream holds want messages.
-func (e *testEnv) waitHubMsgs(want uint64, within time.Duration) {
-	e.t.Helper()
-	natstest.CheckFor(e.t, within, 20*time.Millisecond, func() error {
-		if n := e.hubMsgs(); n != want {
+func waitHubMsgs(e *pipelinetest.Env, want uint64, within time.Duration) {
+	e.T.Helper()
+	natstest.CheckFor(e.T, within, 20*time.Millisecond, func() error {
+		if n := hubMsgs(e); n != want {
 			return fmt.Errorf("hub holds %d, want %d", n, want)
 		}
 		return nil
@@ -73,34 +74,34 @@ func (e *testEnv) waitHubMsgs(want uint64, within time.Duration) {
 // message is stored on the hub once, with its origin headers and id.
 func TestForwardPausesWhileLinkDown(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	up.Store(false)
-	w := e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	w := e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
 	hdr := nats.Header{}
 	hdr.Set(nats.MsgIdHdr, "client-id-1")
 	hdr.Set("X-Trace", "abc")
 	for i := range 3 {
-		e.publish("orders.created", fmt.Sprint(i), hdr)
+		e.Publish("orders.created", fmt.Sprint(i), hdr)
 		hdr = nil
 	}
 	time.Sleep(500 * time.Millisecond)
-	if ci := e.consumerInfo(); ci.Delivered.Stream != 0 || ci.NumPending != 3 {
+	if ci := e.ConsumerInfo(); ci.Delivered.Stream != 0 || ci.NumPending != 3 {
 		t.Fatalf("paused workers pulled: delivered %d, pending %d", ci.Delivered.Stream, ci.NumPending)
 	}
 	if !w.Activity(time.Now()).Paused {
 		t.Error("Activity does not say paused")
 	}
 	up.Store(true)
-	e.waitHubMsgs(3, 10*time.Second)
-	s, _ := e.js.Stream(context.Background(), "HUB")
+	waitHubMsgs(e, 3, 10*time.Second)
+	s, _ := e.JS.Stream(context.Background(), "HUB")
 	m, err := s.GetMsg(context.Background(), 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	orders, _ := e.js.Stream(context.Background(), "ORDERS")
+	orders, _ := e.JS.Stream(context.Background(), "ORDERS")
 	created := orders.CachedInfo().Created
 	first, err := orders.GetMsg(context.Background(), 1)
 	if err != nil {
@@ -127,7 +128,7 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 	if st := f.Stats(); st.Forwarded.Load() != 3 || st.LastForward.Load() == 0 {
 		t.Errorf("stats: forwarded %d", st.Forwarded.Load())
 	}
-	if ci := e.consumerInfo(); ci.Delivered.Consumer != 3 {
+	if ci := e.ConsumerInfo(); ci.Delivered.Consumer != 3 {
 		t.Errorf("deliveries: %d, want each message delivered once", ci.Delivered.Consumer)
 	}
 }
@@ -137,25 +138,25 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 // dropped by the hub as duplicates of the old incarnation's.
 func TestForwardRecreatedStream(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
-	e.publish("orders.created", "old", nil)
-	e.waitHubMsgs(1, 10*time.Second)
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	e.Publish("orders.created", "old", nil)
+	waitHubMsgs(e, 1, 10*time.Second)
 	ctx := context.Background()
-	if err := e.js.DeleteStream(ctx, "ORDERS"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "ORDERS"); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(10 * time.Millisecond) // a creation time of its own
-	if err := bootstrap.Apply(ctx, e.js, e.cfg, slog.New(slog.DiscardHandler)); err != nil {
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
-	if seq := e.publish("orders.created", "new", nil); seq != 1 {
+	if seq := e.Publish("orders.created", "new", nil); seq != 1 {
 		t.Fatalf("recreated stream gave seq %d", seq)
 	}
-	e.waitHubMsgs(2, 20*time.Second)
+	waitHubMsgs(e, 2, 20*time.Second)
 	if d := f.Stats().Duplicates.Load(); d != 0 {
 		t.Errorf("%d duplicate PubAcks: the new message was taken for the old one", d)
 	}
@@ -166,20 +167,20 @@ func TestForwardRecreatedStream(t *testing.T) {
 // is forwarded.
 func TestForwardOversizeDeadLettered(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute, MaxMsgSize: 1024})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.workers(f, 1)
-	big := e.publish("orders.created", strings.Repeat("x", 2048), nil)
-	e.publish("orders.created", "small", nil)
+	e.Workers(f, 1)
+	big := e.Publish("orders.created", strings.Repeat("x", 2048), nil)
+	e.Publish("orders.created", "small", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
-			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		if n := hubMsgs(e); n != 1 || e.DLQCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.DLQCount())
 		}
 		return nil
 	})
-	if reason := e.dlqMsg(big).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "max_msg_size 1024") {
+	if reason := e.DLQMsg(big).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "max_msg_size 1024") {
 		t.Errorf("dead letter reason %q", reason)
 	}
 }
@@ -190,20 +191,20 @@ func TestForwardOversizeDeadLettered(t *testing.T) {
 // nothing was forwarded or dead-lettered after it. It is dead-lettered.
 func TestForwardLongSubjectDeadLettered(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.workers(f, 1)
-	long := e.publish("orders."+strings.Repeat("x", 4029), "long", nil)
-	e.publish("orders.created", "small", nil)
+	e.Workers(f, 1)
+	long := e.Publish("orders."+strings.Repeat("x", 4029), "long", nil)
+	e.Publish("orders.created", "small", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
-			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		if n := hubMsgs(e); n != 1 || e.DLQCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.DLQCount())
 		}
 		return nil
 	})
-	if reason := e.dlqMsg(long).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "too long to publish") {
+	if reason := e.DLQMsg(long).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "too long to publish") {
 		t.Errorf("dead letter reason %q", reason)
 	}
 }
@@ -213,26 +214,26 @@ func TestForwardLongSubjectDeadLettered(t *testing.T) {
 // once, saying which subject no hub stream takes (before, each attempt
 // waited out the publish timeout), and the rest keep flowing.
 func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
-	e := startEnv(t, nil)
-	if _, err := e.js.CreateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.*.orders.created"}, Duplicates: time.Minute}); err != nil {
+	e := pipelinetest.Start(t, nil)
+	if _, err := e.JS.CreateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.*.orders.created"}, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	var up atomic.Bool
 	up.Store(true)
-	f, err := e.forwarder(&up, time.Minute)
+	f, err := forwarder(e, &up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.workers(f, 1)
-	paid := e.publish("orders.paid", "p", nil)
-	e.publish("orders.created", "c", nil)
+	e.Workers(f, 1)
+	paid := e.Publish("orders.paid", "p", nil)
+	e.Publish("orders.created", "c", nil)
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if n := e.hubMsgs(); n != 1 || e.dlqCount() != 1 {
-			return fmt.Errorf("hub holds %d, dead letters %d", n, e.dlqCount())
+		if n := hubMsgs(e); n != 1 || e.DLQCount() != 1 {
+			return fmt.Errorf("hub holds %d, dead letters %d", n, e.DLQCount())
 		}
 		return nil
 	})
-	if reason := e.dlqMsg(paid).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "no stream of the hub") || !strings.Contains(reason, "edge.edge1.orders.paid") {
+	if reason := e.DLQMsg(paid).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "no stream of the hub") || !strings.Contains(reason, "edge.edge1.orders.paid") {
 		t.Errorf("dead letter reason %q", reason)
 	}
 }
@@ -241,7 +242,7 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 // duplicate window is shorter than the promised outage.
 func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 2 * time.Minute})
-	_, err := e.forwarder(up, 5*time.Minute)
+	_, err := forwarder(e, up, 5*time.Minute)
 	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming HUB", err)
 	}
@@ -253,7 +254,7 @@ func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
 // Problem says why, instead of going on from the check made before.
 func TestForwardRechecksAfterLinkDown(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 10 * time.Minute})
-	f, err := e.forwarder(up, 5*time.Minute)
+	f, err := forwarder(e, up, 5*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +265,7 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 	if f.Ready() {
 		t.Fatal("ready with the link down")
 	}
-	if _, err := e.js.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
+	if _, err := e.JS.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	up.Store(true)
@@ -286,19 +287,19 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 // two streams; the one the hub does not name first deduplicates over too
 // short a window, and Open refuses it by name.
 func TestForwardChecksEveryHubStream(t *testing.T) {
-	e := startEnv(t, nil)
+	e := pipelinetest.Start(t, nil)
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: "A_ORDERS", Subjects: []string{"edge.*.orders.>"}, Duplicates: 10 * time.Minute},
 		{Name: "Z_METRICS", Subjects: []string{"edge.*.metrics.>"}, Duplicates: time.Minute},
 	} {
-		if _, err := e.js.CreateStream(ctx, sc); err != nil {
+		if _, err := e.JS.CreateStream(ctx, sc); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var up atomic.Bool
 	up.Store(true)
-	_, err := e.forwarder(&up, 5*time.Minute)
+	_, err := forwarder(e, &up, 5*time.Minute)
 	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
 		t.Fatalf("Open = %v, want ErrDuplicateWindow naming Z_METRICS", err)
 	}
@@ -308,7 +309,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := forward.New(e.srv.Conn(), forward.Options{
+	f, err := forward.New(e.Srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: time.Minute, LinkUp: up.Load,
 	}, nil)
@@ -334,18 +335,18 @@ func TestForwardSubject(t *testing.T) {
 // given back at once, and forwarded once by the next workers.
 func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	paused := func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } }
 	// The link falls as the handler starts: it waits for the link.
-	w := e.workersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
+	w := e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		up.Store(false)
 		return f.Handle(ctx, m)
 	}), 1, paused)
 	w.ShutdownTimeout = time.Minute
-	e.publish("orders.created", "x", nil)
+	e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if !w.Activity(time.Now()).Paused || len(w.Activity(time.Now()).Running) != 1 {
 			return errors.New("the handler is not waiting for the link")
@@ -359,16 +360,16 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close waited for the handler that waits for the link")
 	}
-	if n := e.hubMsgs(); n != 0 {
+	if n := hubMsgs(e); n != 0 {
 		t.Fatalf("hub holds %d before the link is up", n)
 	}
 	up.Store(true)
-	e.workersWith(f, 1, paused)
-	e.waitHubMsgs(1, 10*time.Second)
+	e.WorkersWith(f, 1, paused)
+	waitHubMsgs(e, 1, 10*time.Second)
 	// The ack is confirmed off the worker's path: wait for it.
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if ci := e.consumerInfo(); ci.NumAckPending != 0 || e.dlqCount() != 0 {
-			return fmt.Errorf("ack pending %d, dead letters %d", ci.NumAckPending, e.dlqCount())
+		if ci := e.ConsumerInfo(); ci.NumAckPending != 0 || e.DLQCount() != 0 {
+			return fmt.Errorf("ack pending %d, dead letters %d", ci.NumAckPending, e.DLQCount())
 		}
 		return nil
 	})
@@ -381,16 +382,16 @@ func TestForwardShutdownWhileLinkDown(t *testing.T) {
 func TestForwardWaitsForHubStream(t *testing.T) {
 	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.workersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
 	ctx := context.Background()
-	if err := e.js.DeleteStream(ctx, "HUB"); err != nil {
+	if err := e.JS.DeleteStream(ctx, "HUB"); err != nil {
 		t.Fatal(err)
 	}
-	e.publish("orders.created", "x", nil)
+	e.Publish("orders.created", "x", nil)
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if f.Ready() || !strings.Contains(f.Problem(), "no stream on edge.edge1.>") {
 			return fmt.Errorf("ready %v, problem %q", f.Ready(), f.Problem())
@@ -398,17 +399,17 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 		return nil
 	})
 	time.Sleep(2 * time.Second) // longer than the backoff: no retries meanwhile
-	if ci := e.consumerInfo(); ci.Delivered.Consumer != 1 || e.dlqCount() != 0 {
-		t.Fatalf("deliveries spent while the hub's stream was gone: %d, dead letters %d", ci.Delivered.Consumer, e.dlqCount())
+	if ci := e.ConsumerInfo(); ci.Delivered.Consumer != 1 || e.DLQCount() != 0 {
+		t.Fatalf("deliveries spent while the hub's stream was gone: %d, dead letters %d", ci.Delivered.Consumer, e.DLQCount())
 	}
-	if _, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
+	if _, err := e.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
-	e.waitHubMsgs(1, 10*time.Second)
+	waitHubMsgs(e, 1, 10*time.Second)
 	// The hub holding it does not mean the edge's ack was applied yet: the
 	// ack is confirmed off the worker's path.
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		if ci := e.consumerInfo(); ci.Delivered.Consumer != 1 || ci.NumAckPending != 0 {
+		if ci := e.ConsumerInfo(); ci.Delivered.Consumer != 1 || ci.NumAckPending != 0 {
 			return fmt.Errorf("deliveries %d, ack pending %d: want one delivery, acked", ci.Delivered.Consumer, ci.NumAckPending)
 		}
 		return nil
@@ -423,13 +424,13 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 // the same message sent again still is.
 func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.publish("orders.created", "stored before the backup", nil)
+	e.Publish("orders.created", "stored before the backup", nil)
 	ctx := context.Background()
-	orders, err := e.js.Stream(ctx, "ORDERS")
+	orders, err := e.JS.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,7 +449,7 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 			t.Fatalf("Handle(%q): %+v", m.Data, r)
 		}
 	}
-	if n := e.hubMsgs(); n != 2 {
+	if n := hubMsgs(e); n != 2 {
 		t.Errorf("hub holds %d messages, want 2: the message published after the restore was taken for the one forwarded before", n)
 	}
 	if d := f.Stats().Duplicates.Load(); d != 1 {
@@ -464,12 +465,12 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 // copy.
 func TestForwardMessageOlderThanItsStream(t *testing.T) {
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
-	f, err := e.forwarder(up, time.Minute)
+	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	orders, err := e.js.Stream(ctx, "ORDERS")
+	orders, err := e.JS.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -480,7 +481,7 @@ func TestForwardMessageOlderThanItsStream(t *testing.T) {
 			t.Fatalf("Handle #%d of a message older than its stream: %+v", i+1, r)
 		}
 	}
-	if n := e.hubMsgs(); n != 1 {
+	if n := hubMsgs(e); n != 1 {
 		t.Errorf("hub holds %d messages, want 1", n)
 	}
 	if d := f.Stats().Duplicates.Load(); d != 1 {
