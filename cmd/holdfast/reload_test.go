@@ -811,3 +811,49 @@ func TestReloadRefusesRestartChangesWhole(t *testing.T) {
 	})
 	p.stop()
 }
+
+// TestReloadWithoutCredentialsSignalsThePID: `holdfast reload --pid` (the
+// unit's ExecReload) that cannot ask the running holdfast (no credentials
+// for its [auth]) still checks the file first, refusing a bad one without
+// a signal, and signals a good one with a warning that the log tells the
+// result.
+func TestReloadWithoutCredentialsSignalsThePID(t *testing.T) {
+	t.Parallel()
+	etc := t.TempDir()
+	hashPassword(t, filepath.Join(etc, "app.hash"), "app-password-123")
+	o := newOpsInstance(t, "", "", "workers = 2\nhandler = \"log\"\n",
+		fmt.Sprintf("[auth.users.app]\npassword_file = %q\n", filepath.Join(etc, "app.hash")))
+	base, err := os.ReadFile(o.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	pid := strconv.Itoa(p.cmd.Process.Pid)
+
+	if err := os.WriteFile(o.cfg, append(slices.Clone(base), "\n[nonsense]\n"...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "reload", "--config", o.cfg, "--pid", pid)
+	if res.code != 1 || !strings.Contains(res.stderr, "reload refused") || !strings.Contains(res.stderr, "nonsense") {
+		t.Fatalf("reload of a bad file without credentials: exit %d, want 1 naming the problem\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	time.Sleep(500 * time.Millisecond) // a signal, had one been sent, is logged by now
+	if s := p.stderr.String(); strings.Contains(s, `msg="reload`) {
+		t.Fatalf("the bad file reached the running holdfast:\n%s", s)
+	}
+
+	if err := os.WriteFile(o.cfg, []byte(strings.Replace(string(base), "workers = 2\n", "workers = 3\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res = runHoldfast(t, nil, "reload", "--config", o.cfg, "--pid", pid)
+	if res.code != 0 || !strings.Contains(res.stderr, "warning: sent SIGHUP") {
+		t.Fatalf("reload without credentials: exit %d, want 0 with a warning\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
+		if s := p.stderr.String(); !strings.Contains(s, "reload done") || !strings.Contains(s, "consumers.WORKER1.workers") {
+			return fmt.Errorf("the reload is not applied, or not logged with the key:\n%s", s)
+		}
+		return nil
+	})
+}
