@@ -171,9 +171,15 @@ func TestRestoreIntoCluster(t *testing.T) {
 	nc := natstest.Connect(t, servers[0])
 	js := natstest.JetStream(t, nc)
 	ctx := natstest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	// A cluster just formed may lose the first request to a meta leader
+	// that steps down (the create then waits out its whole timeout under
+	// load): ask again, the create is idempotent.
+	natstest.CheckFor(t, time.Minute, 100*time.Millisecond, func() error {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := js.CreateStream(cctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3})
+		return err
+	})
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if c := natstest.StreamInfo(t, js, "ORDERS").Cluster; c == nil || c.Leader == "" {
 			return errors.New("ORDERS has no leader yet")

@@ -96,6 +96,15 @@ func errNameInUse(err error) bool {
 	return jsm.IsNatsError(err, 10130) || (err != nil && strings.Contains(err.Error(), "stream name already in use"))
 }
 
+// errStoreNotReady reports the server's "error creating store for stream"
+// (10049). In a cluster it is transient right after the stream of the same
+// name was deleted: a replica may still be removing the old stream's
+// files.
+func errStoreNotReady(err error, nc *nats.Conn) bool {
+	return nc.ConnectedClusterName() != "" &&
+		(jsm.IsNatsError(err, 10049) || (err != nil && strings.Contains(err.Error(), "error creating store for stream")))
+}
+
 // afterDelete, set by tests, runs between deleting a stream and restoring
 // it: where the running holdfast may create it again.
 var afterDelete func(stream string)
@@ -300,6 +309,15 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				dropReplayClaims(ctx, js, e, notice)
 				return r, nil
 			}
+		}
+		if attempt < restoreAttempts && ctx.Err() == nil && errStoreNotReady(err, nc) {
+			notice("stream %s: the cluster could not create its store yet (%v), as happens right after a stream of that name was deleted: deleting what the attempt left and restoring once more", e.Name, err)
+			st, exists = jetstream.StreamState{}, true
+			select {
+			case <-time.After(time.Second):
+			case <-ctx.Done():
+			}
+			continue
 		}
 		if attempt < restoreAttempts && ctx.Err() == nil && collided(err) {
 			// The running holdfast noticed the stream or its consumer
