@@ -104,7 +104,7 @@ type StreamConfig struct {
 	Mirror  *SourceConfig  `toml:"mirror"`
 	// GroupCommit has holdfast answer the stream's publishes and store
 	// them in atomic batches: one flush for many messages (see
-	// internal/subjects.GroupCommit and README.md, Group commit).
+	// internal/subjects.GroupCommit and docs/group-commit.md).
 	GroupCommit bool `toml:"group_commit"`
 }
 

@@ -10,7 +10,7 @@ import (
 
 // ClusterNodes returns how many nodes cluster.routes names with this one:
 // the routes that lead to another node, plus this node. A route may name
-// this node itself (as the README's example does on every node) or not
+// this node itself (as docs/cluster.md's example does on every node) or not
 // (each node listing only the others): nats-server ignores a route to
 // itself, and counting it as another node, or not counting this node,
 // would make a cluster of three look like one of two, so that any node

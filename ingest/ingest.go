@@ -41,7 +41,7 @@ import (
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
-// How batches are cut (README.md, Group commit, documents these figures).
+// How batches are cut (docs/group-commit.md documents these figures).
 const (
 	// maxBatch is nats-server's default maximum atomic batch size (see
 	// embedded/natsassume_test.go).

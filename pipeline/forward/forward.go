@@ -342,7 +342,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		return fmt.Errorf("the hub (JetStream domain %q) does not answer: %w", f.opts.Domain, err)
 	}
 	if len(names) == 0 {
-		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see README, Edge and hub)", f.opts.Domain, subj)
+		return fmt.Errorf("the hub (JetStream domain %q) has no stream on %s: create one there on \"edge.>\" (see docs/edge-and-hub.md)", f.opts.Domain, subj)
 	}
 	var cfg jetstream.StreamConfig
 	var hubSubjects []string
