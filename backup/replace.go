@@ -13,6 +13,8 @@ import (
 	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // closedSubject is the only subject of a stream that a restore is about to
@@ -20,7 +22,7 @@ import (
 // messages, and the stream's own subjects can be given back. nats-server's
 // sealed streams cannot be unsealed, and a stream without subjects takes
 // its name as its subject.
-func closedSubject(stream string) string { return "$HOLDFAST.REPLACING." + stream }
+func closedSubject(stream string) string { return subjects.Replacing(stream) }
 
 // heldSubjectsKey is the metadata key under which a closed stream keeps
 // its own subjects, separated by spaces: a copy saved of it, and the

@@ -118,7 +118,7 @@ func systemAccount(opts *server.Options) *server.Account {
 // (both only read) stay allowed to everyone.
 var (
 	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">"}
-	reservedSubscribe = []string{"$HOLDFAST.>"}
+	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 
 // withReserved returns p with the reserved subjects denied (p may be nil,

@@ -20,7 +20,7 @@ import (
 
 // Replaying a dead letter hands it to the handler of the consumer that
 // failed it, and to no other: `holdfast dlq replay` asks that consumer's
-// workers, in the running daemon, on ReplaySubject(consumer). The workers
+// workers, in the running daemon, on subjects.Replay(consumer). The workers
 // read the dead letter, run their handler on the original message (its
 // subject, headers, payload and idempotency key), and delete the dead
 // letter only after the handler succeeded; otherwise it stays where it is.
@@ -30,9 +30,6 @@ import (
 // HeaderReplayedFrom is set on the message a handler sees when it replays
 // a dead letter: "DLQSTREAM:seq" of the dead letter.
 const HeaderReplayedFrom = "Holdfast-Replayed-From"
-
-// ReplaySubject is where the workers of consumer take replay requests.
-func ReplaySubject(consumer string) string { return "$HOLDFAST.REPLAY." + consumer }
 
 // replayQueue makes one set of workers answer a request when two run for a
 // moment (a reload).
@@ -127,7 +124,7 @@ type ReplayReply struct {
 }
 
 func (w *Workers) subscribeReplay() (*nats.Subscription, error) {
-	sub, err := w.nc.QueueSubscribe(ReplaySubject(w.opts.Consumer), replayQueue, w.onReplay)
+	sub, err := w.nc.QueueSubscribe(subjects.Replay(w.opts.Consumer), replayQueue, w.onReplay)
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s: cannot subscribe to replay requests: %w", w.opts.Consumer, err)
 	}
@@ -299,7 +296,7 @@ func RequestReplay(ctx context.Context, nc *nats.Conn, dl DeadLetter, timeout ti
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	subj := ReplaySubject(dl.Consumer)
+	subj := subjects.Replay(dl.Consumer)
 	msg, err := nc.RequestWithContext(ctx, subj, data)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):

@@ -60,6 +60,10 @@ func Token(name string) string {
 	}, name)
 }
 
+// Replacing is the only subject of a stream that `holdfast restore
+// --replace` is about to replace: nobody publishes to it.
+func Replacing(stream string) string { return Internal + "REPLACING." + stream }
+
 // Replay is the subject on which the workers of consumer take requests to
 // replay dead letters.
 func Replay(consumer string) string { return Internal + "REPLAY." + consumer }

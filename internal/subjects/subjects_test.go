@@ -11,6 +11,7 @@ func TestNames(t *testing.T) {
 		{DeadLetters("WORKER1"), "dlq.WORKER1.>"},
 		{GroupCommit("ORDERS", "orders.*"), "$HOLDFAST.GC.ORDERS.orders.*"},
 		{ReplayClaim(42), "holdfast-claim-42"},
+		{Replacing("ORDERS"), "$HOLDFAST.REPLACING.ORDERS"},
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
