@@ -448,8 +448,10 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 // deliveries advisory was not tracked, and Close returned while it still
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never
 // answers); Close must end it and wait for it.
+//
+// Not parallel: it looks for the goroutine in every stack of the
+// process, and another test's Workers may be dead-lettering meanwhile.
 func TestCloseWaitsForAdvisoryDeadLetters(t *testing.T) {
-	t.Parallel()
 	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
 		cc.AckWait = config.Dur(time.Second)
