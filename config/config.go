@@ -367,6 +367,11 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 			failed[[2]string{"consumers", name}] = true
 			continue
 		}
+		if cc.Handler == "forward" && !md.IsDefined("consumers", name, "workers") {
+			// One worker sends in order: the hub's position then says
+			// what it holds (docs/edge-and-hub.md).
+			cc.Workers = 1
+		}
 		out.Consumers[name] = cc
 	}
 	out.serverNameSet = md.IsDefined("server", "name")

@@ -39,9 +39,11 @@ type LeafNodesConfig struct {
 	// Remotes are the hubs this node connects to (edge side).
 	Remotes []RemoteConfig `toml:"remotes"`
 	// UnreachableAfter is how long a remote may be disconnected before
-	// /healthz reports the edge degraded. Forwarding is free of duplicates
-	// through outages up to this long: a forwarding edge refuses a hub
-	// whose stream's duplicate window is shorter.
+	// /healthz reports the edge degraded. With a forward.subject template
+	// without {server} or {subject} (the hub's position cannot be read),
+	// forwarding is free of duplicates through outages up to this long:
+	// forwarding waits for a hub whose stream's duplicate window is
+	// shorter.
 	UnreachableAfter Duration `toml:"unreachable_after"`
 }
 

@@ -216,3 +216,20 @@ password_file = "`+good+`"
 		}
 	}
 }
+
+// TestForwardWorkersDefault: a forward consumer runs one worker unless
+// its table sets workers (it sends in order: the hub's position); the
+// other consumers keep the general default.
+func TestForwardWorkersDefault(t *testing.T) {
+	cfg := mustParse(t, strings.Replace(edgeNode, "workers = 1\n", "", 1)+"\n[consumers.LOG]\nstream = \"ORDERS\"\nhandler = \"log\"\n")
+	if got := cfg.Consumers["FORWARD"].Workers; got != 1 {
+		t.Errorf("forward workers = %d, want 1", got)
+	}
+	if got := cfg.Consumers["LOG"].Workers; got != DefaultConfig().Consumers[DefaultConsumerName].Workers {
+		t.Errorf("log workers = %d, want the general default", got)
+	}
+	cfg = mustParse(t, strings.Replace(edgeNode, "workers = 1\n", "workers = 0\n", 1))
+	if got := cfg.Consumers["FORWARD"].Workers; got != 0 {
+		t.Errorf("forward workers = %d, want 0 as set", got)
+	}
+}

@@ -64,9 +64,6 @@ type Daemon struct {
 	// forwarders are the forward handlers by consumer.
 	edge       *forward.EdgeView
 	forwarders map[string]*forward.Forwarder
-	// workersOpened is set once Open started every consumer's workers:
-	// later forwarders (a reload) wait for a hub they find wanting.
-	workersOpened bool
 
 	// running is cfg for other goroutines (the monitor's Recreate):
 	// stored by Open and Reload.
@@ -211,7 +208,6 @@ func (d *Daemon) openConsumers(ctx context.Context) error {
 		}
 		d.setWorkers(append(d.workers, w))
 	}
-	d.workersOpened = true
 	return nil
 }
 
@@ -598,6 +594,12 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 		d.stats[name] = &pipeline.Stats{}
 	}
 	opts := ConsumerOptions(name, cc, h)
+	if fw != nil && opts.Workers > 1 {
+		// The hub's position says what it holds only if the messages
+		// go out in order.
+		d.log.Warn("a forward consumer sends in order with one worker: workers is read as 1", "consumer", name, "workers", opts.Workers)
+		opts.Workers = 1
+	}
 	opts.OnResult = d.metrics.ObserveResult(cc.Stream)
 	opts.Stats = d.stats[name]
 	if fw != nil {

@@ -44,9 +44,10 @@ func (d *Daemon) openEdgeView() (*forward.EdgeView, error) {
 	return v, nil
 }
 
-// openForwarder builds and opens the forward handler of consumer name; at
-// start it refuses a reachable hub whose stream's duplicate window is too
-// short (later, on a reload, forwarding waits for it instead).
+// openForwarder builds and opens the forward handler of consumer name. A
+// hub that is unreachable or wanting (its stream missing or deduplicating
+// over too short a window) never stops the edge: forwarding waits for it,
+// and the health says why.
 func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*forward.Forwarder, error) {
 	cc := cfg.Consumers[name]
 	f, err := forward.New(d.srv.Conn(), forward.Options{
@@ -58,8 +59,8 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 		Timeout:            cc.Forward.Timeout.Duration,
 		MinDuplicateWindow: cfg.LeafNodes.UnreachableAfter.Duration,
 		LinkUp:             func() bool { return d.srv.LeafReaches(cc.Forward.Domain) },
+		Clustered:          cfg.Cluster.Enabled(),
 		Domains:            d.srv.LeafDomains,
-		WaitOnShortWindow:  d.workersOpened,
 	}, d.log)
 	if err != nil {
 		return nil, fmt.Errorf("consumers.%s.forward: %w", name, err)

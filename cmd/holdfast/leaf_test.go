@@ -64,8 +64,7 @@ duplicate_window = %q
 }
 
 // newLeafEdge writes the config of an edge named name: ORDERS on orders.*,
-// the consumer FORWARD with the forward handler (one worker, or
-// HOLDFAST_TEST_LEAF_WORKERS), and one
+// the consumer FORWARD with the forward handler (its one worker), and one
 // remote at hubAddr (the hub's leafnode port, or a proxy in front of it).
 func newLeafEdge(t *testing.T, name, hubAddr, extra string) *leafNode {
 	t.Helper()
@@ -93,9 +92,8 @@ subjects = ["orders.*"]
 [consumers.FORWARD]
 stream = "ORDERS"
 handler = "forward"
-workers = %d
 backoff = ["100ms"]
-%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, leafEnvInt(t, "HOLDFAST_TEST_LEAF_WORKERS", 1), extra))
+%s`, name, n.inst.port, n.inst.store, n.httpAddr, hubAddr, extra))
 	return n
 }
 
@@ -449,16 +447,18 @@ func grepLines(text, prefix string) string {
 // Then the hub is killed (kill -9) in the middle of forwarding, the edge
 // takes more messages while the hub is away, the hub restarts on its
 // store; then the edge is killed (kill -9) in the middle of forwarding and
-// restarts: everything arrives once, no intervention.
+// restarts: everything arrives once, no intervention. The hub's duplicate
+// window is 2s, shorter than each outage: the hub's position, read back
+// after each reconnect, keeps what was in flight at each cut from being
+// stored twice.
 func TestLeafHubOutages(t *testing.T) {
 	t.Parallel()
-	hub := newLeafHub(t, "10m", "")
+	hub := newLeafHub(t, "2s", "")
 	hub.start(t)
 	proxy := newTCPProxy(t, fmt.Sprintf("127.0.0.1:%d", hub.leafPort), nil)
-	edge := newLeafEdge(t, "edge1", proxy.addr(), "")
+	edge := newLeafEdge(t, "edge1", proxy.addr(), "\n[consumers.FORWARD.forward]\ntimeout = \"1s\"\n")
 	edge.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, edge.inst.cfg), "[[leafnodes.remotes]]",
 		"[leafnodes]\nunreachable_after = \"2s\"\n\n[[leafnodes.remotes]]", 1))
-	// The hub's window must cover unreachable_after: 10m does.
 	edge.start(t)
 	_, ejs := e2eConnect(t, edge.inst)
 	_, hjs := e2eConnect(t, hub.inst)
@@ -503,6 +503,7 @@ func TestLeafHubOutages(t *testing.T) {
 	hub.proc.signal(syscall.SIGKILL)
 	leafPublish(t, ejs, sent+2000, 500)
 	sent += 2500
+	time.Sleep(3 * time.Second) // past the hub's duplicate window
 	hub.start(t)
 	_, hjs = e2eConnect(t, hub.inst)
 	restarted := time.Now()
@@ -516,6 +517,7 @@ func TestLeafHubOutages(t *testing.T) {
 	firstLog := edge.proc.stderr.String()
 	edge.proc.signal(syscall.SIGKILL)
 	sent += 1000
+	time.Sleep(3 * time.Second) // past the hub's duplicate window
 	edge.start(t)
 	seen := hubCounts(t, hjs, uint64(sent), 60*time.Second)
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": uint64(sent)})
@@ -526,8 +528,7 @@ func TestLeafHubOutages(t *testing.T) {
 
 // leafBacklog is how many messages TestLeafHubOutages publishes while the
 // link is cut: 1,000, or HOLDFAST_TEST_LEAF_BACKLOG to measure the
-// catch-up of a larger backlog (HOLDFAST_TEST_LEAF_WORKERS sets the edges'
-// forward workers, default 1).
+// catch-up of a larger backlog.
 func leafBacklog(t *testing.T) int {
 	t.Helper()
 	return leafEnvInt(t, "HOLDFAST_TEST_LEAF_BACKLOG", 1000)
@@ -548,24 +549,49 @@ func leafEnvInt(t *testing.T, name string, def int) int {
 	return n
 }
 
-// TestLeafRefusesShortDuplicateWindow: an edge that promises no
-// duplicates through outages up to unreachable_after (default 5m) refuses
-// to start against a hub whose stream deduplicates over 2m only, and says
-// what to change.
-func TestLeafRefusesShortDuplicateWindow(t *testing.T) {
+// TestLeafEdgeWaitsForHubWindow: a hub whose stream deduplicates over
+// too short a window (1s: forwarding needs twice forward.timeout, 20s)
+// does not stop the edge. It starts, stores what its clients publish,
+// reports degraded naming the hub's stream and the fix, and forwards once
+// the hub's stream is fixed — here by dropping the key, so that hub and
+// edge then run on the defaults, which work together.
+func TestLeafEdgeWaitsForHubWindow(t *testing.T) {
 	t.Parallel()
-	hub := newLeafHub(t, "2m", "")
+	hub := newLeafHub(t, "1s", "")
 	hub.start(t)
 	edge := newLeafEdge(t, "edge1", fmt.Sprintf("127.0.0.1:%d", hub.leafPort), "")
-	edge.proc = startHoldfast(t, edge.inst.cfg)
-	if code := edge.proc.wait(30 * time.Second); code != 1 {
-		t.Fatalf("edge exited with %d, want 1", code)
-	}
-	log := edge.proc.stderr.String()
-	for _, want := range []string{"duplicate window is too short", "stream EDGE", "2m0s", "unreachable_after = 5m0s", `duplicate_window = "5m0s"`} {
-		if !strings.Contains(log, want) {
-			t.Errorf("edge log lacks %q:\n%s", want, log)
+	edge.start(t)
+	defer edge.proc.stop()
+	_, ejs := e2eConnect(t, edge.inst)
+	leafPublish(t, ejs, 0, 20)
+	natstest.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
+		h := edge.get(t, "/healthz")
+		for _, want := range []string{`"degraded"`, "duplicate window is too short", "stream EDGE", `duplicate_window = \"20s\"`} {
+			if !strings.Contains(h, want) {
+				return fmt.Errorf("/healthz lacks %s:\n%s", want, h)
+			}
 		}
+		return nil
+	})
+	_, hjs := e2eConnect(t, hub.inst)
+	if n := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; n != 0 {
+		t.Fatalf("the hub holds %d: the edge forwarded to a stream whose window is too short", n)
+	}
+	hub.proc.reloadWith(hub.inst.cfg, strings.Replace(readFile(t, hub.inst.cfg), "duplicate_window = \"1s\"\n", "", 1))
+	defer hub.proc.stop()
+	if w := e2eStreamInfo(t, hjs, "EDGE").Config.Duplicates; w != 2*time.Minute {
+		t.Fatalf("the hub's stream deduplicates over %s after the reload, want the default 2m", w)
+	}
+	leafPublish(t, ejs, 20, 20)
+	wantExactlyOnce(t, hubCounts(t, hjs, 40, 30*time.Second), map[string]uint64{"edge1": 40})
+	natstest.CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error {
+		if h := edge.get(t, "/healthz"); !strings.Contains(h, `"ok"`) {
+			return fmt.Errorf("/healthz after the hub was fixed: %s", h)
+		}
+		return nil
+	})
+	if !edge.proc.exited() && strings.Contains(edge.proc.stderr.String(), "level=ERROR msg=\"holdfast") {
+		t.Errorf("the edge logged a fatal error:\n%s", edge.proc.stderr.String())
 	}
 }
 
@@ -812,10 +838,10 @@ func TestLeafForwardWaitsForItsHub(t *testing.T) {
 }
 
 // TestLeafHubRestartedWithShortWindow: the hub comes back from a restart
-// with a duplicate window shorter than the edge's unreachable_after. The
-// edge checks the hub's stream again after the link comes back, so it
+// with a duplicate window shorter than twice the edge's forward.timeout.
+// The edge checks the hub's stream again after the link comes back, so it
 // stops forwarding and says why, instead of forwarding with no protection
-// against duplicates through its next outage.
+// for a publish still on its way while it is sent again.
 func TestLeafHubRestartedWithShortWindow(t *testing.T) {
 	t.Parallel()
 	hub := newLeafHub(t, "10m", "")
@@ -829,12 +855,12 @@ func TestLeafHubRestartedWithShortWindow(t *testing.T) {
 	hubCounts(t, hjs, 50, 30*time.Second)
 
 	hub.proc.stop()
-	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `duplicate_window = "10m"`, `duplicate_window = "1m"`, 1))
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(readFile(t, hub.inst.cfg), `duplicate_window = "10m"`, `duplicate_window = "10s"`, 1))
 	hub.start(t)
 	defer hub.proc.stop()
 	_, hjs = e2eConnect(t, hub.inst)
-	if w := e2eStreamInfo(t, hjs, "EDGE").Config.Duplicates; w != time.Minute {
-		t.Fatalf("the hub's stream deduplicates over %s after the restart, want 1m", w)
+	if w := e2eStreamInfo(t, hjs, "EDGE").Config.Duplicates; w != 10*time.Second {
+		t.Fatalf("the hub's stream deduplicates over %s after the restart, want 10s", w)
 	}
 	natstest.CheckFor(t, 15*time.Second, 100*time.Millisecond, func() error {
 		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {
@@ -1509,7 +1535,7 @@ func TestLeafHubDeniesDestinationWaits(t *testing.T) {
 }
 
 // TestLeafReloadWhileHubWindowShort: the hub was restarted with a
-// duplicate window shorter than the edge's unreachable_after, and
+// duplicate window shorter than twice the edge's forward.timeout, and
 // forwarding waits for it (named in /healthz). A reload of the edge that
 // restarts the forward workers (another forward.timeout) must leave them
 // waiting the same way, not refuse them as a start does ("the consumer
@@ -1521,7 +1547,7 @@ func TestLeafReloadWhileHubWindowShort(t *testing.T) {
 	hub, edge, _, ejs := startLeafPair(t, "10m", "", "")
 	hub.proc.stop()
 	long := readFile(t, hub.inst.cfg)
-	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(long, `duplicate_window = "10m"`, `duplicate_window = "2m"`, 1))
+	hub.inst.cfg = e2eWriteConfig(t, strings.Replace(long, `duplicate_window = "10m"`, `duplicate_window = "5s"`, 1))
 	hub.start(t)
 	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
 		if h := edge.get(t, "/healthz"); !strings.Contains(h, "duplicate window is too short") {

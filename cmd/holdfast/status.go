@@ -367,8 +367,12 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 		if !f.OldestUnforwarded.IsZero() {
 			lag = now.Sub(f.OldestUnforwarded).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s; forwarded %d, duplicates %d, refused %d, errors %d\n",
-			f.Backlog, lag, last, f.Forwarded, f.Duplicates, f.Refused, f.Errors)
+		pos := "unknown"
+		if f.HubPositionKnown {
+			pos = fmt.Sprintf("seq %d", f.HubPosition)
+		}
+		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s, hub holds up to %s; forwarded %d, skipped %d, duplicates %d, refused %d, errors %d\n",
+			f.Backlog, lag, last, pos, f.Forwarded, f.Skipped, f.Duplicates, f.Refused, f.Errors)
 	}
 	for _, s := range st.Sources {
 		kind := "source"

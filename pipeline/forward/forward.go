@@ -73,18 +73,19 @@ type Options struct {
 	// Timeout bounds one publish, waiting for the hub's PubAck.
 	Timeout time.Duration
 	// MinDuplicateWindow is the shortest duplicate window the hub's stream
-	// may have: the longest outage forwarding stays free of duplicates
-	// through.
+	// may have when the hub's position cannot be read (a Subject template
+	// without {server} or {subject}): the longest outage forwarding stays
+	// free of duplicates through. With the position, the window only
+	// guards a publish still on its way while it is sent again, and twice
+	// Timeout is enough.
 	MinDuplicateWindow time.Duration
 	// LinkUp reports whether a leafnode link to the hub is up; nil means
 	// always.
 	LinkUp func() bool
-	// WaitOnShortWindow makes Open leave forwarding waiting (checked
-	// again every second, named by Problem) for a hub whose window is too
-	// short, instead of returning ErrDuplicateWindow: for workers started
-	// again by a reload, where refusing would leave the consumer without
-	// workers until a restart, which would then refuse to start.
-	WaitOnShortWindow bool
+	// Clustered is set on a node of an edge cluster: every node's workers
+	// pull from the consumer, so the messages do not go out in order and
+	// the hub's position cannot decide (see MinDuplicateWindow).
+	Clustered bool
 	// Domains returns the JetStream domains reachable over the leafnode
 	// links now (nil: none but Domain). The check refuses to forward
 	// while a stream of another of them takes the destination subjects
@@ -98,6 +99,7 @@ type Stats struct {
 	Forwarded  atomic.Uint64 // messages the hub stored (PubAck)
 	Duplicates atomic.Uint64 // PubAcks saying the hub had it already
 	Refused    atomic.Uint64 // messages failed at once (too large, refused by the hub)
+	Skipped    atomic.Uint64 // messages not sent again: the hub's position shows it holds them
 	Errors     atomic.Uint64 // publishes that failed and were retried
 	// LastForward is when the hub last acknowledged a message (unix ns),
 	// LastOriginTime when that message was stored on the edge.
@@ -108,6 +110,15 @@ type Stats struct {
 // Forwarder is the forward handler: it publishes each message to the
 // hub's JetStream and succeeds only on the hub's PubAck, so that the
 // message is acked locally only once the hub has it.
+//
+// It sends in order: one worker calls Handle, and a publish that failed
+// for a reason of the hub or the link is sent again in place, within the
+// same delivery. So the hub holds every message of the consumer up to
+// the highest origin sequence it holds (its position), but for those
+// dead-lettered instead; after each reconnect the Forwarder reads that
+// position back from the hub and does not send again what lies at or
+// below it, however long the outage was. The Nats-Msg-Id is a second
+// guard, for a publish still on its way while it is sent again.
 type Forwarder struct {
 	local jetstream.JetStream // this node's JetStream: stream incarnations, the backlog
 	hub   jetstream.JetStream // the hub's, through the leafnode
@@ -130,6 +141,12 @@ type Forwarder struct {
 	// tries again.
 	storeErr     string
 	storeRetryAt time.Time
+	// pos is the hub's position for this consumer, read at each check of
+	// the hub and moved on by each PubAck; ordered is set once Open has
+	// set the consumer back to its ack floor, so that the messages go out
+	// in order (and pos may be used).
+	pos     position
+	ordered bool
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -145,6 +162,21 @@ type Forwarder struct {
 // stored between created and seenAt belongs to it.
 type incarnation struct {
 	created, seenAt time.Time
+}
+
+// position is what the hub holds of the consumer's messages: the last
+// one it stored, at origin sequence seq, stored on the edge at stored, in
+// the local stream's incarnation created at created. The messages go out
+// in order, so the hub holds every message of that incarnation up to seq
+// stored by then (but for those dead-lettered instead). One stored later
+// with a sequence up to seq is not among them: the edge's store was put
+// back from a backup older than what it forwarded, and the sequences
+// after the backup's are used again.
+type position struct {
+	known   bool
+	created time.Time
+	seq     uint64
+	stored  time.Time
 }
 
 // New returns a forward handler publishing on nc (the in-process
@@ -180,11 +212,25 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
 // hub's stream before the daemon reports ready.
 const startWait = 5 * time.Second
 
-// Open checks the hub's stream when the link comes up within startWait
-// and returns ErrDuplicateWindow (or another config problem of the hub)
-// then; otherwise the check is repeated in the background until it
-// passes, and forwarding waits for it. Open starts that background check.
+// Open checks the hub's stream when the link comes up within startWait;
+// while the check fails (the hub unreachable, its stream missing or
+// deduplicating over too short a window) it is repeated in the
+// background until it passes, forwarding waits, and Problem says why:
+// the hub's state never stops the edge. Open starts that background
+// check; it fails only when ctx ends.
 func (f *Forwarder) Open(ctx context.Context) error {
+	if !f.opts.Clustered {
+		// The messages an earlier run of the workers took and did not
+		// ack come again only after ack_wait, behind newer ones: the hub
+		// would store those newer ones first, and its position would pass
+		// over the older ones. Set back to its ack floor, the consumer
+		// delivers them first, in order.
+		if _, err := f.local.ResetConsumer(ctx, f.opts.Stream, f.opts.Consumer); err != nil {
+			f.log.Warn("cannot set the consumer back to its ack floor: forwarding goes on without the hub's position, and the hub's duplicate window must cover leafnodes.unreachable_after", "err", err)
+		} else {
+			f.ordered = true
+		}
+	}
 	deadline := time.Now().Add(startWait)
 	for !f.linkUp() && time.Now().Before(deadline) {
 		select {
@@ -195,9 +241,8 @@ func (f *Forwarder) Open(ctx context.Context) error {
 	}
 	if f.linkUp() {
 		// The hub's JetStream may need a moment after the link is up.
-		var err error
 		for {
-			err = f.checkHub(ctx)
+			err := f.checkHub(ctx)
 			if err == nil || errors.Is(err, ErrDuplicateWindow) || time.Now().After(deadline) {
 				break
 			}
@@ -206,9 +251,6 @@ func (f *Forwarder) Open(ctx context.Context) error {
 				return ctx.Err()
 			case <-time.After(100 * time.Millisecond):
 			}
-		}
-		if errors.Is(err, ErrDuplicateWindow) && !f.opts.WaitOnShortWindow {
-			return err
 		}
 	} else if ds := f.domains(); len(ds) > 0 {
 		f.log.Warn("no hub connected at start serves the forward domain: forwarding waits (local publishing goes on); check forward.domain against the hub's jetstream.domain", "served", ds)
@@ -330,6 +372,14 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 	defer cancel()
+	dests, positional, err := f.destinations(ctx)
+	if err != nil {
+		return err
+	}
+	need, why := f.opts.MinDuplicateWindow, fmt.Sprintf("this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s (the hub's position cannot decide: forward.subject %q without {server} and {subject}, or an edge cluster)", f.opts.MinDuplicateWindow, f.opts.Subject)
+	if positional {
+		need, why = 2*f.opts.Timeout, fmt.Sprintf("a publish still on its way when it is sent again must be recognized for twice forward.timeout (%s)", f.opts.Timeout)
+	}
 	// Every stream that takes a part of the destination: each must
 	// deduplicate long enough (not only the first the hub names).
 	names, err := hubStreamNames(ctx, f.hub, subj)
@@ -346,6 +396,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	var cfg jetstream.StreamConfig
 	var hubSubjects []string
+	var streams []jetstream.Stream
 	// The largest max_msg_size of the streams (0: one takes any size): a
 	// message over it fits none of them, so none can store it. Sent all
 	// the same, one over the hub's max_payload would make the hub close
@@ -357,6 +408,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("hub stream %s: %w", name, err)
 		}
+		streams = append(streams, s)
 		cfg = s.CachedInfo().Config
 		if cfg.MaxMsgSize <= 0 {
 			unlimited = true
@@ -365,10 +417,16 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		for _, sub := range cfg.Subjects {
 			hubSubjects = append(hubSubjects, strings.TrimPrefix(sub, subjects.GroupCommit(name, "")))
 		}
-		if cfg.Duplicates < f.opts.MinDuplicateWindow {
-			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but this edge promises no duplicates through outages up to leafnodes.unreachable_after = %s: "+
-				"set duplicate_window = %q (or longer) on the hub's stream, or a shorter unreachable_after here",
-				ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, f.opts.MinDuplicateWindow, f.opts.MinDuplicateWindow.String())
+		if cfg.Duplicates < need {
+			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but %s: "+
+				"set duplicate_window = %q (or longer) on the hub's stream; forwarding waits until then (local publishing goes on)",
+				ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, why, need.String())
+		}
+	}
+	pos := position{}
+	if positional {
+		if pos, err = f.hubPosition(ctx, streams, dests); err != nil {
+			return fmt.Errorf("the hub (JetStream domain %q) does not tell what it holds of this edge: %w", f.opts.Domain, err)
 		}
 	}
 	name := strings.Join(names, ",")
@@ -377,8 +435,125 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	f.mu.Lock()
 	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, hubSubjects
+	if pos.seq > 0 && (pos.seq != f.pos.seq || !pos.created.Equal(f.pos.created)) {
+		f.log.Info("hub position read: what the hub holds is not sent again", "hub_stream", name, "origin_seq", pos.seq, "origin_time", pos.stored)
+	}
+	f.pos = pos
 	f.mu.Unlock()
 	return nil
+}
+
+// destinations are the subjects on the hub that this consumer's messages
+// go to: one pattern per subject of the consumer's filter, or of its
+// stream when it has none. positional is false when those cannot be told
+// apart from other edges' and other streams' (a Subject template without
+// {server} or {subject}, a stream without subjects of its own) or a
+// pattern is no valid filter: the hub's position cannot be read then.
+func (f *Forwarder) destinations(ctx context.Context) (dests []string, positional bool, err error) {
+	t := f.opts.Subject
+	if !f.ordered || !strings.Contains(t, "{server}") || !strings.Contains(t, "{subject}") {
+		return nil, false, nil
+	}
+	c, err := f.local.Consumer(ctx, f.opts.Stream, f.opts.Consumer)
+	if err != nil {
+		return nil, false, fmt.Errorf("local consumer %s: %w", f.opts.Consumer, err)
+	}
+	filters := c.CachedInfo().Config.FilterSubjects
+	if fs := c.CachedInfo().Config.FilterSubject; fs != "" {
+		filters = []string{fs}
+	}
+	if len(filters) == 0 {
+		s, err := f.local.Stream(ctx, f.opts.Stream)
+		if err != nil {
+			return nil, false, fmt.Errorf("local stream %s: %w", f.opts.Stream, err)
+		}
+		for _, sub := range s.CachedInfo().Config.Subjects {
+			filters = append(filters, strings.TrimPrefix(sub, subjects.GroupCommit(f.opts.Stream, "")))
+		}
+	}
+	for _, filter := range filters {
+		d := Subject(t, f.opts.ServerName, filter)
+		if i := strings.Index(d, ">"); i >= 0 && i != len(d)-1 {
+			return nil, false, nil
+		}
+		dests = append(dests, d)
+	}
+	return dests, len(dests) > 0, nil
+}
+
+// hubPosition reads the hub's position: the last message the hub's
+// streams hold on each destination, kept when it came from this edge's
+// stream as it is now (not from an earlier incarnation of it).
+func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream, dests []string) (position, error) {
+	local, err := f.local.Stream(ctx, f.opts.Stream)
+	if err != nil {
+		return position{}, fmt.Errorf("local stream %s: %w", f.opts.Stream, err)
+	}
+	pos := position{known: true, created: local.CachedInfo().Created}
+	for _, s := range streams {
+		for _, d := range dests {
+			m, err := s.GetLastMsgForSubject(ctx, d)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return position{}, fmt.Errorf("last message of stream %s on %s: %w", s.CachedInfo().Config.Name, d, err)
+			}
+			if m.Header.Get(HeaderOriginServer) != f.opts.ServerName || m.Header.Get(HeaderOriginStream) != f.opts.Stream {
+				continue
+			}
+			created, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderOriginStreamCreated))
+			if err != nil || !created.Equal(pos.created) {
+				continue
+			}
+			seq, err := strconv.ParseUint(m.Header.Get(HeaderOriginSeq), 10, 64)
+			if err != nil {
+				continue
+			}
+			stored, err := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderOriginTime))
+			if err != nil {
+				continue
+			}
+			// The last sent across the destinations (and the hub's
+			// streams) is the one stored last on the edge: the edge's
+			// clock decides, not those of a hub cluster's nodes. Should
+			// that clock have been set back, the position only falls
+			// short, and the Nats-Msg-Id guards what is sent again.
+			if stored.After(pos.stored) || stored.Equal(pos.stored) && seq > pos.seq {
+				pos.seq, pos.stored = seq, stored
+			}
+		}
+	}
+	return pos, nil
+}
+
+// onHub reports whether the hub's position shows it holds m, of the
+// stream incarnation created at created.
+func (f *Forwarder) onHub(created time.Time, m *handler.Message) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := f.pos
+	return p.known && p.created.Equal(created) && m.Sequence <= p.seq && !m.Published.After(p.stored)
+}
+
+// Position is the origin sequence of the last message the hub holds
+// from this consumer, as last read from the hub or acknowledged by it;
+// known is false when it cannot be read (see Options.MinDuplicateWindow)
+// or has not been yet.
+func (f *Forwarder) Position() (seq uint64, known bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.pos.seq, f.pos.known
+}
+
+// advance makes m, which the hub acknowledged, the position: it is the
+// last the hub stored of this consumer.
+func (f *Forwarder) advance(created time.Time, m *handler.Message) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.pos.known {
+		f.pos = position{known: true, created: created, seq: m.Sequence, stored: m.Published}
+	}
 }
 
 // hubTakes reports whether a stream of the hub takes subject, as last
@@ -548,8 +723,14 @@ func NewMsg(subject, server string, m *handler.Message, streamCreated time.Time)
 // back; a message the hub can never take (too large) fails at once.
 func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Result {
 	created, err := f.streamCreated(ctx, m.Stream, m.Published)
-	if err != nil {
-		return handler.RetryLater(err.Error())
+	for err != nil {
+		// In place, as for the hub: a later message must not go first.
+		select {
+		case <-ctx.Done():
+			return handler.RetryLater(err.Error())
+		case <-time.After(storeRetry):
+		}
+		created, err = f.streamCreated(ctx, m.Stream, m.Published)
 	}
 	out := NewMsg(Subject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
 	if len(out.Subject) > handler.MaxPublishSubject {
@@ -588,6 +769,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 		if err := f.waitReady(ctx); err != nil {
 			return handler.RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
 		}
+		if f.onHub(created, m) {
+			// Sent before a reconnect, a restart or a failed publish,
+			// and stored: the hub says so, whatever its duplicate window.
+			f.stats.Skipped.Add(1)
+			return handler.Ok()
+		}
 		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		watched := f.cancelOnLinkDown(pctx, cancel)
 		ack, err := f.hub.PublishMsg(pctx, out)
@@ -610,6 +797,7 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 				continue
 			}
 			f.hubStores()
+			f.advance(created, m)
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
 			} else {
@@ -633,6 +821,8 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 		if ctx.Err() != nil {
 			return handler.RetryLater(err.Error())
 		}
+		// From here on the publish is in doubt: the check of the hub
+		// below reads its position again before it is sent again.
 		if !f.linkUp() {
 			continue // the link fell under the publish: wait for it, same delivery
 		}
@@ -663,7 +853,10 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 			f.hubCannotStore(fmt.Sprintf("no PubAck within forward.timeout (%s)", f.opts.Timeout), "check the hub's stream: `nats stream info` on the hub")
 			continue
 		}
-		return handler.RetryLater("publish to the hub: " + err.Error())
+		// Any other failure waits in place too: a retry later would let
+		// the next message go first, and the position would then pass
+		// over this one.
+		f.hubCannotStore("publish failed: "+err.Error(), "see the hub's log")
 	}
 }
 

@@ -38,11 +38,16 @@ func forwardEnv(t *testing.T, hub jetstream.StreamConfig) (*pipelinetest.Env, *a
 
 func forwarder(e *pipelinetest.Env, up *atomic.Bool, minWindow time.Duration) (*forward.Forwarder, error) {
 	e.T.Helper()
-	f, err := forward.New(e.Srv.Conn(), forward.Options{
+	return forwarderWith(e, forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
 		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: minWindow,
 		LinkUp: up.Load,
-	}, nil)
+	})
+}
+
+func forwarderWith(e *pipelinetest.Env, opts forward.Options) (*forward.Forwarder, error) {
+	e.T.Helper()
+	f, err := forward.New(e.Srv.Conn(), opts, nil)
 	if err != nil {
 		e.T.Fatal(err)
 	}
@@ -238,13 +243,53 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 	}
 }
 
-// TestForwardRefusesShortDuplicateWindow: Open refuses a hub stream whose
-// duplicate window is shorter than the promised outage.
-func TestForwardRefusesShortDuplicateWindow(t *testing.T) {
-	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 2 * time.Minute})
-	_, err := forwarder(e, up, 5*time.Minute)
-	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream HUB") {
-		t.Fatalf("Open = %v, want ErrDuplicateWindow naming HUB", err)
+// TestForwardWaitsOnShortDuplicateWindow: a hub stream whose duplicate
+// window is too short does not stop the edge: Open succeeds, forwarding
+// waits with Problem naming the stream and the fix, and goes on once the
+// hub's stream is fixed. With the hub's position (the default template)
+// the window must cover twice forward.timeout; without it (no {server}
+// in the template), the promised outage, unreachable_after.
+func TestForwardWaitsOnShortDuplicateWindow(t *testing.T) {
+	for _, tt := range []struct {
+		name, template, want string
+		window, fixed        time.Duration
+	}{
+		{"position", config.DefaultForwardSubject, `duplicate_window = "4s"`, time.Second, 4 * time.Second},
+		{"no position", "edge.all.{subject}", `duplicate_window = "5m0s"`, 2 * time.Minute, 5 * time.Minute},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := pipelinetest.Start(t, nil)
+			ctx := context.Background()
+			hub := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: tt.window}
+			if _, err := e.JS.CreateStream(ctx, hub); err != nil {
+				t.Fatal(err)
+			}
+			f, err := forwarderWith(e, forward.Options{
+				ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+				Subject: tt.template, Timeout: 2 * time.Second, MinDuplicateWindow: 5 * time.Minute,
+			})
+			if err != nil {
+				t.Fatalf("Open = %v, want nil: the hub's stream never stops the edge", err)
+			}
+			if f.Ready() {
+				t.Fatal("ready with the hub's window too short")
+			}
+			for _, want := range []string{"duplicate window is too short", "stream HUB", tt.want} {
+				if p := f.Problem(); !strings.Contains(p, want) {
+					t.Errorf("Problem = %q, want %q in it", p, want)
+				}
+			}
+			hub.Duplicates = tt.fixed
+			if _, err := e.JS.UpdateStream(ctx, hub); err != nil {
+				t.Fatal(err)
+			}
+			natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				if !f.Ready() {
+					return fmt.Errorf("not ready after the hub's window was fixed: %s", f.Problem())
+				}
+				return nil
+			})
+		})
 	}
 }
 
@@ -265,7 +310,7 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 	if f.Ready() {
 		t.Fatal("ready with the link down")
 	}
-	if _, err := e.JS.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
+	if _, err := e.JS.UpdateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Second}); err != nil {
 		t.Fatal(err)
 	}
 	up.Store(true)
@@ -285,13 +330,13 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 
 // TestForwardChecksEveryHubStream: the hub splits the destination over
 // two streams; the one the hub does not name first deduplicates over too
-// short a window, and Open refuses it by name.
+// short a window, and forwarding waits for it, by name.
 func TestForwardChecksEveryHubStream(t *testing.T) {
 	e := pipelinetest.Start(t, nil)
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
 		{Name: "A_ORDERS", Subjects: []string{"edge.*.orders.>"}, Duplicates: 10 * time.Minute},
-		{Name: "Z_METRICS", Subjects: []string{"edge.*.metrics.>"}, Duplicates: time.Minute},
+		{Name: "Z_METRICS", Subjects: []string{"edge.*.metrics.>"}, Duplicates: time.Second},
 	} {
 		if _, err := e.JS.CreateStream(ctx, sc); err != nil {
 			t.Fatal(err)
@@ -299,9 +344,12 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 	}
 	var up atomic.Bool
 	up.Store(true)
-	_, err := forwarder(e, &up, 5*time.Minute)
-	if !errors.Is(err, forward.ErrDuplicateWindow) || !strings.Contains(err.Error(), "stream Z_METRICS") {
-		t.Fatalf("Open = %v, want ErrDuplicateWindow naming Z_METRICS", err)
+	f, err := forwarder(e, &up, 5*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := f.Problem(); f.Ready() || !strings.Contains(p, "stream Z_METRICS") {
+		t.Fatalf("ready %v, Problem %q: want waiting, naming Z_METRICS", f.Ready(), p)
 	}
 }
 
@@ -452,8 +500,8 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 	if n := hubMsgs(e); n != 2 {
 		t.Errorf("hub holds %d messages, want 2: the message published after the restore was taken for the one forwarded before", n)
 	}
-	if d := f.Stats().Duplicates.Load(); d != 1 {
-		t.Errorf("%d duplicate PubAcks, want 1 (the same message sent twice)", d)
+	if s := f.Stats(); s.Skipped.Load() != 1 || s.Duplicates.Load() != 0 {
+		t.Errorf("%d skipped, %d duplicate PubAcks: want the same message sent twice skipped by the hub's position", s.Skipped.Load(), s.Duplicates.Load())
 	}
 }
 
@@ -484,7 +532,136 @@ func TestForwardMessageOlderThanItsStream(t *testing.T) {
 	if n := hubMsgs(e); n != 1 {
 		t.Errorf("hub holds %d messages, want 1", n)
 	}
-	if d := f.Stats().Duplicates.Load(); d != 1 {
-		t.Errorf("%d duplicate PubAcks, want 1", d)
+	if s := f.Stats(); s.Skipped.Load()+s.Duplicates.Load() != 1 {
+		t.Errorf("%d skipped, %d duplicate PubAcks: want 1 in all", s.Skipped.Load(), s.Duplicates.Load())
+	}
+}
+
+// TestForwardPositionOutlivesDuplicateWindow: messages the hub stored
+// are not stored again when they come back after the hub's duplicate
+// window passed — a local ack lost in an outage longer than the window,
+// an edge restarted — because the hub's position (the last message it
+// holds of this edge's stream, read back after each reconnect) shows it
+// has them. A Forwarder opened anew reads the position from the hub. The
+// hub's stream is read both ways nats.go reads a message (direct get or
+// not).
+func TestForwardPositionOutlivesDuplicateWindow(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("allow_direct=%v", direct), func(t *testing.T) {
+			t.Parallel()
+			window := time.Second
+			e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: window, AllowDirect: direct})
+			opts := forward.Options{
+				ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+				Subject: config.DefaultForwardSubject, Timeout: window / 2, MinDuplicateWindow: time.Hour, LinkUp: up.Load,
+			}
+			f, err := forwarderWith(e, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			orders, err := e.JS.Stream(ctx, "ORDERS")
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := func(seq uint64) *handler.Message {
+				m, err := orders.GetMsg(ctx, seq)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: seq, Delivery: 2, Data: m.Data, Published: m.Time}
+			}
+			handle := func(f *forward.Forwarder, seq uint64) {
+				if r := f.Handle(ctx, msg(seq)); r.Outcome != handler.Success {
+					t.Fatalf("Handle(%d): %+v", seq, r)
+				}
+			}
+			for i := range 3 {
+				e.Publish([]string{"orders.created", "orders.paid"}[i%2], fmt.Sprint(i), nil)
+			}
+			for seq := uint64(1); seq <= 3; seq++ {
+				handle(f, seq)
+			}
+			time.Sleep(window + window/2)
+			handle(f, 2)
+			if n := hubMsgs(e); n != 3 {
+				t.Fatalf("hub holds %d, want 3: a message sent again after the duplicate window was stored twice", n)
+			}
+			up.Store(false) // a reconnect: the position is read from the hub
+			up.Store(true)
+			natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+				if !f.Ready() {
+					return fmt.Errorf("not ready: %s", f.Problem())
+				}
+				return nil
+			})
+			handle(f, 3)
+			restarted, err := forwarderWith(e, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for seq := uint64(1); seq <= 3; seq++ {
+				handle(restarted, seq)
+			}
+			if n := hubMsgs(e); n != 3 {
+				t.Fatalf("hub holds %d, want 3: an edge restarted after the duplicate window sent again what the hub held", n)
+			}
+			if s := f.Stats().Skipped.Load() + restarted.Stats().Skipped.Load(); s != 5 {
+				t.Errorf("%d skipped, want 5", s)
+			}
+			e.Publish("orders.created", "new", nil)
+			handle(restarted, 4)
+			if n := hubMsgs(e); n != 4 {
+				t.Fatalf("hub holds %d, want 4: the message after the position was not forwarded", n)
+			}
+		})
+	}
+}
+
+// TestForwardAfterCrashSendsTakenMessagesFirst: a process that took
+// messages and died without acking them (here a plain fetch) leaves them
+// to be delivered again only after ack_wait, behind the newer ones. Sent
+// in that order, the hub's position would pass over them, and they would
+// be skipped when they came: Open sets the consumer back to its ack
+// floor, so they go first and every message reaches the hub.
+func TestForwardAfterCrashSendsTakenMessagesFirst(t *testing.T) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(2 * time.Second) })
+	ctx := context.Background()
+	if _, err := e.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 10 {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	cons, err := e.JS.Consumer(ctx, "ORDERS", config.DefaultConsumerName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range batch.Messages() { // taken, never acked: the process died
+	}
+	var up atomic.Bool
+	up.Store(true)
+	f, err := forwarder(e, &up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Workers(f, 1)
+	waitHubMsgs(e, 10, 10*time.Second)
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 10; seq++ {
+		m, err := hub.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if origin := m.Header.Get(forward.HeaderOriginSeq); origin != fmt.Sprint(seq) {
+			t.Errorf("hub seq %d holds origin seq %s: not in order", seq, origin)
+		}
 	}
 }
