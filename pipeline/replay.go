@@ -213,6 +213,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 // the fetcher (a replayed dead letter, a resumed interrupted message),
 // counted like one that did.
 func (w *Workers) handleOutOfBand(m *handler.Message) handler.Result {
+	m.OutOfBand = true
 	w.stats.InFlight.Add(1)
 	start := time.Now()
 	res := w.handleReplay(m)

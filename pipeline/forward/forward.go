@@ -530,6 +530,9 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 // onHub reports whether the hub's position shows it holds m, of the
 // stream incarnation created at created.
 func (f *Forwarder) onHub(created time.Time, m *handler.Message) bool {
+	if m.OutOfBand {
+		return false // a replayed dead letter was never sent: the hub passed over it
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := f.pos
@@ -551,7 +554,7 @@ func (f *Forwarder) Position() (seq uint64, known bool) {
 func (f *Forwarder) advance(created time.Time, m *handler.Message) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.pos.known {
+	if f.pos.known && !m.OutOfBand {
 		f.pos = position{known: true, created: created, seq: m.Sequence, stored: m.Published}
 	}
 }

@@ -665,3 +665,46 @@ func TestForwardAfterCrashSendsTakenMessagesFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestForwardReplayedDeadLetterNotSkipped: a dead letter replayed to the
+// forward handler (out of band: its sequence lies behind the hub's
+// position, since later messages went on without it) is sent, not taken
+// for one the hub holds.
+func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	orders, err := e.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var msgs []*handler.Message
+	for i := range 3 {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+		m, err := orders.GetMsg(ctx, uint64(i+1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: m.Sequence, Delivery: 1, Data: m.Data, Published: m.Time})
+	}
+	// 2 failed and was dead-lettered; 1 and 3 went to the hub.
+	for _, m := range []*handler.Message{msgs[0], msgs[2]} {
+		if r := f.Handle(ctx, m); r.Outcome != handler.Success {
+			t.Fatal(r)
+		}
+	}
+	replayed := *msgs[1]
+	replayed.OutOfBand, replayed.Delivery = true, 2
+	if r := f.Handle(ctx, &replayed); r.Outcome != handler.Success {
+		t.Fatal(r)
+	}
+	if n := hubMsgs(e); n != 3 {
+		t.Fatalf("hub holds %d, want 3: the replayed dead letter was taken for one the hub held", n)
+	}
+	if seq, _ := f.Position(); seq != 3 {
+		t.Errorf("position %d after the replay, want 3: an out-of-band message does not move it", seq)
+	}
+}

@@ -29,6 +29,12 @@ type Message struct {
 	Data           []byte
 	// Published is when the server stored the message.
 	Published time.Time
+	// OutOfBand is set on a message handed over outside the consumer's
+	// order: a dead letter replayed to the handler, a message parked by
+	// an interrupted last delivery and resumed at start. A handler that
+	// keeps track of the sequences it handled in order (the forward
+	// handler's position on the hub) must not take it as one of them.
+	OutOfBand bool
 }
 
 // Outcome is a handler's verdict on one message.
