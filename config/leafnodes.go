@@ -102,18 +102,28 @@ const ForwardHeadroom = 4 << 10
 // takes a part of leafnodes.edge_subjects (the edges' forwarded messages).
 func (c *Config) StreamMaxMsgSize(name string) int64 {
 	size := c.Server.MaxPayload.Bytes
+	if c.TakesEdgeMessages(name) {
+		return size + ForwardHeadroom
+	}
+	return size
+}
+
+// TakesEdgeMessages reports whether the configured stream name is, on a
+// hub, one that takes a part of leafnodes.edge_subjects: the edges'
+// forwarded messages. Such a stream takes their atomic batches too.
+func (c *Config) TakesEdgeMessages(name string) bool {
 	sc := c.Streams[name]
 	if sc == nil || !c.LeafNodes.Hub() {
-		return size
+		return false
 	}
 	for _, s := range sc.Subjects {
 		for _, e := range c.LeafNodes.EdgeSubjects {
 			if server.SubjectsCollide(s, e) {
-				return size + ForwardHeadroom
+				return true
 			}
 		}
 	}
-	return size
+	return false
 }
 
 // Hub reports whether this node accepts leafnode connections.

@@ -574,7 +574,19 @@ func (w *Workers) paused() bool { return w.opts.Paused != nil && w.opts.Paused()
 func (w *Workers) work(i int) {
 	defer w.alive.Add(-1)
 	defer w.wg.Done()
+	bh, batching := w.opts.Handler.(handler.BatchHandler)
+	batching = batching && w.opts.Workers == 1
 	for d := range w.queue {
+		if batching && !w.stopping.Load() {
+			batch := w.gather(d)
+			w.processBatch(i, bh, batch)
+			for _, d := range batch {
+				w.held[d.slot].clear()
+				w.heldBytes.Add(-int64(d.size))
+				w.slots <- d.slot
+			}
+			continue
+		}
 		if w.stopping.Load() {
 			// Queued when the drain began: give it back once the last
 			// pull request has ended (see giveBack).
@@ -587,6 +599,92 @@ func (w *Workers) work(i int) {
 		w.heldBytes.Add(-int64(d.size))
 		w.slots <- d.slot
 	}
+}
+
+// gather is d and what else is queued now, in order, up to
+// handler.MaxBatch: what a BatchHandler gets at once.
+func (w *Workers) gather(d delivery) []delivery {
+	batch := []delivery{d}
+	for len(batch) < handler.MaxBatch {
+		select {
+		case next, ok := <-w.queue:
+			if !ok {
+				return batch
+			}
+			batch = append(batch, next)
+		default:
+			return batch
+		}
+	}
+	return batch
+}
+
+// processBatch runs a BatchHandler on the messages of batch in worker i
+// and settles each by its result as the handler gives it, as process does
+// for one. A drain that began meanwhile gives them back unhandled.
+func (w *Workers) processBatch(i int, bh handler.BatchHandler, batch []delivery) {
+	if w.stopping.Load() {
+		<-w.fetcherDone
+		for _, d := range batch {
+			w.giveBack(d.msg)
+		}
+		return
+	}
+	msgs := make([]jetstream.Msg, 0, len(batch))
+	ms := make([]*handler.Message, 0, len(batch))
+	for _, d := range batch {
+		md, err := d.msg.Metadata()
+		if err != nil {
+			w.log.Error("message without JetStream metadata: terminated", "subject", d.msg.Subject(), "err", err)
+			_ = d.msg.Term()
+			continue
+		}
+		msgs = append(msgs, d.msg)
+		ms = append(ms, w.messageOf(d.msg, md))
+	}
+	if len(ms) == 0 {
+		return
+	}
+	w.stats.InFlight.Add(int64(len(ms)))
+	start := time.Now()
+	w.activity.begin(i, ms[0].Sequence, start)
+	settled := make([]bool, len(ms))
+	done := func(k int, res handler.Result) {
+		if k < 0 || k >= len(ms) || settled[k] {
+			w.log.Error("batch handler gave a result twice or for no message: ignored", "index", k)
+			return
+		}
+		settled[k] = true
+		res.Reason = handler.OneLine(res.Reason, maxReason)
+		took := time.Since(start)
+		w.noteHandlerTime(took / time.Duration(len(ms)))
+		w.stats.InFlight.Add(-1)
+		w.stats.Processed.Add(1)
+		if w.opts.OnResult != nil {
+			w.opts.OnResult(w.opts.Consumer, res, took)
+		}
+		w.settle(msgs[k], ms[k], res)
+	}
+	reason := w.handleBatch(bh, ms, done)
+	w.activity.end(i)
+	for k := range ms {
+		if !settled[k] {
+			done(k, handler.RetryLater(reason))
+		}
+	}
+}
+
+// handleBatch calls the BatchHandler; it returns the reason of the retry
+// for the messages it gave no result (a panic, or none given).
+func (w *Workers) handleBatch(bh handler.BatchHandler, ms []*handler.Message, done func(int, handler.Result)) (reason string) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("handler panicked", "seq", ms[0].Sequence, "msgs", len(ms), "panic", r, "stack", string(debug.Stack()))
+			reason = fmt.Sprintf("handler panicked: %v", r)
+		}
+	}()
+	bh.HandleBatch(w.handlerCtx, ms, done)
+	return "the handler gave no result for this message"
 }
 
 // process runs the handler on one message in worker i and settles it.

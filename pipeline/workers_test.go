@@ -811,3 +811,72 @@ func TestPullFailuresPastGraceWarn(t *testing.T) {
 		return errors.New("no warning of the failing pulls")
 	})
 }
+
+// batchFunc adapts a function to handler.BatchHandler.
+type batchFunc func(ctx context.Context, msgs []*handler.Message) []handler.Result
+
+func (f batchFunc) Handle(ctx context.Context, m *handler.Message) handler.Result {
+	return f(ctx, []*handler.Message{m})[0]
+}
+
+func (f batchFunc) HandleBatch(ctx context.Context, msgs []*handler.Message, done func(int, handler.Result)) {
+	for k, r := range f(ctx, msgs) {
+		done(k, r)
+	}
+}
+
+// TestBatchHandlerSettlesEach: one worker hands a BatchHandler what it
+// holds, in stream order, and settles each message by its own result:
+// acked, retried, dead-lettered.
+func TestBatchHandlerSettlesEach(t *testing.T) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.Backoff = []config.Duration{config.Dur(100 * time.Millisecond)} })
+	const n = 200
+	for i := range n {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	var mu sync.Mutex
+	largest, disorder := 0, 0
+	h := batchFunc(func(ctx context.Context, msgs []*handler.Message) []handler.Result {
+		mu.Lock()
+		largest = max(largest, len(msgs))
+		for k := 1; k < len(msgs); k++ {
+			if msgs[k].Sequence <= msgs[k-1].Sequence {
+				disorder++
+			}
+		}
+		mu.Unlock()
+		res := make([]handler.Result, len(msgs))
+		for k, m := range msgs {
+			switch {
+			case m.Sequence%50 == 7:
+				res[k] = handler.Fail("refused")
+			case m.Sequence == 3 && m.Delivery == 1:
+				res[k] = handler.RetryLater("once more")
+			default:
+				res[k] = handler.Ok()
+			}
+		}
+		return res
+	})
+	w := e.WorkersWith(h, 1, func(o *pipeline.ConsumerOptions) { o.Prefetch = 64 })
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if ci := e.ConsumerInfo(); ci.AckFloor.Stream != n || ci.NumAckPending != 0 {
+			return fmt.Errorf("ack floor %d, ack pending %d", ci.AckFloor.Stream, ci.NumAckPending)
+		}
+		return nil
+	})
+	if d := e.DLQCount(); d != 4 {
+		t.Errorf("%d dead letters, want 4", d)
+	}
+	if r := w.Stats().Retried.Load(); r != 1 {
+		t.Errorf("%d retried, want 1", r)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if largest < 2 {
+		t.Errorf("largest batch %d: the handler got one message at a time", largest)
+	}
+	if disorder > 0 {
+		t.Errorf("%d batches out of stream order", disorder)
+	}
+}

@@ -371,8 +371,8 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 		if f.HubPositionKnown {
 			pos = fmt.Sprintf("seq %d", f.HubPosition)
 		}
-		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s, hub holds up to %s; forwarded %d, skipped %d, duplicates %d, refused %d, errors %d\n",
-			f.Backlog, lag, last, pos, f.Forwarded, f.Skipped, f.Duplicates, f.Refused, f.Errors)
+		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s, hub holds up to %s; forwarded %d (%d batches), skipped %d, duplicates %d, refused %d, errors %d\n",
+			f.Backlog, lag, last, pos, f.Forwarded, f.Batches, f.Skipped, f.Duplicates, f.Refused, f.Errors)
 	}
 	for _, s := range st.Sources {
 		kind := "source"

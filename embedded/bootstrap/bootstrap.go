@@ -89,6 +89,11 @@ func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 		c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit(name, ">"), Destination: ">"}
 		c.AllowAtomicPublish = true
 	}
+	if cfg.TakesEdgeMessages(name) && c.Mirror == nil {
+		// The edges forward their backlogs in atomic batches: one flush
+		// on the hub per batch instead of one per message.
+		c.AllowAtomicPublish = true
+	}
 	return c
 }
 

@@ -7,6 +7,7 @@ package forward
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -101,6 +103,7 @@ type Stats struct {
 	Refused    atomic.Uint64 // messages failed at once (too large, refused by the hub)
 	Skipped    atomic.Uint64 // messages not sent again: the hub's position shows it holds them
 	Errors     atomic.Uint64 // publishes that failed and were retried
+	Batches    atomic.Uint64 // atomic batches the hub committed
 	// LastForward is when the hub last acknowledged a message (unix ns),
 	// LastOriginTime when that message was stored on the edge.
 	LastForward    atomic.Int64
@@ -132,6 +135,7 @@ type Forwarder struct {
 	hubStream    string   // the hub streams that take the destination subjects (comma-separated)
 	hubMaxMsg    int32    // the largest max_msg_size of those streams, 0 when one is unlimited
 	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
+	hubAtomic    bool     // the hub's one stream for the destination takes atomic batches
 	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string   // the other domains when the hub was last checked
 	checkedDowns uint64   // downs when the last check that passed began
@@ -403,6 +407,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	// the link (Maximum Payload Violation), again at each reconnect.
 	var maxMsg int32
 	unlimited := false
+	atomic := len(names) == 1
 	for _, name := range names {
 		s, err := f.hub.Stream(ctx, name)
 		if err != nil {
@@ -415,8 +420,12 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		}
 		maxMsg = max(maxMsg, cfg.MaxMsgSize)
 		for _, sub := range cfg.Subjects {
+			// A holdfast hub with group commit answers the destination in
+			// its ingest, which takes single publishes only.
+			atomic = atomic && !strings.HasPrefix(sub, subjects.GroupCommit(name, ""))
 			hubSubjects = append(hubSubjects, strings.TrimPrefix(sub, subjects.GroupCommit(name, "")))
 		}
+		atomic = atomic && cfg.AllowAtomicPublish
 		if cfg.Duplicates < need {
 			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but %s: "+
 				"set duplicate_window = %q (or longer) on the hub's stream; forwarding waits until then (local publishing goes on)",
@@ -434,7 +443,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 		maxMsg = 0
 	}
 	f.mu.Lock()
-	f.hubStream, f.hubMaxMsg, f.hubSubjects = name, maxMsg, hubSubjects
+	f.hubStream, f.hubMaxMsg, f.hubSubjects, f.hubAtomic = name, maxMsg, hubSubjects, atomic
 	if pos.seq > 0 && (pos.seq != f.pos.seq || !pos.created.Equal(f.pos.created)) {
 		f.log.Info("hub position read: what the hub holds is not sent again", "hub_stream", name, "origin_seq", pos.seq, "origin_time", pos.stored)
 	}
@@ -725,12 +734,24 @@ func NewMsg(subject, server string, m *handler.Message, streamCreated time.Time)
 // link is down it waits, within the same delivery, for the link to come
 // back; a message the hub can never take (too large) fails at once.
 func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Result {
+	out, created, res := f.prepare(ctx, m)
+	if res != nil {
+		return *res
+	}
+	return f.send(ctx, m, out, created)
+}
+
+// prepare builds the message sent to the hub for m, with the creation
+// time of m's stream; a non-nil Result is m's verdict instead (the hub
+// can never take it, or the workers stop).
+func (f *Forwarder) prepare(ctx context.Context, m *handler.Message) (*nats.Msg, time.Time, *handler.Result) {
+	verdict := func(r handler.Result) (*nats.Msg, time.Time, *handler.Result) { return nil, time.Time{}, &r }
 	created, err := f.streamCreated(ctx, m.Stream, m.Published)
 	for err != nil {
 		// In place, as for the hub: a later message must not go first.
 		select {
 		case <-ctx.Done():
-			return handler.RetryLater(err.Error())
+			return verdict(handler.RetryLater(err.Error()))
 		case <-time.After(storeRetry):
 		}
 		created, err = f.streamCreated(ctx, m.Stream, m.Published)
@@ -739,14 +760,14 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 	if len(out.Subject) > handler.MaxPublishSubject {
 		// The server would close the connection that publishes it.
 		f.stats.Refused.Add(1)
-		return handler.Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), handler.MaxPublishSubject))
+		return verdict(handler.Fail(fmt.Sprintf("forward subject of %d bytes is too long to publish (at most %d)", len(out.Subject), handler.MaxPublishSubject)))
 	}
 	// Header block and data, as the server and the client count a
 	// payload against max_payload and max_msg_size (not the subject).
 	size := out.Size() - len(out.Subject) - len(out.Reply)
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
-		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit))
+		return verdict(handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit)))
 	}
 	if !f.hubTakes(out.Subject) {
 		// Checked again first: the hub's streams may have changed.
@@ -755,8 +776,8 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 			f.mu.Lock()
 			streams, hubSubjects := f.hubStream, f.hubSubjects
 			f.mu.Unlock()
-			return handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
-				f.opts.Domain, out.Subject, streams, strings.Join(hubSubjects, ", ")))
+			return verdict(handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
+				f.opts.Domain, out.Subject, streams, strings.Join(hubSubjects, ", "))))
 		}
 	}
 	f.mu.Lock()
@@ -766,8 +787,14 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 		// With several hub streams, one smaller than hubMax may refuse a
 		// smaller message itself (10054, permanentForwardError).
 		f.stats.Refused.Add(1)
-		return handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams))
+		return verdict(handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds the hub stream's max_msg_size %d (hub stream(s) %s)", size, hubMax, hubStreams)))
 	}
+	return out, created, nil
+}
+
+// send publishes out, the hub's copy of m, until the hub stores it (or
+// has it already), in place: see Handle.
+func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg, created time.Time) handler.Result {
 	for {
 		if err := f.waitReady(ctx); err != nil {
 			return handler.RetryLater("forwarding interrupted while waiting for the hub: " + err.Error())
@@ -861,6 +888,201 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 		// over this one.
 		f.hubCannotStore("publish failed: "+err.Error(), "see the hub's log")
 	}
+}
+
+// maxAtomic is the most messages the forwarder sends in one atomic batch:
+// a batch costs the hub one flush, so a longer one drains a backlog
+// faster, up to the server's limit (handler.MaxBatch); a short one keeps
+// the first messages of a backlog from waiting for the rest.
+const maxAtomic = 500
+
+// HandleBatch implements handler.BatchHandler: msgs, in stream order, go
+// to the hub in atomic batches when its stream takes them (one stream for
+// the destination, allow_atomic set, as on a holdfast hub), else one by
+// one as Handle sends them; each result is given to done as soon as the
+// hub answered for it. A batch is stored whole or not at all, so the
+// hub's position stays the last message of a run sent in order. After a
+// message that is to come again (the workers stop) nothing later is sent:
+// it would pass over it.
+func (f *Forwarder) HandleBatch(ctx context.Context, msgs []*handler.Message, done func(int, handler.Result)) {
+	b := &batchSend{f: f, ctx: ctx, msgs: msgs, done: done}
+	for i, m := range msgs {
+		if b.stopped {
+			b.give(i, notSent)
+			continue
+		}
+		out, c, r := f.prepare(ctx, m)
+		if r != nil || m.OutOfBand {
+			b.flush()
+			switch {
+			case b.stopped:
+				b.give(i, notSent)
+			case r != nil:
+				b.give(i, *r)
+			default:
+				b.give(i, f.send(ctx, m, out, c))
+			}
+			continue
+		}
+		b.run, b.outs, b.created = append(b.run, i), append(b.outs, out), append(b.created, c)
+		if len(b.run) == maxAtomic {
+			b.flush()
+		}
+	}
+	b.flush()
+}
+
+// notSent is the verdict on a message not sent because one before it is
+// to come again.
+var notSent = handler.RetryLater("not sent: a message before it is to come again")
+
+// batchSend is one HandleBatch call: the run of messages gathered for the
+// next atomic batch (their indexes, hub copies and streams' creation
+// times), and whether a message is to come again.
+type batchSend struct {
+	f       *Forwarder
+	ctx     context.Context
+	msgs    []*handler.Message
+	done    func(int, handler.Result)
+	run     []int
+	outs    []*nats.Msg
+	created []time.Time
+	stopped bool
+}
+
+// give hands message i's verdict to done.
+func (b *batchSend) give(i int, r handler.Result) {
+	if r.Outcome == handler.Retry {
+		b.stopped = true
+	}
+	b.done(i, r)
+}
+
+// flush sends the gathered run, in atomic batches while the hub takes
+// them, else one by one.
+func (b *batchSend) flush() {
+	defer func() { b.run, b.outs, b.created = b.run[:0], b.outs[:0], b.created[:0] }()
+	f, k := b.f, 0
+	for k < len(b.run) && !b.stopped {
+		if err := f.waitReady(b.ctx); err != nil {
+			break
+		}
+		for k < len(b.run) && f.onHub(b.created[k], b.msgs[b.run[k]]) {
+			f.stats.Skipped.Add(1)
+			b.give(b.run[k], handler.Ok())
+			k++
+		}
+		f.mu.Lock()
+		atomic := f.hubAtomic
+		f.mu.Unlock()
+		if len(b.run)-k < 2 || !atomic {
+			break
+		}
+		err := f.publishAtomic(b.ctx, b.outs[k:])
+		if err == nil {
+			last := b.msgs[b.run[len(b.run)-1]]
+			f.hubStores()
+			f.advance(b.created[len(b.run)-1], last)
+			f.stats.Forwarded.Add(uint64(len(b.run) - k))
+			f.stats.Batches.Add(1)
+			f.stats.LastForward.Store(time.Now().UnixNano())
+			f.stats.LastOriginTime.Store(last.Published.UnixNano())
+			for ; k < len(b.run); k++ {
+				b.give(b.run[k], handler.Ok())
+			}
+			return
+		}
+		f.stats.Errors.Add(1)
+		if !f.batchRetry(b.ctx, err) {
+			break // one by one from here: each meets the hub's own answer
+		}
+	}
+	for ; k < len(b.run); k++ {
+		i := b.run[k]
+		switch {
+		case b.stopped:
+			b.give(i, notSent)
+		case b.ctx.Err() != nil:
+			b.give(i, handler.RetryLater("forwarding interrupted: "+b.ctx.Err().Error()))
+		default:
+			b.give(i, f.send(b.ctx, b.msgs[i], b.outs[k], b.created[k]))
+		}
+	}
+}
+
+// batchRetry reports whether an atomic batch that failed with err is to
+// be sent again as a batch, once forwarding is ready again: the link fell
+// under it, or no answer came (the position, read again, then tells
+// whether it was stored). Any other failure is for the messages to meet
+// one by one: a duplicate in the batch, a message the hub refuses, atomic
+// batches turned off there, no responders, and a stream full for now —
+// it may have room for some of them, which then go in while the rest
+// wait in place.
+func (f *Forwarder) batchRetry(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return true // waitReady ends it
+	}
+	if !f.linkUp() {
+		return true
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
+		// In doubt: the check reads the hub's position again.
+		_ = f.checkHub(ctx)
+		return true
+	}
+	return false
+}
+
+// publishAtomic sends outs to the hub as one atomic batch and waits for
+// its commit: nil when the hub stored every one of them.
+func (f *Forwarder) publishAtomic(ctx context.Context, outs []*nats.Msg) error {
+	id := nuid.Next()
+	last := len(outs) - 1
+	defer func() {
+		// Sent one by one after all, they go without.
+		for _, out := range outs {
+			out.Header.Del("Nats-Batch-Id")
+			out.Header.Del("Nats-Batch-Sequence")
+			out.Header.Del("Nats-Batch-Commit")
+		}
+	}()
+	for i, out := range outs {
+		out.Header.Set("Nats-Batch-Id", id)
+		out.Header.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
+		if i == last {
+			out.Header.Set("Nats-Batch-Commit", "1")
+			break
+		}
+		if err := f.nc.PublishMsg(out); err != nil {
+			return err
+		}
+	}
+	pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	watched := f.cancelOnLinkDown(pctx, cancel)
+	r, err := f.nc.RequestMsgWithContext(pctx, outs[last])
+	cancel()
+	<-watched
+	if err != nil {
+		return err
+	}
+	var ack struct {
+		Stream string              `json:"stream"`
+		Domain string              `json:"domain"`
+		Count  int                 `json:"count"`
+		Error  *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(r.Data, &ack); err != nil {
+		return fmt.Errorf("the hub's answer to a batch is not a PubAck: %w", err)
+	}
+	switch {
+	case ack.Error != nil:
+		return ack.Error
+	case ack.Domain != f.opts.Domain:
+		return fmt.Errorf("stream %s of JetStream domain %q stored a batch meant for the hub %q", ack.Stream, ack.Domain, f.opts.Domain)
+	case ack.Count != len(outs):
+		return fmt.Errorf("the hub committed %d of a batch of %d", ack.Count, len(outs))
+	}
+	return nil
 }
 
 // cancelOnLinkDown cancels a publish when the link falls under it: its

@@ -708,3 +708,103 @@ func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
 		t.Errorf("position %d after the replay, want 3: an out-of-band message does not move it", seq)
 	}
 }
+
+// TestForwardBacklogInAtomicBatches: a backlog stored while the link was
+// down goes to a hub stream that takes atomic batches (allow_atomic, as a
+// holdfast hub sets on its streams of edge messages) in batches, each
+// message once, in the edge's order; a message too large for the hub's
+// stream in the middle of it is dead-lettered, and those around it
+// arrive.
+func TestForwardBacklogInAtomicBatches(t *testing.T) {
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute, AllowAtomicPublish: true, MaxMsgSize: 4096})
+	f := pausedForwarding(e, up)
+	const n = 3000
+	big := 1234
+	for i := range n {
+		body := fmt.Sprint(i)
+		if i == big {
+			body = strings.Repeat("x", 5000)
+		}
+		e.Publish([]string{"orders.created", "orders.paid"}[i%2], body, nil)
+	}
+	up.Store(true)
+	start := time.Now()
+	waitHubMsgs(e, n-1, 30*time.Second)
+	took := time.Since(start)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if d := e.DLQCount(); d != 1 {
+			return fmt.Errorf("%d dead letters, want the one too large", d)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := uint64(1)
+	for seq := uint64(1); seq <= n-1; seq++ {
+		m, err := hub.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want == uint64(big+1) {
+			want++
+		}
+		if got := m.Header.Get(forward.HeaderOriginSeq); got != fmt.Sprint(want) {
+			t.Fatalf("hub seq %d holds origin seq %s, want %d", seq, got, want)
+		}
+		want++
+	}
+	if b := f.Stats().Batches.Load(); b == 0 || b > n/10 {
+		t.Errorf("%d atomic batches for %d messages", b, n)
+	}
+	t.Logf("%d messages in %d atomic batches, on the hub %s after the link came up", n-1, f.Stats().Batches.Load(), took.Round(time.Millisecond))
+}
+
+// TestForwardBatchIntoFullStream: a hub stream with room for fewer
+// messages than a batch (discard new) refuses the batch whole; the
+// messages then go one by one, as many as fit (acked here at once), and
+// the rest wait in place until room is made.
+func TestForwardBatchIntoFullStream(t *testing.T) {
+	hubCfg := jetstream.StreamConfig{Duplicates: time.Minute, AllowAtomicPublish: true, MaxMsgs: 5, Discard: jetstream.DiscardNew}
+	e, up := forwardEnv(t, hubCfg)
+	pausedForwarding(e, up)
+	for i := range 20 {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	up.Store(true)
+	waitHubMsgs(e, 5, 10*time.Second)
+	// Those the hub stored are acked here while the rest wait.
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if f := e.ConsumerInfo().AckFloor.Stream; f != 5 {
+			return fmt.Errorf("ack floor %d, want the 5 stored", f)
+		}
+		return nil
+	})
+	hubCfg.Name, hubCfg.Subjects, hubCfg.MaxMsgs = "HUB", []string{"edge.>"}, -1
+	if _, err := e.JS.UpdateStream(context.Background(), hubCfg); err != nil {
+		t.Fatal(err)
+	}
+	waitHubMsgs(e, 20, 10*time.Second)
+	if d := e.DLQCount(); d != 0 {
+		t.Errorf("%d dead letters", d)
+	}
+}
+
+// pausedForwarding opens a forwarder and its one worker, as the daemon
+// runs them (prefetch, pausing while the hub is not ready), with the link
+// down: what is published meanwhile is a backlog when up is set.
+func pausedForwarding(e *pipelinetest.Env, up *atomic.Bool) *forward.Forwarder {
+	e.T.Helper()
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	up.Store(false)
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) {
+		o.Paused = func() bool { return !f.Ready() }
+		o.Prefetch, o.MaxPrefetch = 256, 999 // the daemon's defaults
+	})
+	return f
+}

@@ -157,13 +157,16 @@ type ForwarderStatus struct {
 	// showed it held them; HubPosition is that position: the origin
 	// sequence of the last message the hub holds from this consumer (0
 	// when it holds none, or cannot tell: HubPositionKnown false).
-	Skipped          uint64    `json:"skipped"`
-	HubPosition      uint64    `json:"hub_position"`
-	HubPositionKnown bool      `json:"hub_position_known"`
-	Refused          uint64    `json:"refused"`
-	Errors           uint64    `json:"errors"`
-	LastForward      time.Time `json:"last_forward,omitzero"`
-	Backlog          uint64    `json:"backlog"`
+	Skipped          uint64 `json:"skipped"`
+	HubPosition      uint64 `json:"hub_position"`
+	HubPositionKnown bool   `json:"hub_position_known"`
+	Refused          uint64 `json:"refused"`
+	// Batches counts the atomic batches the hub committed (a backlog goes
+	// in batches when the hub's stream takes them).
+	Batches     uint64    `json:"batches"`
+	Errors      uint64    `json:"errors"`
+	LastForward time.Time `json:"last_forward,omitzero"`
+	Backlog     uint64    `json:"backlog"`
 	// OldestUnforwarded is when the oldest message not forwarded yet was
 	// stored here (zero when the backlog is empty).
 	OldestUnforwarded time.Time `json:"oldest_unforwarded,omitzero"`
@@ -190,7 +193,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwarderStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
-			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load()}
+			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load(), Batches: st.Batches.Load()}
 		fs.HubPosition, fs.HubPositionKnown = f.Position()
 		if fs.Problem == "" {
 			fs.Problem = unservedDomain(f, out.Links, time.Now())
@@ -223,6 +226,7 @@ var (
 	descFwdDuplicates  = desc("forward_duplicates_total", "Forwarded messages the hub had already (a duplicate PubAck: sent again after a lost PubAck).", "consumer")
 	descFwdSkipped     = desc("forward_skipped_total", "Messages not sent again because the hub's position showed it held them (after a reconnect or a restart).", "consumer")
 	descFwdPosition    = desc("forward_hub_position", "The origin sequence of the last message the hub holds from this consumer, as last read or acknowledged (absent when it cannot be read).", "consumer")
+	descFwdBatches     = desc("forward_batches_total", "Atomic batches the hub committed for this forwarding consumer (its messages count in forward_messages_total).", "consumer")
 	descFwdRefused     = desc("forward_refused_total", "Messages that can never be forwarded (too large, refused by the hub): dead-lettered here.", "consumer")
 	descFwdErrors      = desc("forward_errors_total", "Publishes to the hub that failed and were retried.", "consumer")
 	descFwdReady       = desc("forward_ready", "1 when the link is up and the hub's stream passed the start-up check.", "consumer")
@@ -242,7 +246,7 @@ var (
 // Describe implements prometheus.Collector.
 func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
-		descFwdSkipped, descFwdPosition, descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
+		descFwdSkipped, descFwdPosition, descFwdBatches, descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
 		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descEdgesDropped, descSourceLag, descSourceActive, descSourceStalled} {
 		ch <- d
 	}
@@ -272,6 +276,7 @@ func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
 		if f.HubPositionKnown {
 			ch <- prometheus.MustNewConstMetric(descFwdPosition, prometheus.GaugeValue, float64(f.HubPosition), f.Consumer)
 		}
+		ch <- prometheus.MustNewConstMetric(descFwdBatches, prometheus.CounterValue, float64(f.Batches), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdRefused, prometheus.CounterValue, float64(f.Refused), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdErrors, prometheus.CounterValue, float64(f.Errors), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdReady, prometheus.GaugeValue, b2f(f.Ready), f.Consumer)

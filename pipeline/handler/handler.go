@@ -88,6 +88,21 @@ type Handler interface {
 	Handle(ctx context.Context, msg *Message) Result
 }
 
+// BatchHandler is a Handler that can take several messages at once, in
+// stream order: workers that run one worker hand it what they hold (up to
+// MaxBatch) in one call, so that it can send them on together (the
+// forward handler's atomic batches to the hub). It calls done once for
+// each message, with its index in msgs and its Result, as soon as that is
+// known: the workers settle it then.
+type BatchHandler interface {
+	Handler
+	HandleBatch(ctx context.Context, msgs []*Message, done func(i int, r Result))
+}
+
+// MaxBatch is the most messages a BatchHandler gets at once: the server's
+// largest atomic batch.
+const MaxBatch = 1000
+
 // Func adapts a function to Handler.
 type Func func(ctx context.Context, msg *Message) Result
 
