@@ -1594,3 +1594,28 @@ func TestLeafHubDeniesAPINamed(t *testing.T) {
 		return nil
 	})
 }
+
+// TestLeafHubStoreWiped: the hub loses its store (stopped, its store
+// directory removed, started again: it creates its stream anew). The
+// running edge sees the hub's stream created anew once the link is back
+// and sends again, from its own stream, every message the hub had
+// acknowledged: the hub holds each exactly once again, and the edge's
+// metrics count them.
+func TestLeafHubStoreWiped(t *testing.T) {
+	t.Parallel()
+	hub, edge, _, ejs := startLeafPair(t, "2m", "", "")
+	_, hjs := e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 0, 50)
+	hubCounts(t, hjs, 50, 30*time.Second)
+	hub.proc.stop()
+	if err := os.RemoveAll(hub.inst.store); err != nil {
+		t.Fatal(err)
+	}
+	hub.start(t)
+	_, hjs = e2eConnect(t, hub.inst)
+	leafPublish(t, ejs, 50, 10)
+	wantExactlyOnce(t, hubCounts(t, hjs, 60, 30*time.Second), map[string]uint64{"edge1": 60})
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_resent_total{consumer="FORWARD"} 50`) {
+		t.Errorf("edge metrics:\n%s", grepLines(m, "holdfast_forward_"))
+	}
+}

@@ -373,6 +373,9 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 		}
 		fmt.Fprintf(w, "  backlog %d, oldest unforwarded %s, last forward %s, hub holds up to %s; forwarded %d (%d batches), skipped %d, duplicates %d, refused %d, errors %d\n",
 			f.Backlog, lag, last, pos, f.Forwarded, f.Batches, f.Skipped, f.Duplicates, f.Refused, f.Errors)
+		if f.Resent > 0 || f.Gone > 0 {
+			fmt.Fprintf(w, "  the hub lost what it had acknowledged: %d sent again, %d lost on both sides (no longer on this edge)\n", f.Resent, f.Gone)
+		}
 	}
 	for _, s := range st.Sources {
 		kind := "source"

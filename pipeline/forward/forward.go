@@ -104,6 +104,12 @@ type Stats struct {
 	Skipped    atomic.Uint64 // messages not sent again: the hub's position shows it holds them
 	Errors     atomic.Uint64 // publishes that failed and were retried
 	Batches    atomic.Uint64 // atomic batches the hub committed
+	// Resent counts messages the hub acknowledged and then lost (its
+	// store wiped or put back from an older copy), sent again from the
+	// edge's stream; Gone those lost on both sides: the edge's stream no
+	// longer held them.
+	Resent atomic.Uint64
+	Gone   atomic.Uint64
 	// LastForward is when the hub last acknowledged a message (unix ns),
 	// LastOriginTime when that message was stored on the edge.
 	LastForward    atomic.Int64
@@ -151,6 +157,13 @@ type Forwarder struct {
 	// in order (and pos may be used).
 	pos     position
 	ordered bool
+	// marks are what this forwarder saw of each hub stream: a stream
+	// created anew, or whose last sequence went back below what it gave
+	// this edge's messages, lost them. resendTo is then the end of what
+	// is to be sent again (of the incarnation resendCreated).
+	marks         map[string]hubMark
+	resendTo      uint64
+	resendCreated time.Time
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -183,6 +196,13 @@ type position struct {
 	stored  time.Time
 }
 
+// hubMark is a hub stream's creation time and the highest sequence it
+// gave one of this consumer's messages.
+type hubMark struct {
+	created time.Time
+	seq     uint64
+}
+
 // New returns a forward handler publishing on nc (the in-process
 // connection); Open checks the hub and must be called before use.
 func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
@@ -208,6 +228,7 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
 		local: local, hub: hub, nc: nc, opts: opts,
 		log:          log.With("component", "forward", "consumer", opts.Consumer, "domain", opts.Domain),
 		incarnations: map[string]incarnation{},
+		marks:        map[string]hubMark{},
 		checkErr:     errors.New("the hub has not been checked yet"),
 	}, nil
 }
@@ -442,13 +463,143 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	if unlimited {
 		maxMsg = 0
 	}
+	lost := f.hubLost(streams)
 	f.mu.Lock()
 	f.hubStream, f.hubMaxMsg, f.hubSubjects, f.hubAtomic = name, maxMsg, hubSubjects, atomic
 	if pos.seq > 0 && (pos.seq != f.pos.seq || !pos.created.Equal(f.pos.created)) {
 		f.log.Info("hub position read: what the hub holds is not sent again", "hub_stream", name, "origin_seq", pos.seq, "origin_time", pos.stored)
 	}
+	if old := f.pos; lost != "" && old.known && pos.known && old.created.Equal(pos.created) && pos.seq < old.seq {
+		f.log.Error("the hub lost messages of this edge that it had acknowledged: sending them again from this edge's stream",
+			"hub_stream", name, "why", lost, "hub_holds_up_to", pos.seq, "acknowledged_up_to", old.seq)
+		if !f.resendCreated.Equal(old.created) || old.seq > f.resendTo {
+			f.resendTo, f.resendCreated = old.seq, old.created
+		}
+	}
 	f.pos = pos
+	to, created := f.resendTo, f.resendCreated
 	f.mu.Unlock()
+	if to > pos.seq && created.Equal(pos.created) {
+		// Before forwarding goes on: the lost messages go first, in order.
+		if err := f.resend(ctx, pos.seq+1, to); err != nil {
+			return fmt.Errorf("sending again what the hub lost of this edge (origin sequences %d..%d): %w", pos.seq+1, to, err)
+		}
+	}
+	f.mu.Lock()
+	f.resendTo = 0
+	f.mu.Unlock()
+	return nil
+}
+
+// hubLost reports why the hub's streams lost what they gave this edge's
+// messages ("" when they did not): one was created anew (its store wiped
+// and the stream created again), or its last sequence is below the
+// highest it gave (its store put back from an older copy). Messages a
+// limit removed leave the last sequence where it was. It records the
+// streams as they are now.
+func (f *Forwarder) hubLost(streams []jetstream.Stream) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	why := ""
+	for _, s := range streams {
+		info := s.CachedInfo()
+		name := info.Config.Name
+		m, seen := f.marks[name]
+		switch {
+		case !seen:
+		case !m.created.Equal(info.Created):
+			why = fmt.Sprintf("stream %s was created anew (at %s)", name, info.Created.UTC().Format(time.RFC3339))
+		case info.State.LastSeq < m.seq:
+			why = fmt.Sprintf("stream %s's last sequence is %d, below the %d it gave this edge's messages", name, info.State.LastSeq, m.seq)
+		default:
+			continue
+		}
+		f.marks[name] = hubMark{created: info.Created}
+	}
+	return why
+}
+
+// noteStored records that hub stream gave one of this edge's messages seq.
+func (f *Forwarder) noteStored(stream string, seq uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if m, ok := f.marks[stream]; ok && seq > m.seq {
+		m.seq = seq
+		f.marks[stream] = m
+	}
+}
+
+// resend sends again, in order and one by one, the messages of the local
+// stream from origin sequence from to to (those of this consumer), which
+// the hub had acknowledged and lost. Those the edge's stream no longer
+// holds are gone on both sides: counted and logged. A failure stops it;
+// the next check of the hub goes on from the hub's position.
+func (f *Forwarder) resend(ctx context.Context, from, to uint64) error {
+	local, err := f.local.Stream(ctx, f.opts.Stream)
+	if err != nil {
+		return fmt.Errorf("local stream %s: %w", f.opts.Stream, err)
+	}
+	c, err := f.local.Consumer(ctx, f.opts.Stream, f.opts.Consumer)
+	if err != nil {
+		return fmt.Errorf("local consumer %s: %w", f.opts.Consumer, err)
+	}
+	filters := c.CachedInfo().Config.FilterSubjects
+	if fs := c.CachedInfo().Config.FilterSubject; fs != "" {
+		filters = []string{fs}
+	}
+	if first := local.CachedInfo().State.FirstSeq; from < first {
+		gone := min(to+1, first) - from
+		f.stats.Gone.Add(gone)
+		f.log.Error("messages the hub lost are gone on both sides: this edge's stream no longer holds them (its limits removed them)",
+			"origin_seqs", fmt.Sprintf("%d..%d", from, from+gone-1), "count", gone)
+		from = first
+	}
+	resent := 0
+	for seq := from; seq <= to; {
+		sm, err := local.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return err
+		}
+		if sm.Sequence > to {
+			break
+		}
+		seq = sm.Sequence + 1
+		if len(filters) > 0 && !slices.ContainsFunc(filters, func(fl string) bool { return subjectMatches(sm.Subject, fl) }) {
+			continue
+		}
+		m := &handler.Message{Subject: sm.Subject, Stream: f.opts.Stream, Consumer: f.opts.Consumer, Sequence: sm.Sequence,
+			Delivery: 1, Header: sm.Header, Data: sm.Data, Published: sm.Time}
+		out, created, r := f.prepareMsg(ctx, m, false)
+		if r != nil {
+			if r.Outcome == handler.Retry {
+				return errors.New(r.Reason)
+			}
+			f.log.Error("a message the hub lost cannot be sent again: lost", "origin_seq", m.Sequence, "reason", r.Reason)
+			f.stats.Gone.Add(1)
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+		ack, err := f.hub.PublishMsg(pctx, out)
+		cancel()
+		if err != nil {
+			if reason, permanent := permanentForwardError(err); permanent {
+				f.log.Error("a message the hub lost cannot be sent again: lost", "origin_seq", m.Sequence, "reason", reason)
+				f.stats.Gone.Add(1)
+				continue
+			}
+			return err
+		}
+		f.advance(created, m)
+		f.noteStored(ack.Stream, ack.Sequence)
+		f.stats.Resent.Add(1)
+		resent++
+	}
+	if resent > 0 {
+		f.log.Info("sent again what the hub lost", "count", resent)
+	}
 	return nil
 }
 
@@ -745,6 +896,12 @@ func (f *Forwarder) Handle(ctx context.Context, m *handler.Message) handler.Resu
 // time of m's stream; a non-nil Result is m's verdict instead (the hub
 // can never take it, or the workers stop).
 func (f *Forwarder) prepare(ctx context.Context, m *handler.Message) (*nats.Msg, time.Time, *handler.Result) {
+	return f.prepareMsg(ctx, m, true)
+}
+
+// prepareMsg is prepare; recheck checks the hub again for a subject its
+// streams were not seen to take (not while checking it).
+func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck bool) (*nats.Msg, time.Time, *handler.Result) {
 	verdict := func(r handler.Result) (*nats.Msg, time.Time, *handler.Result) { return nil, time.Time{}, &r }
 	created, err := f.streamCreated(ctx, m.Stream, m.Published)
 	for err != nil {
@@ -771,7 +928,11 @@ func (f *Forwarder) prepare(ctx context.Context, m *handler.Message) (*nats.Msg,
 	}
 	if !f.hubTakes(out.Subject) {
 		// Checked again first: the hub's streams may have changed.
-		if err := f.checkHub(ctx); err == nil && !f.hubTakes(out.Subject) {
+		var err error
+		if recheck {
+			err = f.checkHub(ctx)
+		}
+		if err == nil && !f.hubTakes(out.Subject) {
 			f.stats.Refused.Add(1)
 			f.mu.Lock()
 			streams, hubSubjects := f.hubStream, f.hubSubjects
@@ -828,6 +989,7 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 			}
 			f.hubStores()
 			f.advance(created, m)
+			f.noteStored(ack.Stream, ack.Sequence)
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
 			} else {
@@ -1068,6 +1230,7 @@ func (f *Forwarder) publishAtomic(ctx context.Context, outs []*nats.Msg) error {
 	var ack struct {
 		Stream string              `json:"stream"`
 		Domain string              `json:"domain"`
+		Seq    uint64              `json:"seq"`
 		Count  int                 `json:"count"`
 		Error  *jetstream.APIError `json:"error"`
 	}
@@ -1082,6 +1245,7 @@ func (f *Forwarder) publishAtomic(ctx context.Context, outs []*nats.Msg) error {
 	case ack.Count != len(outs):
 		return fmt.Errorf("the hub committed %d of a batch of %d", ack.Count, len(outs))
 	}
+	f.noteStored(ack.Stream, ack.Seq)
 	return nil
 }
 

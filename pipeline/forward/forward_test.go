@@ -808,3 +808,66 @@ func pausedForwarding(e *pipelinetest.Env, up *atomic.Bool) *forward.Forwarder {
 	})
 	return f
 }
+
+// TestForwardHubStoreLost: the hub loses messages it acknowledged (its
+// stream deleted and created again, as after a wiped store). Once the
+// link is back the edge sends them again from its own stream, in order,
+// before anything new; those its stream no longer holds (here purged
+// below 4, as its limits would) are counted gone on both sides.
+func TestForwardHubStoreLost(t *testing.T) {
+	hubCfg := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}
+	e, up := forwardEnv(t, hubCfg)
+	f := pausedForwarding(e, up)
+	up.Store(true)
+	for i := range 10 {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	waitHubMsgs(e, 10, 10*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if fl := e.ConsumerInfo().AckFloor.Stream; fl != 10 {
+			return fmt.Errorf("ack floor %d", fl)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	up.Store(false)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if f.Ready() {
+			return errors.New("ready with the link down")
+		}
+		return nil
+	})
+	if err := e.JS.DeleteStream(ctx, "HUB"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.JS.CreateStream(ctx, hubCfg); err != nil {
+		t.Fatal(err)
+	}
+	orders, err := e.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := orders.Purge(ctx, jetstream.WithPurgeSequence(4)); err != nil {
+		t.Fatal(err)
+	}
+	up.Store(true)
+	waitHubMsgs(e, 7, 10*time.Second)
+	e.Publish("orders.created", "after", nil)
+	waitHubMsgs(e, 8, 10*time.Second)
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(1); seq <= 8; seq++ {
+		m, err := hub.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := m.Header.Get(forward.HeaderOriginSeq), fmt.Sprint(seq+3); got != want {
+			t.Errorf("hub seq %d holds origin seq %s, want %s", seq, got, want)
+		}
+	}
+	if s := f.Stats(); s.Resent.Load() != 7 || s.Gone.Load() != 3 {
+		t.Errorf("resent %d, gone %d: want 7 and 3", s.Resent.Load(), s.Gone.Load())
+	}
+}

@@ -163,7 +163,12 @@ type ForwarderStatus struct {
 	Refused          uint64 `json:"refused"`
 	// Batches counts the atomic batches the hub committed (a backlog goes
 	// in batches when the hub's stream takes them).
-	Batches     uint64    `json:"batches"`
+	Batches uint64 `json:"batches"`
+	// Resent counts messages the hub acknowledged and lost, sent again;
+	// Gone those lost on both sides (the edge's stream no longer held
+	// them).
+	Resent      uint64    `json:"resent"`
+	Gone        uint64    `json:"gone"`
 	Errors      uint64    `json:"errors"`
 	LastForward time.Time `json:"last_forward,omitzero"`
 	Backlog     uint64    `json:"backlog"`
@@ -193,7 +198,8 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwarderStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
-			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load(), Batches: st.Batches.Load()}
+			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load(), Batches: st.Batches.Load(),
+			Resent: st.Resent.Load(), Gone: st.Gone.Load()}
 		fs.HubPosition, fs.HubPositionKnown = f.Position()
 		if fs.Problem == "" {
 			fs.Problem = unservedDomain(f, out.Links, time.Now())
@@ -227,6 +233,8 @@ var (
 	descFwdSkipped     = desc("forward_skipped_total", "Messages not sent again because the hub's position showed it held them (after a reconnect or a restart).", "consumer")
 	descFwdPosition    = desc("forward_hub_position", "The origin sequence of the last message the hub holds from this consumer, as last read or acknowledged (absent when it cannot be read).", "consumer")
 	descFwdBatches     = desc("forward_batches_total", "Atomic batches the hub committed for this forwarding consumer (its messages count in forward_messages_total).", "consumer")
+	descFwdResent      = desc("forward_resent_total", "Messages the hub acknowledged and then lost (a store wiped or put back from an older copy), sent again from this edge's stream.", "consumer")
+	descFwdGone        = desc("forward_lost_total", "Messages the hub acknowledged and lost that this edge's stream no longer held: lost on both sides.", "consumer")
 	descFwdRefused     = desc("forward_refused_total", "Messages that can never be forwarded (too large, refused by the hub): dead-lettered here.", "consumer")
 	descFwdErrors      = desc("forward_errors_total", "Publishes to the hub that failed and were retried.", "consumer")
 	descFwdReady       = desc("forward_ready", "1 when the link is up and the hub's stream passed the start-up check.", "consumer")
@@ -246,7 +254,7 @@ var (
 // Describe implements prometheus.Collector.
 func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
-		descFwdSkipped, descFwdPosition, descFwdBatches, descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
+		descFwdSkipped, descFwdPosition, descFwdBatches, descFwdResent, descFwdGone, descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
 		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descEdgesDropped, descSourceLag, descSourceActive, descSourceStalled} {
 		ch <- d
 	}
@@ -277,6 +285,8 @@ func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descFwdPosition, prometheus.GaugeValue, float64(f.HubPosition), f.Consumer)
 		}
 		ch <- prometheus.MustNewConstMetric(descFwdBatches, prometheus.CounterValue, float64(f.Batches), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdResent, prometheus.CounterValue, float64(f.Resent), f.Consumer)
+		ch <- prometheus.MustNewConstMetric(descFwdGone, prometheus.CounterValue, float64(f.Gone), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdRefused, prometheus.CounterValue, float64(f.Refused), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdErrors, prometheus.CounterValue, float64(f.Errors), f.Consumer)
 		ch <- prometheus.MustNewConstMetric(descFwdReady, prometheus.GaugeValue, b2f(f.Ready), f.Consumer)
