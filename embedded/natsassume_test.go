@@ -6,6 +6,7 @@ package embedded
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strconv"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // TestAssumeSystemAccountAddsNoAuthUser: options built in code with a
@@ -261,4 +263,45 @@ func TestAssumeExpectedStreamMismatchAnsweredNotStored(t *testing.T) {
 	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 0 {
 		t.Errorf("%d messages stored, want none", n)
 	}
+}
+
+// TestAssumeRemoteURLsTLSNamePerURL: a leafnode remote with several URLs
+// and no server name in its TLS config goes on to the next URL when one
+// refuses the connection, and verifies the hub's certificate against the
+// host of the URL it dials, not the first URL's: configureLeafNodes sets
+// no server name, so that each node of a hub cluster is verified against
+// its own name.
+func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
+	t.Parallel()
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubTLS, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: certs.NameCert, KeyFile: certs.NameKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubPort := natstest.FreePort(t)
+	natstest.RunServer(t, func(o *server.Options) {
+		o.ServerName = "hub"
+		o.LeafNode.Host, o.LeafNode.Port, o.LeafNode.TLSConfig = "127.0.0.1", hubPort, hubTLS
+	})
+	roots, err := linkTLS("test", "", "", certs.CA, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	urls := []*url.URL{
+		{Scheme: "tls", Host: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}, // nothing listens; an IP the certificate does not name
+		{Scheme: "tls", Host: fmt.Sprintf("localhost:%d", hubPort)},
+	}
+	edge := natstest.RunServer(t, func(o *server.Options) {
+		o.ServerName = "edge"
+		o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots}}
+	})
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if n := edge.NumLeafNodes(); n != 1 {
+			return fmt.Errorf("%d leafnode connections, want 1 through %s", n, urls[1])
+		}
+		return nil
+	})
 }
