@@ -151,6 +151,9 @@ type LeafLink struct {
 	// (config.RemoteConfig.Redacted), whichever of them the link is on.
 	Remote    string `json:"remote"`
 	Connected bool   `json:"connected"`
+	// Address is the hub's host:port the link is on ("" while down):
+	// which of the remote's URLs, or an address the hub advertised.
+	Address string `json:"address,omitempty"`
 	// Since is when the link last changed state (start-up for a link that
 	// never came up).
 	Since time.Time `json:"since"`
@@ -338,9 +341,14 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	up := make([]bool, len(remotes))
+	on := make([]string, len(remotes))
+	onID := make([]uint64, len(remotes))
 	for id, i := range w.owner {
 		if i >= 0 {
 			up[i] = true
+			if l := live[id]; l != nil && id >= onID[i] { // the newest link, while an old one closes
+				on[i], onID[i] = net.JoinHostPort(l.IP, fmt.Sprint(l.Port)), id
+			}
 			for d := range w.linkDom[id] {
 				w.domains[i][d] = true
 			}
@@ -349,6 +357,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	for i := range remotes {
 		l := &w.links[i]
 		w.noteDuplicate(i, l)
+		l.Address = on[i]
 		if l.Connected == up[i] {
 			continue
 		}
@@ -357,7 +366,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 		l.Since = time.Now()
 		if up[i] {
 			l.Connects++
-			w.log.Info("leafnode connected", "remote", l.Remote, "was_down_for", downFor, "connects", l.Connects)
+			w.log.Info("leafnode connected", "remote", l.Remote, "address", l.Address, "was_down_for", downFor, "connects", l.Connects)
 		} else {
 			w.log.Warn("leafnode disconnected: local publishing goes on, forwarding waits for the link", "remote", l.Remote, "was_up_for", downFor)
 		}

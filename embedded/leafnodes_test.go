@@ -385,8 +385,8 @@ func TestCheckRemoteAddresses(t *testing.T) {
 // nothing listens. Both connect through their second URL and each link
 // counts as its remote's, named by both URLs; the second remote uses TLS
 // to a hub whose certificate names localhost only, which its second URL
-// names while its first is an IP address. When the first hub goes away,
-// its remote alone is down.
+// names while its first is an IP address. Each link shows the address it
+// is on. When the first hub goes away, its remote alone is down.
 func TestLeafRemoteURLs(t *testing.T) {
 	certs, err := testcert.Write(t.TempDir())
 	if err != nil {
@@ -417,9 +417,10 @@ func TestLeafRemoteURLs(t *testing.T) {
 		links := edge.LeafLinks()
 		return len(links) == 2 && links[0].Connected && links[1].Connected
 	})
+	on := []string{hubCfg.LeafNodes.Listen, fmt.Sprintf("127.0.0.1:%d", port2)}
 	for i, l := range edge.LeafLinks() {
-		if l.Remote != names[i] || l.Connects != 1 || l.Problem != "" {
-			t.Errorf("remote %d: %+v, want it named %q, connected once", i, l, names[i])
+		if l.Remote != names[i] || l.Address != on[i] || l.Connects != 1 || l.Problem != "" {
+			t.Errorf("remote %d: %+v, want it named %q, connected once, on %s", i, l, names[i], on[i])
 		}
 	}
 	if !edge.LeafReaches("hub") || !edge.LeafReaches("hub2") {
@@ -433,6 +434,9 @@ func TestLeafRemoteURLs(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the first remote's link to go down", func() bool { return !edge.LeafLinks()[0].Connected })
+	if l := edge.LeafLinks()[0]; l.Address != "" {
+		t.Errorf("the first remote's link is down but on %s", l.Address)
+	}
 	if l := edge.LeafLinks()[1]; !l.Connected {
 		t.Errorf("the second remote went down with the first hub: %+v", l)
 	}
