@@ -215,7 +215,9 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 	ids := map[string]bool{}
 	deadline := time.Now().Add(within)
 	for got := uint64(0); got < want; {
-		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		// No more than what is left: a Fetch waits out its 5 s for a batch
+		// it cannot fill.
+		batch, err := c.Fetch(int(min(500, want-got)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			// Each Fetch of an ordered consumer creates a consumer (10 s
 			// timeout), which a hub cluster electing leaders may not answer.
