@@ -270,7 +270,8 @@ func TestAssumeExpectedStreamMismatchAnsweredNotStored(t *testing.T) {
 // refuses the connection, and verifies the hub's certificate against the
 // host of the URL it dials, not the first URL's: configureLeafNodes sets
 // no server name, so that each node of a hub cluster is verified against
-// its own name.
+// its own name. A URL with an IP address is verified against a host name
+// of the list when it has one (docs/edge-and-hub.md says so).
 func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
 	t.Parallel()
 	certs, err := testcert.Write(t.TempDir())
@@ -290,18 +291,29 @@ func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	urls := []*url.URL{
-		{Scheme: "tls", Host: fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))}, // nothing listens; an IP the certificate does not name
-		{Scheme: "tls", Host: fmt.Sprintf("localhost:%d", hubPort)},
-	}
-	edge := natstest.RunServer(t, func(o *server.Options) {
-		o.ServerName = "edge"
-		o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots}}
-	})
-	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
-		if n := edge.NumLeafNodes(); n != 1 {
-			return fmt.Errorf("%d leafnode connections, want 1 through %s", n, urls[1])
+	// connects starts a leaf server with the remote's URLs, tried in the
+	// order given, and waits for its link to the hub.
+	connects := func(t *testing.T, hosts ...string) {
+		var urls []*url.URL
+		for _, h := range hosts {
+			urls = append(urls, &url.URL{Scheme: "tls", Host: h})
 		}
-		return nil
+		edge := natstest.RunServer(t, func(o *server.Options) {
+			o.ServerName = "edge"
+			o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots.Clone()}}
+		})
+		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if n := edge.NumLeafNodes(); n != 1 {
+				return fmt.Errorf("%d leafnode connections to the hub through %q, want 1", n, hosts)
+			}
+			return nil
+		})
+	}
+	dead := natstest.FreePort(t) // nothing listens
+	t.Run("by name after a dead IP", func(t *testing.T) {
+		connects(t, fmt.Sprintf("127.0.0.1:%d", dead), fmt.Sprintf("localhost:%d", hubPort))
+	})
+	t.Run("by IP with a name in the list", func(t *testing.T) {
+		connects(t, fmt.Sprintf("127.0.0.1:%d", hubPort), fmt.Sprintf("localhost:%d", dead))
 	})
 }
