@@ -288,6 +288,30 @@ urls = ["tls://third-hub:7422"]
 	}
 }
 
+// TestRemoteURLsDocExample: the hub cluster example of
+// docs/edge-and-hub.md is valid, one remote with three URLs.
+func TestRemoteURLsDocExample(t *testing.T) {
+	doc, err := os.ReadFile("../docs/edge-and-hub.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "<!-- hub-cluster-urls-example -->\n```toml\n")
+	if !ok {
+		t.Fatal("docs/edge-and-hub.md has no hub-cluster-urls-example block")
+	}
+	example, _, ok := strings.Cut(rest, "```")
+	if !ok {
+		t.Fatal("the example block is not closed")
+	}
+	cfg := mustParse(t, "[server]\nname = \"edge-01\"\n"+example)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.LeafNodes.Remotes; len(r) != 1 || len(r[0].HubURLs()) != 3 || r[0].Credentials == "" {
+		t.Errorf("remotes = %+v, want one with three URLs and credentials", r)
+	}
+}
+
 // TestRemoteURLsRefused: url and urls together or neither, an empty
 // list, and each bad URL of a list are refused by key path, the URL's
 // index included.
