@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -51,14 +52,19 @@ type LeafNodesConfig struct {
 // At most one way to authenticate: User with PasswordFile, TokenFile, or
 // Credentials (a NATS .creds file, for operator-mode hubs).
 type RemoteConfig struct {
-	URL          string `toml:"url"`
-	User         string `toml:"user"`
-	PasswordFile string `toml:"password_file"`
-	TokenFile    string `toml:"token_file"`
-	Credentials  string `toml:"credentials"`
+	// URL is the hub's leafnode address. URLs lists several instead (the
+	// nodes of a hub cluster): the server picks one at random and tries
+	// the others in turn, and the remote keeps one link whichever URL it
+	// is on. Exactly one of the two is set.
+	URL          string   `toml:"url"`
+	URLs         []string `toml:"urls"`
+	User         string   `toml:"user"`
+	PasswordFile string   `toml:"password_file"`
+	TokenFile    string   `toml:"token_file"`
+	Credentials  string   `toml:"credentials"`
 	// TLS: the CA that signed the hub's certificate, and this edge's own
-	// certificate when the hub asks for one. A tls:// or nats-leaf URL
-	// with CAFile set uses TLS.
+	// certificate when the hub asks for one. tls:// URLs, or nats-leaf
+	// URLs with CAFile set, use TLS.
 	CAFile   string `toml:"ca_file"`
 	CertFile string `toml:"cert_file"`
 	KeyFile  string `toml:"key_file"`
@@ -138,15 +144,56 @@ func (l LeafNodesConfig) TLSEnabled() bool {
 }
 
 // TLSEnabled reports whether the connection to the remote uses TLS.
+// Validate requires one scheme across the remote's URLs.
 func (r RemoteConfig) TLSEnabled() bool {
-	return r.CAFile != "" || r.CertFile != "" || strings.HasPrefix(r.URL, "tls://")
+	return r.CAFile != "" || r.CertFile != "" ||
+		slices.ContainsFunc(r.HubURLs(), func(s string) bool { return strings.HasPrefix(s, "tls://") })
 }
 
-// Redacted is the remote's URL without credentials, for logs and labels.
+// HubURLs returns the remote's URLs as written: urls, or url alone.
+func (r RemoteConfig) HubURLs() []string {
+	if len(r.URLs) > 0 || r.URL == "" {
+		return r.URLs
+	}
+	return []string{r.URL}
+}
+
+// URLKey is the key path of the k-th of HubURLs of the remote at index i:
+// leafnodes.remotes[i].url, or leafnodes.remotes[i].urls[k].
+func (r RemoteConfig) URLKey(i, k int) string {
+	if len(r.URLs) > 0 || r.URL == "" {
+		return fmt.Sprintf("leafnodes.remotes[%d].urls[%d]", i, k)
+	}
+	return fmt.Sprintf("leafnodes.remotes[%d].url", i)
+}
+
+// Redacted names the remote in logs, in its link state (`holdfast
+// status`) and in the remote label of its metrics: its URLs without
+// credentials, joined by "," in the order written (one URL: that URL).
+// It is the same whichever of the URLs the link is on.
 func (r RemoteConfig) Redacted() string {
-	u, err := url.Parse(r.URL)
+	var out []string
+	for _, s := range r.HubURLs() {
+		out = append(out, RedactURL(s))
+	}
+	return strings.Join(out, ",")
+}
+
+// redactedList shows URLs as a TOML array, without credentials.
+func redactedList(urls []string) string {
+	out := make([]string, len(urls))
+	for i, s := range urls {
+		out[i] = q(RedactURL(s))
+	}
+	return "[" + strings.Join(out, ", ") + "]"
+}
+
+// RedactURL returns the URL s without credentials (s itself when it does
+// not parse).
+func RedactURL(s string) string {
+	u, err := url.Parse(s)
 	if err != nil {
-		return r.URL
+		return s
 	}
 	u.User = nil
 	return u.String()
@@ -232,31 +279,18 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 
 // validateRemotes checks the [[leafnodes.remotes]] entries.
 func (c *Config) validateRemotes(v *validator) {
-	l := c.LeafNodes
-	seen := map[string]bool{}
-	for i, r := range l.Remotes {
+	seen := map[string]string{} // a URL's host:port, lower case -> the key path that gave it first
+	for i, r := range c.LeafNodes.Remotes {
 		key := fmt.Sprintf("leafnodes.remotes[%d]", i)
-		u, err := url.Parse(r.URL)
 		switch {
-		case r.URL == "":
-			v.add(key+".url", `""`, "required: the hub's leafnode address, e.g. \"nats-leaf://hub.example:7422\"")
-		case err != nil:
-			v.add(key+".url", q(r.URL), "not a URL: %v", err)
-		case u.Scheme != "nats-leaf" && u.Scheme != "nats" && u.Scheme != "tls":
-			v.add(key+".url", q(r.URL), "must start with nats-leaf:// (or tls:// for TLS)")
-		case u.Hostname() == "" || u.Port() == "":
-			v.add(key+".url", q(r.URL), "must name host and port (nats-leaf://hub.example:7422)")
-		case !validPort(u.Port()):
-			v.add(key+".url", q(r.URL), "port %s is not 1-65535", u.Port())
-		case u.User != nil:
-			v.add(key+".url", q(r.Redacted()), "must not hold credentials: use user and password_file, token_file or credentials")
-		case l.Hub() && pointsAtListener(u, l.Listen):
-			v.add(key+".url", q(r.URL), "is this node's own leafnode listener (leafnodes.listen = %s): a remote is the hub's address; give the hub's host, or remove the remote", q(l.Listen))
+		case r.URL != "" && r.URLs != nil:
+			v.add(key+".urls", redactedList(r.URLs), "set url or urls, not both: the hub's one address in url, or every address of it (the nodes of a hub cluster) in urls")
+		case r.URL == "" && r.URLs != nil && len(r.URLs) == 0:
+			v.add(key+".urls", "[]", "empty: list the hub's leafnode addresses, e.g. [\"nats-leaf://hub-1:7422\", \"nats-leaf://hub-2:7422\"], or give one in url")
+		case r.URL == "" && r.URLs == nil:
+			v.add(key+".url", `""`, "required: the hub's leafnode address, e.g. \"nats-leaf://hub.example:7422\" (or urls = [...] with the addresses of several hub nodes)")
 		default:
-			if seen[strings.ToLower(u.Host)] {
-				v.add(key+".url", q(r.URL), "listed twice")
-			}
-			seen[strings.ToLower(u.Host)] = true
+			c.validateRemoteURLs(v, i, r, seen)
 		}
 		n := 0
 		for _, set := range []bool{r.User != "" || r.PasswordFile != "", r.TokenFile != "", r.Credentials != ""} {
@@ -272,6 +306,45 @@ func (c *Config) validateRemotes(v *validator) {
 		}
 		if (r.CertFile == "") != (r.KeyFile == "") {
 			v.add(key+".cert_file", q(r.CertFile), "a client certificate needs cert_file and key_file")
+		}
+	}
+}
+
+// validateRemoteURLs checks the URLs of the remote at index i; seen holds
+// the host:port of every URL checked before, across all remotes.
+func (c *Config) validateRemoteURLs(v *validator, i int, r RemoteConfig, seen map[string]string) {
+	l := c.LeafNodes
+	var scheme, schemeKey string
+	for k, raw := range r.HubURLs() {
+		key := r.URLKey(i, k)
+		u, err := url.Parse(raw)
+		switch {
+		case raw == "":
+			v.add(key, `""`, "empty: give the hub's leafnode address, e.g. \"nats-leaf://hub.example:7422\"")
+		case err != nil:
+			v.add(key, q(raw), "not a URL: %v", err)
+		case u.Scheme != "nats-leaf" && u.Scheme != "nats" && u.Scheme != "tls":
+			v.add(key, q(raw), "must start with nats-leaf:// (or tls:// for TLS)")
+		case u.Hostname() == "" || u.Port() == "":
+			v.add(key, q(raw), "must name host and port (nats-leaf://hub.example:7422)")
+		case !validPort(u.Port()):
+			v.add(key, q(raw), "port %s is not 1-65535", u.Port())
+		case u.User != nil:
+			v.add(key, q(RedactURL(raw)), "must not hold credentials: use user and password_file, token_file or credentials")
+		case l.Hub() && pointsAtListener(u, l.Listen):
+			v.add(key, q(raw), "is this node's own leafnode listener (leafnodes.listen = %s): a remote is the hub's address; give the hub's host, or remove the remote", q(l.Listen))
+		case scheme != "" && u.Scheme != scheme:
+			v.add(key, q(raw), "uses %s:// but %s uses %s://: the URLs of one remote share its TLS settings; write them all with one scheme (tls:// for TLS)", u.Scheme, schemeKey, scheme)
+		default:
+			if scheme == "" {
+				scheme, schemeKey = u.Scheme, key
+			}
+			hostPort := strings.ToLower(u.Host)
+			if first, ok := seen[hostPort]; ok {
+				v.add(key, q(raw), "listed twice (also %s): give each hub address once", first)
+			} else {
+				seen[hostPort] = key
+			}
 		}
 	}
 }

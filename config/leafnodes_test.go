@@ -233,3 +233,130 @@ func TestForwardWorkersDefault(t *testing.T) {
 		t.Errorf("forward workers = %d, want 0 as set", got)
 	}
 }
+
+// TestRemoteURLs: a remote lists one hub address in url or several in
+// urls (SPEC's inline form); its name for logs, status and metrics is
+// its URLs without credentials, joined by ",", and its TLS choice is
+// read from any of them.
+func TestRemoteURLs(t *testing.T) {
+	cfg := mustParse(t, `
+[server]
+name = "edge-01"
+[leafnodes]
+remotes = [{ urls = ["nats-leaf://hub-1:7422", "nats-leaf://hub-2:7422"], credentials = "/etc/holdfast/leaf.creds" }]
+`)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.LeafNodes.Remotes[0]
+	if got := r.HubURLs(); !slices.Equal(got, []string{"nats-leaf://hub-1:7422", "nats-leaf://hub-2:7422"}) {
+		t.Errorf("HubURLs = %q", got)
+	}
+	if got := r.Redacted(); got != "nats-leaf://hub-1:7422,nats-leaf://hub-2:7422" {
+		t.Errorf("Redacted = %q", got)
+	}
+	if got := r.URLKey(0, 1); got != "leafnodes.remotes[0].urls[1]" {
+		t.Errorf("URLKey = %q", got)
+	}
+	if r.TLSEnabled() {
+		t.Error("plain URLs use TLS")
+	}
+
+	one := mustParse(t, edgeNode).LeafNodes.Remotes[0]
+	if got := one.HubURLs(); !slices.Equal(got, []string{"nats-leaf://127.0.0.1:7422"}) {
+		t.Errorf("HubURLs of url = %q", got)
+	}
+	if one.Redacted() != "nats-leaf://127.0.0.1:7422" || one.URLKey(0, 0) != "leafnodes.remotes[0].url" {
+		t.Errorf("url: Redacted %q, URLKey %q", one.Redacted(), one.URLKey(0, 0))
+	}
+
+	tls := RemoteConfig{URLs: []string{"tls://hub-1:7422", "tls://u:secret@hub-2:7422"}}
+	if !tls.TLSEnabled() || tls.Redacted() != "tls://hub-1:7422,tls://hub-2:7422" {
+		t.Errorf("tls:// URLs: TLS %v, Redacted %q", tls.TLSEnabled(), tls.Redacted())
+	}
+
+	// Two remotes, one with a URL list, one with one URL; a one-element list.
+	cfg = mustParse(t, strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`,
+		`urls = ["nats-leaf://10.0.0.1:7422", "nats-leaf://10.0.0.2:7422", "nats-leaf://hub-3.example:7422"]`, 1)+`
+[[leafnodes.remotes]]
+url = "nats-leaf://other-hub:7422"
+[[leafnodes.remotes]]
+urls = ["tls://third-hub:7422"]
+`)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRemoteURLsDocExample: the hub cluster example of
+// docs/edge-and-hub.md is valid, one remote with three URLs.
+func TestRemoteURLsDocExample(t *testing.T) {
+	doc, err := os.ReadFile("../docs/edge-and-hub.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(doc), "<!-- hub-cluster-urls-example -->\n```toml\n")
+	if !ok {
+		t.Fatal("docs/edge-and-hub.md has no hub-cluster-urls-example block")
+	}
+	example, _, ok := strings.Cut(rest, "```")
+	if !ok {
+		t.Fatal("the example block is not closed")
+	}
+	cfg := mustParse(t, "[server]\nname = \"edge-01\"\n"+example)
+	if err := cfg.validateFile(); err != nil {
+		t.Fatal(err)
+	}
+	if r := cfg.LeafNodes.Remotes; len(r) != 1 || len(r[0].HubURLs()) != 3 || r[0].Credentials == "" {
+		t.Errorf("remotes = %+v, want one with three URLs and credentials", r)
+	}
+}
+
+// TestRemoteURLsRefused: url and urls together or neither, an empty
+// list, and each bad URL of a list are refused by key path, the URL's
+// index included.
+func TestRemoteURLsRefused(t *testing.T) {
+	withURLs := func(urls string) string {
+		return strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, "urls = "+urls, 1)
+	}
+	for _, tc := range []struct {
+		name, toml, key, reason string
+	}{
+		{"url and urls", strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, `url = "nats-leaf://127.0.0.1:7422"`+"\nurls = [\"nats-leaf://127.0.0.2:7422\"]", 1),
+			"leafnodes.remotes[0].urls", "set url or urls, not both"},
+		{"neither", strings.Replace(edgeNode, `url = "nats-leaf://127.0.0.1:7422"`, `credentials = "/c"`, 1), "leafnodes.remotes[0].url", "required"},
+		{"empty list", withURLs("[]"), "leafnodes.remotes[0].urls", "empty: list the hub's leafnode addresses"},
+		{"empty string in the list", withURLs(`["nats-leaf://hub-1:7422", ""]`), "leafnodes.remotes[0].urls[1]", "empty"},
+		{"scheme", withURLs(`["nats-leaf://hub-1:7422", "http://hub-2:7422"]`), "leafnodes.remotes[0].urls[1]", "must start with nats-leaf://"},
+		{"no port", withURLs(`["nats-leaf://hub-1", "nats-leaf://hub-2:7422"]`), "leafnodes.remotes[0].urls[0]", "must name host and port"},
+		{"port out of range", withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://hub-2:74220"]`), "leafnodes.remotes[0].urls[1]", "port 74220 is not 1-65535"},
+		{"credentials in a url", withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://u:secret@hub-2:7422"]`), "leafnodes.remotes[0].urls[1]", "must not hold credentials"},
+		{"not a url", withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://hub 2:7422"]`), "leafnodes.remotes[0].urls[1]", "not a URL"},
+		{"tls and plain mixed", withURLs(`["tls://hub-1:7422", "nats-leaf://hub-2:7422"]`), "leafnodes.remotes[0].urls[1]", "uses nats-leaf:// but leafnodes.remotes[0].urls[0] uses tls://"},
+		{"two plain schemes mixed", withURLs(`["nats-leaf://hub-1:7422", "nats://hub-2:7422"]`), "leafnodes.remotes[0].urls[1]", "one scheme"},
+		{"twice in one list", withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://HUB-1:7422"]`), "leafnodes.remotes[0].urls[1]", "listed twice (also leafnodes.remotes[0].urls[0])"},
+		{"twice across remotes", withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://hub-2:7422"]`) + "\n[[leafnodes.remotes]]\nurl = \"nats-leaf://hub-2:7422\"\n",
+			"leafnodes.remotes[1].url", "listed twice (also leafnodes.remotes[0].urls[1])"},
+		{"own listener in the list", strings.Replace(withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://localhost:7422"]`), "[[leafnodes.remotes]]", "[leafnodes]\nlisten = \"127.0.0.1:7422\"\n[[leafnodes.remotes]]", 1),
+			"leafnodes.remotes[0].urls[1]", "this node's own leafnode listener"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			wantFileProblem(t, tc.toml, tc.key, tc.reason)
+		})
+	}
+	// The error text shows the key path, the value (without a password)
+	// and what to do.
+	cfg := mustParse(t, withURLs(`["nats-leaf://hub-1:7422", "nats-leaf://u:secret@hub-2:7422"]`))
+	err := cfg.validateFile()
+	wantProblems(t, err, `leafnodes.remotes[0].urls[1] = "nats-leaf://hub-2:7422": must not hold credentials`)
+	if strings.Contains(err.Error(), "secret") {
+		t.Errorf("the error shows the password: %v", err)
+	}
+	cfg = mustParse(t, strings.Replace(withURLs(`["nats-leaf://u:secret@hub-1:7422", "nats-leaf://hub-2:7422"]`), "urls = ", "url = \"nats-leaf://hub-3:7422\"\nurls = ", 1))
+	err = cfg.validateFile()
+	wantProblems(t, err, `leafnodes.remotes[0].urls = ["nats-leaf://hub-1:7422", "nats-leaf://hub-2:7422"]: set url or urls, not both`)
+	if strings.Contains(err.Error(), "secret") {
+		t.Errorf("the error shows the password: %v", err)
+	}
+	wantParseError(t, withURLs(`"nats-leaf://hub-1:7422"`), "leafnodes.remotes")
+}

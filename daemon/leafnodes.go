@@ -28,7 +28,7 @@ func (d *Daemon) openEdgeView() (*forward.EdgeView, error) {
 		v.Links = func() []forward.LinkState {
 			var out []forward.LinkState
 			for _, ll := range d.srv.LeafLinks() {
-				out = append(out, forward.LinkState{Remote: ll.Remote, Connected: ll.Connected, Since: ll.Since, Connects: ll.Connects, Problem: ll.Problem})
+				out = append(out, forward.LinkState{Remote: ll.Remote, Connected: ll.Connected, Address: ll.Address, Since: ll.Since, Connects: ll.Connects, Problem: ll.Problem})
 			}
 			return out
 		}

@@ -75,22 +75,28 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 	}
 	denied := LeafDenied(cfg)
 	for i, r := range l.Remotes {
-		u, err := url.Parse(r.URL)
-		if err != nil {
-			return fmt.Errorf("leafnodes.remotes[%d].url: %w", i, err)
-		}
 		secret := ""
 		if i < len(sec.RemoteSecrets) {
 			secret = sec.RemoteSecrets[i]
 		}
-		switch {
-		case r.User != "":
-			u.User = url.UserPassword(r.User, secret)
-		case r.TokenFile != "":
-			u.User = url.User(secret)
+		var urls []*url.URL
+		for k, raw := range r.HubURLs() {
+			u, err := url.Parse(raw)
+			if err != nil {
+				return fmt.Errorf("%s: %w", r.URLKey(i, k), err)
+			}
+			switch {
+			case r.User != "":
+				u.User = url.UserPassword(r.User, secret)
+			case r.TokenFile != "":
+				u.User = url.User(secret)
+			}
+			urls = append(urls, u)
 		}
+		// With several URLs the server picks one at random at each
+		// connect and goes on to the next when it fails.
 		ro := &server.RemoteLeafOpts{
-			URLs:        []*url.URL{u},
+			URLs:        urls,
 			Credentials: r.Credentials,
 			DenyImports: slices.Clone(denied),
 			DenyExports: slices.Clone(denied),
@@ -100,7 +106,9 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 			if err != nil {
 				return err
 			}
-			tc.ServerName = u.Hostname()
+			// No fixed server name: the server verifies each hub node
+			// against the host of the URL it dials, one of several
+			// (TestAssumeRemoteURLsTLSNamePerURL).
 			ro.TLS = true
 			ro.TLSConfig = tc
 			ro.TLSTimeout = tlsHandshakeTimeout
@@ -139,9 +147,13 @@ func leafPermissions(p *server.Permissions, cfg *config.Config) {
 
 // LeafLink is the state of one configured remote (a hub).
 type LeafLink struct {
-	// Remote is the remote's URL without credentials.
+	// Remote names the remote: its URLs without credentials, joined by ","
+	// (config.RemoteConfig.Redacted), whichever of them the link is on.
 	Remote    string `json:"remote"`
 	Connected bool   `json:"connected"`
+	// Address is the hub's host:port the link is on ("" while down):
+	// which of the remote's URLs, or an address the hub advertised.
+	Address string `json:"address,omitempty"`
 	// Since is when the link last changed state (start-up for a link that
 	// never came up).
 	Since time.Time `json:"since"`
@@ -161,8 +173,8 @@ const leafDuplicateFor = 30 * time.Second
 //
 // The server does not say which remote a leafnode connection belongs to,
 // so each new connection (a connection id in Leafz) is given to a remote
-// once and keeps it until it closes: to the remote without a link whose
-// URL's host resolves (now) to the address connected to; failing that
+// once and keeps it until it closes: to the remote without a link one of
+// whose URLs' hosts resolves (now) to the address connected to; failing that
 // (the hub advertised another of its nodes, and the server went there) to
 // the remote without a link whose earlier links reached the same
 // JetStream domain (read from the subscriptions the hub sent over the
@@ -176,7 +188,8 @@ type leafLinks struct {
 	owner      map[uint64]int             // live connection id -> remote index (-1: none)
 	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
 	domains    []map[string]bool          // by remote: the domains its links reached
-	addrs      [][]string                 // by remote: host:port it resolved to last
+	urls       [][]*url.URL               // by remote: its URLs
+	addrs      map[string][]string        // by URL host:port: the addresses it resolved to last
 	resolvedAt []time.Time                // by remote: when it was last resolved while down
 	tlsNoCert  []bool                     // by remote: TLS without a client certificate
 	seen       [][]string                 // by remote: the addresses its links were on
@@ -206,11 +219,11 @@ func (s *Server) startLeafWatch() {
 		return
 	}
 	now := time.Now()
-	w := &leafLinks{log: s.base.With("component", "leafnodes"), done: make(chan struct{}),
+	w := &leafLinks{log: s.base.With("component", "leafnodes"), done: make(chan struct{}), addrs: map[string][]string{},
 		owner: map[uint64]int{}, linkDom: map[uint64]map[string]bool{}, nsLog: s.nsLog, serverName: s.cfg.Server.Name}
 	for _, r := range remotes {
 		w.links = append(w.links, LeafLink{Remote: r.Redacted(), Since: now})
-		w.addrs = append(w.addrs, nil)
+		w.urls = append(w.urls, remoteURLs(r))
 		w.domains = append(w.domains, map[string]bool{})
 		w.seen = append(w.seen, nil)
 		w.resolvedAt = append(w.resolvedAt, time.Time{})
@@ -311,10 +324,10 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 			w.log.Warn("a leafnode connection matches no configured remote (yet): it is not counted as any remote's link", "address", addr, "server", l.Name)
 		}
 	}
-	// A remote whose link is down may never have had one: its URL's
+	// A remote whose link is down may never have had one: its URLs'
 	// addresses, looked up now and then, name it in the server's log
 	// (credentials refused, a failed TLS handshake) for noteDuplicate.
-	for i, r := range remotes {
+	for i := range remotes {
 		w.mu.Lock()
 		due := !w.links[i].Connected && time.Since(w.resolvedAt[i]) >= leafResolveEvery
 		if due {
@@ -322,15 +335,20 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 		}
 		w.mu.Unlock()
 		if due {
-			w.resolve(ctx, i, r, true)
+			w.resolve(ctx, i, true)
 		}
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	up := make([]bool, len(remotes))
+	on := make([]string, len(remotes))
+	onID := make([]uint64, len(remotes))
 	for id, i := range w.owner {
 		if i >= 0 {
 			up[i] = true
+			if l := live[id]; l != nil && id >= onID[i] { // the newest link, while an old one closes
+				on[i], onID[i] = net.JoinHostPort(l.IP, fmt.Sprint(l.Port)), id
+			}
 			for d := range w.linkDom[id] {
 				w.domains[i][d] = true
 			}
@@ -339,6 +357,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 	for i := range remotes {
 		l := &w.links[i]
 		w.noteDuplicate(i, l)
+		l.Address = on[i]
 		if l.Connected == up[i] {
 			continue
 		}
@@ -347,7 +366,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 		l.Since = time.Now()
 		if up[i] {
 			l.Connects++
-			w.log.Info("leafnode connected", "remote", l.Remote, "was_down_for", downFor, "connects", l.Connects)
+			w.log.Info("leafnode connected", "remote", l.Remote, "address", l.Address, "was_down_for", downFor, "connects", l.Connects)
 		} else {
 			w.log.Warn("leafnode disconnected: local publishing goes on, forwarding waits for the link", "remote", l.Remote, "was_up_for", downFor)
 		}
@@ -360,7 +379,7 @@ func (w *leafLinks) noteDuplicate(i int, l *LeafLink) {
 	var last, lastPayload, lastAuth, lastTLS, lastRead time.Time
 	var tlsDetail string
 	reads := 0
-	for _, a := range slices.Concat(w.seen[i], w.addrs[i]) {
+	for _, a := range slices.Concat(w.seen[i], w.cachedAddrs(i)) {
 		if t, _, n := w.nsLog.leafErrorCount(a, leafReadError); t.After(lastRead) {
 			lastRead, reads = t, n
 		}
@@ -434,8 +453,8 @@ func (w *leafLinks) match(ctx context.Context, addr string, id uint64, remotes [
 	}
 	w.mu.Unlock()
 	var byAddr []int
-	for i, r := range remotes {
-		if free[i] && slices.Contains(w.resolve(ctx, i, r, lookup), addr) {
+	for i := range remotes {
+		if free[i] && slices.Contains(w.resolve(ctx, i, lookup), addr) {
 			byAddr = append(byAddr, i)
 		}
 	}
@@ -501,29 +520,57 @@ func linkDomains(subs []string) map[string]bool {
 }
 
 // resolve returns the host:port addresses remote i may be connected on,
-// looked up again when lookup is set (a new connection to match): a name
-// may resolve to another address than at start. The last good lookup
-// serves otherwise, and when one fails.
-func (w *leafLinks) resolve(ctx context.Context, i int, r config.RemoteConfig, lookup bool) []string {
-	u, err := url.Parse(r.URL)
-	if err != nil {
-		return nil
+// through any of its URLs, each looked up again when lookup is set (a new
+// connection to match): a name may resolve to another address than at
+// start. The last good lookup of a URL serves otherwise, and when one
+// fails.
+func (w *leafLinks) resolve(ctx context.Context, i int, lookup bool) []string {
+	var out []string
+	for _, u := range w.urls[i] {
+		out = append(out, w.resolveURL(ctx, u, lookup)...)
 	}
+	return out
+}
+
+// resolveURL is resolve for one URL.
+func (w *leafLinks) resolveURL(ctx context.Context, u *url.URL, lookup bool) []string {
+	hostPort := net.JoinHostPort(u.Hostname(), u.Port())
 	if !lookup {
 		w.mu.Lock()
-		cached := w.addrs[i]
+		cached := w.addrs[hostPort]
 		w.mu.Unlock()
 		if cached != nil {
-			return append([]string{net.JoinHostPort(u.Hostname(), u.Port())}, cached...)
+			return append([]string{hostPort}, cached...)
 		}
 	}
 	out, err := resolveHostPort(ctx, u)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if err != nil {
-		return append(out, w.addrs[i]...)
+		return append(out, w.addrs[hostPort]...)
 	}
-	w.addrs[i] = out
+	w.addrs[hostPort] = out
+	return out
+}
+
+// cachedAddrs returns the addresses the URLs of remote i resolved to
+// last; w.mu is held.
+func (w *leafLinks) cachedAddrs(i int) []string {
+	var out []string
+	for _, u := range w.urls[i] {
+		out = append(out, w.addrs[net.JoinHostPort(u.Hostname(), u.Port())]...)
+	}
+	return out
+}
+
+// remoteURLs returns the remote's URLs, parsed (Validate checked them).
+func remoteURLs(r config.RemoteConfig) []*url.URL {
+	var out []*url.URL
+	for _, s := range r.HubURLs() {
+		if u, err := url.Parse(s); err == nil {
+			out = append(out, u)
+		}
+	}
 	return out
 }
 
@@ -541,45 +588,55 @@ func resolveHostPort(ctx context.Context, u *url.URL) ([]string, error) {
 	return out, err
 }
 
-// checkRemoteAddresses refuses two remotes that reach the same address:
-// holdfast binds every remote to the same local account, and a hub server
-// takes one link from an edge per account (it drops the other as a
-// duplicate, and both links then flap), while an address could no longer
-// tell the remotes' links apart. Two TLS remotes with different host
-// names may share an address (a proxy that routes by server name). A name
-// that does not resolve now is compared as written.
+// checkRemoteAddresses refuses two remotes that reach the same address
+// through any of their URLs: holdfast binds every remote to the same
+// local account, and a hub server takes one link from an edge per account
+// (it drops the other as a duplicate, and both links then flap), while an
+// address could no longer tell the remotes' links apart. Two TLS remotes
+// with different host names may share an address (a proxy that routes by
+// server name). A name that does not resolve now is compared as written.
+// The URLs of one remote may share an address: that remote keeps one
+// link whichever URL it is on.
 func checkRemoteAddresses(ctx context.Context, remotes []config.RemoteConfig) error {
 	if len(remotes) < 2 {
 		return nil
 	}
-	first := map[string]int{}
+	type firstURL struct {
+		remote   int
+		key, url string
+		host     string
+	}
+	first := map[string]firstURL{}
 	for i, r := range remotes {
-		u, err := url.Parse(r.URL)
-		if err != nil {
-			continue // Validate refused it
-		}
-		addrs, _ := resolveHostPort(ctx, u)
-		for _, a := range addrs {
-			if j, ok := first[a]; ok && j != i && !sniApart(remotes[i], remotes[j]) {
-				return fmt.Errorf("leafnodes.remotes[%d].url %q reaches %s like leafnodes.remotes[%d].url %q: "+
-					"a hub server takes one link per edge (the second is dropped as a duplicate and both flap); remove one of them",
-					i, r.Redacted(), a, j, remotes[j].Redacted())
+		for k, raw := range r.HubURLs() {
+			u, err := url.Parse(raw)
+			if err != nil {
+				continue // Validate refused it
 			}
-			if _, ok := first[a]; !ok {
-				first[a] = i
+			addrs, _ := resolveHostPort(ctx, u)
+			for _, a := range addrs {
+				f, ok := first[a]
+				if !ok {
+					first[a] = firstURL{remote: i, key: r.URLKey(i, k), url: raw, host: u.Hostname()}
+					continue
+				}
+				if f.remote != i && !sniApart(r, remotes[f.remote], u.Hostname(), f.host) {
+					return fmt.Errorf("%s %q reaches %s like %s %q: "+
+						"a hub server takes one link per edge (the second is dropped as a duplicate and both flap); remove one of them, "+
+						"or list every address of one hub in the urls of one remote",
+						r.URLKey(i, k), config.RedactURL(raw), a, f.key, config.RedactURL(f.url))
+				}
 			}
 		}
 	}
 	return nil
 }
 
-// sniApart reports whether two remotes use TLS with different host names,
-// which a proxy at one address can route to different hubs.
-func sniApart(a, b config.RemoteConfig) bool {
-	ua, erra := url.Parse(a.URL)
-	ub, errb := url.Parse(b.URL)
-	return erra == nil && errb == nil && a.TLSEnabled() && b.TLSEnabled() &&
-		!strings.EqualFold(ua.Hostname(), ub.Hostname())
+// sniApart reports whether two remotes use TLS and reach an address
+// through URLs of different host names, which a proxy at that address can
+// route to different hubs.
+func sniApart(a, b config.RemoteConfig, hostA, hostB string) bool {
+	return a.TLSEnabled() && b.TLSEnabled() && !strings.EqualFold(hostA, hostB)
 }
 
 // LeafLinks returns the state of each configured remote, in config order;
@@ -654,7 +711,8 @@ func leafSummary(cfg *config.Config) []any {
 		for _, r := range l.Remotes {
 			rs = append(rs, r.Redacted())
 		}
-		out = append(out, "remotes", strings.Join(rs, ","), "domain", cfg.JetStream.Domain, "denied_on_link", LeafDenied(cfg))
+		// A remote with several URLs is named by them joined by ",".
+		out = append(out, "remotes", strings.Join(rs, " "), "domain", cfg.JetStream.Domain, "denied_on_link", LeafDenied(cfg))
 	}
 	return out
 }

@@ -366,4 +366,78 @@ func TestCheckRemoteAddresses(t *testing.T) {
 	if err := checkRemoteAddresses(ctx, []config.RemoteConfig{{URL: "nats-leaf://127.0.0.1:7422"}, {URL: "nats-leaf://127.0.0.1:7423"}}); err != nil {
 		t.Errorf("two ports: %v", err)
 	}
+	// Every URL of a list counts; the URLs of one remote may share an
+	// address.
+	lists := []config.RemoteConfig{{URLs: []string{"nats-leaf://127.0.0.1:7422", "nats-leaf://localhost:7422", "nats-leaf://127.0.0.1:7423"}}, {URL: "nats-leaf://localhost:7424"}}
+	if err := checkRemoteAddresses(ctx, lists); err != nil {
+		t.Errorf("a list whose URLs share an address: %v", err)
+	}
+	lists[1].URL = "nats-leaf://localhost:7423"
+	err := checkRemoteAddresses(ctx, lists)
+	for _, want := range []string{"leafnodes.remotes[1].url", "leafnodes.remotes[0].urls[2]", "127.0.0.1:7423"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("a URL of another remote's list: %v, want it to name %s", err, want)
+		}
+	}
+}
+
+// TestLeafRemoteURLs: each of two remotes lists two URLs, the first where
+// nothing listens. Both connect through their second URL and each link
+// counts as its remote's, named by both URLs; the second remote uses TLS
+// to a hub whose certificate names localhost only, which its second URL
+// names while its first is an IP address. Each link shows the address it
+// is on. When the first hub goes away, its remote alone is down.
+func TestLeafRemoteURLs(t *testing.T) {
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubCfg := leafHubConfig(t, "", "")
+	hub := runServer(t, hubCfg)
+	hub2Cfg := leafHubConfig(t, "", "")
+	hub2Cfg.Server.Name, hub2Cfg.JetStream.Domain = "hub2", "hub2"
+	hub2Cfg.LeafNodes.CertFile, hub2Cfg.LeafNodes.KeyFile = certs.NameCert, certs.NameKey
+	runServer(t, hub2Cfg)
+	_, port2, _ := hub2Cfg.LeafNodes.ListenHostPort()
+
+	cfg := configtest.Default(t)
+	cfg.Server.Name, cfg.JetStream.Domain = "edge1", "edge1"
+	cfg.LeafNodes.Remotes = []config.RemoteConfig{
+		{URLs: []string{fmt.Sprintf("nats-leaf://127.0.0.1:%d", natstest.FreePort(t)), "nats-leaf://" + hubCfg.LeafNodes.Listen}},
+		{URLs: []string{fmt.Sprintf("tls://127.0.0.1:%d", natstest.FreePort(t)), fmt.Sprintf("tls://localhost:%d", port2)}, CAFile: certs.CA},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	log, lb := natstest.Logger(t)
+	edge := runServerWithLog(t, cfg, log)
+	names := []string{cfg.LeafNodes.Remotes[0].URLs[0] + "," + cfg.LeafNodes.Remotes[0].URLs[1],
+		cfg.LeafNodes.Remotes[1].URLs[0] + "," + cfg.LeafNodes.Remotes[1].URLs[1]}
+	waitFor(t, "both remotes' links", func() bool {
+		links := edge.LeafLinks()
+		return len(links) == 2 && links[0].Connected && links[1].Connected
+	})
+	on := []string{hubCfg.LeafNodes.Listen, fmt.Sprintf("127.0.0.1:%d", port2)}
+	for i, l := range edge.LeafLinks() {
+		if l.Remote != names[i] || l.Address != on[i] || l.Connects != 1 || l.Problem != "" {
+			t.Errorf("remote %d: %+v, want it named %q, connected once, on %s", i, l, names[i], on[i])
+		}
+	}
+	if !edge.LeafReaches("hub") || !edge.LeafReaches("hub2") {
+		t.Errorf("the links reach %q, want hub and hub2", edge.LeafDomains())
+	}
+	if strings.Contains(lb.String(), "matches no configured remote") {
+		t.Errorf("a link was given to no remote:\n%s", lb)
+	}
+
+	if err := hub.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the first remote's link to go down", func() bool { return !edge.LeafLinks()[0].Connected })
+	if l := edge.LeafLinks()[0]; l.Address != "" {
+		t.Errorf("the first remote's link is down but on %s", l.Address)
+	}
+	if l := edge.LeafLinks()[1]; !l.Connected {
+		t.Errorf("the second remote went down with the first hub: %+v", l)
+	}
 }

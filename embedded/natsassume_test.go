@@ -6,6 +6,7 @@ package embedded
 import (
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"strconv"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
 // TestAssumeSystemAccountAddsNoAuthUser: options built in code with a
@@ -261,4 +263,57 @@ func TestAssumeExpectedStreamMismatchAnsweredNotStored(t *testing.T) {
 	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 0 {
 		t.Errorf("%d messages stored, want none", n)
 	}
+}
+
+// TestAssumeRemoteURLsTLSNamePerURL: a leafnode remote with several URLs
+// and no server name in its TLS config goes on to the next URL when one
+// refuses the connection, and verifies the hub's certificate against the
+// host of the URL it dials, not the first URL's: configureLeafNodes sets
+// no server name, so that each node of a hub cluster is verified against
+// its own name. A URL with an IP address is verified against a host name
+// of the list when it has one (docs/edge-and-hub.md says so).
+func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
+	t.Parallel()
+	certs, err := testcert.Write(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubTLS, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: certs.NameCert, KeyFile: certs.NameKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hubPort := natstest.FreePort(t)
+	natstest.RunServer(t, func(o *server.Options) {
+		o.ServerName = "hub"
+		o.LeafNode.Host, o.LeafNode.Port, o.LeafNode.TLSConfig = "127.0.0.1", hubPort, hubTLS
+	})
+	roots, err := linkTLS("test", "", "", certs.CA, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// connects starts a leaf server with the remote's URLs, tried in the
+	// order given, and waits for its link to the hub.
+	connects := func(t *testing.T, hosts ...string) {
+		var urls []*url.URL
+		for _, h := range hosts {
+			urls = append(urls, &url.URL{Scheme: "tls", Host: h})
+		}
+		edge := natstest.RunServer(t, func(o *server.Options) {
+			o.ServerName = "edge"
+			o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots.Clone()}}
+		})
+		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+			if n := edge.NumLeafNodes(); n != 1 {
+				return fmt.Errorf("%d leafnode connections to the hub through %q, want 1", n, hosts)
+			}
+			return nil
+		})
+	}
+	dead := natstest.FreePort(t) // nothing listens
+	t.Run("by name after a dead IP", func(t *testing.T) {
+		connects(t, fmt.Sprintf("127.0.0.1:%d", dead), fmt.Sprintf("localhost:%d", hubPort))
+	})
+	t.Run("by IP with a name in the list", func(t *testing.T) {
+		connects(t, fmt.Sprintf("127.0.0.1:%d", hubPort), fmt.Sprintf("localhost:%d", dead))
+	})
 }

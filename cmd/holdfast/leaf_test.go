@@ -215,7 +215,9 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 	ids := map[string]bool{}
 	deadline := time.Now().Add(within)
 	for got := uint64(0); got < want; {
-		batch, err := c.Fetch(500, jetstream.FetchMaxWait(5*time.Second))
+		// No more than what is left: a Fetch waits out its 5 s for a batch
+		// it cannot fill.
+		batch, err := c.Fetch(int(min(500, want-got)), jetstream.FetchMaxWait(5*time.Second))
 		if err != nil {
 			// Each Fetch of an ordered consumer creates a consumer (10 s
 			// timeout), which a hub cluster electing leaders may not answer.
@@ -690,6 +692,73 @@ func TestLeafHubCluster(t *testing.T) {
 	wantExactlyOnce(t, seen, map[string]uint64{"edge1": 2000})
 	if n := strings.Count(edge.proc.stderr.String(), "leafnode connected"); n < 2 {
 		t.Errorf("the edge connected %d time(s), want a reconnect to another node", n)
+	}
+}
+
+// TestLeafRemoteURLs: the edge's remote lists two URLs, the first a port
+// where nothing listens, the second the hub, which starts only after the
+// edge's first attempt failed: trying the URLs in turn, the server tries
+// the dead one before it reaches the hub. The edge connects and forwards
+// every message once, and /healthz is ok; the link counts as the
+// remote's, named by both URLs in the metrics and in status, which also
+// shows the address the link is on.
+func TestLeafRemoteURLs(t *testing.T) {
+	t.Parallel()
+	hub := newLeafHub(t, "10m", "")
+	hubAddr := fmt.Sprintf("127.0.0.1:%d", hub.leafPort)
+	dead := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	edge := newLeafEdge(t, "edge1", hubAddr, "")
+	text := strings.Replace(readFile(t, edge.inst.cfg), fmt.Sprintf("url = \"nats-leaf://%s\"", hubAddr),
+		fmt.Sprintf("urls = [\"nats-leaf://%s\", \"nats-leaf://%s\"]", dead, hubAddr), 1)
+	if !strings.Contains(text, "urls = [") {
+		t.Fatalf("no urls in the edge's config:\n%s", text)
+	}
+	edge.inst.cfg = e2eWriteConfig(t, text)
+	edge.proc = startHoldfast(t, edge.inst.cfg)
+	t.Cleanup(func() {
+		if !edge.proc.exited() {
+			edge.proc.stop()
+		}
+	})
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if !strings.Contains(edge.proc.stderr.String(), "Error trying to connect as leafnode") {
+			return fmt.Errorf("no failed leafnode connect in the edge's log yet")
+		}
+		return nil
+	})
+	hub.start(t)
+	t.Cleanup(func() {
+		if !hub.proc.exited() {
+			hub.proc.stop()
+		}
+	})
+	edge.proc.waitReady()
+	_, ejs := e2eConnect(t, edge.inst)
+	_, hjs := e2eConnect(t, hub.inst)
+
+	leafPublish(t, ejs, 0, 200)
+	hubHoldsAll(t, hjs, 200, 15*time.Second)
+	wantExactlyOnce(t, hubCounts(t, hjs, 200, 5*time.Second), map[string]uint64{"edge1": 200})
+
+	name := fmt.Sprintf("nats-leaf://%s,nats-leaf://%s", dead, hubAddr)
+	natstest.CheckFor(t, 5*time.Second, 100*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + edge.httpAddr + "/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"ok"`) {
+			return fmt.Errorf("/healthz %d: %s", resp.StatusCode, body)
+		}
+		return nil
+	})
+	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_leafnode_connected{remote="`+name+`"} 1`) {
+		t.Errorf("edge metrics lack the link named %s:\n%s", name, grepLines(m, "holdfast_leafnode_"))
+	}
+	st := runHoldfast(t, nil, "status", "--config", edge.inst.cfg)
+	if want := "Leafnode   " + name + " connected to " + hubAddr; !strings.Contains(st.stdout, want) {
+		t.Errorf("edge status lacks %q:\n%s", want, st.stdout)
 	}
 }
 

@@ -341,6 +341,9 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 	now := time.Now()
 	for _, l := range st.Links {
 		state := "connected"
+		if l.Address != "" {
+			state += " to " + l.Address
+		}
 		if !l.Connected {
 			state = "DISCONNECTED"
 		}

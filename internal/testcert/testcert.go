@@ -1,5 +1,6 @@
 // Package testcert writes a throw-away CA, a server certificate for
-// 127.0.0.1/localhost and a client certificate, for tests of TLS set-ups.
+// 127.0.0.1/localhost, one for the name localhost only, and a client
+// certificate, for tests of TLS set-ups.
 package testcert
 
 import (
@@ -22,6 +23,8 @@ type Files struct {
 	CA         string // the CA certificate
 	ServerCert string // for 127.0.0.1, ::1 and localhost
 	ServerKey  string
+	NameCert   string // for the name localhost only, no IP address
+	NameKey    string
 	ClientCert string // for client authentication, CN "holdfast-client"
 	ClientKey  string
 	OtherCA    string // a CA that signed none of the above
@@ -31,6 +34,7 @@ type Files struct {
 func Write(dir string) (Files, error) {
 	f := Files{
 		CA: filepath.Join(dir, "ca.pem"), ServerCert: filepath.Join(dir, "server.pem"), ServerKey: filepath.Join(dir, "server-key.pem"),
+		NameCert: filepath.Join(dir, "name.pem"), NameKey: filepath.Join(dir, "name-key.pem"),
 		ClientCert: filepath.Join(dir, "client.pem"), ClientKey: filepath.Join(dir, "client-key.pem"), OtherCA: filepath.Join(dir, "other-ca.pem"),
 	}
 	caKey, caCert, caDER, err := newCA("holdfast test CA")
@@ -54,6 +58,14 @@ func Write(dir string) (Files, error) {
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	if err := leaf(server, caCert, caKey, f.ServerCert, f.ServerKey); err != nil {
+		return f, err
+	}
+	name := &x509.Certificate{
+		Subject:     pkix.Name{CommonName: "localhost"},
+		DNSNames:    []string{"localhost"},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if err := leaf(name, caCert, caKey, f.NameCert, f.NameKey); err != nil {
 		return f, err
 	}
 	client := &x509.Certificate{

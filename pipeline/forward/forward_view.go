@@ -20,6 +20,8 @@ import (
 type LinkState struct {
 	Remote    string `json:"remote"`
 	Connected bool   `json:"connected"`
+	// Address is the hub's host:port the link is on ("" while down).
+	Address string `json:"address,omitempty"`
 	// Since is when the link last changed state, or start-up.
 	Since    time.Time `json:"since"`
 	Connects uint64    `json:"connects"`
