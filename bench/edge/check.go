@@ -65,11 +65,11 @@ func onceError(seen []int, first uint64, stray int) error {
 	if len(lost) == 0 && len(dup) == 0 && stray == 0 {
 		return nil
 	}
-	return fmt.Errorf("%w: of the edge's messages %d..%d, %d LOST %s, %d DUPLICATED %s, and %d hub messages with no origin sequence in that range",
+	return fmt.Errorf("%w: of the edge's messages %d..%d, %d LOST%s, %d DUPLICATED%s, and %d hub messages with no origin sequence in that range",
 		errNotOnce, first, first+uint64(len(seen))-1, len(lost), examples(lost), len(dup), examples(dup), stray)
 }
 
-// examples lists up to the first five sequences.
+// examples lists up to the first five sequences, after a space.
 func examples(seqs []uint64) string {
 	if len(seqs) == 0 {
 		return ""
@@ -81,7 +81,7 @@ func examples(seqs []uint64) string {
 	if len(seqs) > 5 {
 		s = append(s, "…")
 	}
-	return "(" + strings.Join(s, ", ") + ")"
+	return " (" + strings.Join(s, ", ") + ")"
 }
 
 // readHub reads the hub's EDGE with an ordered consumer, from stream

@@ -14,8 +14,8 @@ func TestOnceError(t *testing.T) {
 		want  string // "" = exactly once
 	}{
 		{"each once", []int{1, 1, 1}, 0, ""},
-		{"lost", []int{1, 0, 1}, 0, "of the edge's messages 10..12, 1 LOST (11), 0 DUPLICATED , and 0"},
-		{"duplicated", []int{1, 2, 1}, 0, "0 LOST , 1 DUPLICATED (11), and 0"},
+		{"lost", []int{1, 0, 1}, 0, "of the edge's messages 10..12, 1 LOST (11), 0 DUPLICATED, and 0"},
+		{"duplicated", []int{1, 2, 1}, 0, "0 LOST, 1 DUPLICATED (11), and 0"},
 		{"stray", []int{1, 1, 1}, 2, "and 2 hub messages"},
 		{"many lost", make([]int, 7), 0, "7 LOST (10, 11, 12, 13, 14, …)"},
 	} {
