@@ -133,7 +133,8 @@ bench-compare:
 	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync $(BENCH_SYNC) -runs $(BENCH_RUNS) -out dist/bench-compare.md
 
 # Messages in the edge's backlog for bench-edge: catching up runs at about
-# 1,000 msg/s with sync "always", so 100,000 take about 5 minutes a run.
+# 1,000 msg/s with sync "always", so a run of 100,000 takes about 3.5
+# minutes (publish, catch-up, steady state, the hub's own ingest).
 EDGE_MSGS ?= 100000
 
 .PHONY: bench-edge
