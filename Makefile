@@ -7,7 +7,7 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
 export CGO_ENABLED ?= 0
 
-.PHONY: all build nats-cli run test test-short fmt-check vet staticcheck tidy-check clean
+.PHONY: all build nats-cli run test test-short fmt-check vet staticcheck tidy-check docs clean
 
 all: build
 
@@ -56,6 +56,10 @@ staticcheck:
 
 tidy-check:
 	@$(GO) mod tidy -diff || { echo "go.mod/go.sum are not tidy: run 'go mod tidy' and commit"; exit 1; }
+
+## docs: write docs/configuration-reference.md from the default config file (a test fails when it is out of date)
+docs:
+	$(GO) run ./cmd/holdfast config --reference > docs/configuration-reference.md
 
 clean:
 	rm -rf bin dist holdfast-data

@@ -66,22 +66,35 @@ func PlanReload(cur, next *config.Config) ReloadPlan {
 // and that only a restart applies.
 func restartOnlyChanges(cur, next *config.Config) []string {
 	var out []string
-	for _, s := range []struct {
-		key       string
-		old, next any
-	}{
-		{"server", cur.Server, next.Server},
-		{"jetstream", cur.JetStream, next.JetStream},
-		{"cluster", cur.Cluster, next.Cluster},
-		{"leafnodes", cur.LeafNodes, next.LeafNodes},
-		{"http", cur.HTTP, next.HTTP},
-		{"auth", cur.Auth, next.Auth},
-		{"tls", cur.TLS, next.TLS},
-		{"log.format", cur.Log.Format, next.Log.Format},
-	} {
-		out = append(out, changedKeys(s.key, s.old, s.next)...)
+	was, is := restartOnly(cur), restartOnly(next)
+	for _, key := range restartOnlyKeys {
+		out = append(out, changedKeys(key, was[key], is[key])...)
 	}
 	return out
+}
+
+// restartOnlyKeys are the tables and keys only a restart applies; of
+// the rest, only consumers.NAME.stream needs one.
+var restartOnlyKeys = []string{"server", "jetstream", "cluster", "leafnodes", "http", "auth", "tls", "log.format"}
+
+// restartOnly is cfg's value of each of restartOnlyKeys.
+func restartOnly(cfg *config.Config) map[string]any {
+	return map[string]any{"server": cfg.Server, "jetstream": cfg.JetStream, "cluster": cfg.Cluster, "leafnodes": cfg.LeafNodes,
+		"http": cfg.HTTP, "auth": cfg.Auth, "tls": cfg.TLS, "log.format": cfg.Log.Format}
+}
+
+// RestartOnly reports whether a change of the key at path (as
+// config.Keys names it) needs a restart; a reload applies the others.
+func RestartOnly(path string) bool {
+	if path == "consumers.NAME.stream" {
+		return true
+	}
+	for _, k := range restartOnlyKeys {
+		if path == k || strings.HasPrefix(path, k+".") {
+			return true
+		}
+	}
+	return false
 }
 
 // changedKeys names the fields of a config table that differ between old
