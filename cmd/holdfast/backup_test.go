@@ -439,9 +439,11 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal) {
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js := e2eConnect(t, in)
-	ctx := natstest.Context(t)
 	// Enough messages that the restore into a sync = "always" store takes
-	// a few seconds; published in windows of 500.
+	// a few seconds; published in windows of 500, which on a loaded
+	// machine take longer than natstest.Context's 30 s in all.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	for i := 0; i < 30000; i += 500 {
 		for j := range 500 {
 			if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i+j)); err != nil {

@@ -782,6 +782,16 @@ func killRunningCommand(t *testing.T, h *Exec, pidFile string) {
 		return err
 	})
 	killAtCleanup(t, pid)
+	// The command may write its pid before Start has returned to Handle,
+	// which tracks it just after.
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		runningCommands.Lock()
+		defer runningCommands.Unlock()
+		if n := len(runningCommands.pgids); n != 1 {
+			return fmt.Errorf("%d commands tracked, want 1", n)
+		}
+		return nil
+	})
 	if n := KillRunningCommands(); n != 1 {
 		t.Errorf("KillRunningCommands() = %d, want 1", n)
 	}
