@@ -19,6 +19,7 @@ import (
 // old one do not count — also when the two creation times differ in the
 // last digits of their fraction only.
 func TestForwardHubTracksIncarnations(t *testing.T) {
+	t.Parallel()
 	tr := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}}
 	old := time.Date(2026, 12, 2, 5, 31, 39, 120_000_000, time.UTC) // formats as …39.12Z
 	recreated := old.Add(3 * time.Millisecond)                      // …39.123Z
@@ -63,6 +64,7 @@ func TestForwardHubTracksIncarnations(t *testing.T) {
 // cannot grow the hub's tracker past MaxTrackedEdges. The least recently
 // seen edge streams are dropped and counted; the latest are kept.
 func TestEdgeTrackerBounded(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	tr, err := OpenEdgeTracker(natstest.Connect(t, s), []string{"edge.>"}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 // the link up, and starts again when the lag shrinks, is 0, or the link is
 // down.
 func TestSourceWatch(t *testing.T) {
+	t.Parallel()
 	var w sourceWatch
 	t0 := time.Now()
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }

@@ -78,6 +78,7 @@ func waitHubMsgs(e *pipelinetest.Env, want uint64, within time.Duration) {
 // nothing (no delivery spent) and say they are paused; once it is up every
 // message is stored on the hub once, with its origin headers and id.
 func TestForwardPausesWhileLinkDown(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -142,6 +143,7 @@ func TestForwardPausesWhileLinkDown(t *testing.T) {
 // created again (sequences from 1), its messages get new ids and are not
 // dropped by the hub as duplicates of the old incarnation's.
 func TestForwardRecreatedStream(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -171,6 +173,7 @@ func TestForwardRecreatedStream(t *testing.T) {
 // max_msg_size fails at once (dead letter with the reason), the next one
 // is forwarded.
 func TestForwardOversizeDeadLettered(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute, MaxMsgSize: 1024})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -195,6 +198,7 @@ func TestForwardOversizeDeadLettered(t *testing.T) {
 // last token) does not: the server closed holdfast's connection, and
 // nothing was forwarded or dead-lettered after it. It is dead-lettered.
 func TestForwardLongSubjectDeadLettered(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -219,6 +223,7 @@ func TestForwardLongSubjectDeadLettered(t *testing.T) {
 // once, saying which subject no hub stream takes (before, each attempt
 // waited out the publish timeout), and the rest keep flowing.
 func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
+	t.Parallel()
 	e := pipelinetest.Start(t, nil)
 	if _, err := e.JS.CreateStream(context.Background(), jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.*.orders.created"}, Duplicates: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -250,6 +255,7 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 // the window must cover twice forward.timeout; without it (no {server}
 // in the template), the promised outage, unreachable_after.
 func TestForwardWaitsOnShortDuplicateWindow(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name, template, want string
 		window, fixed        time.Duration
@@ -298,6 +304,7 @@ func TestForwardWaitsOnShortDuplicateWindow(t *testing.T) {
 // config) is checked again once the link is back: forwarding waits and
 // Problem says why, instead of going on from the check made before.
 func TestForwardRechecksAfterLinkDown(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: 10 * time.Minute})
 	f, err := forwarder(e, up, 5*time.Minute)
 	if err != nil {
@@ -332,6 +339,7 @@ func TestForwardRechecksAfterLinkDown(t *testing.T) {
 // two streams; the one the hub does not name first deduplicates over too
 // short a window, and forwarding waits for it, by name.
 func TestForwardChecksEveryHubStream(t *testing.T) {
+	t.Parallel()
 	e := pipelinetest.Start(t, nil)
 	ctx := context.Background()
 	for _, sc := range []jetstream.StreamConfig{
@@ -356,6 +364,7 @@ func TestForwardChecksEveryHubStream(t *testing.T) {
 // TestForwardOpenInterrupted: Open returns the context's error when it
 // ends while the hub is being checked, instead of going on as if started.
 func TestForwardOpenInterrupted(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forward.New(e.Srv.Conn(), forward.Options{
 		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
@@ -373,6 +382,7 @@ func TestForwardOpenInterrupted(t *testing.T) {
 }
 
 func TestForwardSubject(t *testing.T) {
+	t.Parallel()
 	if got := forward.Subject("edge.{server}.{subject}", "e1", "orders.created"); got != "edge.e1.orders.created" {
 		t.Errorf("got %s", got)
 	}
@@ -382,6 +392,7 @@ func TestForwardSubject(t *testing.T) {
 // link does not hold up Close for the shutdown timeout: the message is
 // given back at once, and forwarded once by the next workers.
 func TestForwardShutdownWhileLinkDown(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -471,6 +482,7 @@ func TestForwardWaitsForHubStream(t *testing.T) {
 // taken for that one (a duplicate PubAck, acked locally, never stored);
 // the same message sent again still is.
 func TestForwardRestoredStreamReusesSequences(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -512,6 +524,7 @@ func TestForwardRestoredStreamReusesSequences(t *testing.T) {
 // message the hub took before the restore is a duplicate, not a second
 // copy.
 func TestForwardMessageOlderThanItsStream(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -546,6 +559,7 @@ func TestForwardMessageOlderThanItsStream(t *testing.T) {
 // hub's stream is read both ways nats.go reads a message (direct get or
 // not).
 func TestForwardPositionOutlivesDuplicateWindow(t *testing.T) {
+	t.Parallel()
 	for _, direct := range []bool{false, true} {
 		t.Run(fmt.Sprintf("allow_direct=%v", direct), func(t *testing.T) {
 			t.Parallel()
@@ -625,6 +639,7 @@ func TestForwardPositionOutlivesDuplicateWindow(t *testing.T) {
 // be skipped when they came: Open sets the consumer back to its ack
 // floor, so they go first and every message reaches the hub.
 func TestForwardAfterCrashSendsTakenMessagesFirst(t *testing.T) {
+	t.Parallel()
 	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(2 * time.Second) })
 	ctx := context.Background()
 	if _, err := e.JS.CreateStream(ctx, jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}); err != nil {
@@ -671,6 +686,7 @@ func TestForwardAfterCrashSendsTakenMessagesFirst(t *testing.T) {
 // position, since later messages went on without it) is sent, not taken
 // for one the hub holds.
 func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
 	f, err := forwarder(e, up, time.Minute)
 	if err != nil {
@@ -716,10 +732,11 @@ func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
 // stream in the middle of it is dead-lettered, and those around it
 // arrive.
 func TestForwardBacklogInAtomicBatches(t *testing.T) {
+	t.Parallel()
 	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute, AllowAtomicPublish: true, MaxMsgSize: 4096})
 	f := pausedForwarding(e, up)
-	const n = 3000
-	big := 1234
+	const n = 1500
+	big := 734
 	for i := range n {
 		body := fmt.Sprint(i)
 		if i == big {
@@ -767,6 +784,7 @@ func TestForwardBacklogInAtomicBatches(t *testing.T) {
 // messages then go one by one, as many as fit (acked here at once), and
 // the rest wait in place until room is made.
 func TestForwardBatchIntoFullStream(t *testing.T) {
+	t.Parallel()
 	hubCfg := jetstream.StreamConfig{Duplicates: time.Minute, AllowAtomicPublish: true, MaxMsgs: 5, Discard: jetstream.DiscardNew}
 	e, up := forwardEnv(t, hubCfg)
 	pausedForwarding(e, up)
@@ -815,6 +833,7 @@ func pausedForwarding(e *pipelinetest.Env, up *atomic.Bool) *forward.Forwarder {
 // before anything new; those its stream no longer holds (here purged
 // below 4, as its limits would) are counted gone on both sides.
 func TestForwardHubStoreLost(t *testing.T) {
+	t.Parallel()
 	hubCfg := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}
 	e, up := forwardEnv(t, hubCfg)
 	f := pausedForwarding(e, up)
