@@ -1315,8 +1315,9 @@ func TestLeafHubClosesLinkForOversize(t *testing.T) {
 // middle of forwarding and created again 3 s later. The publish in flight
 // gets no PubAck (the hub swallows it with its stream) and times out once
 // the stream is back; it must be sent again in its place, not handed back
-// for a later delivery behind the messages after it: the new stream holds
-// a contiguous run of origin sequences up to the last, each once, and
+// for a later delivery behind the messages after it. The new stream has
+// lost what the old one acknowledged: the edge sends that again first, so
+// the new stream holds every origin sequence, in order, each once, and
 // nothing is dead-lettered.
 func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
 	t.Parallel()
@@ -1362,8 +1363,8 @@ func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
 			t.Fatalf("the new stream's message %d has origin sequence %d, want %d (out of order, or missing)", i, s, seqs[0]+uint64(i))
 		}
 	}
-	if seqs[len(seqs)-1] != n {
-		t.Fatalf("the new stream's last origin sequence is %d, want %d", seqs[len(seqs)-1], n)
+	if seqs[0] != 1 || seqs[len(seqs)-1] != n {
+		t.Fatalf("the new stream holds origin sequences %d..%d, want 1..%d: what the deleted stream had acknowledged is to be sent again", seqs[0], seqs[len(seqs)-1], n)
 	}
 	if s, err := ejs.Stream(ctx, "ORDERS_DLQ"); err == nil && s.CachedInfo().State.Msgs != 0 {
 		t.Fatalf("the edge dead-lettered %d message(s)", s.CachedInfo().State.Msgs)
