@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
@@ -39,6 +40,18 @@ func (d *Daemon) openEdgeView() (*forward.EdgeView, error) {
 			return nil, err
 		}
 		v.Hub = t
+		var edgeStreams []string
+		for _, name := range d.cfg.StreamNames() {
+			if d.cfg.TakesEdgeMessages(name) {
+				edgeStreams = append(edgeStreams, name)
+			}
+		}
+		// The edges the streams hold, from the start and on every node.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := t.Seed(ctx, d.srv.JetStream(), edgeStreams, l.EdgeSubjects); err != nil {
+			d.log.Warn("the edges the hub's streams hold are not read back: they show once they forward again", "err", err)
+		}
 	}
 	d.metrics.Registry().MustRegister(v)
 	return v, nil

@@ -1,8 +1,11 @@
 package forward
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -10,6 +13,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // EdgeSeen is what a hub last saw from one edge's stream, read from the
@@ -59,15 +63,21 @@ func OpenEdgeTracker(nc *nats.Conn, subjects []string, log *slog.Logger) (*EdgeT
 }
 
 func (t *EdgeTracker) observe(m *nats.Msg) {
-	edge := m.Header.Get(HeaderOriginServer)
+	t.record(m.Header, time.Now(), true)
+}
+
+// record notes a forwarded message with the origin headers h, seen at
+// now; count adds it to the messages seen since start (not one read back
+// from the stream).
+func (t *EdgeTracker) record(h nats.Header, now time.Time, count bool) {
+	edge := h.Get(HeaderOriginServer)
 	if edge == "" {
 		return
 	}
-	stream := m.Header.Get(HeaderOriginStream)
-	seq, _ := strconv.ParseUint(m.Header.Get(HeaderOriginSeq), 10, 64)
-	origin, _ := time.Parse(time.RFC3339Nano, m.Header.Get(HeaderOriginTime))
-	created := m.Header.Get(HeaderOriginStreamCreated)
-	now := time.Now()
+	stream := h.Get(HeaderOriginStream)
+	seq, _ := strconv.ParseUint(h.Get(HeaderOriginSeq), 10, 64)
+	origin, _ := time.Parse(time.RFC3339Nano, h.Get(HeaderOriginTime))
+	created := h.Get(HeaderOriginStreamCreated)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	k := [2]string{edge, stream}
@@ -79,8 +89,12 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 		e = &EdgeSeen{Edge: edge, Stream: stream}
 		t.seen[k] = e
 	}
-	e.Messages++
-	e.LastSeen = now
+	if count {
+		e.Messages++
+	}
+	if now.After(e.LastSeen) {
+		e.LastSeen = now
+	}
 	if laterRFC3339(created, e.StreamCreated) {
 		// A new incarnation of the edge's stream: sequences start again.
 		e.StreamCreated, e.LastSeq = created, 0
@@ -91,6 +105,45 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 	if origin.After(e.LastOrigin) {
 		e.LastOrigin = origin
 	}
+}
+
+// Seed reads back, from the hub's streams names, the last message each
+// edge forwarded into subjects (the edge subjects), so that the view of
+// the fleet holds every edge the streams hold from the start, and is the
+// same on every node of a hub cluster, whose streams are the same. An edge
+// is the second token of the subjects (edge.<server>.…, the forward
+// handler's default destination); LastSeen is when the hub stored that
+// message.
+func (t *EdgeTracker) Seed(ctx context.Context, js jetstream.JetStream, names, subjects []string) error {
+	for _, name := range names {
+		s, err := js.Stream(ctx, name)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", name, err)
+		}
+		prefixes := map[string]bool{}
+		for _, filter := range subjects {
+			info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+			if err != nil {
+				return fmt.Errorf("stream %s: %w", name, err)
+			}
+			for subj := range info.State.Subjects {
+				if tok := strings.SplitN(subj, ".", 3); len(tok) == 3 && len(prefixes) < MaxTrackedEdges {
+					prefixes[tok[0]+"."+tok[1]] = true
+				}
+			}
+		}
+		for _, p := range slices.Sorted(maps.Keys(prefixes)) {
+			m, err := s.GetLastMsgForSubject(ctx, p+".>")
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("stream %s: last message on %s.>: %w", name, p, err)
+			}
+			t.record(m.Header, m.Time, false)
+		}
+	}
+	return nil
 }
 
 // evictOldest drops the least recently seen edge stream; t.mu is held.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
@@ -96,5 +97,52 @@ func TestEdgeTrackerBounded(t *testing.T) {
 	}
 	if got, want := tr.Dropped(), uint64(edges-MaxTrackedEdges); got != want {
 		t.Fatalf("%d edge streams counted as dropped, want %d", got, want)
+	}
+}
+
+// TestEdgeTrackerSeededFromStream: a hub's tracker started on a stream
+// that holds edges' messages (a hub restarted, another node of a hub
+// cluster) lists each edge with its last message from the stream, before
+// any edge forwards again; a live message after it counts as seen.
+func TestEdgeTrackerSeededFromStream(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := natstest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"edge.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC).Format(time.RFC3339Nano)
+	for _, m := range []struct {
+		edge string
+		seq  int
+	}{{"edge1", 1}, {"edge2", 1}, {"edge1", 2}, {"edge2", 2}, {"edge1", 3}} {
+		msg := nats.NewMsg("edge." + m.edge + ".orders.created")
+		msg.Header.Set(HeaderOriginServer, m.edge)
+		msg.Header.Set(HeaderOriginStream, "ORDERS")
+		msg.Header.Set(HeaderOriginStreamCreated, created)
+		msg.Header.Set(HeaderOriginSeq, strconv.Itoa(m.seq))
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr, err := OpenEdgeTracker(nc, []string{"edge.>"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := tr.Seed(ctx, js, []string{"EDGE"}, []string{"edge.>"}); err != nil {
+		t.Fatal(err)
+	}
+	seen := tr.Seen()
+	if len(seen) != 2 || seen[0].Edge != "edge1" || seen[0].LastSeq != 3 || seen[1].Edge != "edge2" || seen[1].LastSeq != 2 {
+		t.Fatalf("seen after the seed = %+v, want edge1 at 3 and edge2 at 2", seen)
+	}
+	if seen[0].LastSeen.IsZero() || seen[0].Messages != 0 {
+		t.Errorf("edge1 seeded: last seen %s, %d messages seen since start; want when the hub stored it, 0", seen[0].LastSeen, seen[0].Messages)
 	}
 }
