@@ -1,7 +1,9 @@
 package daemon
 
 import (
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -33,5 +35,48 @@ func TestRestartOnly(t *testing.T) {
 		if got := RestartOnly(key); got != want {
 			t.Errorf("RestartOnly(%s) = %v, want %v", key, got, want)
 		}
+	}
+}
+
+// TestTroubleshootingTextsExist: every heading of docs/troubleshooting.md
+// quotes a text that holdfast's code still writes, so that the page is
+// found by the words a user sees.
+func TestTroubleshootingTextsExist(t *testing.T) {
+	page, err := os.ReadFile("../docs/troubleshooting.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var code strings.Builder
+	err = filepath.WalkDir("..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != ".." || d.Name() == "docs") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && !strings.HasSuffix(path, "_test.go") {
+			b, err := os.ReadFile(path)
+			code.Write(b)
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(string(page), "\n") {
+		text, ok := strings.CutPrefix(line, "### `")
+		if !ok {
+			continue
+		}
+		text = strings.TrimSuffix(text, "`")
+		n++
+		if !strings.Contains(code.String(), text) {
+			t.Errorf("docs/troubleshooting.md quotes %q, which no code writes any more: update the heading to the text it writes now", text)
+		}
+	}
+	if n < 10 {
+		t.Errorf("only %d quoted texts found in docs/troubleshooting.md", n)
 	}
 }
