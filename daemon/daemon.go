@@ -53,7 +53,9 @@ type Daemon struct {
 	monitor     *monitor.Monitor
 	gc          groupCommit
 	statusSub   *nats.Subscription
-	reloadSub   *nats.Subscription
+	// started is when the status subject started to be served.
+	started   time.Time
+	reloadSub *nats.Subscription
 	// configFile is the file a reload reads ("": the default path).
 	configFile string
 	failed     chan struct{} // closed by fail
@@ -237,6 +239,8 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 	}
 	d.metrics.SetMonitor(d.monitor)
 	d.http.setMonitor(d.monitor)
+	d.started = time.Now()
+	d.http.setStatus(d.clientStatus)
 	var err error
 	if d.statusSub, err = serveStatus(d); err != nil {
 		return err
@@ -755,7 +759,7 @@ func (d *Daemon) monitoredConsumers(cfg *config.Config) []monitor.Consumer {
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
 		mc := monitor.Consumer{Stream: cc.Stream, Consumer: name, WantWorkers: cc.Workers, DeadLetter: cc.DeadLetter,
-			HandlerTimeout: handlerTimeout(cc)}
+			Handler: cc.Handler, HandlerTimeout: handlerTimeout(cc)}
 		if i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name }); i >= 0 {
 			mc.Workers = d.workers[i]
 		}

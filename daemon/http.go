@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/holdfast-io/holdfast/daemon/statuspage"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
@@ -46,8 +47,9 @@ const (
 	httpIdleTimeout = 2 * time.Minute
 )
 
-// httpServer serves [http] listen: /metrics, /healthz, /readyz and the
-// embedded NATS server's monitoring under /nats/. It starts before the
+// httpServer serves [http] listen: the status page and its
+// /status.json, /metrics, /healthz, /readyz and the embedded NATS
+// server's monitoring under /nats/. It starts before the
 // NATS server (answering 503 while the store is recovered) and stops
 // after it.
 type httpServer struct {
@@ -56,10 +58,12 @@ type httpServer struct {
 	metrics *monitor.Metrics
 	log     *slog.Logger
 
-	mu    sync.Mutex
-	ns    *server.Server
-	mon   *monitor.Monitor
-	phase string
+	mu  sync.Mutex
+	ns  *server.Server
+	mon *monitor.Monitor
+	// status collects what /status.json serves, set with the monitor.
+	status func(context.Context) *ClientStatus
+	phase  string
 	// step is what start-up is doing (the sd_notify STATUS= line), for
 	// /healthz while it is not serving.
 	step string
@@ -104,7 +108,7 @@ func (h *httpServer) Open(ctx context.Context) error {
 		}
 	}()
 	h.log.Info("serving metrics and health", "listen", ln.Addr().String(),
-		"endpoints", "/metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(NATSEndpoints, ",")+"}")
+		"endpoints", "/ /status.json /endpoints /metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(NATSEndpoints, ",")+"}")
 	return nil
 }
 
@@ -150,6 +154,16 @@ func (h *httpServer) setMonitor(mon *monitor.Monitor) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mon = mon
+}
+
+// setStatus sets what collects /status.json.
+func (h *httpServer) setStatus(status func(context.Context) *ClientStatus) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.status = status
 }
 
 func (h *httpServer) setPhase(phase string) {
@@ -212,9 +226,14 @@ func (h *httpServer) routes() http.Handler {
 			handler(ns)(w, r)
 		})
 	}
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+	page := statuspage.Handler()
+	mux.Handle("GET /{$}", page)
+	mux.Handle("GET "+statuspage.ScriptPath, page)
+	mux.HandleFunc("GET /status.json", h.statusJSON)
+	mux.HandleFunc("GET /endpoints", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "holdfast %s\n\n/metrics  Prometheus metrics\n/healthz  200 when healthy, 503 with a JSON reason\n/readyz   200 once start-up is complete\n", h.version)
+		fmt.Fprintf(w, "holdfast %s\n\n/             the status page\n/status.json  what the status page shows: holdfast status --json\n"+
+			"/metrics      Prometheus metrics\n/healthz      200 when healthy, 503 with a JSON reason\n/readyz       200 once start-up is complete\n", h.version)
 		for _, name := range NATSEndpoints {
 			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
 		}
@@ -222,26 +241,48 @@ func (h *httpServer) routes() http.Handler {
 	return mux
 }
 
+// statusJSON answers what `holdfast status --json` prints, collected
+// when asked (nothing runs for it between requests); 503 with the
+// health's reason until holdfast is ready and while it stops.
+func (h *httpServer) statusJSON(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	status, phase := h.status, h.phase
+	h.mu.Unlock()
+	// Reasons and subjects in it are raw text: never read as HTML.
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	if status == nil || phase != phaseReady {
+		health := h.health()
+		writeJSON(w, http.StatusServiceUnavailable, &ClientStatus{Version: StatusVersion, Health: &health, Error: health.Reason})
+		return
+	}
+	writeJSON(w, http.StatusOK, status(r.Context()))
+}
+
 // healthz answers 200 {"status":"ok"} when holdfast is healthy and 503
 // with the reasons otherwise (200 "degraded" for a retention loss when
 // fail_on_loss is off).
 func (h *httpServer) healthz(w http.ResponseWriter, r *http.Request) {
-	_, mon, phase := h.state()
-	if mon == nil || phase != phaseReady {
-		reason := phase + ": not serving yet"
-		h.mu.Lock()
-		if h.step != "" {
-			reason += ": " + h.step
-		}
-		h.mu.Unlock()
-		if phase == phaseStopping {
-			reason = "stopping"
-		}
-		writeJSON(w, http.StatusServiceUnavailable, monitor.Health{Status: monitor.HealthUnhealthy, Reason: reason, Problems: []string{reason}})
-		return
-	}
-	health := mon.Health()
+	health := h.health()
 	writeJSON(w, health.HTTPStatus(), health)
+}
+
+// health is the monitor's verdict once holdfast serves, else unhealthy
+// with what start-up is doing.
+func (h *httpServer) health() monitor.Health {
+	_, mon, phase := h.state()
+	if mon != nil && phase == phaseReady {
+		return mon.Health()
+	}
+	reason := phase + ": not serving yet"
+	h.mu.Lock()
+	if h.step != "" {
+		reason += ": " + h.step
+	}
+	h.mu.Unlock()
+	if phase == phaseStopping {
+		reason = "stopping"
+	}
+	return monitor.Health{Status: monitor.HealthUnhealthy, Reason: reason, Problems: []string{reason}}
 }
 
 // readyz answers 200 once the streams and consumers are bootstrapped and

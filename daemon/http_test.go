@@ -1,10 +1,13 @@
 package daemon
 
 import (
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"testing"
 	"time"
@@ -46,5 +49,23 @@ func TestHTTPServerClosesIdleAndSlowConnections(t *testing.T) {
 				t.Fatal("connection still open after 30s, with 500ms timeouts")
 			}
 		})
+	}
+}
+
+// Until holdfast serves, /status.json answers 503 with the layout version
+// and the reason /healthz gives, not an empty document that reads as "no
+// streams".
+func TestStatusJSONBeforeReady(t *testing.T) {
+	h := newHTTPServer("127.0.0.1:0", monitor.NewMetrics("test", "test"), slog.New(slog.NewTextHandler(io.Discard, nil)), "test")
+	h.setStep("recovering the store")
+	rec := httptest.NewRecorder()
+	h.routes().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/status.json", nil))
+	var st ClientStatus
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatalf("%v: %s", err, rec.Body)
+	}
+	if rec.Code != http.StatusServiceUnavailable || st.Version != StatusVersion || st.Health == nil ||
+		st.Health.Status != monitor.HealthUnhealthy || st.Error != "starting: not serving yet: recovering the store" {
+		t.Fatalf("GET /status.json while starting: %d %s", rec.Code, rec.Body)
 	}
 }

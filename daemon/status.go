@@ -46,30 +46,11 @@ type StatusReply struct {
 // serveStatus answers subjects.Status on the daemon's in-process connection
 // with a fresh check.
 func serveStatus(d *Daemon) (*nats.Subscription, error) {
-	started := time.Now()
-	cfg := d.cfg // its server, jetstream and http sections never change at reload
-	subject := subjects.Status(cfg.Server.Name)
+	subject := subjects.Status(d.cfg.Server.Name)
 	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		reply := StatusReply{
-			Version:    d.version,
-			NATSServer: server.VERSION,
-			ServerName: cfg.Server.Name,
-			PID:        os.Getpid(),
-			Started:    started,
-			StoreDir:   d.srv.StoreDir(),
-			Sync:       cfg.JetStream.Sync,
-			Domain:     cfg.JetStream.Domain,
-			HTTPListen: d.http.Addr(),
-			FailOnLoss: cfg.HTTP.FailOnLoss,
-			Report:     d.monitor.CheckNow(ctx),
-			Cluster:    d.peers.clusterView(d.srv.NATS()),
-			Leafnodes:  d.edge.Status(ctx),
-		}
-		reply.Health = d.monitor.Health()
-		reply.GroupCommit = d.groupCommitStats()
-		data, err := json.Marshal(reply)
+		data, err := json.Marshal(d.statusReply(ctx))
 		if err != nil {
 			d.log.Error("cannot encode status", "err", err)
 			return
@@ -84,11 +65,53 @@ func serveStatus(d *Daemon) (*nats.Subscription, error) {
 	return sub, nil
 }
 
+// statusReply is the daemon's StatusReply after a fresh check.
+func (d *Daemon) statusReply(ctx context.Context) *StatusReply {
+	cfg := d.running.Load() // its server, jetstream and http sections never change at reload
+	reply := &StatusReply{
+		Version:    d.version,
+		NATSServer: server.VERSION,
+		ServerName: cfg.Server.Name,
+		PID:        os.Getpid(),
+		Started:    d.started,
+		StoreDir:   d.srv.StoreDir(),
+		Sync:       cfg.JetStream.Sync,
+		Domain:     cfg.JetStream.Domain,
+		HTTPListen: d.http.Addr(),
+		FailOnLoss: cfg.HTTP.FailOnLoss,
+		Report:     d.monitor.CheckNow(ctx),
+		Cluster:    d.peers.clusterView(d.srv.NATS()),
+		Leafnodes:  d.edge.Status(ctx),
+	}
+	reply.Health = d.monitor.Health()
+	reply.GroupCommit = d.groupCommitStats()
+	return reply
+}
+
+// clientStatus is the ClientStatus that `holdfast status --json` prints,
+// collected in the daemon itself over its in-process connection: the
+// status page's /status.json.
+func (d *Daemon) clientStatus(ctx context.Context) *ClientStatus {
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	st := &ClientStatus{URL: d.srv.NATS().ClientURL()}
+	reply := d.statusReply(ctx)
+	st.useReply(reply)
+	st.collect(ctx, d.running.Load(), d.srv.JetStream(), reply)
+	return st
+}
+
+// StatusVersion is ClientStatus.Version: it changes when a field of
+// ClientStatus changes meaning or goes away, not when one is added.
+const StatusVersion = 1
+
 // ClientStatus is a running holdfast as a client sees it: JetStream, the
 // streams and the consumers read over a NATS connection, merged with the
 // StatusReply of the daemon it is connected to. `holdfast status --json`
 // prints it.
 type ClientStatus struct {
+	// Version is the version of this document's layout, StatusVersion.
+	Version int `json:"version"`
 	// Healthy is true when the daemon answered and reports "ok"; the
 	// exit code is 0 then, else 1.
 	Healthy bool `json:"healthy"`
@@ -162,6 +185,8 @@ type ConsumerStatus struct {
 	Exists        bool   `json:"exists"`
 	Error         string `json:"error,omitempty"`
 	FilterSubject string `json:"filter_subject,omitempty"`
+	// Handler is the kind of handler its workers run (from the daemon).
+	Handler       string `json:"handler,omitempty"`
 	Pending       uint64 `json:"pending"`
 	AckPending    uint64 `json:"ack_pending"`
 	Redelivered   uint64 `json:"redelivered"`
@@ -194,6 +219,14 @@ func CollectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	defer cancel()
 	st := &ClientStatus{URL: nc.ConnectedUrlRedacted()}
 	reply := st.requestReply(ctx, cfg, nc)
+	st.collect(ctx, cfg, js, reply)
+	return st
+}
+
+// collect reads JetStream, the streams and the consumers over js into st,
+// merged with the daemon's reply (nil when it did not answer).
+func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jetstream.JetStream, reply *StatusReply) {
+	st.Version = StatusVersion
 	st.readAccount(ctx, js, reply)
 
 	streams, consumers := watchedNames(cfg, reply)
@@ -221,6 +254,7 @@ func CollectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 			co.Stalled = dc.Stalled
 			co.BacklogRatio = dc.BacklogRatio
 			co.Warnings = dc.Warnings
+			co.Handler = dc.Handler
 			ws := dc.Workers
 			co.Workers = &ws
 		}
@@ -228,7 +262,6 @@ func CollectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 	}
 
 	st.Healthy = reply != nil && reply.Health.Status == monitor.HealthOK && len(st.Problems) == 0
-	return st
 }
 
 // requestReply asks the daemon nc is connected to for its StatusReply and
@@ -261,6 +294,12 @@ func (st *ClientStatus) requestReply(ctx context.Context, cfg *config.Config, nc
 		st.Problems = append(st.Problems, fmt.Sprintf("the holdfast daemon does not answer on %s (%v): losses to retention, workers and health are unknown", subject, err))
 		return nil
 	}
+	st.useReply(reply)
+	return reply
+}
+
+// useReply copies what the daemon says about itself into st.
+func (st *ClientStatus) useReply(reply *StatusReply) {
 	st.Daemon = &DaemonInfo{Version: reply.Version, NATSServer: reply.NATSServer, ServerName: reply.ServerName,
 		PID: reply.PID, Started: reply.Started, HTTPListen: reply.HTTPListen, FailOnLoss: reply.FailOnLoss}
 	h := reply.Health
@@ -270,7 +309,6 @@ func (st *ClientStatus) requestReply(ctx context.Context, cfg *config.Config, nc
 	st.JetStream.Domain = reply.Domain
 	st.Cluster = reply.Cluster
 	st.Leafnodes = reply.Leafnodes
-	return reply
 }
 
 // readAccount reads the client's JetStream account into st.JetStream,

@@ -89,12 +89,37 @@ type Stats struct {
 	DeadLetterFailing atomic.Int64
 
 	deadLetterErr atomic.Pointer[string]
+	lastFailure   atomic.Pointer[Failure]
 	settledSeqs   settledSeqs
 	// delayed are the retries given back with a delay and not due yet:
 	// kept with the counters, so that the workers a reload starts know
 	// the retries the previous ones delayed (a Retry-After longer than
 	// stall_timeout is waiting, not a stall).
 	delayed retryBook
+}
+
+// Failure is a handler's verdict other than success on one message: the
+// last one of a consumer is in its status, so that an operator sees why
+// its messages are retried or dead-lettered without reading the log.
+type Failure struct {
+	Time     time.Time `json:"time"`
+	Seq      uint64    `json:"stream_seq"`
+	Subject  string    `json:"subject"`
+	Delivery uint64    `json:"delivery"`
+	Reason   string    `json:"reason"`
+	// DeadLettered: the verdict sends the message to the dead letters
+	// (or terminates it) rather than retrying it.
+	DeadLettered bool `json:"dead_lettered"`
+}
+
+// LastFailure is the latest handler failure of the consumer, nil when its
+// handlers never failed since holdfast started.
+func (s *Stats) LastFailure() *Failure { return s.lastFailure.Load() }
+
+// noteFailure records a handler's failure on m as the latest.
+func (s *Stats) noteFailure(m *handler.Message, reason string, deadLettered bool) {
+	s.lastFailure.Store(&Failure{Time: time.Now(), Seq: m.Sequence, Subject: m.Subject, Delivery: m.Delivery,
+		Reason: reason, DeadLettered: deadLettered})
 }
 
 // Workers runs a consumer's handlers. Open starts them; Close drains them.
@@ -753,9 +778,11 @@ func (w *Workers) settle(msg jetstream.Msg, m *handler.Message, res handler.Resu
 	case handler.Retry:
 		if w.opts.MaxDeliver > 0 && m.Delivery >= uint64(w.opts.MaxDeliver) {
 			reason := fmt.Sprintf("gave up after %d deliveries: %s", m.Delivery, res.Reason)
+			w.stats.noteFailure(m, reason, true)
 			w.deadLetter(msg, m, reason, true)
 			return
 		}
+		w.stats.noteFailure(m, res.Reason, false)
 		delay := w.retryDelay(m.Delivery)
 		if res.RetryAfter > 0 {
 			delay = res.RetryAfter
@@ -770,6 +797,7 @@ func (w *Workers) settle(msg jetstream.Msg, m *handler.Message, res handler.Resu
 		w.log.Warn("handler failed: will retry", "seq", m.Sequence, "subject", m.Subject,
 			"delivery", m.Delivery, "max_deliver", w.opts.MaxDeliver, "retry_in", delay, "reason", res.Reason)
 	case handler.Permanent:
+		w.stats.noteFailure(m, res.Reason, true)
 		w.deadLetter(msg, m, res.Reason, m.Delivery >= uint64(w.opts.MaxDeliver))
 	default:
 		w.log.Error("handler returned an unknown outcome: retrying", "seq", m.Sequence, "outcome", res.Outcome.String())

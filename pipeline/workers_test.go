@@ -228,6 +228,12 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 		}
 		return nil
 	})
+	// The status shows the last verdict: the give-up, with its reason.
+	f := w.Stats().LastFailure()
+	if f == nil || !f.DeadLettered || f.Seq != seq || f.Delivery != 3 || f.Subject != "orders.created" ||
+		f.Reason != "gave up after 3 deliveries: downstream unavailable" {
+		t.Fatalf("last failure %+v", f)
+	}
 }
 
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {

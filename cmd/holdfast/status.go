@@ -41,7 +41,7 @@ func statusCommand() *cli.Command {
 			if err != nil {
 				if c.Bool("json") {
 					// Scripts parse stdout: an object saying why, exit 1.
-					if werr := printJSON(c.App.Writer, daemon.ClientStatus{Error: err.Error()}); werr != nil {
+					if werr := printJSON(c.App.Writer, daemon.ClientStatus{Version: daemon.StatusVersion, Error: err.Error()}); werr != nil {
 						return runtimeError(werr)
 					}
 				}

@@ -38,6 +38,8 @@ type Consumer struct {
 	Workers *pipeline.Workers
 	// DeadLetter is its dead-letter stream, "" when it has none.
 	DeadLetter string
+	// Handler is the kind of its handler (exec, http, log, forward).
+	Handler string
 	// HandlerTimeout is the longest a handler may run (the exec or http
 	// handler's timeout), 0 when it has none. A handler running longer
 	// than HandlerTimeout plus the stall timeout makes the consumer
@@ -546,7 +548,9 @@ type ConsumerStatus struct {
 	// expected to.
 	IdleFor    time.Duration `json:"idle_for_ns,omitempty"`
 	DeadLetter string        `json:"dead_letter,omitempty"`
-	Workers    WorkerStatus  `json:"workers"`
+	// Handler is the kind of handler its workers run.
+	Handler string       `json:"handler,omitempty"`
+	Workers WorkerStatus `json:"workers"`
 	// Leader is the server leading the consumer's Raft group (cluster
 	// mode); Leaderless says the replicated consumer has none.
 	Leader     string `json:"leader,omitempty"`
@@ -580,6 +584,8 @@ type WorkerStatus struct {
 	// cannot be stored now (DeadLetterError says why); they are retried.
 	DeadLetterFailing int64  `json:"dead_letter_failing,omitempty"`
 	DeadLetterError   string `json:"dead_letter_error,omitempty"`
+	// LastFailure is the handlers' latest failure since holdfast started.
+	LastFailure *pipeline.Failure `json:"last_failure,omitempty"`
 }
 
 // LossEvent is one detected retention loss.

@@ -604,6 +604,7 @@ func (t *consumerTracker) status(now time.Time) ConsumerStatus {
 		Name:            t.mc.Consumer,
 		LostToRetention: t.lost,
 		DeadLetter:      t.mc.DeadLetter,
+		Handler:         t.mc.Handler,
 		Workers:         workerStatus(t.mc),
 	}
 	if t.lastLoss != nil {
@@ -655,6 +656,7 @@ func workerStatus(mc Consumer) WorkerStatus {
 		ws.Retried = st.Retried.Load()
 		ws.DeadLettered = st.DeadLettered.Load()
 		ws.Failures = st.Failures.Load()
+		ws.LastFailure = st.LastFailure()
 		if ws.DeadLetterFailing = st.DeadLetterFailing.Load(); ws.DeadLetterFailing > 0 {
 			ws.DeadLetterError = st.DeadLetterError()
 		}

@@ -1,0 +1,335 @@
+// The holdfast status page: polls status.json while the tab is visible and
+// draws it. Every string from the server (names, subjects, reasons) goes
+// in with textContent, never as markup.
+"use strict";
+
+(function () {
+  const interval = 3000; // ms between two polls
+  let timer = null;
+  let polling = false;
+  let lastUpdate = 0;
+
+  // el makes an element with a class and a text.
+  function el(tag, cls, text) {
+    const e = document.createElement(tag);
+    if (cls) e.className = cls;
+    if (text !== undefined && text !== null) e.textContent = String(text);
+    return e;
+  }
+
+  function byId(id) { return document.getElementById(id); }
+
+  function num(n) { return (n === undefined || n === null) ? "-" : Number(n).toLocaleString("en-US"); }
+
+  function bytes(n) {
+    if (n === undefined || n === null || n < 0) return "-";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+    return (i === 0 ? n : n.toFixed(1)) + " " + units[i];
+  }
+
+  function pct(r) { return (100 * r).toFixed(r < 0.1 ? 1 : 0) + "%"; }
+
+  // ago is how long before now t was, or "-" for none.
+  function ago(t) {
+    if (!t || t.startsWith("0001-")) return "-";
+    const s = Math.max(0, (Date.now() - Date.parse(t)) / 1000);
+    if (s < 90) return s.toFixed(s < 10 ? 1 : 0) + " s ago";
+    if (s < 5400) return Math.round(s / 60) + " min ago";
+    if (s < 172800) return Math.round(s / 3600) + " h ago";
+    return Math.round(s / 86400) + " d ago";
+  }
+
+  function duration(seconds) {
+    if (!seconds) return "-";
+    if (seconds < 120) return seconds + " s";
+    if (seconds < 7200) return Math.round(seconds / 60) + " min";
+    if (seconds < 172800) return Math.round(seconds / 3600) + " h";
+    return Math.round(seconds / 86400) + " d";
+  }
+
+  // meter is a bar of ratio r (0..1), warning from 80%.
+  function meter(r) {
+    const m = el("div", "meter" + (r >= 0.95 ? " full" : r >= 0.8 ? " high" : ""));
+    const bar = el("span");
+    bar.style.width = Math.min(100, Math.max(0, 100 * r)).toFixed(1) + "%";
+    m.appendChild(bar);
+    return m;
+  }
+
+  // card starts a card titled title, keyed by data-KIND=name for tests
+  // and scripts, and returns it with its list of fields.
+  function card(kind, name, title, tags) {
+    const c = el("div", "card");
+    c.dataset[kind] = name;
+    const h = el("h3", null, title);
+    for (const t of tags || []) h.appendChild(el("span", "tag", t));
+    c.appendChild(h);
+    const dl = el("dl");
+    c.appendChild(dl);
+    return { card: c, dl: dl };
+  }
+
+  // field adds a row to dl; value is text or an element. field names the
+  // row (data-field) so that a test can read it.
+  function field(dl, label, value, field, cls) {
+    const dd = el("dd", cls);
+    if (value instanceof Node) dd.appendChild(value); else dd.textContent = String(value);
+    if (field) dd.dataset.field = field;
+    dl.append(el("dt", null, label), dd);
+    return dd;
+  }
+
+  function verdict(st) {
+    if (!st.health) return "unknown";
+    if (st.health.status === "ok" && !st.healthy) return "degraded";
+    return st.health.status;
+  }
+
+  function renderHealth(st) {
+    const v = verdict(st);
+    byId("health").className = v;
+    byId("verdict").textContent = v;
+    const list = byId("reasons");
+    list.replaceChildren();
+    const h = st.health || {};
+    const problems = (h.problems || []).concat(st.problems || []);
+    if (st.error && problems.indexOf(st.error) < 0) problems.unshift(st.error);
+    for (const p of problems) list.appendChild(el("li", "bad", p));
+    for (const w of h.warnings || []) list.appendChild(el("li", "warn", w));
+  }
+
+  function renderMeta(st) {
+    const d = st.daemon;
+    byId("meta").textContent = d ? d.server_name + " · " + d.version + " · pid " + d.pid + " · started " + ago(d.started) : "";
+    if (d) document.title = "holdfast " + d.server_name + " (" + verdict(st) + ")";
+  }
+
+  function usage(dl, label, u, key) {
+    const text = bytes(u.used) + (u.limit > 0 ? " of " + bytes(u.limit) + " (" + pct(u.used / u.limit) + ")" : "");
+    const dd = field(dl, label, text, key);
+    if (u.limit > 0) dd.appendChild(meter(u.used / u.limit));
+  }
+
+  function renderStore(st) {
+    const js = st.jetstream || {};
+    const box = byId("store");
+    box.replaceChildren();
+    const dl = el("dl");
+    box.appendChild(dl);
+    if (!js.enabled) {
+      field(dl, "JetStream", "not available: " + (js.error || "unknown"), "jetstream", "bad");
+      return;
+    }
+    usage(dl, "file", js.file, "file");
+    usage(dl, "memory", js.memory, "memory");
+    field(dl, "directory", js.store_dir || "-", "store_dir");
+    field(dl, "sync", js.sync || "-", "sync");
+    if (js.domain) field(dl, "domain", js.domain, "domain");
+    field(dl, "streams / consumers", num(js.streams) + " / " + num(js.consumers));
+  }
+
+  function limit(dl, label, value, ratio, key) {
+    const dd = field(dl, label, value + (ratio !== undefined ? " (" + pct(ratio) + ")" : ""), key);
+    if (ratio !== undefined) dd.appendChild(meter(ratio));
+  }
+
+  function renderStreams(st) {
+    const box = byId("streams");
+    box.replaceChildren();
+    for (const s of st.streams || []) {
+      const tags = [];
+      if (s.dead_letter) tags.push("dead letters");
+      if (s.group_commit === "on") tags.push("group commit");
+      const { card: c, dl } = card("stream", s.name, s.name, tags);
+      if (!s.exists) {
+        field(dl, "missing", s.error || "does not exist", "error", "bad");
+        box.appendChild(c);
+        continue;
+      }
+      const r = s.limit_ratio || {};
+      field(dl, "messages", num(s.messages), "messages");
+      field(dl, "bytes", bytes(s.bytes), "bytes");
+      if (s.max_msgs > 0) limit(dl, "max_msgs", num(s.max_msgs), r.max_msgs, "max_msgs");
+      if (s.max_bytes > 0) limit(dl, "max_bytes", bytes(s.max_bytes), r.max_bytes, "max_bytes");
+      if (s.max_age_seconds > 0) limit(dl, "max_age", duration(s.max_age_seconds), r.max_age, "max_age");
+      field(dl, "discard", s.discard || "-");
+      field(dl, "first / last seq", num(s.first_seq) + " / " + num(s.last_seq), "seqs");
+      field(dl, "last message", ago(s.last_time), "last_time");
+      if (s.subjects) field(dl, "subjects", s.subjects.join(" "), "subjects");
+      let gc = s.group_commit || "off";
+      const g = s.group_commit_stats;
+      if (gc === "on" && g && g.batches > 0) gc += ": " + num(g.batches) + " batches, avg " + (g.batched_msgs / g.batches).toFixed(1) + " msgs";
+      field(dl, "group commit", gc, "group_commit");
+      if (s.leader && s.replicas && s.replicas.length) field(dl, "leader", s.leader, "leader");
+      box.appendChild(c);
+    }
+  }
+
+  function workersText(c) {
+    const w = c.workers;
+    if (!w) return "unknown (the daemon did not answer)";
+    if (w.configured === 0) return "none (read by other clients)";
+    if (w.draining) return w.configured + " draining for a reload (" + w.in_flight + " busy)";
+    if (!w.running) return w.configured + " NOT RUNNING";
+    return w.configured + " (" + w.in_flight + " busy)";
+  }
+
+  function renderFailure(c, f) {
+    const box = el("div", "failure");
+    box.dataset.field = "last_failure";
+    box.appendChild(el("div", "muted",
+      (f.dead_lettered ? "last failure, dead-lettered, " : "last failure, retried, ") + ago(f.time) +
+      ": seq " + f.stream_seq + ", delivery " + f.delivery + ", subject "));
+    box.lastChild.appendChild(el("span", "text", f.subject));
+    box.appendChild(el("div", "text", f.reason));
+    c.appendChild(box);
+  }
+
+  function renderConsumers(st) {
+    const box = byId("consumers");
+    box.replaceChildren();
+    for (const co of st.consumers || []) {
+      const tags = [co.stream];
+      if (co.handler && co.workers && co.workers.configured > 0) tags.push(co.handler);
+      const { card: c, dl } = card("consumer", co.stream + "/" + co.name, co.name, tags);
+      if (!co.exists) {
+        field(dl, "missing", co.error || "does not exist", "error", "bad");
+      }
+      field(dl, "backlog", num(co.pending), "pending", co.pending > 0 ? "warn" : null);
+      field(dl, "ack pending", num(co.ack_pending) + " / " + num(co.max_ack_pending), "ack_pending");
+      field(dl, "redelivered", num(co.redelivered), "redelivered");
+      field(dl, "workers", workersText(co), "workers", co.workers && co.workers.configured > 0 && !co.workers.running ? "bad" : null);
+      const w = co.workers;
+      if (w && w.configured > 0) {
+        field(dl, "handled", num(w.processed) + " (" + num(w.acked) + " acked, " + num(w.retried) + " retried, " +
+          num(w.dead_lettered) + " dead-lettered)", "handled");
+        if (w.dead_letter_error) field(dl, "dead letter failing", w.dead_letter_error, "dead_letter_error", "bad");
+      }
+      if (co.dead_letter_stream) {
+        field(dl, "dead letters", num(co.dead_letters) + " in " + co.dead_letter_stream, "dead_letters",
+          co.dead_letters > 0 ? "warn" : null);
+      }
+      if (co.lost_to_retention) field(dl, "lost to retention", num(co.lost_to_retention), "lost", "bad");
+      if (co.stalled) field(dl, "stalled", "yes", "stalled", "bad");
+      if (co.filter_subject) field(dl, "filter", co.filter_subject, "filter_subject");
+      for (const wa of co.warnings || []) c.appendChild(el("div", "warn text", wa));
+      if (w && w.last_failure) renderFailure(c, w.last_failure);
+      box.appendChild(c);
+    }
+  }
+
+  function renderEdge(st) {
+    const e = st.leafnodes;
+    const box = byId("edge");
+    box.replaceChildren();
+    byId("edge-section").hidden = !e;
+    if (!e) return;
+    for (const l of e.links || []) {
+      const { card: c, dl } = card("link", l.remote, "link " + l.remote);
+      field(dl, "state", l.connected ? "connected" + (l.address ? " to " + l.address : "") : "DISCONNECTED", "state", l.connected ? "good" : "bad");
+      field(dl, "since", ago(l.since));
+      field(dl, "connects", num(l.connects));
+      if (l.problem) field(dl, "dropped", l.problem, "problem", "bad");
+      box.appendChild(c);
+    }
+    for (const f of e.forwards || []) {
+      const { card: c, dl } = card("forward", f.consumer, "forward " + f.consumer, [f.stream, "to " + f.domain]);
+      field(dl, "state", f.problem ? "WAITING: " + f.problem : f.ready ? "ready" : "waiting for the link", "state", f.problem ? "bad" : f.ready ? "good" : "warn");
+      field(dl, "backlog", num(f.backlog), "backlog", f.backlog > 0 ? "warn" : null);
+      field(dl, "oldest unforwarded", f.oldest_unforwarded ? ago(f.oldest_unforwarded).replace(" ago", " old") : "-", "lag");
+      field(dl, "last forward", ago(f.last_forward));
+      field(dl, "hub position", f.hub_position_known ? "seq " + num(f.hub_position) : "unknown", "position");
+      field(dl, "forwarded", num(f.forwarded) + " (" + num(f.batches) + " batches, " + num(f.skipped) + " skipped, " + num(f.duplicates) + " duplicates)");
+      if (f.refused || f.errors) field(dl, "refused / errors", num(f.refused) + " / " + num(f.errors), null, "bad");
+      if (f.resent || f.gone) field(dl, "hub lost", num(f.resent) + " sent again, " + num(f.gone) + " lost on both sides", null, "bad");
+      box.appendChild(c);
+    }
+    for (const s of e.sources || []) {
+      const { card: c, dl } = card("source", s.stream + "/" + s.source, (s.mirror ? "mirror " : "source ") + s.source, [s.stream]);
+      field(dl, "lag", num(s.lag), "lag", s.lag > 0 ? "warn" : null);
+      let state = "ok";
+      if (s.stalled) state = "STALLED for " + duration(Math.round(s.stalled_for / 1e9));
+      else if (s.unreachable) state = "waiting for the link";
+      else if (s.error) state = "ERROR: " + s.error;
+      field(dl, "state", state, "state", state === "ok" ? "good" : "bad");
+      box.appendChild(c);
+    }
+    for (const s of e.edges || []) {
+      const { card: c, dl } = card("edge", s.edge + "/" + s.stream, "edge " + s.edge, [s.stream]);
+      field(dl, "last seq", num(s.last_seq), "last_seq");
+      field(dl, "stored there", ago(s.last_origin_time));
+      field(dl, "seen here", ago(s.last_seen), "last_seen");
+      field(dl, "messages seen", num(s.messages));
+      box.appendChild(c);
+    }
+  }
+
+  function renderCluster(st) {
+    const cl = st.cluster;
+    byId("cluster-section").hidden = !cl;
+    const box = byId("cluster");
+    box.replaceChildren();
+    if (!cl) return;
+    const dl = el("dl");
+    box.appendChild(dl);
+    field(dl, "cluster", cl.name || "-");
+    field(dl, "this node", cl.node);
+    field(dl, "meta leader", cl.meta_leader || "none", "meta_leader", cl.meta_leader ? null : "bad");
+    for (const p of cl.peers || []) {
+      let state = p.current ? "current" : "behind by " + num(p.lag);
+      if (p.offline) state = "down" + (p.down_since ? " since " + ago(p.down_since) : "");
+      field(dl, p.name, state, null, p.offline ? "bad" : p.current ? "good" : "warn");
+    }
+  }
+
+  function render(st) {
+    renderMeta(st);
+    renderHealth(st);
+    renderStore(st);
+    renderEdge(st);
+    renderCluster(st);
+    renderConsumers(st);
+    renderStreams(st);
+  }
+
+  function showUpdated(text) {
+    byId("updated").textContent = text;
+  }
+
+  async function poll() {
+    timer = null;
+    if (polling || document.visibilityState === "hidden") return;
+    polling = true;
+    try {
+      const resp = await fetch("status.json", { cache: "no-store" });
+      const st = await resp.json();
+      render(st);
+      lastUpdate = Date.now();
+      showUpdated("updated " + new Date(lastUpdate).toLocaleTimeString());
+    } catch (err) {
+      // holdfast restarting or unreachable: keep the last figures, say so.
+      showUpdated("cannot reach holdfast (" + err.message + ")" + (lastUpdate ? "; figures from " + new Date(lastUpdate).toLocaleTimeString() : ""));
+    } finally {
+      polling = false;
+      schedule();
+    }
+  }
+
+  function schedule() {
+    if (timer === null && document.visibilityState !== "hidden") timer = setTimeout(poll, interval);
+  }
+
+  document.addEventListener("visibilitychange", function () {
+    if (document.visibilityState === "hidden") {
+      if (timer !== null) clearTimeout(timer);
+      timer = null;
+      showUpdated("paused while hidden");
+    } else if (timer === null) {
+      poll();
+    }
+  });
+
+  poll();
+})();
