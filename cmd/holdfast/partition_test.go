@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -168,8 +169,11 @@ func TestClusterPartitionBlackhole(t *testing.T) {
 	runClusterPartition(t, true)
 }
 
-func runClusterPartition(t *testing.T, blackhole bool) {
-	nodes, out := newRecordingCluster(t, 2)
+// proxiedRoutes rewrites the configs of nodes so that every route from
+// node i to node j goes through a TCP proxy the test controls:
+// proxies[i][j].
+func proxiedRoutes(t *testing.T, nodes []*clusterNode) [][]*tcpProxy {
+	t.Helper()
 	// proxies[i][j] carries node i's routes to node j.
 	avoid := map[int]bool{}
 	for _, nd := range nodes {
@@ -215,6 +219,38 @@ func runClusterPartition(t *testing.T, blackhole bool) {
 		}
 		nodes[i].cfg = e2eWriteConfig(t, strings.Join(b, "\n")+"\n")
 	}
+	return proxies
+}
+
+// partition cuts (or blackholes) every route to and from node k.
+func partition(proxies [][]*tcpProxy, k int, blackhole bool) {
+	for i := range proxies {
+		for j := range proxies[i] {
+			if i != j && (i == k || j == k) {
+				if blackhole {
+					proxies[i][j].Blackhole()
+				} else {
+					proxies[i][j].Cut()
+				}
+			}
+		}
+	}
+}
+
+// healAll heals every route.
+func healAll(proxies [][]*tcpProxy) {
+	for i := range proxies {
+		for j := range proxies[i] {
+			if i != j {
+				proxies[i][j].Heal()
+			}
+		}
+	}
+}
+
+func runClusterPartition(t *testing.T, blackhole bool) {
+	nodes, out := newRecordingCluster(t, 2)
+	proxies := proxiedRoutes(t, nodes)
 	startAll(t, nodes)
 	conn := func(nd *clusterNode) jetstream.JetStream {
 		nc, err := nats.Connect(nd.url(), nats.MaxReconnects(-1))
@@ -253,17 +289,7 @@ func runClusterPartition(t *testing.T, blackhole bool) {
 
 	// Cut node 3 off.
 	cutAt := time.Now()
-	for i := range nodes {
-		for j := range nodes {
-			if i != j && (i == 2 || j == 2) {
-				if blackhole {
-					proxies[i][j].Blackhole()
-				} else {
-					proxies[i][j].Cut()
-				}
-			}
-		}
-	}
+	partition(proxies, 2, blackhole)
 	// The majority goes on (after electing new leaders where node 3 led).
 	for i := range 100 {
 		if err := publish(majority, fmt.Sprintf("during-%d", i), 60*time.Second); err != nil {
@@ -316,13 +342,7 @@ func runClusterPartition(t *testing.T, blackhole bool) {
 	}
 
 	// Heal: node 3 catches up, nothing acknowledged is lost, all processed.
-	for i := range nodes {
-		for j := range nodes {
-			if i != j {
-				proxies[i][j].Heal()
-			}
-		}
-	}
+	healAll(proxies)
 	// nats-server 2.15.2 sometimes leaves the healed replica retrying its
 	// catch-up for good ("Expected first catchup entry to be a snapshot and
 	// peerstate, will retry" every 4 s). That node's /healthz must then
@@ -381,4 +401,76 @@ func readFile(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestClusterMajorityHealthyThroughLeaderReturn: the stream leader is cut
+// off by a blackhole partition for 30 s, then the network heals. The two
+// nodes that kept the quorum serve throughout, and while the cut-off node
+// comes back their /healthz must not turn 503 (a load balancer would drop
+// the whole cluster): at most degraded while a node is away, ok once it
+// is back.
+func TestClusterMajorityHealthyThroughLeaderReturn(t *testing.T) {
+	t.Parallel()
+	nodes, _ := newRecordingCluster(t, 1)
+	proxies := proxiedRoutes(t, nodes)
+	startAll(t, nodes)
+	nc, err := nats.Connect(nodes[0].url(), nats.MaxReconnects(-1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, _ := jetstream.New(nc)
+	info := waitReplicasCurrent(t, js, "ORDERS", 3)
+	leader := slices.IndexFunc(nodes, func(nd *clusterNode) bool { return nd.name == info.Cluster.Leader })
+	if leader < 0 {
+		t.Fatalf("stream leader %q is none of the nodes", info.Cluster.Leader)
+	}
+	partition(proxies, leader, true)
+	time.Sleep(30 * time.Second)
+	healAll(proxies)
+	healed := time.Now()
+	type seen struct {
+		code           int
+		status, reason string
+	}
+	var log []string
+	last := map[int]seen{}
+	for time.Since(healed) < 12*time.Second {
+		for k, nd := range nodes {
+			if k == leader {
+				continue
+			}
+			resp, err := http.Get("http://" + nd.httpAddr + "/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var h struct {
+				Status string `json:"status"`
+				Reason string `json:"reason"`
+			}
+			_ = json.NewDecoder(resp.Body).Decode(&h)
+			resp.Body.Close()
+			now := seen{resp.StatusCode, h.Status, h.Reason}
+			if now != last[k] {
+				last[k] = now
+				log = append(log, fmt.Sprintf("%5.1fs %s: %d %s: %s", time.Since(healed).Seconds(), nd.name, now.code, now.status, now.reason))
+				if now.code != http.StatusOK {
+					t.Errorf("%s, which kept the quorum, answered %d %s after the heal: %s", nd.name, now.code, now.status, now.reason)
+				}
+			}
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	t.Logf("the majority's /healthz in the 12 s after the heal:\n%s", strings.Join(log, "\n"))
+	for k, nd := range nodes {
+		if k == leader {
+			continue
+		}
+		natstest.CheckFor(t, 40*time.Second, 500*time.Millisecond, func() error {
+			if code, body := healthz(t, nd.httpAddr); code != http.StatusOK || !strings.Contains(body, `"ok"`) {
+				return fmt.Errorf("%s not ok after the heal: %d %s", nd.name, code, body)
+			}
+			return nil
+		})
+	}
 }

@@ -123,13 +123,23 @@ func (m *Monitor) evaluate(r *Report) Health {
 	if r.JetStream.ServerCheckError != "" {
 		unhealthy("%s", r.JetStream.ServerCheckError)
 	}
-	if !r.JetStream.Enabled {
+	// While the cluster elects leaders (electionGrace), what does not
+	// answer degrades the node; past it, it is a fault.
+	electingFor := func(d time.Duration) bool { return d > 0 && d < electionGrace }
+	const electingNote = " (the cluster is electing leaders: unhealthy if it lasts %s)"
+	switch {
+	case r.JetStream.Enabled:
+	case electingFor(r.JetStream.UnavailableFor):
+		problem("JetStream does not answer: %s"+electingNote, r.JetStream.Error, electionGrace)
+	default:
 		unreachable("JetStream does not answer: %s", r.JetStream.Error)
 	}
 	for _, s := range r.Streams {
 		switch {
 		case !s.Exists && s.Error == errStreamMissing:
 			unhealthy("stream %s: %s", s.Name, s.Error)
+		case !s.Exists && electingFor(s.UnavailableFor):
+			problem("stream %s: %s"+electingNote, s.Name, s.Error, electionGrace)
 		case !s.Exists:
 			unreachable("stream %s: %s", s.Name, s.Error)
 		case s.Leaderless:
@@ -141,6 +151,8 @@ func (m *Monitor) evaluate(r *Report) Health {
 	}
 	for _, c := range r.Consumers {
 		switch {
+		case !c.Exists && c.Error != errConsumerMissing && electingFor(c.UnavailableFor):
+			problem("consumer %s on stream %s: %s"+electingNote, c.Name, c.Stream, c.Error, electionGrace)
 		case !c.Exists && (!noQuorum || c.Error == errConsumerMissing):
 			unhealthy("consumer %s on stream %s: %s", c.Name, c.Stream, c.Error)
 		case !c.Exists:

@@ -13,6 +13,7 @@ func TestHealthInCluster(t *testing.T) {
 	stream := StreamStatus{Name: "ORDERS", Exists: true, Leader: "n1"}
 	consumer := ConsumerStatus{Stream: "ORDERS", Name: "WORKER1", Exists: true, Workers: running}
 	timeout := "context deadline exceeded"
+	unavailable := "nats: API error: code=503 err_code=10008 description=JetStream system temporarily unavailable"
 	for _, tc := range []struct {
 		name   string
 		r      Report
@@ -56,6 +57,15 @@ func TestHealthInCluster(t *testing.T) {
 		{"more nodes than routes, all current", Report{Cluster: &ClusterView{Current: 5, Size: 5, Configured: 3}, JetStream: JetStreamStatus{Enabled: true},
 			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
 		{"single node: API down is unhealthy", Report{JetStream: JetStreamStatus{Error: timeout}}, HealthUnhealthy, "JetStream does not answer"},
+		{"quorum kept, leaders being elected", Report{Cluster: &ClusterView{Current: 3, Size: 3},
+			JetStream: JetStreamStatus{Error: unavailable, UnavailableFor: 2 * time.Second},
+			Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Error: unavailable, UnavailableFor: 2 * time.Second, Workers: running}}},
+			HealthDegraded, "the cluster is electing leaders: unhealthy if it lasts 20s"},
+		{"quorum kept, a consumer unavailable beyond the election grace", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Error: unavailable, UnavailableFor: electionGrace, Workers: running}}},
+			HealthUnhealthy, "consumer WORKER1 on stream ORDERS: nats: API error"},
+		{"quorum kept, the API unavailable beyond the election grace", Report{Cluster: &ClusterView{Current: 3, Size: 3},
+			JetStream: JetStreamStatus{Error: unavailable, UnavailableFor: electionGrace}}, HealthUnhealthy, "JetStream does not answer"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := &Monitor{}
@@ -136,5 +146,42 @@ func TestHealthLastQuorum(t *testing.T) {
 	}
 	if h := m.evaluate(report(2, 3)); h.Status != HealthOK {
 		t.Errorf("a peer back and catching up: %s, %q", h.Status, h.Reason)
+	}
+}
+
+// TestNoteUnavailable: on a clustered node the time a consumer, a stream
+// or the API answers as during an election is counted from the first check
+// that saw it, and forgotten once it answers; a single node counts none.
+func TestNoteUnavailable(t *testing.T) {
+	m := &Monitor{}
+	unavailable := "nats: API error: code=503 err_code=10008 description=JetStream system temporarily unavailable"
+	start := time.Now()
+	report := func(cluster bool, err string) *Report {
+		r := &Report{JetStream: JetStreamStatus{Enabled: true}, Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Exists: err == "", Error: err}}}
+		if cluster {
+			r.Cluster = &ClusterView{Current: 3, Size: 3}
+		}
+		return r
+	}
+	r := report(true, unavailable)
+	m.noteUnavailable(r, start)
+	if d := r.Consumers[0].UnavailableFor; d <= 0 || d > time.Millisecond {
+		t.Fatalf("first check: unavailable for %s", d)
+	}
+	r = report(true, unavailable)
+	m.noteUnavailable(r, start.Add(5*time.Second))
+	if d := r.Consumers[0].UnavailableFor; d != 5*time.Second {
+		t.Fatalf("second check 5 s later: unavailable for %s", d)
+	}
+	m.noteUnavailable(report(true, ""), start.Add(6*time.Second))
+	r = report(true, unavailable)
+	m.noteUnavailable(r, start.Add(7*time.Second))
+	if d := r.Consumers[0].UnavailableFor; d > time.Millisecond {
+		t.Fatalf("after it answered once: unavailable for %s, want counted anew", d)
+	}
+	r = report(false, unavailable)
+	m.noteUnavailable(r, start.Add(8*time.Second))
+	if d := r.Consumers[0].UnavailableFor; d != 0 {
+		t.Fatalf("single node: unavailable for %s, want none counted", d)
 	}
 }

@@ -160,10 +160,14 @@ type Monitor struct {
 	// missingSince holds when a check first found a configured stream or
 	// consumer missing (checkMu).
 	missingSince map[string]time.Time
-	domain       string // the local JetStream domain, which advisories must carry
-	cancel       context.CancelFunc
-	wg           sync.WaitGroup
-	once         sync.Once
+	// unavailableSince holds when a check of a clustered node first found
+	// its JetStream API, a stream or a consumer answering "temporarily
+	// unavailable" or not at all (checkMu): see electionGrace.
+	unavailableSince map[string]time.Time
+	domain           string // the local JetStream domain, which advisories must carry
+	cancel           context.CancelFunc
+	wg               sync.WaitGroup
+	once             sync.Once
 }
 
 type consumerKey struct{ stream, consumer string }
@@ -440,19 +444,23 @@ func (c *ClusterView) NoQuorum() bool { return c != nil && c.Size > 1 && c.Curre
 
 // JetStreamStatus is the account's JetStream usage.
 type JetStreamStatus struct {
-	Enabled          bool   `json:"enabled"`
-	Error            string `json:"error,omitempty"`
-	FileUsed         uint64 `json:"file_used"`
-	FileReserved     uint64 `json:"file_reserved"`
-	FileLimit        int64  `json:"file_limit"`
-	MemoryUsed       uint64 `json:"memory_used"`
-	MemoryReserved   uint64 `json:"memory_reserved"`
-	MemoryLimit      int64  `json:"memory_limit"`
-	Streams          int    `json:"streams"`
-	Consumers        int    `json:"consumers"`
-	APIRequests      uint64 `json:"api_requests"`
-	APIErrors        uint64 `json:"api_errors"`
-	ServerCheckError string `json:"server_check_error,omitempty"`
+	Enabled bool   `json:"enabled"`
+	Error   string `json:"error,omitempty"`
+	// UnavailableFor is how long the JetStream API of a clustered node
+	// has answered as while its cluster elects leaders (see
+	// electionGrace); 0 otherwise.
+	UnavailableFor   time.Duration `json:"unavailable_for_ns,omitempty"`
+	FileUsed         uint64        `json:"file_used"`
+	FileReserved     uint64        `json:"file_reserved"`
+	FileLimit        int64         `json:"file_limit"`
+	MemoryUsed       uint64        `json:"memory_used"`
+	MemoryReserved   uint64        `json:"memory_reserved"`
+	MemoryLimit      int64         `json:"memory_limit"`
+	Streams          int           `json:"streams"`
+	Consumers        int           `json:"consumers"`
+	APIRequests      uint64        `json:"api_requests"`
+	APIErrors        uint64        `json:"api_errors"`
+	ServerCheckError string        `json:"server_check_error,omitempty"`
 	// StoreWriteErrors counts the writes to the store that failed since
 	// start (disk full, I/O errors).
 	StoreWriteErrors uint64 `json:"store_write_errors,omitempty"`
@@ -462,19 +470,21 @@ type JetStreamStatus struct {
 
 // StreamStatus is one stream's state and limits.
 type StreamStatus struct {
-	Name      string    `json:"name"`
-	Exists    bool      `json:"exists"`
-	Error     string    `json:"error,omitempty"`
-	Subjects  []string  `json:"subjects,omitempty"`
-	Messages  uint64    `json:"messages"`
-	Bytes     uint64    `json:"bytes"`
-	FirstSeq  uint64    `json:"first_seq"`
-	LastSeq   uint64    `json:"last_seq"`
-	FirstTime time.Time `json:"first_time,omitzero"`
-	LastTime  time.Time `json:"last_time,omitzero"`
-	Retention string    `json:"retention,omitempty"`
-	Discard   string    `json:"discard,omitempty"`
-	Storage   string    `json:"storage,omitempty"`
+	Name   string `json:"name"`
+	Exists bool   `json:"exists"`
+	Error  string `json:"error,omitempty"`
+	// UnavailableFor: as JetStreamStatus.UnavailableFor, for the stream.
+	UnavailableFor time.Duration `json:"unavailable_for_ns,omitempty"`
+	Subjects       []string      `json:"subjects,omitempty"`
+	Messages       uint64        `json:"messages"`
+	Bytes          uint64        `json:"bytes"`
+	FirstSeq       uint64        `json:"first_seq"`
+	LastSeq        uint64        `json:"last_seq"`
+	FirstTime      time.Time     `json:"first_time,omitzero"`
+	LastTime       time.Time     `json:"last_time,omitzero"`
+	Retention      string        `json:"retention,omitempty"`
+	Discard        string        `json:"discard,omitempty"`
+	Storage        string        `json:"storage,omitempty"`
 	// MaxMsgs and MaxBytes are -1 when unlimited; MaxAge is 0 then.
 	MaxMsgs  int64         `json:"max_msgs"`
 	MaxBytes int64         `json:"max_bytes"`
@@ -505,11 +515,13 @@ type ReplicaStatus struct {
 
 // ConsumerStatus is one consumer's position, progress and losses.
 type ConsumerStatus struct {
-	Stream        string `json:"stream"`
-	Name          string `json:"name"`
-	Exists        bool   `json:"exists"`
-	Error         string `json:"error,omitempty"`
-	FilterSubject string `json:"filter_subject,omitempty"`
+	Stream string `json:"stream"`
+	Name   string `json:"name"`
+	Exists bool   `json:"exists"`
+	Error  string `json:"error,omitempty"`
+	// UnavailableFor: as JetStreamStatus.UnavailableFor, for the consumer.
+	UnavailableFor time.Duration `json:"unavailable_for_ns,omitempty"`
+	FilterSubject  string        `json:"filter_subject,omitempty"`
 	// Pending are messages not delivered yet; AckPending delivered and
 	// not acknowledged; Redelivered those of them delivered more than once.
 	Pending       uint64 `json:"pending"`
@@ -660,6 +672,7 @@ func (m *Monitor) check(ctx context.Context) {
 		}
 		return r.Consumers[i].Name < r.Consumers[j].Name
 	})
+	m.noteUnavailable(r, now)
 	r.Health = m.evaluate(r)
 	if r.Health.Status == HealthUnhealthy && m.opts.Diagnose != nil && r.JetStream.ServerCheckError == "" {
 		// A diagnosis may write to the disk: at most every diagnoseEvery.
@@ -675,6 +688,69 @@ func (m *Monitor) check(ctx context.Context) {
 		}
 	}
 	m.report.Store(r)
+}
+
+// electionGrace is how long a clustered node's JetStream API, a stream or
+// a consumer may answer "temporarily unavailable" (or time out) before
+// that makes the node unhealthy; until then it is degraded. A peer
+// returning after a partition, or a leader lost, makes the cluster elect
+// leaders again (meta, streams, consumers: nats-server's election timeout
+// is 4 to 9 s, and a returning node with a higher term starts elections
+// anew): for those seconds every node's API answers so, and a 503 from
+// the nodes that kept the quorum would have a load balancer drop the
+// whole cluster.
+const electionGrace = 20 * time.Second
+
+// electing reports whether err is what a clustered server answers while
+// its cluster elects leaders: "JetStream system temporarily unavailable"
+// (10008), no answer in time, or no responders.
+func electing(err string) bool {
+	for _, s := range []string{"err_code=10008", "temporarily unavailable", "deadline exceeded", "timeout", "no responders"} {
+		if strings.Contains(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// noteUnavailable sets, on a clustered node, how long the JetStream API
+// and each stream and consumer have answered as during an election.
+// checkMu is held.
+func (m *Monitor) noteUnavailable(r *Report, now time.Time) {
+	seen := map[string]bool{}
+	since := func(key, err string) time.Duration {
+		if r.Cluster == nil || !electing(err) {
+			return 0
+		}
+		seen[key] = true
+		if m.unavailableSince == nil {
+			m.unavailableSince = map[string]time.Time{}
+		}
+		at, ok := m.unavailableSince[key]
+		if !ok {
+			at = now
+			m.unavailableSince[key] = now
+		}
+		return max(now.Sub(at), time.Nanosecond)
+	}
+	if !r.JetStream.Enabled {
+		r.JetStream.UnavailableFor = since("jetstream", r.JetStream.Error)
+	}
+	for i := range r.Streams {
+		if s := &r.Streams[i]; !s.Exists {
+			s.UnavailableFor = since("stream/"+s.Name, s.Error)
+		}
+	}
+	for i := range r.Consumers {
+		if c := &r.Consumers[i]; !c.Exists {
+			c.UnavailableFor = since("consumer/"+c.Stream+"/"+c.Name, c.Error)
+		}
+	}
+	for k := range m.unavailableSince {
+		if !seen[k] {
+			delete(m.unavailableSince, k)
+		}
+	}
 }
 
 // otherStreams lists the streams on the server that are not configured
