@@ -336,7 +336,7 @@ func TestClusterFormsAndBootstraps(t *testing.T) {
 // and catches up.
 func TestClusterSurvivesLeaderKill(t *testing.T) {
 	t.Parallel()
-	const total = 3000
+	const total = 1500
 	nodes, out := newRecordingCluster(t, 4)
 	startAll(t, nodes)
 	conns := make([]jetstream.JetStream, len(nodes))
