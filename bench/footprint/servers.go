@@ -174,8 +174,16 @@ func (p *proc) fill(n, size int) error {
 		payload[i] = byte('a' + i%26)
 	}
 	for i := range n {
-		if _, err := js.PublishAsync(fillSubject, payload); err != nil {
-			return fmt.Errorf("publish %d: %w", i+1, err)
+		// With 500 PubAcks outstanding a publish waits (200 ms) for room
+		// and then fails: it is sent again once the window has room.
+		for {
+			_, err := js.PublishAsync(fillSubject, payload)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				return fmt.Errorf("publish %d: %w", i+1, err)
+			}
 		}
 	}
 	select {
