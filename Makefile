@@ -144,7 +144,7 @@ bench-edge: build nats-cli
 	$(GO) run ./bench/edge -holdfast bin/holdfast -msgs $(EDGE_MSGS) -size 128 -runs $(BENCH_RUNS) -out dist/bench-edge.md
 
 # Messages kept in a stream for the stored half of bench-footprint: filled
-# once per server (about 15 s each here with the fast sync modes).
+# once per server (about 22 s each here with the fast sync modes).
 FOOTPRINT_STORED ?= 1000000
 
 .PHONY: bench-footprint
