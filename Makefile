@@ -147,6 +147,17 @@ bench-edge: build nats-cli
 	@mkdir -p dist
 	$(GO) run ./bench/edge -holdfast bin/holdfast -msgs $(EDGE_MSGS) -size 128 -runs $(BENCH_RUNS) -out dist/bench-edge.md
 
+# Messages kept in a stream for the stored half of bench-footprint: filled
+# once per server (about 22 s each here with the fast sync modes).
+FOOTPRINT_STORED ?= 1000000
+
+.PHONY: bench-footprint
+
+## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always) and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s (writes dist/bench-footprint.md)
+bench-footprint: build
+	@mkdir -p dist
+	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -out dist/bench-footprint.md
+
 .PHONY: bench-cluster
 
 ## bench-cluster: publish throughput of an R1 and an R3 stream on a 3-node holdfast cluster on 127.0.0.1, alternately, per sync mode (about 3 minutes)

@@ -219,6 +219,7 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 		Streams:          d.cfg.StreamNames(),
 		Consumers:        d.monitoredConsumers(d.cfg),
 		StallTimeout:     d.cfg.HTTP.StallTimeout.Duration,
+		Activity:         d.srv.StoreActivity,
 		FailOnLoss:       d.cfg.HTTP.FailOnLoss,
 		Check:            d.serverCheck,
 		FileStoreLimit:   fileStoreLimit(d.srv, d.cfg),
@@ -286,24 +287,39 @@ func (d *Daemon) watchServer(ctx context.Context) {
 }
 
 // configDiffEvery is how often the streams and consumers are compared
-// with this node's config.
-const configDiffEvery = 10 * time.Second
+// with this node's config while their positions or the config change;
+// configDiffIdle is how often while neither does (a stream edited with
+// the nats CLI and nothing else changes).
+const (
+	configDiffEvery = 10 * time.Second
+	configDiffIdle  = time.Minute
+)
 
 // watchConfigDiff compares the streams and consumers with the running
-// config every configDiffEvery (bootstrap.Diff), and logs what newly
-// differs as a warning; the health carries it as a warning too.
+// config (bootstrap.Diff) every configDiffEvery, or every configDiffIdle
+// while the server's StoreActivity and the running config stay the same,
+// and logs what newly differs as a warning; the health carries it as a
+// warning too.
 func (d *Daemon) watchConfigDiff(ctx context.Context) {
 	t := time.NewTicker(configDiffEvery)
 	defer t.Stop()
 	var last []string
+	var activity uint64
+	var compared time.Time
+	var diffed *config.Config
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		now, running := d.srv.StoreActivity(), d.running.Load()
+		if now != 0 && now == activity && running == diffed && time.Since(compared) < configDiffIdle {
+			continue
+		}
+		activity, diffed, compared = now, running, time.Now()
 		rctx, cancel := context.WithTimeout(ctx, configDiffEvery)
-		diff := bootstrap.Diff(rctx, d.srv.JetStream(), d.running.Load())
+		diff := bootstrap.Diff(rctx, d.srv.JetStream(), running)
 		cancel()
 		d.configDiff.Store(&diff)
 		for _, w := range diff {

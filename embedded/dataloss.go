@@ -28,8 +28,9 @@ import (
 // where every consumer stood, and compares at the next start, before the
 // bootstrap.
 
-// DefaultStateInterval is how often a running holdfast reads the state,
-// and records it when it changed.
+// DefaultStateInterval is how often a running holdfast looks whether the
+// positions changed (StoreActivity), and reads and records them when they
+// did.
 // Acknowledged messages stored after the last record and lost with a sync
 // interval are detected only when they take the stream's definition
 // with them; the record is also written at once when a stream or a
@@ -642,7 +643,14 @@ func (s *Server) collectForCheck(ctx context.Context, recorded *StoreState) (*St
 	}
 }
 
-// startRecorder records the store state every StateInterval until Close.
+// stateRecheck is how long the recorder goes at most without reading the
+// positions through the JetStream API while StoreActivity reports no
+// change: in a cluster, a stream whose leader did not answer changes
+// nothing on this node when it does again.
+const stateRecheck = time.Minute
+
+// startRecorder records the store state every StateInterval until Close,
+// when StoreActivity says that something changed.
 func (s *Server) startRecorder() {
 	interval := s.StateInterval
 	if interval <= 0 {
@@ -677,19 +685,34 @@ func (s *Server) startRecorder() {
 		}()
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		var activity uint64
+		var collected time.Time
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-changed:
+				activity = 0
 			case <-t.C:
-			}
-			if err := s.recordStateIfChanged(ctx); err != nil && ctx.Err() == nil {
-				s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
 			}
 			if s.guardLeft != "" && s.CheckStore() == nil && os.RemoveAll(s.guardLeft) == nil {
 				s.log.Info("links to the streams' files removed", "dir", s.guardLeft)
 				s.guardLeft = ""
+			}
+			// Reading the positions through the JetStream API costs a few
+			// requests: skipped while the server's own fingerprint of them
+			// stays the same (an idle appliance).
+			now := s.StoreActivity()
+			if now != 0 && now == activity && time.Since(collected) < stateRecheck {
+				continue
+			}
+			if err := s.recordStateIfChanged(ctx); err != nil {
+				if ctx.Err() == nil {
+					s.log.Warn("cannot record stream positions for the start-up data-loss check", "err", err)
+				}
+				activity = 0
+			} else {
+				activity, collected = now, time.Now()
 			}
 		}
 	}()
@@ -721,19 +744,29 @@ func (s *Server) writeState(ctx context.Context, always bool) error {
 	if s.cfg.Cluster.Enabled() {
 		st.Cluster = s.cfg.Cluster.Name
 	}
-	// Never into a directory that took the store's place.
-	if err := s.CheckStore(); err != nil {
-		return err
+	// What was last read or written is kept: the file is read again only
+	// when the positions differ from it.
+	if !always && len(st.Unavailable) == 0 && s.recorded != nil && sameStoreState(s.recorded, st) {
+		return nil
 	}
 	// The file is read from the page cache: no write, no wear.
 	old, err := ReadStoreState(s.store.Path)
 	if err == nil {
 		st.keepUnavailable(old)
 		if !always && sameStoreState(old, st) {
+			s.recorded = old
 			return nil
 		}
 	}
-	return WriteStoreState(s.store.Path, st)
+	// Never into a directory that took the store's place.
+	if err := s.CheckStore(); err != nil {
+		return err
+	}
+	if err := WriteStoreState(s.store.Path, st); err != nil {
+		return err
+	}
+	s.recorded = st
+	return nil
 }
 
 // sameStoreState reports whether a and b record the same positions (the

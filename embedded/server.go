@@ -72,7 +72,12 @@ type Server struct {
 	guardLeft  string
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
-	recordMu   sync.Mutex // serializes writes of the state file
+	recordMu   sync.Mutex  // serializes writes of the state file
+	recorded   *StoreState // what the state file holds, as last read or written (recordMu)
+	// activity is the last StoreActivity fingerprint, read at activityAt.
+	activityMu sync.Mutex
+	activity   uint64
+	activityAt time.Time
 	// connDown holds, per in-process connection (*nats.Conn) that lost
 	// its link and has not got it back, when it lost it.
 	connDown sync.Map

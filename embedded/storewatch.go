@@ -25,8 +25,14 @@ import (
 var ErrStoreLost = errors.New("store directory lost while running")
 
 // DefaultStoreCheckInterval is how often WatchStore compares the store
-// directory with the one the server opened.
-const DefaultStoreCheckInterval = time.Second
+// directory with the one the server opened when no event made it do so:
+// inotify and the mount table report what happens to the store at once.
+// FallbackStoreCheckInterval is the interval where they cannot be
+// watched.
+const (
+	DefaultStoreCheckInterval  = time.Minute
+	FallbackStoreCheckInterval = time.Second
+)
 
 // storeIdentity is what the store looked like when the server opened it:
 // the device and inode of the store directory, of JetStream's directory
@@ -213,22 +219,41 @@ func (s *Server) CheckStore() error {
 }
 
 // WatchStore checks the store until ctx ends: at once when inotify
-// reports that an entry of the store directory was deleted or moved (or
-// the directory itself, or JetStream's directory in it), and every
-// interval (DefaultStoreCheckInterval when zero) in any case. At the first
-// failed check it stops JetStream at once — publishes get no PubAck from
-// then on, so nothing more is acknowledged into files that are gone —
-// stops recording stream positions (the path may now be another
-// directory) and calls onLost with the reason, once.
+// reports that the store directory, JetStream's directory, an account's
+// directory or its streams directory, or an entry of one of them was
+// deleted, moved or changed its attributes (owner, mode), or when the
+// mount table changes (a remount read-only, a file system mounted over
+// the store); and every interval (DefaultStoreCheckInterval when zero)
+// in any case, for what neither event shows (a parent directory of the
+// store moved). Where inotify is not available it checks every
+// FallbackStoreCheckInterval instead. At the first failed check it stops
+// JetStream at once — publishes get no PubAck from then on, so nothing
+// more is acknowledged into files that are gone — stops recording stream
+// positions (the path may now be another directory) and calls onLost with
+// the reason, once.
 func (s *Server) WatchStore(ctx context.Context, interval time.Duration, onLost func(error)) {
 	if interval <= 0 {
 		interval = DefaultStoreCheckInterval
 	}
 	changed := make(chan struct{}, 1)
-	if stop, err := s.notifyStoreChanges(changed); err != nil {
+	w, err := s.notifyStoreChanges(changed)
+	if err != nil {
+		interval = min(interval, FallbackStoreCheckInterval)
 		s.log.Warn("cannot watch the store directory with inotify: checking it every interval only", "interval", interval, "err", err)
 	} else {
+		defer w.close()
+	}
+	if stop, err := notifyMountChanges(changed); err != nil {
+		interval = min(interval, FallbackStoreCheckInterval)
+		s.log.Warn("cannot watch the mount table: checking the store every interval", "interval", interval, "err", err)
+	} else {
 		defer stop()
+	}
+	// A first check once the watches are set: what changed before they
+	// were raises no event.
+	select {
+	case changed <- struct{}{}:
+	default:
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -241,6 +266,9 @@ func (s *Server) WatchStore(ctx context.Context, interval time.Duration, onLost 
 		}
 		err := s.CheckStore()
 		if err == nil {
+			if w != nil {
+				w.watchAccounts(s.accountDirs())
+			}
 			continue
 		}
 		s.storeLost(err)
@@ -249,11 +277,26 @@ func (s *Server) WatchStore(ctx context.Context, interval time.Duration, onLost 
 	}
 }
 
+// storeEvents are the inotify events on a watched directory that make the
+// store watch check the store: the directory itself or an entry of it
+// deleted or moved away, its attributes changed, or an entry created (a
+// new account's or streams directory, to be watched too).
+const storeEvents = unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM
+
+// storeWatcher is the inotify instance of the store watch.
+type storeWatcher struct {
+	fd   int
+	file *os.File
+	// watched are the accounts' directories with a watch; only the store
+	// watch's goroutine uses it.
+	watched map[string]bool
+}
+
 // notifyStoreChanges sends on changed (without blocking) whenever inotify
-// reports a deletion, move or attribute change of the store directory,
-// of an entry in it, of JetStream's directory or of an entry in it (an
-// account's directory). stop ends it.
-func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err error) {
+// reports one of storeEvents on the store directory or JetStream's
+// directory in it, and on the accounts' directories watchAccounts adds.
+// close ends it.
+func (s *Server) notifyStoreChanges(changed chan<- struct{}) (*storeWatcher, error) {
 	fd, err := unix.InotifyInit1(unix.IN_CLOEXEC | unix.IN_NONBLOCK)
 	if err != nil {
 		return nil, err
@@ -262,8 +305,10 @@ func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err e
 		path string
 		mask uint32
 	}{
-		{s.store.Path, unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM},
-		{filepath.Join(s.store.Path, server.JetStreamStoreDir), unix.IN_DELETE_SELF | unix.IN_MOVE_SELF | unix.IN_ATTRIB | unix.IN_DELETE | unix.IN_MOVED_FROM},
+		{s.store.Path, storeEvents},
+		// A new account's directory is watched from the check its
+		// creation causes on.
+		{filepath.Join(s.store.Path, server.JetStreamStoreDir), storeEvents | unix.IN_CREATE},
 	}
 	for _, w := range watches {
 		if _, err := unix.InotifyAddWatch(fd, w.path, w.mask); err != nil {
@@ -273,11 +318,11 @@ func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err e
 	}
 	// A non-blocking descriptor in an *os.File uses the runtime's poller:
 	// Close wakes the Read below.
-	f := os.NewFile(uintptr(fd), "inotify")
+	w := &storeWatcher{fd: fd, file: os.NewFile(uintptr(fd), "inotify"), watched: map[string]bool{}}
 	go func() {
 		buf := make([]byte, 64*(unix.SizeofInotifyEvent+unix.NAME_MAX+1))
 		for {
-			if _, err := f.Read(buf); err != nil {
+			if _, err := w.file.Read(buf); err != nil {
 				return
 			}
 			select {
@@ -286,7 +331,73 @@ func (s *Server) notifyStoreChanges(changed chan<- struct{}) (stop func(), err e
 			}
 		}
 	}()
-	return func() { _ = f.Close() }, nil
+	w.watchAccounts(s.accountDirs())
+	return w, nil
+}
+
+// watchAccounts adds a watch on each of dirs (the accounts' directories
+// and their streams directories) not watched yet; an account's directory
+// also reports its streams directory's creation.
+func (w *storeWatcher) watchAccounts(dirs []string) {
+	for _, d := range dirs {
+		if w.watched[d] {
+			continue
+		}
+		mask := uint32(storeEvents)
+		if filepath.Base(d) != "streams" {
+			mask |= unix.IN_CREATE
+		}
+		// A directory that vanished meanwhile is the check's to report.
+		if _, err := unix.InotifyAddWatch(w.fd, d, mask); err == nil {
+			w.watched[d] = true
+		}
+	}
+}
+
+func (w *storeWatcher) close() { _ = w.file.Close() }
+
+// notifyMountChanges sends on changed (without blocking) whenever the
+// mount table of holdfast's mount namespace changes (/proc/self/mountinfo
+// polls with POLLPRI then): a file system remounted read-only, or one
+// mounted over the store, changes no directory inotify watches. stop ends
+// it. The wait blocks one thread in poll(2): the runtime's poller does not
+// wait for POLLPRI.
+func notifyMountChanges(changed chan<- struct{}) (stop func(), err error) {
+	mounts, err := unix.Open("/proc/self/mountinfo", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	var wake [2]int
+	if err := unix.Pipe2(wake[:], unix.O_CLOEXEC); err != nil {
+		unix.Close(mounts)
+		return nil, err
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer unix.Close(mounts)
+		defer unix.Close(wake[0])
+		fds := []unix.PollFd{{Fd: int32(mounts), Events: unix.POLLPRI}, {Fd: int32(wake[0]), Events: unix.POLLIN}}
+		for {
+			_, err := unix.Poll(fds, -1)
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if err != nil || fds[1].Revents != 0 {
+				return
+			}
+			if fds[0].Revents&(unix.POLLPRI|unix.POLLERR) != 0 {
+				select {
+				case changed <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	return func() {
+		unix.Close(wake[1]) // POLLHUP on the read end ends the poll
+		<-done
+	}, nil
 }
 
 // storeLost stops JetStream and the position recorder after the store was

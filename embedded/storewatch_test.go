@@ -142,3 +142,33 @@ func TestLastStreamDeletedIsNoStoreLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestWatchStoreSeesEventsWithoutPolling: with an interval far longer
+// than the test, the store watch still finds at once an account's streams
+// directory swapped (inotify on the account's directory, watched once it
+// appeared).
+func TestWatchStoreSeesEventsWithoutPolling(t *testing.T) {
+	s := runServer(t, configtest.Default(t))
+	if _, err := s.JetStream().CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ONE", Subjects: []string{"one.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	lost := make(chan error, 1)
+	streams := filepath.Join(s.StoreDir(), "jetstream", "$G", "streams")
+	// The directories as the server opened them: a swap before the watch
+	// set its inotify watches is found by its first check, one after by
+	// the events.
+	mustDo(t, s.CheckStore())
+	go s.WatchStore(ctx, time.Hour, func(err error) { lost <- err })
+	mustDo(t, os.Rename(streams, streams+".old"))
+	mustDo(t, os.Mkdir(streams, 0o750))
+	select {
+	case err := <-lost:
+		if !errors.Is(err, ErrStoreLost) {
+			t.Fatalf("onLost(%v), want ErrStoreLost", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the swapped streams directory was not noticed without polling")
+	}
+}

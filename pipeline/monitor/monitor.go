@@ -23,6 +23,7 @@ import (
 // Defaults for Options.
 const (
 	DefaultInterval     = time.Second
+	DefaultIdleInterval = 30 * time.Second
 	DefaultStallTimeout = 5 * time.Minute
 	DefaultWarnRatio    = 0.8
 )
@@ -55,6 +56,19 @@ type Options struct {
 	Consumers []Consumer
 	// Interval between two checks; DefaultInterval when zero.
 	Interval time.Duration
+	// Activity, when set, returns a fingerprint of the positions of the
+	// streams and consumers (embedded.Server.StoreActivity) that changes
+	// whenever a message is stored, removed, delivered or acknowledged,
+	// or a stream or consumer comes or goes; 0 when it cannot tell. While
+	// it stays the same, the health is ok without a warning on a single
+	// node, no advisory arrived and nothing the Monitor reads in-process
+	// changed, a check confirms the last report instead of reading
+	// JetStream again, for up to IdleInterval.
+	Activity func() uint64
+	// IdleInterval is the longest the Monitor goes without reading
+	// JetStream while Activity reports no change (a stall is found that
+	// much later at most); DefaultIdleInterval when zero.
+	IdleInterval time.Duration
 	// StallTimeout is how long a consumer with work to do may go without
 	// a delivery or an acknowledgement; DefaultStallTimeout when zero.
 	StallTimeout time.Duration
@@ -164,10 +178,16 @@ type Monitor struct {
 	// its JetStream API, a stream or a consumer answering "temporarily
 	// unavailable" or not at all (checkMu): see electionGrace.
 	unavailableSince map[string]time.Time
-	domain           string // the local JetStream domain, which advisories must carry
-	cancel           context.CancelFunc
-	wg               sync.WaitGroup
-	once             sync.Once
+	// activity is Options.Activity as the last check that read JetStream
+	// began, at readAt (checkMu). wake is set by the advisories: the next
+	// check reads JetStream.
+	activity uint64
+	readAt   time.Time
+	wake     atomic.Bool
+	domain   string // the local JetStream domain, which advisories must carry
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
 }
 
 type consumerKey struct{ stream, consumer string }
@@ -177,6 +197,9 @@ type consumerKey struct{ stream, consumer string }
 func New(js jetstream.JetStream, nc *nats.Conn, opts Options, log *slog.Logger) *Monitor {
 	if opts.Interval <= 0 {
 		opts.Interval = DefaultInterval
+	}
+	if opts.IdleInterval <= 0 {
+		opts.IdleInterval = DefaultIdleInterval
 	}
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = DefaultStallTimeout
@@ -341,9 +364,52 @@ func (m *Monitor) loop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			m.check(ctx)
+			if !m.confirm(time.Now()) {
+				m.check(ctx)
+			}
 		}
 	}
+}
+
+// confirm stores the last report again, dated now, when nothing it was
+// made of can have changed since (see Options.Activity), and reports
+// whether it did.
+func (m *Monitor) confirm(now time.Time) bool {
+	if m.opts.Activity == nil || m.wake.Load() {
+		return false
+	}
+	m.checkMu.Lock()
+	defer m.checkMu.Unlock()
+	r := m.Report()
+	if r == nil || r.Cluster != nil || r.Health.Status != HealthOK || len(r.Health.Warnings) > 0 ||
+		now.Sub(m.readAt) >= m.opts.IdleInterval || m.activity == 0 || m.opts.Activity() != m.activity {
+		return false
+	}
+	if m.opts.Check != nil && m.opts.Check() != nil {
+		return false
+	}
+	if m.opts.StoreWriteErrors != nil && m.opts.StoreWriteErrors() != r.JetStream.StoreWriteErrors {
+		return false
+	}
+	if m.opts.Degraded != nil && len(m.opts.Degraded(now)) > 0 {
+		return false
+	}
+	if m.opts.Warnings != nil && len(m.opts.Warnings()) > 0 {
+		return false
+	}
+	m.mu.Lock()
+	for _, c := range r.Consumers {
+		t := m.trackers[consumerKey{c.Stream, c.Name}]
+		if t == nil || workerStatus(t.mc) != c.Workers {
+			m.mu.Unlock()
+			return false
+		}
+	}
+	m.mu.Unlock()
+	again := *r
+	again.Time = now
+	m.report.Store(&again)
+	return true
 }
 
 // Close stops checking. It is idempotent.
@@ -617,7 +683,12 @@ func (m *Monitor) check(ctx context.Context) {
 	defer m.checkMu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second+m.opts.Interval)
 	defer cancel()
+	m.wake.Store(false)
+	if m.opts.Activity != nil {
+		m.activity = m.opts.Activity()
+	}
 	now := time.Now()
+	m.readAt = now
 	r := &Report{Time: now}
 	r.Cluster = m.clusterView(now)
 
@@ -863,6 +934,7 @@ func (m *Monitor) onRestore(msg *nats.Msg) {
 	if err := json.Unmarshal(msg.Data, &adv); err != nil || adv.Stream != stream || adv.Domain != m.domain {
 		return
 	}
+	m.wake.Store(true)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if kind == "RESTORE_COMPLETE" {
@@ -1160,6 +1232,7 @@ func (m *Monitor) onTerminated(msg *nats.Msg) {
 	}
 	t.lost++
 	t.unlogged.add(adv.StreamSeq, adv.StreamSeq, 1)
+	m.wake.Store(true)
 }
 
 // StreamPolicies names a stream's retention, discard and storage policies

@@ -721,3 +721,50 @@ func TestHealthDegradedWhileDeadLetterFails(t *testing.T) {
 		return nil
 	})
 }
+
+// TestIdleMonitorDoesNotReadJetStream: while the server's fingerprint of
+// the positions stays the same and all is well, a check confirms the last
+// report (dated anew) without a JetStream API request; a message stored
+// changes the fingerprint and the next check reads JetStream again.
+func TestIdleMonitorDoesNotReadJetStream(t *testing.T) {
+	env := newMonitorEnv(t, nil)
+	m := env.monitor(monitor.Options{IdleInterval: time.Hour, Activity: env.srv.StoreActivity}, nil)
+	apiTotal := func() uint64 {
+		jsz, err := env.srv.NATS().Jsz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jsz.API.Total
+	}
+	// Idle: the API count stands still over several checks (the embedded
+	// server's recorder skips its reads too once nothing changes).
+	var before uint64
+	var since time.Time
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		r := m.Report()
+		if r == nil || r.Health.Status != monitor.HealthOK {
+			return errors.New("no healthy report yet")
+		}
+		now := apiTotal()
+		if now != before || since.IsZero() {
+			before, since = now, r.Time
+			return fmt.Errorf("%d API requests so far", now)
+		}
+		if r.Time.Sub(since) < 20*m.Options().Interval {
+			return errors.New("not idle for 20 intervals yet")
+		}
+		return nil
+	})
+	if got := m.Report().Streams[0]; got.Messages != 0 {
+		t.Fatalf("stream %s holds %d messages before the publish", got.Name, got.Messages)
+	}
+	env.publish("orders.created", 1)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		for _, s := range m.Report().Streams {
+			if s.Name == "ORDERS" && s.Messages == 1 {
+				return nil
+			}
+		}
+		return errors.New("the stored message is not in the report yet")
+	})
+}

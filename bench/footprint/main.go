@@ -1,0 +1,277 @@
+// Command footprint measures what a server costs while nothing happens:
+// the CPU time and the bytes written to disk of stock nats-server with
+// JetStream (sync_interval: always) and of `holdfast run` on its defaults,
+// each idle for -idle after it settled, with an empty store and with
+// -stored messages kept in a stream. It is what `make bench-footprint`
+// runs.
+//
+// It builds nats-server from the module cache (the version go.mod pins),
+// runs everything on 127.0.0.1 with the stores under -dir, and removes
+// them afterwards. Each stored-messages store is filled once, with the
+// server's fast sync mode (stock: the default sync_interval, holdfast:
+// sync = "2m"), and stopped; every run then starts the server on it with
+// the measured config, waits until the stream holds every message, lets
+// it settle and measures.
+package main
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+)
+
+var (
+	holdfast = flag.String("holdfast", "bin/holdfast", "the holdfast binary (make build)")
+	baseline = flag.String("baseline", "", "another holdfast binary (a build of main) measured the same way in the same runs; empty: none")
+	runs     = flag.Int("runs", 3, "runs; each measures every server in turn, and the report gives each run and the range")
+	settle   = flag.Duration("settle", 5*time.Second, "how long a server runs after start-up before the idle window")
+	idle     = flag.Duration("idle", 30*time.Second, "the idle window")
+	stored   = flag.Int("stored", 1_000_000, "messages kept in a stream for the stored-messages figures; 0: skip them")
+	size     = flag.Int("size", 128, "payload size of the stored messages in bytes")
+	dir      = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
+	out      = flag.String("out", "", "also write the markdown report to this file")
+)
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "Error:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one idle window of one server.
+type result struct {
+	ticks      int64
+	runNS      int64
+	writeBytes int64
+}
+
+// scenario is a store state the servers are measured on.
+type scenario struct {
+	name   string
+	stored int
+}
+
+func run() error {
+	if *runs < 1 || *idle <= 0 || *stored < 0 || *size < 1 {
+		return errors.New("-runs, -idle and -size must be positive, -stored not negative")
+	}
+	parent := *dir
+	if parent == "" {
+		parent, _ = os.Getwd()
+	}
+	work, err := os.MkdirTemp(parent, ".bench-footprint-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+
+	natsServer := filepath.Join(work, "nats-server")
+	logf("building nats-server in %s", work)
+	if o, err := exec.Command("go", "build", "-o", natsServer, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
+		return fmt.Errorf("go build nats-server: %v\n%s", err, o)
+	}
+	servers := []*server{stockServer(natsServer)}
+	versions := []string{}
+	for _, hf := range []struct{ name, path string }{{"holdfast", *holdfast}, {"baseline", *baseline}} {
+		if hf.path == "" {
+			continue
+		}
+		bin, err := filepath.Abs(hf.path)
+		if err != nil {
+			return err
+		}
+		v, err := exec.Command(bin, "version").Output()
+		if err != nil {
+			return fmt.Errorf("%s version: %w (run make build)", bin, err)
+		}
+		versions = append(versions, fmt.Sprintf("%s: %s", hf.name, strings.TrimSpace(string(v))))
+		servers = append(servers, holdfastServer(hf.name, bin))
+	}
+	stockVersion, _ := exec.Command(natsServer, "--version").Output()
+
+	scenarios := []scenario{{name: "empty store"}}
+	if *stored > 0 {
+		scenarios = append(scenarios, scenario{name: fmt.Sprintf("%d messages stored", *stored), stored: *stored})
+	}
+	// results[scenario][server][run]
+	results := make([][][]result, len(scenarios))
+	fills := map[string]time.Duration{}
+	for si, sc := range scenarios {
+		results[si] = make([][]result, len(servers))
+		if sc.stored > 0 {
+			for _, srv := range servers {
+				took, err := fillStore(srv, work, sc.stored)
+				if err != nil {
+					return fmt.Errorf("%s: fill: %w", srv.name, err)
+				}
+				fills[srv.name] = took
+				logf("%s: %d messages stored in %s", srv.name, sc.stored, took.Round(100*time.Millisecond))
+			}
+		}
+		for r := 1; r <= *runs; r++ {
+			for i, srv := range servers {
+				res, err := measureIdle(srv, work, sc)
+				if err != nil {
+					return fmt.Errorf("%s, %s, run %d: %w", srv.name, sc.name, r, err)
+				}
+				logf("%s, %s, run %d of %d: %d ticks, %.1f ms on CPU, %d bytes written", srv.name, sc.name, r, *runs,
+					res.ticks, float64(res.runNS)/1e6, res.writeBytes)
+				results[si][i] = append(results[si][i], res)
+			}
+		}
+	}
+
+	var rep bytes.Buffer
+	fmt.Fprintf(&rep, "Measured by `make bench-footprint` (%s): stock %s; %s; %d CPUs, kernel %s; stores under %s.\n\n",
+		time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(stockVersion)), strings.Join(versions, "; "),
+		runtime.NumCPU(), kernel(), parent)
+	fmt.Fprintf(&rep, "Each server idle for %s after %s of settling, %d runs, servers in turn within each run. "+
+		"Stock: nats-server with JetStream on the file store, `sync_interval: always`. "+
+		"holdfast: `holdfast run` on its defaults (stream ORDERS, 4 workers, monitor, HTTP), only ports and store set. "+
+		"CPU ticks: utime+stime from /proc/PID/stat (1/%d s); CPU ms: the threads' time on a CPU from /proc/PID/task/*/schedstat; "+
+		"written: write_bytes from /proc/PID/io over the window.", *idle, *settle, *runs, userHZ)
+	if *stored > 0 {
+		fmt.Fprintf(&rep, " Stored: %d messages of %d B in a stream %s (no limits) the benchmark creates on each server, "+
+			"filled once by asynchronous publishes with the fast sync mode (stock default interval, holdfast `sync = \"2m\"`), then restarted with the measured config for every run", *stored, *size, fillStream)
+		var took []string
+		for _, srv := range servers {
+			took = append(took, fmt.Sprintf("%s %.1f s", srv.name, fills[srv.name].Seconds()))
+		}
+		fmt.Fprintf(&rep, " (fill: %s)", strings.Join(took, ", "))
+		fmt.Fprint(&rep, ".")
+	}
+	fmt.Fprint(&rep, "\n\n")
+	writeTable(&rep, servers, scenarios, results)
+	os.Stdout.Write(rep.Bytes())
+	if *out != "" {
+		return os.WriteFile(*out, rep.Bytes(), 0o644)
+	}
+	return nil
+}
+
+// fillStore fills a store of its own for srv with n messages and stops
+// the server; it returns how long the publishes took.
+func fillStore(srv *server, work string, n int) (time.Duration, error) {
+	p, err := srv.start(work, storeDir(work, srv, n), true)
+	if err != nil {
+		return 0, err
+	}
+	defer p.stop()
+	start := time.Now()
+	if err := p.fill(n, *size); err != nil {
+		return 0, err
+	}
+	return time.Since(start), nil
+}
+
+func storeDir(work string, srv *server, stored int) string {
+	return filepath.Join(work, fmt.Sprintf("%s-store-%d", srv.name, stored))
+}
+
+// measureIdle starts srv on the scenario's store, lets it settle and
+// measures the idle window. An empty store is made anew for each run.
+func measureIdle(srv *server, work string, sc scenario) (result, error) {
+	store := storeDir(work, srv, sc.stored)
+	if sc.stored == 0 {
+		if err := os.RemoveAll(store); err != nil {
+			return result{}, err
+		}
+	}
+	p, err := srv.start(work, store, false)
+	if err != nil {
+		return result{}, err
+	}
+	defer p.stop()
+	if sc.stored > 0 {
+		if err := p.waitStored(sc.stored); err != nil {
+			return result{}, err
+		}
+	}
+	time.Sleep(*settle)
+	before, err := readSample(p.pid())
+	if err != nil {
+		return result{}, err
+	}
+	time.Sleep(*idle)
+	after, err := readSample(p.pid())
+	if err != nil {
+		return result{}, err
+	}
+	select {
+	case <-p.done:
+		return result{}, fmt.Errorf("%s exited during the idle window", srv.name)
+	default:
+	}
+	return result{ticks: after.ticks - before.ticks, runNS: after.runNS - before.runNS,
+		writeBytes: after.writeBytes - before.writeBytes}, nil
+}
+
+// writeTable writes, per scenario, each server's figures and each holdfast
+// binary's ratios to stock: one column per run and the range.
+func writeTable(w *bytes.Buffer, servers []*server, scenarios []scenario, results [][][]result) {
+	fmt.Fprint(w, "| store | figure |")
+	for i := range *runs {
+		fmt.Fprintf(w, " run %d |", i+1)
+	}
+	fmt.Fprint(w, " min–max |\n| --- | --- |")
+	fmt.Fprint(w, strings.Repeat(" ---: |", *runs+1))
+	fmt.Fprintln(w)
+	secs := idle.Seconds()
+	row := func(store, name, format string, values []float64) {
+		fmt.Fprintf(w, "| %s | %s |", store, name)
+		for _, v := range values {
+			fmt.Fprintf(w, " "+format+" |", v)
+		}
+		plain := strings.Trim(format, "*")
+		fmt.Fprintf(w, " "+plain+"–"+plain+" |\n", slices.Min(values), slices.Max(values))
+	}
+	for si, sc := range scenarios {
+		for i, srv := range servers {
+			var ticks, perSec, ms, written []float64
+			for _, r := range results[si][i] {
+				ticks = append(ticks, float64(r.ticks))
+				perSec = append(perSec, float64(r.ticks)/secs)
+				ms = append(ms, float64(r.runNS)/1e6)
+				written = append(written, float64(r.writeBytes))
+			}
+			row(sc.name, fmt.Sprintf("%s CPU ticks per %s", srv.name, *idle), "%.0f", ticks)
+			row(sc.name, fmt.Sprintf("%s CPU ticks per s", srv.name), "%.2f", perSec)
+			row(sc.name, fmt.Sprintf("%s CPU ms per %s (schedstat)", srv.name, *idle), "%.1f", ms)
+			row(sc.name, fmt.Sprintf("%s bytes written per %s", srv.name, *idle), "%.0f", written)
+		}
+		for i, srv := range servers[1:] {
+			var ticks, ms []float64
+			for r := range results[si][0] {
+				stock, hf := results[si][0][r], results[si][i+1][r]
+				// A stock window of 0 ticks counts as 1: the ratio is then
+				// a lower bound.
+				ticks = append(ticks, float64(hf.ticks)/float64(max(stock.ticks, 1)))
+				ms = append(ms, float64(hf.runNS)/float64(max(stock.runNS, 1)))
+			}
+			row(sc.name, fmt.Sprintf("**%s/stock, CPU ticks**", srv.name), "**%.2f×**", ticks)
+			row(sc.name, fmt.Sprintf("%s/stock, CPU ms", srv.name), "%.2f×", ms)
+		}
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench-footprint: "+format+"\n", args...)
+}
+
+func kernel() string {
+	b, err := os.ReadFile("/proc/sys/kernel/osrelease")
+	if err != nil {
+		return "unknown"
+	}
+	return strings.TrimSpace(string(b))
+}

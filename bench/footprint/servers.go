@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// server is one kind of server the benchmark measures: stock nats-server
+// or a holdfast binary.
+type server struct {
+	name string
+	bin  string
+	// config writes the config of a server on store listening on port
+	// into work and returns the arguments to run it with. fill asks for
+	// the config the store is filled with.
+	config func(work, store string, port int, fill bool) ([]string, error)
+}
+
+// stockServer is nats-server with JetStream on the file store: measured
+// with sync_interval always (holdfast's default), filled with the default
+// interval.
+func stockServer(bin string) *server {
+	return &server{name: "stock", bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
+		sync := "sync_interval: always"
+		if fill {
+			sync = ""
+		}
+		text := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  max_file_store: 10GB\n  max_memory_store: 1GB\n  %s\n}\n", port, store, sync)
+		path := filepath.Join(work, "nats-server.conf")
+		return []string{"-c", path}, os.WriteFile(path, []byte(text), 0o644)
+	}}
+}
+
+// holdfastServer is `holdfast run` on its defaults (the stream ORDERS,
+// its consumer's four workers, the monitor, HTTP on): only the store, the
+// client port and the HTTP port are set. It is filled with sync = "2m".
+func holdfastServer(name, bin string) *server {
+	return &server{name: name, bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
+		httpPort, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		sync := ""
+		if fill {
+			sync = `sync = "2m"`
+		}
+		text := fmt.Sprintf("[server]\nhost = \"127.0.0.1\"\nport = %d\n[jetstream]\nstore_dir = %q\n%s\n[http]\nlisten = \"127.0.0.1:%d\"\n",
+			port, store, sync, httpPort)
+		path := filepath.Join(work, name+".toml")
+		return []string{"run", "--config", path}, os.WriteFile(path, []byte(text), 0o644)
+	}}
+}
+
+// proc is a running server.
+type proc struct {
+	cmd  *exec.Cmd
+	url  string
+	done chan struct{}
+}
+
+// start runs srv on store, its output appended to work/<name>.log, and
+// waits until it answers JetStream requests and, for holdfast, until its
+// bootstrap created the default stream.
+func (srv *server) start(work, store string, fill bool) (*proc, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	args, err := srv.config(work, store, port, fill)
+	if err != nil {
+		return nil, err
+	}
+	logFile, err := os.OpenFile(filepath.Join(work, srv.name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	defer logFile.Close()
+	cmd := exec.Command(srv.bin, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &proc{cmd: cmd, url: fmt.Sprintf("nats://127.0.0.1:%d", port), done: make(chan struct{})}
+	go func() { _ = cmd.Wait(); close(p.done) }()
+	wantStream := ""
+	if srv.name != "stock" {
+		wantStream = "ORDERS"
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := p.ready(wantStream)
+		if err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("%s exited at start-up: see %s", srv.name, logFile.Name())
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.stop()
+			return nil, fmt.Errorf("%s not ready after a minute: %v", srv.name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// ready reports whether the server answers JetStream requests and holds
+// stream (when not "").
+func (p *proc) ready(stream string) error {
+	nc, js, err := connect(p.url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return err
+	}
+	if stream != "" {
+		_, err = js.Stream(ctx, stream)
+	}
+	return err
+}
+
+// stop sends SIGTERM and waits up to 30 s, then kills.
+func (p *proc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) pid() int { return p.cmd.Process.Pid }
+
+// fillStream is the stream the stored-messages figures keep: created by
+// the benchmark's client on either server, no limits, file storage.
+const (
+	fillStream  = "FOOTPRINT"
+	fillSubject = "footprint.data"
+)
+
+// fill creates fillStream and publishes n messages of size bytes into it
+// with asynchronous publishes, at most 500 PubAcks outstanding.
+func (p *proc) fill(n, size int) error {
+	nc, js, err := connect(p.url, jetstream.WithPublishAsyncMaxPending(500))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	_, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: fillStream, Subjects: []string{fillSubject},
+		Storage: jetstream.FileStorage, MaxMsgs: -1, MaxBytes: -1})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("create stream %s: %w", fillStream, err)
+	}
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	for i := range n {
+		// With 500 PubAcks outstanding a publish waits (200 ms) for room
+		// and then fails: it is sent again once the window has room.
+		for {
+			_, err := js.PublishAsync(fillSubject, payload)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, jetstream.ErrTooManyStalledMsgs) {
+				return fmt.Errorf("publish %d: %w", i+1, err)
+			}
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-time.After(5 * time.Minute):
+		return errors.New("PubAcks missing 5 minutes after the last publish")
+	}
+	got, err := p.streamMsgs()
+	if err != nil {
+		return err
+	}
+	if got != uint64(n) {
+		return fmt.Errorf("stream %s holds %d messages after publishing %d", fillStream, got, n)
+	}
+	return nil
+}
+
+// waitStored waits (up to a minute, the store's recovery) until
+// fillStream holds n messages.
+func (p *proc) waitStored(n int) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := p.streamMsgs()
+		if err == nil && got == uint64(n) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("stream %s: %d messages, want %d (%v)", fillStream, got, n, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func (p *proc) streamMsgs() (uint64, error) {
+	nc, js, err := connect(p.url)
+	if err != nil {
+		return 0, err
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := js.Stream(ctx, fillStream)
+	if err != nil {
+		return 0, err
+	}
+	return s.CachedInfo().State.Msgs, nil
+}
+
+func connect(url string, opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
+	if err != nil {
+		return nil, nil, err
+	}
+	js, err := jetstream.New(nc, opts...)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
