@@ -990,8 +990,12 @@ func TestClusterStoreOfAnotherCluster(t *testing.T) {
 	waitReplicasCurrent(t, js, "ORDERS", 3)
 	for _, nd := range nodes {
 		natstest.CheckFor(t, 30*time.Second, 100*time.Millisecond, func() error {
-			if b, _ := os.ReadFile(filepath.Join(nd.store, "holdfast-state.json")); !strings.Contains(string(b), `"cluster": "test-cluster"`) {
-				return fmt.Errorf("%s has not recorded its cluster yet", nd.name)
+			// Both streams: the start-up check below names what the file
+			// records, and the dead-letter stream may be recorded a check
+			// after ORDERS.
+			if b, _ := os.ReadFile(filepath.Join(nd.store, "holdfast-state.json")); !strings.Contains(string(b), `"cluster": "test-cluster"`) ||
+				!strings.Contains(string(b), `"ORDERS_DLQ"`) {
+				return fmt.Errorf("%s has not recorded its cluster and both streams yet", nd.name)
 			}
 			return nil
 		})
