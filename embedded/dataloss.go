@@ -702,8 +702,10 @@ func (s *Server) startRecorder() {
 			// Reading the positions through the JetStream API costs a few
 			// requests: skipped while the server's own fingerprint of them
 			// stays the same (an idle appliance).
+			// Not in a cluster: this node's fingerprint does not see the
+			// streams other nodes host, whose positions it records too.
 			now := s.StoreActivity()
-			if now != 0 && now == activity && time.Since(collected) < stateRecheck {
+			if !s.cfg.Cluster.Enabled() && now != 0 && now == activity && time.Since(collected) < stateRecheck {
 				continue
 			}
 			if err := s.recordStateIfChanged(ctx); err != nil {
