@@ -94,7 +94,7 @@ timeout = "10s"
 	b.waitText(`[data-consumer="ORDERS/WORKER1"] [data-field="pending"]`, "6")
 
 	// The handler's reason is shown as text, and not as an element.
-	failure := run(b, chromedp.Text(chromedp.CSS(`[data-consumer="ORDERS/PARSER"] [data-field="last_failure"]`)))
+	failure := b.text(`[data-consumer="ORDERS/PARSER"] [data-field="last_failure"]`)
 	images := run(b, chromedp.Evaluate[int](`document.querySelectorAll("img").length`))
 	if !strings.Contains(failure, xssReason) || images != 0 {
 		t.Fatalf("PARSER's last failure shows %q with %d <img> on the page; want the text %q and none", failure, images, xssReason)
@@ -244,13 +244,23 @@ func (b *browser) setVisibility(state string) {
 
 // waitText waits up to 10 s for the element sel to hold text want (digit
 // grouping left out).
+// text is the text of the element sel finds, "" while there is none or
+// it is not shown.
+func (b *browser) text(sel string) string {
+	b.t.Helper()
+	js := fmt.Sprintf(`(() => { const e = document.querySelector(%q); return e && e.offsetParent !== null ? e.textContent : ""; })()`, sel)
+	return run(b, chromedp.Evaluate[string](js))
+}
+
 func (b *browser) waitText(sel, want string) {
 	b.t.Helper()
 	var got string
 	deadline := time.Now().Add(10 * time.Second)
+	// Read in one evaluation: the page replaces its nodes at each poll, and
+	// a node found by one CDP call could be gone by the next ("No node
+	// with given id found").
 	for {
-		b.do(chromedp.WaitVisible(chromedp.CSS(sel)))
-		got = run(b, chromedp.Text(chromedp.CSS(sel)))
+		got = b.text(sel)
 		if strings.ReplaceAll(got, ",", "") == want {
 			return
 		}
