@@ -815,6 +815,17 @@ func (f *Forwarder) hubCannotStore(reason, hint string) {
 	f.storeErr, f.storeRetryAt = msg, time.Now().Add(storeRetry)
 }
 
+// stored records that the hub holds the messages up to last (of the
+// stream incarnation created), n of them stored just now: the position
+// moves to last, and forwarding is known to go on.
+func (f *Forwarder) stored(created time.Time, last *handler.Message, n uint64) {
+	f.hubStores()
+	f.advance(created, last)
+	f.stats.Forwarded.Add(n)
+	f.stats.LastForward.Store(time.Now().UnixNano())
+	f.stats.LastOriginTime.Store(last.Published.UnixNano())
+}
+
 // hubStores records that the hub's stream stored a message.
 func (f *Forwarder) hubStores() {
 	f.mu.Lock()
@@ -987,16 +998,13 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 				f.mu.Unlock()
 				continue
 			}
-			f.hubStores()
-			f.advance(created, m)
 			f.noteStored(ack.Stream, ack.Sequence)
 			if ack.Duplicate {
 				f.stats.Duplicates.Add(1)
+				f.stored(created, m, 0)
 			} else {
-				f.stats.Forwarded.Add(1)
+				f.stored(created, m, 1)
 			}
-			f.stats.LastForward.Store(time.Now().UnixNano())
-			f.stats.LastOriginTime.Store(m.Published.UnixNano())
 			return handler.Ok()
 		}
 		f.stats.Errors.Add(1)
@@ -1143,12 +1151,8 @@ func (b *batchSend) flush() {
 		err := f.publishAtomic(b.ctx, b.outs[k:])
 		if err == nil {
 			last := b.msgs[b.run[len(b.run)-1]]
-			f.hubStores()
-			f.advance(b.created[len(b.run)-1], last)
-			f.stats.Forwarded.Add(uint64(len(b.run) - k))
 			f.stats.Batches.Add(1)
-			f.stats.LastForward.Store(time.Now().UnixNano())
-			f.stats.LastOriginTime.Store(last.Published.UnixNano())
+			f.stored(b.created[len(b.run)-1], last, uint64(len(b.run)-k))
 			for ; k < len(b.run); k++ {
 				b.give(b.run[k], handler.Ok())
 			}
