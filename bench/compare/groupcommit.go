@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -108,7 +109,7 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 // benchstream on bench.data, file storage; taking atomic batches when
 // atomic.
 func createBenchStream(url string, atomic bool) error {
-	nc, js, err := connectJS(url)
+	nc, js, err := benchkit.Connect(url, 5*time.Second)
 	if err != nil {
 		return err
 	}

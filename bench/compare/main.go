@@ -18,7 +18,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +27,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -248,15 +248,6 @@ func num(v float64) string {
 
 func mib(b int64) float64 { return float64(b) / (1 << 20) }
 
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
-}
-
 // proc is a running server.
 type proc struct {
 	cmd  *exec.Cmd
@@ -343,7 +334,7 @@ func (e *env) stockConfig(mode, store string, port int) (string, error) {
 }
 
 func (e *env) startStock(mode, store string) (*proc, error) {
-	port, err := freePort()
+	port, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -486,7 +477,7 @@ func (e *env) stockPipeline(url string) (float64, error) {
 		r, err := e.natsBenchCSV(url, "consume.csv", "js", "consume", "--acks", "explicit")
 		done <- result{r, err}
 	}()
-	nc, js, err := connectJS(url)
+	nc, js, err := benchkit.Connect(url, 5*time.Second)
 	if err != nil {
 		return 0, err
 	}
@@ -650,7 +641,7 @@ func (e *env) holdfastRSS(mode string) (load, restart int64, pipeline float64, e
 // workers (none: 0) at log level warn; group_commit on the stream when
 // groupCommit. It returns the file and the NATS URL.
 func (e *env) holdfastConfig(name, store, sync string, workers int, groupCommit bool) (conf, url string, err error) {
-	port, err := freePort()
+	port, err := benchkit.FreePort()
 	if err != nil {
 		return "", "", err
 	}
@@ -705,7 +696,7 @@ func (e *env) holdfastPipeline(url string) (float64, error) {
 		_, err := e.natsBench(url, "js", "pub", "async", "bench.data", "--batch", "500")
 		return err
 	}
-	nc, js, err := connectJS(url)
+	nc, js, err := benchkit.Connect(url, 5*time.Second)
 	if err != nil {
 		return 0, err
 	}
@@ -767,7 +758,7 @@ func (e *env) holdfastPipeline(url string) (float64, error) {
 }
 
 func waitAcked(url, stream, consumer string, n uint64) error {
-	nc, js, err := connectJS(url)
+	nc, js, err := benchkit.Connect(url, 5*time.Second)
 	if err != nil {
 		return err
 	}
@@ -792,15 +783,3 @@ func waitAcked(url, stream, consumer string, n uint64) error {
 }
 
 // connectJS connects to url (5 s timeout) with a JetStream context.
-func connectJS(url string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}

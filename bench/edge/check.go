@@ -15,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 )
 
@@ -87,7 +88,7 @@ func examples(seqs []uint64) string {
 // readHub reads the hub's EDGE with an ordered consumer, from stream
 // sequence from to the last message it holds now.
 func readHub(url string, from uint64, fn func(jetstream.Msg) error) error {
-	nc, js, err := connect(url)
+	nc, js, err := benchkit.Connect(url, time.Second)
 	if err != nil {
 		return err
 	}

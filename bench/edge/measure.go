@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -51,7 +52,7 @@ func (e *env) measure(run int) (r result, err error) {
 	}()
 	var ports [3]int
 	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
+		if ports[i], err = benchkit.FreePort(); err != nil {
 			return r, err
 		}
 	}
@@ -113,7 +114,7 @@ func (e *env) measure(run int) (r result, err error) {
 func publishEdge(url string, count int, pace time.Duration, payload func() []byte) (time.Duration, error) {
 	var failed atomic.Int64
 	var firstErr atomic.Value
-	nc, js, err := connect(url,
+	nc, js, err := benchkit.Connect(url, time.Second,
 		jetstream.WithPublishAsyncMaxPending(*window),
 		jetstream.WithPublishAsyncTimeout(30*time.Second),
 		jetstream.WithPublishAsyncErrHandler(func(_ jetstream.JetStream, _ *nats.Msg, err error) {
@@ -181,13 +182,13 @@ func (e *env) catchUp(work string, hub, edge *node, want uint64, r *result) erro
 			return fmt.Errorf("the hub's EDGE holds %d of %d messages, none more for %s (last error: %v)", held, want, stallAfter, err)
 		}
 		if js == nil {
-			if _, js, err = connect(hub.url); err != nil {
+			if _, js, err = benchkit.Connect(hub.url, time.Second); err != nil {
 				js = nil
 				continue
 			}
 		}
 		var n uint64
-		if n, err = streamMsgs(js, "EDGE"); err != nil || n <= held {
+		if n, err = benchkit.StreamMsgs(js, "EDGE", 2*time.Second); err != nil || n <= held {
 			continue
 		}
 		at := time.Since(start)

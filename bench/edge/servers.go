@@ -2,10 +2,8 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,8 +12,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 )
 
 // env is what every run shares: the binaries and where runs keep their
@@ -184,42 +181,10 @@ func (n *node) waitStream(stream string) error {
 
 // streamMsgs connects and reads how many messages stream holds.
 func (n *node) streamMsgs(stream string) (uint64, error) {
-	nc, js, err := connect(n.url)
+	nc, js, err := benchkit.Connect(n.url, time.Second)
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	return streamMsgs(js, stream)
-}
-
-func streamMsgs(js jetstream.JetStream, stream string) (uint64, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, stream)
-	if err != nil {
-		return 0, err
-	}
-	return s.CachedInfo().State.Msgs, nil
-}
-
-func connect(url string, opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Timeout(time.Second))
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc, opts...)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return benchkit.StreamMsgs(js, stream, 2*time.Second)
 }

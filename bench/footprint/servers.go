@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"time"
 
-	"github.com/nats-io/nats.go"
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -46,7 +45,7 @@ func stockServer(bin string) *server {
 // client port and the HTTP port are set. It is filled with sync = "2m".
 func holdfastServer(name, bin string) *server {
 	return &server{name: name, bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
-		httpPort, err := freePort()
+		httpPort, err := benchkit.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -72,7 +71,7 @@ type proc struct {
 // waits until it answers JetStream requests and, for holdfast, until its
 // bootstrap created the default stream.
 func (srv *server) start(work, store string, fill bool) (*proc, error) {
-	port, err := freePort()
+	port, err := benchkit.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +117,7 @@ func (srv *server) start(work, store string, fill bool) (*proc, error) {
 // ready reports whether the server answers JetStream requests and holds
 // stream (when not "").
 func (p *proc) ready(stream string) error {
-	nc, js, err := connect(p.url)
+	nc, js, err := benchkit.Connect(p.url, 2*time.Second)
 	if err != nil {
 		return err
 	}
@@ -157,7 +156,7 @@ const (
 // fill creates fillStream and publishes n messages of size bytes into it
 // with asynchronous publishes, at most 500 PubAcks outstanding.
 func (p *proc) fill(n, size int) error {
-	nc, js, err := connect(p.url, jetstream.WithPublishAsyncMaxPending(500))
+	nc, js, err := benchkit.Connect(p.url, 2*time.Second, jetstream.WithPublishAsyncMaxPending(500))
 	if err != nil {
 		return err
 	}
@@ -218,38 +217,10 @@ func (p *proc) waitStored(n int) error {
 }
 
 func (p *proc) streamMsgs() (uint64, error) {
-	nc, js, err := connect(p.url)
+	nc, js, err := benchkit.Connect(p.url, 2*time.Second)
 	if err != nil {
 		return 0, err
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	s, err := js.Stream(ctx, fillStream)
-	if err != nil {
-		return 0, err
-	}
-	return s.CachedInfo().State.Msgs, nil
-}
-
-func connect(url string, opts ...jetstream.JetStreamOpt) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(url, nats.Timeout(2*time.Second))
-	if err != nil {
-		return nil, nil, err
-	}
-	js, err := jetstream.New(nc, opts...)
-	if err != nil {
-		nc.Close()
-		return nil, nil, err
-	}
-	return nc, js, nil
-}
-
-func freePort() (int, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
+	return benchkit.StreamMsgs(js, fillStream, 5*time.Second)
 }
