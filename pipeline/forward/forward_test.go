@@ -574,19 +574,10 @@ func TestForwardPositionOutlivesDuplicateWindow(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := context.Background()
-			orders, err := e.JS.Stream(ctx, "ORDERS")
-			if err != nil {
-				t.Fatal(err)
-			}
-			msg := func(seq uint64) *handler.Message {
-				m, err := orders.GetMsg(ctx, seq)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: seq, Delivery: 2, Data: m.Data, Published: m.Time}
-			}
 			handle := func(f *forward.Forwarder, seq uint64) {
-				if r := f.Handle(ctx, msg(seq)); r.Outcome != handler.Success {
+				m := storedMessage(e, seq)
+				m.Delivery = 2
+				if r := f.Handle(ctx, m); r.Outcome != handler.Success {
 					t.Fatalf("Handle(%d): %+v", seq, r)
 				}
 			}
@@ -693,18 +684,9 @@ func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	orders, err := e.JS.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var msgs []*handler.Message
 	for i := range 3 {
-		e.Publish("orders.created", fmt.Sprint(i), nil)
-		m, err := orders.GetMsg(ctx, uint64(i+1))
-		if err != nil {
-			t.Fatal(err)
-		}
-		msgs = append(msgs, &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: m.Sequence, Delivery: 1, Data: m.Data, Published: m.Time})
+		msgs = append(msgs, storedMessage(e, e.Publish("orders.created", fmt.Sprint(i), nil)))
 	}
 	// 2 failed and was dead-lettered; 1 and 3 went to the hub.
 	for _, m := range []*handler.Message{msgs[0], msgs[2]} {
@@ -889,4 +871,19 @@ func TestForwardHubStoreLost(t *testing.T) {
 	if s := f.Stats(); s.Resent.Load() != 7 || s.Gone.Load() != 3 {
 		t.Errorf("resent %d, gone %d: want 7 and 3", s.Resent.Load(), s.Gone.Load())
 	}
+}
+
+// storedMessage is the edge's message at seq as a worker hands it to the
+// forward handler on its first delivery.
+func storedMessage(e *pipelinetest.Env, seq uint64) *handler.Message {
+	e.T.Helper()
+	orders, err := e.JS.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	m, err := orders.GetMsg(context.Background(), seq)
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	return &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: seq, Delivery: 1, Data: m.Data, Published: m.Time}
 }
