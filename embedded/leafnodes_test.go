@@ -56,7 +56,9 @@ func leafEdgeConfig(t *testing.T, name string, hub *config.Config, remote config
 
 func waitFor(t *testing.T, what string, f func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
+	// The server's sources and mirrors, and leafnode links, start on
+	// their own timers: a loaded CI run took more than 10 s once.
+	deadline := time.Now().Add(30 * time.Second)
 	for !f() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
