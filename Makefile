@@ -7,13 +7,22 @@ LDFLAGS := -s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 GOFLAGS_BUILD := -trimpath -ldflags '$(LDFLAGS)'
 export CGO_ENABLED ?= 0
 
-.PHONY: all build nats-cli run test test-short fmt-check vet staticcheck tidy-check docs clean
+.PHONY: all help build man nats-cli run test test-short fmt-check vet staticcheck tidy-check docs clean
 
 all: build
+
+## help: this list: every target with what it does
+help:
+	@awk '/^## [a-z0-9-]+: / { sub(/^## /, ""); i = index($$0, ":"); printf "  %-16s %s\n", substr($$0, 1, i - 1), substr($$0, i + 2) }' $(MAKEFILE_LIST)
 
 ## build: the holdfast binary in bin/
 build:
 	$(GO) build $(GOFLAGS_BUILD) -o bin/holdfast ./cmd/holdfast
+
+## man: the manual page in bin/holdfast.1, from the commands themselves (read it with man -l bin/holdfast.1)
+man: build
+	./bin/holdfast man >bin/holdfast.1
+	@echo "man -l bin/holdfast.1"
 
 ## nats-cli: build the standard nats CLI (go tool nats) once, saying so: the first build takes about two minutes
 nats-cli:
@@ -73,11 +82,29 @@ PKG_ARCHES ?= amd64 arm64
 # Empty: derived from VERSION by packaging/build.sh.
 PKG_VERSION ?=
 
-.PHONY: package install-test
+.PHONY: demo-cluster demo-edge demo-stop
 
-## package: deb and rpm for $(PKG_ARCHES) in dist/ (static, stripped, reproducible)
+## demo-cluster: start examples/cluster's three nodes in the background (logs in data/), print their status
+demo-cluster: build
+	examples/demo.sh cluster
+
+## demo-edge: start examples/edge-hub's hub and edge in the background (logs in data/), print their status
+demo-edge: build
+	examples/demo.sh edge
+
+## demo-stop: stop what demo-cluster or demo-edge started
+demo-stop:
+	examples/demo.sh stop
+
+.PHONY: package release install-test
+
+## package: deb and rpm for $(PKG_ARCHES) in dist/ (static, stripped, reproducible; about a minute per architecture)
 package:
 	GO=$(GO) packaging/build.sh '$(VERSION)' '$(COMMIT)' '$(PKG_VERSION)' $(PKG_ARCHES)
+
+## release: package, then a tarball per architecture (binary, config, man page, licences) and dist/SHA256SUMS, checked
+release: package
+	packaging/release.sh
 
 ## install-test: install, restart, kill, upgrade (also from an older commit's packages) and purge the deb and rpm under a real systemd in a container (root; about 3 min once cached)
 install-test:
@@ -95,7 +122,7 @@ FUZZTIME ?= 30s
 
 .PHONY: powerloss chaos fuzz
 
-## powerloss: $(POWERLOSS_CYCLES) simulated power cuts with sync "always" (0 lost), with group commit (0 lost) and "2m" (loss measured)
+## powerloss: $(POWERLOSS_CYCLES) simulated power cuts with sync "always" (0 lost), with group commit (0 lost), MQTT QoS 1 devices (0 lost) and "2m" (loss measured)
 powerloss:
 	set -o pipefail; CGO_ENABLED=1 HOLDFAST_POWERLOSS_CYCLES=$(POWERLOSS_CYCLES) \
 	$(GO) test -count=1 -timeout 4h -run 'TestPowerLoss' -v ./cmd/holdfast/ 2>&1 | tee $${TMPDIR:-/tmp}/holdfast-powerloss.log | grep -E '^(powerloss:|--- |ok|FAIL|PASS)'
@@ -150,13 +177,30 @@ bench-edge: build nats-cli
 # Messages kept in a stream for the stored half of bench-footprint: filled
 # once per server (about 22 s each here with the fast sync modes).
 FOOTPRINT_STORED ?= 1000000
+# The jetstream.commit_window of the steady figures' holdfast+commit_window.
+COMMIT_WINDOW ?= 40ms
 
 .PHONY: bench-footprint
 
-## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always) and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s (writes dist/bench-footprint.md)
+## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always), the same with holdfast's default streams, and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s; then bytes and CPU per message at a steady 200 msg/s, also with COMMIT_WINDOW (writes dist/bench-footprint.md)
 bench-footprint: build
 	@mkdir -p dist
-	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -out dist/bench-footprint.md
+	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -commit-window $(COMMIT_WINDOW) -out dist/bench-footprint.md
+
+.PHONY: screenshots
+
+## screenshots: the status page at 360 and 1280 px, from its browser test (writes docs/img/status-*.png)
+screenshots:
+	@mkdir -p docs/img
+	HOLDFAST_SCREENSHOTS=$(CURDIR)/docs/img HOLDFAST_REQUIRE_BROWSER=1 $(GO) test -count=1 -run '^TestStatusPage$$' ./cmd/holdfast/
+
+.PHONY: bench-mqtt
+
+## bench-mqtt: MQTT QoS 1 throughput and PUBACK latency, 1 and 16 devices, into holdfast [mqtt], stock nats-server MQTT and Mosquitto (installed if missing); BENCH_RUNS runs (writes dist/bench-mqtt.md)
+bench-mqtt: build
+	@command -v mosquitto >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq mosquitto; }
+	@mkdir -p dist
+	$(GO) run ./bench/mqtt -holdfast bin/holdfast -runs $(BENCH_RUNS) -out dist/bench-mqtt.md
 
 .PHONY: bench-cluster
 

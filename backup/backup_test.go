@@ -1215,3 +1215,28 @@ func TestRestoreReplaceAccountsForEveryPubAck(t *testing.T) {
 	t.Logf("%d PubAcks: the replaced stream ended at %d (%d messages), the restored one at %d; %d lost",
 		len(acks), saved.LastSeq, saved.Messages, natstest.StreamInfo(t, js, "ORDERS").State.LastSeq, lost)
 }
+
+// A store the server could not create right after a stream of the same
+// name was deleted is retried: in a cluster (10049), and on one server
+// when the directory went away under the server's mkdir — as CI saw once
+// in TestCreateAndRestore's restore over an empty stream.
+func TestErrStoreNotReady(t *testing.T) {
+	single := errors.New(`restore failed: error adding stream: could not create storage directory - mkdir /tmp/x/004/jetstream/$G/streams: no such file or directory (10077) (10062)`)
+	cluster := errors.New("nats: API error: code=500 err_code=10049 description=error creating store for stream: ...")
+	for _, tc := range []struct {
+		err       error
+		clustered bool
+		want      bool
+	}{
+		{single, false, true},
+		{single, true, true},
+		{cluster, true, true},
+		{cluster, false, false},
+		{errors.New("could not create storage directory - mkdir /x: permission denied"), false, false},
+		{nil, true, false},
+	} {
+		if got := errStoreNotReady(tc.err, tc.clustered); got != tc.want {
+			t.Errorf("errStoreNotReady(%v, clustered %v) = %v, want %v", tc.err, tc.clustered, got, tc.want)
+		}
+	}
+}

@@ -96,13 +96,21 @@ func errNameInUse(err error) bool {
 	return jsm.IsNatsError(err, 10130) || (err != nil && strings.Contains(err.Error(), "stream name already in use"))
 }
 
-// errStoreNotReady reports the server's "error creating store for stream"
-// (10049). In a cluster it is transient right after the stream of the same
-// name was deleted: a replica may still be removing the old stream's
-// files.
-func errStoreNotReady(err error, nc *nats.Conn) bool {
-	return nc.ConnectedClusterName() != "" &&
-		(jsm.IsNatsError(err, 10049) || (err != nil && strings.Contains(err.Error(), "error creating store for stream")))
+// errStoreNotReady reports a store the server could not create for the
+// restored stream, transient right after a stream of the same name was
+// deleted: in a cluster "error creating store for stream" (10049), a
+// replica still removing the old stream's files; on one server "could not
+// create storage directory" for a directory that went away under it
+// (nats-server's account set-up removes an account's empty streams
+// directory).
+func errStoreNotReady(err error, clustered bool) bool {
+	if err == nil {
+		return false
+	}
+	if clustered && (jsm.IsNatsError(err, 10049) || strings.Contains(err.Error(), "error creating store for stream")) {
+		return true
+	}
+	return strings.Contains(err.Error(), "could not create storage directory") && strings.Contains(err.Error(), "no such file or directory")
 }
 
 // afterDelete, set by tests, runs between deleting a stream and restoring
@@ -310,8 +318,8 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				return r, nil
 			}
 		}
-		if attempt < restoreAttempts && ctx.Err() == nil && errStoreNotReady(err, nc) {
-			notice("stream %s: the cluster could not create its store yet (%v), as happens right after a stream of that name was deleted: deleting what the attempt left and restoring once more", e.Name, err)
+		if attempt < restoreAttempts && ctx.Err() == nil && errStoreNotReady(err, nc.ConnectedClusterName() != "") {
+			notice("stream %s: the server could not create its store yet (%v), as happens right after a stream of that name was deleted: deleting what the attempt left and restoring once more", e.Name, err)
 			st, exists = jetstream.StreamState{}, true
 			select {
 			case <-time.After(time.Second):

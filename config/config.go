@@ -40,6 +40,8 @@ type Config struct {
 	TLS       TLSConfig                  `toml:"tls"`
 	Cluster   ClusterConfig              `toml:"cluster"`
 	LeafNodes LeafNodesConfig            `toml:"leafnodes"`
+	MQTT      MQTTConfig                 `toml:"mqtt"`
+	WebSocket WebSocketConfig            `toml:"websocket"`
 
 	// serverNameSet: the file sets server.name (required with [cluster]
 	// or [leafnodes]); clusterTable, leafNodesTable: the file has the table.
@@ -67,12 +69,17 @@ type ServerConfig struct {
 
 // JetStreamConfig is the [jetstream] table: the persistent store.
 type JetStreamConfig struct {
-	StoreDir          string `toml:"store_dir"`
-	MaxMemoryStore    Size   `toml:"max_memory_store"`
-	MaxFileStore      Size   `toml:"max_file_store"`
-	Sync              string `toml:"sync"`
-	AllowTmpfs        bool   `toml:"allow_tmpfs"`
-	EncryptionKeyFile string `toml:"encryption_key_file"`
+	StoreDir       string `toml:"store_dir"`
+	MaxMemoryStore Size   `toml:"max_memory_store"`
+	MaxFileStore   Size   `toml:"max_file_store"`
+	Sync           string `toml:"sync"`
+	// CommitWindow, with Sync "always", has holdfast flush the streams'
+	// files at most once per window and answer each publish after the
+	// flush that holds it (embedded/store.Syncer); 0 leaves the flush of
+	// each write to the server.
+	CommitWindow      Duration `toml:"commit_window"`
+	AllowTmpfs        bool     `toml:"allow_tmpfs"`
+	EncryptionKeyFile string   `toml:"encryption_key_file"`
 	// EncryptionCipher is "chacha" (ChaCha20-Poly1305) or "aes" (AES-GCM).
 	EncryptionCipher string `toml:"encryption_cipher"`
 	// EncryptionOldKeyFile holds the previous key during a key rotation.
@@ -199,6 +206,7 @@ func DefaultConfig() *Config {
 		Log:       LogConfig{Level: "info", Format: "text"},
 		TLS:       TLSConfig{MinVersion: "1.2"},
 		LeafNodes: LeafNodesConfig{UnreachableAfter: Dur(DefaultUnreachableAfter), EdgeSubjects: slices.Clone(DefaultEdgeSubjects)},
+		MQTT:      MQTTConfig{AckWait: Dur(DefaultMQTTAckWait), MaxAckPending: DefaultMQTTMaxAckPending},
 	}
 }
 
@@ -379,6 +387,7 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 	out.leafNodesTable = md.IsDefined("leafnodes")
 	out.applyLeafNodeDefaults()
 	out.applyClusterDefaults(func(stream string) bool { return md.IsDefined("streams", stream, "replicas") })
+	out.applyCommitWindow(func(stream string) bool { return md.IsDefined("streams", stream, "group_commit") })
 	problems = append(problems, unknownKeys(string(data), md.Undecoded(), failed)...)
 	if len(problems) > 0 {
 		return nil, false, &ParseError{Source: source, Err: errors.New(strings.Join(problems, "\n  "))}

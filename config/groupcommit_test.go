@@ -1,6 +1,9 @@
 package config
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestGroupCommitRefusals: group_commit on a stream without subjects of
 // its own (a mirror, or only sources) is refused by its key path: nothing
@@ -21,5 +24,40 @@ func TestGroupCommitRefusals(t *testing.T) {
 	cfg := mustParse(t, a+"[streams.S]\nsubjects = [\"s.*\"]\nsources = [{ name = \"A\" }]\ngroup_commit = true\n")
 	if err := cfg.validateFile(); err != nil {
 		t.Fatalf("group commit with subjects and sources: %v", err)
+	}
+}
+
+// jetstream.commit_window turns group commit on for the streams clients
+// publish to, and is refused where a publish could be answered before
+// holdfast's flush.
+func TestCommitWindow(t *testing.T) {
+	cfg, err := Parse(strings.NewReader("[jetstream]\ncommit_window = \"40ms\"\n"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.CommitWindowOn() || !cfg.Streams[DefaultStreamName].GroupCommit {
+		t.Fatalf("commit_window 40ms: on %v, ORDERS group_commit %v", cfg.CommitWindowOn(), cfg.Streams[DefaultStreamName].GroupCommit)
+	}
+	for _, tc := range []struct{ name, toml, want string }{
+		{"negative", "[jetstream]\ncommit_window = \"-1ms\"", `jetstream.commit_window = -1ms: must be "0s"`},
+		{"too long", "[jetstream]\ncommit_window = \"2s\"", "at most 1s"},
+		{"sync interval", "[jetstream]\nsync = \"2m\"\ncommit_window = \"40ms\"", `needs jetstream.sync = "always"`},
+		{"group_commit false", "[jetstream]\ncommit_window = \"40ms\"\n[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = false", "streams.ORDERS.group_commit = false: with jetstream.commit_window = 40ms"},
+		{"hub", "[server]\nname = \"hub\"\n[jetstream]\ncommit_window = \"40ms\"\ndomain = \"hub\"\n[leafnodes]\nlisten = \"127.0.0.1:7422\"", "not supported on a hub"},
+		{"mqtt", "[server]\nname = \"e1\"\n[jetstream]\ncommit_window = \"40ms\"\n[mqtt]\nlisten = \"127.0.0.1:1883\"", "not supported with [mqtt]"},
+		{"cluster", "[server]\nname = \"n1\"\n[jetstream]\ncommit_window = \"40ms\"\n[cluster]\nname = \"c\"\nlisten = \"127.0.0.1:6222\"\nroutes = [\"nats-route://127.0.0.1:6223\"]", "not supported with [cluster]"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse(strings.NewReader(tc.toml), "test")
+			if err == nil {
+				err = cfg.Validate()
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
 	}
 }

@@ -63,6 +63,9 @@ type UserConfig struct {
 	// server info|list|report`, not for messages (the system account
 	// sees none of the streams).
 	System bool `toml:"system"`
+	// Admin lets the user replay and purge dead letters from the status
+	// page (logged in with its password on the monitoring listener).
+	Admin bool `toml:"admin"`
 }
 
 // TLSConfig is the [tls] table for the client port.
@@ -135,6 +138,9 @@ func (c *Config) validateSecurity(v *validator) {
 		}
 		if u.Password != "" && !IsBcrypt(u.Password) {
 			v.add(key+".password", "", "is not a bcrypt hash: plain-text passwords are refused; run `holdfast passwd` and paste the hash it prints (or put it in password_file)")
+		}
+		if u.Admin && u.Nkey != "" {
+			v.add(key+".admin", "true", "needs a password (password_file or password): the status page logs users in with one, an nkey cannot")
 		}
 		if u.Nkey != "" && !nkeys.IsValidPublicUserKey(u.Nkey) {
 			v.add(key+".nkey", q(u.Nkey), "not a public user nkey (56 characters starting with U): create one with `nk -gen user -pubout`")
@@ -291,6 +297,20 @@ func (c *Config) LoadSecrets() (*Secrets, error) {
 	checkExists(v, "cluster.cert_file", c.Cluster.CertFile)
 	checkExists(v, "cluster.ca_file", c.Cluster.CAFile)
 	checkTLSFiles(v, "cluster.", c.Cluster.CertFile, c.Cluster.KeyFile, c.Cluster.CAFile)
+	// The devices' and browsers' listeners, checked as the others: a
+	// certificate that does not load is refused by check, not found by
+	// run after the server started.
+	for _, t := range []struct{ prefix, cert, key, ca string }{
+		{"mqtt.", c.MQTT.CertFile, c.MQTT.KeyFile, c.MQTT.CAFile},
+		{"websocket.", c.WebSocket.CertFile, c.WebSocket.KeyFile, ""},
+	} {
+		if t.key != "" {
+			checkSecretFile(v, t.prefix+"key_file", t.key, false)
+		}
+		checkExists(v, t.prefix+"cert_file", t.cert)
+		checkExists(v, t.prefix+"ca_file", t.ca)
+		checkTLSFiles(v, t.prefix, t.cert, t.key, t.ca)
+	}
 	c.loadLeafSecrets(v, sec)
 	if len(v.problems) > 0 {
 		return nil, &ValidationError{Problems: v.problems}
@@ -424,6 +444,11 @@ func (c *Config) SecurityWarnings(source string) []string {
 	}
 	if c.Auth.Enabled() && !c.TLS.Enabled() && !IsLoopback(c.Server.Host) {
 		w = append(w, fmt.Sprintf("server.host = %q without [tls]: passwords and tokens cross the network in clear text", c.Server.Host))
+	}
+	if m := c.MQTT; m.Enabled() && !m.TLSEnabled() {
+		if host, _, err := m.HostPort(); err == nil && !IsLoopback(host) && c.Auth.Enabled() {
+			w = append(w, fmt.Sprintf("mqtt.listen = %q without mqtt.cert_file: devices' passwords cross the network in clear text", m.Listen))
+		}
 	}
 	if source != "" && c.HoldsSecret() {
 		if fi, err := os.Stat(source); err == nil && fi.Mode().Perm()&0o004 != 0 {

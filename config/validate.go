@@ -132,8 +132,10 @@ func (c *Config) validate(v *validator) {
 	v.oneOf("log.format", c.Log.Format, "text", "json")
 
 	c.validateSecurity(v)
+	c.validateMQTT(v)
 	c.validateStreams(v)
 	c.validateGroupCommit(v)
+	c.validateCommitWindow(v)
 	c.validateConsumers(v)
 }
 
@@ -494,6 +496,16 @@ func (c *Config) DeadLetterStreams() map[string][]string {
 		}
 	}
 	return out
+}
+
+// ReplayTimeout is how long a replay of a dead letter of consumer may
+// wait for its verdict: the longest its handler may take, and some.
+func (c *Config) ReplayTimeout(consumer string) time.Duration {
+	d := 30 * time.Second
+	if cc := c.Consumers[consumer]; cc != nil {
+		d = max(cc.AckWait.Duration, cc.Exec.Timeout.Duration, cc.HTTP.Timeout.Duration)
+	}
+	return d + 30*time.Second
 }
 
 // minStallTimeout is the shortest http.stall_timeout: the monitor checks

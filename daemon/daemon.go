@@ -18,6 +18,7 @@ import (
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/embedded/mqtt"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -52,7 +53,10 @@ type Daemon struct {
 	workersFrom map[string]*config.ConsumerConfig
 	monitor     *monitor.Monitor
 	gc          groupCommit
-	statusSub   *nats.Subscription
+	// mqtt is the devices' listener ([mqtt]); mqttConn its barriers'.
+	mqtt      *mqtt.Gate
+	mqttConn  *nats.Conn
+	statusSub *nats.Subscription
 	// started is when the status subject started to be served.
 	started   time.Time
 	reloadSub *nats.Subscription
@@ -66,6 +70,10 @@ type Daemon struct {
 	// forwarders are the forward handlers by consumer.
 	edge       *forward.EdgeView
 	forwarders map[string]*forward.Forwarder
+	// leafsSub answers, on a node of a hub cluster, which edges are linked
+	// to it; clusterNodes is the cluster's size, as its routes name it.
+	leafsSub     *nats.Subscription
+	clusterNodes int
 
 	// running is cfg for other goroutines (the monitor's Recreate):
 	// stored by Open and Reload.
@@ -141,6 +149,9 @@ func (d *Daemon) Open(ctx context.Context) error {
 	if err := d.openConsumers(ctx); err != nil {
 		return err
 	}
+	if err := d.openMQTT(); err != nil {
+		return err
+	}
 	if err := d.openMonitor(ctx); err != nil {
 		return err
 	}
@@ -162,6 +173,14 @@ func (d *Daemon) openServer(ctx context.Context) error {
 	}
 	if d.cfg.HTTP.Listen != "" {
 		d.http = newHTTPServer(d.cfg.HTTP.Listen, d.metrics, d.log, d.version)
+		var sec *config.Secrets
+		if d.cfg.Auth.Enabled() {
+			var err error
+			if sec, err = d.cfg.LoadSecrets(); err != nil {
+				return err
+			}
+		}
+		d.http.auth = newHTTPAuth(d.cfg, sec)
 		if err := d.http.Open(ctx); err != nil {
 			return err
 		}
@@ -173,7 +192,7 @@ func (d *Daemon) openServer(ctx context.Context) error {
 	d.running.Store(d.cfg)
 	d.notify.Status("bootstrapping streams and consumers")
 	d.http.setStep("bootstrapping streams and consumers")
-	if err := bootstrap.Apply(ctx, d.srv.JetStream(), d.cfg, d.log); err != nil {
+	if err := d.applyDesired(ctx, d.cfg); err != nil {
 		if why := d.srv.CreateFailure(); why != "" {
 			// The API error says "error creating store for stream";
 			// the server's log line says why (no space, no inodes, ...).
@@ -242,6 +261,7 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 	d.http.setMonitor(d.monitor)
 	d.started = time.Now()
 	d.http.setStatus(d.clientStatus)
+	d.http.setDeadLetters(d)
 	var err error
 	if d.statusSub, err = serveStatus(d); err != nil {
 		return err
@@ -430,7 +450,17 @@ func startupLosses(srv *embedded.Server) []string {
 // monitor when one disappeared while running; the workers resume on
 // their own once their consumer is back.
 func (d *Daemon) recreate(ctx context.Context) error {
-	return bootstrap.Apply(ctx, d.srv.JetStream(), d.running.Load(), d.log)
+	return d.applyDesired(ctx, d.running.Load())
+}
+
+// applyDesired creates or updates the streams and consumers of cfg, and
+// flushes their definitions to disk when the server does not
+// (jetstream.commit_window).
+func (d *Daemon) applyDesired(ctx context.Context, cfg *config.Config) error {
+	if err := bootstrap.Apply(ctx, d.srv.JetStream(), cfg, d.log); err != nil {
+		return err
+	}
+	return d.srv.Flush()
 }
 
 // handlerTimeout is the longest a consumer's handler may run: the exec or
@@ -558,6 +588,7 @@ func (d *Daemon) Healthy(ctx context.Context) error {
 func (d *Daemon) Close(ctx context.Context) error {
 	d.closeOnce.Do(func() {
 		d.http.setPhase(phaseStopping)
+		d.closeMQTT()
 		if d.stopWatch != nil {
 			d.stopWatch()
 		}
@@ -614,6 +645,9 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 		d.stats[name] = &pipeline.Stats{}
 	}
 	opts := ConsumerOptions(name, cc, h)
+	if cfg.CommitWindowOn() {
+		opts.FlushDeadLetters = d.srv.Flush
+	}
 	if fw != nil && opts.Workers > 1 {
 		// The hub's position says what it holds only if the messages
 		// go out in order.
@@ -712,7 +746,7 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 	for _, name := range stopGC {
 		d.closeGroupCommit(ctx, name)
 	}
-	if err := bootstrap.Apply(ctx, d.srv.JetStream(), &trial, d.log); err != nil {
+	if err := d.applyDesired(ctx, &trial); err != nil {
 		// Drift is found before anything changes; a refusal by the
 		// server stops at that stream or consumer, after those logged
 		// as updated above.

@@ -45,6 +45,9 @@ func (d *Daemon) openGroupCommit(ctx context.Context, cfg *config.Config, name s
 	}
 	opts := ingest.OptionsFor(cfg, name)
 	opts.Metrics = g.metrics
+	if cfg.CommitWindowOn() {
+		opts.Flush = d.srv.Flush
+	}
 	c := ingest.New(nc, opts, d.log)
 	if err := c.Open(ctx); err != nil {
 		return err

@@ -63,7 +63,11 @@ type httpServer struct {
 	mon *monitor.Monitor
 	// status collects what /status.json serves, set with the monitor.
 	status func(context.Context) *ClientStatus
-	phase  string
+	// auth decides who may read and who may change; dl serves the dead
+	// letters to the page, set with the monitor.
+	auth  *httpAuth
+	dl    *Daemon
+	phase string
 	// step is what start-up is doing (the sd_notify STATUS= line), for
 	// /healthz while it is not serving.
 	step string
@@ -92,7 +96,7 @@ func (h *httpServer) Open(ctx context.Context) error {
 	}
 	h.ln = ln
 	h.srv = &http.Server{
-		Handler:           h.routes(),
+		Handler:           h.auth.guard(h.routes()),
 		ReadHeaderTimeout: min(httpReadHeaderTimeout, h.readTimeout),
 		ReadTimeout:       h.readTimeout,
 		WriteTimeout:      h.writeTimeout,
@@ -154,6 +158,17 @@ func (h *httpServer) setMonitor(mon *monitor.Monitor) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.mon = mon
+}
+
+// setDeadLetters lets the page read the dead letters (and an admin act on
+// them) through d.
+func (h *httpServer) setDeadLetters(d *Daemon) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.dl = d
+	h.mu.Unlock()
 }
 
 // setStatus sets what collects /status.json.
@@ -230,10 +245,11 @@ func (h *httpServer) routes() http.Handler {
 	mux.Handle("GET /{$}", page)
 	mux.Handle("GET "+statuspage.ScriptPath, page)
 	mux.HandleFunc("GET /status.json", h.statusJSON)
+	h.deadLetterRoutes(mux)
 	mux.HandleFunc("GET /endpoints", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		fmt.Fprintf(w, "holdfast %s\n\n/             the status page\n/status.json  what the status page shows: holdfast status --json\n"+
-			"/metrics      Prometheus metrics\n/healthz      200 when healthy, 503 with a JSON reason\n/readyz       200 once start-up is complete\n", h.version)
+			"/metrics      Prometheus metrics\n/deadletters.json  the newest dead letters (?consumer=NAME&limit=N)\n/deadletter.json   one dead letter (?stream=S&seq=N)\n/healthz      200 when healthy, 503 with a JSON reason\n/readyz       200 once start-up is complete\n", h.version)
 		for _, name := range NATSEndpoints {
 			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
 		}

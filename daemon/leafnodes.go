@@ -2,10 +2,14 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 )
 
@@ -53,8 +57,69 @@ func (d *Daemon) openEdgeView() (*forward.EdgeView, error) {
 			d.log.Warn("the edges the hub's streams hold are not read back: they show once they forward again", "err", err)
 		}
 	}
+	if l.Hub() {
+		if err := d.answerLeafs(); err != nil {
+			return nil, err
+		}
+		v.LinkedEdges = d.linkedEdges
+	}
 	d.metrics.Registry().MustRegister(v)
 	return v, nil
+}
+
+// answerLeafs answers, on a node of a hub cluster, which edges are linked
+// to it, for the other nodes' view of the fleet.
+func (d *Daemon) answerLeafs() error {
+	if !d.cfg.Cluster.Enabled() {
+		return nil
+	}
+	d.clusterNodes = d.srv.ClusterNodes()
+	sub, err := d.srv.Conn().Subscribe(subjects.Leafs(d.cfg.Cluster.Name), func(m *nats.Msg) {
+		b, _ := json.Marshal(d.srv.LeafEdges())
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		return fmt.Errorf("cannot answer for this node's edges: %w", err)
+	}
+	d.leafsSub = sub
+	return nil
+}
+
+// linkedEdges returns the edges linked to this hub: to this node, and in
+// a hub cluster to any node that answers within half a second.
+func (d *Daemon) linkedEdges(ctx context.Context) map[string]bool {
+	out := map[string]bool{}
+	for _, n := range d.srv.LeafEdges() {
+		out[n] = true
+	}
+	if d.leafsSub == nil || d.clusterNodes < 2 {
+		return out
+	}
+	nc := d.srv.Conn()
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		return out
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(subjects.Leafs(d.cfg.Cluster.Name), inbox, nil); err != nil {
+		return out
+	}
+	ctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	for range d.clusterNodes { // every node answers, this one too
+		m, err := sub.NextMsgWithContext(ctx)
+		if err != nil {
+			break
+		}
+		var names []string
+		if json.Unmarshal(m.Data, &names) == nil {
+			for _, n := range names {
+				out[n] = true
+			}
+		}
+	}
+	return out
 }
 
 // openForwarder builds and opens the forward handler of consumer name. A
@@ -113,5 +178,9 @@ func (d *Daemon) closeLeaf() {
 	}
 	if d.edge != nil {
 		d.edge.Hub.Close()
+	}
+	if d.leafsSub != nil {
+		_ = d.leafsSub.Unsubscribe()
+		d.leafsSub = nil
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -78,5 +79,40 @@ func TestTroubleshootingTextsExist(t *testing.T) {
 	}
 	if n < 10 {
 		t.Errorf("only %d quoted texts found in docs/troubleshooting.md", n)
+	}
+}
+
+// TestDocLinksResolve: every relative link of the README, docs/,
+// examples/ and bench/results/ names a file or directory that exists.
+func TestDocLinksResolve(t *testing.T) {
+	var pages []string
+	for _, pattern := range []string{"../README.md", "../CHANGELOG.md", "../docs/*.md", "../examples/*/README.md", "../bench/results/*.md"} {
+		m, err := filepath.Glob(pattern)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pages = append(pages, m...)
+	}
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	n := 0
+	for _, page := range pages {
+		text, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range link.FindAllStringSubmatch(string(text), -1) {
+			target := m[1]
+			if strings.Contains(target, "://") || strings.HasPrefix(target, "#") || strings.HasPrefix(target, "mailto:") {
+				continue
+			}
+			target, _, _ = strings.Cut(target, "#")
+			n++
+			if _, err := os.Stat(filepath.Join(filepath.Dir(page), target)); err != nil {
+				t.Errorf("%s links to %s, which does not exist", strings.TrimPrefix(page, "../"), m[1])
+			}
+		}
+	}
+	if n < 50 {
+		t.Errorf("only %d relative links found", n)
 	}
 }

@@ -75,11 +75,12 @@ func restartOnlyChanges(cur, next *config.Config) []string {
 
 // restartOnlyKeys are the tables and keys only a restart applies; of
 // the rest, only consumers.NAME.stream needs one.
-var restartOnlyKeys = []string{"server", "jetstream", "cluster", "leafnodes", "http", "auth", "tls", "log.format"}
+var restartOnlyKeys = []string{"server", "jetstream", "cluster", "leafnodes", "mqtt", "websocket", "http", "auth", "tls", "log.format"}
 
 // restartOnly is cfg's value of each of restartOnlyKeys.
 func restartOnly(cfg *config.Config) map[string]any {
 	return map[string]any{"server": cfg.Server, "jetstream": cfg.JetStream, "cluster": cfg.Cluster, "leafnodes": cfg.LeafNodes,
+		"mqtt": cfg.MQTT, "websocket": cfg.WebSocket,
 		"http": cfg.HTTP, "auth": cfg.Auth, "tls": cfg.TLS, "log.format": cfg.Log.Format}
 }
 

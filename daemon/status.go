@@ -15,8 +15,10 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sys/unix"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/mqtt"
 	"github.com/holdfast-io/holdfast/ingest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
@@ -25,22 +27,32 @@ import (
 
 // StatusReply is the daemon's answer on subjects.Status.
 type StatusReply struct {
-	Version    string              `json:"version"`
-	NATSServer string              `json:"nats_server"`
-	ServerName string              `json:"server_name"`
-	PID        int                 `json:"pid"`
-	Started    time.Time           `json:"started"`
-	StoreDir   string              `json:"store_dir"`
-	Sync       string              `json:"sync"`
-	Domain     string              `json:"domain,omitempty"`
-	HTTPListen string              `json:"http_listen,omitempty"`
-	FailOnLoss bool                `json:"fail_on_loss"`
-	Health     monitor.Health      `json:"health"`
-	Report     *monitor.Report     `json:"report"`
-	Cluster    *ClusterStatus      `json:"cluster,omitempty"`
-	Leafnodes  *forward.EdgeStatus `json:"leafnodes,omitempty"`
+	Version    string    `json:"version"`
+	NATSServer string    `json:"nats_server"`
+	ServerName string    `json:"server_name"`
+	PID        int       `json:"pid"`
+	Started    time.Time `json:"started"`
+	StoreDir   string    `json:"store_dir"`
+	// DiskFree and DiskSize are the store's file system's, in bytes (0
+	// when unknown).
+	DiskFree int64  `json:"disk_free,omitempty"`
+	DiskSize int64  `json:"disk_size,omitempty"`
+	Sync     string `json:"sync"`
+	// CommitWindow is jetstream.commit_window when on ("40ms"), or "".
+	CommitWindow string              `json:"commit_window,omitempty"`
+	Domain       string              `json:"domain,omitempty"`
+	HTTPListen   string              `json:"http_listen,omitempty"`
+	FailOnLoss   bool                `json:"fail_on_loss"`
+	Health       monitor.Health      `json:"health"`
+	Report       *monitor.Report     `json:"report"`
+	Cluster      *ClusterStatus      `json:"cluster,omitempty"`
+	Leafnodes    *forward.EdgeStatus `json:"leafnodes,omitempty"`
 	// GroupCommit holds the counters of each stream with group commit.
 	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
+	// MQTT is the devices' listener ([mqtt]).
+	MQTT *mqtt.Stats `json:"mqtt,omitempty"`
+	// History is each consumer's recent samples, by "STREAM/CONSUMER".
+	History map[string][]monitor.Sample `json:"history,omitempty"`
 }
 
 // serveStatus answers subjects.Status on the daemon's in-process connection
@@ -69,22 +81,38 @@ func serveStatus(d *Daemon) (*nats.Subscription, error) {
 func (d *Daemon) statusReply(ctx context.Context) *StatusReply {
 	cfg := d.running.Load() // its server, jetstream and http sections never change at reload
 	reply := &StatusReply{
-		Version:    d.version,
-		NATSServer: server.VERSION,
-		ServerName: cfg.Server.Name,
-		PID:        os.Getpid(),
-		Started:    d.started,
-		StoreDir:   d.srv.StoreDir(),
-		Sync:       cfg.JetStream.Sync,
-		Domain:     cfg.JetStream.Domain,
-		HTTPListen: d.http.Addr(),
-		FailOnLoss: cfg.HTTP.FailOnLoss,
-		Report:     d.monitor.CheckNow(ctx),
-		Cluster:    d.peers.clusterView(d.srv.NATS()),
-		Leafnodes:  d.edge.Status(ctx),
+		Version:      d.version,
+		NATSServer:   server.VERSION,
+		ServerName:   cfg.Server.Name,
+		PID:          os.Getpid(),
+		Started:      d.started,
+		StoreDir:     d.srv.StoreDir(),
+		Sync:         cfg.JetStream.Sync,
+		CommitWindow: commitWindow(cfg),
+		Domain:       cfg.JetStream.Domain,
+		HTTPListen:   d.http.Addr(),
+		FailOnLoss:   cfg.HTTP.FailOnLoss,
+		Report:       d.monitor.CheckNow(ctx),
+		Cluster:      d.peers.clusterView(d.srv.NATS()),
+		Leafnodes:    d.edge.Status(ctx),
 	}
 	reply.Health = d.monitor.Health()
+	var fs unix.Statfs_t
+	if err := unix.Statfs(reply.StoreDir, &fs); err == nil {
+		reply.DiskFree, reply.DiskSize = int64(fs.Bavail)*fs.Bsize, int64(fs.Blocks)*fs.Bsize
+	}
 	reply.GroupCommit = d.groupCommitStats()
+	if reply.Report != nil {
+		reply.History = map[string][]monitor.Sample{}
+		for _, c := range reply.Report.Consumers {
+			reply.History[c.Stream+"/"+c.Name] = d.monitor.History(c.Stream, c.Name)
+		}
+	}
+	if d.mqtt != nil {
+		st := d.mqtt.Stats()
+		st.Sessions, st.InFlight = mqtt.Sessions(ctx, d.srv.JetStream())
+		reply.MQTT = &st
+	}
 	return reply
 }
 
@@ -127,6 +155,7 @@ type ClientStatus struct {
 	Streams   []StreamStatus      `json:"streams"`
 	Consumers []ConsumerStatus    `json:"consumers"`
 	Leafnodes *forward.EdgeStatus `json:"leafnodes,omitempty"`
+	MQTT      *mqtt.Stats         `json:"mqtt,omitempty"`
 }
 
 // DaemonInfo is what the daemon says about itself in its StatusReply.
@@ -143,15 +172,19 @@ type DaemonInfo struct {
 // JetStreamStatus is the JetStream account of the client, with the store
 // settings the daemon reports.
 type JetStreamStatus struct {
-	Enabled   bool         `json:"enabled"`
-	Error     string       `json:"error,omitempty"`
-	StoreDir  string       `json:"store_dir,omitempty"`
-	Sync      string       `json:"sync,omitempty"`
-	Domain    string       `json:"domain,omitempty"`
-	File      StorageUsage `json:"file"`
-	Memory    StorageUsage `json:"memory"`
-	Streams   int          `json:"streams"`
-	Consumers int          `json:"consumers"`
+	Enabled  bool   `json:"enabled"`
+	Error    string `json:"error,omitempty"`
+	StoreDir string `json:"store_dir,omitempty"`
+	DiskFree int64  `json:"disk_free,omitempty"`
+	DiskSize int64  `json:"disk_size,omitempty"`
+	Sync     string `json:"sync,omitempty"`
+	// CommitWindow is jetstream.commit_window when on, or "".
+	CommitWindow string       `json:"commit_window,omitempty"`
+	Domain       string       `json:"domain,omitempty"`
+	File         StorageUsage `json:"file"`
+	Memory       StorageUsage `json:"memory"`
+	Streams      int          `json:"streams"`
+	Consumers    int          `json:"consumers"`
 }
 
 // StorageUsage is the use of one JetStream storage type, in bytes.
@@ -205,6 +238,9 @@ type ConsumerStatus struct {
 	BacklogRatio    map[string]float64    `json:"backlog_ratio,omitempty"`
 	Warnings        []string              `json:"warnings,omitempty"`
 	Workers         *monitor.WorkerStatus `json:"workers"`
+	// History is the last 15 minutes of its backlog and acknowledgements,
+	// a sample every 10 s (from the daemon; the status page's chart).
+	History []monitor.Sample `json:"history,omitempty"`
 	// Leader and Replicas are the consumer's Raft group in a cluster.
 	Leader   string                  `json:"leader,omitempty"`
 	Replicas []monitor.ReplicaStatus `json:"replicas,omitempty"`
@@ -257,6 +293,9 @@ func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jets
 			co.Handler = dc.Handler
 			ws := dc.Workers
 			co.Workers = &ws
+			if reply.History != nil {
+				co.History = reply.History[ref.stream+"/"+ref.name]
+			}
 		}
 		st.Consumers = append(st.Consumers, co)
 	}
@@ -305,10 +344,13 @@ func (st *ClientStatus) useReply(reply *StatusReply) {
 	h := reply.Health
 	st.Health = &h
 	st.JetStream.StoreDir = reply.StoreDir
+	st.JetStream.DiskFree, st.JetStream.DiskSize = reply.DiskFree, reply.DiskSize
 	st.JetStream.Sync = reply.Sync
+	st.JetStream.CommitWindow = reply.CommitWindow
 	st.JetStream.Domain = reply.Domain
 	st.Cluster = reply.Cluster
 	st.Leafnodes = reply.Leafnodes
+	st.MQTT = reply.MQTT
 }
 
 // readAccount reads the client's JetStream account into st.JetStream,
@@ -517,4 +559,13 @@ func localHealthz(ctx context.Context, listen string) *monitor.Health {
 		return nil
 	}
 	return &h
+}
+
+// commitWindow is cfg's jetstream.commit_window as status shows it: "" when
+// off.
+func commitWindow(cfg *config.Config) string {
+	if !cfg.CommitWindowOn() {
+		return ""
+	}
+	return cfg.JetStream.CommitWindow.Duration.String()
 }

@@ -86,7 +86,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 	restarted := (host + 1) % len(cfgs)
 	dir := cfgs[restarted].JetStream.StoreDir
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		st, err := ReadStoreState(dir)
+		st, err := store.ReadStoreState(dir)
 		if err != nil {
 			return err
 		}
@@ -118,7 +118,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 	}
 	// The recorder keeps ONE's position while it is unavailable.
 	time.Sleep(500 * time.Millisecond)
-	st, err := ReadStoreState(dir)
+	st, err := store.ReadStoreState(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestClusterCheckNeverTakesAnUnansweredStreamForLost(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 20*time.Second, 50*time.Millisecond, func() error {
-		st, err := ReadStoreState(dir)
+		st, err := store.ReadStoreState(dir)
 		if err != nil {
 			return err
 		}
@@ -180,7 +180,7 @@ func TestClusterStreamDeletedWhileANodeWasDown(t *testing.T) {
 	down := 2
 	dir := cfgs[down].JetStream.StoreDir
 	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		st, err := ReadStoreState(dir)
+		st, err := store.ReadStoreState(dir)
 		if err != nil {
 			return err
 		}
@@ -317,11 +317,11 @@ func TestClusterKeyRotation(t *testing.T) {
 	// made here: in this harness it does not bring the stream back within
 	// 30 s even without a rotation.)
 	for _, c := range cfgs {
-		res, err := rekeyStore(filepath.Join(c.JetStream.StoreDir, "jetstream"), strings.Repeat("n", 44), "", newKey, "")
+		res, err := store.Rekey(filepath.Join(c.JetStream.StoreDir, "jetstream"), strings.Repeat("n", 44), "", newKey, "")
 		if err != nil {
 			t.Errorf("%s: %v", c.Server.Name, err)
-		} else if res.total < 5 {
-			t.Errorf("%s: only %d key files", c.Server.Name, res.total)
+		} else if res.Total < 5 {
+			t.Errorf("%s: only %d key files", c.Server.Name, res.Total)
 		}
 	}
 }

@@ -65,14 +65,14 @@ func closeServer(t *testing.T, s *Server) {
 // store had lost that many messages since.
 func bumpRecorded(t *testing.T, dir, stream string, by uint64) {
 	t.Helper()
-	st, err := ReadStoreState(dir)
+	st, err := store.ReadStoreState(dir)
 	if err != nil || st == nil {
 		t.Fatalf("no recorded state (%v)", err)
 	}
 	rec := st.Streams[stream]
 	rec.LastSeq += by
 	st.Streams[stream] = rec
-	if err := WriteStoreState(dir, st); err != nil {
+	if err := store.WriteStoreState(dir, st); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -89,7 +89,7 @@ func TestCleanRestartReportsNoLoss(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeServer(t, s)
-	st, err := ReadStoreState(cfg.JetStream.StoreDir)
+	st, err := store.ReadStoreState(cfg.JetStream.StoreDir)
 	if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 5 || st.Consumers["ORDERS/WORKER1"].Name != "WORKER1" {
 		t.Fatalf("recorded state at Close = %+v, %v; want ORDERS at last seq 5 and WORKER1", st, err)
 	}
@@ -137,9 +137,9 @@ func TestStreamGoneBackwardsRefuses(t *testing.T) {
 	cfg.JetStream.OnDataLoss = "refuse"
 
 	_, _, err := reopen(t, cfg, false)
-	var dle *DataLossError
-	if !errors.Is(err, ErrDataLoss) || !errors.As(err, &dle) {
-		t.Fatalf("Open = %v, want a DataLossError", err)
+	var dle *store.DataLossError
+	if !errors.Is(err, store.ErrDataLoss) || !errors.As(err, &dle) {
+		t.Fatalf("Open = %v, want a store.DataLossError", err)
 	}
 	for _, want := range []string{"stream ORDERS went backwards", "10 recorded, 3 found", "on_data_loss = \"warn\"", store.StateFileName} {
 		if !strings.Contains(err.Error(), want) {
@@ -147,7 +147,7 @@ func TestStreamGoneBackwardsRefuses(t *testing.T) {
 		}
 	}
 	// Refused again, until accepted: the record is untouched.
-	if _, _, err := reopen(t, cfg, false); !errors.Is(err, ErrDataLoss) {
+	if _, _, err := reopen(t, cfg, false); !errors.Is(err, store.ErrDataLoss) {
 		t.Fatalf("second start = %v, want refused again", err)
 	}
 	s3, _, err := reopen(t, cfg, true)
@@ -207,7 +207,7 @@ func TestVanishedStreamRefusedKeepsItsDirectory(t *testing.T) {
 	}
 	cfg.JetStream.OnDataLoss = "refuse"
 	_, _, err := reopen(t, cfg, false)
-	if !errors.Is(err, ErrDataLoss) || !strings.Contains(err.Error(), "stream ORDERS vanished") {
+	if !errors.Is(err, store.ErrDataLoss) || !strings.Contains(err.Error(), "stream ORDERS vanished") {
 		t.Fatalf("Open = %v, want refused for the vanished ORDERS", err)
 	}
 	if _, err := os.Stat(streamDir); err != nil {
@@ -220,11 +220,11 @@ func TestConsumerGoneBackwardsOnlyWarns(t *testing.T) {
 	cfg := configtest.Default(t)
 	s, _ := lossServer(t, cfg, 1)
 	closeServer(t, s)
-	st, _ := ReadStoreState(cfg.JetStream.StoreDir)
+	st, _ := store.ReadStoreState(cfg.JetStream.StoreDir)
 	c := st.Consumers["ORDERS/WORKER1"]
 	c.AckFloor = 1
 	st.Consumers["ORDERS/WORKER1"] = c
-	if err := WriteStoreState(cfg.JetStream.StoreDir, st); err != nil {
+	if err := store.WriteStoreState(cfg.JetStream.StoreDir, st); err != nil {
 		t.Fatal(err)
 	}
 	cfg.JetStream.OnDataLoss = "refuse"
@@ -237,30 +237,6 @@ func TestConsumerGoneBackwardsOnlyWarns(t *testing.T) {
 	}
 	if !strings.Contains(lb.String(), "consumer WORKER1 on stream ORDERS went back") {
 		t.Errorf("not logged:\n%s", lb.String())
-	}
-}
-
-func TestStoreStateFile(t *testing.T) {
-	dir := t.TempDir()
-	if st, err := ReadStoreState(dir); st != nil || err != nil {
-		t.Fatalf("empty dir: %v, %v", st, err)
-	}
-	want := &StoreState{Version: 1, Streams: map[string]StreamRecord{"A": {LastSeq: 9}}}
-	if err := WriteStoreState(dir, want); err != nil {
-		t.Fatal(err)
-	}
-	got, err := ReadStoreState(dir)
-	if err != nil || got.Streams["A"].LastSeq != 9 {
-		t.Fatalf("read back %+v, %v", got, err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, store.StateFileName+".tmp")); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("temp file left behind")
-	}
-	if err := os.WriteFile(filepath.Join(dir, store.StateFileName), []byte("{garbage"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ReadStoreState(dir); err == nil || !strings.Contains(err.Error(), "remove it") {
-		t.Errorf("corrupt state file: %v, want an error saying to remove it", err)
 	}
 }
 
@@ -280,7 +256,7 @@ func TestRecorderRecordsWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		st, err := store.ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil {
 			return err
 		}
@@ -377,68 +353,6 @@ func corruptStreamState(t *testing.T, s *Server, name string) (jetstream.StreamS
 	return info.State, nil
 }
 
-// Two losses of the same stream within a second keep both directories.
-func TestOrphanNamesNeverCollide(t *testing.T) {
-	dir := t.TempDir()
-	at := time.Now()
-	var moved []string
-	for range 3 {
-		streamDir := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS")
-		if err := os.MkdirAll(streamDir, 0o750); err != nil {
-			t.Fatal(err)
-		}
-		to, err := moveOrphan(dir, "ORDERS", at)
-		if err != nil {
-			t.Fatalf("moveOrphan: %v", err)
-		}
-		moved = append(moved, to)
-	}
-	if moved[0] == moved[1] || moved[1] == moved[2] || moved[0] == moved[2] {
-		t.Fatalf("orphan dirs reused a name: %v", moved)
-	}
-	for _, m := range moved {
-		if _, err := os.Stat(m); err != nil {
-			t.Error(err)
-		}
-	}
-}
-
-// A vanished stream's name is matched exactly, not as a glob pattern: the
-// stream "A?" takes only its own directory, never the healthy "AB"'s, and
-// a name that is a bad pattern ("A[") still finds its directory.
-func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
-	dir := t.TempDir()
-	streams := filepath.Join(dir, "jetstream", "$G", "streams")
-	for _, name := range []string{"AB", "A[", "A?"} {
-		if err := os.MkdirAll(filepath.Join(streams, name), 0o750); err != nil {
-			t.Fatal(err)
-		}
-	}
-	to, err := moveOrphan(dir, "A?", time.Now())
-	if err != nil {
-		t.Fatalf("moveOrphan(A?): %v", err)
-	}
-	if to == "" || strings.Contains(to, ",") {
-		t.Fatalf("moveOrphan(A?) moved %q, want exactly one directory", to)
-	}
-	if _, err := os.Stat(filepath.Join(streams, "AB")); err != nil {
-		t.Fatalf("the healthy stream AB lost its directory: %v", err)
-	}
-	if _, err := os.Stat(filepath.Join(streams, "A?")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("A?'s directory is still in place: %v", err)
-	}
-	to, err = moveOrphan(dir, "A[", time.Now())
-	if err != nil || to == "" {
-		t.Fatalf("moveOrphan(A[) = %q, %v: want its directory moved", to, err)
-	}
-	if _, err := os.Stat(filepath.Join(streams, "A[")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("A['s directory is still in place: %v", err)
-	}
-	if to, err := moveOrphan(dir, "NONE", time.Now()); err != nil || to != "" {
-		t.Fatalf("moveOrphan(NONE) = %q, %v: want nothing moved", to, err)
-	}
-}
-
 // An idle server does not rewrite the state file every interval; a change
 // is recorded.
 func TestRecorderWritesOnlyOnChange(t *testing.T) {
@@ -464,7 +378,7 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 	}
 	var first uint64
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		st, err := store.ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil || st == nil || len(st.Consumers) == 0 {
 			return fmt.Errorf("bootstrap not recorded yet: %v", err)
 		}
@@ -483,7 +397,7 @@ func TestRecorderWritesOnlyOnChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		st, err := ReadStoreState(cfg.JetStream.StoreDir)
+		st, err := store.ReadStoreState(cfg.JetStream.StoreDir)
 		if err != nil || st == nil || st.Streams["ORDERS"].LastSeq != 1 {
 			return fmt.Errorf("ORDERS at seq 1 not recorded yet: %v", err)
 		}
@@ -530,7 +444,7 @@ func TestMemoryConsumerIsNotRecorded(t *testing.T) {
 		t.Fatal(err)
 	}
 	closeServer(t, s)
-	if st, _ := ReadStoreState(cfg.JetStream.StoreDir); st == nil || len(st.Consumers) != 1 {
+	if st, _ := store.ReadStoreState(cfg.JetStream.StoreDir); st == nil || len(st.Consumers) != 1 {
 		t.Errorf("recorded consumers: %+v, want only ORDERS/WORKER1", st)
 	}
 	s2, lb, err := reopen(t, cfg, false)

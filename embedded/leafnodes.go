@@ -689,6 +689,26 @@ func (s *Server) LeafDomains() []string {
 	return slices.Compact(out)
 }
 
+// LeafEdges returns the server names of the leafnode connections this
+// node accepted (edges linked to it as a hub), sorted.
+func (s *Server) LeafEdges() []string {
+	if s.ns == nil {
+		return nil
+	}
+	lz, err := s.ns.Leafz(nil)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, l := range lz.Leafs {
+		if !l.IsSpoke && l.Name != "" {
+			out = append(out, l.Name)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // LeafConnected reports whether at least one remote is connected.
 func (s *Server) LeafConnected() bool {
 	for _, l := range s.LeafLinks() {

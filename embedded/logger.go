@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
 // serverLogger bridges nats-server's Logger interface to slog. Fatalf does
@@ -43,7 +45,7 @@ type serverLogger struct {
 
 	// The streams and consumers the server could not load while it
 	// recovered the store, by name.
-	loadFailures map[string]StreamLoadFailure
+	loadFailures map[string]store.StreamLoadFailure
 
 	// The server's reason for the last stream or consumer it failed to
 	// create (its API error to the client says only "error creating store").

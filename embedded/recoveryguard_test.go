@@ -2,145 +2,10 @@ package embedded
 
 import (
 	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/holdfast-io/holdfast/embedded/store"
 )
-
-// guardedStore makes a store with one stream directory holding a block.
-func guardedStore(t *testing.T) (storeDir, live string) {
-	t.Helper()
-	storeDir = t.TempDir()
-	live = filepath.Join(storeDir, "jetstream", "$G", "streams", "ORDERS")
-	if err := os.MkdirAll(filepath.Join(live, "msgs"), 0o750); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(live, "msgs", "1.blk"), []byte("acknowledged"), 0o640); err != nil {
-		t.Fatal(err)
-	}
-	return storeDir, live
-}
-
-func wantBlock(t *testing.T, dir string) {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, "msgs", "1.blk"))
-	if err != nil || string(b) != "acknowledged" {
-		t.Fatalf("block in %s: %q, %v; want the acknowledged data", dir, b, err)
-	}
-}
-
-func TestRecoveryGuard(t *testing.T) {
-	log := slog.New(slog.DiscardHandler)
-	t.Run("nothing deleted: links removed", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		g, err := guardStreams(storeDir, log)
-		if err != nil || g == nil {
-			t.Fatalf("guardStreams: %v, %v", g, err)
-		}
-		rescued, err := g.finish(nil, log)
-		if err != nil || len(rescued) != 0 {
-			t.Fatalf("finish: %v, %v", rescued, err)
-		}
-		wantBlock(t, live)
-		if _, err := os.Lstat(filepath.Join(storeDir, store.RecoveryLinksDirName)); !os.IsNotExist(err) {
-			t.Errorf("links left: %v", err)
-		}
-	})
-	t.Run("deleted for a host cause: put back, start refused", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		g, _ := guardStreams(storeDir, log)
-		os.RemoveAll(live) // what the server does
-		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
-		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put $G/streams/ORDERS back") {
-			t.Fatalf("finish: %v, want a refusal naming ORDERS and its cause", err)
-		}
-		wantBlock(t, live)
-	})
-	t.Run("half deleted for a host cause: put back whole", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		g, _ := guardStreams(storeDir, log)
-		// The server's RemoveAll ran out of files too: the block is gone,
-		// the directory is left.
-		os.Remove(filepath.Join(live, "msgs", "1.blk"))
-		_, err := g.finish(map[string]StreamLoadFailure{"ORDERS > WORKER1": {Name: "ORDERS > WORKER1", Err: "open o.dat: too many open files"}}, log)
-		if err == nil {
-			t.Fatal("a host failure did not stop the start")
-		}
-		wantBlock(t, live)
-	})
-	t.Run("deleted for another cause: kept in the orphans", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		g, _ := guardStreams(storeDir, log)
-		os.RemoveAll(live)
-		rescued, err := g.finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "corrupt state file"}}, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !strings.HasPrefix(rescued["ORDERS"], filepath.Join(storeDir, store.OrphanDirName, "$G.ORDERS.")) {
-			t.Fatalf("rescued %v, want ORDERS in %s", rescued, store.OrphanDirName)
-		}
-		wantBlock(t, rescued["ORDERS"])
-	})
-	t.Run("start killed after the server deleted a stream", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		if _, err := guardStreams(storeDir, log); err != nil {
-			t.Fatal(err)
-		}
-		os.RemoveAll(live) // and the process is killed before finish
-		g, err := guardStreams(storeDir, log)
-		if err != nil || g == nil {
-			t.Fatalf("guardStreams after the kill: %v, %v", g, err)
-		}
-		wantBlock(t, live)
-		if _, err := g.finish(nil, log); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("start killed after the server half deleted a stream", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		if _, err := guardStreams(storeDir, log); err != nil {
-			t.Fatal(err)
-		}
-		os.Remove(filepath.Join(live, "msgs", "1.blk"))
-		g, err := guardStreams(storeDir, log)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wantBlock(t, live)
-		if _, err := g.finish(nil, log); err != nil {
-			t.Fatal(err)
-		}
-	})
-	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
-		storeDir, live := guardedStore(t)
-		g, _ := guardStreams(storeDir, log)
-		// finish could not remove them (too many open files): they stay
-		// under the trash name while the stream is deleted with the CLI.
-		if err := os.Rename(g.dir, g.trash()); err != nil {
-			t.Fatal(err)
-		}
-		os.RemoveAll(live)
-		if _, err := guardStreams(storeDir, log); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := os.Lstat(live); !os.IsNotExist(err) {
-			t.Fatalf("a stream deleted while running came back: %v", err)
-		}
-		if _, err := os.Lstat(g.trash()); !os.IsNotExist(err) {
-			t.Errorf("old links not removed: %v", err)
-		}
-	})
-	t.Run("host failure without a guard still refuses", func(t *testing.T) {
-		var g *recoveryGuard
-		_, err := g.finish(map[string]StreamLoadFailure{"S1": {Name: "S1", Err: "permission denied"}}, log)
-		if err == nil || !strings.Contains(err.Error(), "S1 (permission denied)") {
-			t.Fatalf("finish: %v, want a refusal", err)
-		}
-	})
-}
 
 func TestNoteLoadFailure(t *testing.T) {
 	l := newServerLogger(slog.New(slog.DiscardHandler))
@@ -157,7 +22,7 @@ func TestNoteLoadFailure(t *testing.T) {
 	if len(got) != 3 {
 		t.Errorf("recorded %v, want 3 (a checksum mismatch is a damaged stream, not a load failure)", got)
 	}
-	if (StreamLoadFailure{Err: "corrupt state file"}).Environmental() {
+	if (store.StreamLoadFailure{Err: "corrupt state file"}).Environmental() {
 		t.Error("a corrupt state file taken for a host failure")
 	}
 }

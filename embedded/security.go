@@ -21,6 +21,7 @@ import (
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
@@ -55,7 +56,9 @@ func (id internalIdentity) String() string { return id.user }
 func InternalPermissions() *server.Permissions {
 	return &server.Permissions{
 		Publish: &server.SubjectPermission{
-			Allow: []string{"$JS.API.>", "$JS.ACK.>", subjects.DeadLetterPrefix + ">", subjects.GroupCommitPrefix + ">"},
+			Allow: []string{"$JS.API.>", "$JS.ACK.>", subjects.DeadLetterPrefix + ">", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">",
+				// the status page's replays
+				subjects.Replay("*")},
 		},
 		// ">" for group commit: the ingest answers the publishes on the
 		// subjects of streams with group_commit, which a reload may
@@ -112,12 +115,13 @@ func systemAccount(opts *server.Options) *server.Account {
 // Subjects only holdfast's own identity may use, whatever the config:
 // nobody else may publish JetStream advisories (a forged max-deliveries
 // advisory would have a message dead-lettered) or publish past group
-// commit into a stream's prefixed subjects, or subscribe to holdfast's
+// commit into a stream's prefixed subjects or onto the MQTT gate's
+// barrier subjects (a message there would be stored), or subscribe to holdfast's
 // internal subjects (a rogue responder could answer `holdfast status`).
 // Requests to $HOLDFAST.STATUS.<server> and $HOLDFAST.RELOAD.<server>
 // (both only read) stay allowed to everyone.
 var (
-	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">"}
+	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">"}
 	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 
@@ -230,6 +234,14 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		opts.TLSCert = t.CertFile
 		opts.TLSKey = t.KeyFile
 		opts.TLSTimeout = tlsHandshakeTimeout
+	}
+
+	if w := cfg.WebSocket; w.Enabled() && !w.NoTLS {
+		tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: w.CertFile, KeyFile: w.KeyFile, MinVersion: tls.VersionTLS12})
+		if err != nil {
+			return fmt.Errorf("websocket TLS: %w", err)
+		}
+		opts.Websocket.TLSConfig = tc
 	}
 
 	if err := configureRoutes(opts, cfg.Cluster, sec); err != nil {
@@ -364,10 +376,6 @@ func matchToken(configured, presented string) bool {
 	return subtle.ConstantTimeCompare([]byte(configured), []byte(presented)) == 1
 }
 
-// ErrEncryptionKey is returned by Open when the store holds streams that
-// the configured key (or the lack of one) cannot open.
-var ErrEncryptionKey = errors.New("encryption key does not open the store")
-
 // checkEncryptedStreams refuses to go on when a stream directory in the
 // store holds an encrypted stream the server could not load: with a wrong
 // or missing key the server skips such a stream with a warning, and the
@@ -400,7 +408,7 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 		if err != nil {
 			continue // not encrypted: the data-loss check deals with it
 		}
-		if fi.Size() < minKeyFileLength {
+		if fi.Size() < store.MinKeyFileLength {
 			damaged = append(damaged, filepath.Join(dir, e.Name(), "meta.key"))
 			continue
 		}
@@ -410,7 +418,7 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 		sort.Strings(damaged)
 		return fmt.Errorf("%w: the key file of stream(s) %s is damaged (too short to hold a key): no key can read those streams any more; "+
 			"move their directories out of %s to start without them (the data-loss check then reports them), or put them back from a copy; nothing was changed on disk",
-			ErrEncryptionKey, strings.Join(damaged, ", "), dir)
+			store.ErrEncryptionKey, strings.Join(damaged, ", "), dir)
 	}
 	if len(unreadable) == 0 {
 		return nil
@@ -419,10 +427,10 @@ func (s *Server) checkEncryptedStreams(ctx context.Context) error {
 	list := strings.Join(unreadable, ", ")
 	if keyFile == "" {
 		return fmt.Errorf("%w: stream(s) %s in %s are encrypted, but jetstream.encryption_key_file is not set: "+
-			"set it to the file holding the key the store was written with; nothing was changed on disk", ErrEncryptionKey, list, dir)
+			"set it to the file holding the key the store was written with; nothing was changed on disk", store.ErrEncryptionKey, list, dir)
 	}
 	return fmt.Errorf("%w: stream(s) %s in %s cannot be decrypted with the key in %s: it is not the key the store was written with "+
-		"(when rotating, put the previous key in jetstream.encryption_old_key_file); nothing was changed on disk", ErrEncryptionKey, list, dir, keyFile)
+		"(when rotating, put the previous key in jetstream.encryption_old_key_file); nothing was changed on disk", store.ErrEncryptionKey, list, dir, keyFile)
 }
 
 // configureRoutes applies the [cluster] route authentication and TLS:

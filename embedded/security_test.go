@@ -562,7 +562,7 @@ func TestEncryptionAtRest(t *testing.T) {
 				s.Close(context.Background())
 				t.Fatal("started with a key that does not open the store")
 			}
-			if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "ORDERS") || !strings.Contains(err.Error(), "nothing was changed on disk") {
+			if !errors.Is(err, store.ErrEncryptionKey) || !strings.Contains(err.Error(), "ORDERS") || !strings.Contains(err.Error(), "nothing was changed on disk") {
 				t.Errorf("error %v does not say which stream and that the key is the problem", err)
 			}
 			if after := treeDigest(t, cfg.JetStream.StoreDir); after != before {
@@ -579,7 +579,7 @@ func TestEncryptionAtRest(t *testing.T) {
 		readBack(t, &rotated)
 		rotated.JetStream.EncryptionOldKeyFile = ""
 		readBack(t, &rotated)
-		if _, err := open(cfg); !errors.Is(err, ErrEncryptionKey) {
+		if _, err := open(cfg); !errors.Is(err, store.ErrEncryptionKey) {
 			t.Errorf("the old key still opens the store after rotation: %v", err)
 		}
 	})

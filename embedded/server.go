@@ -1,3 +1,8 @@
+// Package embedded owns holdfast's NATS server: its options, logger,
+// security, cluster routes and leafnodes, start-up with readiness and
+// verification, and shutdown. The store directory (validated and locked
+// before the server touches it) is embedded/store's; the Server drives it
+// during its lifecycle.
 package embedded
 
 import (
@@ -57,13 +62,13 @@ type Server struct {
 	started  chan struct{}    // closed when ns.Start returned
 	closed   bool
 
-	identity *storeIdentity // what the store was at Open, for CheckStore
-	lost     atomic.Bool    // WatchStore found the store lost
+	identity *store.Identity // what the store was at Open, for CheckStore
+	lost     atomic.Bool     // WatchStore found the store lost
 
 	leaf  *leafLinks    // the remotes' link states, nil without remotes
 	nsLog *serverLogger // the server's logger: what it noticed
 
-	losses []DataLoss
+	losses []store.DataLoss
 	// rescued: streams the server deleted at this start, by name, with
 	// where their files were put (holdfast-orphans).
 	rescued map[string]string
@@ -72,8 +77,10 @@ type Server struct {
 	guardLeft  string
 	stopRecord context.CancelFunc
 	recordDone chan struct{}
-	recordMu   sync.Mutex  // serializes writes of the state file
-	recorded   *StoreState // what the state file holds, as last read or written (recordMu)
+	// syncer flushes the store with jetstream.commit_window (see Flush).
+	syncer   *store.Syncer
+	recordMu sync.Mutex        // serializes writes of the state file
+	recorded *store.StoreState // what the state file holds, as last read or written (recordMu)
 	// activity is the last StoreActivity fingerprint, read at activityAt.
 	activityMu sync.Mutex
 	activity   uint64
@@ -115,6 +122,11 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 	if !opts.SyncAlways {
 		opts.SyncInterval = js.SyncInterval()
 	}
+	if cfg.CommitWindowOn() {
+		// The server writes each message to its block before it answers;
+		// holdfast flushes (store.Syncer) and answers the publishers.
+		opts.SyncAlways, opts.SyncInterval = false, commitWindowBackstop
+	}
 	if cl := cfg.Cluster; cl.Enabled() {
 		host, port, _ := cl.ListenHostPort() // Validate checked it
 		opts.Cluster.Name = cl.Name
@@ -125,6 +137,23 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		opts.Routes = server.RoutesFromStr(strings.Join(cl.Routes, ","))
 	}
 	leafListenOptions(opts, cfg.LeafNodes)
+	if m := cfg.MQTT; m.Enabled() {
+		// The server's own MQTT listener, for holdfast's gate only
+		// (embedded/mqtt): devices connect to mqtt.listen.
+		opts.MQTT.Host = "127.0.0.1"
+		opts.MQTT.Port = -1
+		opts.MQTT.AckWait = m.AckWait.Duration
+		opts.MQTT.MaxAckPending = uint16(m.MaxAckPending)
+	}
+	if w := cfg.WebSocket; w.Enabled() {
+		host, port, _ := w.HostPort() // Validate checked it
+		if port == 0 {
+			port = -1
+		}
+		opts.Websocket.Host = host
+		opts.Websocket.Port = port
+		opts.Websocket.NoTLS = w.NoTLS
+	}
 	return opts
 }
 
@@ -155,14 +184,33 @@ func (s *Server) prepareStoreLocked() error {
 		return err
 	}
 	s.store = dir
+	if s.cfg.CommitWindowOn() {
+		s.syncer = store.NewSyncer(dir.Path, s.cfg.JetStream.CommitWindow.Duration)
+	}
 	s.log.Info("store dir ready", "path", s.store.Path, "fs", s.store.FSType, "created", s.store.Created,
 		"free", store.HumanBytes(s.store.Free), "max_file_store", store.HumanBytes(js.MaxFileStore.Bytes),
-		"max_memory_store", store.HumanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync)
+		"max_memory_store", store.HumanBytes(js.MaxMemoryStore.Bytes), "sync", js.Sync, "commit_window", js.CommitWindow.Duration)
 	if !js.SyncAlways() {
 		s.log.Warn("jetstream.sync is an interval: acknowledged messages written since the last sync are lost on power failure", "sync", js.Sync)
 	}
 	return nil
 }
+
+// Flush returns once what the server stored before the call is on disk,
+// when holdfast flushes the store itself (jetstream.commit_window): in one
+// flush shared by the callers of a window. Without a commit window the
+// server flushed each write before it answered, and Flush does nothing.
+func (s *Server) Flush() error {
+	if s.syncer == nil {
+		return nil
+	}
+	return s.syncer.Sync()
+}
+
+// commitWindowBackstop is the server's own sync interval with a commit
+// window: what holdfast's flushes do not cover (the consumers' state) is
+// flushed at least this often.
+const commitWindowBackstop = 2 * time.Minute
 
 // Open validates and locks the store dir, starts the server, waits until
 // it is ready, verifies JetStream runs on the file store in that directory,
@@ -216,11 +264,11 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
-	var guard *recoveryGuard
+	var guard *store.RecoveryGuard
 	if !s.cfg.Cluster.Enabled() {
 		// A cluster node's streams load after it is ready, in the meta
 		// group's hands.
-		if guard, err = guardStreams(s.store.Path, s.log); err != nil {
+		if guard, err = store.GuardStreams(s.store.Path, s.log); err != nil {
 			return err
 		}
 	}
@@ -251,7 +299,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		if ctx.Err() == nil {
 			select {
 			case <-started:
-				if _, gerr := guard.finish(logger.LoadFailures(), s.log); gerr != nil {
+				if _, gerr := guard.Finish(logger.LoadFailures(), s.log); gerr != nil {
 					err = fmt.Errorf("%w; %w", err, gerr)
 				}
 			case <-time.After(5 * time.Second):
@@ -262,10 +310,10 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
 		return err
 	}
-	if s.rescued, err = guard.finish(logger.LoadFailures(), s.log); err != nil {
+	if s.rescued, err = guard.Finish(logger.LoadFailures(), s.log); err != nil {
 		return err
 	}
-	s.guardLeft = guard.leftDir()
+	s.guardLeft = guard.LeftDir()
 	if err := s.verify(); err != nil {
 		return err
 	}

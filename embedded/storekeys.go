@@ -1,362 +1,39 @@
 package embedded
 
 import (
-	"crypto/aes"
-	"crypto/cipher"
-	"crypto/hmac"
-	"crypto/sha256"
-	"errors"
-	"fmt"
-	"io/fs"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
-	"sort"
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
-	"golang.org/x/crypto/chacha20poly1305"
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/store"
 )
 
-// The server keeps, for every stream, message block and consumer of an
-// encrypted store, a key file: a random seed sealed with a key-encryption
-// key derived from the configured key (HMAC-SHA256 over the account and a
-// context naming the asset), preceded by the nonce it was sealed with. The
-// data files are encrypted with keys derived from the seed, so a key file
-// re-sealed under another key leaves them readable. These are the
-// server's file names and contexts.
-const (
-	keyFileName      = "meta.key" // of a stream (context: its name) and of a consumer ("stream.consumer")
-	blockKeySuffix   = ".key"     // msgs/N.key, of message block N ("stream:N")
-	blockSuffix      = ".blk"
-	minKeyFileLength = 64
-	rekeyTempSuffix  = ".holdfast-rekey"
-)
-
-// storeKeyFile is one key file of the store.
-type storeKeyFile struct {
-	path string
-	// account goes into the key derivation with context: the account's
-	// name for its streams, the group's name for a cluster log.
-	account string
-	context string
-	stream  string
-	what    string // for messages: "stream ORDERS", "consumer ORDERS > WORKER1", "message block 3 of stream ORDERS"
-}
-
-// listStoreKeyFiles returns the key files of every stream, message block
-// and consumer under the JetStream directory jsDir, sorted by path.
-// Directories being deleted (a leading dot) and the cluster's own
-// directory are left out; so is the key of a block whose data file is
-// gone.
-func listStoreKeyFiles(jsDir string) ([]storeKeyFile, error) {
-	accounts, err := store.Accounts(jsDir)
-	if err != nil {
-		return nil, err
-	}
-	var out []storeKeyFile
-	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
-	for _, account := range accounts {
-		logs, err := clusterLogKeyFiles(filepath.Join(jsDir, account, "_js_"))
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, logs...)
-		streams, err := store.AccountStreams(filepath.Join(jsDir, account))
-		if err != nil {
-			return nil, err
-		}
-		for _, name := range streams {
-			dir := filepath.Join(jsDir, account, "streams", name)
-			if p := filepath.Join(dir, keyFileName); exists(p) {
-				out = append(out, storeKeyFile{path: p, account: account, context: name, stream: name, what: "stream " + name})
-			}
-			mdir := filepath.Join(dir, "msgs")
-			if files, err := os.ReadDir(mdir); err == nil {
-				for _, f := range files {
-					idx, ok := strings.CutSuffix(f.Name(), blockKeySuffix)
-					if !ok || f.IsDir() {
-						continue
-					}
-					if _, err := strconv.ParseUint(idx, 10, 32); err != nil || !exists(filepath.Join(mdir, idx+blockSuffix)) {
-						continue
-					}
-					out = append(out, storeKeyFile{path: filepath.Join(mdir, f.Name()), account: account,
-						context: name + ":" + idx, stream: name, what: "message block " + idx + " of stream " + name})
-				}
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("cannot list %s: %w", mdir, err)
-			}
-			odir := filepath.Join(dir, "obs")
-			if cons, err := os.ReadDir(odir); err == nil {
-				for _, c := range cons {
-					p := filepath.Join(odir, c.Name(), keyFileName)
-					if !c.IsDir() || strings.HasPrefix(c.Name(), ".") || !exists(p) {
-						continue
-					}
-					out = append(out, storeKeyFile{path: p, account: account, context: name + "." + c.Name(), stream: name,
-						what: "consumer " + name + " > " + c.Name()})
-				}
-			} else if !errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("cannot list %s: %w", odir, err)
-			}
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].path < out[j].path })
-	return out, nil
-}
-
-// clusterLogKeyFiles returns the key files of the cluster's logs (the
-// meta group's and each stream's and consumer's raft log, in the system
-// account's _js_ directory): a file store each, named for its group, whose
-// key the server derives with the group's name where a stream's has the
-// account's. The server opens them with the configured key only: one
-// left under the old key after a rotation stops JetStream from starting
-// ("chacha20poly1305: message authentication failed").
-func clusterLogKeyFiles(dir string) ([]storeKeyFile, error) {
-	groups, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("cannot list %s: %w", dir, err)
-	}
-	var out []storeKeyFile
-	for _, g := range groups {
-		name := g.Name()
-		if !g.IsDir() || strings.HasPrefix(name, ".") {
-			continue
-		}
-		gdir := filepath.Join(dir, name)
-		if p := filepath.Join(gdir, keyFileName); fileExists(p) {
-			out = append(out, storeKeyFile{path: p, account: name, context: name, stream: "cluster log " + name, what: "cluster log " + name})
-		}
-		mdir := filepath.Join(gdir, "msgs")
-		files, err := os.ReadDir(mdir)
-		if errors.Is(err, fs.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, fmt.Errorf("cannot list %s: %w", mdir, err)
-		}
-		for _, f := range files {
-			idx, ok := strings.CutSuffix(f.Name(), blockKeySuffix)
-			if !ok || f.IsDir() {
-				continue
-			}
-			if _, err := strconv.ParseUint(idx, 10, 32); err != nil || !fileExists(filepath.Join(mdir, idx+blockSuffix)) {
-				continue
-			}
-			out = append(out, storeKeyFile{path: filepath.Join(mdir, f.Name()), account: name, context: name + ":" + idx,
-				stream: "cluster log " + name, what: "block " + idx + " of cluster log " + name})
-		}
-	}
-	return out, nil
-}
-
-func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
-
-// keyEncryptionKey derives the key a key file is sealed with, as the
-// server does (jsKeyGen, genEncryptionKey).
-func keyEncryptionKey(key string, sc server.StoreCipher, account, context string) (cipher.AEAD, error) {
-	h := hmac.New(sha256.New, []byte(key))
-	h.Write([]byte(account))
-	h.Write([]byte(context))
-	rb := h.Sum(nil)
-	switch sc {
-	case server.ChaCha:
-		return chacha20poly1305.NewX(rb)
-	case server.AES:
-		block, err := aes.NewCipher(rb)
-		if err != nil {
-			return nil, err
-		}
-		return cipher.NewGCMWithNonceSize(block, block.BlockSize())
-	}
-	return nil, fmt.Errorf("unknown cipher %v", sc)
-}
-
-// openKeyFile returns the seed sealed in a key file's content and the
-// cipher it opened with, trying both ciphers; ok is false when key does
-// not open it.
-func openKeyFile(key string, kf storeKeyFile, sealed []byte) (seed []byte, sc server.StoreCipher, ok bool) {
-	for _, sc := range []server.StoreCipher{server.ChaCha, server.AES} {
-		kek, err := keyEncryptionKey(key, sc, kf.account, kf.context)
-		if err != nil {
-			continue
-		}
-		ns := kek.NonceSize()
-		if len(sealed) <= ns {
-			continue
-		}
-		if seed, err := kek.Open(nil, sealed[:ns], sealed[ns:], nil); err == nil {
-			return seed, sc, true
-		}
-	}
-	return nil, 0, false
-}
-
-// rekeyResult is what a pass over the store's key files found and did.
-type rekeyResult struct {
-	total     int
-	rewrapped int
-	damaged   []string        // key files too short to hold a key
-	streams   map[string]bool // streams with at least one file re-sealed
-}
-
-// rekeyStore makes every key file in the store open with newKey: a file
-// that opens only with oldKey (when set) has its seed re-sealed under
-// newKey, with the same cipher and nonce (the nonce of a block's key file
-// is also its data's), and replaced atomically (temporary file, fsync,
-// rename, fsync of the directory). The data files are not touched, so a
-// crash at any moment leaves every key file opening with one of the two
-// keys, and the next start with both finishes the rotation.
-//
-// Before anything is written, every key file is opened: if one opens with
-// neither key, nothing is changed and the error (ErrEncryptionKey) lists
-// what the key does not open. Without this the server would load a
-// stream whose consumers it cannot decrypt (it converts consumers only
-// between ciphers, never between keys) and skip those consumers with a
-// warning, and holdfast would create them anew and deliver the stream
-// again from the start; and it would delete a message block whose key
-// file it cannot open, before any check of holdfast's.
-func rekeyStore(jsDir, newKey, oldKey, keyFile, oldKeyFile string) (rekeyResult, error) {
-	res := rekeyResult{streams: map[string]bool{}}
-	files, err := listStoreKeyFiles(jsDir)
-	if err != nil {
-		return res, err
-	}
-	res.total = len(files)
-	type rewrap struct {
-		kf     storeKeyFile
-		sealed []byte
-		seed   []byte
-		sc     server.StoreCipher
-	}
-	var todo []rewrap
-	var refused []string
-	for _, kf := range files {
-		sealed, err := os.ReadFile(kf.path)
-		if err != nil {
-			return res, fmt.Errorf("cannot read the key file of %s: %w", kf.what, err)
-		}
-		if len(sealed) < minKeyFileLength {
-			// No key opens a damaged file: what it protects is lost
-			// whatever the key. Left to the server (it drops that
-			// block or consumer, or skips that stream) and to the
-			// data-loss check, under jetstream.on_data_loss.
-			res.damaged = append(res.damaged, fmt.Sprintf("%s (%s, %d bytes)", kf.what, kf.path, len(sealed)))
-			continue
-		}
-		if _, _, ok := openKeyFile(newKey, kf, sealed); ok {
-			continue
-		}
-		if oldKey != "" {
-			if seed, sc, ok := openKeyFile(oldKey, kf, sealed); ok {
-				todo = append(todo, rewrap{kf, sealed, seed, sc})
-				continue
-			}
-		}
-		refused = append(refused, kf.what)
-	}
-	if len(refused) > 0 {
-		list := refused
-		if len(list) > 10 {
-			list = append(list[:10:10], fmt.Sprintf("and %d more", len(refused)-10))
-		}
-		if oldKey == "" {
-			return res, fmt.Errorf("%w: %d of the store's %d key files do not open with the key in %s (jetstream.encryption_key_file): %s; "+
-				"if the store was written with another key, or a rotation to this key did not finish, put that key in "+
-				"jetstream.encryption_old_key_file and start again; nothing was changed on disk",
-				ErrEncryptionKey, len(refused), len(files), keyFile, strings.Join(list, ", "))
-		}
-		return res, fmt.Errorf("%w: %d of the store's %d key files open neither with the key in %s (jetstream.encryption_key_file) "+
-			"nor with the one in %s (jetstream.encryption_old_key_file): %s; nothing was changed on disk",
-			ErrEncryptionKey, len(refused), len(files), keyFile, oldKeyFile, strings.Join(list, ", "))
-	}
-	for _, r := range todo {
-		kek, err := keyEncryptionKey(newKey, r.sc, r.kf.account, r.kf.context)
-		if err != nil {
-			return res, err
-		}
-		ns := kek.NonceSize()
-		nonce := r.sealed[:ns]
-		out := kek.Seal(append([]byte{}, nonce...), nonce, r.seed, nil)
-		if err := replaceFile(r.kf.path, out); err != nil {
-			return res, fmt.Errorf("%w: cannot write the key file of %s under the new key: %w (%d of %d key files rewritten; "+
-				"start again with both keys to finish)", ErrEncryptionKey, r.kf.what, err, res.rewrapped, len(todo))
-		}
-		res.rewrapped++
-		res.streams[r.kf.stream] = true
-	}
-	return res, nil
-}
-
-// replaceFile replaces path with data atomically and durably, keeping its
-// mode.
-func replaceFile(path string, data []byte) error {
-	mode := fs.FileMode(0o600)
-	if fi, err := os.Stat(path); err == nil {
-		mode = fi.Mode().Perm()
-	}
-	tmp := path + rekeyTempSuffix
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		os.Remove(tmp)
-		return err
-	}
-	if err := f.Close(); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	d, err := os.Open(filepath.Dir(path))
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
-}
-
-// rekey runs rekeyStore on the store before the server opens it, and says
+// rekey runs store.Rekey on the store before the server opens it, and says
 // what it did.
 func (s *Server) rekey(sec *config.Secrets) error {
 	js := s.cfg.JetStream
-	res, err := rekeyStore(filepath.Join(s.store.Path, server.JetStreamStoreDir), sec.EncryptionKey, sec.OldEncryptionKey,
+	res, err := store.Rekey(filepath.Join(s.store.Path, server.JetStreamStoreDir), sec.EncryptionKey, sec.OldEncryptionKey,
 		js.EncryptionKeyFile, js.EncryptionOldKeyFile)
 	if err != nil {
 		return err
 	}
-	for _, d := range res.damaged {
+	for _, d := range res.Damaged {
 		s.log.Warn("damaged key file: what it protects cannot be read with any key; the server drops it, and the data-loss check reports what is lost", "key_file", d)
 	}
 	switch {
-	case res.rewrapped > 0:
+	case res.Rewrapped > 0:
 		s.log.Info("encryption key rotated: key files re-sealed under jetstream.encryption_key_file; "+
 			"jetstream.encryption_old_key_file can be removed from the config",
-			"key_files", res.rewrapped, "of", res.total, "streams", strings.Join(slices.Sorted(maps.Keys(res.streams)), ","),
+			"key_files", res.Rewrapped, "of", res.Total, "streams", strings.Join(slices.Sorted(maps.Keys(res.Streams)), ","),
 			"key_file", js.EncryptionKeyFile)
 	case sec.OldEncryptionKey != "":
 		s.log.Info("every key file of the store opens with jetstream.encryption_key_file: "+
 			"jetstream.encryption_old_key_file is no longer needed and can be removed from the config",
-			"key_files", res.total, "old_key_file", js.EncryptionOldKeyFile)
+			"key_files", res.Total, "old_key_file", js.EncryptionOldKeyFile)
 	}
 	return nil
 }

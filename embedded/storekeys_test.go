@@ -109,15 +109,15 @@ func checkKeyedStore(t *testing.T, cfg *config.Config) {
 // countKeyFiles counts the store's key files of each kind.
 func countKeyFiles(t *testing.T, storeDir string) (streams, blocks, consumers int) {
 	t.Helper()
-	files, err := listStoreKeyFiles(filepath.Join(storeDir, "jetstream"))
+	files, err := store.ListKeyFiles(filepath.Join(storeDir, "jetstream"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range files {
 		switch {
-		case strings.HasPrefix(f.what, "stream "):
+		case strings.HasPrefix(f.What, "stream "):
 			streams++
-		case strings.HasPrefix(f.what, "message block "):
+		case strings.HasPrefix(f.What, "message block "):
 			blocks++
 		default:
 			consumers++
@@ -162,7 +162,7 @@ func TestKeyRotationKeepsConsumers(t *testing.T) {
 				s.Close(context.Background())
 				t.Fatal("the old key alone opened the store after the rotation")
 			}
-			if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "encryption_old_key_file") ||
+			if !errors.Is(err, store.ErrEncryptionKey) || !strings.Contains(err.Error(), "encryption_old_key_file") ||
 				!strings.Contains(err.Error(), "nothing was changed on disk") {
 				t.Errorf("error %v", err)
 			}
@@ -185,7 +185,7 @@ func TestKeyRotationInterrupted(t *testing.T) {
 	oldKey := writeKey(t, keys, "old", strings.Repeat("o", 40))
 	newKey := writeKey(t, keys, "new", strings.Repeat("n", 44))
 	cfg := keyedStore(t, oldKey, "chacha")
-	files, err := listStoreKeyFiles(filepath.Join(cfg.JetStream.StoreDir, "jetstream"))
+	files, err := store.ListKeyFiles(filepath.Join(cfg.JetStream.StoreDir, "jetstream"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,12 +193,12 @@ func TestKeyRotationInterrupted(t *testing.T) {
 	// key, the others are rotated: what a crash in the middle leaves.
 	oldContent := map[string][]byte{}
 	for i, f := range files {
-		if i%2 == 0 || strings.HasPrefix(f.what, "consumer K1") {
-			b, err := os.ReadFile(f.path)
+		if i%2 == 0 || strings.HasPrefix(f.What, "consumer K1") {
+			b, err := os.ReadFile(f.Path)
 			if err != nil {
 				t.Fatal(err)
 			}
-			oldContent[f.path] = b
+			oldContent[f.Path] = b
 		}
 	}
 	rotated := *cfg
@@ -221,7 +221,7 @@ func TestKeyRotationInterrupted(t *testing.T) {
 		s.Close(context.Background())
 		t.Fatal("started with the new key alone while key files are under the old key")
 	}
-	if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), "consumer K1 > C") ||
+	if !errors.Is(err, store.ErrEncryptionKey) || !strings.Contains(err.Error(), "consumer K1 > C") ||
 		!strings.Contains(err.Error(), "jetstream.encryption_old_key_file") || !strings.Contains(err.Error(), "nothing was changed on disk") {
 		t.Errorf("error %v", err)
 	}
@@ -329,11 +329,11 @@ func TestEncryptingStartInterrupted(t *testing.T) {
 	}
 
 	// A complete copy and a half-encrypted stream: put back, encrypted.
-	dirs, err := clearStreams(filepath.Join(storeDir, "jetstream"))
+	dirs, err := store.ClearStreams(filepath.Join(storeDir, "jetstream"))
 	if err != nil || len(dirs) != 2 {
 		t.Fatalf("clear streams %v, %v", dirs, err)
 	}
-	if err := copyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
+	if err := store.CopyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(orders, "meta.key"), bytes.Repeat([]byte{7}, 72), 0o640); err != nil {
@@ -404,15 +404,15 @@ func TestEncryptingCopyKeepsModes(t *testing.T) {
 	s, _ := lossServer(t, cfg, 3)
 	closeServer(t, s)
 	storeDir := cfg.JetStream.StoreDir
-	dirs, err := clearStreams(filepath.Join(storeDir, "jetstream"))
+	dirs, err := store.ClearStreams(filepath.Join(storeDir, "jetstream"))
 	if err != nil || len(dirs) == 0 {
 		t.Fatalf("clear streams %v, %v", dirs, err)
 	}
-	if err := copyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
+	if err := store.CopyClearStreams(storeDir, dirs, nil, 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	err = filepath.WalkDir(filepath.Join(storeDir, store.EncryptingDirName), func(p string, d os.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() == encryptingComplete {
+		if err != nil || d.IsDir() || d.Name() == store.EncryptingComplete {
 			return err
 		}
 		rel, _ := filepath.Rel(filepath.Join(storeDir, store.EncryptingDirName, "$G"), p)
@@ -471,7 +471,7 @@ func TestDamagedStreamKeyFileSaysSo(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, _, err := reopen(t, cfg, false)
-	if !errors.Is(err, ErrEncryptionKey) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "damaged") ||
+	if !errors.Is(err, store.ErrEncryptionKey) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "damaged") ||
 		strings.Contains(err.Error(), "not the key the store was written with") {
 		t.Fatalf("start with a damaged stream key file: %v", err)
 	}

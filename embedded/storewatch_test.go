@@ -49,7 +49,7 @@ func TestCheckStore(t *testing.T) {
 			}
 			path := tc.lose(t, s.StoreDir())
 			err := s.CheckStore()
-			if !errors.Is(err, ErrStoreLost) {
+			if !errors.Is(err, store.ErrStoreLost) {
 				t.Fatalf("CheckStore = %v, want ErrStoreLost", err)
 			}
 			if !strings.Contains(err.Error(), path) {
@@ -70,7 +70,7 @@ func TestWatchStoreStopsJetStream(t *testing.T) {
 	mustDo(t, os.RemoveAll(s.StoreDir()))
 	select {
 	case err := <-lost:
-		if !errors.Is(err, ErrStoreLost) {
+		if !errors.Is(err, store.ErrStoreLost) {
 			t.Fatalf("onLost(%v), want ErrStoreLost", err)
 		}
 	case <-time.After(30 * time.Second):
@@ -165,7 +165,7 @@ func TestWatchStoreSeesEventsWithoutPolling(t *testing.T) {
 	mustDo(t, os.Mkdir(streams, 0o750))
 	select {
 	case err := <-lost:
-		if !errors.Is(err, ErrStoreLost) {
+		if !errors.Is(err, store.ErrStoreLost) {
 			t.Fatalf("onLost(%v), want ErrStoreLost", err)
 		}
 	case <-time.After(10 * time.Second):

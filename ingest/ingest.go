@@ -26,6 +26,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -93,6 +94,12 @@ type Options struct {
 	// (code 429) at once, as from a stream whose inbound queue is full.
 	MaxWaitingBytes int
 	MaxWaitingMsgs  int
+	// Flush, when set, makes durable what the stream stored before the
+	// call (jetstream.commit_window: the server does not flush itself).
+	// Every answer to a client then waits for a Flush after the stream
+	// answered: the publishes that went with the clients' replies go with
+	// this committer's instead, and their answers are relayed.
+	Flush func() error
 }
 
 // DefaultMaxWaitingBytes and DefaultMaxWaitingMsgs are the server's
@@ -115,7 +122,14 @@ const inChanLen = 1 << 16
 // a change of, on reload, means starting the ingest again.
 func OptionsFor(cfg *config.Config, name string) Options {
 	sc := cfg.Streams[name]
-	return Options{Stream: name, Subjects: sc.Subjects, MaxMsgSize: int(cfg.StreamMaxMsgSize(name)),
+	subjs := slices.Clone(sc.Subjects)
+	if cfg.TakesBarrier(name) {
+		// The MQTT gate's barriers arrive on the same channel as the
+		// devices' messages, so in their order, and go to the stream
+		// alone (a Nats-* header) after them (embedded/mqtt).
+		subjs = append(subjs, subjects.Barrier(cfg.Server.Name, name))
+	}
+	return Options{Stream: name, Subjects: subjs, MaxMsgSize: int(cfg.StreamMaxMsgSize(name)),
 		DuplicateWindow: sc.DuplicateWindow.Duration}
 }
 
@@ -178,6 +192,18 @@ type Committer struct {
 
 	batches, batchedMsgs, alone, forwarded, refused, throttled, batchNanos atomic.Uint64
 
+	// With Options.Flush: the clients' replies of what went out with a
+	// relay reply (by its last token), the subscription that takes the
+	// stream's answers to them, and the answers waiting for a flush.
+	relayMu    sync.Mutex
+	relays     map[string]relay
+	relayNext  uint64
+	relayInbox string
+	relaySub   *nats.Subscription
+	answers    chan *nats.Msg
+	flushStop  chan struct{}
+	flushDone  chan struct{}
+
 	// Owned by the run goroutine.
 	pend     []item
 	inflight map[string]*unit
@@ -192,6 +218,12 @@ type Committer struct {
 	// not have applied it yet (see dispatch). fwd are those messages.
 	unflushed string
 	fwd       []item
+}
+
+// relay is a client's reply a publish went out in place of.
+type relay struct {
+	reply string
+	at    time.Time
 }
 
 // maxKnownIDs bounds the Nats-Msg-Ids remembered; past it the oldest half
@@ -266,6 +298,11 @@ func (c *Committer) Open(ctx context.Context) error {
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.opened = true
+	if c.opts.Flush != nil {
+		c.flushStop = make(chan struct{})
+		c.flushDone = make(chan struct{})
+		go c.flusher()
+	}
 	go c.intake(rctx)
 	go c.run(rctx)
 	c.log.Info("group commit on", "subjects", c.opts.Subjects, "stored_as", subjects.GroupCommitSubjects(c.opts.Stream, c.opts.Subjects))
@@ -281,6 +318,14 @@ func (c *Committer) subscribe(ctx context.Context) error {
 	var err error
 	if c.rsub, err = c.nc.ChanSubscribe(c.inbox+".*", c.replies); err != nil {
 		return fmt.Errorf("cannot subscribe to its replies: %w", err)
+	}
+	if c.opts.Flush != nil {
+		c.relays = map[string]relay{}
+		c.answers = make(chan *nats.Msg, inChanLen)
+		c.relayInbox = c.nc.NewInbox()
+		if c.relaySub, err = c.nc.Subscribe(c.relayInbox+".*", c.relayed); err != nil {
+			return fmt.Errorf("cannot subscribe to the answers it relays: %w", err)
+		}
 	}
 	// One channel for all subjects keeps the arrival order across them
 	// (a publisher's messages to orders.a and orders.b stay in order).
@@ -305,6 +350,10 @@ func (c *Committer) unsubscribe() {
 	if c.rsub != nil {
 		_ = c.rsub.Unsubscribe()
 		c.rsub = nil
+	}
+	if c.relaySub != nil {
+		_ = c.relaySub.Unsubscribe()
+		c.relaySub = nil
 	}
 }
 
@@ -345,6 +394,18 @@ func (c *Committer) Close(ctx context.Context) error {
 		}
 		c.cancel()
 		_ = c.rsub.Unsubscribe()
+		if c.opts.Flush != nil {
+			// The stream's answers to relayed publishes came before the
+			// answers that ended run: relayed, flushed, sent.
+			if c.relaySub.Drain() == nil {
+				for c.relaySub.IsValid() && ctx.Err() == nil {
+					time.Sleep(5 * time.Millisecond)
+				}
+			}
+			<-c.intakeDone
+			close(c.flushStop)
+			<-c.flushDone
+		}
 	})
 	return err
 }
@@ -692,14 +753,15 @@ func (c *Committer) target(m *nats.Msg) string {
 }
 
 // forward publishes a message as the client would, with the client's
-// reply: the server answers the client itself.
+// reply (clientReply): the server answers the client itself, or with
+// Options.Flush this committer after the flush.
 func (c *Committer) forward(it item) {
 	c.remember(it)
 	c.sent++
 	c.forwarded.Add(1)
 	c.unflushed = c.target(it.m)
 	c.fwd = append(c.fwd, it)
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
 		c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 	}
 }
@@ -726,16 +788,17 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 // message expecting it is answered at once with an error and not stored.
 const markerStream = "holdfast marker"
 
-// sendSingles publishes msgs one by one with the clients' own replies, so
-// that the server answers each client directly (no extra hop on the way
-// back), then a marker with this committer's reply: the stream applies its
+// sendSingles publishes msgs one by one with the clients' own replies
+// (clientReply), so that the server answers each client directly (no
+// extra hop on the way back; with Options.Flush the answers are relayed
+// after the flush), then a marker with this committer's reply: the stream applies its
 // inbound messages one at a time in order, so the marker's answer (an
 // "expected stream" error, nothing stored, nothing flushed) says that the
 // messages before it are done and the stream is idle again.
 func (c *Committer) sendSingles(msgs []item) {
 	for _, it := range msgs {
 		c.alone.Add(1)
-		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: it.m.Reply, Header: it.m.Header, Data: it.m.Data}); err != nil {
+		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
 			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 		}
 	}
@@ -901,9 +964,7 @@ func (c *Committer) noResponders(it item) {
 	if it.m.Reply == "" {
 		return
 	}
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: it.m.Reply, Header: nats.Header{"Status": {"503"}}}); err != nil {
-		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
-	}
+	c.send(&nats.Msg{Subject: it.m.Reply, Header: nats.Header{"Status": {"503"}}})
 }
 
 // reply answers a client with a PubAck or an error (JSON, as the server
@@ -912,8 +973,107 @@ func (c *Committer) reply(it item, data []byte) {
 	if it.m.Reply == "" {
 		return
 	}
-	if err := c.nc.PublishMsg(&nats.Msg{Subject: it.m.Reply, Data: data}); err != nil {
-		c.log.Debug("cannot answer a publish", "reply", it.m.Reply, "err", err)
+	c.send(&nats.Msg{Subject: it.m.Reply, Data: data})
+}
+
+// send sends an answer to a client: at once, or with Options.Flush
+// after the next flush.
+func (c *Committer) send(a *nats.Msg) {
+	if c.opts.Flush != nil {
+		c.queueAnswer(a)
+		return
+	}
+	if err := c.nc.PublishMsg(a); err != nil {
+		c.log.Debug("cannot answer a publish", "reply", a.Subject, "err", err)
+	}
+}
+
+// clientReply is the reply m goes to the stream with: the client's own,
+// or with Options.Flush one this committer relays after a flush.
+func (c *Committer) clientReply(m *nats.Msg) string {
+	if c.opts.Flush == nil || m.Reply == "" {
+		return m.Reply
+	}
+	c.relayMu.Lock()
+	defer c.relayMu.Unlock()
+	c.relayNext++
+	id := strconv.FormatUint(c.relayNext, 36)
+	c.relays[id] = relay{reply: m.Reply, at: time.Now()}
+	return c.relayInbox + "." + id
+}
+
+// relayed takes the stream's answer to a relayed publish: its client gets
+// it after the next flush.
+func (c *Committer) relayed(r *nats.Msg) {
+	id := r.Subject[strings.LastIndexByte(r.Subject, '.')+1:]
+	c.relayMu.Lock()
+	rl, ok := c.relays[id]
+	delete(c.relays, id)
+	c.relayMu.Unlock()
+	if ok {
+		c.queueAnswer(&nats.Msg{Subject: rl.reply, Header: r.Header, Data: r.Data})
+	}
+}
+
+// queueAnswer hands a to the flusher; once the flusher ended (a Close
+// that gave up waiting) a is dropped, and its client sees its own timeout.
+func (c *Committer) queueAnswer(a *nats.Msg) {
+	select {
+	case c.answers <- a:
+	case <-c.flushDone:
+	}
+}
+
+// flusher sends the answers waiting in answers, each after a flush that
+// began after the stream answered; a flush that failed turns them into
+// errors (what the stream stored may not be on disk). Each lot of answers
+// waits for its flush on its own: answers that come while a flush waits
+// for its window join it, and answers that come while one runs wait for
+// the next.
+func (c *Committer) flusher() {
+	var wg sync.WaitGroup
+	defer close(c.flushDone)
+	defer wg.Wait()
+	for {
+		var batch []*nats.Msg
+		stop := false
+		select {
+		case a := <-c.answers:
+			batch = append(batch, a)
+		case <-c.flushStop:
+			stop = true
+		}
+	more:
+		for {
+			select {
+			case a := <-c.answers:
+				batch = append(batch, a)
+			default:
+				break more
+			}
+		}
+		if len(batch) > 0 {
+			wg.Go(func() { c.flushAndSend(batch) })
+		}
+		if stop {
+			return
+		}
+	}
+}
+
+// flushAndSend sends batch after a flush, or the flush's error instead.
+func (c *Committer) flushAndSend(batch []*nats.Msg) {
+	if err := c.opts.Flush(); err != nil {
+		c.log.Error("cannot flush the stream to disk: its publishers get an error, and what it stored since the last flush may be lost at a power cut", "err", err)
+		e, _ := json.Marshal(pubAck{Stream: c.opts.Stream, Error: &apiError{Code: 503, Description: "cannot flush to disk: " + err.Error()}})
+		for i, a := range batch {
+			batch[i] = &nats.Msg{Subject: a.Subject, Data: e}
+		}
+	}
+	for _, a := range batch {
+		if err := c.nc.PublishMsg(a); err != nil {
+			c.log.Debug("cannot answer a publish", "reply", a.Subject, "err", err)
+		}
 	}
 }
 
@@ -970,6 +1130,15 @@ func (c *Committer) forgetOldest(keep int) {
 // error instead of their messages being published again in place (a
 // client publishing again gets its duplicate PubAck).
 func (c *Committer) expire() {
+	if c.opts.Flush != nil {
+		c.relayMu.Lock()
+		for id, rl := range c.relays {
+			if time.Since(rl.at) > answerTimeout {
+				delete(c.relays, id)
+			}
+		}
+		c.relayMu.Unlock()
+	}
 	for id, u := range c.inflight {
 		age := time.Since(u.start)
 		if age > stallAfter && !u.stalled {

@@ -529,9 +529,22 @@ func TestConsumersSeeConfiguredSubjects(t *testing.T) {
 // TestCloseAnswersWhatItTook: messages taken before Close are all
 // committed and acknowledged; afterwards the subjects have no responder.
 func TestCloseAnswersWhatItTook(t *testing.T) {
+	t.Run("server flushes", func(t *testing.T) { testCloseAnswersWhatItTook(t, nil) })
+	// With a commit window the answers wait for a flush: Close still
+	// answers everything it took.
+	var flushes atomic.Int64
+	t.Run("commit window", func(t *testing.T) {
+		testCloseAnswersWhatItTook(t, func() error { flushes.Add(1); return nil })
+		if flushes.Load() == 0 {
+			t.Fatal("no flush before the answers")
+		}
+	})
+}
+
+func testCloseAnswersWhatItTook(t *testing.T, flush func() error) {
 	s := natstest.RunServer(t, natstest.SyncAlways)
 	js := natstest.JetStream(t, natstest.Connect(t, s))
-	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, Flush: flush}, nil)
 	pnc := natstest.Connect(t, s)
 	pjs := natstest.JetStream(t, pnc)
 	futs := publishNumbered(t, pjs, 500)
@@ -1131,5 +1144,81 @@ func TestBurstWhileBusyAnsweredEveryOne(t *testing.T) {
 	}
 	if info := natstest.StreamInfo(t, js, "S"); info.State.Msgs != uint64(acked.Load()) {
 		t.Fatalf("%d acknowledged, %d stored", acked.Load(), info.State.Msgs)
+	}
+}
+
+// TestFlushBeforeEveryAnswer: with Options.Flush (jetstream.commit_window)
+// no client hears of its publish before a flush that began after the
+// stream stored it — a lone publish (which goes with the client's reply
+// otherwise, answered by the server), a burst (an atomic batch) and a
+// message that goes alone for its Nats-Expected header alike — and a
+// flush that fails answers each with an error instead of its PubAck.
+func TestFlushBeforeEveryAnswer(t *testing.T) {
+	s := natstest.RunServer(t)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	var fail atomic.Bool
+	gate := make(chan struct{})
+	flushes := atomic.Int64{}
+	flush := func() error {
+		flushes.Add(1)
+		<-gate
+		if fail.Load() {
+			return errors.New("disk gone")
+		}
+		return nil
+	}
+	startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, Flush: flush}, nil)
+	pjs := natstest.JetStream(t, natstest.Connect(t, s))
+	var futs []jetstream.PubAckFuture
+	lone, err := pjs.PublishAsync("s.a", []byte("lone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	futs = append(futs, lone)
+	natstest.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if flushes.Load() == 0 {
+			return errors.New("no flush asked for yet")
+		}
+		return nil
+	})
+	futs = append(futs, publishNumbered(t, pjs, 50)...)
+	alone, err := pjs.PublishAsync("s.a", []byte("expects"), jetstream.WithExpectStream("S"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	futs = append(futs, alone)
+	// Every message stored, no answer yet.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if n := natstest.StreamInfo(t, js, "S").State.Msgs; n != 52 {
+			return fmt.Errorf("%d of 52 stored", n)
+		}
+		return nil
+	})
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+			t.Fatalf("publish %d answered before any flush ended", i)
+		case err := <-f.Err():
+			t.Fatalf("publish %d failed before any flush ended: %v", i, err)
+		default:
+		}
+	}
+	close(gate)
+	seqs := map[uint64]bool{}
+	for i, f := range futs {
+		a, err := awaitAck(f)
+		if err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+		seqs[a.Sequence] = true
+	}
+	if len(seqs) != 52 {
+		t.Fatalf("%d distinct sequences in 52 PubAcks", len(seqs))
+	}
+
+	fail.Store(true)
+	_, err = pjs.Publish(context.Background(), "s.a", []byte("after the disk went"))
+	if err == nil || !strings.Contains(err.Error(), "cannot flush to disk: disk gone") {
+		t.Fatalf("publish with a failing flush: %v, want the flush's error", err)
 	}
 }

@@ -50,6 +50,8 @@ mv "$host/holdfast.toml.new" "$host/holdfast.toml"
 # The manual page, from the same command definitions as `holdfast help`.
 "$host/holdfast" man >"$host/holdfast.1"
 gzip -9nf "$host/holdfast.1"
+# Bash completion, from the same definitions.
+"$host/holdfast" completion bash >"$host/holdfast.bash"
 
 # The changelog's newest entry must name this package's version-release
 # (rpmlint incoherent-version-in-changelog, lintian): a build that is not
@@ -83,16 +85,18 @@ sed "s|^changelog: .*|changelog: $changelog|" packaging/nfpm.yaml >"$host/nfpm.y
 for arch in "$@"; do
 	dir=$dist/build/$arch
 	mkdir -p "$dir"
+	echo "package $arch: binary, licence notices, deb, rpm"
 	CGO_ENABLED=0 GOOS=linux GOARCH=$arch "$GO" build -trimpath -ldflags "$ldflags" \
 		-o "$dir/holdfast" ./cmd/holdfast
-	cp "$host/holdfast.toml" "$host/holdfast.1.gz" "$dir/"
+	cp "$host/holdfast.toml" "$host/holdfast.1.gz" "$host/holdfast.bash" "$dir/"
 	"$GO" run ./packaging/notices -goroot "$("$GO" env GOROOT)" -modcache "$("$GO" env GOMODCACHE)" \
 		"$dir/holdfast" >"$dir/third-party-licenses.new"
 	mv "$dir/third-party-licenses.new" "$dir/third-party-licenses"
-	touch -d "@$SOURCE_DATE_EPOCH" "$dir/holdfast" "$dir/holdfast.toml" "$dir/holdfast.1.gz" "$dir/third-party-licenses"
+	touch -d "@$SOURCE_DATE_EPOCH" "$dir/holdfast" "$dir/holdfast.toml" "$dir/holdfast.1.gz" "$dir/holdfast.bash" "$dir/third-party-licenses"
 	for format in deb rpm; do
 		HOLDFAST_ARCH=$arch HOLDFAST_VERSION=$pkg_version HOLDFAST_BUILD_DIR=$dir \
 			"$GO" tool nfpm package --config "$host/nfpm.yaml" \
-			--packager "$format" --target "$dist/"
+			--packager "$format" --target "$dist/" >/dev/null
 	done
+	ls "$dist"/holdfast*"$pkg_version"*.deb "$dist"/holdfast*"$pkg_version"*.rpm | sed -n "/$arch\|$(echo "$arch" | sed 's/amd64/x86_64/;s/arm64/aarch64/')/s/^/  /p"
 done

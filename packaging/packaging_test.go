@@ -396,6 +396,7 @@ var wantFiles = map[string][2]string{
 	"/usr/lib/systemd/system/holdfast-backup.timer":       {"-rw-r--r--", "root:root"},
 	"/usr/lib/sysusers.d/holdfast.conf":                   {"-rw-r--r--", "root:root"},
 	"/usr/share/man/man1/holdfast.1.gz":                   {"-rw-r--r--", "root:root"},
+	"/usr/share/bash-completion/completions/holdfast":     {"-rw-r--r--", "root:root"},
 	"/usr/share/doc/holdfast/examples/handler-needs.conf": {"-rw-r--r--", "root:root"},
 	"/usr/share/holdfast/grafana/holdfast.json":           {"-rw-r--r--", "root:root"},
 	"/usr/share/holdfast/prometheus/holdfast-rules.yml":   {"-rw-r--r--", "root:root"},
@@ -620,12 +621,78 @@ func TestPackagesReproducible(t *testing.T) {
 			}
 			t.Fatalf("the binary differs between two builds of the same tree, %d times", attempt)
 		}
-		for _, name := range names {
+		tarball := "holdfast-" + testPkgVersion + "-linux-" + p.arch + ".tar.gz"
+		for _, dist := range []string{one, two} {
+			runRelease(t, dist)
+		}
+		for _, name := range append(names, tarball, "SHA256SUMS") {
 			if !sameFile(t, filepath.Join(one, name), filepath.Join(two, name)) {
 				t.Errorf("%s differs between a build on %s and one on %s", name, host, other)
 			}
 		}
 		return
+	}
+}
+
+// runRelease runs packaging/release.sh on the packages in dist.
+func runRelease(t *testing.T, dist string) string {
+	t.Helper()
+	cmd := exec.Command("./release.sh")
+	cmd.Env = buildEnv(dist)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("release.sh: %v\n%s", err, out)
+	}
+	return string(out)
+}
+
+// TestRelease: make release's tarball holds what the packages install of
+// the binary, config, manual page, completion and licences, byte for
+// byte, and SHA256SUMS names the tarball and both packages and checks.
+func TestRelease(t *testing.T) {
+	p := packages(t)
+	dist := t.TempDir()
+	if out, err := exec.Command("cp", "-a", p.dir+"/.", dist).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v\n%s", err, out)
+	}
+	out := runRelease(t, dist)
+	t.Logf("release.sh:\n%s", out)
+	name := "holdfast-" + testPkgVersion + "-linux-" + p.arch
+	sums, err := os.ReadFile(filepath.Join(dist, "SHA256SUMS"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var listed []string
+	for _, line := range strings.Split(strings.TrimSpace(string(sums)), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 2 || len(f[0]) != 64 {
+			t.Fatalf("SHA256SUMS line %q is not sha256sum's format", line)
+		}
+		listed = append(listed, f[1])
+	}
+	want := []string{name + ".tar.gz", filepath.Base(p.deb), filepath.Base(p.rpm)}
+	if strings.Join(listed, " ") != strings.Join(want, " ") {
+		t.Errorf("SHA256SUMS lists %q, want %q", listed, want)
+	}
+	check := exec.Command("sha256sum", "-c", "SHA256SUMS")
+	check.Dir = dist
+	if out, err := check.CombinedOutput(); err != nil {
+		t.Errorf("sha256sum -c SHA256SUMS: %v\n%s", err, out)
+	}
+	x := t.TempDir()
+	if out, err := exec.Command("tar", "-xzf", filepath.Join(dist, name+".tar.gz"), "-C", x).CombinedOutput(); err != nil {
+		t.Fatalf("tar: %v\n%s", err, out)
+	}
+	for _, f := range []string{"holdfast", "holdfast.toml", "holdfast.1.gz", "holdfast.bash", "third-party-licenses"} {
+		if !sameFile(t, filepath.Join(x, name, f), filepath.Join(p.dir, "build", p.arch, f)) {
+			t.Errorf("%s in the tarball differs from the packaged one", f)
+		}
+	}
+	if !sameFile(t, filepath.Join(x, name, "LICENSE"), "../LICENSE") {
+		t.Errorf("LICENSE in the tarball differs from the repository's")
+	}
+	if fi, err := os.Stat(filepath.Join(x, name, "holdfast")); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("the tarball's holdfast is not executable: %v %v", fi, err)
 	}
 }
 
@@ -771,11 +838,27 @@ func TestManPage(t *testing.T) {
 func TestRPMLint(t *testing.T) {
 	needTool(t, "rpmlint", "rpmlint")
 	p := packages(t)
+	// rpmlint unpacks the payload with `rpm2cpio | cpio -id` in a
+	// directory of its own, but nfpm names the members with absolute paths
+	// and GNU cpio extracts those where they say: onto this machine's /etc
+	// and /usr. A cpio first in PATH makes them relative.
+	bin := t.TempDir()
+	marker := filepath.Join(bin, "used")
+	realCpio := needTool(t, "cpio", "cpio")
+	wrapper := fmt.Sprintf("#!/bin/sh\ntouch %q\nexec %q --no-absolute-filenames \"$@\"\n", marker, realCpio)
+	if err := os.WriteFile(filepath.Join(bin, "cpio"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	// Every deliberate exception is a filter in rpmlint.toml, with its
 	// reason; anything else, even a warning, fails.
-	out, err := exec.Command("rpmlint", "-c", "rpmlint.toml", p.rpm).CombinedOutput()
+	cmd := exec.Command("rpmlint", "-c", "rpmlint.toml", p.rpm)
+	cmd.Env = append(os.Environ(), "PATH="+bin+string(os.PathListSeparator)+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
 	if err != nil || !regexp.MustCompile(`\b0 errors, 0 warnings\b`).Match(out) {
 		t.Fatalf("rpmlint: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(marker); err != nil {
+		t.Fatalf("rpmlint did not unpack the rpm with the cpio that keeps it in its own directory: %v", err)
 	}
 }
 

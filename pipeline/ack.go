@@ -3,6 +3,7 @@ package pipeline
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -34,10 +35,13 @@ var ackPayload = []byte("+ACK")
 // applies them one at a time, and answers an AckSync only after applying
 // it (TestAssumeAcksOfOneConnectionInOrder in embedded/natsassume_test.go).
 // So the confirmation of the last ack means the server has handled every
-// earlier one. A batch that is not confirmed (no
-// answer within ackConfirmTimeout, a closed connection) counts every
-// message in it as a Failure; the messages whose acks did not arrive are
-// delivered again after ack_wait — never lost.
+// earlier one — the same consumer leader. Plain acks sent while a
+// confirmation was failing (no leader, in a cluster) are sent again
+// before their batch's confirmation, which a new leader may answer. A
+// batch that is not confirmed (no answer within ackConfirmTimeout, a
+// closed connection) counts every message in it as a Failure; the
+// messages whose acks did not arrive are delivered again after ack_wait —
+// never lost.
 //
 // The confirmation is waited for off the acker's path too: while one
 // batch's confirmation is out (a round trip, answered after the server
@@ -53,6 +57,11 @@ type acker struct {
 	// while the confirmer waits for the one before.
 	confirm   chan sentBatch
 	confirmed chan struct{}
+	// doubts counts the confirmations that failed; inDoubt is set from
+	// a failed confirmation to the next one that succeeded. Acks sent
+	// meanwhile may have met no consumer leader.
+	doubts  atomic.Uint64
+	inDoubt atomic.Bool
 }
 
 // sentBatch is a batch whose plain acks were sent (sent; failed acks were
@@ -61,6 +70,9 @@ type sentBatch struct {
 	sent   []ackItem
 	last   ackItem
 	failed int
+	// doubts and inDoubt are the acker's as the plain acks went out.
+	doubts  uint64
+	inDoubt bool
 }
 
 // ackItem is a message to acknowledge.
@@ -115,6 +127,8 @@ func (a *acker) run() {
 // send sends the plain acks of every message of batch but the last.
 func (a *acker) send(batch []ackItem) sentBatch {
 	b := sentBatch{sent: batch[:0], last: batch[len(batch)-1]} // sent: filtered in place
+	b.doubts = a.doubts.Load()
+	b.inDoubt = a.inDoubt.Load()
 	for _, it := range batch[:len(batch)-1] {
 		if err := it.msg.Ack(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 			b.failed++
@@ -137,9 +151,16 @@ func (a *acker) confirmer() {
 
 func (a *acker) confirmBatch(b sentBatch) {
 	st := a.w.stats
+	if b.inDoubt || a.doubts.Load() != b.doubts {
+		// Its plain acks went out while a confirmation was failing: they
+		// may have met a consumer without a leader, which drops them,
+		// and this confirmation may reach the leader elected since.
+		a.resendPlain(b)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
 	err := b.last.msg.DoubleAck(ctx)
 	cancel()
+	a.noteConfirmation(err)
 	// A consumer whose leader is being elected (its node died, in a
 	// cluster) drops acks and answers none: the messages were handled,
 	// and until their ack_wait passes the new leader still holds them
@@ -153,12 +174,11 @@ func (a *acker) confirmBatch(b sentBatch) {
 		a.w.log.Warn("acks not confirmed: sending them again until the consumer answers (a consumer leader being elected?)",
 			"messages", len(b.sent)+1, "last_seq", b.last.seq, "err", err)
 		time.Sleep(ackRetryWait)
-		for _, it := range b.sent {
-			_ = a.w.nc.Publish(it.msg.Reply(), ackPayload)
-		}
+		a.resendPlain(b)
 		ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
 		err = b.last.msg.DoubleAck(ctx)
 		cancel()
+		a.noteConfirmation(err)
 	}
 	if err != nil {
 		first := b.last.seq
@@ -176,4 +196,22 @@ func (a *acker) confirmBatch(b sentBatch) {
 	st.Acked.Add(uint64(len(b.sent) + 1))
 	st.noteSettledAll(b.sent)
 	st.noteSettled(b.last.seq)
+}
+
+// resendPlain sends the plain acks of b again.
+func (a *acker) resendPlain(b sentBatch) {
+	for _, it := range b.sent {
+		_ = a.w.nc.Publish(it.msg.Reply(), ackPayload)
+	}
+}
+
+// noteConfirmation records whether a confirmation failed (err) or
+// succeeded.
+func (a *acker) noteConfirmation(err error) {
+	if err == nil {
+		a.inDoubt.Store(false)
+		return
+	}
+	a.inDoubt.Store(true)
+	a.doubts.Add(1)
 }

@@ -128,6 +128,11 @@ func (w *Workers) storeDeadLetter(ctx context.Context, dl *nats.Msg) error {
 	if err != nil {
 		return err
 	}
+	if f := w.opts.FlushDeadLetters; f != nil {
+		if err := f(); err != nil {
+			return fmt.Errorf("dead letter stored but not flushed to disk: %w", err)
+		}
+	}
 	if ack.Stream != w.opts.DeadLetter {
 		return fmt.Errorf("dead letter stored in stream %s, not in %s: check that no other stream takes subject %s", ack.Stream, w.opts.DeadLetter, dl.Subject)
 	}

@@ -2,12 +2,14 @@ package pipeline_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -530,4 +532,40 @@ func TestListDeadLettersLeavesNoConsumer(t *testing.T) {
 			t.Errorf("ListDeadLetters(%q) left consumer(s) %q on ORDERS_DLQ", consumer, left)
 		}
 	}
+}
+
+// TestDeadLetterFlushedBeforeOriginalTerminated: with FlushDeadLetters
+// (jetstream.commit_window: the dead-letter stream's PubAck comes before
+// holdfast's flush) the original is terminated only once the flush of its
+// dead letter returned; a power cut before cannot lose both.
+func TestDeadLetterFlushedBeforeOriginalTerminated(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	gate := make(chan struct{})
+	var flushes atomic.Int64
+	w := e.WorkersWith(failing("exit status 65"), 1, func(o *pipeline.ConsumerOptions) {
+		o.FlushDeadLetters = func() error {
+			flushes.Add(1)
+			<-gate
+			return nil
+		}
+	})
+	defer w.Close(context.Background())
+	e.Publish("orders.created", "bad", nil)
+	waitDLQ(e, 1)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if flushes.Load() == 0 {
+			return errors.New("the dead letter's flush not asked for yet")
+		}
+		return nil
+	})
+	if ci := e.ConsumerInfo(); ci.AckFloor.Stream != 0 || ci.NumAckPending != 1 {
+		t.Fatalf("original settled before its dead letter was flushed: ack floor %d, ack pending %d", ci.AckFloor.Stream, ci.NumAckPending)
+	}
+	close(gate)
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if ci := e.ConsumerInfo(); ci.AckFloor.Stream != 1 {
+			return fmt.Errorf("original not terminated after the flush: ack floor %d", ci.AckFloor.Stream)
+		}
+		return nil
+	})
 }

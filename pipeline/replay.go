@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -316,4 +317,33 @@ func RequestReplay(ctx context.Context, nc *nats.Conn, dl DeadLetter, timeout ti
 		return fmt.Errorf("replay %s: %s", from, rep.Error)
 	}
 	return nil
+}
+
+// PurgeDeadLetters deletes for good the dead letters in stream, only
+// consumer's when it is not "", and only up to sequence upto when it is
+// not 0 (those stored since stay). It returns how many it deleted.
+func PurgeDeadLetters(ctx context.Context, nc *nats.Conn, stream, consumer string, upto uint64) (uint64, error) {
+	req := api.JSApiStreamPurgeRequest{}
+	if consumer != "" {
+		req.Subject = subjects.DeadLetters(consumer)
+	}
+	if upto > 0 {
+		req.Sequence = upto + 1 // the API purges up to, not including, seq
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return 0, err
+	}
+	msg, err := nc.RequestWithContext(ctx, fmt.Sprintf(api.JSApiStreamPurgeT, stream), body)
+	if err != nil {
+		return 0, err
+	}
+	var resp api.JSApiStreamPurgeResponse
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return 0, fmt.Errorf("unreadable answer %q: %w", msg.Data, err)
+	}
+	if resp.IsError() {
+		return 0, resp.ToError()
+	}
+	return resp.Purged, nil
 }

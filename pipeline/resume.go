@@ -44,6 +44,7 @@ func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *handl
 		Header:    msg.Headers(),
 		Data:      msg.Data(),
 		Published: md.Timestamp,
+		Pending:   md.NumPending,
 	}
 	m.IdempotencyKey = m.Header.Get(nats.MsgIdHdr)
 	if m.IdempotencyKey == "" {

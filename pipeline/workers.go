@@ -41,6 +41,10 @@ type ConsumerOptions struct {
 	// DeadLetter is the dead-letter stream, or "" to terminate failed
 	// messages with a log line only.
 	DeadLetter string
+	// FlushDeadLetters, when set, makes a stored dead letter durable
+	// before its original is terminated (jetstream.commit_window: the
+	// server's PubAck precedes the flush).
+	FlushDeadLetters func() error
 	// Handler handles each message. When it keeps connections for reuse
 	// (it has a CloseIdleConnections method, as handler.HTTP does), Close
 	// closes them once the workers stopped.

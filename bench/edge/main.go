@@ -21,9 +21,10 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 )
 
 var (
@@ -137,20 +138,9 @@ func figures(rs []result) []figure {
 
 // writeTable writes one column per run and the range over the runs.
 func writeTable(w *bytes.Buffer, figs []figure) {
-	fmt.Fprint(w, "| figure |")
-	for i := range *runs {
-		fmt.Fprintf(w, " run %d |", i+1)
-	}
-	fmt.Fprint(w, " min–max |\n| --- |")
-	fmt.Fprint(w, strings.Repeat(" ---: |", *runs+1))
-	fmt.Fprintln(w)
+	t := benchkit.NewTable(w, *runs, "figure")
 	for _, f := range figs {
-		fmt.Fprintf(w, "| %s |", f.name)
-		for _, v := range f.values {
-			fmt.Fprintf(w, " "+f.format+" |", v)
-		}
-		plain := strings.Trim(f.format, "*")
-		fmt.Fprintf(w, " "+plain+"–"+plain+" |\n", slices.Min(f.values), slices.Max(f.values))
+		t.Row([]string{f.name}, f.format, f.values)
 	}
 }
 

@@ -1,9 +1,12 @@
-// Command footprint measures what a server costs while nothing happens:
-// the CPU time and the bytes written to disk of stock nats-server with
-// JetStream (sync_interval: always) and of `holdfast run` on its defaults,
-// each idle for -idle after it settled, with an empty store and with
-// -stored messages kept in a stream. It is what `make bench-footprint`
-// runs.
+// Command footprint measures what a server costs while nothing happens,
+// and per message at a steady rate: the CPU time and the bytes written to
+// disk of stock nats-server with JetStream (sync_interval: always, and the
+// same with holdfast's default streams created) and of `holdfast run` on
+// its defaults, each idle for -idle after it settled, with an empty store
+// and with -stored messages kept in a stream; then of stock (always and
+// its default interval) and holdfast (with and without group commit)
+// while -steady-msgs messages are published at -steady-rate and consumed.
+// It is what `make bench-footprint` runs.
 //
 // It builds nats-server from the module cache (the version go.mod pins),
 // runs everything on 127.0.0.1 with the stores under -dir, and removes
@@ -23,21 +26,26 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"time"
+
+	"github.com/holdfast-io/holdfast/bench/benchkit"
 )
 
 var (
-	holdfast = flag.String("holdfast", "bin/holdfast", "the holdfast binary (make build)")
-	baseline = flag.String("baseline", "", "another holdfast binary (a build of main) measured the same way in the same runs; empty: none")
-	runs     = flag.Int("runs", 3, "runs; each measures every server in turn, and the report gives each run and the range")
-	settle   = flag.Duration("settle", 5*time.Second, "how long a server runs after start-up before the idle window")
-	idle     = flag.Duration("idle", 30*time.Second, "the idle window")
-	stored   = flag.Int("stored", 1_000_000, "messages kept in a stream for the stored-messages figures; 0: skip them")
-	size     = flag.Int("size", 128, "payload size of the stored messages in bytes")
-	dir      = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
-	out      = flag.String("out", "", "also write the markdown report to this file")
+	holdfast     = flag.String("holdfast", "bin/holdfast", "the holdfast binary (make build)")
+	baseline     = flag.String("baseline", "", "another holdfast binary (a build of main) measured the same way in the same runs; empty: none")
+	runs         = flag.Int("runs", 3, "runs; each measures every server in turn, and the report gives each run and the range")
+	settle       = flag.Duration("settle", 5*time.Second, "how long a server runs after start-up before the idle window")
+	idle         = flag.Duration("idle", 30*time.Second, "the idle window")
+	stored       = flag.Int("stored", 1_000_000, "messages kept in a stream for the stored-messages figures; 0: skip them")
+	size         = flag.Int("size", 128, "payload size of the stored messages in bytes")
+	steadyRate   = flag.Int("steady-rate", 200, "messages per second of the steady figures (bytes and CPU per message); 0: skip them")
+	commitWindow = flag.Duration("commit-window", 40*time.Millisecond, "jetstream.commit_window of the holdfast+commit_window steady server")
+	steadyMsgs   = flag.Int("steady-msgs", 3000, "messages published at -steady-rate per steady run")
+	fsyncs       = flag.Bool("fsyncs", true, "count each steady server's fsync and fdatasync calls in one more run under strace (skipped without strace)")
+	dir          = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
+	out          = flag.String("out", "", "also write the markdown report to this file")
 )
 
 func main() {
@@ -80,7 +88,8 @@ func run() error {
 	if o, err := exec.Command("go", "build", "-o", natsServer, "github.com/nats-io/nats-server/v2").CombinedOutput(); err != nil {
 		return fmt.Errorf("go build nats-server: %v\n%s", err, o)
 	}
-	servers := []*server{stockServer(natsServer)}
+	servers := []*server{stockServer(natsServer), stockStreamsServer(natsServer)}
+	steadyServers := []*server{stockServer(natsServer), stockServerSync("stock-2m", natsServer, false)}
 	versions := []string{}
 	for _, hf := range []struct{ name, path string }{{"holdfast", *holdfast}, {"baseline", *baseline}} {
 		if hf.path == "" {
@@ -96,6 +105,9 @@ func run() error {
 		}
 		versions = append(versions, fmt.Sprintf("%s: %s", hf.name, strings.TrimSpace(string(v))))
 		servers = append(servers, holdfastServer(hf.name, bin))
+		steadyServers = append(steadyServers, holdfastServerWith(hf.name, bin, steadyLog),
+			holdfastServerWith(hf.name+"+group_commit", bin, steadyLog+steadyGroupCommit),
+			holdfastServerWindow(hf.name+"+commit_window", bin, commitWindow.String(), steadyLog))
 	}
 	stockVersion, _ := exec.Command(natsServer, "--version").Output()
 
@@ -131,12 +143,45 @@ func run() error {
 		}
 	}
 
+	// steady[server][run]; syncs[server]: fsyncs per message, or nil
+	var steady [][]steadyResult
+	var syncs []float64
+	if *steadyRate > 0 {
+		steady = make([][]steadyResult, len(steadyServers))
+		for r := 1; r <= *runs; r++ {
+			for i, srv := range steadyServers {
+				res, err := measureSteady(srv, work, *steadyMsgs, *steadyRate, *size, false)
+				if err != nil {
+					return fmt.Errorf("%s, steady, run %d: %w", srv.name, r, err)
+				}
+				logf("%s, %d msg/s, run %d of %d: %.0f B written and %.2f ms on CPU per message, PubAck p50 %s p99 %s", srv.name, *steadyRate, r, *runs,
+					res.bytesPerMsg(), res.cpuMSPerMsg(), res.p50.Round(10*time.Microsecond), res.p99.Round(10*time.Microsecond))
+				steady[i] = append(steady[i], res)
+			}
+		}
+		if _, err := exec.LookPath("strace"); *fsyncs && err == nil {
+			syncs = make([]float64, len(steadyServers))
+			for i, srv := range steadyServers {
+				res, err := measureSteady(srv, work, *steadyMsgs, *steadyRate, *size, true)
+				if err != nil {
+					return fmt.Errorf("%s, steady under strace: %w", srv.name, err)
+				}
+				syncs[i] = float64(res.syncs) / float64(res.msgs)
+				logf("%s, %d msg/s, under strace: %.2f fsync and fdatasync calls per message", srv.name, *steadyRate, syncs[i])
+			}
+		} else if *fsyncs {
+			logf("strace not installed: no fsync counts (apt-get install strace)")
+		}
+	}
+
 	var rep bytes.Buffer
 	fmt.Fprintf(&rep, "Measured by `make bench-footprint` (%s): stock %s; %s; %d CPUs, kernel %s; stores under %s.\n\n",
 		time.Now().UTC().Format("2006-01-02"), strings.TrimSpace(string(stockVersion)), strings.Join(versions, "; "),
 		runtime.NumCPU(), kernel(), parent)
 	fmt.Fprintf(&rep, "Each server idle for %s after %s of settling, %d runs, servers in turn within each run. "+
 		"Stock: nats-server with JetStream on the file store, `sync_interval: always`. "+
+		"stock+streams: the same with holdfast's default streams ORDERS and ORDERS_DLQ and the durable consumer WORKER1 created in it, nothing pulling: "+
+		"the server's own idle cost for what holdfast creates. "+
 		"holdfast: `holdfast run` on its defaults (stream ORDERS, 4 workers, monitor, HTTP), only ports and store set. "+
 		"CPU ticks: utime+stime from /proc/PID/stat (1/%d s); CPU ms: the threads' time on a CPU from /proc/PID/task/*/schedstat; "+
 		"written: write_bytes from /proc/PID/io over the window.", *idle, *settle, *runs, userHZ)
@@ -152,6 +197,20 @@ func run() error {
 	}
 	fmt.Fprint(&rep, "\n\n")
 	writeTable(&rep, servers, scenarios, results)
+	if steady != nil {
+		fmt.Fprintf(&rep, "\nSteady: %d messages of %d B published into ORDERS at %d msg/s, each at its time whether or not the ones before were answered (as independent devices do), each acknowledged by a consumer: "+
+			"on stock a pull consumer in the benchmark's process (its CPU not counted), on holdfast its own WORKER1 with the default log handler "+
+			"(log level warn, so that the figures are the store's and not the log's). Per message: write_bytes and CPU time of the server's process from the first publish "+
+			"until the consumer's ack floor reached the last message; latency: publish to PubAck. stock-2m: stock on its default sync_interval (2 minutes), "+
+			"which loses acknowledged messages at a power cut. commit_window: holdfast with jetstream.commit_window = %q.\n\n", *steadyMsgs, *size, *steadyRate, commitWindow.String())
+		writeSteadyTable(&rep, steadyServers, steady)
+		if syncs != nil {
+			fmt.Fprint(&rep, "\nfsync and fdatasync calls of the server's process per message, counted by strace in one more run of each (which slows it):\n\n| server | calls per message |\n| --- | ---: |\n")
+			for i, srv := range steadyServers {
+				fmt.Fprintf(&rep, "| %s | %.2f |\n", srv.name, syncs[i])
+			}
+		}
+	}
 	os.Stdout.Write(rep.Bytes())
 	if *out != "" {
 		return os.WriteFile(*out, rep.Bytes(), 0o644)
@@ -217,24 +276,12 @@ func measureIdle(srv *server, work string, sc scenario) (result, error) {
 }
 
 // writeTable writes, per scenario, each server's figures and each holdfast
-// binary's ratios to stock: one column per run and the range.
+// binary's ratios to stock and to stock+streams: one column per run and
+// the range.
 func writeTable(w *bytes.Buffer, servers []*server, scenarios []scenario, results [][][]result) {
-	fmt.Fprint(w, "| store | figure |")
-	for i := range *runs {
-		fmt.Fprintf(w, " run %d |", i+1)
-	}
-	fmt.Fprint(w, " min–max |\n| --- | --- |")
-	fmt.Fprint(w, strings.Repeat(" ---: |", *runs+1))
-	fmt.Fprintln(w)
+	t := benchkit.NewTable(w, *runs, "store", "figure")
 	secs := idle.Seconds()
-	row := func(store, name, format string, values []float64) {
-		fmt.Fprintf(w, "| %s | %s |", store, name)
-		for _, v := range values {
-			fmt.Fprintf(w, " "+format+" |", v)
-		}
-		plain := strings.Trim(format, "*")
-		fmt.Fprintf(w, " "+plain+"–"+plain+" |\n", slices.Min(values), slices.Max(values))
-	}
+	row := func(store, name, format string, values []float64) { t.Row([]string{store, name}, format, values) }
 	for si, sc := range scenarios {
 		for i, srv := range servers {
 			var ticks, perSec, ms, written []float64
@@ -249,18 +296,56 @@ func writeTable(w *bytes.Buffer, servers []*server, scenarios []scenario, result
 			row(sc.name, fmt.Sprintf("%s CPU ms per %s (schedstat)", srv.name, *idle), "%.1f", ms)
 			row(sc.name, fmt.Sprintf("%s bytes written per %s", srv.name, *idle), "%.0f", written)
 		}
-		for i, srv := range servers[1:] {
-			var ticks, ms []float64
-			for r := range results[si][0] {
-				stock, hf := results[si][0][r], results[si][i+1][r]
-				// A stock window of 0 ticks counts as 1: the ratio is then
-				// a lower bound.
-				ticks = append(ticks, float64(hf.ticks)/float64(max(stock.ticks, 1)))
-				ms = append(ms, float64(hf.runNS)/float64(max(stock.runNS, 1)))
+		for _, base := range []int{0, 1} {
+			for i, srv := range servers {
+				if !srv.holdfast {
+					continue
+				}
+				var ticks, ms []float64
+				for r := range results[si][base] {
+					stock, hf := results[si][base][r], results[si][i][r]
+					// A stock window of 0 ticks counts as 1: the ratio is
+					// then a lower bound.
+					ticks = append(ticks, float64(hf.ticks)/float64(max(stock.ticks, 1)))
+					ms = append(ms, float64(hf.runNS)/float64(max(stock.runNS, 1)))
+				}
+				row(sc.name, fmt.Sprintf("**%s/%s, CPU ticks**", srv.name, servers[base].name), "**%.2f×**", ticks)
+				row(sc.name, fmt.Sprintf("%s/%s, CPU ms", srv.name, servers[base].name), "%.2f×", ms)
 			}
-			row(sc.name, fmt.Sprintf("**%s/stock, CPU ticks**", srv.name), "**%.2f×**", ticks)
-			row(sc.name, fmt.Sprintf("%s/stock, CPU ms", srv.name), "%.2f×", ms)
 		}
+	}
+}
+
+// writeSteadyTable writes each steady server's figures per message and
+// each holdfast figure's ratio to stock (sync_interval always).
+func writeSteadyTable(w *bytes.Buffer, servers []*server, results [][]steadyResult) {
+	t := benchkit.NewTable(w, *runs, "figure")
+	row := func(name, format string, values []float64) { t.Row([]string{name}, format, values) }
+	per := func(rs []steadyResult, f func(steadyResult) float64) []float64 {
+		var out []float64
+		for _, r := range rs {
+			out = append(out, f(r))
+		}
+		return out
+	}
+	for i, srv := range servers {
+		row(srv.name+" bytes written per message", "%.0f", per(results[i], steadyResult.bytesPerMsg))
+		row(srv.name+" CPU ms per message", "%.3f", per(results[i], steadyResult.cpuMSPerMsg))
+		row(srv.name+" PubAck p50 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.p50) / 1e6 }))
+		row(srv.name+" PubAck p99 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.p99) / 1e6 }))
+	}
+	for i, srv := range servers {
+		if !srv.holdfast {
+			continue
+		}
+		var b, c []float64
+		for r := range results[i] {
+			stock, hf := results[0][r], results[i][r]
+			b = append(b, hf.bytesPerMsg()/max(stock.bytesPerMsg(), 1))
+			c = append(c, hf.cpuMSPerMsg()/max(stock.cpuMSPerMsg(), 1e-9))
+		}
+		row("**"+srv.name+"/stock, bytes per message**", "**%.2f×**", b)
+		row(srv.name+"/stock, CPU per message", "%.2f×", c)
 	}
 }
 

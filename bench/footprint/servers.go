@@ -23,28 +23,80 @@ type server struct {
 	// into work and returns the arguments to run it with. fill asks for
 	// the config the store is filled with.
 	config func(work, store string, port int, fill bool) ([]string, error)
+	// holdfast is set for a holdfast binary: it is ready once its
+	// bootstrap created the default stream.
+	holdfast bool
+	// setup, when set, runs on each start once the server is ready.
+	setup func(p *proc) error
 }
 
 // stockServer is nats-server with JetStream on the file store: measured
 // with sync_interval always (holdfast's default), filled with the default
 // interval.
 func stockServer(bin string) *server {
-	return &server{name: "stock", bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
+	return stockServerSync("stock", bin, true)
+}
+
+// stockServerSync is stockServer, measured with sync_interval always or,
+// with always false, the server's default interval (2 minutes).
+func stockServerSync(name, bin string, always bool) *server {
+	return &server{name: name, bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
 		sync := "sync_interval: always"
-		if fill {
+		if fill || !always {
 			sync = ""
 		}
 		text := fmt.Sprintf("listen: 127.0.0.1:%d\njetstream {\n  store_dir: %q\n  max_file_store: 10GB\n  max_memory_store: 1GB\n  %s\n}\n", port, store, sync)
-		path := filepath.Join(work, "nats-server.conf")
+		path := filepath.Join(work, name+".conf")
 		return []string{"-c", path}, os.WriteFile(path, []byte(text), 0o644)
 	}}
+}
+
+// stockStreamsServer is stockServer with what holdfast's defaults create
+// in it: the streams ORDERS and ORDERS_DLQ and the durable pull consumer
+// WORKER1, nothing pulling. Idle, it is the share of holdfast's idle cost
+// that is the server's own for those streams.
+func stockStreamsServer(bin string) *server {
+	srv := stockServer(bin)
+	srv.name = "stock+streams"
+	srv.setup = func(p *proc) error {
+		nc, js, err := benchkit.Connect(p.url, 2*time.Second)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		for _, sc := range []jetstream.StreamConfig{
+			{Name: "ORDERS", Subjects: []string{"orders.*"}, Storage: jetstream.FileStorage, MaxMsgs: 1_000_000, MaxAge: 72 * time.Hour},
+			{Name: "ORDERS_DLQ", Subjects: []string{"dlq.WORKER1.>"}, Storage: jetstream.FileStorage},
+		} {
+			if _, err := js.CreateOrUpdateStream(ctx, sc); err != nil {
+				return fmt.Errorf("create stream %s: %w", sc.Name, err)
+			}
+		}
+		_, err = js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1",
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 5})
+		return err
+	}
+	return srv
 }
 
 // holdfastServer is `holdfast run` on its defaults (the stream ORDERS,
 // its consumer's four workers, the monitor, HTTP on): only the store, the
 // client port and the HTTP port are set. It is filled with sync = "2m".
 func holdfastServer(name, bin string) *server {
-	return &server{name: name, bin: bin, config: func(work, store string, port int, fill bool) ([]string, error) {
+	return holdfastServerWith(name, bin, "")
+}
+
+// holdfastServerWith is holdfastServer with extra appended to its config.
+func holdfastServerWith(name, bin, extra string) *server {
+	return holdfastServerWindow(name, bin, "", extra)
+}
+
+// holdfastServerWindow is holdfastServerWith with jetstream.commit_window
+// set to window (unless "").
+func holdfastServerWindow(name, bin, window, extra string) *server {
+	return &server{name: name, bin: bin, holdfast: true, config: func(work, store string, port int, fill bool) ([]string, error) {
 		httpPort, err := benchkit.FreePort()
 		if err != nil {
 			return nil, err
@@ -52,9 +104,11 @@ func holdfastServer(name, bin string) *server {
 		sync := ""
 		if fill {
 			sync = `sync = "2m"`
+		} else if window != "" {
+			sync = fmt.Sprintf("commit_window = %q", window)
 		}
-		text := fmt.Sprintf("[server]\nhost = \"127.0.0.1\"\nport = %d\n[jetstream]\nstore_dir = %q\n%s\n[http]\nlisten = \"127.0.0.1:%d\"\n",
-			port, store, sync, httpPort)
+		text := fmt.Sprintf("[server]\nhost = \"127.0.0.1\"\nport = %d\n[jetstream]\nstore_dir = %q\n%s\n[http]\nlisten = \"127.0.0.1:%d\"\n%s",
+			port, store, sync, httpPort, extra)
 		path := filepath.Join(work, name+".toml")
 		return []string{"run", "--config", path}, os.WriteFile(path, []byte(text), 0o644)
 	}}
@@ -92,12 +146,15 @@ func (srv *server) start(work, store string, fill bool) (*proc, error) {
 	p := &proc{cmd: cmd, url: fmt.Sprintf("nats://127.0.0.1:%d", port), done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	wantStream := ""
-	if srv.name != "stock" {
+	if srv.holdfast {
 		wantStream = "ORDERS"
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
 		err := p.ready(wantStream)
+		if err == nil && srv.setup != nil {
+			err = srv.setup(p)
+		}
 		if err == nil {
 			return p, nil
 		}

@@ -51,7 +51,7 @@ func configPath(c *cli.Context) string {
 // they do not read the config) and makes their usage errors exit with 2.
 func prepareCommands(cmds []*cli.Command) {
 	for _, cmd := range cmds {
-		if cmd.Name != "config" && cmd.Name != "version" && cmd.Name != "passwd" {
+		if cmd.Name != "config" && cmd.Name != "version" && cmd.Name != "passwd" && cmd.Name != "completion" && cmd.Name != "init" {
 			cmd.Flags = append(cmd.Flags, newConfigFlag(false))
 		}
 		for _, f := range cmd.Flags {
@@ -110,6 +110,7 @@ func newApp() *cli.App {
 		EnableBashCompletion: true,
 		HideVersion:          true,
 		Commands: []*cli.Command{
+			initCommand(),
 			runCommand(),
 			checkCommand(),
 			reloadCommand(),
@@ -123,6 +124,7 @@ func newApp() *cli.App {
 			passwdCommand(),
 			versionCommand(),
 			manCommand(),
+			completionCommand(),
 		},
 		OnUsageError: func(c *cli.Context, err error, _ bool) error {
 			return usageError(err)

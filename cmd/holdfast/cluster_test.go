@@ -1102,8 +1102,11 @@ func TestClusterAcksThroughConsumerLeaderElection(t *testing.T) {
 	t.Parallel()
 	out := filepath.Join(t.TempDir(), "processed")
 	script := e2eScript(t, fmt.Sprintf("cat >/dev/null\nsleep 0.3\necho \"$HOLDFAST_MSG_ID $TEST_NODE\" >> %q\n", out))
+	// ack_wait 30 s: the unconfirmed acks reach the new leader once it
+	// is elected, which under the whole suite's load took longer than
+	// 15 s once (a handled message then hit max_deliver).
 	nodes := newTestCluster(t, 3, fmt.Sprintf(`workers = 2
-ack_wait = "15s"
+ack_wait = "30s"
 max_deliver = 1
 handler = "exec"
 

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -14,7 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/jsm.go/api"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
@@ -225,7 +223,7 @@ func replayDeadLetters(ctx context.Context, nc *nats.Conn, cfg *config.Config, t
 	for i, dl := range todo {
 		if _, ok := unanswered[dl.Consumer]; ok {
 			unanswered[dl.Consumer]++
-		} else if err := pipeline.RequestReplay(ctx, nc, dl, replayTimeout(cfg, dl.Consumer)); err != nil {
+		} else if err := pipeline.RequestReplay(ctx, nc, dl, cfg.ReplayTimeout(dl.Consumer)); err != nil {
 			failed = append(failed, err)
 			if errors.Is(err, pipeline.ErrNoReplayWorkers) {
 				unanswered[dl.Consumer] = 0
@@ -307,31 +305,9 @@ func dlqPurge(c *cli.Context) error {
 // when it is not 0) with the JetStream API and returns how many it
 // deleted: the operator sees how many went, not only that some did.
 func purgeDeadLetters(c *cli.Context, nc *nats.Conn, target dlqTarget, upto uint64) (uint64, error) {
-	req := api.JSApiStreamPurgeRequest{}
-	if target.consumer != "" {
-		req.Subject = "dlq." + target.consumer + ".>"
-	}
-	if upto > 0 {
-		req.Sequence = upto + 1 // the API purges up to, not including, seq
-	}
-	body, err := json.Marshal(req)
-	if err != nil {
-		return 0, err
-	}
 	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(ctx, fmt.Sprintf(api.JSApiStreamPurgeT, target.stream), body)
-	if err != nil {
-		return 0, err
-	}
-	var resp api.JSApiStreamPurgeResponse
-	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return 0, fmt.Errorf("unreadable answer %q: %w", msg.Data, err)
-	}
-	if resp.IsError() {
-		return 0, resp.ToError()
-	}
-	return resp.Purged, nil
+	return pipeline.PurgeDeadLetters(ctx, nc, target.stream, target.consumer, upto)
 }
 
 // parseSeq reads a dead letter's sequence number (from 1) given on the
@@ -342,16 +318,6 @@ func parseSeq(arg string) (uint64, error) {
 		return 0, usageError(fmt.Errorf("SEQ %q is not a sequence number (1 or more, the SEQ column of holdfast dlq ls)", arg))
 	}
 	return seq, nil
-}
-
-// replayTimeout is how long `dlq replay` waits for one verdict: the
-// longest a handler of consumer may take, and some.
-func replayTimeout(cfg *config.Config, consumer string) time.Duration {
-	d := 30 * time.Second
-	if cc := cfg.Consumers[consumer]; cc != nil {
-		d = max(cc.AckWait.Duration, cc.Exec.Timeout.Duration, cc.HTTP.Timeout.Duration)
-	}
-	return d + 30*time.Second
 }
 
 type dlqTarget struct{ stream, consumer string }

@@ -29,9 +29,11 @@ type durConfig struct {
 	port       int
 	sync       string // jetstream.sync; "" keeps the default
 	onDataLoss string // jetstream.on_data_loss; "" keeps the default
-	workers    int
-	handler    string // "log" unless set
-	extra      string // appended verbatim
+	// commitWindow is jetstream.commit_window; "" keeps the default.
+	commitWindow string
+	workers      int
+	handler      string // "log" unless set
+	extra        string // appended verbatim
 	// groupCommit sets group_commit = true on ORDERS.
 	groupCommit bool
 }
@@ -43,6 +45,9 @@ func (c durConfig) toml() string {
 	}
 	if c.onDataLoss != "" {
 		js += fmt.Sprintf("on_data_loss = %q\n", c.onDataLoss)
+	}
+	if c.commitWindow != "" {
+		js += fmt.Sprintf("commit_window = %q\n", c.commitWindow)
 	}
 	handler := c.handler
 	if handler == "" {

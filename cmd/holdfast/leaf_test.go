@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -200,65 +201,53 @@ func hubRead(t *testing.T, js jetstream.JetStream, want uint64, within time.Dura
 	if n := natstest.StreamInfo(t, js, "EDGE").State.Msgs; n != want {
 		t.Fatalf("hub EDGE holds %d messages after settling, want %d", n, want)
 	}
-	// In a hub cluster that just lost a node, creating the consumer waits
-	// for the meta group: try again with short timeouts (the consumer
-	// makes its own contexts later).
-	var c jetstream.Consumer
-	natstest.CheckFor(t, within, 200*time.Millisecond, func() (err error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		c, err = js.OrderedConsumer(ctx, "EDGE", jetstream.OrderedConsumerConfig{})
-		return err
-	})
+	// Message by message with the get API: no consumer to create, which
+	// a hub cluster that just lost a node may not answer for a long time
+	// (an ordered consumer's Fetch hung a CI run). Each get is retried.
+	s, err := js.Stream(natstest.Context(t), "EDGE")
+	if err != nil {
+		t.Fatal(err)
+	}
 	out := map[string]map[uint64]int{}
 	order := map[string][]uint64{}
 	ids := map[string]bool{}
-	deadline := time.Now().Add(within)
-	for got := uint64(0); got < want; {
-		// No more than what is left: a Fetch waits out its 5 s for a batch
-		// it cannot fill.
-		batch, err := c.Fetch(int(min(500, want-got)), jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			// Each Fetch of an ordered consumer creates a consumer (10 s
-			// timeout), which a hub cluster electing leaders may not answer.
-			if time.Now().Before(deadline) {
-				continue
+	last := natstest.StreamInfo(t, js, "EDGE").State.LastSeq
+	for seq := uint64(1); seq <= last; seq++ {
+		var m *jetstream.RawStreamMsg
+		natstest.CheckFor(t, within, 100*time.Millisecond, func() (err error) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			m, err = s.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				m, err = nil, nil
 			}
-			t.Fatal(err)
+			return err
+		})
+		if m == nil {
+			continue // deleted
 		}
-		n := 0
-		for m := range batch.Messages() {
-			n++
-			h := m.Headers()
-			id := h.Get(nats.MsgIdHdr)
-			if ids[id] {
-				t.Fatalf("Nats-Msg-Id %s stored twice", id)
-			}
-			ids[id] = true
-			edge := h.Get("Holdfast-Origin-Server")
-			seq, _ := strconv.ParseUint(h.Get("Holdfast-Origin-Seq"), 10, 64)
-			if !strings.HasPrefix(m.Subject(), "edge."+edge+".orders.") {
-				t.Fatalf("subject %s from edge %q", m.Subject(), edge)
-			}
-			// <server>:<stream>:<seq>:<stored>
-			if parts := strings.Split(id, ":"); len(parts) != 4 || parts[0] != edge || parts[1] != "ORDERS" || parts[2] != strconv.FormatUint(seq, 10) {
-				t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, seq)
-			}
-			if out[edge] == nil {
-				out[edge] = map[uint64]int{}
-			}
-			out[edge][seq]++
-			order[edge] = append(order[edge], seq)
+		id := m.Header.Get(nats.MsgIdHdr)
+		if ids[id] {
+			t.Fatalf("Nats-Msg-Id %s stored twice", id)
 		}
-		if n == 0 {
-			// An ordered consumer whose consumer was on a node just
-			// killed gets nothing until it is created again elsewhere.
-			if time.Now().Before(deadline) {
-				continue
-			}
-			t.Fatalf("read %d of %d messages from the hub", got, want)
+		ids[id] = true
+		edge := m.Header.Get("Holdfast-Origin-Server")
+		oseq, _ := strconv.ParseUint(m.Header.Get("Holdfast-Origin-Seq"), 10, 64)
+		if !strings.HasPrefix(m.Subject, "edge."+edge+".orders.") {
+			t.Fatalf("subject %s from edge %q", m.Subject, edge)
 		}
-		got += uint64(n)
+		// <server>:<stream>:<seq>:<stored>
+		if parts := strings.Split(id, ":"); len(parts) != 4 || parts[0] != edge || parts[1] != "ORDERS" || parts[2] != strconv.FormatUint(oseq, 10) {
+			t.Fatalf("Nats-Msg-Id %s does not name edge %s, stream ORDERS and seq %d", id, edge, oseq)
+		}
+		if out[edge] == nil {
+			out[edge] = map[uint64]int{}
+		}
+		out[edge][oseq]++
+		order[edge] = append(order[edge], oseq)
+	}
+	if n := uint64(len(ids)); n != want {
+		t.Fatalf("read %d of %d messages from the hub", n, want)
 	}
 	return out, order
 }
@@ -395,8 +384,12 @@ func TestLeafEdgesToHub(t *testing.T) {
 			t.Errorf("edge metrics lack %s", want)
 		}
 	}
-	if hm := hub.get(t, "/metrics"); !strings.Contains(hm, fmt.Sprintf(`holdfast_edge_last_seq{edge="edge2",stream="ORDERS"} %d`, perEdge)) {
-		t.Errorf("hub metrics lack edge2's last seq %d:\n%s", perEdge, grepLines(hm, "holdfast_edge_"))
+	hm := hub.get(t, "/metrics")
+	for _, want := range []string{fmt.Sprintf(`holdfast_edge_last_seq{edge="edge2",stream="ORDERS"} %d`, perEdge),
+		`holdfast_edge_linked{edge="edge2",stream="ORDERS"} 1`, `holdfast_edge_pending_messages{edge="edge2",stream="ORDERS"} 0`} {
+		if !strings.Contains(hm, want) {
+			t.Errorf("hub metrics lack %s:\n%s\n%s", want, grepLines(hm, "holdfast_edge_"), hub.get(t, "/nats/leafz"))
+		}
 	}
 	st := runHoldfast(t, nil, "status", "--config", e1.inst.cfg, "--user", "app", "--password", leafAppPassword)
 	for _, want := range []string{"Leafnode   nats-leaf://" + hubAddr + " connected", "Forward    FORWARD (stream ORDERS) -> domain hub: ready", "backlog 0"} {
@@ -405,7 +398,7 @@ func TestLeafEdgesToHub(t *testing.T) {
 		}
 	}
 	st = runHoldfast(t, nil, "status", "--config", hub.inst.cfg, "--user", "app", "--password", leafAppPassword)
-	if !strings.Contains(st.stdout, fmt.Sprintf("Edge       edge2 stream ORDERS: last seq %d", perEdge)) {
+	if !strings.Contains(st.stdout, fmt.Sprintf("Edge       edge2 stream ORDERS: linked, last seq %d, 0 waiting there then", perEdge)) {
 		t.Errorf("hub status lacks edge2:\n%s", st.stdout)
 	}
 }
@@ -1324,17 +1317,26 @@ func TestLeafHubStreamRecreatedKeepsOrder(t *testing.T) {
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
 	const n = 1500
-	leafPublish(t, ejs, 0, n)
+	leafPublish(t, ejs, 0, 500)
 	hubHoldsAtLeast(t, hjs, 200)
 	cfg := natstest.StreamInfo(t, hjs, "EDGE").Config
 	if err := hjs.DeleteStream(ctx, "EDGE"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second)
+	// Publishing goes on while the hub has no stream (batches forward the
+	// first 500 fast: they may all be on the hub before the delete).
+	for i := 500; i < n; i += 100 {
+		leafPublish(t, ejs, i, 100)
+		time.Sleep(300 * time.Millisecond)
+	}
 	if _, err := hjs.CreateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
 	natstest.CheckFor(t, 60*time.Second, 500*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got < n {
+			return fmt.Errorf("the new stream holds %d of %d; edge %s", got, n,
+				grepLines(edge.get(t, "/metrics"), "holdfast_forward_backlog_messages"))
+		}
 		if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_backlog_messages{consumer="FORWARD"} 0`) {
 			return fmt.Errorf("backlog")
 		}
@@ -1687,5 +1689,19 @@ func TestLeafHubStoreWiped(t *testing.T) {
 	wantExactlyOnce(t, hubCounts(t, hjs, 60, 30*time.Second), map[string]uint64{"edge1": 60})
 	if m := edge.get(t, "/metrics"); !strings.Contains(m, `holdfast_forward_resent_total{consumer="FORWARD"} 50`) {
 		t.Errorf("edge metrics:\n%s", grepLines(m, "holdfast_forward_"))
+	}
+	// The hub, which lost its state file with its store, learns it from
+	// the edge.
+	if m := hub.get(t, "/metrics"); !strings.Contains(m, `holdfast_edge_resent_total{edge="edge1",stream="ORDERS"} 50`) {
+		t.Errorf("hub metrics:\n%s", grepLines(m, "holdfast_edge_"))
+	}
+	if !strings.Contains(hub.proc.stderr.String(), "an edge sends again messages this hub had acknowledged and lost") {
+		t.Error("the hub did not log that it had lost the edge's messages")
+	}
+	if st := runHoldfast(t, nil, "status", "--config", hub.inst.cfg); !strings.Contains(st.stdout, "LOST BY THIS HUB: 50 sent again, 0 lost on both sides") {
+		t.Errorf("hub status:\n%s", st.stdout)
+	}
+	if h := hub.get(t, "/healthz"); !strings.Contains(h, "this hub lost messages of edge edge1 (stream ORDERS) that it had acknowledged") {
+		t.Errorf("hub /healthz does not say it lost edge1's messages:\n%s", h)
 	}
 }

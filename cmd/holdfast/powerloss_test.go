@@ -57,21 +57,52 @@ func lazyMount(t *testing.T) *lazyfs.FS {
 
 func runPowerLoss(t *testing.T, syncSetting string, groupCommit bool, cycles int, publishers int) powerLossResult {
 	t.Helper()
+	return runPowerLossWith(t, powerLossLoad{sync: syncSetting, groupCommit: groupCommit, cycles: cycles,
+		start: func(cycle int, url string, acks *ackLog) func() {
+			return startPublishers(t, url, fmt.Sprintf("c%03d", cycle), publishers, acks).stop
+		}})
+}
+
+// powerLossLoad is what a power-loss run configures and publishes.
+type powerLossLoad struct {
+	sync        string // jetstream.sync; "" keeps the default
+	groupCommit bool
+	// commitWindow is jetstream.commit_window; "" keeps the default.
+	commitWindow string
+	cycles       int
+	label        string // added to the result's sync
+	// extra is config appended to the harness's (durConfig.extra), with
+	// port free ports for its listeners.
+	extra func(port func() int) string
+	// start starts the publishers of a cycle, recording what was
+	// acknowledged in acks; the func it returns stops them.
+	start func(cycle int, url string, acks *ackLog) func()
+}
+
+func runPowerLossWith(t *testing.T, load powerLossLoad) powerLossResult {
+	t.Helper()
 	lfs := lazyMount(t)
 	t.Cleanup(func() { _ = lfs.Unmount() })
 	port := natstest.FreePort(t)
-	cfgPath := e2eWriteConfig(t, durConfig{
-		store: filepath.Join(lfs.Mountpoint, "store"), port: port, sync: syncSetting, workers: 2, groupCommit: groupCommit,
-	}.toml())
+	dc := durConfig{store: filepath.Join(lfs.Mountpoint, "store"), port: port, sync: load.sync, workers: 2, groupCommit: load.groupCommit,
+		commitWindow: load.commitWindow}
+	if load.extra != nil {
+		dc.extra = load.extra(func() int { return natstest.FreePort(t) })
+	}
+	cfgPath := e2eWriteConfig(t, dc.toml())
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 	acks := newAckLog()
-	res := powerLossResult{sync: syncSetting, cycles: cycles}
-	if syncSetting == "" {
+	res := powerLossResult{sync: load.sync, cycles: load.cycles}
+	if load.sync == "" {
 		res.sync = "always (default)"
 	}
-	if groupCommit {
+	if load.groupCommit {
 		res.sync += " with group_commit"
 	}
+	if load.commitWindow != "" {
+		res.sync += " and commit_window = " + load.commitWindow
+	}
+	res.sync += load.label
 
 	check := func(proc *e2eProc) {
 		t.Helper()
@@ -85,22 +116,25 @@ func runPowerLoss(t *testing.T, syncSetting string, groupCommit bool, cycles int
 		if strings.Contains(proc.stderr.String(), "data loss") {
 			res.lossReported++
 		}
+		if v.lost > 0 && res.lost == 0 {
+			t.Logf("first lost: %s", v.firstLost)
+		}
 		res.acked, res.lost = v.acked, v.lost
 	}
 
-	for cycle := range cycles {
+	for cycle := range load.cycles {
 		proc := startHoldfast(t, cfgPath)
 		proc.waitReady()
 		if cycle > 0 {
 			check(proc)
 		}
-		pubs := startPublishers(t, url, fmt.Sprintf("c%03d", cycle), publishers, acks)
+		stop := load.start(cycle, url, acks)
 		time.Sleep(randDuration(300*time.Millisecond, 1500*time.Millisecond))
 		if err := proc.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
 		proc.wait(30 * time.Second)
-		pubs.stop()
+		stop()
 		rep, err := lfs.Crash()
 		if err != nil {
 			t.Fatalf("cycle %d: power cut: %v", cycle, err)
@@ -173,4 +207,19 @@ func TestPowerLossGroupCommit(t *testing.T) {
 	t.Parallel()
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
 	requireNoLoss(t, runPowerLoss(t, "", true, cycles, 16), "group commit")
+}
+
+// TestPowerLossCommitWindow is Promise 1 with jetstream.commit_window: the
+// server flushes nothing itself, holdfast flushes the streams once per
+// window and answers each publish after the flush that holds it. 16
+// concurrent publishers (with Nats-Msg-Id) and power cuts at random
+// moments: every PubAck'ed message is on disk after the cut, the stream
+// and consumer are there, and every message is processed.
+func TestPowerLossCommitWindow(t *testing.T) {
+	t.Parallel()
+	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
+	requireNoLoss(t, runPowerLossWith(t, powerLossLoad{commitWindow: "20ms", cycles: cycles,
+		start: func(cycle int, url string, acks *ackLog) func() {
+			return startPublishers(t, url, fmt.Sprintf("c%03d", cycle), 16, acks).stop
+		}}), "commit_window")
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/daemon"
+	"github.com/holdfast-io/holdfast/embedded/mqtt"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/monitor"
@@ -79,6 +80,7 @@ func printStatus(w io.Writer, out *daemon.ClientStatus) {
 	printVerdict(w, out)
 	printJetStream(w, out.JetStream)
 	printLeafnodes(w, out.Leafnodes)
+	printMQTT(w, out.MQTT)
 	printCluster(w, out.Cluster)
 	printStreams(w, out.Streams, out.Cluster != nil)
 	printConsumers(w, out.Consumers)
@@ -112,7 +114,11 @@ func printJetStream(w io.Writer, js daemon.JetStreamStatus) {
 		fmt.Fprintf(w, "JetStream  NOT AVAILABLE: %s\n", js.Error)
 		return
 	}
-	fmt.Fprintf(w, "JetStream  enabled, store %s, sync %s\n", orDash(js.StoreDir), orDash(js.Sync))
+	sync := orDash(js.Sync)
+	if js.CommitWindow != "" {
+		sync += ", commit window " + js.CommitWindow
+	}
+	fmt.Fprintf(w, "JetStream  enabled, store %s, sync %s\n", orDash(js.StoreDir), sync)
 	fmt.Fprintf(w, "  file     %s\n", usageText(js.File))
 	fmt.Fprintf(w, "  memory   %s\n", usageText(js.Memory))
 }
@@ -333,6 +339,18 @@ func groupCommitText(s daemon.StreamStatus) string {
 	return fmt.Sprintf("on: %d batches, avg %.0f msgs", st.Batches, float64(st.BatchedMsgs)/float64(st.Batches))
 }
 
+// printMQTT is the devices' listener in `holdfast status`.
+func printMQTT(w io.Writer, st *mqtt.Stats) {
+	if st == nil {
+		return
+	}
+	fmt.Fprintf(w, "\nMQTT       %s: %d device(s) connected (%d since start), %d session(s) kept, %d QoS 1/2 deliveries unacknowledged; %d PUBACK(s) sent once stored, %d waiting; %d barrier(s), %d failed\n",
+		st.Listen, st.Connections, st.Accepted, st.Sessions, st.InFlight, st.Acked, st.Holding, st.Barriers, st.Failed)
+	if st.LastError != "" {
+		fmt.Fprintf(w, "           last failure: %s\n", st.LastError)
+	}
+}
+
 // printLeafnodes is the leafnode part of `holdfast status`.
 func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 	if st == nil {
@@ -397,7 +415,16 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 		fmt.Fprintf(w, "Source     stream %s %s %s: lag %d, %s\n", s.Stream, kind, s.Source, s.Lag, state)
 	}
 	for _, e := range st.Edges {
-		fmt.Fprintf(w, "Edge       %s stream %s: last seq %d, stored there %s, seen here %s ago (%d message(s) seen)\n",
-			e.Edge, e.Stream, e.LastSeq, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second), e.Messages)
+		link := "not linked"
+		if e.Linked {
+			link = "linked"
+		}
+		loss := ""
+		if e.Resent > 0 || e.Lost > 0 {
+			loss = fmt.Sprintf("; LOST BY THIS HUB: %d sent again, %d lost on both sides", e.Resent, e.Lost)
+		}
+		fmt.Fprintf(w, "Edge       %s stream %s: %s, last seq %d, %d waiting there then, stored there %s, seen here %s ago after %s (%d message(s) seen)%s\n",
+			e.Edge, e.Stream, link, e.LastSeq, e.Pending, e.LastOrigin.UTC().Format(time.RFC3339), now.Sub(e.LastSeen).Round(time.Second),
+			e.Delay.Round(time.Millisecond), e.Messages, loss)
 	}
 }

@@ -602,3 +602,40 @@ func TestStatusNamesRefusedCredentials(t *testing.T) {
 		t.Errorf("status with a wrong password: exit %d\n%s", wrong.code, wrong.stderr)
 	}
 }
+
+// TestStatusCommitWindow: with jetstream.commit_window, publishes are
+// answered (after holdfast's flush, through group commit, which the window
+// turns on for ORDERS) and holdfast status says the window is on, in text
+// and in JSON.
+func TestStatusCommitWindow(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""), "[jetstream]\n", "[jetstream]\ncommit_window = \"40ms\"\n", 1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	for i := range 3 {
+		ack, err := js.Publish(natstest.Context(t), "orders.created", []byte("payload"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ack.Stream != "ORDERS" || ack.Sequence != uint64(i+1) {
+			t.Fatalf("PubAck %+v", ack)
+		}
+	}
+	res := runHoldfast(t, nil, "status", "--config", in.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "sync always, commit window 40ms") {
+		t.Fatalf("holdfast status exited %d:\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	res = runHoldfast(t, nil, "status", "--json", "--config", in.cfg)
+	var st daemon.ClientStatus
+	if err := json.Unmarshal([]byte(res.stdout), &st); err != nil {
+		t.Fatalf("status --json: %v\n%s", err, res.stdout)
+	}
+	if st.JetStream.CommitWindow != "40ms" || st.JetStream.Sync != "always" {
+		t.Fatalf("status --json jetstream: sync %q, commit_window %q", st.JetStream.Sync, st.JetStream.CommitWindow)
+	}
+	if s := findStream(t, st, "ORDERS"); s.GroupCommit != "on" {
+		t.Fatalf("ORDERS group commit %q with a commit window, want on", s.GroupCommit)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,6 +37,7 @@ func TestStatusPage(t *testing.T) {
 	chromium := requireChromium(t)
 	parser := e2eScript(t, "cat >/dev/null\necho 'cannot parse: "+xssReason+"' >&2\nexit 65\n")
 	httpAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
+	mqttAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
 	in := newE2EInstance(t)
 	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, fmt.Sprintf(`
 [consumers.PARSER]
@@ -47,7 +49,10 @@ handler = "exec"
 [consumers.PARSER.exec]
 command = [%q]
 timeout = "10s"
-`, parser)), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", httpAddr), 1))
+
+[mqtt]
+listen = %q
+`, parser, mqttAddr)), "[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", httpAddr), 1))
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -61,6 +66,10 @@ timeout = "10s"
 	}
 	publish("orders.created", 5)
 	publish("orders.bad", 1)
+	dev := pahoClient(t, "tcp://"+mqttAddr, "scanner", nil)
+	if tok := dev.Publish("orders/scanned", 1, false, "6"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("mqtt publish: %v", tok.Error())
+	}
 	base := "http://" + httpAddr
 	var st *daemon.ClientStatus
 	natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
@@ -80,8 +89,8 @@ timeout = "10s"
 	if err := json.Unmarshal([]byte(res.stdout), &cli); err != nil {
 		t.Fatalf("status --json: %v\n%s%s", err, res.stdout, res.stderr)
 	}
-	if got, want := streamMessages(&cli, "ORDERS"), streamMessages(st, "ORDERS"); got != want || want != 6 {
-		t.Fatalf("ORDERS messages: status --json %d, status.json %d, want 6 in both", got, want)
+	if got, want := streamMessages(&cli, "ORDERS"), streamMessages(st, "ORDERS"); got != want || want != 7 {
+		t.Fatalf("ORDERS messages: status --json %d, status.json %d, want 7 in both", got, want)
 	}
 	if cli.Version != st.Version || cli.Health.Status != st.Health.Status {
 		t.Fatalf("status --json says version %d, health %q; status.json %d, %q", cli.Version, cli.Health.Status, st.Version, st.Health.Status)
@@ -90,8 +99,12 @@ timeout = "10s"
 	b := openBrowser(t, chromium)
 	b.do(chromedp.Navigate(base + "/"))
 	ordersMessages := `[data-stream="ORDERS"] [data-field="messages"]`
-	b.waitText(ordersMessages, "6")
-	b.waitText(`[data-consumer="ORDERS/WORKER1"] [data-field="pending"]`, "6")
+	b.waitText(ordersMessages, "7")
+	b.waitText(`[data-consumer="ORDERS/WORKER1"] [data-field="pending"]`, "7")
+	b.waitText(`#mqtt [data-field="acked"]`, "1")
+	if disk := b.text(`#store [data-field="disk"]`); !strings.Contains(disk, " free of ") {
+		t.Fatalf("the store's disk shows %q", disk)
+	}
 
 	// The handler's reason is shown as text, and not as an element.
 	failure := b.text(`[data-consumer="ORDERS/PARSER"] [data-field="last_failure"]`)
@@ -101,9 +114,23 @@ timeout = "10s"
 	}
 	b.waitText(`[data-consumer="ORDERS/PARSER"] [data-field="dead_letters"]`, "1 in ORDERS_DLQ")
 
-	// Polling: new messages show within a few seconds.
+	// Polling: new messages show within a few seconds, in the figures and
+	// in the chart (once it has its first sample, 10 s after start).
+	chartSel := `[data-consumer="ORDERS/WORKER1"] [data-field="chart"]`
+	natstest.CheckFor(t, 20*time.Second, 200*time.Millisecond, func() error {
+		if got := b.text(chartSel); !strings.Contains(got, "backlog 7 ") {
+			return fmt.Errorf("chart legend %q", got)
+		}
+		return nil
+	})
 	publish("orders.created", 100)
-	b.waitText(ordersMessages, "106")
+	b.waitText(ordersMessages, "107")
+	natstest.CheckFor(t, 10*time.Second, 200*time.Millisecond, func() error {
+		if got := b.text(chartSel); !strings.Contains(got, "backlog 107 ") {
+			return fmt.Errorf("chart legend %q after 100 more messages", got)
+		}
+		return nil
+	})
 
 	// Hidden, the page stops polling; visible again, it polls at once.
 	b.setVisibility("hidden")
@@ -128,6 +155,7 @@ timeout = "10s"
 		if scrollWidth > width {
 			t.Errorf("at %d px the page is %d px wide", width, scrollWidth)
 		}
+		b.screenshot(fmt.Sprintf("status-%d.png", width))
 	}
 	b.checkClean()
 }
@@ -372,4 +400,18 @@ func streamMessages(st *daemon.ClientStatus, name string) uint64 {
 		}
 	}
 	return 0
+}
+
+// screenshot writes the whole page as PNG to name in the directory
+// HOLDFAST_SCREENSHOTS names (make screenshots), if it is set.
+func (b *browser) screenshot(name string) {
+	b.t.Helper()
+	dir := os.Getenv("HOLDFAST_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	png := run(b, chromedp.FullScreenshot(100))
+	if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+		b.t.Fatal(err)
+	}
 }

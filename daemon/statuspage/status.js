@@ -125,6 +125,11 @@
     usage(dl, "file", js.file, "file");
     usage(dl, "memory", js.memory, "memory");
     field(dl, "directory", js.store_dir || "-", "store_dir");
+    if (js.disk_size) {
+      const used = 1 - js.disk_free / js.disk_size;
+      const dd = field(dl, "disk", bytes(js.disk_free) + " free of " + bytes(js.disk_size), "disk", used >= 0.9 ? "warn" : null);
+      dd.appendChild(meter(used));
+    }
     field(dl, "sync", js.sync || "-", "sync");
     if (js.domain) field(dl, "domain", js.domain, "domain");
     field(dl, "streams / consumers", num(js.streams) + " / " + num(js.consumers));
@@ -187,6 +192,51 @@
     c.appendChild(box);
   }
 
+  // chart draws a consumer's last 15 minutes (history: {t, backlog,
+  // acked} every 10 s) as two lines in an inline SVG: the backlog, and
+  // the messages handled per second between two samples.
+  function chart(history) {
+    const svgNS = "http://www.w3.org/2000/svg";
+    const w = 300, h = 40;
+    const wrap = el("div", "chart");
+    if (!history || history.length < 2) {
+      wrap.appendChild(el("span", "muted", "chart: a point every 10 s, from a minute after start"));
+      return wrap;
+    }
+    const t0 = Date.parse(history[0].t), t1 = Date.parse(history[history.length - 1].t);
+    const span = Math.max(1, t1 - t0);
+    const rates = history.map(function (s, i) {
+      if (i === 0) return 0;
+      const dt = (Date.parse(s.t) - Date.parse(history[i - 1].t)) / 1000;
+      return dt > 0 && s.acked >= history[i - 1].acked ? (s.acked - history[i - 1].acked) / dt : 0;
+    });
+    function line(values, cls) {
+      const top = Math.max(1, Math.max.apply(null, values));
+      const pts = values.map(function (v, i) {
+        const x = (Date.parse(history[i].t) - t0) / span * w;
+        const y = h - 2 - v / top * (h - 4);
+        return x.toFixed(1) + "," + y.toFixed(1);
+      }).join(" ");
+      const p = document.createElementNS(svgNS, "polyline");
+      p.setAttribute("points", pts);
+      p.setAttribute("class", cls);
+      return { p: p, top: top };
+    }
+    const svg = document.createElementNS(svgNS, "svg");
+    svg.setAttribute("viewBox", "0 0 " + w + " " + h);
+    svg.setAttribute("preserveAspectRatio", "none");
+    const backlog = line(history.map(function (s) { return s.backlog; }), "backlog");
+    const rate = line(rates, "rate");
+    svg.append(backlog.p, rate.p);
+    wrap.appendChild(svg);
+    const now = history[history.length - 1];
+    const legend = el("div", "muted", "last " + Math.round(span / 60000) + " min: backlog " + num(now.backlog) +
+      " (max " + num(backlog.top) + "), handled " + rates[rates.length - 1].toFixed(1) + "/s (max " + rate.top.toFixed(1) + "/s)");
+    legend.dataset.field = "chart";
+    wrap.appendChild(legend);
+    return wrap;
+  }
+
   function renderConsumers(st) {
     const box = byId("consumers");
     box.replaceChildren();
@@ -216,6 +266,10 @@
       if (co.filter_subject) field(dl, "filter", co.filter_subject, "filter_subject");
       for (const wa of co.warnings || []) c.appendChild(el("div", "warn text", wa));
       if (w && w.last_failure) renderFailure(c, w.last_failure);
+      // The samples every 10 s, and now: the chart moves at each refresh.
+      const live = (co.history || []).slice();
+      if (live.length > 0) live.push({ t: new Date().toISOString(), backlog: co.pending + co.ack_pending, acked: w ? w.acked : 0 });
+      c.appendChild(chart(live));
       box.appendChild(c);
     }
   }
@@ -258,10 +312,140 @@
     }
     for (const s of e.edges || []) {
       const { card: c, dl } = card("edge", s.edge + "/" + s.stream, "edge " + s.edge, [s.stream]);
+      field(dl, "link", s.linked ? "linked" : "not linked", "linked", s.linked ? "good" : "warn");
       field(dl, "last seq", num(s.last_seq), "last_seq");
+      field(dl, "waiting there", num(s.pending), "pending", s.pending > 0 ? "warn" : null);
       field(dl, "stored there", ago(s.last_origin_time));
       field(dl, "seen here", ago(s.last_seen), "last_seen");
       field(dl, "messages seen", num(s.messages));
+      box.appendChild(c);
+    }
+  }
+
+  function renderMQTT(st) {
+    const m = st.mqtt;
+    byId("mqtt-section").hidden = !m;
+    const box = byId("mqtt");
+    box.replaceChildren();
+    if (!m) return;
+    const dl = el("dl");
+    box.appendChild(dl);
+    field(dl, "listen", m.listen);
+    field(dl, "devices", num(m.connections) + " connected (" + num(m.accepted) + " since start)", "devices");
+    field(dl, "sessions kept", num(m.sessions), "sessions");
+    field(dl, "deliveries unacked", num(m.in_flight), "in_flight");
+    field(dl, "PUBACKs once stored", num(m.acked), "acked");
+    field(dl, "waiting for the stream", num(m.holding), "holding", m.holding > 0 ? "warn" : null);
+    field(dl, "barriers", num(m.barriers) + (m.failed ? ", " + num(m.failed) + " failed" : ""), "barriers", m.failed ? "bad" : null);
+    if (m.last_error) field(dl, "last failure", m.last_error, "problem", "bad");
+  }
+
+  // Dead letters: fetched when a consumer's count changes (and every
+  // tenth poll), not on every poll. Admin actions need a login (Basic
+  // credentials) and carry the CSRF token /api/whoami gives an admin.
+  let dlqKey = null, dlqPolls = 0, who = { user: "", admin: false };
+
+  async function whoami() {
+    try {
+      const resp = await fetch("api/whoami", { cache: "no-store" });
+      who = await resp.json();
+    } catch (err) { who = { user: "", admin: false }; }
+    const login = byId("login");
+    login.replaceChildren();
+    if (who.user) login.appendChild(el("span", "tag", who.user + (who.admin ? " (admin)" : "")));
+    else { const a = el("a", "tag", "log in"); a.href = "login"; login.appendChild(a); }
+  }
+
+  async function act(path, body, confirmText) {
+    if (confirmText && !window.confirm(confirmText)) return;
+    const out = byId("dlq-actions");
+    out.textContent = "working…";
+    try {
+      const resp = await fetch(path, {
+        method: "POST", cache: "no-store",
+        headers: { "Content-Type": "application/json", "X-Holdfast-CSRF": who.csrf || "" },
+        body: JSON.stringify(body),
+      });
+      const r = await resp.json();
+      out.textContent = resp.ok ? "done: " + JSON.stringify(r) : "refused (" + resp.status + "): " + (r.error || "");
+      out.className = resp.ok ? "good" : "bad";
+    } catch (err) {
+      out.textContent = "failed: " + err.message;
+      out.className = "bad";
+    }
+    dlqKey = null;
+    poll();
+  }
+
+  function button(text, name, onclick) {
+    const b = el("button", null, text);
+    b.type = "button";
+    b.dataset.action = name;
+    b.addEventListener("click", onclick);
+    return b;
+  }
+
+  async function showDetail(d) {
+    const box = byId("dlq-detail");
+    box.hidden = false;
+    box.replaceChildren(el("h3", null, d.stream + " #" + d.seq));
+    try {
+      const resp = await fetch("deadletter.json?stream=" + encodeURIComponent(d.stream) + "&seq=" + d.seq, { cache: "no-store" });
+      const full = await resp.json();
+      if (!resp.ok) throw new Error(full.error || resp.status);
+      const dl = el("dl");
+      box.appendChild(dl);
+      for (const k of Object.keys(full.header || {}).sort()) field(dl, k, full.header[k].join(", "));
+      const pre = el("pre", "payload", full.preview + (full.truncated ? "\n… (" + num(full.size) + " bytes in all)" : ""));
+      pre.dataset.field = "payload";
+      box.appendChild(pre);
+    } catch (err) {
+      box.appendChild(el("div", "bad", "cannot read it: " + err.message));
+    }
+  }
+
+  async function renderDeadLetters(st) {
+    const consumers = (st.consumers || []).filter(function (c) { return c.dead_letter_stream; });
+    byId("dlq-section").hidden = consumers.length === 0;
+    if (consumers.length === 0) return;
+    const key = consumers.map(function (c) { return c.name + ":" + c.dead_letters; }).join(",");
+    if (key === dlqKey && ++dlqPolls % 10 !== 0) return;
+    dlqKey = key;
+    await whoami();
+    let list = [];
+    try {
+      const resp = await fetch("deadletters.json?limit=20", { cache: "no-store" });
+      list = (await resp.json()).dead_letters || [];
+    } catch (err) { return; }
+    const box = byId("dlq");
+    box.replaceChildren();
+    if (who.admin) {
+      for (const co of consumers) {
+        if (!co.dead_letters) continue;
+        const newest = list.filter(function (d) { return d.consumer === co.name; }).reduce(function (m, d) { return Math.max(m, d.seq); }, 0);
+        const bar = el("div", "card");
+        bar.dataset.dlqConsumer = co.name;
+        bar.appendChild(el("h3", null, co.name));
+        bar.appendChild(button("replay all", "replay-all", function () {
+          act("api/deadletters/replay", { consumer: co.name, all: true }, "Replay every dead letter of " + co.name + "?");
+        }));
+        if (newest) bar.appendChild(button("purge up to #" + newest, "purge", function () {
+          act("api/deadletters/purge", { consumer: co.name, upto: newest }, "Delete the dead letters of " + co.name + " up to #" + newest + " for good?");
+        }));
+        box.appendChild(bar);
+      }
+    }
+    if (list.length === 0) box.appendChild(el("div", "card", "none"));
+    for (const d of list) {
+      const { card: c, dl } = card("deadletter", d.stream + "/" + d.seq, d.original_subject || d.consumer, [d.consumer, "#" + d.seq]);
+      field(dl, "failed", ago(d.failed_at), "failed_at");
+      field(dl, "deliveries", num(d.deliveries), "deliveries");
+      field(dl, "reason", d.reason || "-", "reason", "bad");
+      field(dl, "payload", d.preview + (d.truncated ? " …" : ""), "preview");
+      c.appendChild(button("details", "details", function () { showDetail(d); }));
+      if (who.admin) c.appendChild(button("replay", "replay", function () {
+        act("api/deadletters/replay", { stream: d.stream, seq: d.seq });
+      }));
       box.appendChild(c);
     }
   }
@@ -289,8 +473,10 @@
     renderHealth(st);
     renderStore(st);
     renderEdge(st);
+    renderMQTT(st);
     renderCluster(st);
     renderConsumers(st);
+    renderDeadLetters(st);
     renderStreams(st);
   }
 

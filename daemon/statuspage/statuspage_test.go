@@ -1,6 +1,7 @@
 package statuspage
 
 import (
+	"bytes"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -48,6 +49,8 @@ func TestPageLoadsNothingFromElsewhere(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The SVG namespace is a name that is never fetched.
+		data = bytes.ReplaceAll(data, []byte(`"http://www.w3.org/2000/svg"`), nil)
 		if m := regexp.MustCompile(`(?i)(https?:)?//[a-z0-9.-]+\.[a-z]{2,}[/"']`).Find(data); m != nil {
 			t.Errorf("%s refers to another origin: %s", name, m)
 		}

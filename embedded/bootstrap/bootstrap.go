@@ -81,11 +81,17 @@ func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 	if sc.Storage == "memory" {
 		c.Storage = jetstream.MemoryStorage
 	}
+	if cfg.TakesBarrier(name) {
+		// The MQTT gate's barrier: a refused publish that comes back
+		// after what devices published before it was stored (with group
+		// commit, through the ingest, in the same order).
+		c.Subjects = append(c.Subjects, subjects.Barrier(cfg.Server.Name, name))
+	}
 	if sc.GroupCommit {
 		// holdfast's ingest answers the configured subjects and publishes
 		// atomic batches behind the prefix; the transform stores them
 		// under the configured subjects again (subjects.GroupCommitPrefix).
-		c.Subjects = subjects.GroupCommitSubjects(name, sc.Subjects)
+		c.Subjects = subjects.GroupCommitSubjects(name, c.Subjects)
 		c.SubjectTransform = &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit(name, ">"), Destination: ">"}
 		c.AllowAtomicPublish = true
 	}
@@ -238,10 +244,27 @@ func eachExisting(ctx context.Context, js jetstream.JetStream, cfg *config.Confi
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		if c, err := js.Consumer(ctx, cc.Stream, name); err == nil {
-			consumer(name, cc, c.CachedInfo().Config)
+		if have, err := consumerConfig(ctx, js, cc.Stream, name); err == nil {
+			consumer(name, cc, have)
 		}
 	}
+}
+
+// consumerConfig is the config of durable consumer name on stream, a pull
+// or a push consumer (which js.Consumer refuses to read).
+func consumerConfig(ctx context.Context, js jetstream.JetStream, stream, name string) (jetstream.ConsumerConfig, error) {
+	c, err := js.Consumer(ctx, stream, name)
+	if errors.Is(err, jetstream.ErrNotPullConsumer) {
+		pc, perr := js.PushConsumer(ctx, stream, name)
+		if perr != nil {
+			return jetstream.ConsumerConfig{}, perr
+		}
+		return pc.CachedInfo().Config, nil
+	}
+	if err != nil {
+		return jetstream.ConsumerConfig{}, err
+	}
+	return c.CachedInfo().Config, nil
 }
 
 // warnUnconfiguredConsumers logs each durable consumer of a configured
@@ -506,7 +529,7 @@ func describe(changes []Change) string {
 }
 
 func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, log *slog.Logger) error {
-	c, err := js.Consumer(ctx, stream, want.Durable)
+	have, err := consumerConfig(ctx, js, stream, want.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if _, err := js.CreateConsumer(ctx, stream, want); err != nil {
 			return fmt.Errorf("cannot create consumer %s on stream %s: %w", want.Durable, stream, err)
@@ -518,7 +541,6 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return fmt.Errorf("cannot read consumer %s on stream %s: %w", want.Durable, stream, err)
 	}
-	have := c.CachedInfo().Config
 	next, changes, err := diffConsumer(stream, have, want)
 	if err != nil {
 		return err
@@ -541,6 +563,12 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 		want.Durable, stream, want.Durable)
 	drift := func(field, h, w string) error {
 		return &DriftError{Kind: "consumer", Name: want.Durable, Field: field, Have: h, Want: w, Fix: fix}
+	}
+	if have.DeliverSubject != "" {
+		return have, nil, &DriftError{Kind: "consumer", Name: want.Durable, Field: "deliver_subject",
+			Have: fmt.Sprintf("%q (a push consumer)", have.DeliverSubject), Want: "none (holdfast's workers pull)",
+			Fix: fmt.Sprintf("leave it out of [consumers] and its clients keep using it, or delete it (nats consumer rm %s %s: its position is lost, the messages stay) and restart holdfast",
+				stream, want.Durable)}
 	}
 	if have.AckPolicy != want.AckPolicy {
 		return have, nil, drift("ack_policy", have.AckPolicy.String(), want.AckPolicy.String())

@@ -1,7 +1,9 @@
-// Package embedded owns holdfast's NATS server: its options, the store
-// directory (validated and locked before the server touches it), start-up
-// with readiness and verification, shutdown, and the bootstrap of streams
-// and consumers.
+// Package store is the store directory's logic: its validation and lock,
+// the entries holdfast keeps beside the server's, the key files and the
+// copies kept while the server encrypts, the recovery guard, the recorded
+// state and the data-loss comparison, and the store's identity and watch.
+// Its functions work on a path and need no running server; embedded's
+// Server calls them during its lifecycle.
 package store
 
 import (

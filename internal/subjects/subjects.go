@@ -49,6 +49,26 @@ func Status(name string) string { return Internal + "STATUS." + Token(name) }
 //	nats request '$HOLDFAST.RELOAD.edge-01' ''
 func Reload(name string) string { return Internal + "RELOAD." + Token(name) }
 
+// Leafs is the subject on which every node of the hub cluster named
+// cluster answers which edges have their leafnode link on it (a JSON list
+// of server names): a node gathers the answers for its view of the fleet.
+// The cluster's name keeps a hub that is itself an edge of another from
+// asking that one's nodes too.
+func Leafs(cluster string) string { return Internal + "LEAFS." + Token(cluster) }
+
+// Barrier is the subject, one per stream, that holdfast's MQTT gate
+// publishes to with a Nats-Expected-Stream the stream refuses: the
+// refusal comes back once the stream has processed every message queued
+// before it (embedded/mqtt). It names the server, so that a stream of the
+// same name across a leafnode never answers.
+func Barrier(server, stream string) string {
+	return BarrierPrefix + Token(server) + "." + stream
+}
+
+// BarrierPrefix starts every Barrier subject; only holdfast's own
+// identity may publish there.
+const BarrierPrefix = Internal + "BARRIER."
+
 // Token is name as one subject token: characters a token cannot hold
 // become '_'.
 func Token(name string) string {

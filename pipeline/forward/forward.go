@@ -35,6 +35,16 @@ const (
 	HeaderOriginSubject       = "Holdfast-Origin-Subject"
 	HeaderOriginTime          = "Holdfast-Origin-Time"
 	HeaderOriginMsgID         = "Holdfast-Origin-Msg-Id"
+	// HeaderOriginPending is how many messages were waiting on the edge
+	// behind this one when it was forwarded: the hub's view of each
+	// edge's backlog, as of its last message.
+	HeaderOriginPending = "Holdfast-Origin-Pending"
+	// HeaderOriginResent marks a message sent again because the hub had
+	// acknowledged it and lost it (its store wiped or put back).
+	HeaderOriginResent = "Holdfast-Origin-Resent"
+	// HeaderOriginLost is how many messages the hub lost that the edge no
+	// longer held either, since the edge's start: lost on both sides.
+	HeaderOriginLost = "Holdfast-Origin-Lost"
 )
 
 // MsgID is the Nats-Msg-Id of a forwarded message: unique per edge,
@@ -94,6 +104,11 @@ type Options struct {
 	// too: a JetStream publish goes to every stream that takes its
 	// subject, so each message would also be stored there.
 	Domains func() []string
+	// IdleCheck is how often the hub's streams are looked at again while
+	// nothing is forwarded (0: 30 s): a stream deleted and created anew,
+	// or put back from an older copy, while the link stayed up and no
+	// publish failed, is noticed then and what it lost is sent again.
+	IdleCheck time.Duration
 }
 
 // Stats counts what a Forwarder did since start.
@@ -159,11 +174,22 @@ type Forwarder struct {
 	ordered bool
 	// marks are what this forwarder saw of each hub stream: a stream
 	// created anew, or whose last sequence went back below what it gave
-	// this edge's messages, lost them. resendTo is then the end of what
-	// is to be sent again (of the incarnation resendCreated).
-	marks         map[string]hubMark
-	resendTo      uint64
-	resendCreated time.Time
+	// this edge's messages, lost them. resendFrom..resendTo are then the
+	// origin sequences to send again (of the incarnation resendCreated).
+	// resendByPos is set while the hub's position tells how far the
+	// resend went (it holds nothing of this edge after the lost ones);
+	// otherwise resendFrom moves on with each message sent again.
+	marks                map[string]hubMark
+	resendFrom, resendTo uint64
+	resendCreated        time.Time
+	resendByPos          bool
+	// wentBack is the origin sequence of the first message whose PubAck
+	// gave a sequence not above what the same hub stream gave before (0:
+	// none): the stream was created anew or put back between two
+	// publishes, and holds this edge's messages from there on only. The
+	// background check looks at the hub at once then.
+	wentBack       uint64
+	wentBackStream string
 
 	// downs counts the times the link was seen down: a check that passed
 	// before the link fell says nothing of the hub behind the link that
@@ -299,23 +325,38 @@ func (f *Forwarder) Close() {
 }
 
 // recheck checks the hub again every second while the link is up and the
-// last check failed, or when the reachable domains changed.
+// last check failed, when the reachable domains changed, or when a PubAck
+// showed a hub stream gone back; and every IdleCheck while nothing is
+// forwarded, which notices a hub stream that lost this edge's messages
+// while the edge had nothing to send.
 func (f *Forwarder) recheck(ctx context.Context) {
 	defer close(f.done)
-	t := time.NewTicker(time.Second)
+	idle := f.opts.IdleCheck
+	if idle <= 0 {
+		idle = 30 * time.Second
+	}
+	t := time.NewTicker(min(time.Second, idle))
 	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		f.mu.Lock()
-		same := f.checkedDoms == f.otherDomains()
-		f.mu.Unlock()
-		if (f.Ready() && same) || !f.linkUp() {
+		if !f.linkUp() {
 			continue
 		}
+		f.mu.Lock()
+		same := f.checkedDoms == f.otherDomains()
+		wentBack := f.wentBack > 0
+		f.mu.Unlock()
+		now := time.Now()
+		quiet := now.Sub(time.Unix(0, f.stats.LastForward.Load())) >= idle && now.Sub(last) >= idle
+		if f.Ready() && same && !wentBack && !quiet {
+			continue
+		}
+		last = now
 		_ = f.checkHub(ctx) // logs what changed
 	}
 }
@@ -469,24 +510,36 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	if pos.seq > 0 && (pos.seq != f.pos.seq || !pos.created.Equal(f.pos.created)) {
 		f.log.Info("hub position read: what the hub holds is not sent again", "hub_stream", name, "origin_seq", pos.seq, "origin_time", pos.stored)
 	}
-	if old := f.pos; lost != "" && old.known && pos.known && old.created.Equal(pos.created) && pos.seq < old.seq {
-		f.log.Error("the hub lost messages of this edge that it had acknowledged: sending them again from this edge's stream",
-			"hub_stream", name, "why", lost, "hub_holds_up_to", pos.seq, "acknowledged_up_to", old.seq)
-		if !f.resendCreated.Equal(old.created) || old.seq > f.resendTo {
-			f.resendTo, f.resendCreated = old.seq, old.created
+	if old := f.pos; lost != "" && old.known && pos.known && old.created.Equal(pos.created) {
+		from, to, byPos := pos.seq+1, old.seq, true
+		if f.wentBack > 0 {
+			// Stored there from wentBack on: what the stream held of this
+			// edge before it went back is what it lost.
+			from, to, byPos = 1, min(old.seq, f.wentBack-1), false
+		}
+		if from <= to {
+			f.log.Error("the hub lost messages of this edge that it had acknowledged: sending them again from this edge's stream",
+				"hub_stream", name, "why", lost, "origin_seqs", fmt.Sprintf("%d..%d", from, to), "hub_holds_up_to", pos.seq, "acknowledged_up_to", old.seq)
+			if !f.resendCreated.Equal(old.created) || to > f.resendTo {
+				f.resendFrom, f.resendTo, f.resendCreated, f.resendByPos = from, to, old.created, byPos
+			}
 		}
 	}
+	f.wentBack = 0
 	f.pos = pos
-	to, created := f.resendTo, f.resendCreated
+	from, to, created := f.resendFrom, f.resendTo, f.resendCreated
+	if f.resendByPos {
+		from = max(from, pos.seq+1)
+	}
 	f.mu.Unlock()
-	if to > pos.seq && created.Equal(pos.created) {
+	if from <= to && to > 0 && created.Equal(pos.created) {
 		// Before forwarding goes on: the lost messages go first, in order.
-		if err := f.resend(ctx, pos.seq+1, to); err != nil {
-			return fmt.Errorf("sending again what the hub lost of this edge (origin sequences %d..%d): %w", pos.seq+1, to, err)
+		if err := f.resend(ctx, from, to); err != nil {
+			return fmt.Errorf("sending again what the hub lost of this edge (origin sequences %d..%d): %w", from, to, err)
 		}
 	}
 	f.mu.Lock()
-	f.resendTo = 0
+	f.resendFrom, f.resendTo = 0, 0
 	f.mu.Unlock()
 	return nil
 }
@@ -511,6 +564,8 @@ func (f *Forwarder) hubLost(streams []jetstream.Stream) string {
 			why = fmt.Sprintf("stream %s was created anew (at %s)", name, info.Created.UTC().Format(time.RFC3339))
 		case info.State.LastSeq < m.seq:
 			why = fmt.Sprintf("stream %s's last sequence is %d, below the %d it gave this edge's messages", name, info.State.LastSeq, m.seq)
+		case f.wentBack > 0 && name == f.wentBackStream:
+			why = fmt.Sprintf("stream %s gave a message of this edge a sequence not above one it gave before", name)
 		default:
 			continue
 		}
@@ -519,14 +574,20 @@ func (f *Forwarder) hubLost(streams []jetstream.Stream) string {
 	return why
 }
 
-// noteStored records that hub stream gave one of this edge's messages seq.
-func (f *Forwarder) noteStored(stream string, seq uint64) {
+// noteStored records that hub stream gave this edge's messages the
+// sequences first..last, the first of them of origin sequence origin.
+func (f *Forwarder) noteStored(stream string, first, last, origin uint64) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if m, ok := f.marks[stream]; ok && seq > m.seq {
-		m.seq = seq
-		f.marks[stream] = m
+	m, ok := f.marks[stream]
+	if !ok {
+		return
 	}
+	if first <= m.seq && f.wentBack == 0 {
+		f.wentBack, f.wentBackStream = origin, stream
+	}
+	m.seq = max(m.seq, last)
+	f.marks[stream] = m
 }
 
 // resend sends again, in order and one by one, the messages of the local
@@ -581,6 +642,7 @@ func (f *Forwarder) resend(ctx context.Context, from, to uint64) error {
 			f.stats.Gone.Add(1)
 			continue
 		}
+		out.Header.Set(HeaderOriginResent, "1")
 		pctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 		ack, err := f.hub.PublishMsg(pctx, out)
 		cancel()
@@ -593,7 +655,12 @@ func (f *Forwarder) resend(ctx context.Context, from, to uint64) error {
 			return err
 		}
 		f.advance(created, m)
-		f.noteStored(ack.Stream, ack.Sequence)
+		if !ack.Duplicate {
+			f.noteStored(ack.Stream, ack.Sequence, ack.Sequence, m.Sequence)
+		}
+		f.mu.Lock()
+		f.resendFrom = m.Sequence + 1
+		f.mu.Unlock()
 		f.stats.Resent.Add(1)
 		resent++
 	}
@@ -888,6 +955,7 @@ func NewMsg(subject, server string, m *handler.Message, streamCreated time.Time)
 	out.Header.Set(HeaderOriginSeq, strconv.FormatUint(m.Sequence, 10))
 	out.Header.Set(HeaderOriginSubject, m.Subject)
 	out.Header.Set(HeaderOriginTime, m.Published.UTC().Format(time.RFC3339Nano))
+	out.Header.Set(HeaderOriginPending, strconv.FormatUint(m.Pending, 10))
 	return out
 }
 
@@ -925,6 +993,9 @@ func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck 
 		created, err = f.streamCreated(ctx, m.Stream, m.Published)
 	}
 	out := NewMsg(Subject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
+	if gone := f.stats.Gone.Load(); gone > 0 {
+		out.Header.Set(HeaderOriginLost, strconv.FormatUint(gone, 10))
+	}
 	if len(out.Subject) > handler.MaxPublishSubject {
 		// The server would close the connection that publishes it.
 		f.stats.Refused.Add(1)
@@ -998,11 +1069,12 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 				f.mu.Unlock()
 				continue
 			}
-			f.noteStored(ack.Stream, ack.Sequence)
 			if ack.Duplicate {
+				// The sequence of the copy stored before: no news of the stream.
 				f.stats.Duplicates.Add(1)
 				f.stored(created, m, 0)
 			} else {
+				f.noteStored(ack.Stream, ack.Sequence, ack.Sequence, m.Sequence)
 				f.stored(created, m, 1)
 			}
 			return handler.Ok()
@@ -1249,7 +1321,8 @@ func (f *Forwarder) publishAtomic(ctx context.Context, outs []*nats.Msg) error {
 	case ack.Count != len(outs):
 		return fmt.Errorf("the hub committed %d of a batch of %d", ack.Count, len(outs))
 	}
-	f.noteStored(ack.Stream, ack.Seq)
+	origin, _ := strconv.ParseUint(outs[0].Header.Get(HeaderOriginSeq), 10, 64)
+	f.noteStored(ack.Stream, ack.Seq-uint64(len(outs))+1, ack.Seq, origin)
 	return nil
 }
 

@@ -28,6 +28,26 @@ type EdgeSeen struct {
 	LastOrigin    time.Time `json:"last_origin_time"` // when the edge stored it
 	LastSeen      time.Time `json:"last_seen"`        // when the hub saw it
 	Messages      uint64    `json:"messages"`         // seen since start (redeliveries included)
+	// Pending is how many messages were waiting on the edge behind the
+	// last one seen (its Holdfast-Origin-Pending): its backlog then.
+	Pending uint64 `json:"pending"`
+	// Delay is how long the last message seen took from the edge's store
+	// to the hub.
+	Delay time.Duration `json:"delay_ns"`
+	// Linked is set when the edge's leafnode is connected to this hub,
+	// to any node of a hub cluster (filled in by EdgeView.Status).
+	Linked bool `json:"linked"`
+	// Resent counts messages the edge sent again, since this hub's start,
+	// because the hub had acknowledged and lost them; Lost is how many
+	// the hub lost that the edge no longer held either (lost on both
+	// sides), as the edge last told.
+	Resent uint64 `json:"resent,omitempty"`
+	Lost   uint64 `json:"lost,omitempty"`
+	// lostBefore is what earlier runs of the edge told (its count starts
+	// again at each start); lostNow what this one tells; lostLive is set
+	// when a message that arrived since this hub's start told more.
+	lostBefore, lostNow uint64
+	lostLive            bool
 }
 
 // MaxTrackedEdges bounds the edge streams an EdgeTracker keeps: the
@@ -91,6 +111,26 @@ func (t *EdgeTracker) record(h nats.Header, now time.Time, count bool) {
 	}
 	if count {
 		e.Messages++
+		if h.Get(HeaderOriginResent) != "" {
+			if e.Resent++; e.Resent == 1 && t.log != nil {
+				t.log.Error("an edge sends again messages this hub had acknowledged and lost (its store wiped or put back from an older copy)",
+					"edge", edge, "stream", stream, "first_origin_seq", seq)
+			}
+		}
+	}
+	if n, err := strconv.ParseUint(h.Get(HeaderOriginLost), 10, 64); err == nil {
+		if n < e.lostNow {
+			e.lostBefore += e.lostNow // the edge started again
+		}
+		if n != e.lostNow && count {
+			// Told by a message that arrived now, not read back at start.
+			e.lostLive = true
+			if t.log != nil {
+				t.log.Error("messages this hub lost are lost on the edge too: it no longer holds them", "edge", edge, "stream", stream, "lost", n)
+			}
+		}
+		e.lostNow = n
+		e.Lost = e.lostBefore + n
 	}
 	if now.After(e.LastSeen) {
 		e.LastSeen = now
@@ -101,6 +141,12 @@ func (t *EdgeTracker) record(h nats.Header, now time.Time, count bool) {
 	}
 	if created == e.StreamCreated && seq > e.LastSeq {
 		e.LastSeq = seq
+		if p, err := strconv.ParseUint(h.Get(HeaderOriginPending), 10, 64); err == nil {
+			e.Pending = p
+		}
+		if !origin.IsZero() {
+			e.Delay = max(now.Sub(origin), 0)
+		}
 	}
 	if origin.After(e.LastOrigin) {
 		e.LastOrigin = origin
@@ -182,6 +228,22 @@ func laterRFC3339(a, b string) bool {
 	}
 	tb, err := time.Parse(time.RFC3339Nano, b)
 	return err != nil || ta.After(tb)
+}
+
+// Problems are the losses of edges' messages this hub learned since its
+// start: what it had acknowledged and lost, sent again by the edge, and
+// what is lost on both sides.
+func (t *EdgeTracker) Problems() []string {
+	var out []string
+	for _, e := range t.Seen() {
+		if e.Resent > 0 {
+			out = append(out, fmt.Sprintf("this hub lost messages of edge %s (stream %s) that it had acknowledged — its store wiped, or put back from an older copy: the edge sent %d again", e.Edge, e.Stream, e.Resent))
+		}
+		if e.lostLive {
+			out = append(out, fmt.Sprintf("%d message(s) of edge %s (stream %s) that this hub had acknowledged are lost on both sides: the edge no longer held them", e.Lost, e.Edge, e.Stream))
+		}
+	}
+	return out
 }
 
 // Seen returns what was seen, by edge and stream.

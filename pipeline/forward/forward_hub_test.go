@@ -1,10 +1,12 @@
 package forward
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,5 +146,57 @@ func TestEdgeTrackerSeededFromStream(t *testing.T) {
 	}
 	if seen[0].LastSeen.IsZero() || seen[0].Messages != 0 {
 		t.Errorf("edge1 seeded: last seen %s, %d messages seen since start; want when the hub stored it, 0", seen[0].LastSeen, seen[0].Messages)
+	}
+}
+
+// TestEdgeTrackerPending: the edge's backlog and delay are those of the
+// message with the highest origin sequence; a redelivery of an older one
+// (with the larger backlog it was first sent with) changes neither.
+func TestEdgeTrackerPending(t *testing.T) {
+	t.Parallel()
+	tr := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}}
+	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)
+	now := created.Add(time.Hour)
+	msg := func(seq, pending uint64, age time.Duration) nats.Header {
+		h := nats.Header{}
+		h.Set(HeaderOriginServer, "edge1")
+		h.Set(HeaderOriginStream, "ORDERS")
+		h.Set(HeaderOriginStreamCreated, created.Format(time.RFC3339Nano))
+		h.Set(HeaderOriginSeq, strconv.FormatUint(seq, 10))
+		h.Set(HeaderOriginTime, now.Add(-age).Format(time.RFC3339Nano))
+		h.Set(HeaderOriginPending, strconv.FormatUint(pending, 10))
+		return h
+	}
+	tr.record(msg(10, 90, 3*time.Second), now, true)
+	tr.record(msg(100, 0, 20*time.Millisecond), now, true)
+	tr.record(msg(50, 50, time.Second), now, true) // sent again
+	got := tr.Seen()[0]
+	if got.Pending != 0 || got.Delay != 20*time.Millisecond || got.LastSeq != 100 {
+		t.Errorf("pending %d, delay %s, last seq %d: want 0, 20ms and 100", got.Pending, got.Delay, got.LastSeq)
+	}
+}
+
+// TestEdgeTrackerLossLoggedWhenTold: a loss read back from the stream at
+// the hub's start (Seed) is history: counted, not logged again nor a
+// problem; one an edge tells now is both.
+func TestEdgeTrackerLossLoggedWhenTold(t *testing.T) {
+	t.Parallel()
+	var buf bytes.Buffer
+	tr := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}, log: slog.New(slog.NewTextHandler(&buf, nil))}
+	h := func(seq, lost uint64) nats.Header {
+		h := nats.Header{}
+		h.Set(HeaderOriginServer, "edge1")
+		h.Set(HeaderOriginStream, "ORDERS")
+		h.Set(HeaderOriginSeq, strconv.FormatUint(seq, 10))
+		h.Set(HeaderOriginLost, strconv.FormatUint(lost, 10))
+		return h
+	}
+	tr.record(h(10, 3), time.Now(), false) // read back at start
+	if buf.Len() != 0 || len(tr.Problems()) != 0 || tr.Seen()[0].Lost != 3 {
+		t.Fatalf("a loss read back at start: log %q, problems %q, lost %d; want no log, no problem, 3", buf.String(), tr.Problems(), tr.Seen()[0].Lost)
+	}
+	tr.record(h(11, 5), time.Now(), true)
+	if !strings.Contains(buf.String(), "lost on the edge too") || len(tr.Problems()) != 1 || tr.Seen()[0].Lost != 5 {
+		t.Fatalf("a loss told now: log %q, problems %q, lost %d; want a log, a problem, 5", buf.String(), tr.Problems(), tr.Seen()[0].Lost)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -867,6 +868,13 @@ func TestForwardHubStoreLost(t *testing.T) {
 		if got, want := m.Header.Get(forward.HeaderOriginSeq), fmt.Sprint(seq+3); got != want {
 			t.Errorf("hub seq %d holds origin seq %s, want %s", seq, got, want)
 		}
+		// What the hub needs to see its own loss: the messages sent again
+		// marked, and the count lost on both sides on each one after it.
+		resent, lost := m.Header.Get(forward.HeaderOriginResent), m.Header.Get(forward.HeaderOriginLost)
+		if (seq <= 7) != (resent == "1") || lost != "3" {
+			t.Errorf("hub seq %d: %s %q, %s %q; want it marked sent again only up to 7, and 3 lost", seq,
+				forward.HeaderOriginResent, resent, forward.HeaderOriginLost, lost)
+		}
 	}
 	if s := f.Stats(); s.Resent.Load() != 7 || s.Gone.Load() != 3 {
 		t.Errorf("resent %d, gone %d: want 7 and 3", s.Resent.Load(), s.Gone.Load())
@@ -886,4 +894,109 @@ func storedMessage(e *pipelinetest.Env, seq uint64) *handler.Message {
 		e.T.Fatal(err)
 	}
 	return &handler.Message{Subject: m.Subject, Stream: "ORDERS", Sequence: seq, Delivery: 1, Data: m.Data, Published: m.Time}
+}
+
+// idleForwarding starts a forwarder with the link up and one worker,
+// looking at the hub every idleCheck while nothing is forwarded.
+func idleForwarding(e *pipelinetest.Env, idleCheck time.Duration) *forward.Forwarder {
+	e.T.Helper()
+	f, err := forwarderWith(e, forward.Options{
+		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+		Subject: config.DefaultForwardSubject, Timeout: 2 * time.Second, MinDuplicateWindow: time.Minute,
+		IdleCheck: idleCheck,
+	})
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) {
+		o.Paused = func() bool { return !f.Ready() }
+	})
+	return f
+}
+
+// hubOriginSeqs are the origin sequences the hub's stream holds, in its
+// order.
+func hubOriginSeqs(e *pipelinetest.Env) []string {
+	e.T.Helper()
+	ctx := context.Background()
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	var seqs []string
+	for seq := uint64(1); seq <= hub.CachedInfo().State.LastSeq; seq++ {
+		m, err := hub.GetMsg(ctx, seq)
+		if err != nil {
+			e.T.Fatal(err)
+		}
+		seqs = append(seqs, m.Header.Get(forward.HeaderOriginSeq))
+	}
+	return seqs
+}
+
+// forwardTenThenRecreate forwards 10 messages (see idleForwarding), then
+// deletes the hub's stream and creates it again, empty.
+func forwardTenThenRecreate(t *testing.T, idleCheck time.Duration) (*pipelinetest.Env, *forward.Forwarder) {
+	t.Helper()
+	cfg := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}
+	e, _ := forwardEnv(t, cfg)
+	f := idleForwarding(e, idleCheck)
+	for i := range 10 {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	const n = 10
+	waitHubMsgs(e, n, 10*time.Second)
+	natstest.CheckFor(e.T, 10*time.Second, 20*time.Millisecond, func() error {
+		if fl := e.ConsumerInfo().AckFloor.Stream; fl != n {
+			return fmt.Errorf("ack floor %d", fl)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	if err := e.JS.DeleteStream(ctx, "HUB"); err != nil {
+		e.T.Fatal(err)
+	}
+	if _, err := e.JS.CreateStream(ctx, cfg); err != nil {
+		e.T.Fatal(err)
+	}
+	return e, f
+}
+
+// TestForwardHubStreamRecreatedWhileIdle: the hub's stream is deleted and
+// created anew while the link stays up and the edge has nothing to send.
+// No publish fails, so only a look at the hub while idle finds it: the
+// edge sends again, in order, what the old stream had acknowledged.
+func TestForwardHubStreamRecreatedWhileIdle(t *testing.T) {
+	t.Parallel()
+	e, f := forwardTenThenRecreate(t, time.Second)
+	waitHubMsgs(e, 10, 15*time.Second)
+	if got, want := strings.Join(hubOriginSeqs(e), ","), "1,2,3,4,5,6,7,8,9,10"; got != want {
+		t.Errorf("the new stream holds origin sequences %s, want %s", got, want)
+	}
+	if n := f.Stats().Resent.Load(); n != 10 {
+		t.Errorf("resent %d, want 10", n)
+	}
+}
+
+// TestForwardHubStreamWentBackUnderPublish: the hub's stream is created
+// anew between two publishes. The next PubAck gives a sequence not above
+// the one before: the edge looks at the hub at once (not after its idle
+// interval, an hour here) and sends again what the old stream lost, so the
+// new stream holds every origin sequence once.
+func TestForwardHubStreamWentBackUnderPublish(t *testing.T) {
+	t.Parallel()
+	e, f := forwardTenThenRecreate(t, time.Hour)
+	e.Publish("orders.created", "after", nil)
+	waitHubMsgs(e, 11, 15*time.Second)
+	seqs := hubOriginSeqs(e)
+	if seqs[0] != "11" {
+		t.Errorf("the new stream's first message has origin sequence %s, want 11 (the publish after the delete)", seqs[0])
+	}
+	slices.Sort(seqs)
+	if got, want := strings.Join(seqs, ","), "1,10,11,2,3,4,5,6,7,8,9"; got != want {
+		t.Errorf("the new stream holds origin sequences %s, want each of 1..11 once", got)
+	}
+	if n := f.Stats().Resent.Load(); n != 10 {
+		t.Errorf("resent %d, want 10", n)
+	}
 }

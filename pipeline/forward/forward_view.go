@@ -39,6 +39,9 @@ type EdgeView struct {
 	UnreachableAfter time.Duration
 	// Hub is the tracker of the edges a hub hears from, nil elsewhere.
 	Hub *EdgeTracker
+	// LinkedEdges returns the edges whose leafnode link is up to this hub
+	// (to any node of a hub cluster); nil: none known.
+	LinkedEdges func(ctx context.Context) map[string]bool
 	// JS reads SourcedStreams, the streams with sources or a mirror; a
 	// source whose lag does not shrink for StallAfter while the link is up
 	// is stalled.
@@ -110,6 +113,9 @@ func (v *EdgeView) Problems(now time.Time) []string {
 		if p != "" {
 			out = append(out, fmt.Sprintf("consumer %s does not forward: %s", f.opts.Consumer, p))
 		}
+	}
+	if v.Hub != nil {
+		out = append(out, v.Hub.Problems()...)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -197,6 +203,12 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 		return nil
 	}
 	out := &EdgeStatus{Links: v.links(), Edges: v.Hub.Seen(), EdgesDropped: v.Hub.Dropped(), Sources: v.checkSources(ctx, time.Now())}
+	if len(out.Edges) > 0 && v.LinkedEdges != nil {
+		linked := v.LinkedEdges(ctx)
+		for i := range out.Edges {
+			out.Edges[i].Linked = linked[out.Edges[i].Edge]
+		}
+	}
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwarderStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
@@ -250,6 +262,11 @@ var (
 	descSourceActive   = desc("stream_source_active_seconds", "How long ago the source last had activity (-1: never).", "stream", "source")
 	descSourceStalled  = desc("stream_source_stalled", "1 when the source's lag has not shrunk for the stall timeout while the link was up.", "stream", "source")
 	descEdgeMessages   = desc("edge_messages_seen_total", "Hub: messages seen from the edge's stream since start, sent-again ones included.", "edge", "stream")
+	descEdgePending    = desc("edge_pending_messages", "Hub: messages that were waiting on the edge behind the last one seen from it (its backlog then).", "edge", "stream")
+	descEdgeDelay      = desc("edge_delay_seconds", "Hub: how long the last message seen from the edge took from the edge's store to the hub.", "edge", "stream")
+	descEdgeResent     = desc("edge_resent_total", "Hub: messages the edge sent again since this hub's start because the hub had acknowledged and lost them.", "edge", "stream")
+	descEdgeLost       = desc("edge_lost_total", "Hub: messages the hub lost that the edge no longer held either: lost on both sides, as the edge tells.", "edge", "stream")
+	descEdgeLinked     = desc("edge_linked", "Hub: 1 when the edge's leafnode link is up to this hub (any node of a hub cluster).", "edge", "stream")
 	descEdgesDropped   = desc("edge_streams_dropped_total", "Hub: edge streams dropped from tracking, least recently seen first, past the bound of tracked ones.")
 )
 
@@ -257,7 +274,7 @@ var (
 func (v *EdgeView) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descLeafConnected, descLeafConnects, descLeafChange, descFwdForwarded, descFwdDuplicates,
 		descFwdSkipped, descFwdPosition, descFwdBatches, descFwdResent, descFwdGone, descFwdRefused, descFwdErrors, descFwdReady, descFwdLast, descFwdBacklog, descFwdOldest,
-		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descEdgesDropped, descSourceLag, descSourceActive, descSourceStalled} {
+		descEdgeLastOrigin, descEdgeLastSeen, descEdgeLastSeq, descEdgeMessages, descEdgePending, descEdgeDelay, descEdgeLinked, descEdgeResent, descEdgeLost, descEdgesDropped, descSourceLag, descSourceActive, descSourceStalled} {
 		ch <- d
 	}
 }
@@ -324,5 +341,10 @@ func (v *EdgeView) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descEdgeLastSeen, prometheus.GaugeValue, float64(e.LastSeen.UnixNano())/1e9, e.Edge, e.Stream)
 		ch <- prometheus.MustNewConstMetric(descEdgeLastSeq, prometheus.GaugeValue, float64(e.LastSeq), e.Edge, e.Stream)
 		ch <- prometheus.MustNewConstMetric(descEdgeMessages, prometheus.CounterValue, float64(e.Messages), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgePending, prometheus.GaugeValue, float64(e.Pending), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeDelay, prometheus.GaugeValue, e.Delay.Seconds(), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeLinked, prometheus.GaugeValue, b2f(e.Linked), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeResent, prometheus.CounterValue, float64(e.Resent), e.Edge, e.Stream)
+		ch <- prometheus.MustNewConstMetric(descEdgeLost, prometheus.CounterValue, float64(e.Lost), e.Edge, e.Stream)
 	}
 }

@@ -29,6 +29,9 @@ type Message struct {
 	Data           []byte
 	// Published is when the server stored the message.
 	Published time.Time
+	// Pending is how many messages of the consumer were waiting behind
+	// this one when it was delivered (0 when not known).
+	Pending uint64
 	// OutOfBand is set on a message handed over outside the consumer's
 	// order: a dead letter replayed to the handler, a message parked by
 	// an interrupted last delivery and resumed at start. A handler that

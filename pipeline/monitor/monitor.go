@@ -141,6 +141,7 @@ type Monitor struct {
 	nc   *nats.Conn
 	opts Options
 	log  *slog.Logger
+	hist history // each consumer's last 15 minutes, for the status page
 
 	streams []string
 
@@ -367,6 +368,7 @@ func (m *Monitor) loop(ctx context.Context) {
 			if !m.confirm(time.Now()) {
 				m.check(ctx)
 			}
+			m.hist.add(m.Report())
 		}
 	}
 }
@@ -1128,7 +1130,7 @@ func FillStream(st *StreamStatus, si *jetstream.StreamInfo) {
 			st.Replicas = append(st.Replicas, ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
 		}
 	}
-	st.Subjects = slices.Clone(si.Config.Subjects)
+	st.Subjects = StoredSubjects(si.Config.Subjects)
 	st.Messages = si.State.Msgs
 	st.Bytes = si.State.Bytes
 	st.FirstSeq = si.State.FirstSeq

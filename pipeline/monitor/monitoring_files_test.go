@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/holdfast-io/holdfast/embedded/mqtt"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
@@ -33,7 +34,7 @@ var metricNameRe = regexp.MustCompile(`\b(holdfast_[a-z_]+|process_[a-z_]+|go_[a
 
 // conditionalMetric: exported only by a cluster node, an edge or a hub.
 func conditionalMetric(name string) bool {
-	for _, p := range []string{"holdfast_cluster_", "holdfast_stream_leader", "holdfast_replica_lag", "holdfast_leafnode_", "holdfast_forward_", "holdfast_edge_"} {
+	for _, p := range []string{"holdfast_cluster_", "holdfast_stream_leader", "holdfast_replica_lag", "holdfast_leafnode_", "holdfast_forward_", "holdfast_edge_", "holdfast_mqtt_"} {
 		if strings.HasPrefix(name, p) {
 			return true
 		}
@@ -142,7 +143,9 @@ func TestMonitoringFiles(t *testing.T) {
 		}
 		return nil
 	})
-	described := monitor.MetricNames(&forward.EdgeView{})
+	// The MQTT gate's metrics exist with [mqtt] only (embedded/mqtt's
+	// tests scrape them).
+	described := append(monitor.MetricNames(&forward.EdgeView{}), mqtt.MetricNames()...)
 
 	dash, rules := dashboardExprs(t), ruleExprs(t)
 	if len(dash) < 15 || len(rules) < 10 {

@@ -44,6 +44,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -132,7 +133,7 @@ type observation struct {
 }
 
 // filtered reports whether a consumer reads only some of its stream's
-// messages.
+// messages. A barrier subject (subjects.Barrier) holds none.
 func filtered(streamSubjects []string, cc jetstream.ConsumerConfig) bool {
 	filters := cc.FilterSubjects
 	if cc.FilterSubject != "" {
@@ -146,11 +147,17 @@ func filtered(streamSubjects []string, cc jetstream.ConsumerConfig) bool {
 			return false
 		}
 	}
-	a := append([]string(nil), streamSubjects...)
+	a := StoredSubjects(streamSubjects)
 	b := append([]string(nil), filters...)
 	sort.Strings(a)
 	sort.Strings(b)
 	return strings.Join(a, "\x00") != strings.Join(b, "\x00")
+}
+
+// StoredSubjects is subjs without the barrier subjects holdfast adds to a
+// stream for the MQTT gate: they never hold a message.
+func StoredSubjects(subjs []string) []string {
+	return slices.DeleteFunc(slices.Clone(subjs), func(s string) bool { return strings.HasPrefix(s, subjects.BarrierPrefix) })
 }
 
 func consumerFilters(cc jetstream.ConsumerConfig) []string {

@@ -1,0 +1,262 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/bench/benchkit"
+)
+
+// steadySubject is what the steady publishers publish to: a subject of
+// holdfast's default stream ORDERS, and of the ORDERS the benchmark
+// creates on stock.
+const steadySubject = "orders.created"
+
+// steadyResult is one steady run of one server: what it cost per message
+// while msgs messages were published at the steady rate and consumed.
+type steadyResult struct {
+	msgs       int
+	ticks      int64
+	runNS      int64
+	writeBytes int64
+	// p50 and p99 are publish→PubAck latencies.
+	p50, p99 time.Duration
+	// syncs counts the fsync and fdatasync calls of a run under strace
+	// (see measureSteady's trace), -1 when not counted.
+	syncs int64
+}
+
+// measureSteady starts srv on a fresh store, publishes n messages of size
+// bytes at rate per second, and measures its CPU and bytes written from
+// the first publish until every message was acknowledged by a consumer:
+// holdfast's own WORKER1 (its default log handler), or, on stock, a pull
+// consumer in this process that acks each message.
+//
+// With trace, the run's fsync and fdatasync calls are counted by strace
+// attached to the server (which slows it: its other figures are not
+// reported from such a run).
+func measureSteady(srv *server, work string, n, rate, size int, trace bool) (steadyResult, error) {
+	store := filepath.Join(work, srv.name+"-steady-store")
+	if err := os.RemoveAll(store); err != nil {
+		return steadyResult{}, err
+	}
+	defer os.RemoveAll(store)
+	p, err := srv.start(work, store, false)
+	if err != nil {
+		return steadyResult{}, err
+	}
+	defer p.stop()
+	nc, js, err := benchkit.Connect(p.url, 2*time.Second)
+	if err != nil {
+		return steadyResult{}, err
+	}
+	defer nc.Close()
+	consumed, stop, err := startConsumer(srv, js)
+	if err != nil {
+		return steadyResult{}, err
+	}
+	defer stop()
+	time.Sleep(*settle)
+	before, err := readSample(p.pid())
+	if err != nil {
+		return steadyResult{}, err
+	}
+	var tr *syncTrace
+	if trace {
+		if tr, err = startSyncTrace(p.pid(), work); err != nil {
+			return steadyResult{}, err
+		}
+	}
+	lat, err := publishSteady(js, n, rate, size)
+	if err != nil {
+		return steadyResult{}, err
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		got, err := consumed()
+		if err == nil && got >= uint64(n) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return steadyResult{}, fmt.Errorf("%s: %d of %d messages consumed a minute after the last publish (%v)", srv.name, got, n, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	after, err := readSample(p.pid())
+	if err != nil {
+		return steadyResult{}, err
+	}
+	syncs := int64(-1)
+	if tr != nil {
+		if syncs, err = tr.stop(); err != nil {
+			return steadyResult{}, err
+		}
+	}
+	slices.Sort(lat)
+	return steadyResult{msgs: n, syncs: syncs, ticks: after.ticks - before.ticks, runNS: after.runNS - before.runNS,
+		writeBytes: after.writeBytes - before.writeBytes,
+		p50:        lat[len(lat)/2], p99: lat[len(lat)*99/100]}, nil
+}
+
+// startConsumer starts what consumes the steady messages and returns how
+// to read how many were acknowledged, and how to stop it.
+func startConsumer(srv *server, js jetstream.JetStream) (func() (uint64, error), func(), error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	if srv.holdfast {
+		return func() (uint64, error) {
+			ictx, icancel := context.WithTimeout(ctx, 2*time.Second)
+			defer icancel()
+			c, err := js.Consumer(ictx, "ORDERS", "WORKER1")
+			if err != nil {
+				return 0, err
+			}
+			return c.CachedInfo().AckFloor.Stream, nil
+		}, cancel, nil
+	}
+	cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
+	defer ccancel()
+	if _, err := js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"},
+		Storage: jetstream.FileStorage, MaxMsgs: 1_000_000, MaxAge: 72 * time.Hour}); err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("create stream ORDERS: %w", err)
+	}
+	c, err := js.CreateOrUpdateConsumer(cctx, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1",
+		AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 5})
+	if err != nil {
+		cancel()
+		return nil, nil, fmt.Errorf("create consumer WORKER1: %w", err)
+	}
+	var acked atomic.Uint64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for ctx.Err() == nil {
+			batch, err := c.Fetch(100, jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				continue
+			}
+			for m := range batch.Messages() {
+				if m.Ack() == nil {
+					acked.Add(1)
+				}
+			}
+		}
+	}()
+	return func() (uint64, error) { return acked.Load(), nil }, func() { cancel(); wg.Wait() }, nil
+}
+
+// publishSteady publishes n messages at rate per second, each at its
+// time whether or not the ones before it were answered (as independent
+// devices do), and returns each publish's latency to its PubAck.
+func publishSteady(js jetstream.JetStream, n, rate, size int) ([]time.Duration, error) {
+	payload := make([]byte, size)
+	for i := range payload {
+		payload[i] = byte('a' + i%26)
+	}
+	interval := time.Second / time.Duration(rate)
+	start := time.Now()
+	lat := make([]time.Duration, n)
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		time.Sleep(time.Until(start.Add(time.Duration(i) * interval)))
+		t := time.Now()
+		f, err := js.PublishAsync(steadySubject, payload)
+		if err != nil {
+			return nil, fmt.Errorf("publish %d: %w", i+1, err)
+		}
+		wg.Go(func() {
+			select {
+			case <-f.Ok():
+				lat[i] = time.Since(t)
+			case err := <-f.Err():
+				errs <- fmt.Errorf("publish %d: %w", i+1, err)
+			case <-time.After(10 * time.Second):
+				errs <- fmt.Errorf("publish %d: no PubAck within 10s", i+1)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return lat, errors.Join(all...)
+}
+
+func (r steadyResult) bytesPerMsg() float64 { return float64(r.writeBytes) / float64(r.msgs) }
+
+func (r steadyResult) cpuMSPerMsg() float64 { return float64(r.runNS) / 1e6 / float64(r.msgs) }
+
+// steadyLog and steadyGroupCommit are what the steady holdfast servers add
+// to their config: no log line per message, and the default stream and
+// consumer with group commit on.
+const (
+	steadyLog         = "[log]\nlevel = \"warn\"\n"
+	steadyGroupCommit = "[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n[consumers.WORKER1]\nstream = \"ORDERS\"\n"
+)
+
+// syncTrace is strace counting a process's fsync and fdatasync calls.
+type syncTrace struct {
+	cmd *exec.Cmd
+	out string
+}
+
+// startSyncTrace attaches strace to pid.
+func startSyncTrace(pid int, work string) (*syncTrace, error) {
+	out := filepath.Join(work, fmt.Sprintf("strace-%d.txt", pid))
+	cmd := exec.Command("strace", "-f", "-c", "-e", "trace=fsync,fdatasync", "-o", out, "-p", strconv.Itoa(pid))
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("strace: %w", err)
+	}
+	// strace attaches to each thread before it counts anything.
+	time.Sleep(500 * time.Millisecond)
+	return &syncTrace{cmd: cmd, out: out}, nil
+}
+
+// stop detaches strace and returns the calls it counted.
+func (t *syncTrace) stop() (int64, error) {
+	_ = t.cmd.Process.Signal(os.Interrupt)
+	_ = t.cmd.Wait()
+	f, err := os.Open(t.out)
+	if err != nil {
+		return 0, fmt.Errorf("strace summary: %w", err)
+	}
+	defer f.Close()
+	return parseSyncCalls(f)
+}
+
+// parseSyncCalls sums the calls of fsync and fdatasync in an strace -c
+// summary ("% time seconds usecs/call calls errors syscall").
+func parseSyncCalls(r io.Reader) (int64, error) {
+	var n int64
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) < 5 || (f[len(f)-1] != "fsync" && f[len(f)-1] != "fdatasync") {
+			continue
+		}
+		calls, err := strconv.ParseInt(f[3], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("strace summary line %q: %w", sc.Text(), err)
+		}
+		n += calls
+	}
+	return n, sc.Err()
+}

@@ -1,0 +1,168 @@
+package daemon
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+// httpAuth decides who may use the monitoring listener.
+//
+// Beyond loopback, with [auth], every path but /healthz and /readyz (load
+// balancers and systemd probe them) needs HTTP Basic credentials: an
+// [auth.users] name and password, or the [auth] token as the password of
+// any name. On loopback everything reads without credentials, as before:
+// the processes of the host. Changing anything — the status page's
+// dead-letter actions — always needs a logged-in user with admin = true,
+// and a CSRF token (csrfToken) in the X-Holdfast-CSRF header.
+type httpAuth struct {
+	// required: reading needs credentials (non-loopback listener, [auth]).
+	required bool
+	users    map[string]httpUser
+	token    string // the [auth] token, plain or bcrypt; "" without
+	// secret keys the CSRF tokens, new at each start.
+	secret [32]byte
+	// verified caches sha256(name, password) of credentials bcrypt has
+	// accepted, so that a page polling every 3 s costs one bcrypt per
+	// login, not one per poll.
+	verified sync.Map
+}
+
+type httpUser struct {
+	hash  string
+	admin bool
+}
+
+// identity is who a request is from: name "" for nobody.
+type identity struct {
+	name  string
+	admin bool
+}
+
+// newHTTPAuth builds the listener's authentication from cfg and its
+// secrets (nil without [auth]).
+func newHTTPAuth(cfg *config.Config, sec *config.Secrets) *httpAuth {
+	a := &httpAuth{users: map[string]httpUser{}}
+	if _, err := rand.Read(a.secret[:]); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	host, _, err := net.SplitHostPort(cfg.HTTP.Listen)
+	a.required = err == nil && !config.IsLoopback(host) && cfg.Auth.Enabled()
+	if sec == nil {
+		return a
+	}
+	a.token = sec.Token
+	for name, u := range cfg.Auth.Users {
+		if hash, ok := sec.Passwords[name]; ok {
+			a.users[name] = httpUser{hash: hash, admin: u.Admin}
+		}
+	}
+	return a
+}
+
+// identify returns who the request's Basic credentials name, if they hold.
+func (a *httpAuth) identify(r *http.Request) identity {
+	if a == nil {
+		return identity{}
+	}
+	name, password, ok := r.BasicAuth()
+	if !ok {
+		return identity{}
+	}
+	key := sha256.Sum256([]byte(name + "\x00" + password))
+	u, isUser := a.users[name]
+	if _, seen := a.verified.Load(key); seen {
+		return identity{name: name, admin: isUser && u.admin}
+	}
+	switch {
+	case isUser && bcrypt.CompareHashAndPassword([]byte(u.hash), []byte(password)) == nil:
+		a.verified.Store(key, struct{}{})
+		return identity{name: name, admin: u.admin}
+	case !isUser && a.token != "" && tokenMatches(a.token, password):
+		a.verified.Store(key, struct{}{})
+		return identity{name: name}
+	}
+	return identity{}
+}
+
+func tokenMatches(configured, presented string) bool {
+	if config.IsBcrypt(configured) {
+		return bcrypt.CompareHashAndPassword([]byte(configured), []byte(presented)) == nil
+	}
+	return subtle.ConstantTimeCompare([]byte(configured), []byte(presented)) == 1
+}
+
+// open paths answer without credentials wherever the listener is.
+var openPaths = map[string]bool{"/healthz": true, "/readyz": true}
+
+// guard wraps the listener's handler: 401 for a read without valid
+// credentials where they are required.
+func (a *httpAuth) guard(next http.Handler) http.Handler {
+	if a == nil {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a.required && !openPaths[r.URL.Path] && a.identify(r).name == "" {
+			challenge(w, "log in with an [auth.users] name and password")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func challenge(w http.ResponseWriter, why string) {
+	w.Header().Set("WWW-Authenticate", `Basic realm="holdfast", charset="UTF-8"`)
+	writeJSON(w, http.StatusUnauthorized, map[string]string{"error": why})
+}
+
+// csrfToken is the token an admin's page sends back with each action:
+// only a page that could read this listener's answers (same origin)
+// knows it.
+func (a *httpAuth) csrfToken(name string) string {
+	m := hmac.New(sha256.New, a.secret[:])
+	m.Write([]byte(name))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// admin checks an action: an admin's credentials, the CSRF token, and an
+// Origin (when the browser sends one) of this listener. It answers the
+// refusal itself and returns false then.
+func (a *httpAuth) admin(w http.ResponseWriter, r *http.Request) (identity, bool) {
+	id := a.identify(r)
+	if id.name == "" {
+		challenge(w, "log in as a user with admin = true to change anything")
+		return id, false
+	}
+	if !id.admin {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": "user " + id.name + " may read, not change: set admin = true in [auth.users." + id.name + "]"})
+		return id, false
+	}
+	got := r.Header.Get("X-Holdfast-CSRF")
+	if got == "" || !hmac.Equal([]byte(got), []byte(a.csrfToken(id.name))) {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": "missing or wrong CSRF token (X-Holdfast-CSRF): reload the page"})
+		return id, false
+	}
+	if origin := r.Header.Get("Origin"); origin != "" && !sameOrigin(origin, r.Host) {
+		writeJSON(w, http.StatusForbidden, map[string]string{"error": "cross-origin request refused"})
+		return id, false
+	}
+	return id, true
+}
+
+func sameOrigin(origin, host string) bool {
+	rest, ok := strings.CutPrefix(origin, "http://")
+	if !ok {
+		rest, ok = strings.CutPrefix(origin, "https://")
+	}
+	return ok && strings.EqualFold(rest, host)
+}

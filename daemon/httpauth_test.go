@@ -1,0 +1,95 @@
+package daemon
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/holdfast-io/holdfast/config"
+)
+
+func authFor(t *testing.T, listen string, edit func(*config.Config, *config.Secrets)) *httpAuth {
+	t.Helper()
+	cfg := config.DefaultConfig()
+	cfg.HTTP.Listen = listen
+	sec := &config.Secrets{Passwords: map[string]string{}}
+	edit(cfg, sec)
+	return newHTTPAuth(cfg, sec)
+}
+
+func hashOf(t *testing.T, password string) string {
+	h, err := bcrypt.GenerateFromPassword([]byte(password), bcrypt.MinCost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(h)
+}
+
+// Who may read: everyone on loopback; beyond it, users and the token,
+// and everyone only /healthz and /readyz.
+func TestHTTPAuthReading(t *testing.T) {
+	users := func(c *config.Config, s *config.Secrets) {
+		c.Auth.Users = map[string]*config.UserConfig{"ops": {PasswordFile: "/x", Admin: true}, "viewer": {PasswordFile: "/y"}}
+		s.Passwords["ops"], s.Passwords["viewer"] = hashOf(t, "ops-pw"), hashOf(t, "viewer-pw")
+	}
+	token := func(c *config.Config, s *config.Secrets) {
+		c.Auth.Token = "0123456789abcdef0123"
+		s.Token = c.Auth.Token
+	}
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	for _, tc := range []struct {
+		name, listen string
+		edit         func(*config.Config, *config.Secrets)
+		path         string
+		user, pw     string
+		want         int
+	}{
+		{"loopback, nobody", "127.0.0.1:8222", users, "/status.json", "", "", 200},
+		{"network, nobody", "0.0.0.0:8222", users, "/status.json", "", "", 401},
+		{"network, nobody, healthz", "0.0.0.0:8222", users, "/healthz", "", "", 200},
+		{"network, nobody, readyz", "0.0.0.0:8222", users, "/readyz", "", "", 200},
+		{"network, viewer", "0.0.0.0:8222", users, "/metrics", "viewer", "viewer-pw", 200},
+		{"network, wrong password", "0.0.0.0:8222", users, "/metrics", "viewer", "ops-pw", 401},
+		{"network, unknown user", "0.0.0.0:8222", users, "/metrics", "root", "ops-pw", 401},
+		{"network, token", "0.0.0.0:8222", token, "/nats/connz", "prometheus", "0123456789abcdef0123", 200},
+		{"network, wrong token", "0.0.0.0:8222", token, "/nats/connz", "prometheus", "0123456789abcdef0124", 401},
+		{"network, no auth (allow_anonymous)", "0.0.0.0:8222", func(*config.Config, *config.Secrets) {}, "/status.json", "", "", 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := authFor(t, tc.listen, tc.edit)
+			for range 2 { // the second time from the cache
+				r := httptest.NewRequest("GET", tc.path, nil)
+				if tc.user != "" {
+					r.SetBasicAuth(tc.user, tc.pw)
+				}
+				w := httptest.NewRecorder()
+				a.guard(ok).ServeHTTP(w, r)
+				if w.Code != tc.want {
+					t.Fatalf("%s: %d, want %d", tc.path, w.Code, tc.want)
+				}
+				if tc.want == 401 && w.Header().Get("WWW-Authenticate") == "" {
+					t.Fatal("401 without a WWW-Authenticate challenge")
+				}
+			}
+		})
+	}
+}
+
+func TestSameOrigin(t *testing.T) {
+	for _, tc := range []struct {
+		origin, host string
+		want         bool
+	}{
+		{"http://127.0.0.1:8222", "127.0.0.1:8222", true},
+		{"https://edge-01:8222", "EDGE-01:8222", true},
+		{"http://evil.example", "127.0.0.1:8222", false},
+		{"http://127.0.0.1:8222.evil.example", "127.0.0.1:8222", false},
+		{"null", "127.0.0.1:8222", false},
+	} {
+		if got := sameOrigin(tc.origin, tc.host); got != tc.want {
+			t.Errorf("sameOrigin(%q, %q) = %v", tc.origin, tc.host, got)
+		}
+	}
+}

@@ -1,0 +1,391 @@
+// Package mqtt is holdfast's MQTT listener: the gate in front of the
+// embedded server's own MQTT support.
+//
+// nats-server speaks MQTT 3.1.1 itself — sessions, subscriptions,
+// retained messages, QoS 0, 1 and 2, all kept in JetStream — and hands a
+// device's PUBLISH to the stream that takes its subject. But it sends the
+// QoS 1 PUBACK once its own session stream ($MQTT_msgs) has stored a copy,
+// while the configured stream stores its copy on another goroutine, in
+// its own time: a PUBACK could reach the device before the message was in
+// the stream the workers read (and be lost by a power cut).
+//
+// The gate takes the devices' connections (and their TLS), passes every
+// byte to the server's MQTT listener on loopback, and holds each PUBACK
+// (QoS 1) and PUBCOMP (QoS 2) the server sends back until a barrier has
+// passed every stream (barrier.go): the device hears "acknowledged" only
+// once the message is stored where holdfast's promise holds.
+//
+// The gate reads nothing of what devices send: authentication,
+// permissions, sessions and keep-alives stay the server's.
+package mqtt
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Options are what Listen needs.
+type Options struct {
+	// Listen is the devices' host:port; TLS, when set, is their TLS.
+	Listen string
+	TLS    *tls.Config
+	// Backend is the server's own MQTT listener (loopback).
+	Backend string
+	// Conn publishes the barriers; Subjects are the streams' barrier
+	// subjects (subjects.Barrier).
+	Conn     *nats.Conn
+	Subjects []string
+	// Timeout bounds a barrier; a PUBACK it could not clear closes the
+	// device's connection (the device sends the PUBLISH again).
+	Timeout time.Duration
+	Log     *slog.Logger
+}
+
+// Gate is the devices' MQTT listener.
+type Gate struct {
+	opts Options
+	log  *slog.Logger
+	ln   net.Listener
+	bar  *barrier
+
+	mu     sync.Mutex
+	conns  map[*conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+
+	accepted atomic.Uint64
+	held     atomic.Uint64 // PUBACKs and PUBCOMPs passed on after a barrier
+	holding  atomic.Int64  // ... waiting for one now
+	lastErr  atomic.Pointer[string]
+}
+
+// Stats is what the gate has done since it started.
+type Stats struct {
+	Listen      string `json:"listen"`
+	Connections int    `json:"connections"`
+	Accepted    uint64 `json:"accepted"`
+	// Acked counts PUBACKs and PUBCOMPs passed on once stored; Holding,
+	// those waiting for their barrier now.
+	Acked   uint64 `json:"acked"`
+	Holding int64  `json:"holding"`
+	// Barriers counts barrier rounds; Failed, those that failed (each
+	// closed the connections that waited on it).
+	Barriers  uint64 `json:"barriers"`
+	Failed    uint64 `json:"failed"`
+	LastError string `json:"last_error,omitempty"`
+	// Sessions are the devices' sessions the server keeps ($MQTT_sess),
+	// connected or not; InFlight the QoS 1 and 2 deliveries to devices
+	// not acknowledged yet. -1 when they could not be read.
+	Sessions int64 `json:"sessions"`
+	InFlight int64 `json:"in_flight"`
+}
+
+// Listen starts the gate.
+func Listen(o Options) (*Gate, error) {
+	if o.Log == nil {
+		o.Log = slog.Default()
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 30 * time.Second
+	}
+	ln, err := net.Listen("tcp", o.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("mqtt.listen %s: %w", o.Listen, err)
+	}
+	if o.TLS != nil {
+		ln = tls.NewListener(ln, o.TLS)
+	}
+	g := &Gate{
+		opts:  o,
+		log:   o.Log,
+		ln:    ln,
+		bar:   newBarrier(o.Conn, o.Subjects, o.Timeout),
+		conns: map[*conn]struct{}{},
+	}
+	g.wg.Add(1)
+	go g.accept()
+	return g, nil
+}
+
+// Addr is the address devices connect to.
+func (g *Gate) Addr() net.Addr { return g.ln.Addr() }
+
+// Stats returns the gate's counters.
+func (g *Gate) Stats() Stats {
+	g.mu.Lock()
+	n := len(g.conns)
+	g.mu.Unlock()
+	s := Stats{
+		Listen: g.ln.Addr().String(), Connections: n, Accepted: g.accepted.Load(),
+		Acked: g.held.Load(), Holding: g.holding.Load(),
+		Barriers: g.bar.rounds.Load(), Failed: g.bar.failed.Load(),
+	}
+	if e := g.lastErr.Load(); e != nil {
+		s.LastError = *e
+	}
+	return s
+}
+
+// Close stops taking devices and closes their connections; a PUBACK still
+// held is never sent, so the device sends its PUBLISH again to the next
+// holdfast.
+func (g *Gate) Close() error {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return nil
+	}
+	g.closed = true
+	err := g.ln.Close()
+	for c := range g.conns {
+		c.close()
+	}
+	g.mu.Unlock()
+	g.wg.Wait()
+	return err
+}
+
+func (g *Gate) accept() {
+	defer g.wg.Done()
+	var delay time.Duration
+	for {
+		dev, err := g.ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Out of file descriptors and the like: wait, as
+				// net/http does.
+				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+				time.Sleep(delay)
+				continue
+			}
+			return
+		}
+		delay = 0
+		g.accepted.Add(1)
+		c := &conn{g: g, dev: dev}
+		g.mu.Lock()
+		if g.closed {
+			g.mu.Unlock()
+			dev.Close()
+			return
+		}
+		g.conns[c] = struct{}{}
+		g.wg.Add(1)
+		g.mu.Unlock()
+		go c.serve()
+	}
+}
+
+// conn is one device's connection and the gate's to the server for it.
+type conn struct {
+	g        *Gate
+	dev, srv net.Conn
+	once     sync.Once
+	mu       sync.Mutex // guards srv until it is set
+	gone     bool
+}
+
+func (c *conn) close() {
+	c.once.Do(func() {
+		c.dev.Close()
+		c.mu.Lock()
+		c.gone = true
+		if c.srv != nil {
+			c.srv.Close()
+		}
+		c.mu.Unlock()
+	})
+}
+
+// frame is one MQTT control packet from the server, whole; ticket, when
+// set, is the barrier it waits for.
+type frame struct {
+	b      []byte
+	ticket *round
+}
+
+func (c *conn) serve() {
+	g := c.g
+	defer func() {
+		c.close()
+		g.mu.Lock()
+		delete(g.conns, c)
+		g.mu.Unlock()
+		g.wg.Done()
+	}()
+	srv, err := net.DialTimeout("tcp", g.opts.Backend, 5*time.Second)
+	if err != nil {
+		g.log.Error("mqtt: cannot reach the server's MQTT listener", "backend", g.opts.Backend, "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.srv = srv
+	gone := c.gone
+	c.mu.Unlock()
+	if gone {
+		srv.Close()
+		return
+	}
+
+	// Device -> server: every byte as it comes.
+	go func() {
+		_, _ = io.Copy(srv, c.dev)
+		c.close()
+	}()
+
+	// Server -> device: packet by packet, in order; a PUBACK or PUBCOMP
+	// waits for a barrier that started after the server sent it.
+	frames := make(chan frame, 256)
+	go func() {
+		defer close(frames)
+		r := bufio.NewReaderSize(srv, 32<<10)
+		for {
+			b, err := readPacket(r)
+			if err != nil {
+				return
+			}
+			f := frame{b: b}
+			if t := b[0] >> 4; t == pubAck || t == pubComp {
+				f.ticket = g.bar.ticket()
+				g.holding.Add(1)
+			}
+			frames <- f
+		}
+	}()
+	w := bufio.NewWriterSize(c.dev, 32<<10)
+	for f := range frames {
+		if f.ticket != nil {
+			<-f.ticket.done
+			g.holding.Add(-1)
+			if err := f.ticket.err; err != nil {
+				msg := err.Error()
+				g.lastErr.Store(&msg)
+				g.log.Error("mqtt: a PUBACK could not be confirmed as stored; closing the device's connection, it sends the message again", "device", c.dev.RemoteAddr().String(), "err", err)
+				c.close()
+				drain(frames, g)
+				return
+			}
+			g.held.Add(1)
+		}
+		if _, err := w.Write(f.b); err != nil {
+			c.close()
+			drain(frames, g)
+			return
+		}
+		if len(frames) == 0 {
+			if err := w.Flush(); err != nil {
+				c.close()
+				drain(frames, g)
+				return
+			}
+		}
+	}
+	_ = w.Flush()
+}
+
+// drain empties frames after the device's connection closed, so that the
+// reader ends and the holding count stays true.
+func drain(frames <-chan frame, g *Gate) {
+	for f := range frames {
+		if f.ticket != nil {
+			<-f.ticket.done
+			g.holding.Add(-1)
+		}
+	}
+}
+
+// MQTT control packet types (the high nibble of the first byte).
+const (
+	pubAck  = 4
+	pubComp = 7
+)
+
+// maxPacket bounds the remaining length the gate reads: MQTT's own limit
+// (four length bytes).
+const maxPacket = 268_435_455
+
+// readPacket reads one MQTT control packet: the fixed header (type and
+// flags, then the remaining length in one to four 7-bit bytes) and what
+// it announces.
+func readPacket(r *bufio.Reader) ([]byte, error) {
+	var hdr [5]byte
+	first, err := r.ReadByte()
+	if err != nil {
+		return nil, err
+	}
+	hdr[0] = first
+	n, mult := 0, 1
+	i := 1
+	for {
+		b, err := r.ReadByte()
+		if err != nil {
+			return nil, err
+		}
+		hdr[i] = b
+		i++
+		n += int(b&0x7f) * mult
+		if b&0x80 == 0 {
+			break
+		}
+		if i == 5 {
+			return nil, errors.New("mqtt: malformed remaining length")
+		}
+		mult *= 128
+	}
+	if n > maxPacket {
+		return nil, errors.New("mqtt: packet too large")
+	}
+	b := make([]byte, i+n)
+	copy(b, hdr[:i])
+	if _, err := io.ReadFull(r, b[i:]); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// The streams nats-server keeps the devices' state in (mqtt.go).
+const (
+	sessionStream = "$MQTT_sess"
+	msgsStream    = "$MQTT_msgs"
+)
+
+// Sessions reads how many sessions the server keeps and how many QoS 1 and
+// 2 deliveries to devices wait for their acknowledgement (the ack pending
+// of the server's consumers on $MQTT_msgs), -1 each when it cannot.
+func Sessions(ctx context.Context, js jetstream.JetStream) (sessions, inFlight int64) {
+	sessions, inFlight = -1, -1
+	if s, err := js.Stream(ctx, sessionStream); err == nil {
+		sessions = int64(s.CachedInfo().State.Msgs)
+	} else if errors.Is(err, jetstream.ErrStreamNotFound) {
+		sessions = 0 // no device connected yet
+	}
+	s, err := js.Stream(ctx, msgsStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return sessions, 0
+	}
+	if err != nil {
+		return sessions, -1
+	}
+	var n int64
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		n += int64(ci.NumAckPending)
+	}
+	if lister.Err() != nil {
+		return sessions, -1
+	}
+	return sessions, n
+}

@@ -1,0 +1,329 @@
+package mqtt
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
+)
+
+// setup runs a server with its MQTT listener on loopback, sync = always,
+// and a stream SENSORS on sensors.> with its barrier subject, as holdfast
+// configures them; it returns the server's MQTT address and a gate in
+// front of it.
+func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
+	t.Helper()
+	ns = natstest.RunServer(t, natstest.SyncAlways, func(o *server.Options) {
+		o.ServerName = "edge1"
+		o.MQTT.Host = "127.0.0.1"
+		o.MQTT.Port = -1
+	})
+	nc := natstest.Connect(t, ns)
+	js = natstest.JetStream(t, nc)
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{
+		Name: "SENSORS", Subjects: []string{"sensors.>", subjects.Barrier("edge1", "SENSORS")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	backend, err := mqttAddr(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err = Listen(Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
+		Subjects: []string{subjects.Barrier("edge1", "SENSORS")}, Log: natstestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = g.Close() })
+	return ns, js, backend, g
+}
+
+func mqttAddr(ns *server.Server) (string, error) {
+	v, err := ns.Varz(nil)
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(v.MQTT.Host, strconv.Itoa(v.MQTT.Port)), nil
+}
+
+func natstestLogger(t *testing.T) *slog.Logger {
+	l, _ := natstest.Logger(t)
+	return l
+}
+
+func device(t *testing.T, addr, id string) paho.Client {
+	t.Helper()
+	o := paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID(id).
+		SetAutoReconnect(false).SetConnectRetry(false).SetWriteTimeout(10 * time.Second)
+	c := paho.NewClient(o)
+	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect %s: %v", addr, tok.Error())
+	}
+	t.Cleanup(func() { c.Disconnect(100) })
+	return c
+}
+
+// flood keeps the stream's inbound queue long: JetStream publishers with
+// up to 256 PubAcks outstanding each, as busy local clients have.
+func flood(t *testing.T, ns *server.Server, stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for i := range 2 {
+		js := natstest.JetStream(t, natstest.Connect(t, ns), jetstream.WithPublishAsyncMaxPending(256))
+		wg.Go(func() {
+			payload := bytes.Repeat([]byte("x"), 512)
+			for {
+				select {
+				case <-stop:
+					<-js.PublishAsyncComplete()
+					return
+				default:
+				}
+				if _, err := js.PublishAsync("sensors.flood."+strconv.Itoa(i), payload); err != nil {
+					time.Sleep(time.Millisecond)
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// missingAtPubAck publishes n QoS 1 messages through addr while the
+// stream is flooded and counts those not in the stream when their PUBACK
+// arrived.
+func missingAtPubAck(t *testing.T, ns *server.Server, js jetstream.JetStream, addr string, n int) int {
+	t.Helper()
+	stop := make(chan struct{})
+	wg := flood(t, ns, stop)
+	defer func() { close(stop); wg.Wait() }()
+	time.Sleep(200 * time.Millisecond)
+	c := device(t, addr, "probe"+strconv.FormatInt(time.Now().UnixNano(), 36))
+	stream, err := js.Stream(natstest.Context(t), "SENSORS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := 0
+	prefix := "probe" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for i := range n {
+		topic := fmt.Sprintf("sensors/%s/%d", prefix, i)
+		tok := c.Publish(topic, 1, false, []byte("reading "+strconv.Itoa(i)))
+		if !tok.WaitTimeout(30*time.Second) || tok.Error() != nil {
+			t.Fatalf("publish %s: no PUBACK: %v", topic, tok.Error())
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := stream.GetLastMsgForSubject(ctx, fmt.Sprintf("sensors.%s.%d", prefix, i))
+		cancel()
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			missing++
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	return missing
+}
+
+// A PUBACK through the gate comes once the message is in the configured
+// stream, also while that stream is busy with other publishers. The
+// server's own PUBACK (straight to its MQTT listener) comes once its
+// session stream has a copy; the figure is logged, not asserted: how
+// often it is early depends on the machine's load.
+func TestPubAckAfterStored(t *testing.T) {
+	ns, js, backend, g := setup(t)
+	const n = 40
+	direct := missingAtPubAck(t, ns, js, backend, n)
+	t.Logf("the server's own MQTT listener: %d of %d PUBACKs came before the message was in the stream", direct, n)
+	if m := missingAtPubAck(t, ns, js, g.Addr().String(), n); m != 0 {
+		t.Fatalf("through the gate, %d of %d PUBACKs came before the message was in the stream", m, n)
+	}
+	st := g.Stats()
+	if st.Acked < n || st.Barriers == 0 || st.Failed != 0 || st.Holding != 0 {
+		t.Fatalf("stats = %+v, want %d acked after barriers, none failed or held", st, n)
+	}
+}
+
+// Devices subscribe and receive what NATS clients publish, and each
+// other's QoS 1 messages, through the gate.
+func TestSubscribeThroughGate(t *testing.T) {
+	ns, _, _, g := setup(t)
+	sub := device(t, g.Addr().String(), "display")
+	got := make(chan string, 10)
+	if tok := sub.Subscribe("sensors/#", 1, func(_ paho.Client, m paho.Message) {
+		got <- m.Topic() + "=" + string(m.Payload())
+	}); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	nc := natstest.Connect(t, ns)
+	if err := nc.Publish("sensors.line1.temp", []byte("21.5")); err != nil {
+		t.Fatal(err)
+	}
+	pub := device(t, g.Addr().String(), "thermometer")
+	if tok := pub.Publish("sensors/line2/temp", 1, false, "19.0"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish: %v", tok.Error())
+	}
+	want := map[string]bool{"sensors/line1/temp=21.5": true, "sensors/line2/temp=19.0": true}
+	for len(want) > 0 {
+		select {
+		case m := <-got:
+			if !want[m] {
+				t.Fatalf("got %q, want one of %v", m, want)
+			}
+			delete(want, m)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("still waiting for %v", want)
+		}
+	}
+}
+
+// A barrier that cannot pass (the stream is gone) holds the PUBACK and
+// closes the device's connection: the device sends the message again
+// rather than taking an acknowledgement for a message nobody stored.
+func TestBarrierFailureClosesConnection(t *testing.T) {
+	_, js, _, g := setup(t)
+	g.bar.timeout = 2 * time.Second
+	c := device(t, g.Addr().String(), "lonely")
+	if err := js.DeleteStream(natstest.Context(t), "SENSORS"); err != nil {
+		t.Fatal(err)
+	}
+	tok := c.Publish("sensors/x", 1, false, "1")
+	if tok.WaitTimeout(10*time.Second) && tok.Error() == nil {
+		t.Fatal("a PUBACK reached the device though no stream stored its message")
+	}
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if c.IsConnectionOpen() {
+			return errors.New("still connected")
+		}
+		if st := g.Stats(); st.Failed == 0 || st.LastError == "" {
+			return fmt.Errorf("stats %+v: no failed barrier", st)
+		}
+		return nil
+	})
+}
+
+// readPacket splits a byte stream into MQTT packets at the lengths their
+// fixed headers give, one to four length bytes.
+func TestReadPacket(t *testing.T) {
+	var stream []byte
+	var want [][]byte
+	for _, n := range []int{0, 2, 127, 128, 16383, 16384, 70000} {
+		p := []byte{0x30}
+		for x := n; ; {
+			b := byte(x % 128)
+			x /= 128
+			if x > 0 {
+				b |= 0x80
+			}
+			p = append(p, b)
+			if x == 0 {
+				break
+			}
+		}
+		p = append(p, bytes.Repeat([]byte{byte(n)}, n)...)
+		want = append(want, p)
+		stream = append(stream, p...)
+	}
+	r := bufio.NewReader(bytes.NewReader(stream))
+	for i, w := range want {
+		got, err := readPacket(r)
+		if err != nil || !bytes.Equal(got, w) {
+			t.Fatalf("packet %d: %d bytes, %v; want %d bytes", i, len(got), err, len(w))
+		}
+	}
+	if _, err := readPacket(r); err == nil {
+		t.Fatal("no error at the end")
+	}
+	if _, err := readPacket(bufio.NewReader(bytes.NewReader([]byte{0x30, 0xff, 0xff, 0xff, 0xff, 0x01}))); err == nil {
+		t.Fatal("a fifth length byte was taken")
+	}
+}
+
+// A device with a persistent session (clean session false) that was away
+// gets, when it comes back, the QoS 1 messages published for its
+// subscription meanwhile.
+func TestPersistentSessionThroughGate(t *testing.T) {
+	_, _, _, g := setup(t)
+	addr := g.Addr().String()
+	got := make(chan string, 10)
+	opts := func(o *paho.ClientOptions) *paho.ClientOptions {
+		return o.SetCleanSession(false).SetDefaultPublishHandler(func(_ paho.Client, m paho.Message) {
+			got <- m.Topic() + "=" + string(m.Payload())
+		})
+	}
+	connect := func() paho.Client {
+		t.Helper()
+		c := paho.NewClient(opts(paho.NewClientOptions().AddBroker("tcp://" + addr).SetClientID("display-7").SetAutoReconnect(false)))
+		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("connect: %v", tok.Error())
+		}
+		return c
+	}
+	away := connect()
+	if tok := away.Subscribe("sensors/alarms/#", 1, nil); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("subscribe: %v", tok.Error())
+	}
+	away.Disconnect(100)
+
+	pub := device(t, addr, "alarm-panel")
+	if tok := pub.Publish("sensors/alarms/door", 1, false, "open"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish: %v", tok.Error())
+	}
+	ns := g.opts.Conn
+	js, err := jetstream.New(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sessions, _ := Sessions(natstest.Context(t), js); sessions < 1 {
+		t.Fatalf("%d sessions kept while the persistent one is away, want at least 1", sessions)
+	}
+	back := connect()
+	defer back.Disconnect(100)
+	select {
+	case m := <-got:
+		if m != "sensors/alarms/door=open" {
+			t.Fatalf("got %q", m)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the device that came back did not get the message published while it was away")
+	}
+}
+
+// MetricNames lists what Register and RegisterSessions add, no more.
+func TestMetricNames(t *testing.T) {
+	_, js, _, g := setup(t)
+	reg := prometheus.NewRegistry()
+	if err := g.Register(reg); err != nil {
+		t.Fatal(err)
+	}
+	if err := RegisterSessions(reg, js); err != nil {
+		t.Fatal(err)
+	}
+	g.bar.seconds.Observe(0.001) // a histogram without observations is still gathered
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, f := range families {
+		got = append(got, f.GetName())
+	}
+	want := MetricNames()
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("registered %q, MetricNames says %q", got, want)
+	}
+}
