@@ -187,6 +187,8 @@ type leafLinks struct {
 	links      []LeafLink
 	owner      map[uint64]int             // live connection id -> remote index (-1: none)
 	linkDom    map[uint64]map[string]bool // live connection id -> JetStream domains behind it
+	domRead    time.Time                  // when the live links' domains were last read
+	domWanted  bool                       // a domain was asked for that no live link showed
 	domains    []map[string]bool          // by remote: the domains its links reached
 	urls       [][]*url.URL               // by remote: its URLs
 	addrs      map[string][]string        // by URL host:port: the addresses it resolved to last
@@ -203,6 +205,14 @@ type leafLinks struct {
 
 // leafPollInterval is how often the links are checked.
 const leafPollInterval = 250 * time.Millisecond
+
+// The domains behind the links are read again every leafDomainsRefresh
+// (edges joining and leaving the hub change them), and at most every
+// leafDomainsWanted while a domain is asked for that no live link shows.
+const (
+	leafDomainsRefresh = 30 * time.Second
+	leafDomainsWanted  = time.Second
+)
 
 // leafReadErrorsInARow is how many read errors in a row, right after the
 // link is made, name a hub that wants a client certificate.
@@ -278,15 +288,20 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 		}
 	}
 	// The domains behind a link come with the hub's subscriptions, which
-	// may arrive after the link shows in Leafz: read them again until seen.
-	var unread []uint64
+	// may arrive after the link shows in Leafz, and in no set order: the
+	// API of another edge behind the hub ($JS.edge01.API.>) may come
+	// before the hub's own. Read them again while a link shows none, while
+	// a domain is asked for that none shows, and now and then.
+	unread := false
 	for id := range live {
 		if len(w.linkDom[id]) == 0 {
-			unread = append(unread, id)
+			unread = true
 		}
 	}
+	since := time.Since(w.domRead)
+	reread := len(live) > 0 && (unread || since >= leafDomainsRefresh || w.domWanted && since >= leafDomainsWanted)
 	w.mu.Unlock()
-	if len(unread) > 0 {
+	if reread {
 		if lz, err := ns.Leafz(&server.LeafzOptions{Subscriptions: true}); err == nil {
 			w.mu.Lock()
 			for _, l := range lz.Leafs {
@@ -294,6 +309,7 @@ func (w *leafLinks) poll(ctx context.Context, ns *server.Server, remotes []confi
 					w.linkDom[l.ID] = linkDomains(l.Subs)
 				}
 			}
+			w.domRead, w.domWanted = time.Now(), false
 			w.mu.Unlock()
 		}
 	}
@@ -667,6 +683,9 @@ func (s *Server) LeafReaches(domain string) bool {
 			return true
 		}
 	}
+	// The hub's subscriptions may have come after they were read: the
+	// watch reads them again.
+	w.domWanted = len(w.linkDom) > 0
 	return false
 }
 

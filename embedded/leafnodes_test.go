@@ -443,3 +443,38 @@ func TestLeafRemoteURLs(t *testing.T) {
 		t.Errorf("the second remote went down with the first hub: %+v", l)
 	}
 }
+
+// TestLeafDomainsReadAgain: the domains behind a link come with the hub's
+// subscriptions, in no set order: another edge's ($JS.edge01.API.>,
+// passed on by the hub) may arrive before the hub's own. A link whose
+// domains were read before the hub's arrived still comes to reach the
+// hub: a forwarder that asks for it has the subscriptions read again. A
+// fleet test once left one edge of twenty waiting for good, its link up,
+// "served" only by the other edges' domains.
+func TestLeafDomainsReadAgain(t *testing.T) {
+	hubCfg := leafHubConfig(t, "", "")
+	runServer(t, hubCfg)
+	edge := runServer(t, leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{}))
+	waitFor(t, "the link to reach the hub", func() bool { return edge.LeafReaches("hub") })
+
+	// As if read before the hub's own subscriptions had come.
+	w := edge.leaf
+	w.mu.Lock()
+	for id := range w.linkDom {
+		w.linkDom[id] = map[string]bool{"edge01": true}
+	}
+	w.mu.Unlock()
+	if edge.LeafReaches("hub") {
+		t.Fatal("the link reaches the hub with only edge01's domain read")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !edge.LeafReaches("hub") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the link does not reach the hub 5 s after it was asked: it serves %v", edge.LeafDomains())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := edge.LeafDomains(); !slices.Equal(got, []string{"hub"}) {
+		t.Errorf("LeafDomains = %v, want [hub]", got)
+	}
+}
