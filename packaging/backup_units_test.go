@@ -112,7 +112,7 @@ func TestBackupUnitsVerify(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := verifiableBackupUnits(t, bin)
-	cmd := exec.Command(sa, "verify", "holdfast-backup.timer", "holdfast-backup.service")
+	cmd := exec.Command(sa, append(verifyArgs, "holdfast-backup.timer", "holdfast-backup.service")...)
 	cmd.Dir = dir
 	if out, err := cmd.CombinedOutput(); err != nil || len(out) > 0 {
 		t.Fatalf("systemd-analyze verify: err=%v, output:\n%s", err, out)
