@@ -335,7 +335,6 @@ func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
 	cfgs := configtest.Cluster(t, 3, "loss", refuseDataLoss)
 	servers, _ := openCluster(t, cfgs)
-	ctx := natstest.Context(t)
 	js := servers[0].JetStream()
 	createFilled(t, js, jetstream.StreamConfig{Name: "R", Subjects: []string{"r.>"}, Replicas: 3}, "r.x", 20)
 	for _, s := range servers {
@@ -347,17 +346,20 @@ func TestClusterKeyAddedKeepsNoCopies(t *testing.T) {
 		c.JetStream.EncryptionKeyFile = key
 	}
 	servers, logs := openCluster(t, cfgs)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	// Each look has a context of its own: the cluster's two starts may
+	// take longer than one context's 30 s on a loaded machine.
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
 		st, err := servers[0].JetStream().Stream(ctx, "R")
-		if err == nil && st.CachedInfo().State.Msgs == 20 {
-			break
+		if err != nil {
+			return fmt.Errorf("stream R not back: %w", err)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("stream R not back with its 20 messages: %v", err)
+		if n := st.CachedInfo().State.Msgs; n != 20 {
+			return fmt.Errorf("stream R back with %d messages, want its 20", n)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 	for i, c := range cfgs {
 		if _, err := os.Stat(filepath.Join(c.JetStream.StoreDir, store.EncryptingDirName)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s keeps copies: %v", c.Server.Name, err)
