@@ -182,7 +182,7 @@ COMMIT_WINDOW ?= 40ms
 
 .PHONY: bench-footprint
 
-## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always), the same with holdfast's default streams, and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s; then bytes and CPU per message at a steady 200 msg/s, also with COMMIT_WINDOW (writes dist/bench-footprint.md)
+## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always), the same with holdfast's default streams, and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s; then bytes and CPU per message at a steady 200 msg/s through the log, exec and forward handlers, also with COMMIT_WINDOW (writes dist/bench-footprint.md)
 bench-footprint: build
 	@mkdir -p dist
 	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -commit-window $(COMMIT_WINDOW) -out dist/bench-footprint.md

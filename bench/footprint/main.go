@@ -43,6 +43,7 @@ var (
 	steadyRate   = flag.Int("steady-rate", 200, "messages per second of the steady figures (bytes and CPU per message); 0: skip them")
 	commitWindow = flag.Duration("commit-window", 40*time.Millisecond, "jetstream.commit_window of the holdfast+commit_window steady server")
 	steadyMsgs   = flag.Int("steady-msgs", 3000, "messages published at -steady-rate per steady run")
+	handlers     = flag.Bool("handlers", true, "steady figures also through the exec handler (/bin/true) and the forward handler (an edge forwarding to a hub)")
 	fsyncs       = flag.Bool("fsyncs", true, "count each steady server's fsync and fdatasync calls in one more run under strace (skipped without strace)")
 	dir          = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
 	out          = flag.String("out", "", "also write the markdown report to this file")
@@ -108,6 +109,12 @@ func run() error {
 		steadyServers = append(steadyServers, holdfastServerWith(hf.name, bin, steadyLog),
 			holdfastServerWith(hf.name+"+group_commit", bin, steadyLog+steadyGroupCommit),
 			holdfastServerWindow(hf.name+"+commit_window", bin, commitWindow.String(), steadyLog))
+		if *handlers {
+			steadyServers = append(steadyServers, holdfastServerWith(hf.name+"+exec", bin, steadyExec+steadyLog),
+				holdfastServerWindow(hf.name+"+exec+commit_window", bin, commitWindow.String(), steadyExec+steadyLog),
+				holdfastEdgeServer(hf.name+"+forward", bin, ""),
+				holdfastEdgeServer(hf.name+"+forward+commit_window", bin, commitWindow.String()))
+		}
 	}
 	stockVersion, _ := exec.Command(natsServer, "--version").Output()
 
@@ -202,7 +209,10 @@ func run() error {
 			"on stock a pull consumer in the benchmark's process (its CPU not counted), on holdfast its own WORKER1 with the default log handler "+
 			"(log level warn, so that the figures are the store's and not the log's). Per message: write_bytes and CPU time of the server's process from the first publish "+
 			"until the consumer's ack floor reached the last message; latency: publish to PubAck. stock-2m: stock on its default sync_interval (2 minutes), "+
-			"which loses acknowledged messages at a power cut. commit_window: holdfast with jetstream.commit_window = %q.\n\n", *steadyMsgs, *size, *steadyRate, commitWindow.String())
+			"which loses acknowledged messages at a power cut. commit_window: holdfast with jetstream.commit_window = %q. "+
+			"exec: WORKER1 runs /bin/true per message (its children's CPU counted, cutime+cstime). "+
+			"forward: holdfast as an edge whose WORKER1 forwards each message to a hub (a second `holdfast run` with the stream EDGE, `sync = \"always\"`) over a leafnode link, "+
+			"acked once the hub's PubAck came; the edge's process measured, the hub's not.\n\n", *steadyMsgs, *size, *steadyRate, commitWindow.String())
 		writeSteadyTable(&rep, steadyServers, steady)
 		if syncs != nil {
 			fmt.Fprint(&rep, "\nfsync and fdatasync calls of the server's process per message, counted by strace in one more run of each (which slows it):\n\n| server | calls per message |\n| --- | ---: |\n")

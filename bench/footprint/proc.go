@@ -19,6 +19,9 @@ const userHZ = 100
 type sample struct {
 	// ticks is utime+stime of every thread, live or exited, in 1/userHZ s.
 	ticks int64
+	// childTicks is cutime+cstime: the same of the children it waited
+	// for (an exec handler's commands).
+	childTicks int64
 	// runNS is the time on a CPU of the threads alive now, in ns
 	// (/proc/PID/task/*/schedstat): finer than ticks, blind to threads
 	// that exit between two samples (Go keeps its threads).
@@ -36,7 +39,7 @@ func readSample(pid int) (sample, error) {
 	if err != nil {
 		return s, err
 	}
-	if s.ticks, err = parseStatTicks(string(stat)); err != nil {
+	if s.ticks, s.childTicks, err = parseStatTicks(string(stat)); err != nil {
 		return s, err
 	}
 	f, err := os.Open(filepath.Join(dir, "io"))
@@ -69,29 +72,27 @@ func readSample(pid int) (sample, error) {
 	return s, nil
 }
 
-// parseStatTicks returns utime+stime (fields 14 and 15) of a
-// /proc/PID/stat line. The command name (field 2) is in parentheses and
-// may itself hold spaces and parentheses: the fields are counted from
-// after its last ')'.
-func parseStatTicks(stat string) (int64, error) {
+// parseStatTicks returns utime+stime (fields 14 and 15) and
+// cutime+cstime (16 and 17, the children waited for) of a /proc/PID/stat
+// line. The command name (field 2) is in parentheses and may itself hold
+// spaces and parentheses: the fields are counted from after its last ')'.
+func parseStatTicks(stat string) (own, children int64, err error) {
 	i := strings.LastIndexByte(stat, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("/proc/PID/stat %q: no command name", stat)
+		return 0, 0, fmt.Errorf("/proc/PID/stat %q: no command name", stat)
 	}
 	// After the name come field 3 (state) onwards: utime is field 14.
 	fields := strings.Fields(stat[i+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/PID/stat %q: %d fields after the name, want at least 13", stat, len(fields))
+	if len(fields) < 15 {
+		return 0, 0, fmt.Errorf("/proc/PID/stat %q: %d fields after the name, want at least 15", stat, len(fields))
 	}
-	utime, err := strconv.ParseInt(fields[11], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("utime %q: %w", fields[11], err)
+	var v [4]int64
+	for k := range v {
+		if v[k], err = strconv.ParseInt(fields[11+k], 10, 64); err != nil {
+			return 0, 0, fmt.Errorf("field %d %q: %w", 14+k, fields[11+k], err)
+		}
 	}
-	stime, err := strconv.ParseInt(fields[12], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("stime %q: %w", fields[12], err)
-	}
-	return utime + stime, nil
+	return v[0] + v[1], v[2] + v[3], nil
 }
 
 // parseIOWriteBytes returns write_bytes of a /proc/PID/io file.

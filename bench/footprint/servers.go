@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,12 @@ type server struct {
 	holdfast bool
 	// setup, when set, runs on each start once the server is ready.
 	setup func(p *proc) error
+	// readyStream is the stream a holdfast server's bootstrap creates,
+	// which start waits for ("": ORDERS).
+	readyStream string
+	// companion, when set, starts what the server needs running beside
+	// it (an edge's hub) before each start, and returns how to stop it.
+	companion func(work string) (stop func(), err error)
 }
 
 // stockServer is nats-server with JetStream on the file store: measured
@@ -96,7 +103,15 @@ func holdfastServerWith(name, bin, extra string) *server {
 // holdfastServerWindow is holdfastServerWith with jetstream.commit_window
 // set to window (unless "").
 func holdfastServerWindow(name, bin, window, extra string) *server {
-	return &server{name: name, bin: bin, holdfast: true, config: func(work, store string, port int, fill bool) ([]string, error) {
+	return &server{name: name, bin: bin, holdfast: true, config: holdfastConfig(name, "", "", window, func() string { return extra })}
+}
+
+// holdfastConfig writes the config of a holdfast server: only ports and
+// store set, serverName as server.name and domain as jetstream.domain
+// (unless ""), window as jetstream.commit_window (unless ""; filled with
+// sync = "2m"), and what extra returns at each start appended.
+func holdfastConfig(name, serverName, domain, window string, extra func() string) func(work, store string, port int, fill bool) ([]string, error) {
+	return func(work, store string, port int, fill bool) ([]string, error) {
 		httpPort, err := benchkit.FreePort()
 		if err != nil {
 			return nil, err
@@ -107,11 +122,53 @@ func holdfastServerWindow(name, bin, window, extra string) *server {
 		} else if window != "" {
 			sync = fmt.Sprintf("commit_window = %q", window)
 		}
-		text := fmt.Sprintf("[server]\nhost = \"127.0.0.1\"\nport = %d\n[jetstream]\nstore_dir = %q\n%s\n[http]\nlisten = \"127.0.0.1:%d\"\n%s",
-			port, store, sync, httpPort, extra)
+		named := ""
+		if serverName != "" {
+			named = fmt.Sprintf("name = %q\n", serverName)
+		}
+		if domain != "" {
+			sync += fmt.Sprintf("\ndomain = %q", domain)
+		}
+		text := fmt.Sprintf("[server]\n%shost = \"127.0.0.1\"\nport = %d\n[jetstream]\nstore_dir = %q\n%s\n[http]\nlisten = \"127.0.0.1:%d\"\n%s",
+			named, port, store, sync, httpPort, extra())
 		path := filepath.Join(work, name+".toml")
 		return []string{"run", "--config", path}, os.WriteFile(path, []byte(text), 0o644)
-	}}
+	}
+}
+
+// holdfastEdgeServer is a holdfast edge whose consumer WORKER1 forwards
+// ORDERS to a hub: a second `holdfast run` on the same binary, started
+// beside it with the stream EDGE on edge.> and a leafnode listener. The
+// edge has commit window window (unless ""), the hub always sync =
+// "always" (a hub refuses a commit window: the server would answer the
+// edges' publishes before the flush). Only the edge's process is
+// measured: the hub stands for the machine across the link.
+func holdfastEdgeServer(name, bin, window string) *server {
+	leafPort := 0
+	hub := &server{name: name + "-hub", bin: bin, holdfast: true, readyStream: "EDGE"}
+	hub.config = holdfastConfig(hub.name, "hub", "hub", "", func() string {
+		return fmt.Sprintf("[leafnodes]\nlisten = \"127.0.0.1:%d\"\n[streams.EDGE]\nsubjects = [\"edge.>\"]\n%s", leafPort, steadyLog)
+	})
+	edge := &server{name: name, bin: bin, holdfast: true}
+	edge.config = holdfastConfig(name, "edge1", "", window, func() string {
+		return fmt.Sprintf("[[leafnodes.remotes]]\nurl = \"nats-leaf://127.0.0.1:%d\"\n%s%s", leafPort, steadyForward, steadyLog)
+	})
+	edge.companion = func(work string) (func(), error) {
+		var err error
+		if leafPort, err = benchkit.FreePort(); err != nil {
+			return nil, err
+		}
+		store := filepath.Join(work, hub.name+"-store")
+		if err := os.RemoveAll(store); err != nil {
+			return nil, err
+		}
+		p, err := hub.start(work, store, false)
+		if err != nil {
+			return nil, fmt.Errorf("the hub: %w", err)
+		}
+		return func() { p.stop(); _ = os.RemoveAll(store) }, nil
+	}
+	return edge
 }
 
 // proc is a running server.
@@ -119,6 +176,8 @@ type proc struct {
 	cmd  *exec.Cmd
 	url  string
 	done chan struct{}
+	// companion stops what runs beside it (nil: nothing).
+	companion func()
 }
 
 // start runs srv on store, its output appended to work/<name>.log, and
@@ -129,6 +188,25 @@ func (srv *server) start(work, store string, fill bool) (*proc, error) {
 	if err != nil {
 		return nil, err
 	}
+	var companion func()
+	if srv.companion != nil {
+		if companion, err = srv.companion(work); err != nil {
+			return nil, err
+		}
+	}
+	p, err := srv.startAt(work, store, port, fill)
+	if err != nil {
+		if companion != nil {
+			companion()
+		}
+		return nil, err
+	}
+	p.companion = companion
+	return p, nil
+}
+
+// startAt is start on port, without the companion.
+func (srv *server) startAt(work, store string, port int, fill bool) (*proc, error) {
 	args, err := srv.config(work, store, port, fill)
 	if err != nil {
 		return nil, err
@@ -147,7 +225,7 @@ func (srv *server) start(work, store string, fill bool) (*proc, error) {
 	go func() { _ = cmd.Wait(); close(p.done) }()
 	wantStream := ""
 	if srv.holdfast {
-		wantStream = "ORDERS"
+		wantStream = cmp.Or(srv.readyStream, "ORDERS")
 	}
 	deadline := time.Now().Add(time.Minute)
 	for {
@@ -190,7 +268,8 @@ func (p *proc) ready(stream string) error {
 	return err
 }
 
-// stop sends SIGTERM and waits up to 30 s, then kills.
+// stop sends SIGTERM and waits up to 30 s, then kills; then stops the
+// companion.
 func (p *proc) stop() {
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -198,6 +277,9 @@ func (p *proc) stop() {
 	case <-time.After(30 * time.Second):
 		_ = p.cmd.Process.Kill()
 		<-p.done
+	}
+	if p.companion != nil {
+		p.companion()
 	}
 }
 

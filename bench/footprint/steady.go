@@ -29,9 +29,12 @@ const steadySubject = "orders.created"
 // steadyResult is one steady run of one server: what it cost per message
 // while msgs messages were published at the steady rate and consumed.
 type steadyResult struct {
-	msgs       int
-	ticks      int64
-	runNS      int64
+	msgs  int
+	ticks int64
+	runNS int64
+	// childTicks is the CPU of the children the server waited for (an
+	// exec handler's commands), in 1/userHZ s.
+	childTicks int64
 	writeBytes int64
 	// p50 and p99 are publish→PubAck latencies.
 	p50, p99 time.Duration
@@ -108,6 +111,7 @@ func measureSteady(srv *server, work string, n, rate, size int, trace bool) (ste
 	}
 	slices.Sort(lat)
 	return steadyResult{msgs: n, syncs: syncs, ticks: after.ticks - before.ticks, runNS: after.runNS - before.runNS,
+		childTicks: after.childTicks - before.childTicks,
 		writeBytes: after.writeBytes - before.writeBytes,
 		p50:        lat[len(lat)/2], p99: lat[len(lat)*99/100]}, nil
 }
@@ -202,7 +206,11 @@ func publishSteady(js jetstream.JetStream, n, rate, size int) ([]time.Duration, 
 
 func (r steadyResult) bytesPerMsg() float64 { return float64(r.writeBytes) / float64(r.msgs) }
 
-func (r steadyResult) cpuMSPerMsg() float64 { return float64(r.runNS) / 1e6 / float64(r.msgs) }
+// cpuMSPerMsg is the CPU time of the server's threads and of the children
+// it waited for, per message.
+func (r steadyResult) cpuMSPerMsg() float64 {
+	return (float64(r.runNS)/1e6 + float64(r.childTicks)*1000/userHZ) / float64(r.msgs)
+}
 
 // steadyLog and steadyGroupCommit are what the steady holdfast servers add
 // to their config: no log line per message, and the default stream and
@@ -210,6 +218,11 @@ func (r steadyResult) cpuMSPerMsg() float64 { return float64(r.runNS) / 1e6 / fl
 const (
 	steadyLog         = "[log]\nlevel = \"warn\"\n"
 	steadyGroupCommit = "[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n[consumers.WORKER1]\nstream = \"ORDERS\"\n"
+	// steadyExec hands each message to /bin/true: a fork and exec per
+	// message, its children's CPU counted with the server's (cutime).
+	steadyExec = "[streams.ORDERS]\nsubjects = [\"orders.*\"]\n[consumers.WORKER1]\nstream = \"ORDERS\"\nhandler = \"exec\"\n[consumers.WORKER1.exec]\ncommand = [\"/bin/true\"]\n"
+	// steadyForward forwards each message to the hub (holdfastEdgeServer).
+	steadyForward = "[streams.ORDERS]\nsubjects = [\"orders.*\"]\n[consumers.WORKER1]\nstream = \"ORDERS\"\nhandler = \"forward\"\n"
 )
 
 // syncTrace is strace counting a process's fsync and fdatasync calls.
