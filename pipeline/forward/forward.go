@@ -153,6 +153,12 @@ type Forwarder struct {
 
 	mu           sync.Mutex
 	incarnations map[string]incarnation
+	// streamEvents counts the server's advisories about the local stream
+	// (created, deleted, restored, updated...), which eventSub takes: an
+	// incarnation looked up before the last of them is looked up again.
+	// Without eventSub every message newer than the lookup is.
+	streamEvents atomic.Uint64
+	eventSub     *nats.Subscription
 	hubStream    string   // the hub streams that take the destination subjects (comma-separated)
 	hubMaxMsg    int32    // the largest max_msg_size of those streams, 0 when one is unlimited
 	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
@@ -202,10 +208,17 @@ type Forwarder struct {
 
 // incarnation is a stream's creation time and when it was looked up: the
 // stream under that creation time existed at seenAt, so every message
-// stored between created and seenAt belongs to it.
+// stored between created and seenAt belongs to it. events is
+// Forwarder.streamEvents before the lookup.
 type incarnation struct {
 	created, seenAt time.Time
+	events          uint64
 }
+
+// incarnationRecheck is how long a lookup of the local stream serves
+// messages stored after it while the server announced no change of the
+// stream: a backstop for an advisory the connection dropped.
+const incarnationRecheck = 10 * time.Second
 
 // position is what the hub holds of the consumer's messages: the last
 // one it stored, at origin sequence seq, stored on the edge at stored, in
@@ -270,6 +283,7 @@ const startWait = 5 * time.Second
 // the hub's state never stops the edge. Open starts that background
 // check; it fails only when ctx ends.
 func (f *Forwarder) Open(ctx context.Context) error {
+	f.watchStream()
 	if !f.opts.Clustered {
 		// The messages an earlier run of the workers took and did not
 		// ack come again only after ack_wait, behind newer ones: the hub
@@ -322,6 +336,28 @@ func (f *Forwarder) Close() {
 		<-f.done
 		f.cancel = nil
 	}
+	if f.eventSub != nil {
+		_ = f.eventSub.Unsubscribe()
+	}
+}
+
+// watchStream subscribes to the server's advisories about the local
+// stream, so that its incarnation is looked up again when it changes and
+// not for every message (see streamCreated). Without the subscription it
+// is looked up for every message stored after the last lookup.
+func (f *Forwarder) watchStream() {
+	sub, err := f.nc.Subscribe("$JS.EVENT.ADVISORY.STREAM.*."+f.opts.Stream, func(*nats.Msg) { f.streamEvents.Add(1) })
+	if err == nil {
+		// In place at the server before the first lookup.
+		if err = f.nc.Flush(); err != nil {
+			_ = sub.Unsubscribe()
+		}
+	}
+	if err != nil {
+		f.log.Warn("cannot watch the local stream's advisories: its creation time is looked up for each message", "stream", f.opts.Stream, "err", err)
+		return
+	}
+	f.eventSub = sub
 }
 
 // recheck checks the hub again every second while the link is up and the
@@ -907,8 +943,12 @@ func (f *Forwarder) hubStores() {
 func (f *Forwarder) Stats() *Stats { return &f.stats }
 
 // streamCreated returns the creation time of stream as last looked up,
-// looking it up again when the message is newer than that look (the
-// stream may have been created again since). A message stored before that
+// looking it up again when the message is newer than that look and the
+// stream may have been created again since: the server announced a change
+// of it since the look (or it is not watched, or the look is older than
+// incarnationRecheck). The announcement comes long before a message of a
+// stream created again can reach the forwarder: the consumer went with the
+// old stream and is created again after the stream. A message stored before that
 // creation time is forwarded all the same, under the creation time looked
 // up: a stream restored from a backup (holdfast restore) gets a new
 // creation time and keeps its messages, older than it. The forwarded id
@@ -917,13 +957,16 @@ func (f *Forwarder) streamCreated(ctx context.Context, stream string, published 
 	f.mu.Lock()
 	inc, ok := f.incarnations[stream]
 	f.mu.Unlock()
-	if !ok || published.After(inc.seenAt) {
+	events := f.streamEvents.Load()
+	watched := f.eventSub != nil && stream == f.opts.Stream
+	changed := !watched || inc.events != events || time.Since(inc.seenAt) >= incarnationRecheck
+	if !ok || published.After(inc.seenAt) && changed {
 		at := time.Now()
 		s, err := f.local.Stream(ctx, stream)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("local stream %s: %w", stream, err)
 		}
-		inc = incarnation{created: s.CachedInfo().Created, seenAt: at}
+		inc = incarnation{created: s.CachedInfo().Created, seenAt: at, events: events}
 		f.mu.Lock()
 		f.incarnations[stream] = inc
 		f.mu.Unlock()

@@ -153,20 +153,27 @@ func TestForwardRecreatedStream(t *testing.T) {
 	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
 	e.Publish("orders.created", "old", nil)
 	waitHubMsgs(e, 1, 10*time.Second)
-	ctx := context.Background()
-	if err := e.JS.DeleteStream(ctx, "ORDERS"); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(10 * time.Millisecond) // a creation time of its own
-	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.DiscardHandler)); err != nil {
-		t.Fatal(err)
-	}
+	recreateOrders(e)
 	if seq := e.Publish("orders.created", "new", nil); seq != 1 {
 		t.Fatalf("recreated stream gave seq %d", seq)
 	}
 	waitHubMsgs(e, 2, 20*time.Second)
 	if d := f.Stats().Duplicates.Load(); d != 0 {
 		t.Errorf("%d duplicate PubAcks: the new message was taken for the old one", d)
+	}
+}
+
+// recreateOrders deletes the edge's stream ORDERS and creates it again
+// from the config, with a creation time of its own.
+func recreateOrders(e *pipelinetest.Env) {
+	e.T.Helper()
+	ctx := context.Background()
+	if err := e.JS.DeleteStream(ctx, "ORDERS"); err != nil {
+		e.T.Fatal(err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if err := bootstrap.Apply(ctx, e.JS, e.Cfg, slog.New(slog.DiscardHandler)); err != nil {
+		e.T.Fatal(err)
 	}
 }
 
@@ -998,5 +1005,58 @@ func TestForwardHubStreamWentBackUnderPublish(t *testing.T) {
 	}
 	if n := f.Stats().Resent.Load(); n != 10 {
 		t.Errorf("resent %d, want 10", n)
+	}
+}
+
+// TestForwardLooksUpItsStreamWhenItChanges: the forwarder names the local
+// stream's incarnation (its creation time) in each message, and looks it
+// up again only when the server says the stream changed, not for every
+// message: a JetStream API request per message was a tenth of an edge's
+// CPU at a steady 200 msg/s. A stream deleted and created again is still
+// seen at once.
+func TestForwardLooksUpItsStreamWhenItChanges(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	var lookups atomic.Int64
+	sub, err := e.Srv.Conn().Subscribe("$JS.API.STREAM.INFO.ORDERS", func(*nats.Msg) { lookups.Add(1) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	// One at a time, each published after the last one was forwarded.
+	const n = 30
+	for i := range n {
+		e.Publish("orders.created", fmt.Sprint("steady ", i), nil)
+		waitHubMsgs(e, uint64(i+1), 10*time.Second)
+	}
+	before := lookups.Load()
+	if before > 5 {
+		t.Errorf("%d lookups of ORDERS for %d messages forwarded one by one, want a few at start", before, n)
+	}
+
+	recreateOrders(e)
+	ctx := context.Background()
+	orders, err := e.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Publish("orders.created", "after the recreation", nil)
+	waitHubMsgs(e, n+1, 20*time.Second)
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := hub.GetMsg(ctx, n+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := orders.CachedInfo().Created.UTC().Format(time.RFC3339Nano)
+	if got := last.Header.Get(forward.HeaderOriginStreamCreated); got != want {
+		t.Errorf("the message after the recreation names the stream created at %s, want %s (the new one)", got, want)
 	}
 }
