@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -215,10 +216,12 @@ func TestPowerLossGroupCommit(t *testing.T) {
 // concurrent publishers (with Nats-Msg-Id) and power cuts at random
 // moments: every PubAck'ed message is on disk after the cut, the stream
 // and consumer are there, and every message is processed.
+// HOLDFAST_POWERLOSS_WINDOW sets the window (default 20ms).
 func TestPowerLossCommitWindow(t *testing.T) {
 	t.Parallel()
 	cycles := durEnvInt("HOLDFAST_POWERLOSS_CYCLES", 5)
-	requireNoLoss(t, runPowerLossWith(t, powerLossLoad{commitWindow: "20ms", cycles: cycles,
+	window := cmp.Or(os.Getenv("HOLDFAST_POWERLOSS_WINDOW"), "20ms")
+	requireNoLoss(t, runPowerLossWith(t, powerLossLoad{commitWindow: window, cycles: cycles,
 		start: func(cycle int, url string, acks *ackLog) func() {
 			return startPublishers(t, url, fmt.Sprintf("c%03d", cycle), 16, acks).stop
 		}}), "commit_window")
