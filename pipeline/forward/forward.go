@@ -209,15 +209,19 @@ type Forwarder struct {
 // incarnation is a stream's creation time and when it was looked up: the
 // stream under that creation time existed at seenAt, so every message
 // stored between created and seenAt belongs to it. events is
-// Forwarder.streamEvents before the lookup.
+// Forwarder.streamEvents before the lookup; lastSeq the highest sequence
+// of a message stored after seenAt that was given this incarnation
+// without a lookup.
 type incarnation struct {
 	created, seenAt time.Time
 	events          uint64
+	lastSeq         uint64
 }
 
 // incarnationRecheck is how long a lookup of the local stream serves
 // messages stored after it while the server announced no change of the
-// stream: a backstop for an advisory the connection dropped.
+// stream and their sequences only went up: a backstop for an advisory the
+// connection dropped.
 const incarnationRecheck = 10 * time.Second
 
 // position is what the hub holds of the consumer's messages: the last
@@ -945,32 +949,39 @@ func (f *Forwarder) Stats() *Stats { return &f.stats }
 // streamCreated returns the creation time of stream as last looked up,
 // looking it up again when the message is newer than that look and the
 // stream may have been created again since: the server announced a change
-// of it since the look (or it is not watched, or the look is older than
-// incarnationRecheck). The announcement comes long before a message of a
+// of it since the look, or the message's sequence is not above the last
+// one given that incarnation without a look (a stream created again counts
+// from 1), or the stream is not watched, or the look is older than
+// incarnationRecheck. The announcement comes long before a message of a
 // stream created again can reach the forwarder: the consumer went with the
 // old stream and is created again after the stream. A message stored before that
 // creation time is forwarded all the same, under the creation time looked
 // up: a stream restored from a backup (holdfast restore) gets a new
 // creation time and keeps its messages, older than it. The forwarded id
 // does not depend on it (MsgID).
-func (f *Forwarder) streamCreated(ctx context.Context, stream string, published time.Time) (time.Time, error) {
+func (f *Forwarder) streamCreated(ctx context.Context, stream string, seq uint64, published time.Time) (time.Time, error) {
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	inc, ok := f.incarnations[stream]
-	f.mu.Unlock()
+	if ok && !published.After(inc.seenAt) {
+		return inc.created, nil
+	}
 	events := f.streamEvents.Load()
 	watched := f.eventSub != nil && stream == f.opts.Stream
-	changed := !watched || inc.events != events || time.Since(inc.seenAt) >= incarnationRecheck
-	if !ok || published.After(inc.seenAt) && changed {
-		at := time.Now()
-		s, err := f.local.Stream(ctx, stream)
-		if err != nil {
-			return time.Time{}, fmt.Errorf("local stream %s: %w", stream, err)
-		}
-		inc = incarnation{created: s.CachedInfo().Created, seenAt: at, events: events}
-		f.mu.Lock()
+	if ok && watched && inc.events == events && seq > inc.lastSeq && time.Since(inc.seenAt) < incarnationRecheck {
+		inc.lastSeq = seq
 		f.incarnations[stream] = inc
-		f.mu.Unlock()
+		return inc.created, nil
 	}
+	at := time.Now()
+	f.mu.Unlock()
+	s, err := f.local.Stream(ctx, stream)
+	f.mu.Lock()
+	if err != nil {
+		return time.Time{}, fmt.Errorf("local stream %s: %w", stream, err)
+	}
+	inc = incarnation{created: s.CachedInfo().Created, seenAt: at, events: events}
+	f.incarnations[stream] = inc
 	return inc.created, nil
 }
 
@@ -1025,7 +1036,7 @@ func (f *Forwarder) prepare(ctx context.Context, m *handler.Message) (*nats.Msg,
 // streams were not seen to take (not while checking it).
 func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck bool) (*nats.Msg, time.Time, *handler.Result) {
 	verdict := func(r handler.Result) (*nats.Msg, time.Time, *handler.Result) { return nil, time.Time{}, &r }
-	created, err := f.streamCreated(ctx, m.Stream, m.Published)
+	created, err := f.streamCreated(ctx, m.Stream, m.Sequence, m.Published)
 	for err != nil {
 		// In place, as for the hub: a later message must not go first.
 		select {
@@ -1033,7 +1044,7 @@ func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck 
 			return verdict(handler.RetryLater(err.Error()))
 		case <-time.After(storeRetry):
 		}
-		created, err = f.streamCreated(ctx, m.Stream, m.Published)
+		created, err = f.streamCreated(ctx, m.Stream, m.Sequence, m.Published)
 	}
 	out := NewMsg(Subject(f.opts.Subject, f.opts.ServerName, m.Subject), f.opts.ServerName, m, created)
 	if gone := f.stats.Gone.Load(); gone > 0 {
