@@ -960,29 +960,42 @@ func (f *Forwarder) Stats() *Stats { return &f.stats }
 // creation time and keeps its messages, older than it. The forwarded id
 // does not depend on it (MsgID).
 func (f *Forwarder) streamCreated(ctx context.Context, stream string, seq uint64, published time.Time) (time.Time, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	inc, ok := f.incarnations[stream]
-	if ok && !published.After(inc.seenAt) {
-		return inc.created, nil
-	}
 	events := f.streamEvents.Load()
-	watched := f.eventSub != nil && stream == f.opts.Stream
-	if ok && watched && inc.events == events && seq > inc.lastSeq && time.Since(inc.seenAt) < incarnationRecheck {
-		inc.lastSeq = seq
-		f.incarnations[stream] = inc
-		return inc.created, nil
+	if created, ok := f.knownIncarnation(stream, seq, published, events); ok {
+		return created, nil
 	}
 	at := time.Now()
-	f.mu.Unlock()
 	s, err := f.local.Stream(ctx, stream)
-	f.mu.Lock()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("local stream %s: %w", stream, err)
 	}
-	inc = incarnation{created: s.CachedInfo().Created, seenAt: at, events: events}
+	inc := incarnation{created: s.CachedInfo().Created, seenAt: at, events: events}
+	f.mu.Lock()
 	f.incarnations[stream] = inc
+	f.mu.Unlock()
 	return inc.created, nil
+}
+
+// knownIncarnation returns the creation time of stream as last looked up
+// when it is the one of a message of sequence seq stored at published
+// (see streamCreated), events being streamEvents now; ok is false when the
+// stream is to be looked up again.
+func (f *Forwarder) knownIncarnation(stream string, seq uint64, published time.Time, events uint64) (created time.Time, ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	inc, ok := f.incarnations[stream]
+	switch {
+	case !ok:
+		return time.Time{}, false
+	case !published.After(inc.seenAt):
+		return inc.created, true
+	case f.eventSub == nil || stream != f.opts.Stream || inc.events != events ||
+		seq <= inc.lastSeq || time.Since(inc.seenAt) >= incarnationRecheck:
+		return time.Time{}, false
+	}
+	inc.lastSeq = seq
+	f.incarnations[stream] = inc
+	return inc.created, true
 }
 
 // NewMsg builds the message sent to the hub: payload and headers
