@@ -16,7 +16,7 @@ import (
 )
 
 // Default returns the built-in defaults (stream ORDERS, consumer WORKER1)
-// with the store in a fresh t.TempDir(), a random client port, store
+// with the store in a fresh natstest.StoreDir, a random client port, store
 // limits of 1 GiB on file and 64 MiB in memory, no HTTP listener and no
 // in-process workers. It is validated.
 func Default(t testing.TB) *config.Config {
@@ -24,7 +24,7 @@ func Default(t testing.TB) *config.Config {
 	cfg := config.DefaultConfig()
 	cfg.Server.Name = "holdfast-test"
 	cfg.Server.Port = -1
-	cfg.JetStream.StoreDir = t.TempDir()
+	cfg.JetStream.StoreDir = natstest.StoreDir(t)
 	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
 	cfg.JetStream.MaxMemoryStore = config.Bytes(64 << 20)
 	cfg.HTTP.Listen = ""

@@ -17,6 +17,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +72,7 @@ func RunCluster(t testing.TB, n int, tweaks ...func(*server.Options)) []*server.
 	for i := range servers {
 		opts := &server.Options{
 			ServerName: fmt.Sprintf("node%d", i+1), Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
-			JetStream: true, StoreDir: t.TempDir(), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
+			JetStream: true, StoreDir: StoreDir(t), JetStreamMaxStore: 1 << 30, JetStreamMaxMemory: 64 << 20,
 			Cluster: server.ClusterOpts{Name: "natstest", Host: "127.0.0.1", Port: ports[i]},
 			Routes:  routes,
 		}
@@ -236,6 +238,42 @@ func CheckFor(t testing.TB, total, sleep time.Duration, f func() error) {
 		}
 		time.Sleep(sleep)
 	}
+}
+
+// StoreDir returns a new directory for a server's store, removed when
+// the test ends like t.TempDir's, but after every cleanup registered later
+// (closing the servers that use it) and with retries for up to 10 s: some
+// of nats-server's goroutines (Raft health checks, a stream reset) may
+// still create files under a clustered server's store after its Shutdown
+// returned, and a plain RemoveAll then fails with "directory not empty".
+// The store is alone in a directory of its own, which goes with it, so
+// that what a test puts beside it (a store moved aside) goes too.
+// A directory still there after 10 s fails the test.
+func StoreDir(t testing.TB) string {
+	t.Helper()
+	parent, err := os.MkdirTemp("", "holdfast-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			err := os.RemoveAll(parent)
+			if err == nil {
+				return
+			}
+			if !time.Now().Before(deadline) {
+				t.Errorf("store directory not removed after 10 s: %v", err)
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	})
+	dir := filepath.Join(parent, "store")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }
 
 // Buffer is a bytes.Buffer that one goroutine may write (a logger, a

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -163,5 +165,38 @@ func TestLogger(t *testing.T) {
 	log.Debug("hello", "n", 1)
 	if !strings.Contains(lb.String(), "level=DEBUG msg=hello n=1") {
 		t.Fatalf("log = %q", lb.String())
+	}
+}
+
+// TestStoreDirOutlastsLateWriters: a goroutine that goes on creating
+// directories and files in the store after the test's other cleanups ran
+// (as nats-server's do after a clustered server's Shutdown) does not fail
+// the test, and the directory is gone once the test ended.
+func TestStoreDirOutlastsLateWriters(t *testing.T) {
+	var dir string
+	writing := make(chan struct{})
+	ok := t.Run("store", func(t *testing.T) {
+		dir = StoreDir(t)
+		t.Cleanup(func() {
+			go func() {
+				defer close(writing)
+				for i := 0; i < 400; i++ {
+					sub := filepath.Join(dir, fmt.Sprint(i%5))
+					_ = os.Mkdir(sub, 0o700)
+					_ = os.WriteFile(filepath.Join(sub, fmt.Sprint(i)), []byte("x"), 0o600)
+					time.Sleep(time.Millisecond)
+				}
+			}()
+			time.Sleep(50 * time.Millisecond)
+		})
+	})
+	<-writing
+	if !ok {
+		t.Fatal("the test using the store failed")
+	}
+	for _, d := range []string{dir, filepath.Dir(dir)} {
+		if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%s left behind: %v", d, err)
+		}
 	}
 }
