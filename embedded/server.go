@@ -44,6 +44,10 @@ type Server struct {
 	// seeIdentity, set only by this package's tests, is given the
 	// internal password, which nothing else ever sees.
 	seeIdentity func(password string)
+	// tweakOptions, set only by this package's tests, changes the server's
+	// options last: to reach failures of the server that holdfast's own
+	// checks would refuse before it starts.
+	tweakOptions func(*server.Options)
 	// AcceptDataLoss makes Open go on after a data loss even with
 	// jetstream.on_data_loss = "refuse" (for a --accept-data-loss flag).
 	AcceptDataLoss bool
@@ -271,6 +275,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		if guard, err = store.GuardStreams(s.store.Path, s.log); err != nil {
 			return err
 		}
+	}
+	if s.tweakOptions != nil {
+		s.tweakOptions(opts)
 	}
 	configured, _ := userNames(opts)
 	ns, err := server.NewServer(opts)
