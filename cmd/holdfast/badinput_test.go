@@ -64,7 +64,7 @@ dead_letter = "ORDERS_DLQ"
 
 [consumers.WORKER1.exec]
 command = [%q]
-timeout = "1s"
+timeout = "2s"
 
 [consumers.WEB]
 stream = "HOOKS"
@@ -109,7 +109,7 @@ func TestBadInput(t *testing.T) {
 	done := filepath.Join(dir, "done")
 	script := e2eScript(t, fmt.Sprintf(`id=$(cat)
 case "$id" in
-flood) head -c 5000000 /dev/zero | tr '\0' 'e' >&2; exit 65 ;;
+flood) head -c 2000000 /dev/zero | tr '\0' 'e' >&2; exit 65 ;;
 ignore-term) trap '' TERM; sleep 30 & while kill -0 $! 2>/dev/null; do wait $! ; done; exit 0 ;;
 *) echo "$id" >> %q ;;
 esac
@@ -284,7 +284,7 @@ esac
 			t.Errorf("dead letter reason %d bytes: %.300q", len(r), r)
 		}
 		if grew := len(p.stderr.String()) - before; grew > 1<<20 {
-			t.Errorf("5 MB of handler stderr grew holdfast's log by %d bytes", grew)
+			t.Errorf("2 MB of handler stderr grew holdfast's log by %d bytes", grew)
 		}
 		if !strings.Contains(p.stderr.String(), "truncated") {
 			t.Errorf("the log does not say the handler's stderr was truncated")
