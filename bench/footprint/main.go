@@ -161,8 +161,9 @@ func run() error {
 				if err != nil {
 					return fmt.Errorf("%s, steady, run %d: %w", srv.name, r, err)
 				}
-				logf("%s, %d msg/s, run %d of %d: %.0f B written and %.2f ms on CPU per message, PubAck p50 %s p99 %s", srv.name, *steadyRate, r, *runs,
-					res.bytesPerMsg(), res.cpuMSPerMsg(), res.p50.Round(10*time.Microsecond), res.p99.Round(10*time.Microsecond))
+				logf("%s, %d msg/s, run %d of %d: %.0f B written and %.2f ms on CPU per message, PubAck p50 %s p99 %s, handled p50 %s p99 %s", srv.name, *steadyRate, r, *runs,
+					res.bytesPerMsg(), res.cpuMSPerMsg(), res.p50.Round(10*time.Microsecond), res.p99.Round(10*time.Microsecond),
+					res.handled50.Round(10*time.Microsecond), res.handled99.Round(10*time.Microsecond))
 				steady[i] = append(steady[i], res)
 			}
 		}
@@ -208,7 +209,8 @@ func run() error {
 		fmt.Fprintf(&rep, "\nSteady: %d messages of %d B published into ORDERS at %d msg/s, each at its time whether or not the ones before were answered (as independent devices do), each acknowledged by a consumer: "+
 			"on stock a pull consumer in the benchmark's process (its CPU not counted), on holdfast its own WORKER1 with the default log handler "+
 			"(log level warn, so that the figures are the store's and not the log's). Per message: write_bytes and CPU time of the server's process from the first publish "+
-			"until the consumer's ack floor reached the last message; latency: publish to PubAck. stock-2m: stock on its default sync_interval (2 minutes), "+
+			"until the consumer's ack floor reached the last message; latency: publish to PubAck, and publish to handled: until the consumer's `+ACK` for the message "+
+			"(sent once the handler succeeded) reached a subscription of the benchmark's on $JS.ACK.> (one more small delivery per message for the server, on each). stock-2m: stock on its default sync_interval (2 minutes), "+
 			"which loses acknowledged messages at a power cut. commit_window: holdfast with jetstream.commit_window = %q. "+
 			"exec: WORKER1 runs /bin/true per message (its children's CPU counted, cutime+cstime). "+
 			"forward: holdfast as an edge whose WORKER1 forwards each message to a hub (a second `holdfast run` with the stream EDGE, `sync = \"always\"`) over a leafnode link, "+
@@ -343,6 +345,8 @@ func writeSteadyTable(w *bytes.Buffer, servers []*server, results [][]steadyResu
 		row(srv.name+" CPU ms per message", "%.3f", per(results[i], steadyResult.cpuMSPerMsg))
 		row(srv.name+" PubAck p50 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.p50) / 1e6 }))
 		row(srv.name+" PubAck p99 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.p99) / 1e6 }))
+		row(srv.name+" publish→handled p50 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.handled50) / 1e6 }))
+		row(srv.name+" publish→handled p99 ms", "%.2f", per(results[i], func(r steadyResult) float64 { return float64(r.handled99) / 1e6 }))
 	}
 	for i, srv := range servers {
 		if !srv.holdfast {

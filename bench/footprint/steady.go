@@ -2,10 +2,12 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/bench/benchkit"
@@ -38,6 +41,10 @@ type steadyResult struct {
 	writeBytes int64
 	// p50 and p99 are publish→PubAck latencies.
 	p50, p99 time.Duration
+	// handled50 and handled99 are publish→ack latencies: from the publish
+	// until the consumer acknowledged the message, which holdfast's
+	// workers do once the handler succeeded (see watchAcks).
+	handled50, handled99 time.Duration
 	// syncs counts the fsync and fdatasync calls of a run under strace
 	// (see measureSteady's trace), -1 when not counted.
 	syncs int64
@@ -78,13 +85,18 @@ func measureSteady(srv *server, work string, n, rate, size int, trace bool) (ste
 	if err != nil {
 		return steadyResult{}, err
 	}
+	acks, stopAcks, err := watchAcks(nc, "ORDERS", "WORKER1")
+	if err != nil {
+		return steadyResult{}, err
+	}
+	defer stopAcks()
 	var tr *syncTrace
 	if trace {
 		if tr, err = startSyncTrace(p.pid(), work); err != nil {
 			return steadyResult{}, err
 		}
 	}
-	lat, err := publishSteady(js, n, rate, size)
+	pubs, err := publishSteady(js, n, rate, size)
 	if err != nil {
 		return steadyResult{}, err
 	}
@@ -109,11 +121,96 @@ func measureSteady(srv *server, work string, n, rate, size int, trace bool) (ste
 			return steadyResult{}, err
 		}
 	}
+	// The last acknowledgements may still be on their way to the
+	// subscription: the consumer counted them when it sent them.
+	lat := make([]time.Duration, n)
+	var handled []time.Duration
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ackAt := acks()
+		handled = handled[:0]
+		for i, p := range pubs {
+			lat[i] = p.pubAck
+			if at, ok := ackAt[p.seq]; ok {
+				handled = append(handled, at.Sub(p.sent))
+			}
+		}
+		if len(handled) == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			return steadyResult{}, fmt.Errorf("%s: the acknowledgements of %d of %d messages were not seen on $JS.ACK", srv.name, n-len(handled), n)
+		}
+	}
 	slices.Sort(lat)
+	slices.Sort(handled)
 	return steadyResult{msgs: n, syncs: syncs, ticks: after.ticks - before.ticks, runNS: after.runNS - before.runNS,
 		childTicks: after.childTicks - before.childTicks,
 		writeBytes: after.writeBytes - before.writeBytes,
-		p50:        lat[len(lat)/2], p99: lat[len(lat)*99/100]}, nil
+		p50:        lat[len(lat)/2], p99: lat[len(lat)*99/100],
+		handled50: handled[len(handled)/2], handled99: handled[len(handled)*99/100]}, nil
+}
+
+// watchAcks subscribes to the acknowledgements of consumer on stream: a
+// consumer acknowledges a message by publishing "+ACK" to the message's
+// reply subject, $JS.ACK.<stream>.<consumer>.<delivered>.<stream
+// sequence>.…, which any client may subscribe to (the servers here have
+// no authorization). It returns when each stream sequence was first
+// acknowledged, and how to stop watching. The subscription costs the
+// server one more small delivery per message, on stock and holdfast alike.
+func watchAcks(nc *nats.Conn, stream, consumer string) (func() map[uint64]time.Time, func(), error) {
+	var mu sync.Mutex
+	at := make(map[uint64]time.Time)
+	sub, err := nc.Subscribe("$JS.ACK.>", func(m *nats.Msg) {
+		now := time.Now()
+		if len(m.Data) > 0 && !bytes.HasPrefix(m.Data, []byte("+ACK")) {
+			return // not an acknowledgement: in progress, nak, term
+		}
+		seq, ok := ackedSeq(m.Subject, stream, consumer)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		if _, seen := at[seq]; !seen {
+			at[seq] = now
+		}
+		mu.Unlock()
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("subscribe to acknowledgements: %w", err)
+	}
+	if err := sub.SetPendingLimits(-1, -1); err != nil {
+		return nil, nil, err
+	}
+	if err := nc.Flush(); err != nil {
+		return nil, nil, err
+	}
+	return func() map[uint64]time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(at)
+	}, func() { _ = sub.Unsubscribe() }, nil
+}
+
+// ackedSeq returns the stream sequence an acknowledgement subject of
+// stream's consumer names: $JS.ACK.<stream>.<consumer>.<delivered>.<seq>.…
+// (9 tokens), or with a domain and an account hash before the stream
+// (12 or more).
+func ackedSeq(subject, stream, consumer string) (uint64, bool) {
+	t := strings.Split(subject, ".")
+	var i int
+	switch {
+	case len(t) == 9:
+		i = 2
+	case len(t) >= 12:
+		i = 4
+	default:
+		return 0, false
+	}
+	if t[0] != "$JS" || t[1] != "ACK" || t[i] != stream || t[i+1] != consumer {
+		return 0, false
+	}
+	seq, err := strconv.ParseUint(t[i+3], 10, 64)
+	return seq, err == nil
 }
 
 // startConsumer starts what consumes the steady messages and returns how
@@ -164,17 +261,25 @@ func startConsumer(srv *server, js jetstream.JetStream) (func() (uint64, error),
 	return func() (uint64, error) { return acked.Load(), nil }, func() { cancel(); wg.Wait() }, nil
 }
 
+// published is one steady publish: when it was sent, its latency to its
+// PubAck, and the stream sequence the PubAck gave it.
+type published struct {
+	sent   time.Time
+	pubAck time.Duration
+	seq    uint64
+}
+
 // publishSteady publishes n messages at rate per second, each at its
 // time whether or not the ones before it were answered (as independent
-// devices do), and returns each publish's latency to its PubAck.
-func publishSteady(js jetstream.JetStream, n, rate, size int) ([]time.Duration, error) {
+// devices do), and returns each publish with its PubAck.
+func publishSteady(js jetstream.JetStream, n, rate, size int) ([]published, error) {
 	payload := make([]byte, size)
 	for i := range payload {
 		payload[i] = byte('a' + i%26)
 	}
 	interval := time.Second / time.Duration(rate)
 	start := time.Now()
-	lat := make([]time.Duration, n)
+	pubs := make([]published, n)
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -186,8 +291,8 @@ func publishSteady(js jetstream.JetStream, n, rate, size int) ([]time.Duration, 
 		}
 		wg.Go(func() {
 			select {
-			case <-f.Ok():
-				lat[i] = time.Since(t)
+			case ack := <-f.Ok():
+				pubs[i] = published{sent: t, pubAck: time.Since(t), seq: ack.Sequence}
 			case err := <-f.Err():
 				errs <- fmt.Errorf("publish %d: %w", i+1, err)
 			case <-time.After(10 * time.Second):
@@ -201,7 +306,7 @@ func publishSteady(js jetstream.JetStream, n, rate, size int) ([]time.Duration, 
 	for err := range errs {
 		all = append(all, err)
 	}
-	return lat, errors.Join(all...)
+	return pubs, errors.Join(all...)
 }
 
 func (r steadyResult) bytesPerMsg() float64 { return float64(r.writeBytes) / float64(r.msgs) }
