@@ -286,25 +286,24 @@ func TestClusterKeyRotation(t *testing.T) {
 	check := func(what string) {
 		servers, _ := openCluster(t, cfgs)
 		js := servers[0].JetStream()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			st, err := js.Stream(ctx, "R")
-			var floor uint64
-			if err == nil {
-				if c, cerr := st.Consumer(ctx, "C"); cerr == nil {
-					floor = c.CachedInfo().AckFloor.Stream
-				} else {
-					err = cerr
-				}
+		// Each look has a context of its own: the test's (ctx, 30 s from
+		// its start) may be over by now on a loaded machine.
+		natstest.CheckFor(t, 60*time.Second, 200*time.Millisecond, func() error {
+			lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			st, err := js.Stream(lctx, "R")
+			if err != nil {
+				return fmt.Errorf("%s: stream R not back: %w", what, err)
 			}
-			if err == nil && st.CachedInfo().State.Msgs == 20 && floor == 5 {
-				break
+			c, err := st.Consumer(lctx, "C")
+			if err != nil {
+				return fmt.Errorf("%s: consumer C not back: %w", what, err)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: stream R or consumer C not back (ack floor %d): %v", what, floor, err)
+			if n, floor := st.CachedInfo().State.Msgs, c.CachedInfo().AckFloor.Stream; n != 20 || floor != 5 {
+				return fmt.Errorf("%s: stream R back with %d messages (want 20), consumer C with ack floor %d (want 5)", what, n, floor)
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return nil
+		})
 		closeAll(servers)
 	}
 	for _, c := range cfgs {

@@ -748,7 +748,10 @@ func TestClusterConfigsDiffer(t *testing.T) {
 	})
 
 	want := "stream ORDERS differs from this node's config ([streams.ORDERS]): max_msgs is 500 on the server, 1000000 in this node's config"
-	natstest.CheckFor(t, 40*time.Second, 500*time.Millisecond, func() error {
+	// A node compares every 10 s while positions change, and every minute
+	// while nothing does (a config edit alone changes no position):
+	// daemon's configDiffEvery and configDiffIdle.
+	natstest.CheckFor(t, 90*time.Second, 500*time.Millisecond, func() error {
 		resp, err := http.Get("http://" + nodes[1].httpAddr + "/healthz")
 		if err != nil {
 			return err
