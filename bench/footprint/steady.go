@@ -121,15 +121,17 @@ func measureSteady(srv *server, work string, n, rate, size int, trace bool) (ste
 			return steadyResult{}, err
 		}
 	}
+	lat := make([]time.Duration, n)
+	for i, p := range pubs {
+		lat[i] = p.pubAck
+	}
 	// The last acknowledgements may still be on their way to the
 	// subscription: the consumer counted them when it sent them.
-	lat := make([]time.Duration, n)
 	var handled []time.Duration
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		ackAt := acks()
 		handled = handled[:0]
-		for i, p := range pubs {
-			lat[i] = p.pubAck
+		for _, p := range pubs {
 			if at, ok := ackAt[p.seq]; ok {
 				handled = append(handled, at.Sub(p.sent))
 			}
@@ -192,25 +194,16 @@ func watchAcks(nc *nats.Conn, stream, consumer string) (func() map[uint64]time.T
 }
 
 // ackedSeq returns the stream sequence an acknowledgement subject of
-// stream's consumer names: $JS.ACK.<stream>.<consumer>.<delivered>.<seq>.…
-// (9 tokens), or with a domain and an account hash before the stream
-// (12 or more).
+// stream's consumer names ($JS.ACK.<stream>.<consumer>.<delivered>.<seq>.…,
+// or with a domain and an account hash before the stream), read by
+// nats.go's own parser of reply subjects (Msg.Metadata, which wants the
+// message bound to a subscription).
 func ackedSeq(subject, stream, consumer string) (uint64, bool) {
-	t := strings.Split(subject, ".")
-	var i int
-	switch {
-	case len(t) == 9:
-		i = 2
-	case len(t) >= 12:
-		i = 4
-	default:
+	meta, err := (&nats.Msg{Reply: subject, Sub: &nats.Subscription{}}).Metadata()
+	if err != nil || meta.Stream != stream || meta.Consumer != consumer || meta.Sequence.Stream == 0 {
 		return 0, false
 	}
-	if t[0] != "$JS" || t[1] != "ACK" || t[i] != stream || t[i+1] != consumer {
-		return 0, false
-	}
-	seq, err := strconv.ParseUint(t[i+3], 10, 64)
-	return seq, err == nil
+	return meta.Sequence.Stream, true
 }
 
 // startConsumer starts what consumes the steady messages and returns how
