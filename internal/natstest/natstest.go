@@ -256,18 +256,7 @@ func StoreDir(t testing.TB) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := os.RemoveAll(parent)
-			if err == nil {
-				return
-			}
-			if !time.Now().Before(deadline) {
-				t.Errorf("store directory not removed after 10 s: %v", err)
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		CheckFor(t, 10*time.Second, 100*time.Millisecond, func() error { return os.RemoveAll(parent) })
 	})
 	dir := filepath.Join(parent, "store")
 	if err := os.Mkdir(dir, 0o700); err != nil {
