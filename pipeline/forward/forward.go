@@ -287,7 +287,7 @@ const startWait = 5 * time.Second
 // the hub's state never stops the edge. Open starts that background
 // check; it fails only when ctx ends.
 func (f *Forwarder) Open(ctx context.Context) error {
-	f.watchStream()
+	f.watchStream(ctx)
 	if !f.opts.Clustered {
 		// The messages an earlier run of the workers took and did not
 		// ack come again only after ack_wait, behind newer ones: the hub
@@ -349,11 +349,15 @@ func (f *Forwarder) Close() {
 // stream, so that its incarnation is looked up again when it changes and
 // not for every message (see streamCreated). Without the subscription it
 // is looked up for every message stored after the last lookup.
-func (f *Forwarder) watchStream() {
+func (f *Forwarder) watchStream(ctx context.Context) {
 	sub, err := f.nc.Subscribe("$JS.EVENT.ADVISORY.STREAM.*."+f.opts.Stream, func(*nats.Msg) { f.streamEvents.Add(1) })
 	if err == nil {
-		// In place at the server before the first lookup.
-		if err = f.nc.Flush(); err != nil {
+		// In place at the server before the first lookup; within Open's
+		// ctx (FlushWithContext wants a deadline: Flush's own 10 s).
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err = f.nc.FlushWithContext(fctx)
+		cancel()
+		if err != nil {
 			_ = sub.Unsubscribe()
 		}
 	}
