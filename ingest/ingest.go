@@ -206,6 +206,7 @@ type Committer struct {
 
 	// Owned by the run goroutine.
 	pend     []item
+	pendSize int // the sizes of pend's items, summed
 	inflight map[string]*unit
 	live     int    // units in flight not stalled (see stallAfter)
 	risky    int    // units in flight that must not be followed (see dispatch)
@@ -610,6 +611,7 @@ func (c *Committer) add(it item) {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
+	c.pendSize += it.size
 }
 
 // took removes the first n messages of pend, sent.
@@ -619,6 +621,7 @@ func (c *Committer) took(n int) {
 		bytes += it.size
 	}
 	c.pend = c.pend[n:]
+	c.pendSize -= bytes
 	c.release(n, bytes)
 }
 
@@ -686,6 +689,12 @@ func (c *Committer) dispatch() {
 			c.forward(c.pend[0])
 			c.took(1)
 			continue
+		}
+		// Nothing can go while the most units are in flight, nor, while
+		// any is, when no batch waiting can be full: return before
+		// nextBatch scans up to maxBatch messages to say so.
+		if c.live >= maxInflight || (c.live > 0 && len(c.pend) < maxBatch && c.pendSize <= maxBatchBytes) {
+			return
 		}
 		n, risky, full := c.nextBatch()
 		if c.live > 0 {
@@ -901,13 +910,28 @@ func (c *Committer) answer(r *nats.Msg) {
 	c.batchedMsgs.Add(uint64(len(u.msgs)))
 	c.batchNanos.Add(uint64(time.Since(u.start)))
 	first := ack.Seq - uint64(len(u.msgs)) + 1
+	head := pubAckHead(ack.Stream, ack.Domain)
 	for i, it := range u.msgs {
 		if it.m.Reply == "" {
 			continue
 		}
-		b, _ := json.Marshal(pubAck{Stream: ack.Stream, Domain: ack.Domain, Seq: first + uint64(i)})
-		c.reply(it, b)
+		c.reply(it, seqPubAck(head, first+uint64(i)))
 	}
+}
+
+// pubAckHead is the JSON of a PubAck from stream and domain up to its
+// sequence number, the same for every message of a batch (one
+// json.Marshal per batch, not per message).
+func pubAckHead(stream, domain string) []byte {
+	b, _ := json.Marshal(pubAck{Stream: stream, Domain: domain})
+	return b[:len(b)-len(`0}`)] // seq is the last field json.Marshal writes
+}
+
+// seqPubAck is the PubAck of the message stored at seq: json.Marshal's
+// output for pubAck{Stream, Domain, Seq}.
+func seqPubAck(head []byte, seq uint64) []byte {
+	b := make([]byte, 0, len(head)+21)
+	return append(strconv.AppendUint(append(b, head...), seq, 10), '}')
 }
 
 func (c *Committer) finish(id string, u *unit) {

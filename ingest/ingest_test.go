@@ -3,6 +3,7 @@ package ingest
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -1220,5 +1221,27 @@ func TestFlushBeforeEveryAnswer(t *testing.T) {
 	_, err = pjs.Publish(context.Background(), "s.a", []byte("after the disk went"))
 	if err == nil || !strings.Contains(err.Error(), "cannot flush to disk: disk gone") {
 		t.Fatalf("publish with a failing flush: %v, want the flush's error", err)
+	}
+}
+
+// The PubAcks of a batch's messages are built from one head per batch:
+// each must be what json.Marshal makes of the whole PubAck.
+func TestSeqPubAckIsMarshalsOutput(t *testing.T) {
+	for _, tc := range []struct {
+		stream, domain string
+		seq            uint64
+	}{
+		{"ORDERS", "", 1},
+		{"ORDERS", "hub", 1234567},
+		{`we"ird\name`, `<dom>&`, 18446744073709551615},
+		{"S", "", 0},
+	} {
+		want, err := json.Marshal(pubAck{Stream: tc.stream, Domain: tc.domain, Seq: tc.seq})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := seqPubAck(pubAckHead(tc.stream, tc.domain), tc.seq); string(got) != string(want) {
+			t.Errorf("seqPubAck(%q, %q, %d) = %s, want %s", tc.stream, tc.domain, tc.seq, got, want)
+		}
 	}
 }
