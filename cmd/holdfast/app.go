@@ -64,17 +64,19 @@ func prepareCommands(cmds []*cli.Command) {
 			cmd.OnUsageError = func(_ *cli.Context, err error, _ bool) error { return usageError(err) }
 		}
 		if cmd.Before == nil && len(cmd.Subcommands) == 0 {
-			cmd.Before = flagsBeforeArgs
+			cmd.Before = checkArgs
 		}
 		prepareCommands(cmd.Subcommands)
 	}
 }
 
-// flagsBeforeArgs refuses a command's flag given after its arguments:
-// urfave/cli stops reading flags at the first argument, so `holdfast pub
-// SUBJECT DATA --server URL` would take --server as data, or fail with a
-// bare usage line.
-func flagsBeforeArgs(c *cli.Context) error {
+// checkArgs refuses, before the command does anything, a flag given
+// after its arguments (urfave/cli stops reading flags at the first
+// argument, so `holdfast pub SUBJECT DATA --server URL` would take
+// --server as data, or fail with a bare usage line) and any argument to a
+// command that takes none (`holdfast dlq purge --yes 6` purged every dead
+// letter, the 6 unread).
+func checkArgs(c *cli.Context) error {
 	for _, arg := range c.Args().Slice() {
 		name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
 		if !strings.HasPrefix(arg, "-") || name == "" {
@@ -86,6 +88,9 @@ func flagsBeforeArgs(c *cli.Context) error {
 					arg, commandPath(c), c.Command.ArgsUsage))
 			}
 		}
+	}
+	if c.Command.ArgsUsage == "" && c.NArg() > 0 {
+		return usageError(fmt.Errorf("%s takes no arguments, got %q: see holdfast %s --help", commandPath(c), c.Args().Slice(), commandPath(c)))
 	}
 	return nil
 }

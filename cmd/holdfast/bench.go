@@ -56,9 +56,6 @@ creates and deletes.`,
 
 // runBench wires the flags to the bench engine (package bench).
 func runBench(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return usageError(errUnexpectedArgs(c))
-	}
 	p := bench.Params{
 		Msgs:        c.Int("msgs"),
 		Publishers:  c.Int("publishers"),

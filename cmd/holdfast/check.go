@@ -22,9 +22,6 @@ func checkCommand() *cli.Command {
 		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "running",
 			Usage: "also ask the running holdfast what a reload of its config file applies and what needs a restart; exit 1 when anything does"}},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			cfg, source, err := config.Load(configPath(c))
 			file := source
 			if source == "" {
@@ -128,8 +125,4 @@ func checkHandlers(cfg *config.Config) []error {
 		}
 	}
 	return problems
-}
-
-func errUnexpectedArgs(c *cli.Context) error {
-	return fmt.Errorf("%s takes no arguments, got %q", c.Command.Name, c.Args().Slice())
 }

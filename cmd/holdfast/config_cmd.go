@@ -16,9 +16,6 @@ func configCommand() *cli.Command {
 			&cli.BoolFlag{Name: "reference", Usage: "print the reference of every key instead (Markdown: default, reload or restart, what it does)"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			if c.Bool("reference") {
 				return daemon.WriteConfigReference(c.App.Writer)
 			}

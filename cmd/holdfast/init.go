@@ -22,7 +22,7 @@ func initCommand() *cli.Command {
 		ArgsUsage: "[DIR]",
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 1 {
-				return usageError(errUnexpectedArgs(c))
+				return usageError(fmt.Errorf("init takes one DIR at most, got %q", c.Args().Slice()))
 			}
 			dir := "."
 			if c.NArg() == 1 {

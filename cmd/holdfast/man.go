@@ -16,9 +16,6 @@ func manCommand() *cli.Command {
 		Usage:  "print the holdfast(1) manual page (roff)",
 		Hidden: true,
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			app := *c.App
 			app.Description = manDescription
 			page, err := app.ToManWithSection(1)

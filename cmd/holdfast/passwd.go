@@ -28,9 +28,6 @@ func passwdCommand() *cli.Command {
 			&cli.IntFlag{Name: "cost", Value: 11, Usage: "bcrypt cost (10-16): each step doubles the time a guess takes"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			cost := c.Int("cost")
 			if cost < 10 || cost > 16 {
 				return usageError(fmt.Errorf("--cost %d: must be 10-16", cost))

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
+	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -158,5 +160,49 @@ func TestPubTimeoutAdviceFitsTheID(t *testing.T) {
 				t.Errorf("advice %q, want %q and not %q", err, tt.want, tt.not)
 			}
 		})
+	}
+}
+
+// TestStrayArgumentsRefused: a command that takes no arguments refuses
+// one (exit 2) before it does anything. `holdfast dlq purge --yes 6` read
+// as "purge dead letter 6" deleted every dead letter: the 6 was ignored.
+func TestStrayArgumentsRefused(t *testing.T) {
+	t.Parallel()
+	type leaf struct {
+		path []string
+		cmd  *cli.Command
+	}
+	var leaves []leaf
+	var walk func(path []string, cmds []*cli.Command)
+	walk = func(path []string, cmds []*cli.Command) {
+		for _, cmd := range cmds {
+			p := append(slices.Clone(path), cmd.Name)
+			if len(cmd.Subcommands) > 0 {
+				walk(p, cmd.Subcommands)
+			} else if cmd.ArgsUsage == "" {
+				leaves = append(leaves, leaf{p, cmd})
+			}
+		}
+	}
+	walk(nil, newApp().Commands)
+	if !slices.ContainsFunc(leaves, func(l leaf) bool { return slices.Equal(l.path, []string{"dlq", "purge"}) }) {
+		t.Fatalf("dlq purge not among the commands without arguments: %v", leaves)
+	}
+	for _, l := range leaves {
+		args := slices.Clone(l.path)
+		if l.cmd.Name == "purge" {
+			args = append(args, "--yes")
+		}
+		for _, f := range l.cmd.Flags {
+			if slices.Contains(f.Names(), "server") {
+				args = append(args, "--server", "nats://127.0.0.1:1") // nothing there
+			}
+		}
+		args = append(args, "6")
+		res := runHoldfast(t, nil, args...)
+		want := strings.Join(l.path, " ") + ` takes no arguments, got ["6"]`
+		if res.code != 2 || !strings.Contains(res.stderr, want) {
+			t.Errorf("holdfast %q exited %d, want 2 and %q:\n%s", args, res.code, want, res.stderr)
+		}
 	}
 }

@@ -33,9 +33,6 @@ func reloadCommand() *cli.Command {
 				Usage: "how long to wait for the reload (it waits for running handlers, up to shutdown_timeout per consumer)"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout"))
 			defer cancel()
 			cfg, nc, _, err := connect(c)

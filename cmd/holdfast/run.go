@@ -26,9 +26,6 @@ func runCommand() *cli.Command {
 // runDaemon loads the config, sets up logging and the signals, and serves
 // the daemon until a stop signal or a failure.
 func runDaemon(c *cli.Context) error {
-	if c.NArg() > 0 {
-		return usageError(errUnexpectedArgs(c))
-	}
 	// A log reader that went away (a pipe to a logger that was killed, a
 	// restarted collector) must not end the daemon: Go kills a program
 	// writing to a broken pipe on fd 1 or 2 with SIGPIPE unless it is

@@ -35,9 +35,6 @@ func statusCommand() *cli.Command {
 			"workers and health. Exit 0 when healthy, 1 when degraded or unreachable.",
 		Flags: []cli.Flag{serverFlag, &cli.BoolFlag{Name: "json", Usage: "print JSON instead of tables"}},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usageError(errUnexpectedArgs(c))
-			}
 			cfg, nc, js, err := connect(c)
 			if err != nil {
 				if c.Bool("json") {
