@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"time"
 )
@@ -40,7 +41,15 @@ type WebSocketConfig struct {
 	KeyFile  string `toml:"key_file"`
 	// NoTLS serves plain ws://, on a loopback address only.
 	NoTLS bool `toml:"no_tls"`
+	// AllowedOrigins are the origins (scheme://host[:port]) of the web
+	// pages whose scripts may connect; ["*"] any, with [auth] only. A
+	// browser sends its page's origin; other clients send none and are
+	// not affected. Empty: no web page may connect.
+	AllowedOrigins []string `toml:"allowed_origins"`
 }
+
+// AnyOrigin in websocket.allowed_origins lets a page of any origin connect.
+const AnyOrigin = "*"
 
 // Defaults of [mqtt].
 const (
@@ -109,7 +118,7 @@ func (c *Config) validateMQTT(v *validator) {
 
 	w := c.WebSocket
 	if !w.Enabled() {
-		if w.CertFile != "" || w.KeyFile != "" || w.NoTLS {
+		if w.CertFile != "" || w.KeyFile != "" || w.NoTLS || len(w.AllowedOrigins) > 0 {
 			v.add("websocket.listen", `""`, "settings of [websocket] need a listener: set listen, e.g. \"0.0.0.0:8443\"")
 		}
 		return
@@ -123,6 +132,37 @@ func (c *Config) validateMQTT(v *validator) {
 	case !w.NoTLS && (w.CertFile == "" || w.KeyFile == ""):
 		v.add("websocket.cert_file", q(w.CertFile), "WebSocket needs TLS (websocket.cert_file and websocket.key_file), or no_tls = true on a loopback address")
 	}
+	for i, o := range w.AllowedOrigins {
+		key := fmt.Sprintf("websocket.allowed_origins[%d]", i)
+		if o == AnyOrigin {
+			if len(w.AllowedOrigins) > 1 {
+				v.add(key, q(o), `"*" allows every origin: give it alone, or list origins`)
+			} else if !c.Auth.Enabled() {
+				v.add(key, q(o), "any web site's page open in a browser here could then connect with this host's rights: only with [auth], so that it needs a user's credentials; or list the origins of your pages")
+			}
+			continue
+		}
+		if why := originProblem(o); why != "" {
+			v.add(key, q(o), `%s: an origin is scheme://host[:port], e.g. "https://app.example.com"`, why)
+		}
+	}
+}
+
+// originProblem says why o is not a web origin (scheme://host[:port],
+// http or https, nothing after the host), or "".
+func originProblem(o string) string {
+	u, err := url.Parse(o)
+	switch {
+	case err != nil:
+		return err.Error()
+	case u.Scheme != "http" && u.Scheme != "https":
+		return "the scheme must be http or https"
+	case u.Hostname() == "":
+		return "no host"
+	case u.User != nil || (u.Path != "" && u.Path != "/") || u.RawQuery != "" || u.Fragment != "":
+		return "an origin has nothing after the host and port"
+	}
+	return ""
 }
 
 // checkListen validates a listener's address: host:port, a port of its

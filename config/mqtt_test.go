@@ -30,6 +30,7 @@ func TestMQTTDefaults(t *testing.T) {
 
 func TestMQTTRefusals(t *testing.T) {
 	auth := "[auth.users.dev]\npassword = \"$2a$10$abcdefghijklmnopqrstuv\"\n"
+	ws := "[websocket]\nlisten = \"127.0.0.1:8443\"\nno_tls = true\n"
 	for _, tc := range []struct {
 		name, toml, key, reason string
 	}{
@@ -50,6 +51,12 @@ func TestMQTTRefusals(t *testing.T) {
 		{"websocket both", "[websocket]\nlisten = \"127.0.0.1:8443\"\nno_tls = true\ncert_file = \"/c\"\nkey_file = \"/k\"\n", "websocket.no_tls", "not both"},
 		{"websocket beyond loopback without auth", "[websocket]\nlisten = \"0.0.0.0:8443\"\ncert_file = \"/c\"\nkey_file = \"/k\"\n", "websocket.listen", "needs authentication"},
 		{"websocket settings without listen", "[websocket]\nno_tls = true\n", "websocket.listen", "need a listener"},
+		{"any origin without auth", ws + "allowed_origins = [\"*\"]\n", "websocket.allowed_origins[0]", "only with [auth]"},
+		{"any origin among others", auth + ws + "allowed_origins = [\"https://a.example\", \"*\"]\n", "websocket.allowed_origins[1]", "alone"},
+		{"origin without scheme", ws + "allowed_origins = [\"app.example.com\"]\n", "websocket.allowed_origins[0]", "http or https"},
+		{"origin with a path", ws + "allowed_origins = [\"https://a.example/app\"]\n", "websocket.allowed_origins[0]", "nothing after the host"},
+		{"origin without host", ws + "allowed_origins = [\"https://\"]\n", "websocket.allowed_origins[0]", "no host"},
+		{"origins without listen", "[websocket]\nallowed_origins = [\"https://a.example\"]\n", "websocket.listen", "need a listener"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			wantFileProblem(t, tc.toml, tc.key, tc.reason)

@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,8 +158,30 @@ func Options(cfg *config.Config, storeDir string) *server.Options {
 		opts.Websocket.Host = host
 		opts.Websocket.Port = port
 		opts.Websocket.NoTLS = w.NoTLS
+		opts.Websocket.AllowedOrigins = websocketOrigins(w.AllowedOrigins)
 	}
 	return opts
+}
+
+// noWebOrigin is an origin no web page has (.invalid is reserved, RFC
+// 2606): nats-server accepts every origin when its list is empty, so an
+// empty websocket.allowed_origins becomes this list of one, and every
+// browser's connection is refused. Clients that are not browsers send no
+// Origin header, which the server accepts whatever the list.
+const noWebOrigin = "https://no-web-page-may-connect.invalid"
+
+// websocketOrigins is nats-server's AllowedOrigins for
+// websocket.allowed_origins: without it a page of any web site, open in a
+// browser on a host that reaches the listener, could connect with that
+// host's rights (and without [auth], purge every stream).
+func websocketOrigins(allowed []string) []string {
+	switch {
+	case len(allowed) == 0:
+		return []string{noWebOrigin}
+	case len(allowed) == 1 && allowed[0] == config.AnyOrigin:
+		return nil
+	}
+	return slices.Clone(allowed)
 }
 
 // PrepareStore validates and locks the store dir, the first step of Open.
