@@ -353,7 +353,7 @@ func TestValidValues(t *testing.T) {
 			},
 			[]any{"http", "http://127.0.0.1:8080/orders", 3 * time.Second}},
 		{"consumers.http https", consumerC + "handler = \"http\"\nhttp = { url = \"https://example.com/x\" }", func(c *Config) any { return c.Consumers["C"].HTTP.URL }, "https://example.com/x"},
-		{"consumers.exec set while handler is log", consumerC + "[consumers.C.exec]\ncommand = [\"relative\"]", func(c *Config) any { return c.Consumers["C"].Exec.Command }, []string{"relative"}},
+		{"consumers.exec timeout while handler is log", consumerC + "[consumers.C.exec]\ntimeout = \"5s\"", func(c *Config) any { return c.Consumers["C"].Exec.Timeout.Duration }, 5 * time.Second},
 		{"consumers.dead_letter", consumerC + "dead_letter = \"FAILED\"", func(c *Config) any { return c.Consumers["C"].DeadLetter }, "FAILED"},
 		{"consumers.dead_letter disabled", consumerC + "dead_letter = \"\"", func(c *Config) any {
 			return []any{c.Consumers["C"].DeadLetter, len(c.DeadLetterStreams())}
@@ -498,6 +498,9 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.prefetch negative", consumerC + "prefetch = -1", "consumers.C.prefetch = -1: must be between 0 (pull one message per free worker) and 10000"},
 		{"consumers.prefetch too many", consumerC + "prefetch = 10001", "consumers.C.prefetch = 10001: must be between 0"},
 		{"consumers.handler", consumerC + "handler = \"shell\"", `consumers.C.handler = "shell": must be one of log, exec, http`},
+		{"consumers.exec command, no handler", consumerC + "[consumers.C.exec]\ncommand = [\"/bin/false\"]", `consumers.C.exec.command = ["/bin/false"]: set, but handler = "log": the exec handler would never run and log would take (and acknowledge) every message; set handler = "exec", or remove exec.command`},
+		{"consumers.http url, exec handler", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"/bin/true\"]\n[consumers.C.http]\nurl = \"http://127.0.0.1:1/\"", `consumers.C.http.url = "http://127.0.0.1:1/": set, but handler = "exec"`},
+		{"consumers.forward domain, no handler", consumerC + "[consumers.C.forward]\ndomain = \"central\"", `consumers.C.forward.domain = "central": set, but handler = "log"`},
 		{"consumers.handler empty", consumerC + "handler = \"\"", `consumers.C.handler = "": must be one of`},
 		{"consumers.exec without command", consumerC + "handler = \"exec\"", `consumers.C.exec.command = []: handler = "exec" needs a command`},
 		{"consumers.exec empty command", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = []", `consumers.C.exec.command = []: handler = "exec" needs a command`},

@@ -317,6 +317,33 @@ func (c *Config) validateReservations(v *validator) {
 	}
 }
 
+// checkOtherHandlers refuses what names the target of a handler the
+// consumer does not run (exec.command, http.url, forward.subject or
+// domain other than their defaults): with handler left out, the log
+// handler would take and acknowledge every message while the operator
+// believes a command, endpoint or hub gets them. Timeouts alone are not
+// refused: the default file writes each handler's table with them.
+func (c *Config) checkOtherHandlers(v *validator, key string, cc *ConsumerConfig) {
+	other := func(k, value, handler string) {
+		v.add(key+"."+k, value, "set, but handler = %q: the %s handler would never run and %s would take (and acknowledge) every message; set handler = %q, or remove %s",
+			cc.Handler, handler, cc.Handler, handler, k)
+	}
+	if cc.Handler != "exec" && len(cc.Exec.Command) > 0 {
+		other("exec.command", fmt.Sprintf("%q", cc.Exec.Command), "exec")
+	}
+	if cc.Handler != "http" && cc.HTTP.URL != "" {
+		shown, _ := checkHTTPURL(cc.HTTP.URL)
+		other("http.url", q(shown), "http")
+	}
+	if cc.Handler != "forward" {
+		if d := forwardDefaults(); cc.Forward.Subject != d.Subject {
+			other("forward.subject", q(cc.Forward.Subject), "forward")
+		} else if cc.Forward.Domain != d.Domain {
+			other("forward.domain", q(cc.Forward.Domain), "forward")
+		}
+	}
+}
+
 func (c *Config) validateConsumers(v *validator) {
 	for _, name := range c.ConsumerNames() {
 		cc := c.Consumers[name]
@@ -398,6 +425,7 @@ func (c *Config) validateConsumers(v *validator) {
 		default:
 			v.add(key+".handler", q(cc.Handler), "must be one of log, exec, http, forward")
 		}
+		c.checkOtherHandlers(v, key, cc)
 		if v.duration(key+".exec.timeout", cc.Exec.Timeout) && cc.Exec.Timeout.Duration < MinHandlerTimeout {
 			v.add(key+".exec.timeout", cc.Exec.Timeout.String(), "must be at least %s: a shorter one fails every message before the command can run", MinHandlerTimeout)
 		}
