@@ -159,6 +159,10 @@ type HTTPConfig struct {
 	// StallTimeout is how long a consumer with work to do may go without
 	// any delivery or acknowledgement before it counts as stalled.
 	StallTimeout Duration `toml:"stall_timeout"`
+	// AllowedHosts are host names, besides the loopback ones and this
+	// host's name, that a loopback listener answers requests for (a
+	// reverse proxy that passes on its own Host).
+	AllowedHosts []string `toml:"allowed_hosts"`
 }
 
 // LogConfig is the [log] table.

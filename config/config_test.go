@@ -497,6 +497,8 @@ func TestInvalidValues(t *testing.T) {
 		{"consumers.workers > max_ack_pending", consumerC + "workers = 8\nmax_ack_pending = 4", "consumers.C.workers = 8: more than max_ack_pending (4)"},
 		{"consumers.prefetch negative", consumerC + "prefetch = -1", "consumers.C.prefetch = -1: must be between 0 (pull one message per free worker) and 10000"},
 		{"consumers.prefetch too many", consumerC + "prefetch = 10001", "consumers.C.prefetch = 10001: must be between 0"},
+		{"http.allowed_hosts with port", "[http]\nallowed_hosts = [\"edge-01.example.net:8222\"]", `http.allowed_hosts[0] = "edge-01.example.net:8222": must be a host name as clients write it, without scheme or port`},
+		{"http.allowed_hosts URL", "[http]\nallowed_hosts = [\"https://edge-01\"]", `http.allowed_hosts[0] = "https://edge-01": must be a host name`},
 		{"consumers.handler", consumerC + "handler = \"shell\"", `consumers.C.handler = "shell": must be one of log, exec, http`},
 		{"consumers.exec command, no handler", consumerC + "[consumers.C.exec]\ncommand = [\"/bin/false\"]", `consumers.C.exec.command = ["/bin/false"]: set, but handler = "log": the exec handler would never run and log would take (and acknowledge) every message; set handler = "exec", or remove exec.command`},
 		{"consumers.http url, exec handler", consumerC + "handler = \"exec\"\n[consumers.C.exec]\ncommand = [\"/bin/true\"]\n[consumers.C.http]\nurl = \"http://127.0.0.1:1/\"", `consumers.C.http.url = "http://127.0.0.1:1/": set, but handler = "exec"`},

@@ -127,6 +127,12 @@ func (c *Config) validate(v *validator) {
 			v.add("http.listen", q(c.HTTP.Listen), "monitoring on a non-loopback address %s", anonymousReason)
 		}
 	}
+	for i, h := range c.HTTP.AllowedHosts {
+		// A name as the Host header carries it, without its port.
+		if h == "" || strings.ContainsAny(h, ":/[]@ ") || strings.Trim(h, ".") != h {
+			v.add(fmt.Sprintf("http.allowed_hosts[%d]", i), q(h), "must be a host name as clients write it, without scheme or port, such as \"edge-01.example.net\"")
+		}
+	}
 	c.validateStallTimeout(v)
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "text", "json")

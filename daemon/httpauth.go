@@ -6,8 +6,12 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
+	"fmt"
+	"maps"
 	"net"
 	"net/http"
+	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -36,6 +40,10 @@ type httpAuth struct {
 	// accepted, so that a page polling every 3 s costs one bcrypt per
 	// login, not one per poll.
 	verified sync.Map
+	// hosts, on a loopback listener, are the names besides the loopback
+	// ones a request's Host may carry (see hostAllowed); nil beyond
+	// loopback.
+	hosts map[string]bool
 }
 
 type httpUser struct {
@@ -58,6 +66,15 @@ func newHTTPAuth(cfg *config.Config, sec *config.Secrets) *httpAuth {
 	}
 	host, _, err := net.SplitHostPort(cfg.HTTP.Listen)
 	a.required = err == nil && !config.IsLoopback(host) && cfg.Auth.Enabled()
+	if err == nil && config.IsLoopback(host) {
+		a.hosts = map[string]bool{}
+		if name, err := os.Hostname(); err == nil {
+			a.hosts[strings.ToLower(name)] = true
+		}
+		for _, h := range cfg.HTTP.AllowedHosts {
+			a.hosts[strings.ToLower(h)] = true
+		}
+	}
 	if sec == nil {
 		return a
 	}
@@ -112,6 +129,13 @@ func (a *httpAuth) guard(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !a.hostAllowed(r.Host) {
+			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": fmt.Sprintf(
+				"Host %q is not a name of this host: the listener is on loopback, and answers localhost, loopback addresses and %s; to reach it under another name (a reverse proxy passing its own Host), add it to http.allowed_hosts",
+				r.Host, strings.Join(slices.Sorted(maps.Keys(a.hosts)), ", "))})
+			return
+		}
+		w = noCORS{w}
 		if a.required && !openPaths[r.URL.Path] && a.identify(r).name == "" {
 			challenge(w, "log in with an [auth.users] name and password")
 			return
@@ -119,6 +143,47 @@ func (a *httpAuth) guard(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// hostAllowed reports whether a request for host (the Host header, with
+// or without port) is one the listener answers. Beyond loopback every
+// one: credentials guard it. On loopback only localhost and its
+// subdomains, loopback addresses, this host's name and
+// http.allowed_hosts: a web page of any site can make a browser on the
+// host send requests to 127.0.0.1 under the site's own name (DNS
+// rebinding) and read the answers; browsers never resolve *.localhost
+// elsewhere, and a site cannot have the others as its name.
+func (a *httpAuth) hostAllowed(host string) bool {
+	if a.hosts == nil {
+		return true
+	}
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	if host == "localhost" || strings.HasSuffix(host, ".localhost") || a.hosts[host] {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// noCORS drops the Access-Control-Allow-Origin: * the NATS server's
+// monitoring handlers set: it lets a page of any web site read their
+// answers (connections with their users, subscriptions, accounts).
+type noCORS struct{ http.ResponseWriter }
+
+func (w noCORS) WriteHeader(code int) {
+	w.Header().Del("Access-Control-Allow-Origin")
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w noCORS) Write(b []byte) (int, error) {
+	w.Header().Del("Access-Control-Allow-Origin")
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w noCORS) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 func challenge(w http.ResponseWriter, why string) {
 	w.Header().Set("WWW-Authenticate", `Basic realm="holdfast", charset="UTF-8"`)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"net/http"
+	"os"
 	"net/http/httptest"
 	"testing"
 
@@ -61,6 +62,7 @@ func TestHTTPAuthReading(t *testing.T) {
 			a := authFor(t, tc.listen, tc.edit)
 			for range 2 { // the second time from the cache
 				r := httptest.NewRequest("GET", tc.path, nil)
+				r.Host = "localhost:8222" // httptest's example.com is not this host (TestHTTPHostsOnLoopback)
 				if tc.user != "" {
 					r.SetBasicAuth(tc.user, tc.pw)
 				}
@@ -90,6 +92,50 @@ func TestSameOrigin(t *testing.T) {
 	} {
 		if got := sameOrigin(tc.origin, tc.host); got != tc.want {
 			t.Errorf("sameOrigin(%q, %q) = %v", tc.origin, tc.host, got)
+		}
+	}
+}
+
+// A loopback listener answers only requests for a loopback name: a web
+// page of any site can make a browser on the host send requests to
+// 127.0.0.1 under its own name (DNS rebinding) and read the answers
+// (dead letters' payloads, connections). The NATS server's handlers allow
+// every origin to read them (Access-Control-Allow-Origin: *): not here.
+func TestHTTPHostsOnLoopback(t *testing.T) {
+	host, _ := os.Hostname()
+	cors := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Access-Control-Allow-Origin", "*")
+		w.Write([]byte("{}"))
+	})
+	for _, tc := range []struct {
+		listen, host string
+		allowed      []string
+		want         int
+	}{
+		{"127.0.0.1:8222", "127.0.0.1:8222", nil, 200},
+		{"127.0.0.1:8222", "localhost:8222", nil, 200},
+		{"127.0.0.1:8222", "localhost", nil, 200},
+		{"127.0.0.1:8222", "app.localhost:8222", nil, 200},
+		{"127.0.0.1:8222", "127.0.1.1:8222", nil, 200},
+		{"127.0.0.1:8222", "[::1]:8222", nil, 200},
+		{"127.0.0.1:8222", host + ":8222", nil, 200},
+		{"127.0.0.1:8222", "rebind.attacker.example:8222", nil, 421},
+		{"127.0.0.1:8222", "10.0.0.5:8222", nil, 421},
+		{"127.0.0.1:8222", "", nil, 421},
+		{"127.0.0.1:8222", "edge-01.example.net", []string{"edge-01.example.net"}, 200},
+		{"127.0.0.1:8222", "EDGE-01.example.net:443", []string{"edge-01.example.net"}, 200},
+		{"0.0.0.0:8222", "rebind.attacker.example:8222", nil, 200}, // credentials guard it (and allow_anonymous says so)
+	} {
+		a := authFor(t, tc.listen, func(c *config.Config, _ *config.Secrets) { c.HTTP.AllowedHosts = tc.allowed })
+		r := httptest.NewRequest("GET", "/nats/connz", nil)
+		r.Host = tc.host
+		w := httptest.NewRecorder()
+		a.guard(cors).ServeHTTP(w, r)
+		if w.Code != tc.want {
+			t.Errorf("listen %s, Host %q: %d, want %d: %s", tc.listen, tc.host, w.Code, tc.want, w.Body)
+		}
+		if got := w.Header().Get("Access-Control-Allow-Origin"); got != "" {
+			t.Errorf("listen %s, Host %q: Access-Control-Allow-Origin %q", tc.listen, tc.host, got)
 		}
 	}
 }
