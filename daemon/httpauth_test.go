@@ -2,8 +2,8 @@ package daemon
 
 import (
 	"net/http"
-	"os"
 	"net/http/httptest"
+	"os"
 	"testing"
 
 	"golang.org/x/crypto/bcrypt"
