@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/crypto/bcrypt"
 
@@ -44,23 +45,35 @@ type httpAuth struct {
 	// ones a request's Host may carry (see hostAllowed); nil beyond
 	// loopback.
 	hosts map[string]bool
+	// checks admits one bcrypt check at a time; checksWaiting counts
+	// those waiting for it (see identify).
+	checks        chan struct{}
+	checksWaiting atomic.Int32
+	// compare is bcrypt.CompareHashAndPassword (tests count the calls).
+	compare func(hash, password []byte) error
 }
+
+// maxChecksWaiting bounds the credential checks waiting for the one that
+// runs: beyond it a request is answered 429 at once.
+const maxChecksWaiting = 8
 
 type httpUser struct {
 	hash  string
 	admin bool
 }
 
-// identity is who a request is from: name "" for nobody.
+// identity is who a request is from: name "" for nobody. busy: its
+// credentials could not be checked now (too many checks waiting).
 type identity struct {
 	name  string
 	admin bool
+	busy  bool
 }
 
 // newHTTPAuth builds the listener's authentication from cfg and its
 // secrets (nil without [auth]).
 func newHTTPAuth(cfg *config.Config, sec *config.Secrets) *httpAuth {
-	a := &httpAuth{users: map[string]httpUser{}}
+	a := &httpAuth{users: map[string]httpUser{}, checks: make(chan struct{}, 1), compare: bcrypt.CompareHashAndPassword}
 	if _, err := rand.Read(a.secret[:]); err != nil {
 		panic(err) // crypto/rand never fails on Linux
 	}
@@ -101,22 +114,42 @@ func (a *httpAuth) identify(r *http.Request) identity {
 	if _, seen := a.verified.Load(key); seen {
 		return identity{name: name, admin: isUser && u.admin}
 	}
+	// A bcrypt check costs tens of milliseconds of a core, by design.
+	// Unbounded, a flood of wrong passwords (no credentials needed to
+	// send one) would take every core from the server: NATS and MQTT
+	// clients were refused in such a test. One check runs at a time, a
+	// few wait, the rest are refused at once; credentials already
+	// checked (verified) never wait.
+	if a.checksWaiting.Add(1) > maxChecksWaiting {
+		a.checksWaiting.Add(-1)
+		return identity{busy: true}
+	}
+	a.checks <- struct{}{}
+	a.checksWaiting.Add(-1)
+	defer func() { <-a.checks }()
 	switch {
-	case isUser && bcrypt.CompareHashAndPassword([]byte(u.hash), []byte(password)) == nil:
+	case isUser && a.compare([]byte(u.hash), []byte(password)) == nil:
 		a.verified.Store(key, struct{}{})
 		return identity{name: name, admin: u.admin}
-	case !isUser && a.token != "" && tokenMatches(a.token, password):
+	case !isUser && a.token != "" && a.tokenMatches(password):
 		a.verified.Store(key, struct{}{})
 		return identity{name: name}
 	}
 	return identity{}
 }
 
-func tokenMatches(configured, presented string) bool {
-	if config.IsBcrypt(configured) {
-		return bcrypt.CompareHashAndPassword([]byte(configured), []byte(presented)) == nil
+// tokenMatches checks presented against the [auth] token.
+func (a *httpAuth) tokenMatches(presented string) bool {
+	if config.IsBcrypt(a.token) {
+		return a.compare([]byte(a.token), []byte(presented)) == nil
 	}
-	return subtle.ConstantTimeCompare([]byte(configured), []byte(presented)) == 1
+	return subtle.ConstantTimeCompare([]byte(a.token), []byte(presented)) == 1
+}
+
+// tooBusy answers a request whose credentials could not be checked now.
+func tooBusy(w http.ResponseWriter) {
+	w.Header().Set("Retry-After", "1")
+	writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "too many logins being checked at once: try again in a second"})
 }
 
 // open paths answer without credentials wherever the listener is.
@@ -136,9 +169,14 @@ func (a *httpAuth) guard(next http.Handler) http.Handler {
 			return
 		}
 		w = noCORS{w}
-		if a.required && !openPaths[r.URL.Path] && a.identify(r).name == "" {
-			challenge(w, "log in with an [auth.users] name and password")
-			return
+		if a.required && !openPaths[r.URL.Path] {
+			if id := a.identify(r); id.busy {
+				tooBusy(w)
+				return
+			} else if id.name == "" {
+				challenge(w, "log in with an [auth.users] name and password")
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})
@@ -204,6 +242,10 @@ func (a *httpAuth) csrfToken(name string) string {
 // refusal itself and returns false then.
 func (a *httpAuth) admin(w http.ResponseWriter, r *http.Request) (identity, bool) {
 	id := a.identify(r)
+	if id.busy {
+		tooBusy(w)
+		return id, false
+	}
 	if id.name == "" {
 		challenge(w, "log in as a user with admin = true to change anything")
 		return id, false

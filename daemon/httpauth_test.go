@@ -1,14 +1,18 @@
 package daemon
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 func authFor(t *testing.T, listen string, edit func(*config.Config, *config.Secrets)) *httpAuth {
@@ -137,5 +141,69 @@ func TestHTTPHostsOnLoopback(t *testing.T) {
 		if got := w.Header().Get("Access-Control-Allow-Origin"); got != "" {
 			t.Errorf("listen %s, Host %q: Access-Control-Allow-Origin %q", tc.listen, tc.host, got)
 		}
+	}
+}
+
+// A flood of wrong passwords runs one bcrypt check at a time, lets
+// maxChecksWaiting wait and answers the rest 429 at once: unbounded, it
+// took every core from the server (NATS and MQTT clients were refused
+// during one). Credentials already checked never wait.
+func TestHTTPAuthChecksBounded(t *testing.T) {
+	a := authFor(t, "0.0.0.0:8222", func(c *config.Config, s *config.Secrets) {
+		c.Auth.Users = map[string]*config.UserConfig{"ops": {PasswordFile: "/x"}}
+		s.Passwords["ops"] = hashOf(t, "ops-pw")
+	})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {})
+	get := func(user, pw string) int {
+		r := httptest.NewRequest("GET", "/status.json", nil)
+		r.SetBasicAuth(user, pw)
+		w := httptest.NewRecorder()
+		a.guard(ok).ServeHTTP(w, r)
+		return w.Code
+	}
+	if code := get("ops", "ops-pw"); code != 200 {
+		t.Fatalf("ops: %d", code)
+	}
+	var running, most atomic.Int32
+	compare := a.compare
+	a.compare = func(hash, pw []byte) error {
+		n := running.Add(1)
+		defer running.Add(-1)
+		for old := most.Load(); n > old && !most.CompareAndSwap(old, n); old = most.Load() {
+		}
+		return compare(hash, pw)
+	}
+	a.checks <- struct{}{} // a check runs
+	codes := make(chan int, maxChecksWaiting)
+	for i := range maxChecksWaiting {
+		go func() { codes <- get("ops", fmt.Sprintf("wrong-%d", i)) }()
+	}
+	natstest.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		if n := a.checksWaiting.Load(); n != maxChecksWaiting {
+			return fmt.Errorf("%d checks waiting", n)
+		}
+		return nil
+	})
+	if code := get("ops", "wrong-again"); code != http.StatusTooManyRequests {
+		t.Errorf("a check beyond those waiting: %d, want 429", code)
+	}
+	done := make(chan int, 1)
+	go func() { done <- get("ops", "ops-pw") }()
+	select {
+	case code := <-done:
+		if code != 200 {
+			t.Errorf("ops, already checked, during the flood: %d", code)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("ops, already checked, waits for the checks of others")
+	}
+	<-a.checks
+	for range maxChecksWaiting {
+		if code := <-codes; code != 401 {
+			t.Errorf("a wrong password that waited: %d, want 401", code)
+		}
+	}
+	if most.Load() != 1 {
+		t.Errorf("%d bcrypt checks ran at once, want 1", most.Load())
 	}
 }

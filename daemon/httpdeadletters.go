@@ -42,6 +42,10 @@ func (h *httpServer) deadLetterRoutes(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/whoami", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Cache-Control", "no-store")
 		id := h.auth.identify(r)
+		if id.busy {
+			tooBusy(w)
+			return
+		}
 		out := map[string]any{"user": id.name, "admin": id.admin}
 		if id.admin {
 			out["csrf"] = h.auth.csrfToken(id.name)
@@ -50,7 +54,10 @@ func (h *httpServer) deadLetterRoutes(mux *http.ServeMux) {
 	})
 	// login asks the browser for credentials, then goes back to the page.
 	mux.HandleFunc("GET /login", func(w http.ResponseWriter, r *http.Request) {
-		if h.auth.identify(r).name == "" {
+		if id := h.auth.identify(r); id.busy {
+			tooBusy(w)
+			return
+		} else if id.name == "" {
 			challenge(w, "log in with an [auth.users] name and password")
 			return
 		}
