@@ -31,6 +31,21 @@ type badValue struct {
 	err  error
 }
 
+// FormatBytes prints a size with binary units, as the config accepts
+// them ("2.7 MiB").
+func FormatBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
+}
+
 // Bytes returns a Size of n bytes.
 func Bytes(n int64) Size { return Size{Bytes: n} }
 

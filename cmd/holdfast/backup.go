@@ -16,6 +16,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/backup"
+	"github.com/holdfast-io/holdfast/config"
 )
 
 func backupCommand() *cli.Command {
@@ -69,7 +70,7 @@ func backupCommand() *cli.Command {
 				size += f.Size
 			}
 			fmt.Fprintf(w, "backup of %d stream(s) written to %s (%s) in %s; check it with: holdfast restore --verify-only %s\n",
-				len(m.Streams), dir, formatBytes(size), time.Since(start).Round(time.Millisecond), dir)
+				len(m.Streams), dir, config.FormatBytes(size), time.Since(start).Round(time.Millisecond), dir)
 			if cfg.JetStream.EncryptionKeyFile != "" {
 				fmt.Fprintf(c.App.ErrWriter, "note: the store is encrypted at rest (jetstream.encryption_key_file), the backup is not: "+
 					"the server's snapshots hold the messages in clear text; keep %s on encrypted storage or encrypt it (a restore into "+
@@ -89,7 +90,7 @@ func printManifest(w io.Writer, m *backup.Manifest) {
 		for _, c := range s.Consumers {
 			cons = append(cons, fmt.Sprintf("%s (%d)", c.Name, c.AckFloor))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, strings.Join(cons, ", "))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\n", s.Name, s.Messages, config.FormatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, strings.Join(cons, ", "))
 	}
 	tw.Flush()
 	for _, s := range m.Skipped {
@@ -124,7 +125,7 @@ func (b *progressBar) update(p backup.Progress) {
 	}
 	b.last = now
 	if p.Total == 0 { // an empty stream: nothing to measure against
-		fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) %s", b.verb, p.Stream, p.Index, p.Count, formatBytes(int64(p.Done)))
+		fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) %s", b.verb, p.Stream, p.Index, p.Count, config.FormatBytes(int64(p.Done)))
 		b.drawn = true
 		return
 	}
@@ -132,7 +133,7 @@ func (b *progressBar) update(p backup.Progress) {
 	frac := min(1, float64(p.Done)/float64(p.Total))
 	fill := int(frac * width)
 	fmt.Fprintf(b.f, "\r\033[K%s %s (%d/%d) [%s%s] %3.0f%% %s", b.verb, p.Stream, p.Index, p.Count,
-		strings.Repeat("#", fill), strings.Repeat(".", width-fill), frac*100, formatBytes(int64(p.Done)))
+		strings.Repeat("#", fill), strings.Repeat(".", width-fill), frac*100, config.FormatBytes(int64(p.Done)))
 	b.drawn = true
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/embedded/mqtt"
 	"github.com/holdfast-io/holdfast/internal/subjects"
@@ -144,7 +145,7 @@ func printStreams(w io.Writer, streams []daemon.StreamStatus, clustered bool) {
 			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\t\n", s.Name, s.Error)
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, formatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s), groupCommitText(s))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, config.FormatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s), groupCommitText(s))
 	}
 	tw.Flush()
 	for _, s := range streams {
@@ -252,12 +253,12 @@ func orDash(s string) string {
 }
 
 func usageText(u daemon.StorageUsage) string {
-	s := formatBytes(int64(u.Used)) + " used"
+	s := config.FormatBytes(int64(u.Used)) + " used"
 	if u.Limit > 0 {
-		s += fmt.Sprintf(" of %s (%.0f%%)", formatBytes(u.Limit), 100*float64(u.Used)/float64(u.Limit))
+		s += fmt.Sprintf(" of %s (%.0f%%)", config.FormatBytes(u.Limit), 100*float64(u.Used)/float64(u.Limit))
 	}
 	if u.Reserved > 0 {
-		s += ", " + formatBytes(int64(u.Reserved)) + " reserved"
+		s += ", " + config.FormatBytes(int64(u.Reserved)) + " reserved"
 	}
 	return s
 }
@@ -274,7 +275,7 @@ func limitsText(s daemon.StreamStatus) string {
 		parts = append(parts, fmt.Sprintf("max_msgs %d%s", s.MaxMsgs, pct("max_msgs")))
 	}
 	if s.MaxBytes > 0 {
-		parts = append(parts, fmt.Sprintf("max_bytes %s%s", formatBytes(s.MaxBytes), pct("max_bytes")))
+		parts = append(parts, fmt.Sprintf("max_bytes %s%s", config.FormatBytes(s.MaxBytes), pct("max_bytes")))
 	}
 	if s.MaxAgeSeconds > 0 {
 		parts = append(parts, fmt.Sprintf("max_age %s%s", time.Duration(s.MaxAgeSeconds*float64(time.Second)), pct("max_age")))
@@ -283,20 +284,6 @@ func limitsText(s daemon.StreamStatus) string {
 		parts = append(parts, "unlimited")
 	}
 	return strings.Join(parts, ", ") + ", discard " + s.Discard
-}
-
-// formatBytes prints a size with binary units, as the config accepts.
-func formatBytes(n int64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	div, exp := int64(unit), 0
-	for m := n / unit; m >= unit && exp < 4; m /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }
 
 // peerText describes a cluster peer: down (since when), current or

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // Health states, from best to worst.
@@ -119,6 +121,13 @@ func (m *Monitor) evaluate(r *Report) Health {
 	}
 	if r.JetStream.Diagnosis != "" {
 		unhealthy("%s", r.JetStream.Diagnosis)
+	}
+	// The server refuses every publish to a file stream then (503
+	// "insufficient resources"), a lowered limit or not: not a fault a
+	// restart mends, so degraded, not unhealthy.
+	if js := r.JetStream; js.FileLimit > 0 && js.FileUsed >= uint64(js.FileLimit) {
+		problem("JetStream file storage is full: %s used of jetstream.max_file_store %s, so every publish to a file stream is refused (insufficient resources); raise max_file_store, or make room: lower the streams' max_bytes or max_age, or purge what is no longer needed",
+			config.FormatBytes(int64(js.FileUsed)), config.FormatBytes(js.FileLimit))
 	}
 	if r.JetStream.ServerCheckError != "" {
 		unhealthy("%s", r.JetStream.ServerCheckError)

@@ -64,6 +64,11 @@ func TestHealthInCluster(t *testing.T) {
 		{"quorum kept, a consumer unavailable beyond the election grace", Report{Cluster: &ClusterView{Current: 3, Size: 3}, JetStream: JetStreamStatus{Enabled: true},
 			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{{Stream: "ORDERS", Name: "WORKER1", Error: unavailable, UnavailableFor: electionGrace, Workers: running}}},
 			HealthUnhealthy, "consumer WORKER1 on stream ORDERS: nats: API error"},
+		{"file storage full", Report{JetStream: JetStreamStatus{Enabled: true, FileUsed: 2_800_000, FileLimit: 1 << 20},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}},
+			HealthDegraded, "JetStream file storage is full: 2.7 MiB used of jetstream.max_file_store 1.0 MiB"},
+		{"file storage nearly full", Report{JetStream: JetStreamStatus{Enabled: true, FileUsed: 1000, FileLimit: 1024},
+			Streams: []StreamStatus{stream}, Consumers: []ConsumerStatus{consumer}}, HealthOK, ""},
 		{"quorum kept, the API unavailable beyond the election grace", Report{Cluster: &ClusterView{Current: 3, Size: 3},
 			JetStream: JetStreamStatus{Error: unavailable, UnavailableFor: electionGrace}}, HealthUnhealthy, "JetStream does not answer"},
 	} {
