@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -275,6 +276,9 @@ func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jets
 	for _, name := range streams {
 		st.Streams = append(st.Streams, st.readStream(ctx, js, reply, name, deadLetterStreams[name]))
 	}
+	if reply != nil {
+		st.readLeftOut(ctx, js, streams)
+	}
 	daemonConsumers := map[string]monitor.ConsumerStatus{}
 	if reply != nil && reply.Report != nil {
 		for _, c := range reply.Report.Consumers {
@@ -429,18 +433,38 @@ func (st *ClientStatus) readStream(ctx context.Context, js jetstream.JetStream, 
 				"each publish is taken by both and may be stored twice; reload holdfast (systemctl reload holdfast) to set them back", name))
 		}
 	} else if so.GroupCommit == "on" && reply != nil {
-		// The stream listens on the prefixed subjects only: with no
-		// ingest, nothing answers its configured subjects.
-		configured := make([]string, len(si.Config.Subjects))
-		for i, sub := range si.Config.Subjects {
-			configured[i] = strings.TrimPrefix(sub, subjects.GroupCommit(name, ""))
-		}
-		st.Problems = append(st.Problems, fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
-			"every publish to %s gets \"no responders\"; set group_commit = true for it and reload, or reload to set its subjects back",
-			name, strings.Join(configured, ", ")))
+		st.Problems = append(st.Problems, noGroupCommitProblem(&si.Config, "set group_commit = true for it and reload, or reload to set its subjects back"))
 	}
 	so.LimitRatio = limitRatios(si, time.Now())
 	return so
+}
+
+// noGroupCommitProblem says that stream cfg listens on group commit's
+// prefixed subjects only, while holdfast runs no group commit for it:
+// nothing answers its configured subjects.
+func noGroupCommitProblem(cfg *jetstream.StreamConfig, fix string) string {
+	configured := make([]string, len(cfg.Subjects))
+	for i, sub := range cfg.Subjects {
+		configured[i] = strings.TrimPrefix(sub, subjects.GroupCommit(cfg.Name, ""))
+	}
+	return fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
+		"every publish to %s gets \"no responders\"; %s", cfg.Name, strings.Join(configured, ", "), fix)
+}
+
+// readLeftOut adds a problem for each stream on the server that holdfast
+// does not watch (left out of the config at a reload, or made by hand)
+// but that has group commit's prefixed subjects: it stays there, and no
+// publish to its configured subjects is answered.
+func (st *ClientStatus) readLeftOut(ctx context.Context, js jetstream.JetStream, watched []string) {
+	list := js.ListStreams(ctx)
+	for si := range list.Info() {
+		t := si.Config.SubjectTransform
+		if slices.Contains(watched, si.Config.Name) || t == nil || !subjects.IsGroupCommit(t.Source) {
+			continue
+		}
+		st.Problems = append(st.Problems, noGroupCommitProblem(&si.Config,
+			fmt.Sprintf("configure it again with group_commit = true and reload, or give it back its subjects (nats stream edit %s --subjects ...)", si.Config.Name)))
+	}
 }
 
 // limitRatios is how close a stream is to each limit it has, or nil when

@@ -542,3 +542,29 @@ func TestIngestWithoutGroupCommitStreamIsAProblem(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestGroupCommitStreamLeftOutReported: a group-commit stream left out of
+// the config at a reload stays on the server with group commit's prefixed
+// subjects, and nothing answers its configured ones any more: holdfast
+// status says so (exit 1), as for a configured stream in that state.
+func TestGroupCommitStreamLeftOutReported(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	s2 := "\n[streams.S2]\nsubjects = [\"s2.*\"]\ngroup_commit = true\n"
+	with := readFile(t, in.cfg) + s2
+	if err := os.WriteFile(in.cfg, []byte(with), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	if res := runHoldfast(t, nil, "--config", in.cfg, "status"); res.code != 0 {
+		t.Fatalf("status with S2 configured: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	d.reloadWith(in.cfg, strings.Replace(with, s2, "\n", 1))
+	res := runHoldfast(t, nil, "--config", in.cfg, "status")
+	want := `stream S2: has group commit's prefixed subjects but holdfast runs no group commit for it: every publish to s2.* gets "no responders"`
+	if res.code != 1 || !strings.Contains(res.stdout+res.stderr, want) {
+		t.Fatalf("status after S2 was left out: exit %d, want 1 and %q:\n%s%s", res.code, want, res.stdout, res.stderr)
+	}
+	d.stop()
+}
