@@ -9,7 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"slices"
+	"maps"
 	"strings"
 	"time"
 
@@ -277,7 +277,11 @@ func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jets
 		st.Streams = append(st.Streams, st.readStream(ctx, js, reply, name, deadLetterStreams[name]))
 	}
 	if reply != nil {
-		st.readLeftOut(ctx, js, streams)
+		watched := maps.Clone(deadLetterStreams)
+		for _, name := range streams {
+			watched[name] = true
+		}
+		st.readLeftOut(ctx, js, watched)
 	}
 	daemonConsumers := map[string]monitor.ConsumerStatus{}
 	if reply != nil && reply.Report != nil {
@@ -455,15 +459,24 @@ func noGroupCommitProblem(cfg *jetstream.StreamConfig, fix string) string {
 // does not watch (left out of the config at a reload, or made by hand)
 // but that has group commit's prefixed subjects: it stays there, and no
 // publish to its configured subjects is answered.
-func (st *ClientStatus) readLeftOut(ctx context.Context, js jetstream.JetStream, watched []string) {
+//
+// With jetstream.commit_window, any such stream on file storage is named:
+// the server flushes nothing itself, and only the configured streams'
+// publishes are answered after holdfast's flush.
+func (st *ClientStatus) readLeftOut(ctx context.Context, js jetstream.JetStream, watched map[string]bool) {
 	list := js.ListStreams(ctx)
 	for si := range list.Info() {
-		t := si.Config.SubjectTransform
-		if slices.Contains(watched, si.Config.Name) || t == nil || !subjects.IsGroupCommit(t.Source) {
+		if watched[si.Config.Name] {
 			continue
 		}
-		st.Problems = append(st.Problems, noGroupCommitProblem(&si.Config,
-			fmt.Sprintf("configure it again with group_commit = true and reload, or give it back its subjects (nats stream edit %s --subjects ...)", si.Config.Name)))
+		if t := si.Config.SubjectTransform; t != nil && subjects.IsGroupCommit(t.Source) {
+			st.Problems = append(st.Problems, noGroupCommitProblem(&si.Config,
+				fmt.Sprintf("configure it again with group_commit = true and reload, or give it back its subjects (nats stream edit %s --subjects ...)", si.Config.Name)))
+		} else if st.JetStream.CommitWindow != "" && si.Config.Storage == jetstream.FileStorage {
+			st.Problems = append(st.Problems, fmt.Sprintf("stream %s is not in holdfast's config: with jetstream.commit_window the server flushes nothing itself, "+
+				"and only the configured streams' publishes are answered after holdfast's flush, so a PubAck of %s may come before its message is on disk "+
+				"(a power cut within %s of it can lose it): add [streams.%s] to the config and reload, or delete the stream", si.Config.Name, si.Config.Name, st.JetStream.CommitWindow, si.Config.Name))
+		}
 	}
 }
 

@@ -568,3 +568,32 @@ func TestGroupCommitStreamLeftOutReported(t *testing.T) {
 	}
 	d.stop()
 }
+
+// TestCommitWindowUnconfiguredStreamReported: with jetstream.commit_window
+// the server flushes nothing itself, and holdfast answers the publishes of
+// the streams it is configured with after its flush. A stream made by hand
+// beside them gets the server's PubAck before any flush: holdfast status
+// says so (exit 1); its own streams and dead-letter streams are not named.
+func TestCommitWindowUnconfiguredStreamReported(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	editConfig(t, in.cfg, "max_memory_store = \"64MB\"\n", "max_memory_store = \"64MB\"\ncommit_window = \"40ms\"\n")
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	if res := runHoldfast(t, nil, "--config", in.cfg, "status"); res.code != 0 {
+		t.Fatalf("status with only configured streams: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	_, js := e2eConnect(t, in)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "HAND", Subjects: []string{"hand.*"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "--config", in.cfg, "status")
+	want := "stream HAND is not in holdfast's config: with jetstream.commit_window the server flushes nothing itself"
+	out := res.stdout + res.stderr
+	if res.code != 1 || !strings.Contains(out, want) || strings.Contains(out, "ORDERS is not in") || strings.Contains(out, "ORDERS_DLQ is not in") {
+		t.Fatalf("status with stream HAND: exit %d, want 1 and %q:\n%s%s", res.code, want, res.stdout, res.stderr)
+	}
+	d.stop()
+}
