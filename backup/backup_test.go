@@ -1240,3 +1240,53 @@ func TestErrStoreNotReady(t *testing.T) {
 		}
 	}
 }
+
+// A stream is restored with the subjects the running config's group
+// commit gives it: backed up with group commit on and restored where it
+// is off, behind the prefix it answered no publish (nothing listens on
+// the prefixed subjects but the committer); backed up without it and
+// restored where it is on, both the stream and the committer took every
+// publish.
+func TestRestoreFollowsConfiguredGroupCommit(t *testing.T) {
+	gcConfig := jetstream.StreamConfig{Name: "ORDERS", Subjects: subjects.GroupCommitSubjects("ORDERS", []string{"orders.*"}),
+		SubjectTransform: &jetstream.SubjectTransformConfig{Source: subjects.GroupCommit("ORDERS", ">"), Destination: ">"}, AllowAtomicPublish: true}
+	plain := jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}}
+	for _, tc := range []struct {
+		name       string
+		backedUp   jetstream.StreamConfig
+		on         bool
+		subjects   string
+		transform  bool
+		publishSub string
+	}{
+		{"group commit on, restored off", gcConfig, false, "orders.*", false, "orders.created"},
+		{"group commit off, restored on", plain, true, subjects.GroupCommit("ORDERS", "orders.*"), true, subjects.GroupCommit("ORDERS", "orders.created")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			nc, js := runServer(t)
+			if _, err := js.CreateStream(natstest.Context(t), tc.backedUp); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := js.Publish(natstest.Context(t), tc.backedUp.Subjects[0][:len(tc.backedUp.Subjects[0])-1]+"a", []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+			dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}, HoldfastVersion: "test"})
+			nc2, js2 := runServer(t)
+			if _, _, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{GroupCommit: map[string]bool{"ORDERS": tc.on}}); err != nil {
+				t.Fatal(err)
+			}
+			s, err := js2.Stream(natstest.Context(t), "ORDERS")
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := s.CachedInfo().Config
+			if got := strings.Join(c.Subjects, ","); got != tc.subjects || (c.SubjectTransform != nil) != tc.transform {
+				t.Fatalf("restored subjects %s, transform %+v; want %s, transform %v", got, c.SubjectTransform, tc.subjects, tc.transform)
+			}
+			ack, err := js2.Publish(natstest.Context(t), tc.publishSub, []byte("y"))
+			if err != nil || ack.Sequence != 2 {
+				t.Fatalf("publish to %s after the restore: %+v, %v", tc.publishSub, ack, err)
+			}
+		})
+	}
+}

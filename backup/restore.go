@@ -52,6 +52,13 @@ type RestoreOptions struct {
 	// with, in place of the backup's, and no placement: those the running
 	// config gives them. The others keep the backup's.
 	Replicas map[string]int
+	// GroupCommit says, for the streams it names, whether the running
+	// config has group commit on for them: a stream backed up with it on
+	// is restored with its configured subjects (nothing else would answer
+	// them), one backed up without it behind group commit's prefix (else
+	// both the stream and the committer take each publish). The others
+	// keep the backup's subjects.
+	GroupCommit map[string]bool
 }
 
 // ExistingStream is a stream on the server that a restore would replace.
@@ -848,14 +855,41 @@ func snapshotSubjects(sdir string) ([]string, error) {
 // gives it when restored, without the backup's placement (a cluster's
 // name or tags there need not exist here); nil when opts.Replicas does
 // not name it.
+//
+// It also puts the stream's subjects behind group commit's prefix, or
+// takes them from behind it, as opts.GroupCommit says.
 func configured(opts RestoreOptions, stream string) func(*api.StreamConfig) {
-	r, ok := opts.Replicas[stream]
-	if !ok || r < 1 {
+	r, replicas := opts.Replicas[stream]
+	gcOn, gc := opts.GroupCommit[stream]
+	if (!replicas || r < 1) && !gc {
 		return nil
 	}
 	return func(c *api.StreamConfig) {
-		c.Replicas = r
-		c.Placement = nil
+		if replicas && r >= 1 {
+			c.Replicas = r
+			c.Placement = nil
+		}
+		if gc {
+			setGroupCommit(c, gcOn)
+		}
+	}
+}
+
+// setGroupCommit makes c's subjects those of a stream with group commit
+// on or off, as embedded/bootstrap's StreamSpec does.
+func setGroupCommit(c *api.StreamConfig, on bool) {
+	isOn := c.SubjectTransform != nil && subjects.IsGroupCommit(c.SubjectTransform.Source)
+	switch {
+	case on && !isOn:
+		c.Subjects = subjects.GroupCommitSubjects(c.Name, c.Subjects)
+		c.SubjectTransform = &api.SubjectTransformConfig{Source: subjects.GroupCommit(c.Name, ">"), Destination: ">"}
+		c.AllowAtomicPublish = true
+	case !on && isOn:
+		prefix := subjects.GroupCommit(c.Name, "")
+		for i, sub := range c.Subjects {
+			c.Subjects[i] = strings.TrimPrefix(sub, prefix)
+		}
+		c.SubjectTransform = nil
 	}
 }
 

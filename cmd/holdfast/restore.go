@@ -72,11 +72,12 @@ func restoreCommand() *cli.Command {
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
 			defer stop()
 			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
-				Streams:  c.StringSlice("stream"),
-				Replace:  c.Bool("replace"),
-				Replicas: configuredReplicas(cfg),
-				Verified: verified,
-				Progress: bar.update,
+				Streams:     c.StringSlice("stream"),
+				Replace:     c.Bool("replace"),
+				Replicas:    configuredReplicas(cfg),
+				GroupCommit: configuredGroupCommit(cfg),
+				Verified:    verified,
+				Progress:    bar.update,
 				Notice: func(msg string) {
 					bar.clear()
 					fmt.Fprintln(c.App.ErrWriter, msg)
@@ -105,6 +106,17 @@ func configuredReplicas(cfg *config.Config) map[string]int {
 	}
 	for name := range cfg.DeadLetterStreams() {
 		out[name] = cfg.DeadLetterReplicas(name)
+	}
+	return out
+}
+
+// configuredGroupCommit returns whether the config has group commit on
+// for each stream: a restore gives the stream the subjects that go with
+// it, as the bootstrap would have.
+func configuredGroupCommit(cfg *config.Config) map[string]bool {
+	out := map[string]bool{}
+	for _, name := range cfg.StreamNames() {
+		out[name] = cfg.Streams[name].GroupCommit
 	}
 	return out
 }
