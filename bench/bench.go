@@ -439,8 +439,12 @@ func benchConfig(dir, mode string, p Params, httpURL string) *config.Config {
 		cc.FilterSubject = subject
 		cc.Workers = p.Workers
 		cc.Handler = handler
-		cc.Exec.Command = []string{p.ExecCommand}
-		cc.HTTP.URL = httpURL
+		switch handler {
+		case "exec":
+			cc.Exec.Command = []string{p.ExecCommand}
+		case "http":
+			cc.HTTP.URL = httpURL
+		}
 		cfg.Consumers[name] = cc
 	}
 	add(benchConsumerName("consume"), benchDrainSubject, "log")
