@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jsm.go"
@@ -115,12 +116,9 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 					Done: p.UncompressedBytesReceived(), Total: p.BytesExpected()})
 			}))
 		}
-		if _, err := st.SnapshotToDirectory(ctx, sdir, snapOpts...); err != nil {
-			return nil, fmt.Errorf("snapshot of stream %s: %w", name, err)
-		}
-		entry, err := describe(dir, rel, name)
+		entry, err := snapshot(ctx, st, dir, rel, snapOpts)
 		if err != nil {
-			return nil, fmt.Errorf("snapshot of stream %s is not readable: %w", name, err)
+			return nil, err
 		}
 		m.Streams = append(m.Streams, entry)
 		if opts.Progress != nil { // done: the last notification may be short of it
@@ -164,6 +162,60 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		return nil, err
 	}
 	return m, nil
+}
+
+// snapshotConsumersWait bounds how long snapshot waits for the stream's
+// leader to hold every durable consumer the API lists.
+const snapshotConsumersWait = 15 * time.Second
+
+// snapshot writes stream st's snapshot into dir/rel and describes it. In
+// a cluster the snapshot comes from the stream's leader, which may not
+// hold a consumer created a moment before yet (the create was answered by
+// the consumer's own leader): a backup without it would restore the
+// stream with that consumer created anew, from the first message. So the
+// snapshot is taken again until it holds every durable consumer the API
+// listed before it, for up to snapshotConsumersWait.
+func snapshot(ctx context.Context, st *jsm.Stream, dir, rel string, opts []jsm.SnapshotOption) (StreamEntry, error) {
+	name, sdir := st.Name(), filepath.Join(dir, rel)
+	var durable []string
+	if _, _, err := st.EachConsumer(func(c *jsm.Consumer) {
+		if c.IsDurable() {
+			durable = append(durable, c.Name())
+		}
+	}); err != nil {
+		return StreamEntry{}, fmt.Errorf("consumers of stream %s: %w", name, err)
+	}
+	deadline := time.Now().Add(snapshotConsumersWait)
+	for {
+		if _, err := st.SnapshotToDirectory(ctx, sdir, opts...); err != nil {
+			return StreamEntry{}, fmt.Errorf("snapshot of stream %s: %w", name, err)
+		}
+		entry, err := describe(dir, rel, name)
+		if err != nil {
+			return StreamEntry{}, fmt.Errorf("snapshot of stream %s is not readable: %w", name, err)
+		}
+		var missing []string
+		for _, c := range durable {
+			if entry.Consumer(c) == nil {
+				missing = append(missing, c)
+			}
+		}
+		if len(missing) == 0 {
+			return entry, nil
+		}
+		if time.Now().After(deadline) {
+			return StreamEntry{}, fmt.Errorf("snapshot of stream %s: its leader did not hold consumer(s) %s within %s (just created, or being moved?); try the backup again",
+				name, strings.Join(missing, ", "), snapshotConsumersWait)
+		}
+		if err := os.RemoveAll(sdir); err != nil {
+			return StreamEntry{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return StreamEntry{}, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // distinct returns names without repeats, in the order of their first
