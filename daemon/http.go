@@ -211,6 +211,24 @@ func (h *httpServer) state() (*server.Server, *monitor.Monitor, string) {
 // (all of nats-server's own monitoring listener, but its expvar dump).
 var NATSEndpoints = []string{"varz", "jsz", "connz", "subsz", "accstatz", "leafz", "healthz", "routez", "raftz", "gatewayz", "accountz", "stacksz", "ipqueuesz"}
 
+// endpoints are the listener's own paths with what each serves, as
+// /endpoints lists them (then NATSEndpoints).
+var endpoints = [][2]string{
+	{"GET /", "the status page"},
+	{"GET " + statuspage.ScriptPath, "the status page's script"},
+	{"GET /status.json", "what the status page shows: holdfast status --json"},
+	{"GET /metrics", "Prometheus metrics"},
+	{"GET /deadletters.json", "the newest dead letters (?consumer=NAME&limit=N)"},
+	{"GET /deadletter.json", "one dead letter (?stream=S&seq=N)"},
+	{"GET /healthz", "200 when healthy, 503 with a JSON reason"},
+	{"GET /readyz", "200 once start-up is complete"},
+	{"GET /login", "asks the browser for credentials, then back to /"},
+	{"GET /api/whoami", "who the request's credentials name (an admin: the CSRF token)"},
+	{"POST /api/deadletters/replay", "replay dead letters (an admin, with the CSRF token)"},
+	{"POST /api/deadletters/purge", "purge dead letters (an admin, with the CSRF token)"},
+	{"GET /endpoints", "this list"},
+}
+
 func (h *httpServer) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", h.metrics.Handler())
@@ -248,10 +266,12 @@ func (h *httpServer) routes() http.Handler {
 	h.deadLetterRoutes(mux)
 	mux.HandleFunc("GET /endpoints", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		fmt.Fprintf(w, "holdfast %s\n\n/             the status page\n/status.json  what the status page shows: holdfast status --json\n"+
-			"/metrics      Prometheus metrics\n/deadletters.json  the newest dead letters (?consumer=NAME&limit=N)\n/deadletter.json   one dead letter (?stream=S&seq=N)\n/healthz      200 when healthy, 503 with a JSON reason\n/readyz       200 once start-up is complete\n", h.version)
+		fmt.Fprintf(w, "holdfast %s\n\n", h.version)
+		for _, e := range endpoints {
+			fmt.Fprintf(w, "%-25s %s\n", e[0], e[1])
+		}
 		for _, name := range NATSEndpoints {
-			fmt.Fprintf(w, "%s%s  the NATS server's /%s\n", natsMonitorPrefix, name, name)
+			fmt.Fprintf(w, "%-25s the NATS server's /%s\n", natsMonitorPrefix+name, name)
 		}
 	})
 	return mux

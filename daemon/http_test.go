@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +68,19 @@ func TestStatusJSONBeforeReady(t *testing.T) {
 	if rec.Code != http.StatusServiceUnavailable || st.Version != StatusVersion || st.Health == nil ||
 		st.Health.Status != monitor.HealthUnhealthy || st.Error != "starting: not serving yet: recovering the store" {
 		t.Fatalf("GET /status.json while starting: %d %s", rec.Code, rec.Body)
+	}
+}
+
+// Every path /endpoints lists is served (the list had missed the page's
+// script, /login and the admin API).
+func TestEndpointsListed(t *testing.T) {
+	h := newHTTPServer("127.0.0.1:0", monitor.NewMetrics("test", "test"), slog.New(slog.DiscardHandler), "test")
+	mux := h.routes().(*http.ServeMux)
+	for _, e := range endpoints {
+		method, path, _ := strings.Cut(e[0], " ")
+		_, pattern := mux.Handler(httptest.NewRequest(method, path, nil))
+		if want := e[0]; pattern != want && !(path == "/" && pattern == "GET /{$}") {
+			t.Errorf("%s is listed, but the listener serves it with %q", e[0], pattern)
+		}
 	}
 }
