@@ -41,6 +41,12 @@ func pubCommand() *cli.Command {
 			if !server.IsValidLiteralSubject(subj) || strings.ContainsAny(subj, " \t\r\n") {
 				return usageError(fmt.Errorf("SUBJECT %q: not a subject a message can have: tokens separated by dots, without spaces or the wildcards * and >, such as orders.created", subj))
 			}
+			if strings.HasPrefix(subj, "$") {
+				// $JS.API.STREAM.PURGE.ORDERS purged the stream, and pub
+				// then reported an error ("invalid jetstream publish
+				// response"), as if nothing had happened.
+				return usageError(fmt.Errorf("SUBJECT %q: subjects that begin with $ are the server's (the JetStream API, system and holdfast's own subjects), not a stream's: pub stores a message in a stream; for the API use the nats CLI", subj))
+			}
 			msg := nats.NewMsg(subj)
 			switch data := c.Args().Get(1); {
 			case c.NArg() == 1 || data == "-":

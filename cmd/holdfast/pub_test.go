@@ -74,6 +74,20 @@ func TestPubRefusesWildcardSubject(t *testing.T) {
 	}
 }
 
+// TestPubRefusesServerSubjects: pub stores messages in streams; a $
+// subject is the JetStream API or the server's own. Publishing to
+// $JS.API.STREAM.PURGE.ORDERS purged the stream and then said "invalid
+// jetstream publish response".
+func TestPubRefusesServerSubjects(t *testing.T) {
+	t.Parallel()
+	for _, subj := range []string{"$JS.API.STREAM.PURGE.ORDERS", "$SYS.REQ.SERVER.PING", "$HOLDFAST.BARRIER.x.ORDERS"} {
+		res := runHoldfast(t, nil, "pub", "--server", "nats://127.0.0.1:1", subj, "")
+		if res.code != 2 || !strings.Contains(res.stderr, fmt.Sprintf("SUBJECT %q: subjects that begin with $ are the server's", subj)) {
+			t.Errorf("holdfast pub %q exited %d: %s", subj, res.code, res.stderr)
+		}
+	}
+}
+
 // TestPubSaysWhyNothingWasStored: a subject no stream takes, and a
 // message over the server's max_payload, are refused with what is wrong
 // and what to do (nats.go's "no response from stream" and "maximum payload
