@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -68,7 +69,10 @@ func (h *httpServer) deadLetterRoutes(mux *http.ServeMux) {
 			n, err := d.replayAllDeadLetters(ctx, req.Consumer)
 			return map[string]int{"replayed": n}, err
 		}
-		return map[string]int{"replayed": 1}, d.replayDeadLetter(ctx, req.Stream, req.Seq)
+		if err := d.replayDeadLetter(ctx, req.Stream, req.Seq); err != nil {
+			return map[string]int{"replayed": 0}, err
+		}
+		return map[string]int{"replayed": 1}, nil
 	}))
 	mux.HandleFunc("POST /api/deadletters/purge", h.action(func(ctx context.Context, d *Daemon, req actionRequest) (any, error) {
 		n, err := d.purgeDeadLetters(ctx, req.Consumer, req.UpTo)
@@ -83,6 +87,24 @@ type actionRequest struct {
 	Consumer string `json:"consumer"`
 	All      bool   `json:"all"`
 	UpTo     uint64 `json:"upto"`
+}
+
+// problem says what is wrong with the fields of a request to path
+// (which dead letters: stream and seq for one replay, else all or upto
+// with an optional consumer), or "".
+func (req actionRequest) problem(path string) string {
+	one := req.Stream != "" || req.Seq != 0
+	switch {
+	case strings.HasSuffix(path, "/replay") && req.All && one:
+		return `give "stream" and "seq" to replay one dead letter, or "all" (with "consumer") to replay every one, not both`
+	case strings.HasSuffix(path, "/replay") && !req.All && (req.Stream == "" || req.Seq == 0):
+		return `which dead letter: give "stream" (its dead-letter stream) and "seq" (its sequence there), or "all": true`
+	case strings.HasSuffix(path, "/purge") && one:
+		return `purge takes "consumer" and "upto", not "stream" or "seq"`
+	case req.UpTo != 0 && !strings.HasSuffix(path, "/purge"):
+		return `"upto" is for purge`
+	}
+	return ""
 }
 
 func nonNil[T any](s []T) []T {
@@ -120,6 +142,14 @@ func (h *httpServer) action(f func(context.Context, *Daemon, actionRequest) (any
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
 			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the body must be JSON: " + err.Error()})
+			return
+		}
+		if dec.More() {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "the body must be one JSON object: something follows it"})
+			return
+		}
+		if why := req.problem(r.URL.Path); why != "" {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": why})
 			return
 		}
 		ctx, cancel := context.WithTimeout(r.Context(), 50*time.Second)

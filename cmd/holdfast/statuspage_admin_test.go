@@ -162,6 +162,22 @@ timeout = "10s"
 	if a := call("POST", "/api/deadletters/replay", "ops", "ops-password-1", foreign, replay); a.code != http.StatusForbidden {
 		t.Fatalf("replay from another origin: %d %s", a.code, a.body)
 	}
+	// Requests that do not say which dead letters: refused, saying what
+	// is missing; a replay that fails counts none.
+	own := map[string]string{"Content-Type": "application/json", "X-Holdfast-CSRF": who.CSRF}
+	for _, tc := range []struct{ path, body, want string }{
+		{"/api/deadletters/replay", `{}`, `which dead letter: give \"stream\"`},
+		{"/api/deadletters/replay", fmt.Sprintf(`{"stream":%q,"seq":%d,"all":true}`, dl.Stream, dl.Seq), "not both"},
+		{"/api/deadletters/replay", replay + `{"x":1}`, "something follows it"},
+		{"/api/deadletters/purge", fmt.Sprintf(`{"stream":%q,"seq":%d}`, dl.Stream, dl.Seq), `purge takes \"consumer\" and \"upto\"`},
+	} {
+		if a := call("POST", tc.path, "ops", "ops-password-1", own, tc.body); a.code != http.StatusBadRequest || !strings.Contains(a.body, tc.want) {
+			t.Errorf("%s %s: %d %s, want 400 with %s", tc.path, tc.body, a.code, a.body, tc.want)
+		}
+	}
+	if a := call("POST", "/api/deadletters/replay", "ops", "ops-password-1", own, fmt.Sprintf(`{"stream":%q,"seq":999}`, dl.Stream)); a.code != http.StatusConflict || !strings.Contains(a.body, `"replayed": 0`) {
+		t.Errorf("replay of a dead letter that is not there: %d %s, want 409 with replayed 0", a.code, a.body)
+	}
 
 	// The page, as the admin: the dead letter with its payload as text,
 	// its detail, then a replay that now succeeds.
