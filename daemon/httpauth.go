@@ -7,11 +7,9 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"net"
 	"net/http"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -163,9 +161,11 @@ func (a *httpAuth) guard(next http.Handler) http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !a.hostAllowed(r.Host) {
+			// The names it answers are not listed: a page that reached
+			// here under its own name would read them.
 			writeJSON(w, http.StatusMisdirectedRequest, map[string]string{"error": fmt.Sprintf(
-				"Host %q is not a name of this host: the listener is on loopback, and answers localhost, loopback addresses and %s; to reach it under another name (a reverse proxy passing its own Host), add it to http.allowed_hosts",
-				r.Host, strings.Join(slices.Sorted(maps.Keys(a.hosts)), ", "))})
+				"Host %q is not a name of this host: the listener is on loopback, and answers localhost, loopback addresses, the host's name and http.allowed_hosts; to reach it under another name (a reverse proxy passing its own Host), add it to http.allowed_hosts",
+				r.Host)})
 			return
 		}
 		w = noCORS{w}
