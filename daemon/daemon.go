@@ -700,11 +700,27 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 	applied, err := d.apply(ctx, cur, next)
 	d.cfg = applied
 	d.running.Store(applied)
-	d.recordReload(plan, err)
 	if err != nil {
+		d.recordReload(plan, err)
 		return err
 	}
-	d.log.Info("reload done", "applied", plan.Apply)
+	// What the bootstrap held back on purpose (logged there) is not
+	// applied: the reload's answer says so, and status at once.
+	dctx, cancel := context.WithTimeout(ctx, configDiffEvery)
+	diff := bootstrap.Diff(dctx, d.srv.JetStream(), applied)
+	cancel()
+	d.configDiff.Store(&diff)
+	var heldBack []string
+	for _, line := range diff {
+		for _, key := range plan.Apply {
+			if strings.HasPrefix(line, key+" = ") {
+				heldBack = append(heldBack, line)
+				break
+			}
+		}
+	}
+	d.recordReload(plan, nil, heldBack...)
+	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack))
 	return nil
 }
 

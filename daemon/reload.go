@@ -38,12 +38,16 @@ type ReloadResult struct {
 	// Error says why the reload was refused or not wholly applied; ""
 	// when it applied the whole plan.
 	Error string `json:"error,omitempty"`
+	// HeldBack are the changes of the plan the reload kept from the
+	// server on purpose, each "KEY = VALUE not applied: why" (a lowered
+	// limit that would delete unprocessed messages, lowered replicas).
+	HeldBack []string `json:"held_back,omitempty"`
 }
 
 // recordReload keeps what a reload did for subjects.Reload. It runs on the
 // signal loop only.
-func (d *Daemon) recordReload(plan ReloadPlan, err error) {
-	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan}
+func (d *Daemon) recordReload(plan ReloadPlan, err error, heldBack ...string) {
+	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan, HeldBack: heldBack}
 	if last := d.lastReload.Load(); last != nil {
 		r.Seq = last.Seq + 1
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -108,8 +109,20 @@ func reportReload(w io.Writer, r *daemon.ReloadReply) error {
 	}
 	if res.Error == "" {
 		fmt.Fprintf(w, "reloaded %s\n", source)
-		printKeys(w, "applied:", res.Plan.Apply)
-		return nil
+		var applied, held []string
+		for _, key := range res.Plan.Apply {
+			if slices.ContainsFunc(res.HeldBack, func(line string) bool { return strings.HasPrefix(line, key+" = ") }) {
+				held = append(held, key)
+			} else {
+				applied = append(applied, key)
+			}
+		}
+		printKeys(w, "applied:", applied)
+		if len(res.HeldBack) == 0 {
+			return nil
+		}
+		printKeys(w, "not applied (held back on purpose; the server keeps its setting):", res.HeldBack)
+		return runtimeError(fmt.Errorf("reload of %s: %s not applied (see above)", source, strings.Join(held, ", ")))
 	}
 	if len(res.Plan.Restart) > 0 {
 		printKeys(w, "needs a restart (nothing of this reload was applied):", res.Plan.Restart)

@@ -857,3 +857,27 @@ func TestReloadWithoutCredentialsSignalsThePID(t *testing.T) {
 		return nil
 	})
 }
+
+// TestReloadSaysWhatItHeldBack: a lowered limit that would delete
+// messages the consumer has not processed is held back by the reload
+// (the daemon logs why); `holdfast reload` printed it under "applied"
+// and exited 0. It now lists it apart, with the reason, and exits 1.
+func TestReloadSaysWhatItHeldBack(t *testing.T) {
+	t.Parallel()
+	o := newOpsInstance(t, "", "", "", "")
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, o.e2eInstance)
+	for i := range 20 {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	editConfig(t, o.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nmax_msgs = 5\n")
+	res := runHoldfast(t, nil, "reload", "--config", o.cfg)
+	applied, heldBack, _ := strings.Cut(res.stdout, "not applied")
+	if res.code != 1 || strings.Contains(applied, "streams.ORDERS.max_msgs") || !strings.Contains(heldBack, "streams.ORDERS.max_msgs = 5 not applied: it would delete") {
+		t.Fatalf("holdfast reload exited %d, want 1 with streams.ORDERS.max_msgs under \"not applied\", not applied:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	p.stop()
+}
