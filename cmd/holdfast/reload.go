@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -48,6 +50,9 @@ func reloadCommand() *cli.Command {
 				}
 				return err
 			}
+			if err := sameConfigFile(configPath(c), before.ConfigFile); err != nil {
+				return usageError(err)
+			}
 			pid := c.Int("pid")
 			if pid <= 0 {
 				pid = before.PID
@@ -69,6 +74,27 @@ func reloadCommand() *cli.Command {
 			}
 		},
 	}
+}
+
+// sameConfigFile refuses a reload asked with --config mine when the
+// daemon runs with another file (theirs; "" for the built-in defaults):
+// it reloads its own, and mine would have been checked for nothing.
+func sameConfigFile(mine, theirs string) error {
+	if mine == "" {
+		return nil
+	}
+	if theirs == "" {
+		return fmt.Errorf("holdfast runs with the built-in defaults, not %s: a reload reads no file; restart it with --config %s", mine, mine)
+	}
+	a, errA := os.Stat(mine)
+	b, errB := os.Stat(theirs)
+	if errA == nil && errB == nil && os.SameFile(a, b) {
+		return nil
+	}
+	if absA, err := filepath.Abs(mine); err == nil && absA == theirs {
+		return nil
+	}
+	return fmt.Errorf("holdfast runs with %s, and a reload reads that file, not %s: edit %s (or restart holdfast with --config %s)", theirs, mine, theirs, mine)
 }
 
 // askReload asks the holdfast nc is connected to what a reload would do

@@ -881,3 +881,29 @@ func TestReloadSaysWhatItHeldBack(t *testing.T) {
 	}
 	p.stop()
 }
+
+// TestReloadOfAnotherFileRefused: holdfast reloads the file it was
+// started with. `holdfast reload --config OTHER` validated OTHER, made the
+// daemon reload its own file and said "applied: (none)", exit 0, as if
+// OTHER had been read. It is now refused before the signal, naming both.
+func TestReloadOfAnotherFileRefused(t *testing.T) {
+	t.Parallel()
+	o := newOpsInstance(t, "", "", "", "")
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	other := filepath.Join(t.TempDir(), "holdfast.toml")
+	if err := os.WriteFile(other, []byte(strings.Replace(readFile(t, o.cfg), "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nmax_age = \"1h\"\n", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runHoldfast(t, nil, "reload", "--config", other)
+	if res.code != 2 || !strings.Contains(res.stderr, "holdfast runs with "+o.cfg) || !strings.Contains(res.stderr, other) {
+		t.Fatalf("holdfast reload --config %s exited %d, want 2 naming both files:\nstdout:\n%s\nstderr:\n%s", other, res.code, res.stdout, res.stderr)
+	}
+	if strings.Contains(p.stderr.String(), "reload") {
+		t.Fatalf("the daemon reloaded:\n%s", p.stderr.String())
+	}
+	if res := runHoldfast(t, nil, "reload", "--config", o.cfg); res.code != 0 {
+		t.Fatalf("holdfast reload of its own file: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	p.stop()
+}
