@@ -33,77 +33,92 @@ func pubCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "header", Aliases: []string{"H"}, Usage: "header as Name:Value (repeatable)"},
 			&cli.IntFlag{Name: "count", Value: 1, Usage: "publish the message N times (with --id, the ids are ID-1 ... ID-N); progress on a terminal"},
 		},
-		Action: func(c *cli.Context) error {
-			if c.NArg() < 1 || c.NArg() > 2 {
-				return usageError(errors.New("usage: holdfast pub SUBJECT [DATA|-] (DATA - or absent reads stdin)"))
-			}
-			subj := c.Args().Get(0)
-			if !server.IsValidLiteralSubject(subj) || strings.ContainsAny(subj, " \t\r\n") {
-				return usageError(fmt.Errorf("SUBJECT %q: not a subject a message can have: tokens separated by dots, without spaces or the wildcards * and >, such as orders.created", subj))
-			}
-			if strings.HasPrefix(subj, "$") {
-				// $JS.API.STREAM.PURGE.ORDERS purged the stream, and pub
-				// then reported an error ("invalid jetstream publish
-				// response"), as if nothing had happened.
-				return usageError(fmt.Errorf("SUBJECT %q: subjects that begin with $ are the server's (the JetStream API, system and holdfast's own subjects), not a stream's: pub stores a message in a stream; for the API use the nats CLI", subj))
-			}
-			msg := nats.NewMsg(subj)
-			switch data := c.Args().Get(1); {
-			case c.NArg() == 1 || data == "-":
-				// Read no more than a message may hold: all of a large file
-				// or an endless pipe was read into memory first.
-				b, err := io.ReadAll(io.LimitReader(os.Stdin, maxPubPayload+1))
-				if err != nil {
-					return runtimeError(fmt.Errorf("read stdin: %w", err))
-				}
-				if len(b) > maxPubPayload {
-					return usageError(fmt.Errorf("stdin holds more than %d bytes (64 MiB), more than any NATS message may (server.max_payload is at most 64MiB): nothing was published", maxPubPayload))
-				}
-				msg.Data = b
-			default:
-				msg.Data = []byte(data)
-			}
-			for _, h := range c.StringSlice("header") {
-				k, v, ok := strings.Cut(h, ":")
-				if !ok || strings.TrimSpace(k) == "" {
-					return usageError(fmt.Errorf("--header %q: use Name:Value", h))
-				}
-				if name := strings.TrimSpace(k); strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
-					// nats.go would send it, and the publish would fail
-					// with "nats: message could not decode headers".
-					return usageError(fmt.Errorf("--header %q: the name %q holds a blank or a control character; use a name such as X-Order-Id", h, name))
-				}
-				msg.Header.Add(strings.TrimSpace(k), strings.TrimSpace(v))
-			}
-			count := c.Int("count")
-			if count < 1 {
-				return usageError(fmt.Errorf("--count %d: must be at least 1", count))
-			}
-			cfg, nc, js, err := connect(c, jetstream.WithPublishAsyncTimeout(pubAckWait))
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			if count == 1 {
-				if id := c.String("id"); id != "" {
-					msg.Header.Set(nats.MsgIdHdr, id)
-				}
-				ack, err := publishOne(c.Context, js, msg)
-				if err != nil {
-					return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, msg.Header.Get(nats.MsgIdHdr), 1, err)))
-				}
-				dup := ""
-				if ack.Duplicate {
-					dup = " (duplicate: already stored, not stored again)"
-				}
-				fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
-				return nil
-			}
-			return publishMany(c, js, msg, c.String("id"), count, func(err error) error {
-				return explainPubError(cfg, nc, msg, c.String("id"), count, err)
-			})
-		},
+		Action: pub,
 	}
+}
+
+// pub publishes the message the arguments and flags describe, --count
+// times, and prints where it was stored.
+func pub(c *cli.Context) error {
+	msg, err := pubMessage(c)
+	if err != nil {
+		return err
+	}
+	count := c.Int("count")
+	if count < 1 {
+		return usageError(fmt.Errorf("--count %d: must be at least 1", count))
+	}
+	cfg, nc, js, err := connect(c, jetstream.WithPublishAsyncTimeout(pubAckWait))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if count > 1 {
+		return publishMany(c, js, msg, c.String("id"), count, func(err error) error {
+			return explainPubError(cfg, nc, msg, c.String("id"), count, err)
+		})
+	}
+	if id := c.String("id"); id != "" {
+		msg.Header.Set(nats.MsgIdHdr, id)
+	}
+	ack, err := publishOne(c.Context, js, msg)
+	if err != nil {
+		return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, msg.Header.Get(nats.MsgIdHdr), 1, err)))
+	}
+	dup := ""
+	if ack.Duplicate {
+		dup = " (duplicate: already stored, not stored again)"
+	}
+	fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
+	return nil
+}
+
+// pubMessage is the message of pub's arguments (SUBJECT [DATA|-]) and
+// --header flags, or a usage error naming what is wrong.
+func pubMessage(c *cli.Context) (*nats.Msg, error) {
+	if c.NArg() < 1 || c.NArg() > 2 {
+		return nil, usageError(errors.New("usage: holdfast pub SUBJECT [DATA|-] (DATA - or absent reads stdin)"))
+	}
+	subj := c.Args().Get(0)
+	if !server.IsValidLiteralSubject(subj) || strings.ContainsAny(subj, " \t\r\n") {
+		return nil, usageError(fmt.Errorf("SUBJECT %q: not a subject a message can have: tokens separated by dots, without spaces or the wildcards * and >, such as orders.created", subj))
+	}
+	if strings.HasPrefix(subj, "$") {
+		// $JS.API.STREAM.PURGE.ORDERS purged the stream, and pub then
+		// reported an error ("invalid jetstream publish response"), as
+		// if nothing had happened.
+		return nil, usageError(fmt.Errorf("SUBJECT %q: subjects that begin with $ are the server's (the JetStream API, system and holdfast's own subjects), not a stream's: pub stores a message in a stream; for the API use the nats CLI", subj))
+	}
+	msg := nats.NewMsg(subj)
+	switch data := c.Args().Get(1); {
+	case c.NArg() == 1 || data == "-":
+		// Read no more than a message may hold: all of a large file or
+		// an endless pipe was read into memory first.
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, maxPubPayload+1))
+		if err != nil {
+			return nil, runtimeError(fmt.Errorf("read stdin: %w", err))
+		}
+		if len(b) > maxPubPayload {
+			return nil, usageError(fmt.Errorf("stdin holds more than %d bytes (64 MiB), more than any NATS message may (server.max_payload is at most 64MiB): nothing was published", maxPubPayload))
+		}
+		msg.Data = b
+	default:
+		msg.Data = []byte(data)
+	}
+	for _, h := range c.StringSlice("header") {
+		k, v, ok := strings.Cut(h, ":")
+		name := strings.TrimSpace(k)
+		if !ok || name == "" {
+			return nil, usageError(fmt.Errorf("--header %q: use Name:Value", h))
+		}
+		if strings.IndexFunc(name, func(r rune) bool { return r <= ' ' || r >= 0x7f }) >= 0 {
+			// nats.go would send it, and the publish would fail with
+			// "nats: message could not decode headers".
+			return nil, usageError(fmt.Errorf("--header %q: the name %q holds a blank or a control character; use a name such as X-Order-Id", h, name))
+		}
+		msg.Header.Add(name, strings.TrimSpace(v))
+	}
+	return msg, nil
 }
 
 // pubAckWait is how long holdfast pub waits for each PubAck. A publish
