@@ -885,10 +885,7 @@ func setGroupCommit(c *api.StreamConfig, on bool) {
 		c.SubjectTransform = &api.SubjectTransformConfig{Source: subjects.GroupCommit(c.Name, ">"), Destination: ">"}
 		c.AllowAtomicPublish = true
 	case !on && isOn:
-		prefix := subjects.GroupCommit(c.Name, "")
-		for i, sub := range c.Subjects {
-			c.Subjects[i] = strings.TrimPrefix(sub, prefix)
-		}
+		c.Subjects = subjects.ConfiguredSubjects(c.Name, c.Subjects)
 		c.SubjectTransform = nil
 	}
 }

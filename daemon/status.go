@@ -447,10 +447,7 @@ func (st *ClientStatus) readStream(ctx context.Context, js jetstream.JetStream, 
 // prefixed subjects only, while holdfast runs no group commit for it:
 // nothing answers its configured subjects.
 func noGroupCommitProblem(cfg *jetstream.StreamConfig, fix string) string {
-	configured := make([]string, len(cfg.Subjects))
-	for i, sub := range cfg.Subjects {
-		configured[i] = strings.TrimPrefix(sub, subjects.GroupCommit(cfg.Name, ""))
-	}
+	configured := subjects.ConfiguredSubjects(cfg.Name, cfg.Subjects)
 	return fmt.Sprintf("stream %s: has group commit's prefixed subjects but holdfast runs no group commit for it: "+
 		"every publish to %s gets \"no responders\"; %s", cfg.Name, strings.Join(configured, ", "), fix)
 }
@@ -477,6 +474,9 @@ func (st *ClientStatus) readLeftOut(ctx context.Context, js jetstream.JetStream,
 				"and only the configured streams' publishes are answered after holdfast's flush, so a PubAck of %s may come before its message is on disk "+
 				"(a power cut within %s of it can lose it): add [streams.%s] to the config and reload, or delete the stream", si.Config.Name, si.Config.Name, st.JetStream.CommitWindow, si.Config.Name))
 		}
+	}
+	if err := list.Err(); err != nil {
+		st.Problems = append(st.Problems, fmt.Sprintf("cannot list the server's streams to look for those holdfast does not watch: %v", err))
 	}
 }
 

@@ -110,6 +110,17 @@ func GroupCommitSubjects(stream string, subjs []string) []string {
 	return out
 }
 
+// ConfiguredSubjects are subjs (a stream's, as the server lists them)
+// without group commit's prefix: the subjects its clients publish to.
+// Subjects without the prefix stay as they are.
+func ConfiguredSubjects(stream string, subjs []string) []string {
+	out := make([]string, len(subjs))
+	for i, s := range subjs {
+		out[i] = strings.TrimPrefix(s, GroupCommit(stream, ""))
+	}
+	return out
+}
+
 // IsGroupCommit reports whether subj is one of the prefixed
 // subjects (as a stream lists them while group commit is on).
 func IsGroupCommit(subj string) bool { return strings.HasPrefix(subj, GroupCommitPrefix) }

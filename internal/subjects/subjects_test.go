@@ -1,6 +1,9 @@
 package subjects
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestNames(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
@@ -25,5 +28,14 @@ func TestNames(t *testing.T) {
 	}
 	if got := GroupCommitSubjects("S", []string{"a.*", "b.>"}); len(got) != 2 || got[1] != "$HOLDFAST.GC.S.b.>" {
 		t.Errorf("GroupCommitSubjects = %q", got)
+	}
+}
+
+// ConfiguredSubjects undoes GroupCommitSubjects, and leaves others alone.
+func TestConfiguredSubjects(t *testing.T) {
+	subjs := []string{"orders.*", "orders.>"}
+	got := ConfiguredSubjects("ORDERS", append(GroupCommitSubjects("ORDERS", subjs), "other.x"))
+	if want := []string{"orders.*", "orders.>", "other.x"}; strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("ConfiguredSubjects: %q, want %q", got, want)
 	}
 }

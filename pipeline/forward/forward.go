@@ -738,9 +738,7 @@ func (f *Forwarder) destinations(ctx context.Context) (dests []string, positiona
 		if err != nil {
 			return nil, false, fmt.Errorf("local stream %s: %w", f.opts.Stream, err)
 		}
-		for _, sub := range s.CachedInfo().Config.Subjects {
-			filters = append(filters, strings.TrimPrefix(sub, subjects.GroupCommit(f.opts.Stream, "")))
-		}
+		filters = subjects.ConfiguredSubjects(f.opts.Stream, s.CachedInfo().Config.Subjects)
 	}
 	for _, filter := range filters {
 		d := Subject(t, f.opts.ServerName, filter)
