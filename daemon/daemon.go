@@ -710,11 +710,11 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 	diff := bootstrap.Diff(dctx, d.srv.JetStream(), applied)
 	cancel()
 	d.configDiff.Store(&diff)
-	var heldBack []string
+	var heldBack []HeldBack
 	for _, line := range diff {
 		for _, key := range plan.Apply {
 			if strings.HasPrefix(line, key+" = ") {
-				heldBack = append(heldBack, line)
+				heldBack = append(heldBack, HeldBack{Key: key, Why: line})
 				break
 			}
 		}

@@ -39,14 +39,21 @@ type ReloadResult struct {
 	// when it applied the whole plan.
 	Error string `json:"error,omitempty"`
 	// HeldBack are the changes of the plan the reload kept from the
-	// server on purpose, each "KEY = VALUE not applied: why" (a lowered
-	// limit that would delete unprocessed messages, lowered replicas).
-	HeldBack []string `json:"held_back,omitempty"`
+	// server on purpose (a lowered limit that would delete unprocessed
+	// messages, lowered replicas).
+	HeldBack []HeldBack `json:"held_back,omitempty"`
+}
+
+// HeldBack is a key of a reload's plan it did not apply, and why
+// ("KEY = VALUE not applied: ...").
+type HeldBack struct {
+	Key string `json:"key"`
+	Why string `json:"why"`
 }
 
 // recordReload keeps what a reload did for subjects.Reload. It runs on the
 // signal loop only.
-func (d *Daemon) recordReload(plan ReloadPlan, err error, heldBack ...string) {
+func (d *Daemon) recordReload(plan ReloadPlan, err error, heldBack ...HeldBack) {
 	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan, HeldBack: heldBack}
 	if last := d.lastReload.Load(); last != nil {
 		r.Seq = last.Seq + 1

@@ -135,19 +135,15 @@ func reportReload(w io.Writer, r *daemon.ReloadReply) error {
 	}
 	if res.Error == "" {
 		fmt.Fprintf(w, "reloaded %s\n", source)
-		var applied, held []string
-		for _, key := range res.Plan.Apply {
-			if slices.ContainsFunc(res.HeldBack, func(line string) bool { return strings.HasPrefix(line, key+" = ") }) {
-				held = append(held, key)
-			} else {
-				applied = append(applied, key)
-			}
+		var held, why []string
+		for _, h := range res.HeldBack {
+			held, why = append(held, h.Key), append(why, h.Why)
 		}
-		printKeys(w, "applied:", applied)
-		if len(res.HeldBack) == 0 {
+		printKeys(w, "applied:", slices.DeleteFunc(slices.Clone(res.Plan.Apply), func(k string) bool { return slices.Contains(held, k) }))
+		if len(held) == 0 {
 			return nil
 		}
-		printKeys(w, "not applied (held back on purpose; the server keeps its setting):", res.HeldBack)
+		printKeys(w, "not applied (held back on purpose; the server keeps its setting):", why)
 		return runtimeError(fmt.Errorf("reload of %s: %s not applied (see above)", source, strings.Join(held, ", ")))
 	}
 	if len(res.Plan.Restart) > 0 {
