@@ -697,10 +697,8 @@ func (c *Committer) dispatch() {
 			return
 		}
 		n, risky, full := c.nextBatch()
-		if c.live > 0 {
-			if !full || risky || c.live >= maxInflight {
-				return
-			}
+		if c.live > 0 && (!full || risky) {
+			return
 		}
 		msgs := c.pend[:n:n]
 		c.took(n)
