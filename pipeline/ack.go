@@ -15,8 +15,9 @@ import (
 // the last of at most this many.
 const ackBatchMax = 256
 
-// ackConfirmTimeout bounds the wait for the server to confirm a batch.
-const ackConfirmTimeout = 5 * time.Second
+// defaultAckConfirmTimeout bounds the wait for the server to confirm a
+// batch (Workers.ackConfirmTimeout).
+const defaultAckConfirmTimeout = 5 * time.Second
 
 // ackRetryWait is the pause before a batch that was not confirmed is sent
 // again (for up to the consumer's ack_wait).
@@ -38,7 +39,7 @@ var ackPayload = []byte("+ACK")
 // earlier one — the same consumer leader. Plain acks sent while a
 // confirmation was failing (no leader, in a cluster) are sent again
 // before their batch's confirmation, which a new leader may answer. A
-// batch that is not confirmed (no answer within ackConfirmTimeout, a
+// batch that is not confirmed (no answer within Workers.ackConfirmTimeout, a
 // closed connection) counts every message in it as a Failure; the
 // messages whose acks did not arrive are delivered again after ack_wait —
 // never lost.
@@ -157,7 +158,7 @@ func (a *acker) confirmBatch(b sentBatch) {
 		// and this confirmation may reach the leader elected since.
 		a.resendPlain(b)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), a.w.ackConfirmTimeout)
 	err := b.last.msg.DoubleAck(ctx)
 	cancel()
 	a.noteConfirmation(err)
@@ -175,7 +176,7 @@ func (a *acker) confirmBatch(b sentBatch) {
 			"messages", len(b.sent)+1, "last_seq", b.last.seq, "err", err)
 		time.Sleep(ackRetryWait)
 		a.resendPlain(b)
-		ctx, cancel := context.WithTimeout(context.Background(), ackConfirmTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), a.w.ackConfirmTimeout)
 		err = b.last.msg.DoubleAck(ctx)
 		cancel()
 		a.noteConfirmation(err)

@@ -62,6 +62,8 @@ func TestLostAckRedeliveredAndCounted(t *testing.T) {
 		}),
 	}, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	w.ShutdownTimeout = 2 * time.Second
+	// An unconfirmed batch waits the whole timeout: 5 s each by default.
+	pipeline.SetAckConfirmTimeout(w, 500*time.Millisecond)
 	if err := w.Open(context.Background()); err != nil {
 		t.Fatal(err)
 	}

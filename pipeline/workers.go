@@ -160,6 +160,9 @@ type Workers struct {
 	ackWaitChanged chan struct{}
 	acks           *acker
 	puller         *puller
+	// ackConfirmTimeout bounds the wait for the server to confirm a
+	// batch of acks (defaultAckConfirmTimeout; shorter in tests).
+	ackConfirmTimeout time.Duration
 
 	stopping      atomic.Bool
 	alive         atomic.Int32 // worker goroutines running
@@ -197,6 +200,8 @@ func NewWorkers(js jetstream.JetStream, nc *nats.Conn, opts ConsumerOptions, log
 		opts:            opts,
 		log:             log.With("component", "workers", "consumer", opts.Consumer, "stream", opts.Stream),
 		ShutdownTimeout: 20 * time.Second,
+
+		ackConfirmTimeout: defaultAckConfirmTimeout,
 	}
 	w.activity.running = make([]atomic.Int64, opts.Workers)
 	w.activity.retryBook = &stats.delayed
