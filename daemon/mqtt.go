@@ -35,12 +35,12 @@ func (d *Daemon) openMQTT() error {
 		return err
 	}
 	d.mqtt, err = mqtt.Listen(mqtt.Options{
-		Listen:   m.Listen,
-		TLS:      tc,
-		Backend:  backend,
-		Conn:     nc,
-		Subjects: barrierSubjects(d.cfg),
-		Log:      d.log.With("component", "mqtt"),
+		Listen:  m.Listen,
+		TLS:     tc,
+		Backend: backend,
+		Conn:    nc,
+		Streams: gateStreams(d.cfg),
+		Log:     d.log.With("component", "mqtt"),
 	})
 	if err != nil {
 		nc.Close()
@@ -72,13 +72,13 @@ func (d *Daemon) closeMQTT() {
 	}
 }
 
-// barrierSubjects are the barrier subjects of the streams that take
-// messages published on this server (bootstrap.StreamSpec adds them).
-func barrierSubjects(cfg *config.Config) []string {
-	var out []string
+// gateStreams are the streams that take messages published on this
+// server, with their barrier subjects (bootstrap.StreamSpec adds them).
+func gateStreams(cfg *config.Config) []mqtt.Stream {
+	var out []mqtt.Stream
 	for _, name := range cfg.StreamNames() {
 		if cfg.TakesBarrier(name) {
-			out = append(out, subjects.Barrier(cfg.Server.Name, name))
+			out = append(out, mqtt.Stream{Name: name, Subjects: cfg.Streams[name].Subjects, Barrier: subjects.Barrier(cfg.Server.Name, name)})
 		}
 	}
 	return out

@@ -328,8 +328,9 @@ func printMQTT(w io.Writer, st *mqtt.Stats) {
 	if st == nil {
 		return
 	}
-	fmt.Fprintf(w, "\nMQTT       %s: %d device(s) connected (%d since start), %d session(s) kept, %d QoS 1/2 deliveries unacknowledged; %d PUBACK(s) sent once stored, %d waiting; %d barrier(s), %d failed\n",
-		st.Listen, st.Connections, st.Accepted, st.Sessions, st.InFlight, st.Acked, st.Holding, st.Barriers, st.Failed)
+	fmt.Fprintf(w, "\nMQTT       %s: %d device(s) connected (%d since start), %d session(s) kept, %d QoS 1/2 deliveries unacknowledged; %d PUBACK(s) sent once stored, %d waiting; %d barrier(s), %d failed; %d publish(es) refused: no stream takes the topic\n",
+		st.Listen, st.Connections, st.Accepted, st.Sessions, st.InFlight, st.Acked, st.Holding, st.Barriers, st.Failed, st.Refused)
+	fmt.Fprintf(w, "           streams devices publish into: %s\n", strings.Join(st.Streams, ", "))
 	if st.LastError != "" {
 		fmt.Fprintf(w, "           last failure: %s\n", st.LastError)
 	}

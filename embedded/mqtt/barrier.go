@@ -36,21 +36,21 @@ const errStreamNotMatch = 10060
 // next round, which starts once the running one is back; one round covers
 // all of them, on every connection.
 type barrier struct {
-	nc       *nats.Conn
-	subjects []string // one per stream (subjects.Barrier)
-	timeout  time.Duration
+	nc      *nats.Conn
+	timeout time.Duration
 
-	mu      sync.Mutex
-	next    *round // the round the next ticket waits for; nil when none is wanted
-	running bool
+	mu       sync.Mutex
+	subjects []string // one per stream (subjects.Barrier)
+	next     *round   // the round the next ticket waits for; nil when none is wanted
+	running  bool
 
 	rounds  atomic.Uint64
 	failed  atomic.Uint64
 	seconds prometheus.Histogram // how long each round took
 }
 
-func newBarrier(nc *nats.Conn, subjects []string, timeout time.Duration) *barrier {
-	return &barrier{nc: nc, subjects: subjects, timeout: timeout, seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+func newBarrier(nc *nats.Conn, timeout time.Duration) *barrier {
+	return &barrier{nc: nc, timeout: timeout, seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "holdfast_mqtt_barrier_seconds",
 		Help:    "How long a barrier took to pass every stream: what a PUBACK waits beyond the server's own.",
 		Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
@@ -67,11 +67,11 @@ var passed = func() *round { r := &round{done: make(chan struct{})}; close(r.don
 // ticket returns the round that starts after this call: its done closes
 // once every stream has stored what was queued before the call.
 func (b *barrier) ticket() *round {
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	if len(b.subjects) == 0 {
 		return passed
 	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.next == nil {
 		b.next = &round{done: make(chan struct{})}
 	}
@@ -83,11 +83,20 @@ func (b *barrier) ticket() *round {
 	return r
 }
 
+// setSubjects sets the streams' barrier subjects; rounds that start
+// from now on pass these.
+func (b *barrier) setSubjects(subjects []string) {
+	b.mu.Lock()
+	b.subjects = subjects
+	b.mu.Unlock()
+}
+
 func (b *barrier) loop() {
 	for {
 		b.mu.Lock()
 		r := b.next
 		b.next = nil
+		subjects := b.subjects
 		if r == nil {
 			b.running = false
 			b.mu.Unlock()
@@ -95,7 +104,7 @@ func (b *barrier) loop() {
 		}
 		b.mu.Unlock()
 		start := time.Now()
-		r.err = b.pass()
+		r.err = b.pass(subjects)
 		b.seconds.Observe(time.Since(start).Seconds())
 		b.rounds.Add(1)
 		if r.err != nil {
@@ -106,10 +115,10 @@ func (b *barrier) loop() {
 }
 
 // pass sends one barrier to every stream at once and waits for all.
-func (b *barrier) pass() error {
-	errs := make([]error, len(b.subjects))
+func (b *barrier) pass(subjects []string) error {
+	errs := make([]error, len(subjects))
 	var wg sync.WaitGroup
-	for i, subj := range b.subjects {
+	for i, subj := range subjects {
 		wg.Go(func() { errs[i] = b.one(subj) })
 	}
 	wg.Wait()

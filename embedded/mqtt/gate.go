@@ -15,8 +15,13 @@
 // passed every stream (barrier.go): the device hears "acknowledged" only
 // once the message is stored where holdfast's promise holds.
 //
-// The gate reads nothing of what devices send: authentication,
-// permissions, sessions and keep-alives stay the server's.
+// Of what devices send, the gate reads only each packet's fixed header
+// and a PUBLISH's topic: a QoS 1 or 2 PUBLISH whose subject no configured
+// stream takes is refused (the device's connection is closed before the
+// server sees it; MQTT 3.1.1 has no negative PUBACK), since the server
+// would acknowledge it once its own session store had it, kept nowhere
+// holdfast's promise holds. Authentication, permissions, sessions and
+// keep-alives stay the server's.
 package mqtt
 
 import (
@@ -28,10 +33,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -43,14 +50,22 @@ type Options struct {
 	TLS    *tls.Config
 	// Backend is the server's own MQTT listener (loopback).
 	Backend string
-	// Conn publishes the barriers; Subjects are the streams' barrier
-	// subjects (subjects.Barrier).
-	Conn     *nats.Conn
-	Subjects []string
+	// Conn publishes the barriers to Streams (SetStreams changes them).
+	Conn    *nats.Conn
+	Streams []Stream
 	// Timeout bounds a barrier; a PUBACK it could not clear closes the
 	// device's connection (the device sends the PUBLISH again).
 	Timeout time.Duration
 	Log     *slog.Logger
+}
+
+// Stream is a configured stream the gate answers for.
+type Stream struct {
+	Name string
+	// Subjects are those its clients publish to (group commit's prefix
+	// left off); Barrier its barrier subject (subjects.Barrier).
+	Subjects []string
+	Barrier  string
 }
 
 // Gate is the devices' MQTT listener.
@@ -68,7 +83,9 @@ type Gate struct {
 	accepted atomic.Uint64
 	held     atomic.Uint64 // PUBACKs and PUBCOMPs passed on after a barrier
 	holding  atomic.Int64  // ... waiting for one now
+	refused  atomic.Uint64 // QoS 1/2 PUBLISHes no stream takes
 	lastErr  atomic.Pointer[string]
+	streams  atomic.Pointer[[]Stream]
 }
 
 // Stats is what the gate has done since it started.
@@ -82,9 +99,13 @@ type Stats struct {
 	Holding int64  `json:"holding"`
 	// Barriers counts barrier rounds; Failed, those that failed (each
 	// closed the connections that waited on it).
-	Barriers  uint64 `json:"barriers"`
-	Failed    uint64 `json:"failed"`
-	LastError string `json:"last_error,omitempty"`
+	Barriers uint64 `json:"barriers"`
+	Failed   uint64 `json:"failed"`
+	// Refused counts QoS 1/2 PUBLISHes on a topic no stream in Streams
+	// takes (each closed its device's connection).
+	Refused   uint64   `json:"refused"`
+	Streams   []string `json:"streams"`
+	LastError string   `json:"last_error,omitempty"`
 	// Sessions are the devices' sessions the server keeps ($MQTT_sess),
 	// connected or not; InFlight the QoS 1 and 2 deliveries to devices
 	// not acknowledged yet. -1 when they could not be read.
@@ -111,12 +132,37 @@ func Listen(o Options) (*Gate, error) {
 		opts:  o,
 		log:   o.Log,
 		ln:    ln,
-		bar:   newBarrier(o.Conn, o.Subjects, o.Timeout),
+		bar:   newBarrier(o.Conn, o.Timeout),
 		conns: map[*conn]struct{}{},
 	}
+	g.SetStreams(o.Streams)
 	g.wg.Add(1)
 	go g.accept()
 	return g, nil
+}
+
+// SetStreams sets the streams the gate answers for: a reload that adds or
+// leaves out a stream calls it once the streams are as configured.
+func (g *Gate) SetStreams(streams []Stream) {
+	streams = slices.Clone(streams)
+	g.streams.Store(&streams)
+	barriers := make([]string, len(streams))
+	for i, s := range streams {
+		barriers[i] = s.Barrier
+	}
+	g.bar.setSubjects(barriers)
+}
+
+// takes returns the stream that takes subject, "" when none does.
+func (g *Gate) takes(subject string) string {
+	for _, s := range *g.streams.Load() {
+		for _, f := range s.Subjects {
+			if server.SubjectMatchesFilter(subject, f) {
+				return s.Name
+			}
+		}
+	}
+	return ""
 }
 
 // Addr is the address devices connect to.
@@ -130,7 +176,11 @@ func (g *Gate) Stats() Stats {
 	s := Stats{
 		Listen: g.ln.Addr().String(), Connections: n, Accepted: g.accepted.Load(),
 		Acked: g.held.Load(), Holding: g.holding.Load(),
-		Barriers: g.bar.rounds.Load(), Failed: g.bar.failed.Load(),
+		Barriers: g.bar.rounds.Load(), Failed: g.bar.failed.Load(), Refused: g.refused.Load(),
+		Streams: []string{},
+	}
+	for _, st := range *g.streams.Load() {
+		s.Streams = append(s.Streams, st.Name)
 	}
 	if e := g.lastErr.Load(); e != nil {
 		s.LastError = *e
@@ -240,9 +290,10 @@ func (c *conn) serve() {
 		return
 	}
 
-	// Device -> server: every byte as it comes.
+	// Device -> server: every packet as it comes, refused when the
+	// gate could not keep the promise of its PUBACK.
 	go func() {
-		_, _ = io.Copy(srv, c.dev)
+		c.forward(srv)
 		c.close()
 	}()
 
@@ -296,6 +347,73 @@ func (c *conn) serve() {
 	_ = w.Flush()
 }
 
+// forward passes the device's packets to the server until either side
+// closes or a PUBLISH is refused.
+func (c *conn) forward(srv net.Conn) {
+	g := c.g
+	r := bufio.NewReaderSize(c.dev, 32<<10)
+	w := bufio.NewWriterSize(srv, 32<<10)
+	topic := make([]byte, 0, 256)
+	for {
+		hdr, n, err := readHeader(r)
+		if err != nil {
+			return
+		}
+		if _, err := w.Write(hdr); err != nil {
+			return
+		}
+		// A QoS 1 or 2 PUBLISH (type 3, QoS in bits 1-2) that is not a
+		// retained message: its topic, then what follows, as it comes.
+		if hdr[0]>>4 == publish && hdr[0]&0x06 != 0 && hdr[0]&0x01 == 0 && n >= 2 {
+			var l [2]byte
+			if _, err := io.ReadFull(r, l[:]); err != nil {
+				return
+			}
+			tl := int(l[0])<<8 | int(l[1])
+			if tl > n-2 {
+				return // malformed: the server would close it too
+			}
+			topic = slices.Grow(topic[:0], tl)[:tl]
+			if _, err := io.ReadFull(r, topic); err != nil {
+				return
+			}
+			if subj, ok := natsSubject(topic); ok {
+				if g.takes(subj) == "" {
+					_ = w.Flush() // what came before is the server's
+					g.refuse(c, string(topic), subj)
+					return
+				}
+			}
+			if _, err := w.Write(l[:]); err != nil {
+				return
+			}
+			if _, err := w.Write(topic); err != nil {
+				return
+			}
+			n -= 2 + tl
+		}
+		if _, err := io.CopyN(w, r, int64(n)); err != nil {
+			return
+		}
+		if r.Buffered() == 0 {
+			if err := w.Flush(); err != nil {
+				return
+			}
+		}
+	}
+}
+
+// refuse closes the connection of a device that published topic, whose
+// subject no configured stream takes, with QoS 1 or 2.
+func (g *Gate) refuse(c *conn, topic, subject string) {
+	g.refused.Add(1)
+	msg := fmt.Sprintf("a QoS 1/2 PUBLISH on topic %q (subject %s) was refused: no configured stream takes it; add the subject to a stream's subjects or publish where one does", topic, subject)
+	g.lastErr.Store(&msg)
+	g.log.Error("mqtt: refused a QoS 1/2 PUBLISH: no configured stream takes its subject, so its PUBACK could not mean stored; closing the device's connection (MQTT 3.1.1 has no negative PUBACK). Add the subject to a stream's subjects in the config, or have the device publish where a stream takes it",
+		"device", c.dev.RemoteAddr().String(), "topic", topic, "subject", subject)
+	c.close()
+}
+
 // drain empties frames after the device's connection closed, so that the
 // reader ends and the holding count stays true.
 func drain(frames <-chan frame, g *Gate) {
@@ -309,6 +427,7 @@ func drain(frames <-chan frame, g *Gate) {
 
 // MQTT control packet types (the high nibble of the first byte).
 const (
+	publish = 3
 	pubAck  = 4
 	pubComp = 7
 )
@@ -317,43 +436,50 @@ const (
 // (four length bytes).
 const maxPacket = 268_435_455
 
-// readPacket reads one MQTT control packet: the fixed header (type and
-// flags, then the remaining length in one to four 7-bit bytes) and what
-// it announces.
+// readPacket reads one MQTT control packet, whole.
 func readPacket(r *bufio.Reader) ([]byte, error) {
-	var hdr [5]byte
-	first, err := r.ReadByte()
+	hdr, n, err := readHeader(r)
 	if err != nil {
 		return nil, err
 	}
+	b := make([]byte, len(hdr)+n)
+	copy(b, hdr)
+	if _, err := io.ReadFull(r, b[len(hdr):]); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// readHeader reads an MQTT control packet's fixed header (type and flags,
+// then the remaining length in one to four 7-bit bytes) and returns it
+// with the remaining length it announces.
+func readHeader(r *bufio.Reader) ([]byte, int, error) {
+	hdr := make([]byte, 1, 5)
+	first, err := r.ReadByte()
+	if err != nil {
+		return nil, 0, err
+	}
 	hdr[0] = first
 	n, mult := 0, 1
-	i := 1
 	for {
 		b, err := r.ReadByte()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		hdr[i] = b
-		i++
+		hdr = append(hdr, b)
 		n += int(b&0x7f) * mult
 		if b&0x80 == 0 {
 			break
 		}
-		if i == 5 {
-			return nil, errors.New("mqtt: malformed remaining length")
+		if len(hdr) == 5 {
+			return nil, 0, errors.New("mqtt: malformed remaining length")
 		}
 		mult *= 128
 	}
 	if n > maxPacket {
-		return nil, errors.New("mqtt: packet too large")
+		return nil, 0, errors.New("mqtt: packet too large")
 	}
-	b := make([]byte, i+n)
-	copy(b, hdr[:i])
-	if _, err := io.ReadFull(r, b[i:]); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return hdr, n, nil
 }
 
 // The streams nats-server keeps the devices' state in (mqtt.go).

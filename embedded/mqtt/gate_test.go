@@ -10,18 +10,23 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
+
+// sensors is the stream setup configures, as the gate knows it.
+var sensors = Stream{Name: "SENSORS", Subjects: []string{"sensors.>"}, Barrier: subjects.Barrier("edge1", "SENSORS")}
 
 // setup runs a server with its MQTT listener on loopback, sync = always,
 // and a stream SENSORS on sensors.> with its barrier subject, as holdfast
@@ -46,7 +51,7 @@ func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend str
 		t.Fatal(err)
 	}
 	g, err = Listen(Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
-		Subjects: []string{subjects.Barrier("edge1", "SENSORS")}, Log: natstestLogger(t)})
+		Streams: []Stream{sensors}, Log: natstestLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -212,6 +217,109 @@ func TestBarrierFailureClosesConnection(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A QoS 1 or 2 PUBLISH on a topic no configured stream takes is refused:
+// the server would acknowledge it once its own session store had it, kept
+// in no stream (found 2026-12-04). The device's connection closes without
+// a PUBACK, what it published before stays published, and QoS 0 and
+// retained messages on such topics pass as before.
+func TestPublishNoStreamTakesRefused(t *testing.T) {
+	_, js, _, g := setup(t)
+	addr := g.Addr().String()
+	c := device(t, addr, "lost-device")
+	// QoS 0: no PUBACK, no promise; a retained message is kept as the
+	// topic's retained message.
+	if tok := c.Publish("elsewhere/qos0", 0, false, "0"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("QoS 0 publish: %v", tok.Error())
+	}
+	if tok := c.Publish("elsewhere/status", 1, true, "online"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("retained QoS 1 publish: no PUBACK: %v", tok.Error())
+	}
+	if tok := c.Publish("sensors/before", 1, false, "kept"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish to sensors/before: %v", tok.Error())
+	}
+	for _, qos := range []byte{1, 2} {
+		if qos == 2 {
+			c = device(t, addr, "lost-device-2")
+		}
+		tok := c.Publish("elsewhere/reading", qos, false, "lost")
+		if tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+			t.Fatalf("QoS %d publish on a topic no stream takes was acknowledged", qos)
+		}
+		natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+			if c.IsConnectionOpen() {
+				return errors.New("the device is still connected")
+			}
+			return nil
+		})
+	}
+	st := g.Stats()
+	if st.Refused != 2 || !strings.Contains(st.LastError, `"elsewhere/reading"`) || !slices.Equal(st.Streams, []string{"SENSORS"}) {
+		t.Fatalf("stats %+v: want 2 refused, the topic in the last error, streams [SENSORS]", st)
+	}
+	stream, err := js.Stream(natstest.Context(t), "SENSORS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stream.GetLastMsgForSubject(natstest.Context(t), "sensors.before"); err != nil {
+		t.Fatalf("the message published before the refused one: %v", err)
+	}
+	// Once a stream takes the subject, the same publish is acknowledged.
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{
+		Name: "ELSEWHERE", Subjects: []string{"elsewhere.>", subjects.Barrier("edge1", "ELSEWHERE")},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g.SetStreams([]Stream{sensors, {Name: "ELSEWHERE", Subjects: []string{"elsewhere.>"}, Barrier: subjects.Barrier("edge1", "ELSEWHERE")}})
+	c = device(t, addr, "found-device")
+	if tok := c.Publish("elsewhere/reading", 1, false, "kept"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("publish once ELSEWHERE takes it: %v", tok.Error())
+	}
+}
+
+// natsSubject gives the subject the server itself publishes a topic on:
+// devices publish QoS 0 straight to the server's MQTT listener and a NATS
+// subscriber sees each subject.
+func TestTopicsBecomeTheServersSubjects(t *testing.T) {
+	ns, _, backend, _ := setup(t)
+	nc := natstest.Connect(t, ns)
+	got := make(chan string, 64)
+	sub, err := nc.Subscribe(">", func(m *nats.Msg) {
+		if strings.HasPrefix(string(m.Data), "topic=") {
+			got <- m.Subject + " " + string(m.Data)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	c := device(t, backend, "topics")
+	for _, topic := range []string{"a", "a/b/c", "/a", "a/", "a//b", "//a", "a//", "/", "//", "a.b", "a/./b", ".", "/.", "a/*/b", "a/>", "x-y_z/ä"} {
+		want, ok := natsSubject([]byte(topic))
+		if !ok {
+			t.Fatalf("natsSubject(%q) refused a topic the server takes", topic)
+		}
+		if tok := c.Publish(topic, 0, false, "topic="+topic); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("publish %q: %v", topic, tok.Error())
+		}
+		select {
+		case m := <-got:
+			if m != want+" topic="+topic {
+				t.Errorf("topic %q: the server published %q, natsSubject says %q", topic, m, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("topic %q: nothing published", topic)
+		}
+	}
+	for _, topic := range []string{"", "a b", "a/+", "a/#", "a\x7f"} {
+		if _, ok := natsSubject([]byte(topic)); ok {
+			t.Errorf("natsSubject(%q) took a topic the server refuses", topic)
+		}
+	}
 }
 
 // readPacket splits a byte stream into MQTT packets at the lengths their
