@@ -781,6 +781,11 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 		}
 	}
 	d.leaveOut(ctx, cur, &trial)
+	if d.mqtt != nil {
+		// Devices' PUBACKs wait for the streams configured now, and a
+		// topic only they take is no longer refused (or is, once left out).
+		d.mqtt.SetStreams(gateStreams(&trial))
+	}
 	for _, name := range trial.ConsumerNames() {
 		d.reloadWorkers(ctx, &trial, name)
 	}
