@@ -84,8 +84,9 @@ type Daemon struct {
 	// restartPending is the health warning of the last reload when it
 	// was refused for changes that need a restart; nil otherwise.
 	restartPending atomic.Pointer[string]
-	// lastReload is what the last reload did (nil before the first).
-	lastReload atomic.Pointer[ReloadResult]
+	// reloads are what the last reloads did, oldest first (nil before
+	// the first; at most keptReloads).
+	reloads atomic.Pointer[[]ReloadResult]
 
 	closeOnce sync.Once
 	closeErr  error
@@ -685,6 +686,11 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 // previous setting keeps running. Reload runs on the signal loop, never
 // concurrently with Open or Close.
 func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
+	return d.reload(ctx, next, time.Now())
+}
+
+// reload is Reload, of a reload that started at started.
+func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.Time) error {
 	cur := d.running.Load()
 	plan := PlanReload(cur, next)
 	if !plan.Reloadable() {
@@ -693,7 +699,7 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 		d.log.Error("reload refused: these changes need a restart ("+restartCommand()+"); nothing of this reload was applied",
 			"restart", plan.Restart, "reloadable", plan.Apply)
 		err := fmt.Errorf("%w: %s", ErrRestartNeeded, strings.Join(plan.Restart, ", "))
-		d.recordReload(plan, err)
+		d.recordReload(started, plan, err)
 		return err
 	}
 	d.restartPending.Store(nil)
@@ -701,7 +707,7 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 	d.cfg = applied
 	d.running.Store(applied)
 	if err != nil {
-		d.recordReload(plan, err)
+		d.recordReload(started, plan, err)
 		return err
 	}
 	// What the bootstrap held back on purpose (logged there) is not
@@ -719,7 +725,7 @@ func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 			}
 		}
 	}
-	d.recordReload(plan, nil, heldBack...)
+	d.recordReload(started, plan, nil, heldBack...)
 	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack))
 	return nil
 }

@@ -27,14 +27,22 @@ type ReloadReply struct {
 	Error string      `json:"error,omitempty"`
 	// LastReload is what the last reload did; nil before the first.
 	LastReload *ReloadResult `json:"last_reload,omitempty"`
+	// Recent are what the last reloads did, oldest first (LastReload
+	// among them): reloads asked for at about the same time may run one
+	// after the other before an asker reads the result, and each asker
+	// wants the first that started after its signal.
+	Recent []ReloadResult `json:"recent,omitempty"`
 }
 
 // ReloadResult is what a reload did.
 type ReloadResult struct {
 	// Seq counts the reloads since start, this one included.
-	Seq  uint64     `json:"seq"`
-	Time time.Time  `json:"time"`
-	Plan ReloadPlan `json:"plan"`
+	Seq uint64 `json:"seq"`
+	// Started is when the reload began: after the SIGHUP that asked
+	// for it, or after one that arrived while the reload before it ran.
+	Started time.Time  `json:"started"`
+	Time    time.Time  `json:"time"`
+	Plan    ReloadPlan `json:"plan"`
 	// Error says why the reload was refused or not wholly applied; ""
 	// when it applied the whole plan.
 	Error string `json:"error,omitempty"`
@@ -51,17 +59,33 @@ type HeldBack struct {
 	Why string `json:"why"`
 }
 
-// recordReload keeps what a reload did for subjects.Reload. It runs on the
-// signal loop only.
-func (d *Daemon) recordReload(plan ReloadPlan, err error, heldBack ...HeldBack) {
-	r := &ReloadResult{Seq: 1, Time: time.Now(), Plan: plan, HeldBack: heldBack}
-	if last := d.lastReload.Load(); last != nil {
-		r.Seq = last.Seq + 1
+// keptReloads is how many reloads' results subjects.Reload answers with.
+const keptReloads = 16
+
+// recordReload keeps what a reload that began at started did for
+// subjects.Reload. It runs on the signal loop only.
+func (d *Daemon) recordReload(started time.Time, plan ReloadPlan, err error, heldBack ...HeldBack) {
+	r := ReloadResult{Seq: 1, Started: started, Time: time.Now(), Plan: plan, HeldBack: heldBack}
+	var kept []ReloadResult
+	if p := d.reloads.Load(); p != nil {
+		kept = *p
+		r.Seq = kept[len(kept)-1].Seq + 1
 	}
 	if err != nil {
 		r.Error = err.Error()
 	}
-	d.lastReload.Store(r)
+	kept = append(kept[max(0, len(kept)+1-keptReloads):len(kept):len(kept)], r)
+	d.reloads.Store(&kept)
+}
+
+// lastReloads returns the kept reloads and the last of them (nil, nil
+// before the first).
+func (d *Daemon) lastReloads() ([]ReloadResult, *ReloadResult) {
+	p := d.reloads.Load()
+	if p == nil {
+		return nil, nil
+	}
+	return *p, &(*p)[len(*p)-1]
 }
 
 // loadForReload reads the config file as a reload does, against the
@@ -78,20 +102,22 @@ func (d *Daemon) loadForReload() (*config.Config, string, error) {
 // reloads it (see Reload). A file with problems is refused as a whole:
 // the running config stays.
 func (d *Daemon) ReloadFromFile(ctx context.Context) error {
+	started := time.Now()
 	next, _, err := d.loadForReload()
 	if err != nil {
 		d.log.Error("reload refused: the config has problems; still running the previous one", "err", err)
-		d.recordReload(ReloadPlan{}, err)
+		d.recordReload(started, ReloadPlan{}, err)
 		return err
 	}
-	return d.Reload(ctx, next)
+	return d.reload(ctx, next, started)
 }
 
 // serveReload answers subjects.Reload on the daemon's in-process connection.
 func serveReload(d *Daemon) (*nats.Subscription, error) {
 	subject := subjects.Reload(d.running.Load().Server.Name)
 	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
-		reply := ReloadReply{ServerName: d.running.Load().Server.Name, PID: os.Getpid(), LastReload: d.lastReload.Load()}
+		recent, last := d.lastReloads()
+		reply := ReloadReply{ServerName: d.running.Load().Server.Name, PID: os.Getpid(), LastReload: last, Recent: recent}
 		next, source, err := d.loadForReload()
 		reply.ConfigFile = source
 		if err != nil {

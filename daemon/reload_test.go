@@ -233,3 +233,29 @@ func TestReloadRefusesRestartChangesWhole(t *testing.T) {
 		t.Errorf("health still warns after the reload was applied: %q", h.Warnings)
 	}
 }
+
+// TestReloadsKept: the reload answer keeps the last reloads, each with
+// when it started, oldest first, at most keptReloads of them, so that
+// askers whose reloads ran one after the other each find their own.
+func TestReloadsKept(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	begin := time.Now()
+	for i := range keptReloads + 3 {
+		next := editable(d.Running())
+		next.Consumers["WORKER1"].Workers = 1 + i%2
+		if err := d.Reload(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recent, last := d.lastReloads()
+	if len(recent) != keptReloads || last == nil || last.Seq != keptReloads+3 {
+		t.Fatalf("%d reloads kept, the last %+v; want %d, the last number %d", len(recent), last, keptReloads, keptReloads+3)
+	}
+	for i, r := range recent {
+		if r.Seq != uint64(4+i) || r.Started.Before(begin) || r.Time.Before(r.Started) ||
+			(i > 0 && r.Started.Before(recent[i-1].Time)) {
+			t.Fatalf("reload %d kept as %+v: out of order or without its start", i, r)
+		}
+	}
+}

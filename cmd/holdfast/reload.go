@@ -57,14 +57,16 @@ func reloadCommand() *cli.Command {
 			if pid <= 0 {
 				pid = before.PID
 			}
+			last, sent := reloadSeq(before), time.Now()
 			if err := syscall.Kill(pid, syscall.SIGHUP); err != nil {
 				return runtimeError(fmt.Errorf("cannot signal holdfast (pid %d): %w (run as root or as holdfast's user, or systemctl reload holdfast)", pid, err))
 			}
-			last := reloadSeq(before)
 			for {
 				r, err := askReload(ctx, nc, cfg)
-				if err == nil && reloadSeq(r) > last {
-					return reportReload(c.App.Writer, r)
+				if err == nil {
+					if res := reloadAfter(r, last, sent); res != nil {
+						return reportReload(c.App.Writer, r.ConfigFile, res)
+					}
 				}
 				select {
 				case <-ctx.Done():
@@ -125,11 +127,30 @@ func reloadSeq(r *daemon.ReloadReply) uint64 {
 	return r.LastReload.Seq
 }
 
-// reportReload prints what the reload r reports did, and fails when it
-// was refused or not wholly applied.
-func reportReload(w io.Writer, r *daemon.ReloadReply) error {
-	res := r.LastReload
-	source := r.ConfigFile
+// reloadAfter is the reload r reports that answers a SIGHUP sent at
+// sent, after reload number last: the first that started after it (one
+// running when the signal came did not read the file for it; the signal
+// makes the next one). Several askers at once may each see another's
+// reload come after theirs before they read: each gets its own. nil
+// while it has not ended.
+func reloadAfter(r *daemon.ReloadReply, last uint64, sent time.Time) *daemon.ReloadResult {
+	if len(r.Recent) == 0 { // a holdfast from before Recent
+		if reloadSeq(r) > last {
+			return r.LastReload
+		}
+		return nil
+	}
+	for i := range r.Recent {
+		if res := &r.Recent[i]; res.Seq > last && !res.Started.Before(sent) {
+			return res
+		}
+	}
+	return nil
+}
+
+// reportReload prints what the reload res of source did, and fails when
+// it was refused or not wholly applied.
+func reportReload(w io.Writer, source string, res *daemon.ReloadResult) error {
 	if source == "" {
 		source = "built-in defaults"
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/daemon"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -906,4 +907,34 @@ func TestReloadOfAnotherFileRefused(t *testing.T) {
 		t.Fatalf("holdfast reload of its own file: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	p.stop()
+}
+
+// TestReloadAfterPicksTheReloadOfItsSignal: two askers at once, whose
+// signals made reloads 6 (which applied the change) and 7 (nothing left
+// to apply): each gets the first reload that started after its signal,
+// also when both ended before it read, rather than the last one, which
+// told the first asker "applied: (none)".
+func TestReloadAfterPicksTheReloadOfItsSignal(t *testing.T) {
+	t0 := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	r := &daemon.ReloadReply{Recent: []daemon.ReloadResult{
+		{Seq: 5, Started: at(-5000)},
+		{Seq: 6, Started: at(10), Plan: daemon.ReloadPlan{Apply: []string{"consumers.WORKER1.workers"}}},
+		{Seq: 7, Started: at(40)},
+	}}
+	r.LastReload = &r.Recent[2]
+	for _, tc := range []struct {
+		sent time.Time
+		want uint64
+	}{{at(0), 6}, {at(20), 7}, {at(50), 0}} {
+		got := reloadAfter(r, 5, tc.sent)
+		if (got == nil && tc.want != 0) || (got != nil && got.Seq != tc.want) {
+			t.Errorf("signal at %s: reload %v, want %d", tc.sent.Format("15:04:05.000"), got, tc.want)
+		}
+	}
+	// A holdfast from before Recent: the last reload after the asker's.
+	old := &daemon.ReloadReply{LastReload: &daemon.ReloadResult{Seq: 7}}
+	if got := reloadAfter(old, 5, at(0)); got == nil || got.Seq != 7 {
+		t.Errorf("without Recent: %v, want reload 7", got)
+	}
 }
