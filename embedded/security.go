@@ -114,14 +114,16 @@ func systemAccount(opts *server.Options) *server.Account {
 
 // Subjects only holdfast's own identity may use, whatever the config:
 // nobody else may publish JetStream advisories (a forged max-deliveries
-// advisory would have a message dead-lettered) or publish past group
+// advisory would have a message dead-lettered), publish past group
 // commit into a stream's prefixed subjects or onto the MQTT gate's
-// barrier subjects (a message there would be stored), or subscribe to holdfast's
-// internal subjects (a rogue responder could answer `holdfast status`).
+// barrier subjects (a message there would be stored), put a message
+// among the dead letters (a flood of them could fill a dead-letter stream
+// that then refuses the real ones), or subscribe to holdfast's internal
+// subjects (a rogue responder could answer `holdfast status`).
 // Requests to $HOLDFAST.STATUS.<server> and $HOLDFAST.RELOAD.<server>
 // (both only read) stay allowed to everyone.
 var (
-	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">"}
+	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">", subjects.DeadLetterPrefix + ">"}
 	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 

@@ -657,8 +657,8 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 // TestReservedSubjects: whatever the [auth] mode, clients other than
 // holdfast's own identity can neither publish JetStream advisories (a
 // forged MAX_DELIVERIES advisory made holdfast dead-letter a message that
-// had succeeded) nor subscribe to $HOLDFAST.> (a rogue responder answered
-// `holdfast status`). Without [auth] anything else still works without
+// had succeeded) or dead letters (found 2026-12-04) nor subscribe to
+// $HOLDFAST.> (a rogue responder answered `holdfast status`). Without [auth] anything else still works without
 // credentials, as before.
 func TestReservedSubjects(t *testing.T) {
 	t.Parallel()
@@ -722,6 +722,21 @@ func TestReservedSubjects(t *testing.T) {
 				}
 			case <-time.After(5 * time.Second):
 				t.Fatal("no permissions violation for the forged advisory")
+			}
+
+			// A forged dead letter: dlq ls would list it, and a flood
+			// of them could fill the stream the real ones need.
+			if err := nc.Publish("dlq.WORKER1.orders.created", []byte("forged")); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			select {
+			case err := <-errs:
+				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for publish") {
+					t.Fatalf("forged dead letter: %v, want a publish permissions violation", err)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("no permissions violation for the forged dead letter")
 			}
 
 			if _, err := nc.Subscribe("$HOLDFAST.STATUS.holdfast-test", func(*nats.Msg) {}); err != nil {

@@ -171,6 +171,12 @@ func TestSecureEdgeExample(t *testing.T) {
 	if err := json.Unmarshal([]byte(res.stdout), &status); err != nil || !strings.Contains(res.stdout, "ORDERS") {
 		t.Errorf("status output: %v\n%s", err, res.stdout)
 	}
+	// The documented operator user reads the dead letters too.
+	res = e2eRunBinary(t, holdfastBin, env, nil, "dlq", "ls", "--config", cfgPath, "--user", "ops",
+		"--tls-cert", certs.ClientCert, "--tls-key", certs.ClientKey)
+	if res.code != 0 {
+		t.Errorf("dlq ls as ops: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
 	res = e2eRunBinary(t, holdfastBin, env, nil, "status", "--config", cfgPath, "--user", "ops")
 	if res.code != 1 || !strings.Contains(res.stderr, "--tls-cert") {
 		t.Errorf("status without a client certificate: exit %d, want 1 with a hint\n%s", res.code, res.stderr)
