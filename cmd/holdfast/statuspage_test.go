@@ -70,6 +70,12 @@ listen = %q
 	if tok := dev.Publish("orders/scanned", 1, false, "6"); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
 		t.Fatalf("mqtt publish: %v", tok.Error())
 	}
+	// A QoS 1 publish no stream takes is refused: the device is
+	// disconnected, and the page counts it.
+	lost := pahoClient(t, "tcp://"+mqttAddr, "misplaced", nil)
+	if tok := lost.Publish("elsewhere/scanned", 1, false, "7"); tok.WaitTimeout(5*time.Second) && tok.Error() == nil {
+		t.Fatal("a QoS 1 publish no stream takes got its PUBACK")
+	}
 	base := "http://" + httpAddr
 	var st *daemon.ClientStatus
 	natstest.CheckFor(t, 15*time.Second, 50*time.Millisecond, func() error {
@@ -102,6 +108,8 @@ listen = %q
 	b.waitText(ordersMessages, "7")
 	b.waitText(`[data-consumer="ORDERS/WORKER1"] [data-field="pending"]`, "7")
 	b.waitText(`#mqtt [data-field="acked"]`, "1")
+	b.waitText(`#mqtt [data-field="refused"]`, "1")
+	b.waitText(`#mqtt [data-field="streams"]`, "ORDERS")
 	if disk := b.text(`#store [data-field="disk"]`); !strings.Contains(disk, " free of ") {
 		t.Fatalf("the store's disk shows %q", disk)
 	}

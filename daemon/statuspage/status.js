@@ -337,6 +337,8 @@
     field(dl, "PUBACKs once stored", num(m.acked), "acked");
     field(dl, "waiting for the stream", num(m.holding), "holding", m.holding > 0 ? "warn" : null);
     field(dl, "barriers", num(m.barriers) + (m.failed ? ", " + num(m.failed) + " failed" : ""), "barriers", m.failed ? "bad" : null);
+    field(dl, "streams devices publish into", (m.streams || []).join(", ") || "none", "streams");
+    field(dl, "refused: no stream takes the topic", num(m.refused || 0), "refused", m.refused ? "bad" : null);
     if (m.last_error) field(dl, "last failure", m.last_error, "problem", "bad");
   }
 
