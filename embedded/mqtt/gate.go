@@ -395,12 +395,30 @@ func (c *conn) forward(srv net.Conn) {
 		if _, err := io.CopyN(w, r, int64(n)); err != nil {
 			return
 		}
-		if r.Buffered() == 0 {
+		// What is written waits only for a next packet already here
+		// whole: reading one still on its way could wait on the device.
+		if !wholePacketBuffered(r) {
 			if err := w.Flush(); err != nil {
 				return
 			}
 		}
 	}
+}
+
+// wholePacketBuffered reports whether r holds a whole MQTT packet ready
+// to read without waiting.
+func wholePacketBuffered(r *bufio.Reader) bool {
+	have := r.Buffered()
+	hdr, _ := r.Peek(min(have, 5))
+	n, mult := 0, 1
+	for i := 1; i < len(hdr); i++ {
+		n += int(hdr[i]&0x7f) * mult
+		if hdr[i]&0x80 == 0 {
+			return have >= i+1+n
+		}
+		mult *= 128
+	}
+	return false
 }
 
 // refuse closes the connection of a device that published topic, whose

@@ -435,3 +435,60 @@ func TestMetricNames(t *testing.T) {
 		t.Fatalf("registered %q, MetricNames says %q", got, want)
 	}
 }
+
+// wholePacketBuffered says whether the next packet is all there: the gate
+// sends on what it has before it waits for the rest of one.
+func TestWholePacketBuffered(t *testing.T) {
+	ping := []byte{0xc0, 0x00}
+	long := append([]byte{0x30, 0x80, 0x01}, bytes.Repeat([]byte{'x'}, 128)...)
+	for _, tc := range []struct {
+		in   []byte
+		want bool
+	}{
+		{nil, false},
+		{ping[:1], false},
+		{ping, true},
+		{append(slices.Clone(ping), 0x30), true}, // the next one is whole
+		{[]byte{0x30}, false},
+		{long[:2], false},
+		{long[:100], false},
+		{long, true},
+		{append(slices.Clone(long), ping...), true},
+	} {
+		r := bufio.NewReaderSize(bytes.NewReader(tc.in), 4096)
+		_, _ = r.Peek(len(tc.in)) // fill the buffer with all of it
+		if got := wholePacketBuffered(r); got != tc.want {
+			t.Errorf("%d bytes %x...: %v, want %v", len(tc.in), tc.in[:min(len(tc.in), 4)], got, tc.want)
+		}
+	}
+}
+
+// A packet the device sent reaches the server without waiting for the
+// rest of the one after it: a PINGREQ followed by the start of a PUBLISH
+// gets its PINGRESP.
+func TestGatePassesPacketsBeforeAPartialOne(t *testing.T) {
+	_, _, _, g := setup(t)
+	c, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id := "raw-device"
+	connect := append([]byte{0x10, byte(12 + len(id)), 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, byte(len(id))}, id...)
+	if _, err := c.Write(connect); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	r := bufio.NewReader(c)
+	if p, err := readPacket(r); err != nil || p[0] != 0x20 {
+		t.Fatalf("CONNACK: %x, %v", p, err)
+	}
+	// PINGREQ, then the first bytes of a QoS 0 PUBLISH of 100 bytes.
+	if _, err := c.Write([]byte{0xc0, 0x00, 0x30, 100, 0, 9, 's', 'e'}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if p, err := readPacket(r); err != nil || p[0] != 0xd0 {
+		t.Fatalf("PINGRESP: %x, %v (the PINGREQ waited for the PUBLISH after it)", p, err)
+	}
+}
