@@ -382,6 +382,9 @@ func printLeafnodes(w io.Writer, st *forward.EdgeStatus) {
 		if f.Resent > 0 || f.Gone > 0 {
 			fmt.Fprintf(w, "  the hub lost what it had acknowledged: %d sent again, %d lost on both sides (no longer on this edge)\n", f.Resent, f.Gone)
 		}
+		if f.Untrusted > 0 {
+			fmt.Fprintf(w, "  %d hub position(s) not trusted: the last message on the hub for this edge was not sent by it (a client on the hub may publish on this edge's subjects)\n", f.Untrusted)
+		}
 	}
 	for _, s := range st.Sources {
 		kind := "source"

@@ -117,8 +117,11 @@ type Stats struct {
 	Duplicates atomic.Uint64 // PubAcks saying the hub had it already
 	Refused    atomic.Uint64 // messages failed at once (too large, refused by the hub)
 	Skipped    atomic.Uint64 // messages not sent again: the hub's position shows it holds them
-	Errors     atomic.Uint64 // publishes that failed and were retried
-	Batches    atomic.Uint64 // atomic batches the hub committed
+	// Untrusted counts hub positions not taken: the last message on the
+	// hub for this edge was not one the edge sent.
+	Untrusted atomic.Uint64
+	Errors    atomic.Uint64 // publishes that failed and were retried
+	Batches   atomic.Uint64 // atomic batches the hub committed
 	// Resent counts messages the hub acknowledged and then lost (its
 	// store wiped or put back from an older copy), sent again from the
 	// edge's stream; Gone those lost on both sides: the edge's stream no
@@ -783,6 +786,16 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 			if err != nil {
 				continue
 			}
+			if !sentFrom(ctx, local, seq, stored) {
+				// Anyone who may publish on the hub's edge subjects can
+				// put a message there with this edge's headers: taken
+				// as the position, it would have the edge skip (ack
+				// without sending) every message up to it.
+				f.log.Error("the last message on the hub for this edge is not one this edge sent (no such message in its stream): not taken as the hub's position; the messages it claims are sent again, to be deduplicated by the hub. A client on the hub may have published on this edge's subjects: allow only edges to publish there",
+					"hub_stream", s.CachedInfo().Config.Name, "subject", d, "claimed_seq", seq, "claimed_time", stored)
+				f.stats.Untrusted.Add(1)
+				continue
+			}
 			// The last sent across the destinations (and the hub's
 			// streams) is the one stored last on the edge: the edge's
 			// clock decides, not those of a hub cluster's nodes. Should
@@ -794,6 +807,21 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 		}
 	}
 	return pos, nil
+}
+
+// sentFrom reports whether the edge's stream local (as it is now) could
+// have sent the message stored at seq at time stored: it holds that very
+// message, or has removed everything up to seq (nothing left to skip).
+func sentFrom(ctx context.Context, local jetstream.Stream, seq uint64, stored time.Time) bool {
+	st := local.CachedInfo().State
+	if seq < st.FirstSeq {
+		return true
+	}
+	if seq > st.LastSeq {
+		return false
+	}
+	m, err := local.GetMsg(ctx, seq)
+	return err == nil && m.Time.Equal(stored)
 }
 
 // onHub reports whether the hub's position shows it holds m, of the

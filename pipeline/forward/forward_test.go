@@ -1064,3 +1064,75 @@ func TestForwardLooksUpItsStreamWhenItChanges(t *testing.T) {
 		t.Errorf("the message after the recreation names the stream created at %s, want %s (the new one)", got, want)
 	}
 }
+
+// TestForwardForgedHubPositionNotTrusted: a message put on the hub with
+// this edge's origin headers by someone else (any client allowed to
+// publish on the hub's edge subjects) is not taken as the hub's position:
+// taken, it had the edge ack every later message without sending it
+// (found 2026-12-04). A claim past the edge's stream, or of a message
+// the edge stored at another time, is refused and counted; the messages
+// after the real position still reach the hub.
+func TestForwardForgedHubPositionNotTrusted(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	handle := func(seq uint64) {
+		t.Helper()
+		if r := f.Handle(ctx, storedMessage(e, seq)); r.Outcome != handler.Success {
+			t.Fatalf("Handle(%d): %+v", seq, r)
+		}
+	}
+	e.Publish("orders.created", "1", nil)
+	handle(1)
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	real, err := hub.GetMsg(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, claim := range []struct{ seq, time string }{
+		{"1000000", "2099-01-01T00:00:00Z"},                       // past the edge's stream
+		{"2", real.Header.Get(forward.HeaderOriginTime)},          // a message the edge stored at another time
+		{"1", time.Now().Add(time.Hour).Format(time.RFC3339Nano)}, // its first message, another time
+	} {
+		e.Publish("orders.created", fmt.Sprint(i+2), nil)
+		forged := nats.NewMsg("edge.edge1.orders.created")
+		for _, h := range []string{forward.HeaderOriginServer, forward.HeaderOriginStream, forward.HeaderOriginStreamCreated} {
+			forged.Header.Set(h, real.Header.Get(h))
+		}
+		forged.Header.Set(forward.HeaderOriginSeq, claim.seq)
+		forged.Header.Set(forward.HeaderOriginTime, claim.time)
+		if _, err := e.JS.PublishMsg(ctx, forged); err != nil {
+			t.Fatal(err)
+		}
+		up.Store(false) // a reconnect: the position is read from the hub
+		if f.Ready() {
+			t.Fatal("ready with the link down")
+		}
+		up.Store(true)
+		// Ready once the hub was checked again, its position read.
+		natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+			if !f.Ready() {
+				return fmt.Errorf("not ready: %s", f.Problem())
+			}
+			return nil
+		})
+		handle(uint64(i + 2))
+		if s := f.Stats().Skipped.Load(); s != 0 {
+			t.Fatalf("claim %d: %d message(s) skipped: the forged position was taken", i, s)
+		}
+		if n := f.Stats().Untrusted.Load(); n != uint64(i+1) {
+			t.Fatalf("claim %d: %d positions not trusted, want %d", i, n, i+1)
+		}
+	}
+	// The edge's 4 messages and the 3 forged ones.
+	if n := hubMsgs(e); n != 7 {
+		t.Fatalf("hub holds %d, want 7", n)
+	}
+}

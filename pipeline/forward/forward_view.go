@@ -165,7 +165,10 @@ type ForwarderStatus struct {
 	// showed it held them; HubPosition is that position: the origin
 	// sequence of the last message the hub holds from this consumer (0
 	// when it holds none, or cannot tell: HubPositionKnown false).
-	Skipped          uint64 `json:"skipped"`
+	Skipped uint64 `json:"skipped"`
+	// Untrusted counts hub positions not taken because the edge never
+	// sent the message they came from (forged on the hub).
+	Untrusted        uint64 `json:"untrusted_positions,omitempty"`
 	HubPosition      uint64 `json:"hub_position"`
 	HubPositionKnown bool   `json:"hub_position_known"`
 	Refused          uint64 `json:"refused"`
@@ -212,7 +215,7 @@ func (v *EdgeView) Status(ctx context.Context) *EdgeStatus {
 	for _, f := range v.forwarderList() {
 		st := f.Stats()
 		fs := ForwarderStatus{Consumer: f.opts.Consumer, Stream: f.opts.Stream, Domain: f.opts.Domain, Ready: f.Ready(), Problem: f.Problem(),
-			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load(), Batches: st.Batches.Load(),
+			Forwarded: st.Forwarded.Load(), Duplicates: st.Duplicates.Load(), Skipped: st.Skipped.Load(), Untrusted: st.Untrusted.Load(), Refused: st.Refused.Load(), Errors: st.Errors.Load(), Batches: st.Batches.Load(),
 			Resent: st.Resent.Load(), Gone: st.Gone.Load()}
 		fs.HubPosition, fs.HubPositionKnown = f.Position()
 		if fs.Problem == "" {
