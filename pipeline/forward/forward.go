@@ -1035,7 +1035,10 @@ func NewMsg(subject, server string, m *handler.Message, streamCreated time.Time)
 	out := nats.NewMsg(subject)
 	out.Data = m.Data
 	for k, vs := range m.Header {
-		if strings.HasPrefix(strings.ToLower(k), "nats-") {
+		// The server's headers, and holdfast's own origin headers, which
+		// only this edge sets: a local client's Holdfast-Origin-Lost would
+		// have the hub report a loss that never happened.
+		if lk := strings.ToLower(k); strings.HasPrefix(lk, "nats-") || strings.HasPrefix(lk, "holdfast-origin-") {
 			continue
 		}
 		for _, v := range vs {

@@ -1136,3 +1136,34 @@ func TestForwardForgedHubPositionNotTrusted(t *testing.T) {
 		t.Fatalf("hub holds %d, want 7", n)
 	}
 }
+
+// TestNewMsgDropsClientOriginHeaders: the origin headers are the edge's
+// alone. A local client's Holdfast-Origin-Lost and -Resent went to the
+// hub, which reported losses that never happened (found 2026-12-04); its
+// other origin headers are replaced, in whatever case they came.
+func TestNewMsgDropsClientOriginHeaders(t *testing.T) {
+	h := nats.Header{}
+	h.Set(forward.HeaderOriginLost, "42")
+	h.Set(forward.HeaderOriginResent, "1")
+	h["holdfast-origin-seq"] = []string{"1000000"}
+	h.Set("X-Kept", "yes")
+	m := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: 7, Delivery: 1,
+		Published: time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC), Header: h, Data: []byte("x")}
+	out := forward.NewMsg("edge.edge1.orders.created", "edge1", m, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC))
+	for _, k := range []string{forward.HeaderOriginLost, forward.HeaderOriginResent} {
+		if v := out.Header.Values(k); len(v) != 0 {
+			t.Errorf("%s: %q sent to the hub, from a client", k, v)
+		}
+	}
+	if v := out.Header.Values(forward.HeaderOriginSeq); len(v) != 1 || v[0] != "7" {
+		t.Errorf("%s: %q, want [7]", forward.HeaderOriginSeq, v)
+	}
+	for k := range out.Header {
+		if strings.EqualFold(k, forward.HeaderOriginSeq) && k != forward.HeaderOriginSeq {
+			t.Errorf("the client's %s went along", k)
+		}
+	}
+	if out.Header.Get("X-Kept") != "yes" {
+		t.Error("a client header was dropped")
+	}
+}
