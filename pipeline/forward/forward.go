@@ -535,10 +535,20 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 			hubSubjects = append(hubSubjects, strings.TrimPrefix(sub, subjects.GroupCommit(name, "")))
 		}
 		atomic = atomic && cfg.AllowAtomicPublish
-		if cfg.Duplicates < need {
+		if positional && cfg.Retention != jetstream.LimitsPolicy {
+			// The position is the last message the hub holds of this
+			// edge, which interest and work-queue retention remove once
+			// consumed: only the duplicate window guards what is sent
+			// again then.
+			positional = false
+			need, why = f.opts.MinDuplicateWindow, fmt.Sprintf("with %s retention the hub's stream removes what it consumed, so what it holds of this edge cannot be read: only the duplicate window keeps what is sent again after an outage (up to leafnodes.unreachable_after = %s) from being stored twice (or give the stream retention = \"limits\")", strings.ToLower(cfg.Retention.String()), f.opts.MinDuplicateWindow)
+		}
+	}
+	for i, s := range streams {
+		if d := s.CachedInfo().Config.Duplicates; d < need {
 			return fmt.Errorf("%w: stream %s on the hub (domain %q) deduplicates over %s, but %s: "+
 				"set duplicate_window = %q (or longer) on the hub's stream; forwarding waits until then (local publishing goes on)",
-				ErrDuplicateWindow, name, f.opts.Domain, cfg.Duplicates, why, need.String())
+				ErrDuplicateWindow, names[i], f.opts.Domain, d, why, need.String())
 		}
 	}
 	pos := position{}

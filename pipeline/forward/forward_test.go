@@ -267,14 +267,20 @@ func TestForwardWaitsOnShortDuplicateWindow(t *testing.T) {
 	for _, tt := range []struct {
 		name, template, want string
 		window, fixed        time.Duration
+		retention            jetstream.RetentionPolicy
 	}{
-		{"position", config.DefaultForwardSubject, `duplicate_window = "4s"`, time.Second, 4 * time.Second},
-		{"no position", "edge.all.{subject}", `duplicate_window = "5m0s"`, 2 * time.Minute, 5 * time.Minute},
+		{"position", config.DefaultForwardSubject, `duplicate_window = "4s"`, time.Second, 4 * time.Second, jetstream.LimitsPolicy},
+		{"no position", "edge.all.{subject}", `duplicate_window = "5m0s"`, 2 * time.Minute, 5 * time.Minute, jetstream.LimitsPolicy},
+		// The hub removes what it consumed, the position with it: a
+		// kill -9 of the edge stored 1,005 of 20,000 twice (found
+		// 2026-12-04).
+		{"interest retention", config.DefaultForwardSubject, `duplicate_window = "5m0s"`, 2 * time.Minute, 5 * time.Minute, jetstream.InterestPolicy},
+		{"work queue", config.DefaultForwardSubject, "workqueue retention", 2 * time.Minute, 5 * time.Minute, jetstream.WorkQueuePolicy},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			e := pipelinetest.Start(t, nil)
 			ctx := context.Background()
-			hub := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: tt.window}
+			hub := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: tt.window, Retention: tt.retention}
 			if _, err := e.JS.CreateStream(ctx, hub); err != nil {
 				t.Fatal(err)
 			}
