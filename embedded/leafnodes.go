@@ -35,6 +35,10 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 // the same stream (ORDERS on orders.*) would otherwise each store the
 // other's messages, and the hub would see every edge's local traffic.
 //
+// Also its own JetStream API, $JS.<its domain>.API.>: through the link
+// any client of the hub could otherwise read, purge and delete the
+// edge's streams and consumers, messages not yet forwarded with them.
+//
 // Also the acks of its streams' consumers, $JS.ACK.<stream>.>: the
 // server sends a consumer's acks to that subject, without the domain, and
 // carries them over a leafnode link to every server whose consumer of a
@@ -51,6 +55,9 @@ func LeafDenied(cfg *config.Config) []string {
 		out = append(out, "$JS.ACK."+name+".>")
 	}
 	out = append(out, subjects.DeadLetterPrefix+">", "$JS.EVENT.>")
+	if d := cfg.JetStream.Domain; d != "" {
+		out = append(out, "$JS."+d+".API.>")
+	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }

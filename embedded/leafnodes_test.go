@@ -208,13 +208,52 @@ func TestLeafNodesTLS(t *testing.T) {
 }
 
 // TestLeafDenied: an edge keeps its streams' subjects, the acks of their
-// consumers and the dead letters off the link.
+// consumers, its JetStream API and the dead letters off the link.
 func TestLeafDenied(t *testing.T) {
 	cfg := configtest.Default(t)
 	cfg.Streams["MORE"] = config.DefaultStream([]string{"more.>", "orders.*"})
 	got := strings.Join(LeafDenied(cfg), " ")
 	if got != "$JS.ACK.MORE.> $JS.ACK.ORDERS.> $JS.ACK.ORDERS_DLQ.> $JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
+	}
+	cfg.JetStream.Domain = "edge1"
+	if got := LeafDenied(cfg); !slices.Contains(got, "$JS.edge1.API.>") {
+		t.Errorf("denied = %q, without the edge's JetStream API", got)
+	}
+}
+
+// TestLeafEdgeAPIOffTheLink: a client of the hub cannot reach the edge's
+// JetStream API through the link (found 2026-12-04: nats --js-domain edge1
+// stream rm ORDERS, run on the hub, deleted the edge's messages not yet
+// forwarded), while the edge still reaches the hub's.
+func TestLeafEdgeAPIOffTheLink(t *testing.T) {
+	hubCfg := leafHubConfig(t, "", "")
+	hub := runServer(t, hubCfg)
+	edge := runServer(t, leafEdgeConfig(t, "edge1", hubCfg, config.RemoteConfig{}))
+	waitFor(t, "the link to reach the hub", func() bool { return edge.LeafReaches("hub") })
+	ctx := natstest.Context(t)
+	if _, err := edge.JetStream().CreateStream(ctx, jetstream.StreamConfig{Name: "LOCAL", Subjects: []string{"local.>"}}); err != nil {
+		t.Fatal(err)
+	}
+	hubJS, err := jetstream.NewWithDomain(edge.Conn(), "hub")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hubJS.AccountInfo(ctx); err != nil {
+		t.Fatalf("the edge reaches no JetStream of the hub: %v", err)
+	}
+	nc := natstest.Connect(t, hub.NATS())
+	edgeJS, err := jetstream.NewWithDomain(nc, "edge1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := edgeJS.DeleteStream(short, "LOCAL"); err == nil {
+		t.Fatal("a client of the hub deleted a stream of the edge")
+	}
+	if _, err := edge.JetStream().Stream(ctx, "LOCAL"); err != nil {
+		t.Fatalf("the edge's stream: %v", err)
 	}
 }
 
