@@ -21,11 +21,20 @@ func openDefault(t *testing.T) *Daemon {
 // openDefaultLog is openDefault logging to log.
 func openDefaultLog(t *testing.T, log io.Writer) *Daemon {
 	t.Helper()
+	return openWith(t, log, nil)
+}
+
+// openWith is openDefaultLog with the config changed by tweak first.
+func openWith(t *testing.T, log io.Writer, tweak func(*config.Config)) *Daemon {
+	t.Helper()
 	cfg := config.DefaultConfig()
 	cfg.Server.Port = -1
 	cfg.HTTP.Listen = ""
 	cfg.JetStream.StoreDir = t.TempDir()
 	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
+	if tweak != nil {
+		tweak(cfg)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package daemon
 
 import (
-	"context"
 	"io"
-	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -21,20 +19,7 @@ import (
 // refusal its PUBACK waited for the other streams only), and a stream
 // left out at a reload is no longer waited for.
 func TestReloadedStreamTakesDevices(t *testing.T) {
-	cfg := config.DefaultConfig()
-	cfg.Server.Port = -1
-	cfg.HTTP.Listen = ""
-	cfg.JetStream.StoreDir = t.TempDir()
-	cfg.JetStream.MaxFileStore = config.Bytes(1 << 30)
-	cfg.MQTT.Listen = "127.0.0.1:0"
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	d := New(cfg, Options{Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err := d.Open(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = d.Close(context.Background()) })
+	d := openWith(t, io.Discard, func(cfg *config.Config) { cfg.MQTT.Listen = "127.0.0.1:0" })
 	ctx := natstest.Context(t)
 	if got := d.mqtt.Stats().Streams; !slices.Equal(got, []string{"ORDERS"}) {
 		t.Fatalf("the gate answers for %q, want [ORDERS]", got)
