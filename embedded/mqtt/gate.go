@@ -153,16 +153,16 @@ func (g *Gate) SetStreams(streams []Stream) {
 	g.bar.setSubjects(barriers)
 }
 
-// takes returns the stream that takes subject, "" when none does.
-func (g *Gate) takes(subject string) string {
+// takes reports whether a stream the gate answers for takes subject.
+func (g *Gate) takes(subject string) bool {
 	for _, s := range *g.streams.Load() {
 		for _, f := range s.Subjects {
 			if server.SubjectMatchesFilter(subject, f) {
-				return s.Name
+				return true
 			}
 		}
 	}
-	return ""
+	return false
 }
 
 // Addr is the address devices connect to.
@@ -359,11 +359,9 @@ func (c *conn) forward(srv net.Conn) {
 		if err != nil {
 			return
 		}
-		if _, err := w.Write(hdr); err != nil {
-			return
-		}
 		// A QoS 1 or 2 PUBLISH (type 3, QoS in bits 1-2) that is not a
-		// retained message: its topic, then what follows, as it comes.
+		// retained message: its topic is read before any of it is passed
+		// on, then the rest as it comes.
 		if hdr[0]>>4 == publish && hdr[0]&0x06 != 0 && hdr[0]&0x01 == 0 && n >= 2 {
 			var l [2]byte
 			if _, err := io.ReadFull(r, l[:]); err != nil {
@@ -377,20 +375,16 @@ func (c *conn) forward(srv net.Conn) {
 			if _, err := io.ReadFull(r, topic); err != nil {
 				return
 			}
-			if subj, ok := natsSubject(topic); ok {
-				if g.takes(subj) == "" {
-					_ = w.Flush() // what came before is the server's
-					g.refuse(c, string(topic), subj)
-					return
-				}
-			}
-			if _, err := w.Write(l[:]); err != nil {
+			if subj, ok := natsSubject(topic); ok && !g.takes(subj) {
+				_ = w.Flush() // the packets before it are the server's
+				g.refuse(c, string(topic), subj)
 				return
 			}
-			if _, err := w.Write(topic); err != nil {
-				return
-			}
+			hdr = append(append(hdr, l[:]...), topic...)
 			n -= 2 + tl
+		}
+		if _, err := w.Write(hdr); err != nil {
+			return
 		}
 		if _, err := io.CopyN(w, r, int64(n)); err != nil {
 			return
