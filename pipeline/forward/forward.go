@@ -796,7 +796,11 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 			if err != nil {
 				continue
 			}
-			if !sentFrom(ctx, local, seq, stored) {
+			sent, err := sentFrom(ctx, local, seq, stored)
+			if err != nil {
+				return position{}, fmt.Errorf("local stream %s, message %d: %w", f.opts.Stream, seq, err)
+			}
+			if !sent {
 				// Anyone who may publish on the hub's edge subjects can
 				// put a message there with this edge's headers: taken
 				// as the position, it would have the edge skip (ack
@@ -822,16 +826,23 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 // sentFrom reports whether the edge's stream local (as it is now) could
 // have sent the message stored at seq at time stored: it holds that very
 // message, or has removed everything up to seq (nothing left to skip).
-func sentFrom(ctx context.Context, local jetstream.Stream, seq uint64, stored time.Time) bool {
+// An error is one of reading the stream, not an answer.
+func sentFrom(ctx context.Context, local jetstream.Stream, seq uint64, stored time.Time) (bool, error) {
 	st := local.CachedInfo().State
 	if seq < st.FirstSeq {
-		return true
+		return true, nil
 	}
 	if seq > st.LastSeq {
-		return false
+		return false, nil
 	}
 	m, err := local.GetMsg(ctx, seq)
-	return err == nil && m.Time.Equal(stored)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return m.Time.Equal(stored), nil
 }
 
 // onHub reports whether the hub's position shows it holds m, of the
