@@ -715,42 +715,34 @@ func TestReservedSubjects(t *testing.T) {
 			if m, err := adv.NextMsg(time.Second); err == nil {
 				t.Fatalf("a client forged an advisory: %s", m.Data)
 			}
-			select {
-			case err := <-errs:
-				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for publish") {
-					t.Fatalf("forged advisory: %v, want a publish permissions violation", err)
+			// violation waits for the server's answer to what was just
+			// sent: a permissions violation for it (kind: publish or
+			// subscription).
+			violation := func(what, kind string) {
+				t.Helper()
+				_ = nc.Flush()
+				select {
+				case err := <-errs:
+					if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for "+kind) {
+						t.Fatalf("%s: %v, want a %s permissions violation", what, err, kind)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("no permissions violation for %s", what)
 				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("no permissions violation for the forged advisory")
 			}
+			violation("the forged advisory", "publish")
 
 			// A forged dead letter: dlq ls would list it, and a flood
 			// of them could fill the stream the real ones need.
 			if err := nc.Publish("dlq.WORKER1.orders.created", []byte("forged")); err != nil {
 				t.Fatal(err)
 			}
-			_ = nc.Flush()
-			select {
-			case err := <-errs:
-				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for publish") {
-					t.Fatalf("forged dead letter: %v, want a publish permissions violation", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("no permissions violation for the forged dead letter")
-			}
+			violation("the forged dead letter", "publish")
 
 			if _, err := nc.Subscribe("$HOLDFAST.STATUS.holdfast-test", func(*nats.Msg) {}); err != nil {
 				t.Fatal(err)
 			}
-			_ = nc.Flush()
-			select {
-			case err := <-errs:
-				if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for subscription") {
-					t.Fatalf("subscribe to $HOLDFAST.>: %v, want a permissions violation", err)
-				}
-			case <-time.After(5 * time.Second):
-				t.Fatal("a client subscribed to $HOLDFAST.> without a permissions violation")
-			}
+			violation("a subscription to $HOLDFAST.>", "subscription")
 		})
 	}
 }

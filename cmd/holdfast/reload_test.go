@@ -869,11 +869,7 @@ func TestReloadSaysWhatItHeldBack(t *testing.T) {
 	p := startHoldfast(t, o.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, o.e2eInstance)
-	for i := range 20 {
-		if _, err := js.Publish(natstest.Context(t), "orders.created", []byte(strconv.Itoa(i))); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e2ePublishAcked(t, js, 0, 20)
 	editConfig(t, o.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nmax_msgs = 5\n")
 	res := runHoldfast(t, nil, "reload", "--config", o.cfg)
 	applied, heldBack, _ := strings.Cut(res.stdout, "not applied")
