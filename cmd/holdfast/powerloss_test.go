@@ -32,11 +32,23 @@ type powerLossResult struct {
 	consumerMissing int // restarts that found no consumer WORKER1
 	lossReported    int // restarts where holdfast reported a data loss
 	droppedBytes    int64
+	// The longest of each step over the cycles: start to ready (the
+	// check after it included), kill to exit, the load's stop, the cut
+	// and the remount; then the last start's drain. A run that takes far
+	// longer than usual says here where it waited.
+	slowest [5]time.Duration
+}
+
+// note keeps the time since since as step i's longest when it is.
+func (r *powerLossResult) note(i int, since time.Time) {
+	r.slowest[i] = max(r.slowest[i], time.Since(since))
 }
 
 func (r powerLossResult) String() string {
-	return fmt.Sprintf("sync=%s: %d power cuts, %d messages acknowledged, %d lost; stream missing at %d restart(s), consumer missing at %d (after the bootstrap); holdfast reported a data loss at %d start(s); %d unsynced bytes dropped by the cuts",
-		r.sync, r.cycles, r.acked, r.lost, r.streamVanished, r.consumerMissing, r.lossReported, r.droppedBytes)
+	round := func(d time.Duration) time.Duration { return d.Round(time.Millisecond) }
+	return fmt.Sprintf("sync=%s: %d power cuts, %d messages acknowledged, %d lost; stream missing at %d restart(s), consumer missing at %d (after the bootstrap); holdfast reported a data loss at %d start(s); %d unsynced bytes dropped by the cuts; longest start to ready %s, kill to exit %s, load stop %s, cut and remount %s; last drain %s",
+		r.sync, r.cycles, r.acked, r.lost, r.streamVanished, r.consumerMissing, r.lossReported, r.droppedBytes,
+		round(r.slowest[0]), round(r.slowest[1]), round(r.slowest[2]), round(r.slowest[3]), round(r.slowest[4]))
 }
 
 // lazyMount mounts a lazyfs over a fresh backing dir, or skips the test
@@ -124,18 +136,25 @@ func runPowerLossWith(t *testing.T, load powerLossLoad) powerLossResult {
 	}
 
 	for cycle := range load.cycles {
+		began := time.Now()
 		proc := startHoldfast(t, cfgPath)
 		proc.waitReady()
 		if cycle > 0 {
 			check(proc)
 		}
+		res.note(0, began)
 		stop := load.start(cycle, url, acks)
 		time.Sleep(randDuration(300*time.Millisecond, 1500*time.Millisecond))
 		if err := proc.cmd.Process.Kill(); err != nil {
 			t.Fatal(err)
 		}
+		killed := time.Now()
 		proc.wait(30 * time.Second)
+		res.note(1, killed)
+		stopping := time.Now()
 		stop()
+		res.note(2, stopping)
+		cut := time.Now()
 		rep, err := lfs.Crash()
 		if err != nil {
 			t.Fatalf("cycle %d: power cut: %v", cycle, err)
@@ -145,6 +164,7 @@ func runPowerLossWith(t *testing.T, load powerLossLoad) powerLossResult {
 			t.Fatalf("cycle %d: remount: %v", cycle, err)
 		}
 		t.Cleanup(func() { _ = lfs.Unmount() })
+		res.note(3, cut)
 	}
 
 	proc := startHoldfast(t, cfgPath)
@@ -152,7 +172,9 @@ func runPowerLossWith(t *testing.T, load powerLossLoad) powerLossResult {
 	check(proc)
 	if res.lost == 0 && res.streamVanished == 0 {
 		// Every message is processed: the workers drain the consumer.
+		draining := time.Now()
 		waitDrained(t, url, 60*time.Second)
+		res.note(4, draining)
 	}
 	proc.stop()
 	return res
