@@ -864,8 +864,9 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 					}
 				}
 			}
-			if _, _, err := Restore(ctx, nc2, dir, opts); !errors.Is(err, context.Canceled) {
-				t.Fatalf("interrupted restore: %v", err)
+			_, _, rerr := Restore(ctx, nc2, dir, opts)
+			if !errors.Is(rerr, context.Canceled) {
+				t.Fatalf("interrupted restore: %v", rerr)
 			}
 			// Two restores ended: the interrupted one, and the one that put
 			// the replaced ORDERS back.
@@ -877,7 +878,7 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 				}
 			}
 			if st, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || !ok || st.Msgs != 1 || st.LastSeq != 1 {
-				t.Fatalf("after the interrupted restore ORDERS is %+v (exists %v, %v): want the replaced stream put back, its one message, nothing of the backup", st, ok, err)
+				t.Fatalf("after the interrupted restore ORDERS is %+v (exists %v, %v): want the replaced stream put back, its one message, nothing of the backup; the restore said: %v", st, ok, err, rerr)
 			}
 		})
 	}
