@@ -16,7 +16,8 @@ import (
 // protectClearStreams runs before the server starts: it puts back the
 // copies of an encrypting start that did not finish and, with a key,
 // re-seals the key files under it (rekey) and copies the clear-text
-// streams the server is about to encrypt. It returns the streams copied.
+// streams the server is about to encrypt. It returns the directories of
+// the streams copied.
 func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 	restored, err := store.RestoreClearCopies(s.store.Path)
 	if err != nil {
@@ -52,15 +53,21 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 	if err := store.CopyClearStreams(s.store.Path, clear, other, s.store.Free); err != nil {
 		return nil, err
 	}
+	dirs := append(clear, other...)
+	s.log.Info("the server converts streams at this start (clear text to encrypted, or to jetstream.encryption_cipher): "+
+		"a copy is kept until it has converted them all", "streams", streamNames(dirs), "cipher", js.EncryptionCipher,
+		"copy", filepath.Join(s.store.Path, store.EncryptingDirName))
+	return dirs, nil
+}
+
+// streamNames lists the names of the stream directories dirs, sorted.
+func streamNames(dirs []string) string {
 	var names []string
-	for _, d := range append(clear, other...) {
+	for _, d := range dirs {
 		names = append(names, filepath.Base(d))
 	}
 	sort.Strings(names)
-	s.log.Info("the server converts streams at this start (clear text to encrypted, or to jetstream.encryption_cipher): "+
-		"a copy is kept until it has converted them all", "streams", strings.Join(names, ","), "cipher", js.EncryptionCipher,
-		"copy", filepath.Join(s.store.Path, store.EncryptingDirName))
-	return names, nil
+	return strings.Join(names, ",")
 }
 
 // finishEncrypting runs once the server is ready (it recovers, and so
@@ -70,8 +77,8 @@ func (s *Server) protectClearStreams(sec *config.Secrets) ([]string, error) {
 // (store.PutBackUnconverted), so that it is as it was before this start,
 // and the data-loss check deals with it as with any stream the server
 // could not load.
-func (s *Server) finishEncrypting(names []string, key string) error {
-	if len(names) == 0 {
+func (s *Server) finishEncrypting(dirs []string, key string) error {
+	if len(dirs) == 0 {
 		return nil
 	}
 	putBack, err := store.PutBackUnconverted(s.store.Path, key, store.Cipher(s.cfg.JetStream.EncryptionCipher))
@@ -86,6 +93,6 @@ func (s *Server) finishEncrypting(names []string, key string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("cannot remove the copies: %w", err)
 	}
-	s.log.Info("streams converted (encrypted, or to jetstream.encryption_cipher); their copies removed", "streams", strings.Join(names, ","))
+	s.log.Info("streams converted (encrypted, or to jetstream.encryption_cipher); their copies removed", "streams", streamNames(dirs))
 	return store.SyncDir(s.store.Path)
 }

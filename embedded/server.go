@@ -49,6 +49,10 @@ type Server struct {
 	// options last: to reach failures of the server that holdfast's own
 	// checks would refuse before it starts.
 	tweakOptions func(*server.Options)
+	// afterConverting, set only by this package's tests, is called right
+	// after the converted streams' copies are removed: to see the store
+	// as a kill at that moment leaves it.
+	afterConverting func()
 	// AcceptDataLoss makes Open go on after a data loss even with
 	// jetstream.on_data_loss = "refuse" (for a --accept-data-loss flag).
 	AcceptDataLoss bool
@@ -295,7 +299,7 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if !s.cfg.Cluster.Enabled() {
 		// A cluster node's streams load after it is ready, in the meta
 		// group's hands.
-		if guard, err = store.GuardStreams(s.store.Path, s.log); err != nil {
+		if guard, err = store.GuardStreams(s.store.Path, encrypting, s.log); err != nil {
 			return err
 		}
 	}
@@ -339,6 +343,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	}
 	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
 		return err
+	}
+	if s.afterConverting != nil {
+		s.afterConverting()
 	}
 	if s.rescued, err = guard.Finish(logger.LoadFailures(), s.log); err != nil {
 		return err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -475,4 +476,40 @@ func TestDamagedStreamKeyFileSaysSo(t *testing.T) {
 		strings.Contains(err.Error(), "not the key the store was written with") {
 		t.Fatalf("start with a damaged stream key file: %v", err)
 	}
+}
+
+// TestCipherChangeKilledAfterConverting: a start that converts the store
+// to another cipher, killed once the server had converted every stream
+// and holdfast had removed the copies, but before it removed its recovery
+// links, loses nothing. The next start took each converted stream for one
+// the server had half deleted (the conversion replaces key files) and put
+// its links back: the message blocks under them were already rewritten
+// in the new cipher (in place, the same files), the key files the old
+// ones, and the server could then load none of it. Found by
+// TestCipherChangeKill9 under CI load.
+func TestCipherChangeKilledAfterConverting(t *testing.T) {
+	t.Parallel()
+	key := writeKey(t, t.TempDir(), "key", strings.Repeat("k", 40))
+	cfg := keyedStore(t, key, "chacha")
+	cfg.JetStream.EncryptionCipher = "aes"
+	log, _ := natstest.Logger(t)
+	s := New(cfg, log)
+	s.ReadyTimeout = 30 * time.Second
+	// What the disk holds at that moment (hard links kept): the store a
+	// kill leaves.
+	killed := filepath.Join(t.TempDir(), "killed")
+	s.afterConverting = func() {
+		if out, err := exec.Command("cp", "-a", cfg.JetStream.StoreDir, killed).CombinedOutput(); err != nil {
+			t.Errorf("cp: %v: %s", err, out)
+		}
+	}
+	if err := openWithin(t, s, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	closeServer(t, s)
+	if err := os.Remove(filepath.Join(killed, store.LockFileName)); err != nil {
+		t.Fatal(err)
+	}
+	cfg.JetStream.StoreDir = killed
+	checkKeyedStore(t, cfg)
 }

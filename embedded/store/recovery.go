@@ -43,11 +43,19 @@ func (g *RecoveryGuard) LeftDir() string {
 }
 
 // GuardStreams links every stream directory of the store's JetStream
-// directory into RecoveryLinksDirName. What an earlier start left there
-// (killed while the server recovered) is dealt with first: a stream the
-// server deleted then is put back. It returns nil when there is nothing to
-// guard or linking is impossible (logged: the start goes on unguarded).
-func GuardStreams(storeDir string, log *slog.Logger) (*RecoveryGuard, error) {
+// directory into RecoveryLinksDirName, but those in converting (the
+// server converts them to encrypted, or to another cipher, at this start:
+// their copies keep them, see CopyClearStreams). What an earlier start
+// left there (killed while the server recovered) is dealt with first: a
+// stream the server deleted then is put back. It returns nil when there is
+// nothing to guard or linking is impossible (logged: the start goes on
+// unguarded).
+//
+// A converted stream must not be guarded: the server rewrites its message
+// blocks in place (the links see the new cipher) and replaces its key
+// files (the links keep the old ones), so links put back after a kill
+// would hold a stream no key opens.
+func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*RecoveryGuard, error) {
 	g := &RecoveryGuard{storeDir: storeDir, dir: filepath.Join(storeDir, RecoveryLinksDirName)}
 	if err := os.RemoveAll(g.trash()); err != nil {
 		return nil, fmt.Errorf("cannot remove %s: %w", g.trash(), err)
@@ -71,9 +79,18 @@ func GuardStreams(storeDir string, log *slog.Logger) (*RecoveryGuard, error) {
 		g.streams = nil
 	}
 	jsDir := filepath.Join(storeDir, "jetstream")
-	streams, err := listGuarded(jsDir)
-	if err != nil || len(streams) == 0 {
+	all, err := listGuarded(jsDir)
+	if err != nil {
 		return nil, err
+	}
+	var streams []string
+	for _, rel := range all {
+		if !slices.Contains(converting, filepath.Join(jsDir, rel)) {
+			streams = append(streams, rel)
+		}
+	}
+	if len(streams) == 0 {
+		return nil, nil
 	}
 	for _, rel := range streams {
 		if err := linkTree(filepath.Join(jsDir, rel), filepath.Join(g.dir, rel)); err != nil {

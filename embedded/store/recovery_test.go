@@ -34,7 +34,7 @@ func TestRecoveryGuard(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	t.Run("nothing deleted: links removed", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, err := GuardStreams(storeDir, log)
+		g, err := GuardStreams(storeDir, nil, log)
 		if err != nil || g == nil {
 			t.Fatalf("GuardStreams: %v, %v", g, err)
 		}
@@ -49,7 +49,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("deleted for a host cause: put back, start refused", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, log)
+		g, _ := GuardStreams(storeDir, nil, log)
 		os.RemoveAll(live) // what the server does
 		_, err := g.Finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
 		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put $G/streams/ORDERS back") {
@@ -59,7 +59,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("half deleted for a host cause: put back whole", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, log)
+		g, _ := GuardStreams(storeDir, nil, log)
 		// The server's RemoveAll ran out of files too: the block is gone,
 		// the directory is left.
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
@@ -71,7 +71,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("deleted for another cause: kept in the orphans", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, log)
+		g, _ := GuardStreams(storeDir, nil, log)
 		os.RemoveAll(live)
 		rescued, err := g.Finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "corrupt state file"}}, log)
 		if err != nil {
@@ -84,11 +84,11 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("start killed after the server deleted a stream", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		if _, err := GuardStreams(storeDir, log); err != nil {
+		if _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live) // and the process is killed before finish
-		g, err := GuardStreams(storeDir, log)
+		g, err := GuardStreams(storeDir, nil, log)
 		if err != nil || g == nil {
 			t.Fatalf("GuardStreams after the kill: %v, %v", g, err)
 		}
@@ -99,11 +99,11 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("start killed after the server half deleted a stream", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		if _, err := GuardStreams(storeDir, log); err != nil {
+		if _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
-		g, err := GuardStreams(storeDir, log)
+		g, err := GuardStreams(storeDir, nil, log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,14 +114,14 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, log)
+		g, _ := GuardStreams(storeDir, nil, log)
 		// finish could not remove them (too many open files): they stay
 		// under the trash name while the stream is deleted with the CLI.
 		if err := os.Rename(g.dir, g.trash()); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live)
-		if _, err := GuardStreams(storeDir, log); err != nil {
+		if _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Lstat(live); !os.IsNotExist(err) {
