@@ -1,8 +1,6 @@
 package embedded
 
 import (
-	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -89,10 +87,9 @@ func (s *Server) finishEncrypting(dirs []string, key string) error {
 		s.log.Warn("the server did not load (and so not convert) these streams, see its warnings: put back as they were before this start",
 			"streams", strings.Join(putBack, ","))
 	}
-	dir := filepath.Join(s.store.Path, store.EncryptingDirName)
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("cannot remove the copies: %w", err)
+	if err := store.RemoveCopies(s.store.Path); err != nil {
+		return err
 	}
 	s.log.Info("streams converted (encrypted, or to jetstream.encryption_cipher); their copies removed", "streams", streamNames(dirs))
-	return store.SyncDir(s.store.Path)
+	return nil
 }

@@ -104,6 +104,9 @@ func ConvertingStreams(jsDir, key string, sc server.StoreCipher) (clear, other [
 // start that did not finish, and removes the directory. It returns the
 // streams put back.
 func RestoreClearCopies(storeDir string) ([]string, error) {
+	if err := os.RemoveAll(copiesTrash(storeDir)); err != nil {
+		return nil, fmt.Errorf("cannot remove %s: %w", copiesTrash(storeDir), err)
+	}
 	dir := filepath.Join(storeDir, EncryptingDirName)
 	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
@@ -138,6 +141,29 @@ func RestoreClearCopies(storeDir string) ([]string, error) {
 		return nil, fmt.Errorf("cannot remove %s: %w", dir, err)
 	}
 	return restored, SyncDir(storeDir)
+}
+
+// RemoveCopies removes the copies once the server converted every stream.
+// The directory is renamed first: removed in place, a kill could leave
+// the completion mark beside a copy already half removed, which the next
+// start would put in the place of the converted stream.
+func RemoveCopies(storeDir string) error {
+	dir, trash := filepath.Join(storeDir, EncryptingDirName), copiesTrash(storeDir)
+	if err := os.Rename(dir, trash); err != nil {
+		return fmt.Errorf("cannot remove the copies: %w", err)
+	}
+	if err := SyncDir(storeDir); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(trash); err != nil {
+		return fmt.Errorf("cannot remove the copies: %w", err)
+	}
+	return SyncDir(storeDir)
+}
+
+// copiesTrash is where the copies go to be removed.
+func copiesTrash(storeDir string) string {
+	return filepath.Join(storeDir, EncryptingDirName+".done")
 }
 
 // CopyClearStreams copies each clear-text stream directory into the
