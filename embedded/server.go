@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -49,10 +50,11 @@ type Server struct {
 	// options last: to reach failures of the server that holdfast's own
 	// checks would refuse before it starts.
 	tweakOptions func(*server.Options)
-	// afterConverting, set only by this package's tests, is called right
-	// after the converted streams' copies are removed: to see the store
-	// as a kill at that moment leaves it.
-	afterConverting func()
+	// atStep, set only by this package's tests, is told each step of a
+	// start once it is done ("ready": the server is; "converted": the
+	// copies of the streams it converted are removed): to see the store
+	// as a kill at that moment leaves it, or to use the server then.
+	atStep func(step string)
 	// AcceptDataLoss makes Open go on after a data loss even with
 	// jetstream.on_data_loss = "refuse" (for a --accept-data-loss flag).
 	AcceptDataLoss bool
@@ -238,6 +240,13 @@ func (s *Server) Flush() error {
 	return s.syncer.Sync()
 }
 
+// step tells the tests' atStep that step is done.
+func (s *Server) step(step string) {
+	if s.atStep != nil {
+		s.atStep(step)
+	}
+}
+
 // commitWindowBackstop is the server's own sync interval with a commit
 // window: what holdfast's flushes do not cover (the consumers' state) is
 // flushed at least this often.
@@ -296,10 +305,11 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return err
 	}
 	var guard *store.RecoveryGuard
+	var rescued map[string]string
 	if !s.cfg.Cluster.Enabled() {
 		// A cluster node's streams load after it is ready, in the meta
 		// group's hands.
-		if guard, err = store.GuardStreams(s.store.Path, encrypting, s.log); err != nil {
+		if guard, rescued, err = store.GuardStreams(s.store.Path, encrypting, s.log); err != nil {
 			return err
 		}
 	}
@@ -341,15 +351,18 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		}
 		return err
 	}
+	if err := guard.Ready(); err != nil {
+		return err
+	}
+	s.step("ready")
 	if err := s.finishEncrypting(encrypting, secrets.EncryptionKey); err != nil {
 		return err
 	}
-	if s.afterConverting != nil {
-		s.afterConverting()
-	}
+	s.step("converted")
 	if s.rescued, err = guard.Finish(logger.LoadFailures(), s.log); err != nil {
 		return err
 	}
+	maps.Copy(s.rescued, rescued)
 	s.guardLeft = guard.LeftDir()
 	if err := s.verify(); err != nil {
 		return err

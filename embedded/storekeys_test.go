@@ -498,7 +498,10 @@ func TestCipherChangeKilledAfterConverting(t *testing.T) {
 	// What the disk holds at that moment (hard links kept): the store a
 	// kill leaves.
 	killed := filepath.Join(t.TempDir(), "killed")
-	s.afterConverting = func() {
+	s.atStep = func(step string) {
+		if step != "converted" {
+			return
+		}
 		if out, err := exec.Command("cp", "-a", cfg.JetStream.StoreDir, killed).CombinedOutput(); err != nil {
 			t.Errorf("cp: %v: %s", err, out)
 		}

@@ -49,39 +49,58 @@ func (g *RecoveryGuard) LeftDir() string {
 // left there (killed while the server recovered) is dealt with first: a
 // stream the server deleted then is put back. It returns nil when there is
 // nothing to guard or linking is impossible (logged: the start goes on
-// unguarded).
+// unguarded), and the streams an earlier start killed after the server
+// was ready had lost, by name, with where their files were kept (see
+// Ready).
 //
 // A converted stream must not be guarded: the server rewrites its message
 // blocks in place (the links see the new cipher) and replaces its key
 // files (the links keep the old ones), so links put back after a kill
 // would hold a stream no key opens.
-func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*RecoveryGuard, error) {
+func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*RecoveryGuard, map[string]string, error) {
 	g := &RecoveryGuard{storeDir: storeDir, dir: filepath.Join(storeDir, RecoveryLinksDirName)}
 	if err := os.RemoveAll(g.trash()); err != nil {
-		return nil, fmt.Errorf("cannot remove %s: %w", g.trash(), err)
+		return nil, nil, fmt.Errorf("cannot remove %s: %w", g.trash(), err)
 	}
+	rescued := map[string]string{}
 	if _, err := os.Lstat(g.dir); err == nil {
 		left, err := listGuarded(g.dir)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		g.streams = left
-		// Killed before the server was ready: a directory it deleted, or
-		// half deleted (a file of the links missing), is put back.
-		restored, err := g.restore(g.live, g.halfDeleted)
-		if err != nil {
-			return nil, err
-		}
-		if len(restored) > 0 {
-			log.Warn("stream directories deleted by the server during an interrupted start-up were put back from "+RecoveryLinksDirName,
-				"streams", restored)
+		if _, err := os.Lstat(filepath.Join(g.dir, readyMark)); err == nil {
+			// Killed after the server was ready: it had recovered every
+			// stream, and its clients may have changed them since
+			// (blocks removed, new ones written), so the links are no
+			// stream as it is now. A stream gone since is kept aside,
+			// never put back: a client may have deleted it.
+			moved, err := g.restore(func(rel string) string { return g.orphan(rel, rescued) }, never)
+			if err != nil {
+				return nil, nil, err
+			}
+			if len(moved) > 0 {
+				log.Warn("streams gone after the server was ready, in a start that was interrupted then: their files are kept in "+OrphanDirName,
+					"streams", moved)
+			}
+		} else {
+			// Killed before the server was ready: a directory it deleted,
+			// or half deleted (a file of the links missing), is put back.
+			restored, err := g.restore(g.live, g.halfDeleted)
+			if err != nil {
+				return nil, nil, err
+			}
+			if len(restored) > 0 {
+				log.Warn("stream directories deleted by the server during an interrupted start-up were put back from "+RecoveryLinksDirName,
+					"streams", restored)
+			}
 		}
 		g.streams = nil
 	}
 	jsDir := filepath.Join(storeDir, "jetstream")
 	all, err := listGuarded(jsDir)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var streams []string
 	for _, rel := range all {
@@ -90,21 +109,64 @@ func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*Reco
 		}
 	}
 	if len(streams) == 0 {
-		return nil, nil
+		return nil, rescued, nil
 	}
 	for _, rel := range streams {
 		if err := linkTree(filepath.Join(jsDir, rel), filepath.Join(g.dir, rel)); err != nil {
 			log.Warn("cannot link the streams' files before the server recovers them: a stream the server fails to open is not kept",
 				"err", err)
 			_ = os.RemoveAll(g.dir)
-			return nil, nil
+			return nil, rescued, nil
 		}
 	}
 	if err := SyncDir(storeDir); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	g.streams = streams
-	return g, nil
+	return g, rescued, nil
+}
+
+// readyMark, in the links directory, says the server was ready.
+const readyMark = "SERVER-READY"
+
+// Ready marks the links once the server is ready, before anything else
+// runs: from then on clients may change the streams (remove blocks, write
+// new ones), and links put back after a kill would lose what they wrote.
+func (g *RecoveryGuard) Ready() error {
+	if g == nil {
+		return nil
+	}
+	f, err := os.OpenFile(filepath.Join(g.dir, readyMark), os.O_CREATE|os.O_WRONLY, 0o640)
+	if err != nil {
+		return fmt.Errorf("cannot mark %s: %w", g.dir, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("cannot mark %s: %w", g.dir, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("cannot mark %s: %w", g.dir, err)
+	}
+	return SyncDir(g.dir)
+}
+
+func never(string) bool { return false }
+
+// orphan is where the links of a stream deleted at a start are kept,
+// noted in rescued by stream name.
+func (g *RecoveryGuard) orphan(rel string, rescued map[string]string) string {
+	name := filepath.Base(rel)
+	account := filepath.Base(filepath.Dir(filepath.Dir(rel)))
+	base := filepath.Join(g.storeDir, OrphanDirName, fmt.Sprintf("%s.%s.%s.deleted-by-server", account, name, time.Now().UTC().Format("20060102T150405Z")))
+	dest := base
+	for i := 1; ; i++ {
+		if _, err := os.Lstat(dest); errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		dest = fmt.Sprintf("%s.%d", base, i)
+	}
+	rescued[name] = dest
+	return dest
 }
 
 // listGuarded lists <account>/streams/<stream> under root.
@@ -251,7 +313,6 @@ func (g *RecoveryGuard) Finish(failures map[string]StreamLoadFailure, log *slog.
 		env = env || f.Environmental()
 	}
 	rescued := map[string]string{}
-	at := time.Now().UTC().Format("20060102T150405Z")
 	// With a host failure, every stream the server failed on (or on one
 	// of its consumers) is put back as it was before the start.
 	failed := map[string]bool{}
@@ -260,14 +321,10 @@ func (g *RecoveryGuard) Finish(failures map[string]StreamLoadFailure, log *slog.
 		failed[stream] = true
 	}
 	moved, err := g.restore(func(rel string) string {
-		name := filepath.Base(rel)
 		if env {
 			return g.live(rel)
 		}
-		account := filepath.Base(filepath.Dir(filepath.Dir(rel)))
-		dest := filepath.Join(g.storeDir, OrphanDirName, fmt.Sprintf("%s.%s.%s.deleted-by-server", account, name, at))
-		rescued[name] = dest
-		return dest
+		return g.orphan(rel, rescued)
 	}, func(rel string) bool { return env && failed[filepath.Base(rel)] })
 	if errors.Is(err, errGuardLeft) && !env {
 		log.Warn("the links to the streams' files could not be removed yet: removed blocks keep their disk space until they are (retried every second)", "err", err)

@@ -34,7 +34,7 @@ func TestRecoveryGuard(t *testing.T) {
 	log := slog.New(slog.DiscardHandler)
 	t.Run("nothing deleted: links removed", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, err := GuardStreams(storeDir, nil, log)
+		g, _, err := GuardStreams(storeDir, nil, log)
 		if err != nil || g == nil {
 			t.Fatalf("GuardStreams: %v, %v", g, err)
 		}
@@ -49,7 +49,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("deleted for a host cause: put back, start refused", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, nil, log)
+		g, _, _ := GuardStreams(storeDir, nil, log)
 		os.RemoveAll(live) // what the server does
 		_, err := g.Finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "open 1.blk: too many open files"}}, log)
 		if err == nil || !strings.Contains(err.Error(), "ORDERS (open 1.blk: too many open files)") || !strings.Contains(err.Error(), "put $G/streams/ORDERS back") {
@@ -59,7 +59,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("half deleted for a host cause: put back whole", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, nil, log)
+		g, _, _ := GuardStreams(storeDir, nil, log)
 		// The server's RemoveAll ran out of files too: the block is gone,
 		// the directory is left.
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
@@ -71,7 +71,7 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("deleted for another cause: kept in the orphans", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, nil, log)
+		g, _, _ := GuardStreams(storeDir, nil, log)
 		os.RemoveAll(live)
 		rescued, err := g.Finish(map[string]StreamLoadFailure{"ORDERS": {Name: "ORDERS", Err: "corrupt state file"}}, log)
 		if err != nil {
@@ -84,11 +84,11 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("start killed after the server deleted a stream", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		if _, err := GuardStreams(storeDir, nil, log); err != nil {
+		if _, _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live) // and the process is killed before finish
-		g, err := GuardStreams(storeDir, nil, log)
+		g, _, err := GuardStreams(storeDir, nil, log)
 		if err != nil || g == nil {
 			t.Fatalf("GuardStreams after the kill: %v, %v", g, err)
 		}
@@ -99,11 +99,11 @@ func TestRecoveryGuard(t *testing.T) {
 	})
 	t.Run("start killed after the server half deleted a stream", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		if _, err := GuardStreams(storeDir, nil, log); err != nil {
+		if _, _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		os.Remove(filepath.Join(live, "msgs", "1.blk"))
-		g, err := GuardStreams(storeDir, nil, log)
+		g, _, err := GuardStreams(storeDir, nil, log)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -112,16 +112,54 @@ func TestRecoveryGuard(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	t.Run("start killed after the server was ready", func(t *testing.T) {
+		storeDir, live := guardedStore(t)
+		g, _, _ := GuardStreams(storeDir, nil, log)
+		if err := g.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		// A client purges the stream: its block goes, a new one comes.
+		os.Remove(filepath.Join(live, "msgs", "1.blk"))
+		if err := os.WriteFile(filepath.Join(live, "msgs", "2.blk"), []byte("new"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		g, rescued, err := GuardStreams(storeDir, nil, log)
+		if err != nil || g == nil || len(rescued) != 0 {
+			t.Fatalf("GuardStreams after the kill: %v, %v, %v", g, rescued, err)
+		}
+		if b, err := os.ReadFile(filepath.Join(live, "msgs", "2.blk")); err != nil || string(b) != "new" {
+			t.Fatalf("the stream as the client left it was replaced: %q, %v", b, err)
+		}
+		if _, err := g.Finish(nil, log); err != nil {
+			t.Fatal(err)
+		}
+		// Deleted after the server was ready: kept aside, not put back.
+		g, _, _ = GuardStreams(storeDir, nil, log)
+		if err := g.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		os.RemoveAll(live)
+		g, rescued, err = GuardStreams(storeDir, nil, log)
+		if err != nil || g != nil {
+			t.Fatalf("GuardStreams after the kill: %v, %v", g, err)
+		}
+		if _, err := os.Lstat(live); !os.IsNotExist(err) {
+			t.Fatalf("a stream deleted while running came back: %v", err)
+		}
+		if !strings.HasPrefix(rescued["ORDERS"], filepath.Join(storeDir, OrphanDirName, "$G.ORDERS.")) {
+			t.Fatalf("rescued %v, want ORDERS in %s", rescued, OrphanDirName)
+		}
+	})
 	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
-		g, _ := GuardStreams(storeDir, nil, log)
+		g, _, _ := GuardStreams(storeDir, nil, log)
 		// finish could not remove them (too many open files): they stay
 		// under the trash name while the stream is deleted with the CLI.
 		if err := os.Rename(g.dir, g.trash()); err != nil {
 			t.Fatal(err)
 		}
 		os.RemoveAll(live)
-		if _, err := GuardStreams(storeDir, nil, log); err != nil {
+		if _, _, err := GuardStreams(storeDir, nil, log); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := os.Lstat(live); !os.IsNotExist(err) {
