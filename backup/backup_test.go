@@ -853,7 +853,7 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 			defer sub.Unsubscribe()
 			ctx, cancel := context.WithCancel(natstest.Context(t))
 			defer cancel()
-			opts := RestoreOptions{Replace: true}
+			opts := RestoreOptions{Replace: true, Notice: func(s string) { t.Log(s) }}
 			afterDelete = nil
 			if when == "before the first chunk" {
 				afterDelete = func(string) { cancel() }
@@ -865,6 +865,7 @@ func TestRestoreInterruptedEndsTheServersRestore(t *testing.T) {
 				}
 			}
 			_, _, rerr := Restore(ctx, nc2, dir, opts)
+			t.Logf("the restore said: %v", rerr)
 			if !errors.Is(rerr, context.Canceled) {
 				t.Fatalf("interrupted restore: %v", rerr)
 			}
