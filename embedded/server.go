@@ -352,6 +352,12 @@ func (s *Server) Open(ctx context.Context) (err error) {
 		return err
 	}
 	if err := guard.Ready(); err != nil {
+		// The host is short of something (open files, space): the same
+		// cause may have made the server fail on streams, which the
+		// refusal of Finish names and puts back.
+		if _, gerr := guard.Finish(logger.LoadFailures(), s.log); gerr != nil {
+			return gerr
+		}
 		return err
 	}
 	s.step("ready")
