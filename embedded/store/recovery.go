@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 // nats-server deletes the whole directory of a stream it fails to open
@@ -73,9 +75,16 @@ func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*Reco
 			// Killed after the server was ready: it had recovered every
 			// stream, and its clients may have changed them since
 			// (blocks removed, new ones written), so the links are no
-			// stream as it is now. A stream gone since is kept aside,
+			// stream as it is now. Only one the server half deleted
+			// (without its metadata it never loaded, so no client wrote
+			// to it) is put back. A stream gone since is kept aside,
 			// never put back: a client may have deleted it.
-			moved, err := g.restore(func(rel string) string { return g.orphan(rel, rescued) }, never)
+			moved, err := g.restore(func(rel string, replaced bool) string {
+				if replaced {
+					return g.live(rel)
+				}
+				return g.orphan(rel, rescued)
+			}, g.unloaded)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -86,7 +95,7 @@ func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*Reco
 		} else {
 			// Killed before the server was ready: a directory it deleted,
 			// or half deleted (a file of the links missing), is put back.
-			restored, err := g.restore(g.live, g.halfDeleted)
+			restored, err := g.restore(func(rel string, _ bool) string { return g.live(rel) }, g.halfDeleted)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -150,7 +159,13 @@ func (g *RecoveryGuard) Ready() error {
 	return SyncDir(g.dir)
 }
 
-func never(string) bool { return false }
+// unloaded reports whether a guarded stream's directory lost its
+// metadata: the server half deleted it and never loaded it.
+func (g *RecoveryGuard) unloaded(rel string) bool {
+	_, linked := os.Lstat(filepath.Join(g.dir, rel, server.JetStreamMetaFile))
+	_, live := os.Lstat(filepath.Join(g.live(rel), server.JetStreamMetaFile))
+	return linked == nil && errors.Is(live, fs.ErrNotExist)
+}
 
 // orphan is where the links of a stream deleted at a start are kept,
 // noted in rescued by stream name.
@@ -235,20 +250,23 @@ func (g *RecoveryGuard) live(rel string) string {
 	return filepath.Join(g.storeDir, "jetstream", rel)
 }
 
-// restore moves every guarded stream whose directory is gone to dest(rel),
-// and removes the guard. It also replaces the directories of the streams
-// replace names, which exist but may have been half deleted: the server
+// restore moves every guarded stream whose directory is gone to
+// dest(rel, false), and removes the guard. It also replaces the
+// directories of the streams replace names (dest(rel, true) is then where
+// the links go), which exist but may have been half deleted: the server
 // removes a stream's files under the same limit that made it fail
 // (meta.inf gone, blocks left, so the next start skips the stream). The
 // half one goes with the links into the trash. It returns the streams it
 // moved.
-func (g *RecoveryGuard) restore(dest func(rel string) string, replace func(rel string) bool) ([]string, error) {
+func (g *RecoveryGuard) restore(dest func(rel string, replaced bool) string, replace func(rel string) bool) ([]string, error) {
 	if g.dir == "" {
 		return nil, nil
 	}
 	var moved []string
 	for _, rel := range g.streams {
-		if _, err := os.Lstat(g.live(rel)); !errors.Is(err, fs.ErrNotExist) {
+		_, err := os.Lstat(g.live(rel))
+		replaced := !errors.Is(err, fs.ErrNotExist)
+		if replaced {
 			if !replace(rel) {
 				continue // still there (or not ours to judge)
 			}
@@ -260,7 +278,7 @@ func (g *RecoveryGuard) restore(dest func(rel string) string, replace func(rel s
 				return moved, fmt.Errorf("cannot move the half deleted stream directory %s aside: %w", rel, err)
 			}
 		}
-		to := dest(rel)
+		to := dest(rel, replaced)
 		if err := os.MkdirAll(filepath.Dir(to), 0o750); err != nil {
 			return moved, err
 		}
@@ -320,7 +338,7 @@ func (g *RecoveryGuard) Finish(failures map[string]StreamLoadFailure, log *slog.
 		stream, _, _ := strings.Cut(name, " > ")
 		failed[stream] = true
 	}
-	moved, err := g.restore(func(rel string) string {
+	moved, err := g.restore(func(rel string, _ bool) string {
 		if env {
 			return g.live(rel)
 		}

@@ -150,6 +150,26 @@ func TestRecoveryGuard(t *testing.T) {
 			t.Fatalf("rescued %v, want ORDERS in %s", rescued, OrphanDirName)
 		}
 	})
+	t.Run("start killed after the server was ready, a stream half deleted", func(t *testing.T) {
+		storeDir, live := guardedStore(t)
+		if err := os.WriteFile(filepath.Join(live, "meta.inf"), []byte("{}"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		g, _, _ := GuardStreams(storeDir, nil, log)
+		if err := g.Ready(); err != nil {
+			t.Fatal(err)
+		}
+		// The server failed on it (too many open files) and removed its
+		// metadata before it failed again: it never loaded the stream.
+		os.Remove(filepath.Join(live, "meta.inf"))
+		if _, _, err := GuardStreams(storeDir, nil, log); err != nil {
+			t.Fatal(err)
+		}
+		wantBlock(t, live)
+		if _, err := os.Stat(filepath.Join(live, "meta.inf")); err != nil {
+			t.Errorf("not put back whole: %v", err)
+		}
+	})
 	t.Run("links left after a finished start never bring a deleted stream back", func(t *testing.T) {
 		storeDir, live := guardedStore(t)
 		g, _, _ := GuardStreams(storeDir, nil, log)
