@@ -1149,6 +1149,9 @@ func TestRestoreReplaceAccountsForEveryPubAck(t *testing.T) {
 	kept := filepath.Join(t.TempDir(), "kept")
 	t.Cleanup(func() { afterDelete = nil })
 	afterDelete = func(string) {
+		if _, err := os.Stat(kept); err == nil {
+			return // a retry deletes again (the server could not create the store yet): the copy is the same
+		}
 		entries, err := os.ReadDir(save)
 		if err != nil || len(entries) != 1 {
 			t.Errorf("saved copies in %s: %v, %v", save, entries, err)
