@@ -51,9 +51,8 @@ func (g *RecoveryGuard) LeftDir() string {
 // left there (killed while the server recovered) is dealt with first: a
 // stream the server deleted then is put back. It returns nil when there is
 // nothing to guard or linking is impossible (logged: the start goes on
-// unguarded), and the streams an earlier start killed after the server
-// was ready had lost, by name, with where their files were kept (see
-// Ready).
+// unguarded), and, by name, the streams that earlier start had lost after
+// its server was ready (see Ready), each with where its files are kept.
 //
 // A converted stream must not be guarded: the server rewrites its message
 // blocks in place (the links see the new cipher) and replaces its key
@@ -88,8 +87,12 @@ func GuardStreams(storeDir string, converting []string, log *slog.Logger) (*Reco
 			if err != nil {
 				return nil, nil, err
 			}
-			if len(moved) > 0 {
-				log.Warn("streams gone after the server was ready, in a start that was interrupted then: their files are kept in "+OrphanDirName,
+			if len(rescued) > 0 {
+				log.Warn("streams gone after the server was ready, in a start interrupted then: their files are kept in "+OrphanDirName,
+					"orphans", rescued)
+			}
+			if len(moved) > len(rescued) {
+				log.Warn("stream directories the server of an interrupted start-up had half deleted were put back from "+RecoveryLinksDirName,
 					"streams", moved)
 			}
 		} else {
