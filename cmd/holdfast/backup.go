@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -50,7 +48,7 @@ func backupCommand() *cli.Command {
 			}
 			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
 			// backup stops and removes what it wrote.
-			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+			ctx, stop := interruptible(c.Context)
 			defer stop()
 			bar := newProgressBar(os.Stderr, "backing up")
 			start := time.Now()

@@ -7,10 +7,8 @@ import (
 	"io"
 	"maps"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -69,7 +67,7 @@ func restoreCommand() *cli.Command {
 			bar := newProgressBar(os.Stderr, "restoring")
 			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
 			// restore ends the server's restore and deletes what it left.
-			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+			ctx, stop := interruptible(c.Context)
 			defer stop()
 			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
 				Streams:     c.StringSlice("stream"),

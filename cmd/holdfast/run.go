@@ -27,13 +27,9 @@ func runCommand() *cli.Command {
 // the daemon until a stop signal or a failure.
 func runDaemon(c *cli.Context) error {
 	// A log reader that went away (a pipe to a logger that was killed, a
-	// restarted collector) must not end the daemon: Go kills a program
-	// writing to a broken pipe on fd 1 or 2 with SIGPIPE unless it is
-	// notified, and systemd counts SIGPIPE as a clean exit
-	// (Restart=on-failure does not restart it). Once notified, such a
-	// write fails with EPIPE and holdfast serves on. Notify, not Ignore:
-	// an ignored signal stays ignored in the exec handlers' processes.
-	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
+	// restarted collector) must not end the daemon; systemd counts SIGPIPE
+	// as a clean exit (Restart=on-failure does not restart it).
+	surviveBrokenPipe()
 	cfg, source, err := loadConfig(c)
 	if err != nil {
 		return err
