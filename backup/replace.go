@@ -43,10 +43,31 @@ func heldSubjects(name string, subjects []string, meta map[string]string) ([]str
 // closed its own subjects back: a restore of a copy saved while it was
 // closed creates it open.
 func reopenConfig(c *api.StreamConfig) {
-	if subjects, ok := heldSubjects(c.Name, c.Subjects, c.Metadata); ok {
-		c.Subjects = subjects
+	if held, ok := heldSubjects(c.Name, c.Subjects, c.Metadata); ok {
+		c.Subjects = held
 		delete(c.Metadata, heldSubjectsKey)
+		delete(c.Metadata, subjects.RestoringMeta)
 	}
+}
+
+// holdSubjects closes the configuration c of a stream about to be
+// restored from the backup in dir, as closeStream closes a stream, marked
+// as being restored (subjects.RestoringMeta: the running holdfast keeps
+// it closed should the restore stop before its end), and returns the
+// subjects held back (nil for a stream without subjects).
+func holdSubjects(c *api.StreamConfig, dir string) []string {
+	if len(c.Subjects) == 0 {
+		return nil
+	}
+	held := slices.Clone(c.Subjects)
+	c.Subjects = []string{closedSubject(c.Name)}
+	c.Metadata = maps.Clone(c.Metadata)
+	if c.Metadata == nil {
+		c.Metadata = map[string]string{}
+	}
+	c.Metadata[heldSubjectsKey] = strings.Join(held, " ")
+	c.Metadata[subjects.RestoringMeta] = dir
+	return held
 }
 
 // closeStream makes stream take no more publishes by replacing its
@@ -81,8 +102,8 @@ func closeStream(ctx context.Context, js jetstream.JetStream, name string) ([]st
 // reopenStream gives a stream that closeStream closed its subjects back.
 // A stream that is gone, or has other subjects now (one the running
 // holdfast created again), is left alone.
-func reopenStream(ctx context.Context, js jetstream.JetStream, name string, subjects []string) error {
-	if subjects == nil {
+func reopenStream(ctx context.Context, js jetstream.JetStream, name string, held []string) error {
+	if held == nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -98,9 +119,10 @@ func reopenStream(ctx context.Context, js jetstream.JetStream, name string, subj
 	if _, ok := heldSubjects(name, cfg.Subjects, cfg.Metadata); !ok {
 		return nil
 	}
-	cfg.Subjects = subjects
+	cfg.Subjects = held
 	cfg.Metadata = maps.Clone(cfg.Metadata)
 	delete(cfg.Metadata, heldSubjectsKey)
+	delete(cfg.Metadata, subjects.RestoringMeta)
 	_, err = js.UpdateStream(ctx, cfg)
 	return err
 }

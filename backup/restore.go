@@ -223,6 +223,12 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 		return Restored{Name: e.Name}, fmt.Errorf("%w; nothing changed", err)
 	}
 	existing[e.Name] = now
+	if entry != nil {
+		// Said before the delete: a restore killed from now on (kill -9,
+		// a lost session) cannot put the stream back itself.
+		notice("stream %s saved in %s (%d messages, last sequence %d) before it is replaced: should this restore be stopped before it ends, `holdfast restore --replace %s` puts it back",
+			e.Name, saved, entry.Messages, entry.LastSeq, saved)
+	}
 	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	if err == nil {
 		os.RemoveAll(saved)
@@ -277,6 +283,11 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 	if fi, err := os.Stat(dataPath); err == nil {
 		total = uint64(fi.Size())
 	}
+	// The stream is restored with its subjects held back (as closeStream
+	// holds them), and given them once it is checked: a restore killed
+	// midway (kill -9, a lost connection) leaves part of the backup that
+	// takes no publishes, instead of one that acknowledges them.
+	var held []string
 	restore := func() (*api.StreamState, error) {
 		df, err := os.Open(dataPath)
 		if err != nil {
@@ -293,7 +304,12 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				opts.Progress(Progress{Stream: e.Name, Index: idx, Count: count, Done: done, Total: total})
 			}
 		}
-		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf, adjust)
+		state, err := restoreSnapshot(ctx, nc, timeout, e.Name, newRestoreReader(df, progress), mf, func(c *api.StreamConfig) {
+			if adjust != nil {
+				adjust(c)
+			}
+			held = holdSubjects(c, dir)
+		})
 		if err != nil && (strings.Contains(err.Error(), "closed pipe") || strings.Contains(err.Error(), "is stalled")) {
 			err = fmt.Errorf("%w: the server gave up the restore, as it does when storing one chunk of it takes over 5 s (is the store's disk that slow?)", err)
 		}
@@ -321,6 +337,9 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)
 			if err == nil {
+				if rerr := reopenStream(ctx, js, e.Name, held); rerr != nil {
+					return r, fmt.Errorf("stream %s was restored; %s", e.Name, heldBack(e.Name, held, rerr))
+				}
 				dropReplayClaims(ctx, js, e, notice)
 				return r, nil
 			}

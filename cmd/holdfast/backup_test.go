@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/backup"
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -435,7 +438,7 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 	for _, c := range []struct {
 		sig        os.Signal
 		brokenPipe bool
-	}{{os.Interrupt, false}, {syscall.SIGHUP, false}, {os.Interrupt, true}} {
+	}{{os.Interrupt, false}, {syscall.SIGHUP, false}, {os.Interrupt, true}, {syscall.SIGKILL, false}} {
 		name := c.sig.String()
 		if c.brokenPipe {
 			name += " with its output gone"
@@ -508,6 +511,10 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal, brokenPipe bool) {
 		t.Skipf("the restore finished before the interrupt reached it:\n%s", out.String())
 	}
 	t.Logf("interrupted restore (%v):\n%s", werr, out.String())
+	if sig == syscall.SIGKILL {
+		restoreKilled(t, in, js, out.String())
+		return
+	}
 
 	// The restore deleted what it left and put back the ORDERS it had
 	// replaced, all 30000 messages (it used to leave it empty: the
@@ -525,6 +532,43 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal, brokenPipe bool) {
 	ack, err := js.Publish(natstest.Context(t), "orders.created", []byte("after"))
 	if err != nil || ack.Sequence != 30001 {
 		t.Fatalf("publish after the interrupted restore: %+v, %v", ack, err)
+	}
+}
+
+// restoreKilled checks what a `restore --replace` killed while it
+// restored leaves: part of the backup that takes no publishes (it used to
+// acknowledge them, into a stream the next restore deletes), even once the
+// running holdfast took the restore for gone, and the copy of the stream
+// it replaced, named before the delete (it was named only by a restore
+// that failed or was interrupted), which `restore --replace` puts back.
+func restoreKilled(t *testing.T, in *e2eInstance, js jetstream.JetStream, out string) {
+	m := regexp.MustCompile(`saved in (\S+) \(30000 messages, last sequence 30000\) before it is replaced`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("the restore did not name the copy of ORDERS before it deleted it:\n%s", out)
+	}
+	// At once, and once holdfast took the server's restore for gone (and
+	// created ORDERS again, empty, if the server kept nothing of it).
+	for _, after := range []time.Duration{0, 12 * time.Second} {
+		time.Sleep(after)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		ack, err := js.Publish(ctx, "orders.created", []byte("into a partial restore"))
+		cancel()
+		if err == nil && (after == 0 || ack.Sequence != 1) {
+			t.Fatalf("%v after the restore was killed: a publish was acknowledged (%+v) by what it left", after, ack)
+		}
+	}
+	if res := runHoldfast(t, nil, "restore", "--config", in.cfg, "--replace", m[1]); res.code != 0 {
+		t.Fatalf("restore --replace of the copy: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	s, err := js.Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := s.CachedInfo().State; st.Msgs != 30000 || st.LastSeq != 30000 {
+		t.Fatalf("ORDERS put back from the copy: %+v, want its 30000 messages", st)
+	}
+	if ack, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil || ack.Sequence != 30001 {
+		t.Fatalf("publish after the copy was put back: %+v, %v", ack, err)
 	}
 }
 

@@ -369,6 +369,9 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		return fmt.Errorf("cannot read stream %s: %w", want.Name, err)
 	}
 	have := s.CachedInfo().Config
+	if text := RestoringText(have); text != "" {
+		log.Error(text, "stream", want.Name)
+	}
 	if deadLetter {
 		// Keep subjects of consumers no longer configured: their dead
 		// letters stay reachable.
@@ -457,6 +460,18 @@ func overlapHint(ctx context.Context, js jetstream.JetStream, want jetstream.Str
 // diffStream returns have with the managed fields of want applied, and the
 // changes. Fields holdfast does not manage (description, limits set by an
 // operator with the nats CLI) are kept.
+// RestoringText describes a stream a restore left unfinished (see
+// subjects.Restoring), or is "" for any other.
+func RestoringText(have jetstream.StreamConfig) string {
+	backup, ok := subjects.Restoring(have.Name, have.Subjects, have.Metadata)
+	if !ok {
+		return ""
+	}
+	return fmt.Sprintf("stream %s takes no publishes: it is a restore from %s that did not finish (or is still running), part of the backup at most; holdfast keeps its subjects held back. "+
+		"Run the restore again: holdfast restore --replace %s (or, to put back the stream it replaced, the holdfast-replaced-%s-* copy that restore named)",
+		have.Name, backup, backup, have.Name)
+}
+
 func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Change, error) {
 	drift := func(field, h, w, fix string) error {
 		return &DriftError{Kind: "stream", Name: want.Name, Field: field, Have: h, Want: w, Fix: fix}
@@ -471,7 +486,10 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 	}
 	next := have
 	var changes []Change
-	if !slices.Equal(have.Subjects, want.Subjects) {
+	if _, ok := subjects.Restoring(want.Name, have.Subjects, have.Metadata); ok {
+		// Part of a backup a restore left unfinished: its subjects stay
+		// held back (RestoringText says so) until a restore replaces it.
+	} else if !slices.Equal(have.Subjects, want.Subjects) {
 		record(&changes, "subjects", have.Subjects, want.Subjects)
 		next.Subjects = want.Subjects
 	}

@@ -23,6 +23,9 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 	var out []string
 	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, table string, deadLetter bool) {
 		have := s.CachedInfo().Config
+		if text := RestoringText(have); text != "" {
+			out = append(out, text)
+		}
 		next, changes, err := diffStream(have, want)
 		if err == nil {
 			// Lowered replicas and limits this node's own start or

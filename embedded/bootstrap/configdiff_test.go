@@ -2,11 +2,13 @@ package bootstrap
 
 import (
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // ConfigDiff finds nothing right after the bootstrap, on one node and on
@@ -93,5 +95,48 @@ func TestBootstrapNeverLowersReplicas(t *testing.T) {
 	}
 	if d := Diff(ctx, servers[1].JetStream(), cfgs[1]); d != nil {
 		t.Errorf("another node, whose config says 3: %q", d)
+	}
+}
+
+// TestUnfinishedRestoreStaysClosed: a stream that a restore created and
+// did not finish (killed: its subjects still held back, marked as being
+// restored) keeps taking no publishes through a start's bootstrap, which
+// gave the configured subjects back to it before: part of a backup then
+// acknowledged publishes, into a stream the next restore deletes. Diff
+// and the bootstrap say what it is and how to go on.
+func TestUnfinishedRestoreStaysClosed(t *testing.T) {
+	ctx := natstest.Context(t)
+	cfg := configtest.Default(t)
+	s := runServerWithLog(t, cfg, slog.New(slog.DiscardHandler))
+	js := s.JetStream()
+	if err := Apply(ctx, js, cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	c.Subjects = []string{subjects.Replacing("ORDERS")}
+	c.Metadata = map[string]string{"holdfast_held_subjects": "orders.*", subjects.RestoringMeta: "/var/backups/holdfast/b1"}
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	log, lb := natstest.Logger(t)
+	if err := Apply(ctx, js, cfg, log); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = js.Stream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Subjects; !slices.Equal(got, []string{subjects.Replacing("ORDERS")}) {
+		t.Fatalf("ORDERS after the bootstrap takes %v: want its subjects still held back", got)
+	}
+	const how = "holdfast restore --replace /var/backups/holdfast/b1"
+	if !strings.Contains(lb.String(), how) {
+		t.Errorf("the bootstrap does not say how to go on:\n%s", lb.String())
+	}
+	if d := Diff(ctx, js, cfg); len(d) != 1 || !strings.Contains(d[0], "takes no publishes") || !strings.Contains(d[0], how) {
+		t.Errorf("Diff: %q", d)
 	}
 }

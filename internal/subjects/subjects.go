@@ -84,6 +84,20 @@ func Token(name string) string {
 // --replace` is about to replace: nobody publishes to it.
 func Replacing(stream string) string { return Internal + "REPLACING." + stream }
 
+// RestoringMeta is the stream metadata key a stream has while `holdfast
+// restore` creates it from a backup (its subjects held back, as Replacing
+// holds them, until it is checked), with the backup directory as value. A
+// stream that still has it is what a restore stopped before its end left:
+// part of a backup, which must take no publishes.
+const RestoringMeta = "holdfast_restoring"
+
+// Restoring reports whether a stream of that name, subjects and metadata
+// is one a restore left unfinished, and the backup it came from.
+func Restoring(stream string, subjects []string, meta map[string]string) (backup string, ok bool) {
+	backup, ok = meta[RestoringMeta]
+	return backup, ok && len(subjects) == 1 && subjects[0] == Replacing(stream)
+}
+
 // Replay is the subject on which the workers of consumer take requests to
 // replay dead letters.
 func Replay(consumer string) string { return Internal + "REPLAY." + consumer }
