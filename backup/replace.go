@@ -25,18 +25,14 @@ import (
 func closedSubject(stream string) string { return subjects.Replacing(stream) }
 
 // heldSubjectsKey is the metadata key under which a closed stream keeps
-// its own subjects, separated by spaces: a copy saved of it, and the
-// stream itself should the restore be killed, tell what they were.
-const heldSubjectsKey = "holdfast_held_subjects"
+// its own subjects: a copy saved of it, and the stream itself should the
+// restore be killed, tell what they were.
+const heldSubjectsKey = subjects.HeldMeta
 
 // heldSubjects returns the subjects a stream with these subjects and
 // metadata had before closeStream closed it, and whether it is closed.
-func heldSubjects(name string, subjects []string, meta map[string]string) ([]string, bool) {
-	held := meta[heldSubjectsKey]
-	if held == "" || !slices.Equal(subjects, []string{closedSubject(name)}) {
-		return nil, false
-	}
-	return strings.Fields(held), true
+func heldSubjects(name string, subj []string, meta map[string]string) ([]string, bool) {
+	return subjects.Held(name, subj, meta)
 }
 
 // reopenConfig gives the configuration of a stream that closeStream

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // ConfigDiff compares the configured streams, dead-letter streams and
@@ -25,6 +26,14 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 		have := s.CachedInfo().Config
 		if text := RestoringText(have); text != "" {
 			out = append(out, text)
+			return
+		}
+		if held, ok := subjects.Held(have.Name, have.Subjects, have.Metadata); ok {
+			// Held back by a restore --replace before it deleted the
+			// stream: running, or stopped before it changed anything.
+			out = append(out, fmt.Sprintf("stream %s takes no publishes: holdfast restore --replace holds its subjects %v back while it saves and replaces it; "+
+				"if no restore runs, one was stopped before it deleted anything: holdfast reload (or a restart) gives them back", have.Name, held))
+			return
 		}
 		next, changes, err := diffStream(have, want)
 		if err == nil {

@@ -139,4 +139,23 @@ func TestUnfinishedRestoreStaysClosed(t *testing.T) {
 	if d := Diff(ctx, js, cfg); len(d) != 1 || !strings.Contains(d[0], "takes no publishes") || !strings.Contains(d[0], how) {
 		t.Errorf("Diff: %q", d)
 	}
+
+	// Held back by a restore --replace that had not deleted it yet: the
+	// stream itself, given its subjects back by a start or reload.
+	c.Metadata = map[string]string{subjects.HeldMeta: "orders.*"}
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if d := Diff(ctx, js, cfg); len(d) != 1 || !strings.Contains(d[0], "holds its subjects [orders.*] back") || !strings.Contains(d[0], "holdfast reload") {
+		t.Errorf("Diff of a stream held back: %q", d)
+	}
+	if err := Apply(ctx, js, cfg, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	if st, err = js.Stream(ctx, "ORDERS"); err != nil {
+		t.Fatal(err)
+	}
+	if got := st.CachedInfo().Config.Subjects; !slices.Equal(got, []string{"orders.*"}) {
+		t.Fatalf("ORDERS held back, after the bootstrap, takes %v: want its own subjects back", got)
+	}
 }

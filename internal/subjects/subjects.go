@@ -84,6 +84,21 @@ func Token(name string) string {
 // --replace` is about to replace: nobody publishes to it.
 func Replacing(stream string) string { return Internal + "REPLACING." + stream }
 
+// HeldMeta is the stream metadata key under which a stream whose subjects
+// `holdfast restore` holds back (its only subject Replacing) keeps its
+// own, separated by spaces.
+const HeldMeta = "holdfast_held_subjects"
+
+// Held returns the subjects a stream of that name, subjects and metadata
+// had before a restore held them back, and whether they are held back.
+func Held(stream string, subjects []string, meta map[string]string) ([]string, bool) {
+	held := meta[HeldMeta]
+	if held == "" || len(subjects) != 1 || subjects[0] != Replacing(stream) {
+		return nil, false
+	}
+	return strings.Fields(held), true
+}
+
 // RestoringMeta is the stream metadata key a stream has while `holdfast
 // restore` creates it from a backup (its subjects held back, as Replacing
 // holds them, until it is checked), with the backup directory as value. A
