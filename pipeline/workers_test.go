@@ -236,20 +236,24 @@ func TestMaxDeliverExhaustedGoesToDeadLetter(t *testing.T) {
 	}
 }
 
+// TestSlowHandlerNotRedeliveredWhileRunning: a handler running over two
+// ack_waits is kept alive by in-progress acks. ack_wait is 3 s: the acks
+// leave a quarter of it to spare, and with 1 s the 250 ms were once not
+// enough for a machine loaded by the whole suite under -race.
 func TestSlowHandlerNotRedeliveredWhileRunning(t *testing.T) {
 	t.Parallel()
-	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Second) })
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(3 * time.Second) })
 	rec := &recorder{}
 	e.Workers(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		rec.record(m)
 		select {
-		case <-time.After(3500 * time.Millisecond): // 3.5× ack_wait
+		case <-time.After(7 * time.Second): // over 2× ack_wait
 		case <-ctx.Done():
 		}
 		return handler.Ok()
 	}), 2)
 	seq := e.Publish("orders.created", "slow", nil)
-	natstest.CheckFor(t, 15*time.Second, 20*time.Millisecond, func() error {
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if f := e.ConsumerInfo().AckFloor.Stream; f != seq {
 			return fmt.Errorf("ack floor %d", f)
 		}
