@@ -161,8 +161,15 @@ func dlqReplay(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	replayed, failed := replayDeadLetters(c.Context, nc, cfg, todo)
+	// Interrupted (Ctrl-C), it stops asking and says how far it got.
+	ctx, stop := interruptible(c.Context)
+	defer stop()
+	replayed, failed := replayDeadLetters(ctx, nc, cfg, todo)
 	fmt.Fprintf(c.App.Writer, "replayed %d of %d dead letter(s)\n", replayed, len(todo))
+	if ctx.Err() != nil {
+		return runtimeError(fmt.Errorf("interrupted: the %d dead letter(s) not replayed are still in their dead-letter streams (the one being replayed when the interrupt came may be replayed all the same); holdfast dlq replay --all goes on with them",
+			len(todo)-replayed))
+	}
 	if len(failed) > 0 {
 		return runtimeError(errors.Join(failed...))
 	}
@@ -221,6 +228,9 @@ func replayDeadLetters(ctx context.Context, nc *nats.Conn, cfg *config.Config, t
 	replayed := 0
 	unanswered := map[string]int{}
 	for i, dl := range todo {
+		if ctx.Err() != nil {
+			break
+		}
 		if _, ok := unanswered[dl.Consumer]; ok {
 			unanswered[dl.Consumer]++
 		} else if err := pipeline.RequestReplay(ctx, nc, dl, cfg.ReplayTimeout(dl.Consumer)); err != nil {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -402,4 +405,67 @@ command = [%q]
 	p.waitReady()
 	_, js := e2eConnect(t, in)
 	return in, p, js
+}
+
+// TestDLQReplayInterruptedSaysHowFarItGot: Ctrl-C on `dlq replay --all`
+// stops it asking for replays; it says how many it replayed and that the
+// others are still dead letters. It used to die of the signal, silent.
+func TestDLQReplayInterruptedSaysHowFarItGot(t *testing.T) {
+	t.Parallel()
+	r := newReplayRace(t)
+	in := newE2EInstanceWith(t, r.worker1(1))
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	const n = 20
+	for i := range n {
+		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	if err := os.WriteFile(r.fixed, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	replay := exec.Command(holdfastBin, "--config", in.cfg, "dlq", "replay", "--all")
+	replay.Env = e2eEnv()
+	var out natstest.Buffer
+	replay.Stdout, replay.Stderr = &out, &out
+	if err := replay.Start(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if _, err := os.Stat(r.out); err != nil {
+			return errors.New("no dead letter replayed yet")
+		}
+		return nil
+	})
+	if err := replay.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	err := replay.Wait()
+	t.Logf("dlq replay --all, interrupted: %v\n%s", err, out.String())
+	m := regexp.MustCompile(`replayed (\d+) of 20 dead letter\(s\)`).FindStringSubmatch(out.String())
+	if replay.ProcessState.ExitCode() != 1 || m == nil || !strings.Contains(out.String(), "interrupted: the") {
+		t.Fatalf("the interrupted replay (%v) does not say how far it got:\n%s", err, out.String())
+	}
+	replayed, _ := strconv.Atoi(m[1])
+	if replayed == n {
+		t.Skip("every dead letter was replayed before the interrupt")
+	}
+	// What it says holds: each replayed letter left the dead-letter
+	// stream (the one asked for when the interrupt came may follow).
+	natstest.CheckFor(t, 30*time.Second, 50*time.Millisecond, func() error {
+		left := len(e2eDeadLetters(t, js, "ORDERS_DLQ"))
+		if left+replayed != n && left+replayed != n-1 {
+			return fmt.Errorf("%d dead letters left after %d replayed, want %d", left, replayed, n-replayed)
+		}
+		return nil
+	})
+	p.stop()
 }
