@@ -247,13 +247,11 @@ timeout = "20s"
 `, workers, r.script)
 }
 
-// run publishes messages until they are all dead letters, fixes the
-// handler, replays them all through the two configs at once, and checks
-// that the handler ran once on each and no dead letter is left.
-func (r *replayRace) run(js jetstream.JetStream, cfgs ...string) {
+// deadLetters publishes n messages and waits until they are all dead
+// letters (the handler fails until fixed).
+func (r *replayRace) deadLetters(js jetstream.JetStream, n int) {
 	t := r.t
 	t.Helper()
-	const n = 8
 	for i := range n {
 		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
 			t.Fatal(err)
@@ -265,6 +263,16 @@ func (r *replayRace) run(js jetstream.JetStream, cfgs ...string) {
 		}
 		return nil
 	})
+}
+
+// run publishes messages until they are all dead letters, fixes the
+// handler, replays them all through the two configs at once, and checks
+// that the handler ran once on each and no dead letter is left.
+func (r *replayRace) run(js jetstream.JetStream, cfgs ...string) {
+	t := r.t
+	t.Helper()
+	const n = 8
+	r.deadLetters(js, n)
 	// `dlq ls` through each config: in a cluster its first pull, right
 	// after creating its reader, met no responders on the node leading
 	// it, and the command failed with "nats: no responders available for
@@ -418,17 +426,7 @@ func TestDLQReplayInterruptedSaysHowFarItGot(t *testing.T) {
 	p.waitReady()
 	_, js := e2eConnect(t, in)
 	const n = 20
-	for i := range n {
-		if _, err := js.Publish(natstest.Context(t), "orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	natstest.CheckFor(t, 60*time.Second, 20*time.Millisecond, func() error {
-		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != n {
-			return fmt.Errorf("%d dead letters", got)
-		}
-		return nil
-	})
+	r.deadLetters(js, n)
 	if err := os.WriteFile(r.fixed, nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
