@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"os/user"
@@ -135,22 +134,16 @@ func startHoldfastAs(t *testing.T, bin, cfg string, attr *syscall.SysProcAttr) *
 	return startCmd(t, cmd)
 }
 
-// copyExecutable copies src to dst, mode 0755.
+// copyExecutable copies the executable src to dst with cp: written in
+// this process, the file's descriptor would be open in any child another
+// test forked meanwhile, until it execs, and starting dst then fails with
+// "text file busy" (seen in CI; golang.org/issue/22315).
 func copyExecutable(t *testing.T, src, dst string) {
 	t.Helper()
-	in, err := os.Open(src)
-	if err != nil {
-		t.Fatal(err)
+	if out, err := exec.Command("cp", src, dst).CombinedOutput(); err != nil {
+		t.Fatalf("cp %s %s: %v: %s", src, dst, err, out)
 	}
-	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		t.Fatal(fmt.Errorf("copy %s: %w", src, err))
-	}
-	if err := out.Close(); err != nil {
+	if err := os.Chmod(dst, 0o755); err != nil {
 		t.Fatal(err)
 	}
 }
