@@ -699,15 +699,20 @@ func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.T
 		d.log.Error("reload refused: these changes need a restart ("+restartCommand()+"); nothing of this reload was applied",
 			"restart", plan.Restart, "reloadable", plan.Apply)
 		err := fmt.Errorf("%w: %s", ErrRestartNeeded, strings.Join(plan.Restart, ", "))
-		d.recordReload(started, plan, err)
+		d.recordReload(started, plan, err, nil)
 		return err
 	}
 	d.restartPending.Store(nil)
+	// What differs on the server now: what no longer differs after the
+	// apply, the reload set back.
+	bctx, bcancel := context.WithTimeout(ctx, configDiffEvery)
+	before := bootstrap.Diff(bctx, d.srv.JetStream(), cur)
+	bcancel()
 	applied, err := d.apply(ctx, cur, next)
 	d.cfg = applied
 	d.running.Store(applied)
 	if err != nil {
-		d.recordReload(started, plan, err)
+		d.recordReload(started, plan, err, nil)
 		return err
 	}
 	// What the bootstrap held back on purpose (logged there) is not
@@ -725,8 +730,9 @@ func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.T
 			}
 		}
 	}
-	d.recordReload(started, plan, nil, heldBack...)
-	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack))
+	setBack := slices.DeleteFunc(before, func(line string) bool { return slices.Contains(diff, line) })
+	d.recordReload(started, plan, nil, setBack, heldBack...)
+	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack), "set_back", setBack)
 	return nil
 }
 

@@ -50,6 +50,10 @@ type ReloadResult struct {
 	// server on purpose (a lowered limit that would delete unprocessed
 	// messages, lowered replicas).
 	HeldBack []HeldBack `json:"held_back,omitempty"`
+	// SetBack are what differed on the server from the config before the
+	// reload and no longer does (bootstrap.Diff): a stream or consumer
+	// someone changed, subjects a stopped restore held back.
+	SetBack []string `json:"set_back,omitempty"`
 }
 
 // HeldBack is a key of a reload's plan it did not apply, and why
@@ -64,8 +68,8 @@ const keptReloads = 16
 
 // recordReload keeps what a reload that began at started did for
 // subjects.Reload. It runs on the signal loop only.
-func (d *Daemon) recordReload(started time.Time, plan ReloadPlan, err error, heldBack ...HeldBack) {
-	r := ReloadResult{Seq: 1, Started: started, Time: time.Now(), Plan: plan, HeldBack: heldBack}
+func (d *Daemon) recordReload(started time.Time, plan ReloadPlan, err error, setBack []string, heldBack ...HeldBack) {
+	r := ReloadResult{Seq: 1, Started: started, Time: time.Now(), Plan: plan, HeldBack: heldBack, SetBack: setBack}
 	var kept []ReloadResult
 	if p := d.reloads.Load(); p != nil {
 		kept = *p
@@ -106,7 +110,7 @@ func (d *Daemon) ReloadFromFile(ctx context.Context) error {
 	next, _, err := d.loadForReload()
 	if err != nil {
 		d.log.Error("reload refused: the config has problems; still running the previous one", "err", err)
-		d.recordReload(started, ReloadPlan{}, err)
+		d.recordReload(started, ReloadPlan{}, err, nil)
 		return err
 	}
 	return d.reload(ctx, next, started)

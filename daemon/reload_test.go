@@ -11,6 +11,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
@@ -257,5 +258,35 @@ func TestReloadsKept(t *testing.T) {
 			(i > 0 && r.Started.Before(recent[i-1].Time)) {
 			t.Fatalf("reload %d kept as %+v: out of order or without its start", i, r)
 		}
+	}
+}
+
+// TestReloadSaysWhatItSetBack: a reload with the same config that gives a
+// stream its subjects back (a restore --replace stopped before its delete
+// held them back) says so; it answered "applied: (none)", though the
+// daemon logged the stream updated.
+func TestReloadSaysWhatItSetBack(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	js := d.srv.JetStream()
+	st, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	c.Subjects = []string{subjects.Replacing("ORDERS")}
+	c.Metadata = map[string]string{subjects.HeldMeta: "orders.*"}
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Reload(ctx, editable(d.Running())); err != nil {
+		t.Fatal(err)
+	}
+	_, last := d.lastReloads()
+	if last == nil || len(last.SetBack) != 1 || !strings.Contains(last.SetBack[0], "holds its subjects [orders.*] back") {
+		t.Fatalf("reload %+v: want the held subjects in what it set back", last)
+	}
+	if st, err = js.Stream(ctx, "ORDERS"); err != nil || !slices.Equal(st.CachedInfo().Config.Subjects, []string{"orders.*"}) {
+		t.Fatalf("ORDERS after the reload: %v", err)
 	}
 }

@@ -161,6 +161,9 @@ func reportReload(w io.Writer, source string, res *daemon.ReloadResult) error {
 			held, why = append(held, h.Key), append(why, h.Why)
 		}
 		printKeys(w, "applied:", slices.DeleteFunc(slices.Clone(res.Plan.Apply), func(k string) bool { return slices.Contains(held, k) }))
+		if len(res.SetBack) > 0 {
+			printKeys(w, "set back on the server (it differed from the config):", res.SetBack)
+		}
 		if len(held) == 0 {
 			return nil
 		}
