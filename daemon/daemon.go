@@ -251,7 +251,7 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 		ServerName:       d.cfg.Server.Name,
 		ClusterPeers:     d.peers.clusterPeers(d.srv.NATS()),
 		ClusterNodes:     d.srv.ClusterNodes(),
-		Degraded:         d.edge.Problems,
+		Degraded:         d.degraded,
 		Warnings:         d.warnings,
 		RestoreRunning:   d.srv.RestoreRunning,
 	}, d.log)
@@ -360,7 +360,19 @@ func (d *Daemon) warnings() []string {
 		out = append(out, *p)
 	}
 	if p := d.configDiff.Load(); p != nil {
-		out = append(out, *p...)
+		closed := bootstrap.Closed(*p)
+		out = append(out, slices.DeleteFunc(slices.Clone(*p), func(l string) bool { return slices.Contains(closed, l) })...)
+	}
+	return out
+}
+
+// degraded are the problems that degrade the health: edges a hub lost,
+// and streams that refuse every publish (a restore holds their subjects
+// back: publishers get errors until it is run again).
+func (d *Daemon) degraded(now time.Time) []string {
+	out := d.edge.Problems(now)
+	if p := d.configDiff.Load(); p != nil {
+		out = append(out, bootstrap.Closed(*p)...)
 	}
 	return out
 }

@@ -269,16 +269,7 @@ func TestReloadSaysWhatItSetBack(t *testing.T) {
 	d := openDefault(t)
 	ctx := natstest.Context(t)
 	js := d.srv.JetStream()
-	st, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := st.CachedInfo().Config
-	c.Subjects = []string{subjects.Replacing("ORDERS")}
-	c.Metadata = map[string]string{subjects.HeldMeta: "orders.*"}
-	if _, err := js.UpdateStream(ctx, c); err != nil {
-		t.Fatal(err)
-	}
+	holdOrders(t, d, map[string]string{subjects.HeldMeta: "orders.*"})
 	if err := d.Reload(ctx, editable(d.Running())); err != nil {
 		t.Fatal(err)
 	}
@@ -286,7 +277,45 @@ func TestReloadSaysWhatItSetBack(t *testing.T) {
 	if last == nil || len(last.SetBack) != 1 || !strings.Contains(last.SetBack[0], "holds its subjects [orders.*] back") {
 		t.Fatalf("reload %+v: want the held subjects in what it set back", last)
 	}
-	if st, err = js.Stream(ctx, "ORDERS"); err != nil || !slices.Equal(st.CachedInfo().Config.Subjects, []string{"orders.*"}) {
+	if st, err := js.Stream(ctx, "ORDERS"); err != nil || !slices.Equal(st.CachedInfo().Config.Subjects, []string{"orders.*"}) {
 		t.Fatalf("ORDERS after the reload: %v", err)
+	}
+}
+
+// TestHeldStreamDegradesHealth: a stream a killed restore left with its
+// subjects held back refuses every publish: the health is degraded,
+// naming it and what to run (it said "ok", with a warning among drifts).
+func TestHeldStreamDegradesHealth(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	holdOrders(t, d, map[string]string{subjects.HeldMeta: "orders.*", subjects.RestoringMeta: "/backups/b1"})
+	// The reload compares the streams with the config at once (the
+	// watcher does every 10 s) and keeps the stream closed.
+	if err := d.Reload(ctx, editable(d.Running())); err != nil {
+		t.Fatal(err)
+	}
+	h := d.monitor.CheckNow(ctx).Health
+	if h.Status != "degraded" || !strings.Contains(h.Reason, "stream ORDERS takes no publishes") || !strings.Contains(h.Reason, "holdfast restore --replace /backups/b1") {
+		t.Fatalf("health %+v: want degraded by ORDERS, with the command", h)
+	}
+	if slices.ContainsFunc(h.Warnings, func(w string) bool { return strings.Contains(w, "takes no publishes") }) {
+		t.Errorf("the closed stream is a warning too: %q", h.Warnings)
+	}
+}
+
+// holdOrders holds ORDERS' subjects back as a restore does, with meta.
+func holdOrders(t *testing.T, d *Daemon, meta map[string]string) {
+	t.Helper()
+	ctx := natstest.Context(t)
+	js := d.srv.JetStream()
+	st, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := st.CachedInfo().Config
+	c.Subjects = []string{subjects.Replacing("ORDERS")}
+	c.Metadata = meta
+	if _, err := js.UpdateStream(ctx, c); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -470,7 +470,7 @@ func RestoringText(have jetstream.StreamConfig) string {
 	if backup == "" {
 		backup = "a backup"
 	}
-	return fmt.Sprintf("stream %s takes no publishes: it is a restore from %s that did not finish (or is still running), part of the backup at most; holdfast keeps its subjects held back. "+
+	return fmt.Sprintf("stream %s"+closedText+"it is a restore from %s that did not finish (or is still running), part of the backup at most; holdfast keeps its subjects held back. "+
 		"Run the restore again: holdfast restore --replace %s (or, to put back the stream it replaced, the holdfast-replaced-%s-* copy that restore named)",
 		have.Name, backup, backup, have.Name)
 }

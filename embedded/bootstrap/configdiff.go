@@ -31,7 +31,7 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 		if held, ok := subjects.Held(have.Name, have.Subjects, have.Metadata); ok {
 			// Held back by a restore --replace before it deleted the
 			// stream: running, or stopped before it changed anything.
-			out = append(out, fmt.Sprintf("stream %s takes no publishes: holdfast restore --replace holds its subjects %v back while it saves and replaces it; "+
+			out = append(out, fmt.Sprintf("stream %s"+closedText+"holdfast restore --replace holds its subjects %v back while it saves and replaces it; "+
 				"if no restore runs, one was stopped before it deleted anything: holdfast reload (or a restart) gives them back", have.Name, held))
 			return
 		}
@@ -60,6 +60,22 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 		_, changes, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc))
 		out = append(out, diffText("consumer", name, "[consumers."+name+"]", changes, err)...)
 	})
+	return out
+}
+
+// closedText is what every Diff line about a stream that refuses
+// publishes (its subjects held back by a restore) says.
+const closedText = " takes no publishes: "
+
+// Closed picks, from Diff's lines, those about streams that refuse every
+// publish: not a drift to warn of, a stream out of service.
+func Closed(diff []string) []string {
+	var out []string
+	for _, l := range diff {
+		if strings.Contains(l, closedText) {
+			out = append(out, l)
+		}
+	}
 	return out
 }
 

@@ -20,7 +20,9 @@ const (
 	// a cluster, this node is in a minority (for less than a minute), a
 	// stream or consumer has no leader, this node's replica of a stream
 	// has been behind its leader for more than 30s, or the cluster counts
-	// an absent node beyond those cluster.routes names.
+	// an absent node beyond those cluster.routes names; or what
+	// Options.Degraded names (edges a hub lost, streams a restore holds
+	// closed).
 	HealthDegraded = "degraded"
 	// HealthUnhealthy: something in the HealthOK list is not true.
 	HealthUnhealthy = "unhealthy"
