@@ -28,13 +28,9 @@ func TestAckBatchSentWhileUnconfirmedIsSentAgain(t *testing.T) {
 	servers := natstest.RunCluster(t, 3, func(o *server.Options) { opts = append(opts, o) })
 	ctx := natstest.Context(t)
 	js := natstest.JetStream(t, natstest.Connect(t, servers[0]))
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := js.CreateOrUpdateConsumer(ctx, "ORDERS", jetstream.ConsumerConfig{
-		Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, Replicas: 3}); err != nil {
-		t.Fatal(err)
-	}
+	natstest.CreateStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}, Replicas: 3})
+	natstest.CreateOrUpdateConsumer(t, js, "ORDERS", jetstream.ConsumerConfig{
+		Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute, Replicas: 3})
 	for range 3 {
 		if _, err := js.Publish(ctx, "orders.created", []byte("x")); err != nil {
 			t.Fatal(err)

@@ -323,3 +323,28 @@ func EditStream(t testing.TB, js jetstream.JetStream, name string, edit func(*je
 		t.Fatalf("edit stream %s: %v", name, err)
 	}
 }
+
+// CreateStream creates a stream, asking again (each request bounded to
+// 5 s, for up to a minute) while a fresh cluster does not answer: under
+// the load of the whole suite a request sent while it still settles can
+// go unanswered until a 30 s context ends (seen in CI).
+func CreateStream(t testing.TB, js jetstream.JetStream, cfg jetstream.StreamConfig) {
+	t.Helper()
+	CheckFor(t, time.Minute, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.CreateStream(ctx, cfg)
+		return err
+	})
+}
+
+// CreateOrUpdateConsumer is CreateStream's counterpart for a consumer.
+func CreateOrUpdateConsumer(t testing.TB, js jetstream.JetStream, stream string, cfg jetstream.ConsumerConfig) {
+	t.Helper()
+	CheckFor(t, time.Minute, 100*time.Millisecond, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := js.CreateOrUpdateConsumer(ctx, stream, cfg)
+		return err
+	})
+}
