@@ -1040,7 +1040,7 @@ func TestRestoreReplaceFailedPutsBack(t *testing.T) {
 func checkOpen(t *testing.T, js jetstream.JetStream) {
 	t.Helper()
 	info := natstest.StreamInfo(t, js, "ORDERS")
-	if !slices.Equal(info.Config.Subjects, []string{"orders.*"}) || info.Config.Metadata[heldSubjectsKey] != "" {
+	if !slices.Equal(info.Config.Subjects, []string{"orders.*"}) || info.Config.Metadata[subjects.HeldMeta] != "" {
 		t.Fatalf("ORDERS has subjects %v, metadata %v; want orders.* back", info.Config.Subjects, info.Config.Metadata)
 	}
 	if _, err := js.Publish(natstest.Context(t), "orders.created", []byte("after")); err != nil {

@@ -24,25 +24,41 @@ import (
 // its name as its subject.
 func closedSubject(stream string) string { return subjects.Replacing(stream) }
 
-// heldSubjectsKey is the metadata key under which a closed stream keeps
-// its own subjects: a copy saved of it, and the stream itself should the
-// restore be killed, tell what they were.
-const heldSubjectsKey = subjects.HeldMeta
+// hold closes a stream's configuration (its name, subjects and metadata):
+// its only subject becomes closedSubject, its own are kept in its metadata
+// under subjects.HeldMeta, where a copy saved of it, and the stream itself
+// should the restore be killed, tell what they were. It returns the
+// subjects held back (nil for a stream without subjects: a mirror takes no
+// publishes).
+func hold(name string, subj *[]string, meta *map[string]string) []string {
+	if len(*subj) == 0 {
+		return nil
+	}
+	held := slices.Clone(*subj)
+	*subj = []string{closedSubject(name)}
+	*meta = maps.Clone(*meta)
+	if *meta == nil {
+		*meta = map[string]string{}
+	}
+	(*meta)[subjects.HeldMeta] = strings.Join(held, " ")
+	return held
+}
 
-// heldSubjects returns the subjects a stream with these subjects and
-// metadata had before closeStream closed it, and whether it is closed.
-func heldSubjects(name string, subj []string, meta map[string]string) ([]string, bool) {
-	return subjects.Held(name, subj, meta)
+// release gives a configuration that hold closed its subjects held back,
+// and drops the marks of the hold.
+func release(held []string, subj *[]string, meta *map[string]string) {
+	*subj = held
+	*meta = maps.Clone(*meta)
+	delete(*meta, subjects.HeldMeta)
+	delete(*meta, subjects.RestoringMeta)
 }
 
 // reopenConfig gives the configuration of a stream that closeStream
 // closed its own subjects back: a restore of a copy saved while it was
 // closed creates it open.
 func reopenConfig(c *api.StreamConfig) {
-	if held, ok := heldSubjects(c.Name, c.Subjects, c.Metadata); ok {
-		c.Subjects = held
-		delete(c.Metadata, heldSubjectsKey)
-		delete(c.Metadata, subjects.RestoringMeta)
+	if held, ok := subjects.Held(c.Name, c.Subjects, c.Metadata); ok {
+		release(held, &c.Subjects, &c.Metadata)
 	}
 }
 
@@ -50,19 +66,12 @@ func reopenConfig(c *api.StreamConfig) {
 // restored from the backup in dir, as closeStream closes a stream, marked
 // as being restored (subjects.RestoringMeta: the running holdfast keeps
 // it closed should the restore stop before its end), and returns the
-// subjects held back (nil for a stream without subjects).
+// subjects held back.
 func holdSubjects(c *api.StreamConfig, dir string) []string {
-	if len(c.Subjects) == 0 {
-		return nil
+	held := hold(c.Name, &c.Subjects, &c.Metadata)
+	if held != nil {
+		c.Metadata[subjects.RestoringMeta] = dir
 	}
-	held := slices.Clone(c.Subjects)
-	c.Subjects = []string{closedSubject(c.Name)}
-	c.Metadata = maps.Clone(c.Metadata)
-	if c.Metadata == nil {
-		c.Metadata = map[string]string{}
-	}
-	c.Metadata[heldSubjectsKey] = strings.Join(held, " ")
-	c.Metadata[subjects.RestoringMeta] = dir
 	return held
 }
 
@@ -76,23 +85,17 @@ func closeStream(ctx context.Context, js jetstream.JetStream, name string) ([]st
 		return nil, fmt.Errorf("cannot read stream %s: %w", name, err)
 	}
 	cfg := s.CachedInfo().Config
-	if subjects, ok := heldSubjects(name, cfg.Subjects, cfg.Metadata); ok {
-		return subjects, nil // closed by a restore that was killed
+	if held, ok := subjects.Held(name, cfg.Subjects, cfg.Metadata); ok {
+		return held, nil // closed by a restore that was killed
 	}
-	if len(cfg.Subjects) == 0 {
+	held := hold(name, &cfg.Subjects, &cfg.Metadata)
+	if held == nil {
 		return nil, nil
 	}
-	subjects := slices.Clone(cfg.Subjects)
-	cfg.Subjects = []string{closedSubject(name)}
-	cfg.Metadata = maps.Clone(cfg.Metadata)
-	if cfg.Metadata == nil {
-		cfg.Metadata = map[string]string{}
-	}
-	cfg.Metadata[heldSubjectsKey] = strings.Join(subjects, " ")
 	if _, err := js.UpdateStream(ctx, cfg); err != nil {
-		return nil, fmt.Errorf("cannot stop stream %s from taking publishes (by holding its subjects %v back) before it is saved: %w", name, subjects, err)
+		return nil, fmt.Errorf("cannot stop stream %s from taking publishes (by holding its subjects %v back) before it is saved: %w", name, held, err)
 	}
-	return subjects, nil
+	return held, nil
 }
 
 // reopenStream gives a stream that closeStream closed its subjects back.
@@ -112,13 +115,10 @@ func reopenStream(ctx context.Context, js jetstream.JetStream, name string, held
 		return err
 	}
 	cfg := s.CachedInfo().Config
-	if _, ok := heldSubjects(name, cfg.Subjects, cfg.Metadata); !ok {
+	if _, ok := subjects.Held(name, cfg.Subjects, cfg.Metadata); !ok {
 		return nil
 	}
-	cfg.Subjects = held
-	cfg.Metadata = maps.Clone(cfg.Metadata)
-	delete(cfg.Metadata, heldSubjectsKey)
-	delete(cfg.Metadata, subjects.RestoringMeta)
+	release(held, &cfg.Subjects, &cfg.Metadata)
 	_, err = js.UpdateStream(ctx, cfg)
 	return err
 }
