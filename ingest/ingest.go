@@ -178,8 +178,9 @@ type Committer struct {
 	throttling   bool
 	// tooMany is the answer to a publish refused for the waiting limits.
 	tooMany []byte
-	// hold, when set, runs before each step of the run goroutine (tests
-	// hold it up with it, as a busy goroutine would be).
+	// hold, when set, runs at each step of the run goroutine, with mu
+	// held, and intake then leaves all sending to run (tests hold run up
+	// with it, as a busy goroutine would be).
 	hold    func()
 	subs    []*nats.Subscription
 	rsub    *nats.Subscription
@@ -191,6 +192,14 @@ type Committer struct {
 	opened  bool
 
 	batches, batchedMsgs, alone, forwarded, refused, throttled, batchNanos atomic.Uint64
+
+	// mu guards what follows: the run goroutine holds it for each step,
+	// and intake when it sends a publish itself (see kick).
+	mu sync.Mutex
+	// markTimer sends the marker after what went out with the clients'
+	// replies (see dispatch) when it fires; markArmed: it is set.
+	markTimer *time.Timer
+	markArmed bool
 
 	// With Options.Flush: the clients' replies of what went out with a
 	// relay reply (by its last token), the subscription that takes the
@@ -204,7 +213,6 @@ type Committer struct {
 	flushStop  chan struct{}
 	flushDone  chan struct{}
 
-	// Owned by the run goroutine.
 	pend     []item
 	pendSize int // the sizes of pend's items, summed
 	inflight map[string]*unit
@@ -296,6 +304,8 @@ func (c *Committer) Open(ctx context.Context) error {
 	c.queued = make(chan struct{}, 1)
 	c.inflight = make(map[string]*unit)
 	c.ids = make(map[string]struct{})
+	c.markTimer = time.NewTimer(time.Hour)
+	c.markTimer.Stop()
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.opened = true
@@ -423,17 +433,18 @@ func (c *Committer) run(ctx context.Context) {
 	defer tick.Stop()
 	closing := c.closing
 	for {
-		if c.hold != nil {
-			c.hold()
-		}
+		var (
+			r       *nats.Msg
+			ticked  bool
+			marking bool
+		)
 		select {
 		case <-c.queued:
-			c.takeQueued()
-		case r := <-c.replies:
-			c.answer(r)
+		case r = <-c.replies:
 		case <-tick.C:
-			c.expire()
-			c.forgetIDs(c.opts.DuplicateWindow)
+			ticked = true
+		case <-c.markTimer.C:
+			marking = true
 		case <-closing:
 			closing = nil
 			select {
@@ -441,18 +452,33 @@ func (c *Committer) run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
-			c.takeQueued()
 		case <-ctx.Done():
 			return
 		}
+		c.mu.Lock()
+		if c.hold != nil {
+			c.hold()
+		}
+		c.takeQueued()
+		switch {
+		case r != nil:
+			c.answer(r)
+		case ticked:
+			c.expire()
+			c.forgetIDs(c.opts.DuplicateWindow)
+		case marking:
+			c.markDue()
+		}
 		c.dispatch()
 		// What went out with the clients' replies is answered by the
-		// stream itself: dispatch follows it with a marker, in flight
-		// until the stream applied all of it. Without that, a reload that
-		// turns group commit off could remove the transform while the
-		// stream still held some of them, and store them under the
-		// prefixed subjects.
-		if closing == nil && len(c.pend) == 0 && len(c.inflight) == 0 && c.queueEmpty() {
+		// stream itself: once closing, dispatch follows it with a marker
+		// at once, in flight until the stream applied all of it. Without
+		// that, a reload that turns group commit off could remove the
+		// transform while the stream still held some of them, and store
+		// them under the prefixed subjects.
+		done := closing == nil && len(c.pend) == 0 && len(c.inflight) == 0 && c.queueEmpty()
+		c.mu.Unlock()
+		if done {
 			return
 		}
 	}
@@ -467,12 +493,26 @@ func (c *Committer) intake(ctx context.Context) {
 	for {
 		select {
 		case m := <-c.in:
-			c.admit(m)
+			queued := c.admit(m)
+			// Take what else came with it before sending any of it.
+			for more := true; more && len(c.in) > 0; {
+				select {
+				case m := <-c.in:
+					queued = c.admit(m) || queued
+				default:
+					more = false
+				}
+			}
+			if queued {
+				c.kick()
+			}
 		case <-c.closing:
 			for {
 				select {
 				case m := <-c.in:
-					c.admit(m)
+					if c.admit(m) {
+						c.kick()
+					}
 				default:
 					return
 				}
@@ -483,13 +523,30 @@ func (c *Committer) intake(ctx context.Context) {
 	}
 }
 
-// admit queues m for run, or refuses it when the waiting limits are
-// reached. A burst larger than the stream's inbound queue is refused in
-// part by the server ("too many requests"); held here without a bound, it
-// would take twice its size in memory, and the server would close the
-// ingest connection as a slow consumer, leaving what is in flight
-// unanswered.
-func (c *Committer) admit(m *nats.Msg) {
+// kick has what intake queued sent. When the run goroutine is idle
+// (waiting for something to happen), intake sends it itself, saving the
+// hand-off to run: a lone publisher's message goes out from the goroutine
+// that took it. Else run is told and takes it after its current step.
+func (c *Committer) kick() {
+	if c.hold == nil && c.mu.TryLock() {
+		c.takeQueued()
+		c.dispatch()
+		c.mu.Unlock()
+		return
+	}
+	select {
+	case c.queued <- struct{}{}:
+	default:
+	}
+}
+
+// admit queues m for run and reports true, or refuses it when the
+// waiting limits are reached. A burst larger than the stream's inbound
+// queue is refused in part by the server ("too many requests"); held here
+// without a bound, it would take twice its size in memory, and the server
+// would close the ingest connection as a slow consumer, leaving what is
+// in flight unanswered.
+func (c *Committer) admit(m *nats.Msg) bool {
 	it := item{m: m, size: c.size(m)}
 	c.qmu.Lock()
 	if c.waitingMsgs >= c.opts.MaxWaitingMsgs || (c.waitingMsgs > 0 && c.waitingBytes+it.size > c.opts.MaxWaitingBytes) {
@@ -503,16 +560,13 @@ func (c *Committer) admit(m *nats.Msg) {
 				"waiting_msgs", msgs, "waiting_bytes", bytes)
 		}
 		c.reply(item{m: m}, c.tooMany)
-		return
+		return false
 	}
 	c.queue = append(c.queue, it)
 	c.waitingMsgs++
 	c.waitingBytes += it.size
 	c.qmu.Unlock()
-	select {
-	case c.queued <- struct{}{}:
-	default:
-	}
+	return true
 }
 
 // size is what m counts against Options.MaxWaitingBytes and a batch's
@@ -702,9 +756,14 @@ func (c *Committer) dispatch() {
 		}
 		msgs := c.pend[:n:n]
 		c.took(n)
-		if n < minBatch {
+		switch {
+		case n == 1 && len(c.pend) == 0:
+			// Nothing else waits: nothing to tell from when the stream
+			// is idle again (see sendLone).
+			c.sendLone(msgs[0])
+		case n < minBatch:
 			c.sendSingles(msgs)
-		} else {
+		default:
 			c.sendBatch(msgs, risky)
 		}
 	}
@@ -713,8 +772,33 @@ func (c *Committer) dispatch() {
 	}
 	// A marker after what went out with the clients' replies: its
 	// answer says whether the stream was there for them (see answer).
+	// It goes once nothing more went out for markerDelay, or at once
+	// when closing.
+	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
+		switch {
+		case c.isClosing():
+			c.sendMarker(c.unflushed, nil)
+		case !c.markArmed:
+			c.markTimer.Reset(markerDelay)
+			c.markArmed = true
+		}
+	}
+}
+
+// markDue sends the marker dispatch put off (markTimer fired).
+func (c *Committer) markDue() {
+	c.markArmed = false
 	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
 		c.sendMarker(c.unflushed, nil)
+	}
+}
+
+func (c *Committer) isClosing() bool {
+	select {
+	case <-c.closing:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -759,13 +843,31 @@ func (c *Committer) target(m *nats.Msg) string {
 	return subjects.GroupCommit(c.opts.Stream, m.Subject)
 }
 
-// forward publishes a message as the client would, with the client's
-// reply (clientReply): the server answers the client itself, or with
-// Options.Flush this committer after the flush.
+// forward publishes a message that cannot go in a batch (see add).
 func (c *Committer) forward(it item) {
+	c.forwarded.Add(1)
+	c.publishWithReply(it)
+}
+
+// sendLone publishes a message nothing else waited with. No marker
+// follows it at once, unlike sendSingles: dispatch sends one markerDelay
+// later, or the next unit covers it. So a lone synchronous publisher's
+// next message does not wait for a marker's answer, and the stream takes
+// one marker per markerDelay instead of one per message.
+func (c *Committer) sendLone(it item) {
+	c.alone.Add(1)
+	if m := c.opts.Metrics; m != nil {
+		m.observeSize(c.opts.Stream)
+	}
+	c.publishWithReply(it)
+}
+
+// publishWithReply publishes a message as the client would, with the
+// client's reply (clientReply): the server answers the client itself, or
+// with Options.Flush this committer after the flush.
+func (c *Committer) publishWithReply(it item) {
 	c.remember(it)
 	c.sent++
-	c.forwarded.Add(1)
 	c.unflushed = c.target(it.m)
 	c.fwd = append(c.fwd, it)
 	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
@@ -791,6 +893,11 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	return c.inbox + "." + id, u
 }
 
+// markerDelay is how long a marker may wait after a message sent with
+// its client's reply (see dispatch): a stream missing then answers its
+// client "no responders" that much later.
+const markerDelay = 20 * time.Millisecond
+
 // markerStream is never a stream's name (names have no spaces): a
 // message expecting it is answered at once with an error and not stored.
 const markerStream = "holdfast marker"
@@ -803,6 +910,11 @@ const markerStream = "holdfast marker"
 // "expected stream" error, nothing stored, nothing flushed) says that the
 // messages before it are done and the stream is idle again.
 func (c *Committer) sendSingles(msgs []item) {
+	if m := c.opts.Metrics; m != nil {
+		for range msgs {
+			m.observeSize(c.opts.Stream)
+		}
+	}
 	for _, it := range msgs {
 		c.alone.Add(1)
 		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
@@ -940,14 +1052,8 @@ func (c *Committer) finish(id string, u *unit) {
 	if u.risky {
 		c.risky--
 	}
-	if m := c.opts.Metrics; m != nil {
-		if u.marker {
-			for range u.msgs {
-				m.observe(c.opts.Stream, 1, time.Since(u.start))
-			}
-		} else {
-			m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
-		}
+	if m := c.opts.Metrics; m != nil && !u.marker {
+		m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
 	}
 }
 

@@ -195,17 +195,32 @@ func TestPublishersGetPubAcksInOrder(t *testing.T) {
 			counts[mf.GetName()] += m.GetHistogram().GetSampleCount()
 		}
 	}
-	if want := st.Batches + st.Alone; counts["holdfast_group_commit_batch_size"] != want || counts["holdfast_group_commit_latency_seconds"] != want {
-		t.Fatalf("histogram counts %v, want %d commits", counts, want)
+	if want := st.Batches + st.Alone; counts["holdfast_group_commit_batch_size"] != want || counts["holdfast_group_commit_latency_seconds"] != st.Batches {
+		t.Fatalf("histogram counts %v, want %d sizes (batches and messages alone), %d latencies (batches)", counts, want, st.Batches)
 	}
 }
 
 // TestLonePublisherGoesAlone: a synchronous publisher never waits for a
-// batch: each message is published alone.
+// batch: each message is published alone, and followed by a marker only
+// once per markerDelay (the stream took one per message, and the
+// publisher's next message could wait for its answer).
 func TestLonePublisherGoesAlone(t *testing.T) {
 	s := natstest.RunServer(t, natstest.SyncAlways)
-	js := natstest.JetStream(t, natstest.Connect(t, s))
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	var markers atomic.Int64
+	if _, err := nc.Subscribe(subjects.GroupCommit("S", ">"), func(m *nats.Msg) {
+		if m.Header.Get("Nats-Expected-Stream") == markerStream {
+			markers.Add(1)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
 	for i := range 20 {
 		a, err := js.Publish(context.Background(), "s.a", []byte(strconv.Itoa(i)))
 		if err != nil {
@@ -215,8 +230,14 @@ func TestLonePublisherGoesAlone(t *testing.T) {
 			t.Fatalf("ack %+v", a)
 		}
 	}
+	elapsed := time.Since(start)
 	if st := c.Stats(); st.Alone != 20 || st.Batches != 0 {
 		t.Fatalf("stats %+v, want 20 alone", st)
+	}
+	// The marker after the last message may still be on its way.
+	time.Sleep(2 * markerDelay)
+	if n, most := markers.Load(), int64(elapsed/markerDelay)+2; n > most {
+		t.Fatalf("%d markers for 20 messages published in %v: want at most %d, one per %v", n, elapsed.Round(time.Millisecond), most, markerDelay)
 	}
 }
 
