@@ -29,7 +29,9 @@ const (
 
 // natsMonitorPrefix is where the embedded server's own monitoring
 // endpoints are served, so that NATS dashboards and
-// prometheus-nats-exporter (pointed at http://LISTEN/nats) work.
+// prometheus-nats-exporter (pointed at http://LISTEN/nats) work. They are
+// at the root too, where stock nats-server has them (/varz, /jsz, ...),
+// but for /healthz, which is holdfast's own.
 const natsMonitorPrefix = "/nats/"
 
 // Limits of the [http] listener, so that clients that are slow or that
@@ -250,14 +252,18 @@ func (h *httpServer) routes() http.Handler {
 		"ipqueuesz": func(s *server.Server) http.HandlerFunc { return s.HandleIPQueuesz },
 	}
 	for name, handler := range nats {
-		mux.HandleFunc("GET "+natsMonitorPrefix+name, func(w http.ResponseWriter, r *http.Request) {
+		serve := func(w http.ResponseWriter, r *http.Request) {
 			ns, _, _ := h.state()
 			if ns == nil || !ns.Running() {
 				writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "the NATS server is not running"})
 				return
 			}
 			handler(ns)(w, r)
-		})
+		}
+		mux.HandleFunc("GET "+natsMonitorPrefix+name, serve)
+		if name != "healthz" {
+			mux.HandleFunc("GET /"+name, serve)
+		}
 	}
 	page := statuspage.Handler()
 	mux.Handle("GET /{$}", page)
@@ -273,6 +279,7 @@ func (h *httpServer) routes() http.Handler {
 		for _, name := range NATSEndpoints {
 			fmt.Fprintf(w, "%-25s the NATS server's /%s\n", natsMonitorPrefix+name, name)
 		}
+		fmt.Fprintf(w, "\nThe same at the root as well (/varz, /jsz, ...), but for /healthz: holdfast's own.\n")
 	})
 	return mux
 }

@@ -354,15 +354,22 @@ func TestHealthzConsumerDeleted(t *testing.T) {
 			t.Errorf("GET %s = %d, want 200 JSON with %s:\n%.400s", path, code, want, body)
 		}
 	}
-	// Every monitoring endpoint of the server is served (raftz answers
-	// 404 on a single node: the server's own answer).
+	// Every monitoring endpoint of the server is served, under /nats/ and
+	// at the root where stock has them, but for holdfast's own /healthz
+	// (raftz answers 404 on a single node: the server's own answer).
 	for _, ep := range daemon.NATSEndpoints {
-		code, body := o.get(t, "/nats/"+ep)
-		if ep == "raftz" && code == http.StatusNotFound && strings.Contains(body, "No Raft nodes") {
-			continue
+		paths := []string{"/nats/" + ep, "/" + ep}
+		if ep == "healthz" {
+			paths = paths[:1]
 		}
-		if code != http.StatusOK || len(body) == 0 {
-			t.Errorf("GET /nats/%s = %d %.200s, want 200", ep, code, body)
+		for _, path := range paths {
+			code, body := o.get(t, path)
+			if ep == "raftz" && code == http.StatusNotFound && strings.Contains(body, "No Raft nodes") {
+				continue
+			}
+			if code != http.StatusOK || len(body) == 0 {
+				t.Errorf("GET %s = %d %.200s, want 200", path, code, body)
+			}
 		}
 	}
 
