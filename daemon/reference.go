@@ -35,7 +35,9 @@ it, and ` + "`/healthz`" + ` warns until a restart (see [reload](reload.md)).
 `)
 	for _, k := range config.Keys() {
 		def := "`" + k.Default + "`"
-		if k.Default == "" {
+		if d, ok := perTableDefaults[k.Path]; ok {
+			def = d
+		} else if k.Default == "" {
 			def = "unset"
 			if k.Example != "" {
 				def = "unset (e.g. `" + k.Example + "`)"
@@ -49,6 +51,13 @@ it, and ` + "`/healthz`" + ` warns until a restart (see [reload](reload.md)).
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// perTableDefaults are the defaults of keys whose value in the default
+// file is the built-in WORKER1's, not what another table starts from.
+var perTableDefaults = map[string]string{
+	"consumers.NAME.stream":      "required (the built-in `" + config.DefaultConsumerName + "`: `\"" + config.DefaultStreamName + "\"`)",
+	"consumers.NAME.dead_letter": "the stream's name with `_DLQ` (`\"" + config.DefaultStreamName + "_DLQ\"`)",
 }
 
 // cell makes s fit in a Markdown table cell.

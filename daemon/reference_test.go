@@ -23,6 +23,11 @@ func TestConfigReferenceUpToDate(t *testing.T) {
 	if string(file) != b.String() {
 		t.Fatal("docs/configuration-reference.md differs from `holdfast config --reference`: run `make docs`")
 	}
+	for path, def := range perTableDefaults {
+		if !strings.Contains(b.String(), "| `"+path+"` | "+def+" |") {
+			t.Errorf("%s is not a key of the default file: its default in perTableDefaults is not shown", path)
+		}
+	}
 }
 
 // TestRestartOnly: the keys the reference says only a restart applies,

@@ -91,7 +91,7 @@ func TestSecureEdgeExample(t *testing.T) {
 	text = strings.ReplaceAll(text, "/etc/holdfast/tls/server-key.pem", certs.ServerKey)
 	text = strings.ReplaceAll(text, "/etc/holdfast/tls/ca.pem", certs.CA)
 	text = strings.ReplaceAll(text, "/etc/holdfast/", etc+"/")
-	text = strings.ReplaceAll(text, `"/var/lib/holdfast/jetstream"`, fmt.Sprintf("%q", store))
+	text = strings.ReplaceAll(text, `"/var/lib/holdfast"`, fmt.Sprintf("%q", store))
 	text = strings.ReplaceAll(text, "port = 4222", fmt.Sprintf("port = %d", port))
 	text = strings.ReplaceAll(text, `listen = "127.0.0.1:8222"`, `listen = "127.0.0.1:0"`)
 	text += "\n[log]\nlevel = \"debug\"\n"
