@@ -494,14 +494,10 @@ func (c *Committer) intake(ctx context.Context) {
 		select {
 		case m := <-c.in:
 			queued := c.admit(m)
-			// Take what else came with it before sending any of it.
-			for more := true; more && len(c.in) > 0; {
-				select {
-				case m := <-c.in:
-					queued = c.admit(m) || queued
-				default:
-					more = false
-				}
+			// Take what else came with it before sending any of it, up
+			// to a batch: a flood must not keep it from being sent.
+			for n := 1; n < maxBatch && len(c.in) > 0; n++ {
+				queued = c.admit(<-c.in) || queued
 			}
 			if queued {
 				c.kick()
