@@ -317,3 +317,65 @@ func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
 		connects(t, fmt.Sprintf("127.0.0.1:%d", hubPort), fmt.Sprintf("localhost:%d", dead))
 	})
 }
+
+// TestAssumeOnlyADelayedNakOutlastsARestart: a nak with a delay is
+// stored with the message's delivery (as expired, plus the delay), so a
+// server that stops and starts again on the same store redelivers it at
+// once; a plain nak lives in the server's memory only, and after a
+// restart the message waits out its ack_wait. The workers give back what
+// they hold at a stop with a delayed nak for this.
+func TestAssumeOnlyADelayedNakOutlastsARestart(t *testing.T) {
+	t.Parallel()
+	store := t.TempDir()
+	atStore := func(o *server.Options) { o.StoreDir = store }
+	s := natstest.RunServer(t, atStore)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	ctx := natstest.Context(t)
+	st, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "A", Subjects: []string{"a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: "C", AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{"plain", "delayed"} {
+		if _, err := js.Publish(ctx, "a", []byte(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	batch, err := c.Fetch(2, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each nak sent as a request: the server answers it once applied.
+	for m := range batch.Messages() {
+		nak := "-NAK"
+		if string(m.Data()) == "delayed" {
+			nak = `-NAK {"delay": 1}`
+		}
+		if _, err := nc.Request(m.Reply(), []byte(nak), 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.Shutdown()
+	s.WaitForShutdown()
+
+	js = natstest.JetStream(t, natstest.Connect(t, natstest.RunServer(t, atStore)))
+	c, err = js.Consumer(ctx, "A", "C")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err = c.Fetch(2, jetstream.FetchMaxWait(3*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for m := range batch.Messages() {
+		got = append(got, string(m.Data()))
+	}
+	if len(got) != 1 || got[0] != "delayed" {
+		t.Errorf("redelivered within 3 s of the restart (ack_wait a minute): %q; want only the message of the delayed nak", got)
+	}
+}

@@ -54,9 +54,14 @@ func (w *Workers) messageOf(msg jetstream.Msg, md *jetstream.MsgMetadata) *handl
 }
 
 // giveBack returns a message the workers hold but did not settle because
-// they are stopping: Nak (redelivered at once, at the next start at the
-// latest), or — on its last allowed delivery, with a dead-letter stream —
-// parked for the next start.
+// they are stopping: a nak (redelivered at once, or at the next start
+// when the server stops too), or — on its last allowed delivery, with a
+// dead-letter stream — parked for the next start.
+//
+// The nak carries a delay of giveBackDelay: the server stores such a
+// nak with the message's delivery and a plain one only in memory, so
+// after a restart of the server a plainly naked message waited out its
+// ack_wait (see embedded/natsassume_test.go).
 //
 // The workers call it only when no pull request of theirs is open any
 // more: the server would deliver the message to that request again at
@@ -77,10 +82,13 @@ func (w *Workers) giveBack(msg jetstream.Msg) {
 			return
 		}
 	}
-	if err := msg.Nak(); err != nil {
+	if err := msg.NakWithDelay(giveBackDelay); err != nil {
 		w.log.Warn("nak at shutdown failed; redelivered after ack_wait", "subject", msg.Subject(), "err", err)
 	}
 }
+
+// giveBackDelay is the delay of a nak at a stop: the least there is.
+const giveBackDelay = time.Nanosecond
 
 // park stores m, marked interrupted, in the dead-letter stream and then
 // terminates the original.
