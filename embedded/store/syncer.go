@@ -27,9 +27,21 @@ import (
 // messages are acknowledged) is left to the kernel's writeback: after a
 // power cut a consumer may deliver again what it had acknowledged in the
 // last seconds, never lose a message.
+//
+// The server also rewrites whole message blocks without flushing them: it
+// compacts a block once over half of it was deleted out of order (`nats
+// stream rmm`, a subject purge, a rollup, a work queue's acks) into a new
+// file renamed over the old one. Until the next round flushed the new
+// file, a power cut could leave it empty, taking with it the messages of
+// the block that were flushed and acknowledged long before. So each round
+// keeps, in SyncGuardDirName, a hard link to every block as it flushed
+// it; a block replaced since is the old one there, and RestoreSyncGuard
+// puts it back at the next start (messages deleted since may come back:
+// at least once, never lost).
 type Syncer struct {
-	jsDir  string
-	window time.Duration
+	jsDir    string
+	guardDir string
+	window   time.Duration
 
 	mu        sync.Mutex
 	cond      *sync.Cond
@@ -47,12 +59,13 @@ type Syncer struct {
 type fileMark struct {
 	size  int64
 	mtime int64
+	ino   uint64 // a new inode: the file was replaced (renamed over)
 }
 
 // NewSyncer returns a Syncer of the store at storeDir whose rounds begin
 // at most once per window.
 func NewSyncer(storeDir string, window time.Duration) *Syncer {
-	s := &Syncer{jsDir: filepath.Join(storeDir, server.JetStreamStoreDir), window: window,
+	s := &Syncer{jsDir: filepath.Join(storeDir, server.JetStreamStoreDir), guardDir: filepath.Join(storeDir, SyncGuardDirName), window: window,
 		marks: map[string]fileMark{}, dirs: map[string][]string{}}
 	s.cond = sync.NewCond(&s.mu)
 	return s
@@ -91,7 +104,8 @@ func (s *Syncer) Sync() error {
 // round flushes what changed since the last round.
 func (s *Syncer) round() error {
 	var errs []error
-	var dirty []string // directories whose entries changed
+	var dirty []string  // directories whose entries changed
+	var relink []string // blocks whose guard link is to be made again, with the inode flushed
 	seen := map[string]bool{}
 	err := filepath.WalkDir(s.jsDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -126,7 +140,11 @@ func (s *Syncer) round() error {
 		}
 		seen[path] = true
 		mark := fileMark{size: info.Size(), mtime: info.ModTime().UnixNano()}
-		if old, ok := s.marks[path]; ok && old == mark {
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			mark.ino = st.Ino
+		}
+		old, ok := s.marks[path]
+		if ok && old == mark {
 			return nil
 		}
 		if err := flushFile(path); err != nil {
@@ -140,6 +158,11 @@ func (s *Syncer) round() error {
 		if !strings.HasSuffix(path, ".blk") {
 			// A definition is replaced by a rename: its directory entry too.
 			dirty = append(dirty, filepath.Dir(path))
+		} else if !ok || old.ino != mark.ino {
+			// A new block, or one the server replaced: its guard link
+			// follows once it and its directory entry are flushed.
+			dirty = append(dirty, filepath.Dir(path))
+			relink = append(relink, path)
 		}
 		return nil
 	})
@@ -161,14 +184,171 @@ func (s *Syncer) round() error {
 			delete(s.dirs, dir) // flushed again next round
 		}
 	}
+	// Only now, with the new blocks and their directory entries on disk,
+	// may the guard links point to them.
+	var guardDirs []string
+	for _, path := range relink {
+		dir, err := s.link(path, s.marks[path].ino)
+		if err != nil || dir == "" {
+			if err != nil {
+				errs = append(errs, err)
+			}
+			delete(s.marks, path) // flushed and linked again next round
+			continue
+		}
+		guardDirs = append(guardDirs, dir)
+	}
 	// Files gone since (compacted, removed with their stream) are
-	// forgotten.
+	// forgotten, and so are their guard links.
 	for path := range s.marks {
 		if !seen[path] {
 			delete(s.marks, path)
+			if strings.HasSuffix(path, ".blk") {
+				s.unlink(path)
+			}
+		}
+	}
+	slices.Sort(guardDirs)
+	for _, dir := range slices.Compact(guardDirs) {
+		if err := SyncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// guardPath is where the guard link of the block at path is.
+func (s *Syncer) guardPath(path string) (string, error) {
+	rel, err := filepath.Rel(s.jsDir, path)
+	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(os.PathSeparator)) {
+		return "", fmt.Errorf("message block %s is not in %s", path, s.jsDir)
+	}
+	return filepath.Join(s.guardDir, rel), nil
+}
+
+// link makes the guard link of the block at path point to it, when it is
+// still the file ino that was flushed, and returns the directory to flush
+// for it ("" when the server replaced the block again meanwhile).
+func (s *Syncer) link(path string, ino uint64) (string, error) {
+	guard, err := s.guardPath(path)
+	if err != nil {
+		return "", err
+	}
+	dir := filepath.Dir(guard)
+	if inode(guard) == ino {
+		return dir, nil
+	}
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
+	}
+	// A new directory's own entries are flushed now, from the guard
+	// directory down.
+	for d := dir; d != s.guardDir && strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
+		if err := SyncDir(filepath.Dir(d)); err != nil {
+			return "", err
+		}
+	}
+	tmp := guard + ".tmp"
+	_ = os.Remove(tmp)
+	if err := os.Link(path, tmp); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return "", nil // removed meanwhile
+		}
+		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
+	}
+	if inode(tmp) != ino {
+		_ = os.Remove(tmp) // not the file flushed: the next round takes it
+		return "", nil
+	}
+	if err := os.Rename(tmp, guard); err != nil {
+		_ = os.Remove(tmp)
+		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
+	}
+	return dir, nil
+}
+
+// unlink removes the guard link of the block at path, which the server
+// removed, and the guard directories it leaves empty.
+func (s *Syncer) unlink(path string) {
+	guard, err := s.guardPath(path)
+	if err != nil {
+		return
+	}
+	_ = os.Remove(guard)
+	for d := filepath.Dir(guard); d != s.guardDir && strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
+		if os.Remove(d) != nil {
+			break // not empty
+		}
+	}
+}
+
+// inode is path's inode number, or 0.
+func inode(path string) uint64 {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
+
+// RestoreSyncGuard puts back, before the server opens the store, each
+// message block that the server replaced after holdfast's last flush of
+// it (see Syncer): the new file may have been lost in part or whole at a
+// power cut, the linked one was flushed. Then it removes the guard
+// directory: the Syncer of this start links every block again at its
+// first round (a start may convert or restore streams, which leaves the
+// links stale). It returns the blocks put back, relative to the JetStream
+// directory.
+func RestoreSyncGuard(storeDir string) ([]string, error) {
+	guardDir := filepath.Join(storeDir, SyncGuardDirName)
+	jsDir := filepath.Join(storeDir, server.JetStreamStoreDir)
+	if _, err := os.Lstat(guardDir); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	var restored []string
+	dirs := map[string]bool{}
+	err := filepath.WalkDir(guardDir, func(guard string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(guardDir, guard)
+		if err != nil {
+			return err
+		}
+		if !strings.HasSuffix(rel, ".blk") {
+			return os.Remove(guard) // a link not finished
+		}
+		path := filepath.Join(jsDir, rel)
+		switch bi, gi := inode(path), inode(guard); {
+		case bi == 0:
+			// Removed by the server (a purge, its stream deleted) or
+			// moved aside with its stream.
+			return os.Remove(guard)
+		case bi == gi:
+			return nil
+		}
+		if err := os.Rename(guard, path); err != nil {
+			return fmt.Errorf("cannot put back message block %s as last flushed: %w", rel, err)
+		}
+		dirs[filepath.Dir(path)] = true
+		restored = append(restored, rel)
+		return nil
+	})
+	if err != nil {
+		return restored, err
+	}
+	for dir := range dirs {
+		if err := SyncDir(dir); err != nil {
+			return restored, err
+		}
+	}
+	if err := os.RemoveAll(guardDir); err != nil {
+		return restored, fmt.Errorf("cannot remove %s: %w", guardDir, err)
+	}
+	return restored, SyncDir(storeDir)
 }
 
 // syncedFile reports whether a file of the server's store is flushed by a
