@@ -247,7 +247,7 @@ var storeEntries = []struct {
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
 	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
 	{RecoveryLinksDirName, true, "where holdfast links the streams' files while the server recovers them"},
-	{SyncGuardDirName, true, "where holdfast links the message blocks as it last flushed them (jetstream.commit_window)"},
+	{SyncGuardDirName, true, "where holdfast links the streams' files as it last flushed them (jetstream.commit_window)"},
 }
 
 // checkStoreEntries refuses a store directory in which one of the names

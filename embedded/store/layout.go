@@ -21,6 +21,6 @@ const EncryptingDirName = "holdfast-encrypting"
 const RecoveryLinksDirName = "holdfast-recovery-links"
 
 // SyncGuardDirName is the directory in the store dir that holds, with
-// jetstream.commit_window, a hard link to each message block as holdfast
-// last flushed it (see Syncer and RestoreSyncGuard).
+// jetstream.commit_window, a hard link to each message block and
+// definition as holdfast last flushed it (see Syncer and RestoreSyncGuard).
 const SyncGuardDirName = "holdfast-sync-guard"

@@ -28,16 +28,19 @@ import (
 // power cut a consumer may deliver again what it had acknowledged in the
 // last seconds, never lose a message.
 //
-// The server also rewrites whole message blocks without flushing them: it
-// compacts a block once over half of it was deleted out of order (`nats
-// stream rmm`, a subject purge, a rollup, a work queue's acks) into a new
-// file renamed over the old one. Until the next round flushed the new
-// file, a power cut could leave it empty, taking with it the messages of
-// the block that were flushed and acknowledged long before. So each round
-// keeps, in SyncGuardDirName, a hard link to every block as it flushed
-// it; a block replaced since is the old one there, and RestoreSyncGuard
-// puts it back at the next start (messages deleted since may come back:
-// at least once, never lost).
+// The server also replaces files without flushing them, by a new file
+// renamed over the old one: it compacts a message block once over half of
+// it was deleted out of order (`nats stream rmm`, a subject purge, a
+// rollup, a work queue's acks), and rewrites a stream's or consumer's
+// definition when a client edits it (`nats stream edit`). Until the next
+// round flushed the new file, a power cut could leave it empty: the
+// block's messages, flushed and acknowledged long before, were gone, and a
+// stream with an empty meta.inf is dropped by the server with all its
+// messages. So each round keeps, in SyncGuardDirName, a hard link to every
+// file it flushes as it flushed it; a file replaced since is the old one
+// there, and RestoreSyncGuard puts it back at the next start (messages
+// deleted since may come back, an edit since may be undone: never a
+// message lost).
 type Syncer struct {
 	jsDir    string
 	guardDir string
@@ -158,8 +161,9 @@ func (s *Syncer) round() error {
 		if !strings.HasSuffix(path, ".blk") {
 			// A definition is replaced by a rename: its directory entry too.
 			dirty = append(dirty, filepath.Dir(path))
-		} else if !ok || old.ino != mark.ino {
-			// A new block, or one the server replaced: its guard link
+		}
+		if !ok || old.ino != mark.ino {
+			// A new file, or one the server replaced: its guard link
 			// follows once it and its directory entry are flushed.
 			dirty = append(dirty, filepath.Dir(path))
 			relink = append(relink, path)
@@ -203,9 +207,7 @@ func (s *Syncer) round() error {
 	for path := range s.marks {
 		if !seen[path] {
 			delete(s.marks, path)
-			if strings.HasSuffix(path, ".blk") {
-				s.unlink(path)
-			}
+			s.unlink(path)
 		}
 	}
 	slices.Sort(guardDirs)
@@ -217,18 +219,18 @@ func (s *Syncer) round() error {
 	return errors.Join(errs...)
 }
 
-// guardPath is where the guard link of the block at path is.
+// guardPath is where the guard link of the file at path is.
 func (s *Syncer) guardPath(path string) (string, error) {
 	rel, err := filepath.Rel(s.jsDir, path)
 	if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(os.PathSeparator)) {
-		return "", fmt.Errorf("message block %s is not in %s", path, s.jsDir)
+		return "", fmt.Errorf("%s is not in %s", path, s.jsDir)
 	}
 	return filepath.Join(s.guardDir, rel), nil
 }
 
-// link makes the guard link of the block at path point to it, when it is
+// link makes the guard link of the file at path point to it, when it is
 // still the file ino that was flushed, and returns the directory to flush
-// for it ("" when the server replaced the block again meanwhile).
+// for it ("" when the server replaced the file again meanwhile).
 func (s *Syncer) link(path string, ino uint64) (string, error) {
 	guard, err := s.guardPath(path)
 	if err != nil {
@@ -267,7 +269,7 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 	return dir, nil
 }
 
-// unlink removes the guard link of the block at path, which the server
+// unlink removes the guard link of the file at path, which the server
 // removed, and the guard directories it leaves empty.
 func (s *Syncer) unlink(path string) {
 	guard, err := s.guardPath(path)
@@ -295,13 +297,13 @@ func inode(path string) uint64 {
 }
 
 // RestoreSyncGuard puts back, before the server opens the store, each
-// message block that the server replaced after holdfast's last flush of
-// it (see Syncer): the new file may have been lost in part or whole at a
-// power cut, the linked one was flushed. Then it removes the guard
-// directory: the Syncer of this start links every block again at its
-// first round (a start may convert or restore streams, which leaves the
-// links stale). It returns the blocks put back, relative to the JetStream
-// directory.
+// message block and definition that the server replaced after holdfast's
+// last flush of it (see Syncer): the new file may have been lost in part
+// or whole at a power cut, the linked one was flushed. Then it removes
+// the guard directory: the Syncer of this start links every file again
+// at its first round (a start may convert or restore streams, which
+// leaves the links stale). It returns the files put back, relative to the
+// JetStream directory.
 func RestoreSyncGuard(storeDir string) ([]string, error) {
 	guardDir := filepath.Join(storeDir, SyncGuardDirName)
 	jsDir := filepath.Join(storeDir, server.JetStreamStoreDir)
@@ -318,7 +320,7 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 		if err != nil {
 			return err
 		}
-		if !strings.HasSuffix(rel, ".blk") {
+		if !syncedFile(filepath.Base(rel)) {
 			return os.Remove(guard) // a link not finished
 		}
 		path := filepath.Join(jsDir, rel)
@@ -331,7 +333,7 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 			return nil
 		}
 		if err := os.Rename(guard, path); err != nil {
-			return fmt.Errorf("cannot put back message block %s as last flushed: %w", rel, err)
+			return fmt.Errorf("cannot put back %s as last flushed: %w", rel, err)
 		}
 		dirs[filepath.Dir(path)] = true
 		restored = append(restored, rel)

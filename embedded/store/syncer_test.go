@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -96,11 +97,12 @@ func TestSyncerWindow(t *testing.T) {
 	}
 }
 
-// A message block the server rewrites between two rounds (a compaction:
-// a new file renamed over the old one, not flushed) is lost at a power
-// cut; RestoreSyncGuard puts back the block as the last round flushed it,
-// so that the messages it held survive. A block removed since has its
-// link removed, and the guard directory is gone afterwards.
+// A message block or definition the server rewrites between two rounds (a
+// compaction, a stream edit: a new file renamed over the old one, not
+// flushed) is lost at a power cut; RestoreSyncGuard puts it back as the
+// last round flushed it, so that the messages the block held, and the
+// stream, survive. A block removed since has its link removed, and the
+// guard directory is gone afterwards.
 func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse: the power-loss harness needs FUSE")
@@ -115,7 +117,8 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	block, gone := filepath.Join(msgs, "1.blk"), filepath.Join(msgs, "2.blk")
-	for _, path := range []string{block, gone} {
+	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
+	for _, path := range []string{block, gone, meta} {
 		if err := os.WriteFile(path, []byte("flushed messages"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -126,12 +129,14 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 	}
 	// The server compacts block 1 (as nats-server does with sync off:
 	// temporary file, rename, no flush) and removes block 2.
-	tmp := filepath.Join(msgs, "1.blk.tmp")
-	if err := os.WriteFile(tmp, []byte("compacted"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, block); err != nil {
-		t.Fatal(err)
+	for path, data := range map[string]string{block: "compacted", meta: "edited"} {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := os.Remove(gone); err != nil {
 		t.Fatal(err)
@@ -147,11 +152,15 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := filepath.Join("$G", "streams", "ORDERS", "msgs", "1.blk"); len(restored) != 1 || restored[0] != want {
-		t.Errorf("put back %q, want [%s]", restored, want)
+	slices.Sort(restored)
+	if want := []string{filepath.Join("$G", "streams", "ORDERS", "meta.inf"), filepath.Join("$G", "streams", "ORDERS", "msgs", "1.blk")}; !slices.Equal(restored, want) {
+		t.Errorf("put back %q, want %q", restored, want)
 	}
-	if got, _ := os.ReadFile(filepath.Join(lfs.Backing, rel)); string(got) != "flushed messages" {
-		t.Errorf("block 1 after the restore: %q, want the flushed one", got)
+	for _, path := range []string{block, meta} {
+		rel, _ := filepath.Rel(lfs.Mountpoint, path)
+		if got, _ := os.ReadFile(filepath.Join(lfs.Backing, rel)); string(got) != "flushed messages" {
+			t.Errorf("%s after the restore: %q, want the flushed one", rel, got)
+		}
 	}
 	if _, err := os.Stat(filepath.Join(lfs.Backing, "jetstream", "$G", "streams", "ORDERS", "msgs", "2.blk")); err == nil {
 		t.Error("the removed block 2 is back")
