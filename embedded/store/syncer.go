@@ -240,14 +240,16 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 	if inode(guard) == ino {
 		return dir, nil
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
-		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
-	}
-	// A new directory's own entries are flushed now, from the guard
-	// directory down.
-	for d := dir; d != s.guardDir && strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
-		if err := SyncDir(filepath.Dir(d)); err != nil {
-			return "", err
+	if _, err := os.Lstat(dir); errors.Is(err, fs.ErrNotExist) {
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
+		}
+		// The new directories' entries are flushed now, up to the store
+		// directory's entry of the guard directory.
+		for d := dir; strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
+			if err := SyncDir(filepath.Dir(d)); err != nil {
+				return "", err
+			}
 		}
 	}
 	tmp := guard + ".tmp"
