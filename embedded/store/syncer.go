@@ -110,7 +110,10 @@ func (s *Syncer) round() error {
 	var dirty []string  // directories whose entries changed
 	var relink []string // blocks whose guard link is to be made again, with the inode flushed
 	seen := map[string]bool{}
-	err := filepath.WalkDir(s.jsDir, func(path string, d fs.DirEntry, err error) error {
+	// The store accepts symbolic links to directories (STORE/jetstream, a
+	// stream's directory on another disk): the server follows them, and
+	// so must the round, or it flushes nothing of what they hold.
+	err := walkFollow(s.jsDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil // removed while walking: its parent's listing changed
@@ -193,14 +196,19 @@ func (s *Syncer) round() error {
 	var guardDirs []string
 	for _, path := range relink {
 		dir, err := s.link(path, s.marks[path].ino)
-		if err != nil || dir == "" {
+		switch {
+		case errors.Is(err, syscall.EXDEV):
+			// On another file system than the store dir (a linked
+			// stream or jetstream directory): no hard link can guard
+			// it there, it is flushed as before.
+		case err != nil || dir == "":
 			if err != nil {
 				errs = append(errs, err)
 			}
 			delete(s.marks, path) // flushed and linked again next round
-			continue
+		default:
+			guardDirs = append(guardDirs, dir)
 		}
-		guardDirs = append(guardDirs, dir)
 	}
 	// Files gone since (compacted, removed with their stream) are
 	// forgotten, and so are their guard links.
@@ -258,6 +266,10 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 		if errors.Is(err, fs.ErrNotExist) {
 			return "", nil // removed meanwhile
 		}
+		if errors.Is(err, syscall.EXDEV) {
+			_ = os.Remove(dir) // made for it, if empty
+			return "", err
+		}
 		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
 	}
 	if inode(tmp) != ino {
@@ -296,6 +308,71 @@ func inode(path string) uint64 {
 		return st.Ino
 	}
 	return 0
+}
+
+// walkFollow is filepath.WalkDir that follows symbolic links (the root
+// one too): a link to a directory is walked as a directory under the
+// link's path, a link to a file is visited with its target's DirEntry.
+// A directory reached twice (a link loop) is walked once; a dangling link
+// is left out.
+func walkFollow(root string, fn fs.WalkDirFunc) error {
+	info, err := os.Stat(root)
+	if err != nil {
+		return fn(root, nil, err)
+	}
+	visited := map[[2]uint64]bool{}
+	err = walkFollowDir(root, fs.FileInfoToDirEntry(info), info, visited, fn)
+	if errors.Is(err, fs.SkipDir) || errors.Is(err, fs.SkipAll) {
+		return nil
+	}
+	return err
+}
+
+func walkFollowDir(path string, d fs.DirEntry, info fs.FileInfo, visited map[[2]uint64]bool, fn fs.WalkDirFunc) error {
+	if !d.IsDir() {
+		return fn(path, d, nil)
+	}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		key := [2]uint64{uint64(st.Dev), st.Ino}
+		if visited[key] {
+			return nil
+		}
+		visited[key] = true
+	}
+	if err := fn(path, d, nil); err != nil {
+		if errors.Is(err, fs.SkipDir) {
+			return nil
+		}
+		return err
+	}
+	entries, err := os.ReadDir(path)
+	if err != nil {
+		if err := fn(path, d, err); err != nil && !errors.Is(err, fs.SkipDir) {
+			return err
+		}
+		return nil
+	}
+	for _, e := range entries {
+		p := filepath.Join(path, e.Name())
+		var ei fs.FileInfo
+		if e.Type()&fs.ModeSymlink != 0 {
+			if ei, err = os.Stat(p); err != nil {
+				continue // dangling: the server cannot use it either
+			}
+			e = fs.FileInfoToDirEntry(ei)
+		} else if e.IsDir() {
+			if ei, err = e.Info(); err != nil {
+				if errors.Is(err, fs.ErrNotExist) {
+					continue
+				}
+				return err
+			}
+		}
+		if err := walkFollowDir(p, e, ei, visited, fn); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // RestoreSyncGuard puts back, before the server opens the store, each
@@ -372,7 +449,7 @@ func dirNames(dir string) ([]string, error) {
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
-		if n := e.Name(); syncedFile(n) || e.IsDir() {
+		if n := e.Name(); syncedFile(n) || e.IsDir() || e.Type()&fs.ModeSymlink != 0 {
 			names = append(names, n)
 		}
 	}
