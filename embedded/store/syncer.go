@@ -433,11 +433,13 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 }
 
 // syncedFile reports whether a file of the server's store is flushed by a
-// round: the message blocks and the definitions with their checksums. The
-// stream's index (index.db, rebuilt from the blocks when it is behind) and
-// the consumers' state (o.dat) are not.
+// round: the message blocks, the definitions with their checksums, and in
+// an encrypted store the key files (meta.key of a stream or consumer, and
+// N.key beside each message block N.blk, without which the block cannot
+// be read). The stream's index (index.db, rebuilt from the blocks when it
+// is behind) and the consumers' state (o.dat) are not.
 func syncedFile(name string) bool {
-	return strings.HasSuffix(name, ".blk") || name == "meta.inf" || name == "meta.sum" || name == "meta.key"
+	return strings.HasSuffix(name, ".blk") || strings.HasSuffix(name, ".key") || name == "meta.inf" || name == "meta.sum"
 }
 
 // dirNames returns the sorted names in dir, leaving out the consumers'

@@ -169,3 +169,20 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 		t.Errorf("%s is still there", SyncGuardDirName)
 	}
 }
+
+// In an encrypted store each message block has a key file beside it
+// (N.key), written once with the block and never flushed by the server
+// under a commit window: a round flushes it, or the block's messages
+// cannot be read after a power cut.
+func TestSyncerFlushesBlockKeyFiles(t *testing.T) {
+	for _, name := range []string{"1.blk", "1.key", "meta.inf", "meta.sum", "meta.key"} {
+		if !syncedFile(name) {
+			t.Errorf("%s is not flushed by a round", name)
+		}
+	}
+	for _, name := range []string{"o.dat", "index.db", "1.blk.tmp", "meta.inf.tmp"} {
+		if syncedFile(name) {
+			t.Errorf("%s is flushed by a round", name)
+		}
+	}
+}
