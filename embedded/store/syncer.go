@@ -121,6 +121,9 @@ func (s *Syncer) round() error {
 			return err
 		}
 		if d.IsDir() {
+			if batchStaging(path) {
+				return fs.SkipDir
+			}
 			names, err := dirNames(path)
 			if err != nil {
 				if errors.Is(err, fs.ErrNotExist) {
@@ -451,11 +454,20 @@ func dirNames(dir string) ([]string, error) {
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
-		if n := e.Name(); syncedFile(n) || e.IsDir() || e.Type()&fs.ModeSymlink != 0 {
+		if n := e.Name(); (syncedFile(n) || e.IsDir() || e.Type()&fs.ModeSymlink != 0) && !batchStaging(filepath.Join(dir, n)) {
 			names = append(names, n)
 		}
 	}
 	return names, nil
+}
+
+// batchStaging reports whether path is a stream's batches directory,
+// where nats-server stages each atomic batch (group commit's) in a store
+// of its own until it commits it into the stream's blocks, then removes
+// it: nothing there is acknowledged, a batch not committed at a power cut
+// is abandoned. Flushing and guarding it cost fsyncs for every batch.
+func batchStaging(path string) bool {
+	return filepath.Base(path) == "batches" && filepath.Base(filepath.Dir(filepath.Dir(path))) == "streams"
 }
 
 // flushFile flushes path's data (and its size) to disk.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -183,6 +184,39 @@ func TestSyncerFlushesBlockKeyFiles(t *testing.T) {
 	for _, name := range []string{"o.dat", "index.db", "1.blk.tmp", "meta.inf.tmp"} {
 		if syncedFile(name) {
 			t.Errorf("%s is flushed by a round", name)
+		}
+	}
+}
+
+// What nats-server stages of an atomic batch (a stream's batches
+// directory, removed once the batch is committed into the stream's
+// blocks) is neither flushed nor guarded by a round: nothing there is
+// acknowledged, and each batch would cost fsyncs.
+func TestSyncerSkipsBatchStaging(t *testing.T) {
+	dir := t.TempDir()
+	stream := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS")
+	for _, path := range []string{filepath.Join(stream, "msgs", "1.blk"), filepath.Join(stream, "batches", "b1", "msgs", "1.blk")} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewSyncer(dir, 0)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	guard := filepath.Join(dir, SyncGuardDirName, "$G", "streams", "ORDERS")
+	if _, err := os.Stat(filepath.Join(guard, "msgs", "1.blk")); err != nil {
+		t.Errorf("the stream's block is not guarded: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(guard, "batches")); err == nil {
+		t.Error("the batch staging directory is guarded")
+	}
+	for path := range s.marks {
+		if strings.Contains(path, "batches") {
+			t.Errorf("%s was flushed", path)
 		}
 	}
 }
