@@ -199,15 +199,23 @@ func (s *Syncer) round() error {
 	var guardDirs []string
 	for _, path := range relink {
 		dir, err := s.link(path, s.marks[path].ino)
+		// Replaced again since its flush (a second compaction): what the
+		// flushed file held is now only in the new one, so the new one is
+		// flushed and linked before this round answers anybody.
+		for try := 0; errors.Is(err, errReplaced) && try < 3; try++ {
+			if err = s.reflush(path); err == nil {
+				dir, err = s.link(path, s.marks[path].ino)
+			}
+		}
 		switch {
 		case errors.Is(err, syscall.EXDEV):
 			// On another file system than the store dir (a linked
 			// stream or jetstream directory): no hard link can guard
 			// it there, it is flushed as before.
-		case err != nil || dir == "":
-			if err != nil {
-				errs = append(errs, err)
-			}
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed by the server meanwhile.
+		case err != nil:
+			errs = append(errs, err)
 			delete(s.marks, path) // flushed and linked again next round
 		default:
 			guardDirs = append(guardDirs, dir)
@@ -239,9 +247,34 @@ func (s *Syncer) guardPath(path string) (string, error) {
 	return filepath.Join(s.guardDir, rel), nil
 }
 
+// errReplaced is link's error for a file replaced since it was flushed.
+var errReplaced = errors.New("replaced since its flush")
+
+// reflush flushes the file now at path, and its directory entry, and
+// marks it.
+func (s *Syncer) reflush(path string) error {
+	info, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	mark := fileMark{size: info.Size(), mtime: info.ModTime().UnixNano()}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		mark.ino = st.Ino
+	}
+	if err := flushFile(path); err != nil {
+		return err
+	}
+	if err := SyncDir(filepath.Dir(path)); err != nil {
+		return err
+	}
+	s.marks[path] = mark
+	return nil
+}
+
 // link makes the guard link of the file at path point to it, when it is
 // still the file ino that was flushed, and returns the directory to flush
-// for it ("" when the server replaced the file again meanwhile).
+// for it; errReplaced when the server replaced the file again meanwhile,
+// an error matching fs.ErrNotExist when it removed it.
 func (s *Syncer) link(path string, ino uint64) (string, error) {
 	guard, err := s.guardPath(path)
 	if err != nil {
@@ -267,7 +300,7 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 	_ = os.Remove(tmp)
 	if err := os.Link(path, tmp); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return "", nil // removed meanwhile
+			return "", err // removed meanwhile
 		}
 		if errors.Is(err, syscall.EXDEV) {
 			_ = os.Remove(dir) // made for it, if empty
@@ -276,8 +309,8 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 		return "", fmt.Errorf("cannot keep a link to %s: %w", path, err)
 	}
 	if inode(tmp) != ino {
-		_ = os.Remove(tmp) // not the file flushed: the next round takes it
-		return "", nil
+		_ = os.Remove(tmp) // not the file flushed
+		return "", errReplaced
 	}
 	if err := os.Rename(tmp, guard); err != nil {
 		_ = os.Remove(tmp)
