@@ -60,6 +60,7 @@ type Daemon struct {
 	// started is when the status subject started to be served.
 	started   time.Time
 	reloadSub *nats.Subscription
+	flushSub  *nats.Subscription
 	// configFile is the file a reload reads ("": the default path).
 	configFile string
 	failed     chan struct{} // closed by fail
@@ -267,7 +268,10 @@ func (d *Daemon) openMonitor(ctx context.Context) error {
 	if d.statusSub, err = serveStatus(d); err != nil {
 		return err
 	}
-	d.reloadSub, err = serveReload(d)
+	if d.reloadSub, err = serveReload(d); err != nil {
+		return err
+	}
+	d.flushSub, err = serveFlush(d)
 	return err
 }
 
@@ -605,7 +609,7 @@ func (d *Daemon) Close(ctx context.Context) error {
 		if d.stopWatch != nil {
 			d.stopWatch()
 		}
-		for _, sub := range []*nats.Subscription{d.statusSub, d.reloadSub} {
+		for _, sub := range []*nats.Subscription{d.statusSub, d.reloadSub, d.flushSub} {
 			if sub != nil {
 				_ = sub.Unsubscribe()
 			}

@@ -144,3 +144,25 @@ func serveReload(d *Daemon) (*nats.Subscription, error) {
 	}
 	return sub, nil
 }
+
+// serveFlush answers subjects.Flush on the daemon's in-process connection
+// after a flush of the store (jetstream.commit_window): empty, or the
+// flush's error.
+func serveFlush(d *Daemon) (*nats.Subscription, error) {
+	subject := subjects.Flush(d.running.Load().Server.Name)
+	sub, err := d.srv.Conn().Subscribe(subject, func(m *nats.Msg) {
+		go func() {
+			var data []byte
+			if err := d.srv.Flush(); err != nil {
+				data = []byte(err.Error())
+			}
+			if err := m.Respond(data); err != nil && !errors.Is(err, nats.ErrMsgNoReply) {
+				d.log.Warn("cannot answer a flush request", "err", err)
+			}
+		}()
+	})
+	if err != nil {
+		return nil, fmt.Errorf("cannot serve %s: %w", subject, err)
+	}
+	return sub, nil
+}

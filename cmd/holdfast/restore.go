@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,12 +13,14 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/backup"
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 func restoreCommand() *cli.Command {
@@ -88,10 +91,39 @@ func restoreCommand() *cli.Command {
 			if err != nil {
 				return runtimeError(err)
 			}
+			if err := awaitFlush(ctx, nc, cfg); err != nil {
+				return runtimeError(fmt.Errorf("restored %d stream(s) from %s, but %w", len(restored), dir, err))
+			}
 			fmt.Fprintf(w, "restored %d stream(s) from %s (written %s)\n", len(restored), dir, m.Created.Format(time.RFC3339))
 			return nil
 		},
 	}
+}
+
+// awaitFlush returns once the holdfast nc is connected to has flushed
+// what its server stored: with jetstream.commit_window the server writes
+// the restored messages and definitions without flushing them, and a
+// power cut before holdfast's next flush lost the restored streams whole
+// after the restore reported success. Without a commit window the
+// server flushed them itself, and a server that does not answer (not a
+// holdfast, or one from before subjects.Flush) is left at that.
+func awaitFlush(ctx context.Context, nc *nats.Conn, cfg *config.Config) error {
+	name := nc.ConnectedServerName()
+	if name == "" {
+		name = cfg.Server.Name
+	}
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msg, err := nc.RequestWithContext(fctx, subjects.Flush(name), nil)
+	switch {
+	case err != nil && !cfg.CommitWindowOn():
+		return nil
+	case err != nil:
+		return fmt.Errorf("holdfast did not confirm on %s that they are on disk (%w): with jetstream.commit_window a power cut before its next flush could lose them; run holdfast status, and restore again if it restarted since", subjects.Flush(name), err)
+	case len(msg.Data) > 0:
+		return fmt.Errorf("holdfast could not flush them to disk: %s", msg.Data)
+	}
+	return nil
 }
 
 // configuredReplicas returns the replicas the config gives each stream

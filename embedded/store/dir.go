@@ -247,6 +247,7 @@ var storeEntries = []struct {
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
 	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
 	{RecoveryLinksDirName, true, "where holdfast links the streams' files while the server recovers them"},
+	{SyncGuardDirName, true, "where holdfast links the streams' files as it last flushed them (jetstream.commit_window)"},
 }
 
 // checkStoreEntries refuses a store directory in which one of the names
@@ -328,7 +329,7 @@ func checkStoreTree(dir string, dirFSType int64, allowTmpfs bool) ([]string, err
 		if err := checkAccess(dir, path, fi.IsDir()); err != nil {
 			return nil, err
 		}
-		if !e.dir || e.name == OrphanDirName || e.name == RecoveryLinksDirName {
+		if !e.dir || e.name == OrphanDirName || e.name == RecoveryLinksDirName || e.name == SyncGuardDirName {
 			continue // moved aside, never opened again; links to the streams' own files
 		}
 		// Every file, directory and link below: account, streams, a

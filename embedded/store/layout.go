@@ -19,3 +19,8 @@ const EncryptingDirName = "holdfast-encrypting"
 // RecoveryLinksDirName is the directory in the store dir that holds hard
 // links to the streams' files while the server recovers them.
 const RecoveryLinksDirName = "holdfast-recovery-links"
+
+// SyncGuardDirName is the directory in the store dir that holds, with
+// jetstream.commit_window, a hard link to each message block and
+// definition as holdfast last flushed it (see Syncer and RestoreSyncGuard).
+const SyncGuardDirName = "holdfast-sync-guard"

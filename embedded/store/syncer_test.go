@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -93,5 +95,128 @@ func TestSyncerWindow(t *testing.T) {
 	}
 	if took := time.Since(start); took < 50*time.Millisecond {
 		t.Fatalf("a round %s after the last one: the window is 100ms", took)
+	}
+}
+
+// A message block or definition the server rewrites between two rounds (a
+// compaction, a stream edit: a new file renamed over the old one, not
+// flushed) is lost at a power cut; RestoreSyncGuard puts it back as the
+// last round flushed it, so that the messages the block held, and the
+// stream, survive. A block removed since has its link removed, and the
+// guard directory is gone afterwards.
+func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse: the power-loss harness needs FUSE")
+	}
+	lfs, err := lazyfs.Mount(t.TempDir(), t.TempDir())
+	if err != nil {
+		t.Skipf("cannot mount lazyfs: %v", err)
+	}
+	defer lfs.Unmount()
+	msgs := filepath.Join(lfs.Mountpoint, "jetstream", "$G", "streams", "ORDERS", "msgs")
+	if err := os.MkdirAll(msgs, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	block, gone := filepath.Join(msgs, "1.blk"), filepath.Join(msgs, "2.blk")
+	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
+	for _, path := range []string{block, gone, meta} {
+		if err := os.WriteFile(path, []byte("flushed messages"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewSyncer(lfs.Mountpoint, 0)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// The server compacts block 1 (as nats-server does with sync off:
+	// temporary file, rename, no flush) and removes block 2.
+	for path, data := range map[string]string{block: "compacted", meta: "edited"} {
+		tmp := path + ".tmp"
+		if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Remove(gone); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lfs.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	rel, _ := filepath.Rel(lfs.Mountpoint, block)
+	if got, _ := os.ReadFile(filepath.Join(lfs.Backing, rel)); len(got) != 0 {
+		t.Fatalf("the harness kept the unflushed rewrite: %q", got)
+	}
+	restored, err := RestoreSyncGuard(lfs.Backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(restored)
+	if want := []string{filepath.Join("$G", "streams", "ORDERS", "meta.inf"), filepath.Join("$G", "streams", "ORDERS", "msgs", "1.blk")}; !slices.Equal(restored, want) {
+		t.Errorf("put back %q, want %q", restored, want)
+	}
+	for _, path := range []string{block, meta} {
+		rel, _ := filepath.Rel(lfs.Mountpoint, path)
+		if got, _ := os.ReadFile(filepath.Join(lfs.Backing, rel)); string(got) != "flushed messages" {
+			t.Errorf("%s after the restore: %q, want the flushed one", rel, got)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(lfs.Backing, "jetstream", "$G", "streams", "ORDERS", "msgs", "2.blk")); err == nil {
+		t.Error("the removed block 2 is back")
+	}
+	if _, err := os.Stat(filepath.Join(lfs.Backing, SyncGuardDirName)); err == nil {
+		t.Errorf("%s is still there", SyncGuardDirName)
+	}
+}
+
+// In an encrypted store each message block has a key file beside it
+// (N.key), written once with the block and never flushed by the server
+// under a commit window: a round flushes it, or the block's messages
+// cannot be read after a power cut.
+func TestSyncerFlushesBlockKeyFiles(t *testing.T) {
+	for _, name := range []string{"1.blk", "1.key", "meta.inf", "meta.sum", "meta.key"} {
+		if !syncedFile(name) {
+			t.Errorf("%s is not flushed by a round", name)
+		}
+	}
+	for _, name := range []string{"o.dat", "index.db", "1.blk.tmp", "meta.inf.tmp"} {
+		if syncedFile(name) {
+			t.Errorf("%s is flushed by a round", name)
+		}
+	}
+}
+
+// What nats-server stages of an atomic batch (a stream's batches
+// directory, removed once the batch is committed into the stream's
+// blocks) is neither flushed nor guarded by a round: nothing there is
+// acknowledged, and each batch would cost fsyncs.
+func TestSyncerSkipsBatchStaging(t *testing.T) {
+	dir := t.TempDir()
+	stream := filepath.Join(dir, "jetstream", "$G", "streams", "ORDERS")
+	for _, path := range []string{filepath.Join(stream, "msgs", "1.blk"), filepath.Join(stream, "batches", "b1", "msgs", "1.blk")} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewSyncer(dir, 0)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	guard := filepath.Join(dir, SyncGuardDirName, "$G", "streams", "ORDERS")
+	if _, err := os.Stat(filepath.Join(guard, "msgs", "1.blk")); err != nil {
+		t.Errorf("the stream's block is not guarded: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(guard, "batches")); err == nil {
+		t.Error("the batch staging directory is guarded")
+	}
+	for path := range s.marks {
+		if strings.Contains(path, "batches") {
+			t.Errorf("%s was flushed", path)
+		}
 	}
 }

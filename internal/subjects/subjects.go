@@ -49,6 +49,13 @@ func Status(name string) string { return Internal + "STATUS." + Token(name) }
 //	nats request '$HOLDFAST.RELOAD.edge-01' ''
 func Reload(name string) string { return Internal + "RELOAD." + Token(name) }
 
+// Flush is the subject on which the holdfast whose server is named name
+// answers once what its server stored before the request is on disk
+// (jetstream.commit_window: holdfast flushes the store itself; without
+// it the server flushed each write already). The answer is empty, or an
+// error text. `holdfast restore` asks it before it reports success.
+func Flush(name string) string { return Internal + "FLUSH." + Token(name) }
+
 // Leafs is the subject on which every node of the hub cluster named
 // cluster answers which edges have their leafnode link on it (a JSON list
 // of server names): a node gathers the answers for its view of the fleet.

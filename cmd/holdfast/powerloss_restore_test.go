@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/internal/lazyfs"
+	"github.com/holdfast-io/holdfast/internal/natstest"
+)
+
+// TestPowerLossAfterRestore: a `holdfast restore` that succeeded put the
+// backup's messages into the store durably: a power cut right after it
+// loses none of them, with sync = "always" and with a commit window (the
+// longest, so that no flush of holdfast's own comes in time by chance).
+func TestPowerLossAfterRestore(t *testing.T) {
+	t.Parallel()
+	for _, window := range []string{"", "1s"} {
+		name := "sync always"
+		if window != "" {
+			name = "commit window " + window
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testPowerLossAfterRestore(t, window)
+		})
+	}
+}
+
+func testPowerLossAfterRestore(t *testing.T, window string) {
+	lfs := lazyMount(t)
+	t.Cleanup(func() { _ = lfs.Unmount() })
+	port := natstest.FreePort(t)
+	cfg := e2eWriteConfig(t, durConfig{store: filepath.Join(lfs.Mountpoint, "store"), port: port, commitWindow: window}.toml())
+	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	proc := startHoldfast(t, cfg)
+	proc.waitReady()
+	nc, err := nats.Connect(url, nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := jetstream.New(nc)
+	const total = 1000
+	for i := range total {
+		if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-ctx.Done():
+		t.Fatal("publishing did not complete")
+	}
+	nc.Close()
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	if res := runHoldfast(t, nil, "restore", "--config", cfg, "--replace", dir); res.code != 0 {
+		t.Fatalf("restore: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+
+	// Power cut right after the restore said it succeeded.
+	if err := proc.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	proc.wait(30 * time.Second)
+	if _, err := lfs.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lfs.Unmount() })
+
+	proc = startHoldfast(t, cfg)
+	proc.waitReady()
+	nc, err = nats.Connect(url, nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ = jetstream.New(nc)
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != total {
+		t.Errorf("after a restore that succeeded and a power cut, ORDERS holds %d messages (last sequence %d), want the backup's %d",
+			info.State.Msgs, info.State.LastSeq, total)
+	}
+	proc.stop()
+}
