@@ -3,12 +3,14 @@ package store
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -166,7 +168,7 @@ func MoveOrphan(storeDir, stream string, now time.Time) (string, error) {
 			}
 			dest = fmt.Sprintf("%s.%d", base, i)
 		}
-		if err := os.Rename(dir, dest); err != nil {
+		if err := moveDir(dir, dest); err != nil {
 			return "", fmt.Errorf("cannot move the data directory of vanished stream %s aside: %w", stream, err)
 		}
 		if err := SyncDir(filepath.Dir(dir)); err != nil {
@@ -179,6 +181,46 @@ func MoveOrphan(storeDir, stream string, now time.Time) (string, error) {
 	}
 	sort.Strings(moved)
 	return strings.Join(moved, ", "), nil
+}
+
+// moveDir renames dir to dest, or, when they are on different file
+// systems (STORE/jetstream or a stream's directory may be a symbolic link
+// to another disk), copies it, flushes the copy and removes dir.
+func moveDir(dir, dest string) error {
+	err := os.Rename(dir, dest)
+	if !errors.Is(err, syscall.EXDEV) {
+		return err
+	}
+	if err := os.CopyFS(dest, os.DirFS(dir)); err != nil {
+		_ = os.RemoveAll(dest)
+		return fmt.Errorf("cannot copy it to %s: %w", dest, err)
+	}
+	if err := syncTree(dest); err != nil {
+		_ = os.RemoveAll(dest)
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+// syncTree flushes every file and directory under root, root too, each
+// readable by its owner and group only (os.CopyFS creates them 0666 less
+// the umask).
+func syncTree(root string) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if err := os.Chmod(path, 0o750); err != nil {
+				return err
+			}
+			return SyncDir(path)
+		}
+		if err := os.Chmod(path, 0o640); err != nil {
+			return err
+		}
+		return flushFile(path)
+	})
 }
 
 // orphanDirs lists the data directories named exactly stream, in every

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -69,4 +70,52 @@ func TestOrphanMoveMatchesTheNameExactly(t *testing.T) {
 	if to, err := MoveOrphan(dir, "NONE", time.Now()); err != nil || to != "" {
 		t.Fatalf("MoveOrphan(NONE) = %q, %v: want nothing moved", to, err)
 	}
+}
+
+// A vanished stream's directory on another file system than the store
+// dir (STORE/jetstream a symbolic link to another disk, which the store
+// accepts) is moved aside all the same: a rename across file systems
+// fails (EXDEV), and start-up was refused for it.
+func TestOrphanMovedAcrossFileSystems(t *testing.T) {
+	other, err := os.MkdirTemp("/dev/shm", "holdfast-orphan-test-")
+	if err != nil {
+		t.Skipf("no /dev/shm for a second file system: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(other) })
+	dir := t.TempDir()
+	if sameDevice(t, dir, other) {
+		t.Skip("/dev/shm is on the same file system as the test's temporary directory")
+	}
+	if err := os.Symlink(other, filepath.Join(dir, "jetstream")); err != nil {
+		t.Fatal(err)
+	}
+	msgs := filepath.Join(other, "$G", "streams", "ORDERS", "msgs")
+	if err := os.MkdirAll(msgs, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(msgs, "1.blk"), []byte("messages"), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	to, err := MoveOrphan(dir, "ORDERS", time.Now())
+	if err != nil {
+		t.Fatalf("MoveOrphan across file systems: %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(to, "msgs", "1.blk")); err != nil || string(got) != "messages" {
+		t.Fatalf("moved to %s: 1.blk %q, %v", to, got, err)
+	}
+	if _, err := os.Lstat(filepath.Join(other, "$G", "streams", "ORDERS")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the vanished stream's directory is still in the server's way: %v", err)
+	}
+}
+
+func sameDevice(t *testing.T, a, b string) bool {
+	t.Helper()
+	var sa, sb syscall.Stat_t
+	if err := syscall.Stat(a, &sa); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Stat(b, &sb); err != nil {
+		t.Fatal(err)
+	}
+	return sa.Dev == sb.Dev
 }
