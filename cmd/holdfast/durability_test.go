@@ -36,6 +36,8 @@ type durConfig struct {
 	extra        string // appended verbatim
 	// groupCommit sets group_commit = true on ORDERS.
 	groupCommit bool
+	// ordersExtra is appended verbatim to [streams.ORDERS].
+	ordersExtra string
 }
 
 func (c durConfig) toml() string {
@@ -53,9 +55,9 @@ func (c durConfig) toml() string {
 	if handler == "" {
 		handler = "log"
 	}
-	stream := ""
+	stream := c.ordersExtra
 	if c.groupCommit {
-		stream = "group_commit = true\n"
+		stream += "group_commit = true\n"
 	}
 	return fmt.Sprintf(`[server]
 name = "holdfast-durability"

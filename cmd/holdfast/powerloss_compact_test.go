@@ -24,13 +24,16 @@ import (
 // must survive a power cut that comes right after it.
 func TestPowerLossCommitWindowCompaction(t *testing.T) {
 	t.Parallel()
-	// Three message blocks' worth (a block holds 8 MB) of 4 KiB messages,
-	// every one acknowledged, so flushed.
-	const total = 5000
+	// A max_bytes of 12 MB gives the stream blocks of 4 MB (not 8 MB): the
+	// server compacts a block of over 2 MB inline. 1,100 messages of 4
+	// KiB fill one block and start a second, every one acknowledged, so
+	// flushed.
+	const total = 1100
 	lfs := lazyMount(t)
 	t.Cleanup(func() { _ = lfs.Unmount() })
 	port := natstest.FreePort(t)
-	cfg := e2eWriteConfig(t, durConfig{store: filepath.Join(lfs.Mountpoint, "store"), port: port, commitWindow: "40ms"}.toml())
+	cfg := e2eWriteConfig(t, durConfig{store: filepath.Join(lfs.Mountpoint, "store"), port: port, commitWindow: "40ms",
+		ordersExtra: "max_bytes = \"12MB\"\n"}.toml())
 	url := fmt.Sprintf("nats://127.0.0.1:%d", port)
 
 	proc := startHoldfast(t, cfg)
@@ -66,8 +69,10 @@ func TestPowerLossCommitWindowCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Delete most of the first block out of order (its first message
-	// stays): the server compacts the block in place.
-	const deleted = 1500
+	// stays): the server compacts the block in place each time half of
+	// what it holds is deleted, the last time a few deletes before the
+	// power cut (holdfast's recorder flushes once a second).
+	const deleted = 960
 	for seq := uint64(2); seq < 2+deleted; seq++ {
 		if err := s.DeleteMsg(ctx, seq); err != nil {
 			t.Fatalf("delete %d: %v", seq, err)

@@ -106,10 +106,28 @@ func (s *Syncer) Sync() error {
 
 // round flushes what changed since the last round.
 func (s *Syncer) round() error {
-	var errs []error
-	var dirty []string  // directories whose entries changed
-	var relink []string // blocks whose guard link is to be made again, with the inode flushed
-	seen := map[string]bool{}
+	dirty, relink, seen, errs := s.flushFiles()
+	errs = append(errs, s.flushDirs(dirty)...)
+	// Only now, with the new blocks and their directory entries on disk,
+	// may the guard links point to them.
+	errs = append(errs, s.relinkAll(relink)...)
+	// Files gone since (compacted, removed with their stream) are
+	// forgotten, and so are their guard links.
+	for path := range s.marks {
+		if !seen[path] {
+			delete(s.marks, path)
+			s.unlink(path)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// flushFiles walks the store and flushes each file a round flushes that
+// changed since the last round. It returns the directories whose entries
+// changed, the files whose guard link is to be made again (new or
+// replaced: another inode), the files it saw, and what failed.
+func (s *Syncer) flushFiles() (dirty, relink []string, seen map[string]bool, errs []error) {
+	seen = map[string]bool{}
 	// The store accepts symbolic links to directories (STORE/jetstream, a
 	// stream's directory on another disk): the server follows them, and
 	// so must the round, or it flushes nothing of what they hold.
@@ -121,21 +139,7 @@ func (s *Syncer) round() error {
 			return err
 		}
 		if d.IsDir() {
-			if batchStaging(path) {
-				return fs.SkipDir
-			}
-			names, err := dirNames(path)
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
-					return fs.SkipDir
-				}
-				return err
-			}
-			if old, seen := s.dirs[path]; !seen || !slices.Equal(old, names) {
-				dirty = append(dirty, path)
-				s.dirs[path] = names
-			}
-			return nil
+			return s.noteDir(path, &dirty)
 		}
 		if !syncedFile(d.Name()) {
 			return nil
@@ -157,10 +161,9 @@ func (s *Syncer) round() error {
 			return nil
 		}
 		if err := flushFile(path); err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
+			if !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
 			}
-			errs = append(errs, err)
 			return nil
 		}
 		s.marks[path] = mark
@@ -179,23 +182,53 @@ func (s *Syncer) round() error {
 	if err != nil {
 		errs = append(errs, fmt.Errorf("cannot walk %s: %w", s.jsDir, err))
 	}
-	// Deepest first: a new directory's entry in its parent is flushed after
-	// what it holds. A directory named twice is flushed once.
+	return dirty, relink, seen, errs
+}
+
+// noteDir adds the directory at path to dirty when its entries changed
+// since the last round (the atomic batches' staging is left out).
+func (s *Syncer) noteDir(path string, dirty *[]string) error {
+	if batchStaging(path) {
+		return fs.SkipDir
+	}
+	names, err := dirNames(path)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return fs.SkipDir
+		}
+		return err
+	}
+	if old, seen := s.dirs[path]; !seen || !slices.Equal(old, names) {
+		*dirty = append(*dirty, path)
+		s.dirs[path] = names
+	}
+	return nil
+}
+
+// flushDirs flushes the directories of dirty, deepest first: a new
+// directory's entry in its parent is flushed after what it holds. A
+// directory named twice is flushed once.
+func (s *Syncer) flushDirs(dirty []string) []error {
+	var errs []error
 	slices.SortFunc(dirty, func(a, b string) int {
 		if d := strings.Count(b, string(os.PathSeparator)) - strings.Count(a, string(os.PathSeparator)); d != 0 {
 			return d
 		}
 		return strings.Compare(a, b)
 	})
-	dirty = slices.Compact(dirty)
-	for _, dir := range dirty {
+	for _, dir := range slices.Compact(dirty) {
 		if err := SyncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 			delete(s.dirs, dir) // flushed again next round
 		}
 	}
-	// Only now, with the new blocks and their directory entries on disk,
-	// may the guard links point to them.
+	return errs
+}
+
+// relinkAll makes the guard links of the files of relink, flushed, and
+// flushes the guard directories that changed.
+func (s *Syncer) relinkAll(relink []string) []error {
+	var errs []error
 	var guardDirs []string
 	for _, path := range relink {
 		dir, err := s.link(path, s.marks[path].ino)
@@ -221,21 +254,13 @@ func (s *Syncer) round() error {
 			guardDirs = append(guardDirs, dir)
 		}
 	}
-	// Files gone since (compacted, removed with their stream) are
-	// forgotten, and so are their guard links.
-	for path := range s.marks {
-		if !seen[path] {
-			delete(s.marks, path)
-			s.unlink(path)
-		}
-	}
 	slices.Sort(guardDirs)
 	for _, dir := range slices.Compact(guardDirs) {
 		if err := SyncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // guardPath is where the guard link of the file at path is.
