@@ -196,10 +196,6 @@ type Committer struct {
 	// mu guards what follows: the run goroutine holds it for each step,
 	// and intake when it sends a publish itself (see kick).
 	mu sync.Mutex
-	// markTimer sends the marker after what went out with the clients'
-	// replies (see dispatch) when it fires; markArmed: it is set.
-	markTimer *time.Timer
-	markArmed bool
 
 	// With Options.Flush: the clients' replies of what went out with a
 	// relay reply (by its last token), the subscription that takes the
@@ -256,7 +252,8 @@ type unit struct {
 	order uint64 // value of sent when this unit went out
 	start time.Time
 	risky bool
-	// stalled: unanswered for stallAfter; nothing waits for it any more.
+	// stalled: unanswered for stallAfter, or a marker that holds nothing
+	// back (see sendMarker); nothing waits for it.
 	stalled bool
 	// marker: msgs went out alone with the clients' replies, followed by
 	// a marker the stream answers after them (see sendSingles).
@@ -304,8 +301,6 @@ func (c *Committer) Open(ctx context.Context) error {
 	c.queued = make(chan struct{}, 1)
 	c.inflight = make(map[string]*unit)
 	c.ids = make(map[string]struct{})
-	c.markTimer = time.NewTimer(time.Hour)
-	c.markTimer.Stop()
 	rctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.opened = true
@@ -434,17 +429,14 @@ func (c *Committer) run(ctx context.Context) {
 	closing := c.closing
 	for {
 		var (
-			r       *nats.Msg
-			ticked  bool
-			marking bool
+			r      *nats.Msg
+			ticked bool
 		)
 		select {
 		case <-c.queued:
 		case r = <-c.replies:
 		case <-tick.C:
 			ticked = true
-		case <-c.markTimer.C:
-			marking = true
 		case <-closing:
 			closing = nil
 			select {
@@ -466,8 +458,6 @@ func (c *Committer) run(ctx context.Context) {
 		case ticked:
 			c.expire()
 			c.forgetIDs(c.opts.DuplicateWindow)
-		case marking:
-			c.markDue()
 		}
 		c.dispatch()
 		// What went out with the clients' replies is answered by the
@@ -754,11 +744,10 @@ func (c *Committer) dispatch() {
 		c.took(n)
 		switch {
 		case n == 1 && len(c.pend) == 0:
-			// Nothing else waits: nothing to tell from when the stream
-			// is idle again (see sendLone).
-			c.sendLone(msgs[0])
+			// Nothing else waits: no batch to form behind it.
+			c.sendSingles(msgs, false)
 		case n < minBatch:
-			c.sendSingles(msgs)
+			c.sendSingles(msgs, true)
 		default:
 			c.sendBatch(msgs, risky)
 		}
@@ -768,33 +757,8 @@ func (c *Committer) dispatch() {
 	}
 	// A marker after what went out with the clients' replies: its
 	// answer says whether the stream was there for them (see answer).
-	// It goes once nothing more went out for markerDelay, or at once
-	// when closing.
 	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
-		switch {
-		case c.isClosing():
-			c.sendMarker(c.unflushed, nil)
-		case !c.markArmed:
-			c.markTimer.Reset(markerDelay)
-			c.markArmed = true
-		}
-	}
-}
-
-// markDue sends the marker dispatch put off (markTimer fired).
-func (c *Committer) markDue() {
-	c.markArmed = false
-	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
-		c.sendMarker(c.unflushed, nil)
-	}
-}
-
-func (c *Committer) isClosing() bool {
-	select {
-	case <-c.closing:
-		return true
-	default:
-		return false
+		c.sendMarker(c.unflushed, nil, true)
 	}
 }
 
@@ -845,19 +809,6 @@ func (c *Committer) forward(it item) {
 	c.publishWithReply(it)
 }
 
-// sendLone publishes a message nothing else waited with. No marker
-// follows it at once, unlike sendSingles: dispatch sends one markerDelay
-// later, or the next unit covers it. So a lone synchronous publisher's
-// next message does not wait for a marker's answer, and the stream takes
-// one marker per markerDelay instead of one per message.
-func (c *Committer) sendLone(it item) {
-	c.alone.Add(1)
-	if m := c.opts.Metrics; m != nil {
-		m.observeSize(c.opts.Stream)
-	}
-	c.publishWithReply(it)
-}
-
 // publishWithReply publishes a message as the client would, with the
 // client's reply (clientReply): the server answers the client itself, or
 // with Options.Flush this committer after the flush.
@@ -889,11 +840,6 @@ func (c *Committer) newUnit(msgs []item, risky bool) (string, *unit) {
 	return c.inbox + "." + id, u
 }
 
-// markerDelay is how long a marker may wait after a message sent with
-// its client's reply (see dispatch): a stream missing then answers its
-// client "no responders" that much later.
-const markerDelay = 20 * time.Millisecond
-
 // markerStream is never a stream's name (names have no spaces): a
 // message expecting it is answered at once with an error and not stored.
 const markerStream = "holdfast marker"
@@ -905,7 +851,13 @@ const markerStream = "holdfast marker"
 // inbound messages one at a time in order, so the marker's answer (an
 // "expected stream" error, nothing stored, nothing flushed) says that the
 // messages before it are done and the stream is idle again.
-func (c *Committer) sendSingles(msgs []item) {
+//
+// With holds, what arrives meanwhile waits for that answer and forms the
+// next batch. Without (a message that came alone, nothing behind it), the
+// next arrival goes at once: a lone synchronous publisher's next message
+// would otherwise often wait for the marker's answer, which comes after
+// its PubAck.
+func (c *Committer) sendSingles(msgs []item, holds bool) {
 	if m := c.opts.Metrics; m != nil {
 		for range msgs {
 			m.observeSize(c.opts.Stream)
@@ -917,14 +869,21 @@ func (c *Committer) sendSingles(msgs []item) {
 			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 		}
 	}
-	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs)
+	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs, holds)
 }
 
 // sendMarker publishes a marker to target (a subject of the stream) as
 // the unit of msgs, which went out before it with their clients' replies.
-func (c *Committer) sendMarker(target string, msgs []item) {
+// Unless it holds later messages back (see sendSingles), it is in flight
+// as a stalled unit is: answered, waited for by Close, not waited for by
+// dispatch.
+func (c *Committer) sendMarker(target string, msgs []item, holds bool) {
 	reply, u := c.newUnit(msgs, false)
 	u.marker = true
+	if !holds {
+		u.stalled = true
+		c.live--
+	}
 	h := nats.Header{}
 	h.Set("Nats-Expected-Stream", markerStream)
 	if err := c.nc.PublishMsg(&nats.Msg{Subject: target, Reply: reply, Header: h}); err != nil {
