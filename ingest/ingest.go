@@ -178,9 +178,8 @@ type Committer struct {
 	throttling   bool
 	// tooMany is the answer to a publish refused for the waiting limits.
 	tooMany []byte
-	// hold, when set, runs at each step of the run goroutine, with mu
-	// held, and intake then leaves all sending to run (tests hold run up
-	// with it, as a busy goroutine would be).
+	// hold, when set, runs before each step of the run goroutine (tests
+	// hold it up with it, as a busy goroutine would be).
 	hold    func()
 	subs    []*nats.Subscription
 	rsub    *nats.Subscription
@@ -192,10 +191,6 @@ type Committer struct {
 	opened  bool
 
 	batches, batchedMsgs, alone, forwarded, refused, throttled, batchNanos atomic.Uint64
-
-	// mu guards what follows: the run goroutine holds it for each step,
-	// and intake when it sends a publish itself (see kick).
-	mu sync.Mutex
 
 	// With Options.Flush: the clients' replies of what went out with a
 	// relay reply (by its last token), the subscription that takes the
@@ -209,6 +204,7 @@ type Committer struct {
 	flushStop  chan struct{}
 	flushDone  chan struct{}
 
+	// Owned by the run goroutine.
 	pend     []item
 	pendSize int // the sizes of pend's items, summed
 	inflight map[string]*unit
@@ -428,15 +424,17 @@ func (c *Committer) run(ctx context.Context) {
 	defer tick.Stop()
 	closing := c.closing
 	for {
-		var (
-			r      *nats.Msg
-			ticked bool
-		)
+		if c.hold != nil {
+			c.hold()
+		}
 		select {
 		case <-c.queued:
-		case r = <-c.replies:
+			c.takeQueued()
+		case r := <-c.replies:
+			c.answer(r)
 		case <-tick.C:
-			ticked = true
+			c.expire()
+			c.forgetIDs(c.opts.DuplicateWindow)
 		case <-closing:
 			closing = nil
 			select {
@@ -444,31 +442,18 @@ func (c *Committer) run(ctx context.Context) {
 			case <-ctx.Done():
 				return
 			}
+			c.takeQueued()
 		case <-ctx.Done():
 			return
 		}
-		c.mu.Lock()
-		if c.hold != nil {
-			c.hold()
-		}
-		c.takeQueued()
-		switch {
-		case r != nil:
-			c.answer(r)
-		case ticked:
-			c.expire()
-			c.forgetIDs(c.opts.DuplicateWindow)
-		}
 		c.dispatch()
 		// What went out with the clients' replies is answered by the
-		// stream itself: once closing, dispatch follows it with a marker
-		// at once, in flight until the stream applied all of it. Without
-		// that, a reload that turns group commit off could remove the
-		// transform while the stream still held some of them, and store
-		// them under the prefixed subjects.
-		done := closing == nil && len(c.pend) == 0 && len(c.inflight) == 0 && c.queueEmpty()
-		c.mu.Unlock()
-		if done {
+		// stream itself: dispatch follows it with a marker, in flight
+		// until the stream applied all of it. Without that, a reload that
+		// turns group commit off could remove the transform while the
+		// stream still held some of them, and store them under the
+		// prefixed subjects.
+		if closing == nil && len(c.pend) == 0 && len(c.inflight) == 0 && c.queueEmpty() {
 			return
 		}
 	}
@@ -483,22 +468,12 @@ func (c *Committer) intake(ctx context.Context) {
 	for {
 		select {
 		case m := <-c.in:
-			queued := c.admit(m)
-			// Take what else came with it before sending any of it, up
-			// to a batch: a flood must not keep it from being sent.
-			for n := 1; n < maxBatch && len(c.in) > 0; n++ {
-				queued = c.admit(<-c.in) || queued
-			}
-			if queued {
-				c.kick()
-			}
+			c.admit(m)
 		case <-c.closing:
 			for {
 				select {
 				case m := <-c.in:
-					if c.admit(m) {
-						c.kick()
-					}
+					c.admit(m)
 				default:
 					return
 				}
@@ -509,30 +484,13 @@ func (c *Committer) intake(ctx context.Context) {
 	}
 }
 
-// kick has what intake queued sent. When the run goroutine is idle
-// (waiting for something to happen), intake sends it itself, saving the
-// hand-off to run: a lone publisher's message goes out from the goroutine
-// that took it. Else run is told and takes it after its current step.
-func (c *Committer) kick() {
-	if c.hold == nil && c.mu.TryLock() {
-		c.takeQueued()
-		c.dispatch()
-		c.mu.Unlock()
-		return
-	}
-	select {
-	case c.queued <- struct{}{}:
-	default:
-	}
-}
-
-// admit queues m for run and reports true, or refuses it when the
-// waiting limits are reached. A burst larger than the stream's inbound
-// queue is refused in part by the server ("too many requests"); held here
-// without a bound, it would take twice its size in memory, and the server
-// would close the ingest connection as a slow consumer, leaving what is
-// in flight unanswered.
-func (c *Committer) admit(m *nats.Msg) bool {
+// admit queues m for run, or refuses it when the waiting limits are
+// reached. A burst larger than the stream's inbound queue is refused in
+// part by the server ("too many requests"); held here without a bound, it
+// would take twice its size in memory, and the server would close the
+// ingest connection as a slow consumer, leaving what is in flight
+// unanswered.
+func (c *Committer) admit(m *nats.Msg) {
 	it := item{m: m, size: c.size(m)}
 	c.qmu.Lock()
 	if c.waitingMsgs >= c.opts.MaxWaitingMsgs || (c.waitingMsgs > 0 && c.waitingBytes+it.size > c.opts.MaxWaitingBytes) {
@@ -546,13 +504,16 @@ func (c *Committer) admit(m *nats.Msg) bool {
 				"waiting_msgs", msgs, "waiting_bytes", bytes)
 		}
 		c.reply(item{m: m}, c.tooMany)
-		return false
+		return
 	}
 	c.queue = append(c.queue, it)
 	c.waitingMsgs++
 	c.waitingBytes += it.size
 	c.qmu.Unlock()
-	return true
+	select {
+	case c.queued <- struct{}{}:
+	default:
+	}
 }
 
 // size is what m counts against Options.MaxWaitingBytes and a batch's
@@ -803,18 +764,13 @@ func (c *Committer) target(m *nats.Msg) string {
 	return subjects.GroupCommit(c.opts.Stream, m.Subject)
 }
 
-// forward publishes a message that cannot go in a batch (see add).
+// forward publishes a message as the client would, with the client's
+// reply (clientReply): the server answers the client itself, or with
+// Options.Flush this committer after the flush.
 func (c *Committer) forward(it item) {
-	c.forwarded.Add(1)
-	c.publishWithReply(it)
-}
-
-// publishWithReply publishes a message as the client would, with the
-// client's reply (clientReply): the server answers the client itself, or
-// with Options.Flush this committer after the flush.
-func (c *Committer) publishWithReply(it item) {
 	c.remember(it)
 	c.sent++
+	c.forwarded.Add(1)
 	c.unflushed = c.target(it.m)
 	c.fwd = append(c.fwd, it)
 	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.unflushed, Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
@@ -858,11 +814,6 @@ const markerStream = "holdfast marker"
 // would otherwise often wait for the marker's answer, which comes after
 // its PubAck.
 func (c *Committer) sendSingles(msgs []item, holds bool) {
-	if m := c.opts.Metrics; m != nil {
-		for range msgs {
-			m.observeSize(c.opts.Stream)
-		}
-	}
 	for _, it := range msgs {
 		c.alone.Add(1)
 		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
@@ -1007,8 +958,14 @@ func (c *Committer) finish(id string, u *unit) {
 	if u.risky {
 		c.risky--
 	}
-	if m := c.opts.Metrics; m != nil && !u.marker {
-		m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+	if m := c.opts.Metrics; m != nil {
+		if u.marker {
+			for range u.msgs {
+				m.observe(c.opts.Stream, 1, time.Since(u.start))
+			}
+		} else {
+			m.observe(c.opts.Stream, len(u.msgs), time.Since(u.start))
+		}
 	}
 }
 

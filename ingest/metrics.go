@@ -22,7 +22,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"stream"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "holdfast_group_commit_latency_seconds",
-			Help:    "Time from sending an atomic batch to the server's answer (messages published alone are answered by the server directly, not timed).",
+			Help:    "Time from sending a group commit to the server's answer.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16),
 		}, []string{"stream"}),
 	}
@@ -33,10 +33,4 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 func (m *Metrics) observe(stream string, n int, d time.Duration) {
 	m.size.WithLabelValues(stream).Observe(float64(n))
 	m.latency.WithLabelValues(stream).Observe(d.Seconds())
-}
-
-// observeSize counts a message published alone (the server answers its
-// client directly: no latency to observe).
-func (m *Metrics) observeSize(stream string) {
-	m.size.WithLabelValues(stream).Observe(1)
 }
