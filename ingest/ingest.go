@@ -248,8 +248,7 @@ type unit struct {
 	order uint64 // value of sent when this unit went out
 	start time.Time
 	risky bool
-	// stalled: unanswered for stallAfter, or a marker that holds nothing
-	// back (see sendMarker); nothing waits for it.
+	// stalled: unanswered for stallAfter; nothing waits for it any more.
 	stalled bool
 	// marker: msgs went out alone with the clients' replies, followed by
 	// a marker the stream answers after them (see sendSingles).
@@ -703,13 +702,9 @@ func (c *Committer) dispatch() {
 		}
 		msgs := c.pend[:n:n]
 		c.took(n)
-		switch {
-		case n == 1 && len(c.pend) == 0:
-			// Nothing else waits: no batch to form behind it.
-			c.sendSingles(msgs, false)
-		case n < minBatch:
-			c.sendSingles(msgs, true)
-		default:
+		if n < minBatch {
+			c.sendSingles(msgs)
+		} else {
 			c.sendBatch(msgs, risky)
 		}
 	}
@@ -719,7 +714,7 @@ func (c *Committer) dispatch() {
 	// A marker after what went out with the clients' replies: its
 	// answer says whether the stream was there for them (see answer).
 	if c.unflushed != "" && c.risky == 0 && !c.nc.IsClosed() {
-		c.sendMarker(c.unflushed, nil, true)
+		c.sendMarker(c.unflushed, nil)
 	}
 }
 
@@ -807,34 +802,21 @@ const markerStream = "holdfast marker"
 // inbound messages one at a time in order, so the marker's answer (an
 // "expected stream" error, nothing stored, nothing flushed) says that the
 // messages before it are done and the stream is idle again.
-//
-// With holds, what arrives meanwhile waits for that answer and forms the
-// next batch. Without (a message that came alone, nothing behind it), the
-// next arrival goes at once: a lone synchronous publisher's next message
-// would otherwise often wait for the marker's answer, which comes after
-// its PubAck.
-func (c *Committer) sendSingles(msgs []item, holds bool) {
+func (c *Committer) sendSingles(msgs []item) {
 	for _, it := range msgs {
 		c.alone.Add(1)
 		if err := c.nc.PublishMsg(&nats.Msg{Subject: c.target(it.m), Reply: c.clientReply(it.m), Header: it.m.Header, Data: it.m.Data}); err != nil {
 			c.log.Warn("cannot publish a message", "subject", it.m.Subject, "err", err)
 		}
 	}
-	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs, holds)
+	c.sendMarker(c.target(msgs[len(msgs)-1].m), msgs)
 }
 
 // sendMarker publishes a marker to target (a subject of the stream) as
 // the unit of msgs, which went out before it with their clients' replies.
-// Unless it holds later messages back (see sendSingles), it is in flight
-// as a stalled unit is: answered, waited for by Close, not waited for by
-// dispatch.
-func (c *Committer) sendMarker(target string, msgs []item, holds bool) {
+func (c *Committer) sendMarker(target string, msgs []item) {
 	reply, u := c.newUnit(msgs, false)
 	u.marker = true
-	if !holds {
-		u.stalled = true
-		c.live--
-	}
 	h := nats.Header{}
 	h.Set("Nats-Expected-Stream", markerStream)
 	if err := c.nc.PublishMsg(&nats.Msg{Subject: target, Reply: reply, Header: h}); err != nil {

@@ -220,62 +220,6 @@ func TestLonePublisherGoesAlone(t *testing.T) {
 	}
 }
 
-// TestLoneMessageDoesNotWaitForItsMarker: a message that came alone goes
-// out with a marker behind it, and the next one goes at once, without
-// waiting for that marker's answer (a lone synchronous publisher's next
-// message came before it, and waited). Here nothing answers the markers
-// (a subscriber stands in for the stream, so no "no responders" either):
-// the second message reached the stream's subjects only once the first
-// marker was given up on, stallAfter later.
-func TestLoneMessageDoesNotWaitForItsMarker(t *testing.T) {
-	s := natstest.RunServer(t, natstest.SyncAlways)
-	nc := natstest.Connect(t, s)
-	js := natstest.JetStream(t, nc)
-	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
-	if err := js.DeleteStream(context.Background(), "S"); err != nil {
-		t.Fatal(err)
-	}
-	arrived := make(chan *nats.Msg, 10)
-	if _, err := nc.ChanSubscribe(subjects.GroupCommit("S", ">"), arrived); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	next := func(what string) *nats.Msg {
-		t.Helper()
-		select {
-		case m := <-arrived:
-			return m
-		case <-time.After(15 * time.Second):
-			t.Fatalf("no %s within 15 s", what)
-			return nil
-		}
-	}
-	pub := natstest.Connect(t, s)
-	if err := pub.Publish("s.a", []byte("first")); err != nil {
-		t.Fatal(err)
-	}
-	if m := next("first message"); string(m.Data) != "first" {
-		t.Fatalf("got %q first", m.Data)
-	}
-	if m := next("marker"); m.Header.Get("Nats-Expected-Stream") != markerStream {
-		t.Fatalf("got %q %v after the first message, want its marker", m.Data, m.Header)
-	}
-	sent := time.Now()
-	if err := pub.Publish("s.a", []byte("second")); err != nil {
-		t.Fatal(err)
-	}
-	m := next("second message")
-	if took := time.Since(sent); string(m.Data) != "second" || took >= stallAfter {
-		t.Fatalf("second message %q out %v after it was published: it waited for the first one's marker (given up on after %v)", m.Data, took.Round(time.Millisecond), stallAfter)
-	}
-	// The markers stay unanswered: Close gives up on them at once.
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
-	_ = c.Close(ctx)
-}
-
 // TestDedupeWithinAndAcrossBatches: duplicates of Nats-Msg-Id in one burst
 // and against the stream's window are stored once, acknowledged as
 // duplicates, and fail none of the others — whether the committer knows
