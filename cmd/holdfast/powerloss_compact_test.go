@@ -11,7 +11,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/internal/lazyfs"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -89,26 +88,8 @@ func TestPowerLossCommitWindowCompaction(t *testing.T) {
 	}
 
 	// Power cut.
-	if err := proc.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	proc.wait(30 * time.Second)
-	if _, err := lfs.Crash(); err != nil {
-		t.Fatal(err)
-	}
-	if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lfs.Unmount() })
-
-	proc = startHoldfast(t, cfg)
-	proc.waitReady()
-	nc, err = nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
+	proc, lfs = powerCutAndStart(t, proc, lfs, cfg)
+	js = powerLossClient(t, url)
 	s, err = js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)

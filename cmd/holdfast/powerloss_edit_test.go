@@ -7,10 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/holdfast-io/holdfast/internal/lazyfs"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -32,22 +28,9 @@ func TestPowerLossAfterStreamEdit(t *testing.T) {
 
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
-	nc, err := nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
+	js := powerLossClient(t, url)
 	const total = 100
-	for i := range total {
-		if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publishing did not complete")
-	}
+	publishAcked(t, ctx, js, total)
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
@@ -58,38 +41,10 @@ func TestPowerLossAfterStreamEdit(t *testing.T) {
 	if _, err := js.UpdateStream(ctx, c); err != nil {
 		t.Fatal(err)
 	}
-	nc.Close()
 
 	// Power cut right after the edit.
-	if err := proc.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	proc.wait(30 * time.Second)
-	if _, err := lfs.Crash(); err != nil {
-		t.Fatal(err)
-	}
-	if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lfs.Unmount() })
-
-	proc = startHoldfast(t, cfg)
-	proc.waitReady()
-	nc, err = nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
-	if s, err = js.Stream(ctx, "ORDERS"); err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != total {
-		t.Errorf("after a stream edit and a power cut, ORDERS holds %d messages (last sequence %d), want %d", info.State.Msgs, info.State.LastSeq, total)
-	}
+	proc, lfs = powerCutAndStart(t, proc, lfs, cfg)
+	js = powerLossClient(t, url)
+	checkOrdersHolds(t, ctx, js, total, "after a stream edit and a power cut")
 	proc.stop()
 }

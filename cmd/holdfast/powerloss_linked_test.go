@@ -8,10 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/holdfast-io/holdfast/internal/lazyfs"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -41,55 +37,12 @@ func TestPowerLossCommitWindowLinkedJetStream(t *testing.T) {
 
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
-	nc, err := nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
 	const total = 200
-	for i := range total {
-		if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publishing did not complete")
-	}
-	nc.Close()
+	publishAcked(t, ctx, powerLossClient(t, url), total)
 
 	// Power cut right after the last PubAck.
-	if err := proc.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	proc.wait(30 * time.Second)
-	if _, err := lfs.Crash(); err != nil {
-		t.Fatal(err)
-	}
-	if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lfs.Unmount() })
-
-	proc = startHoldfast(t, cfg)
-	proc.waitReady()
-	nc, err = nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
-	s, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != total {
-		t.Errorf("after %d PubAcks and a power cut, ORDERS holds %d messages (last sequence %d)", total, info.State.Msgs, info.State.LastSeq)
-	}
+	proc, lfs = powerCutAndStart(t, proc, lfs, cfg)
+	js := powerLossClient(t, url)
+	checkOrdersHolds(t, ctx, js, total, fmt.Sprintf("after %d PubAcks and a power cut", total))
 	proc.stop()
 }

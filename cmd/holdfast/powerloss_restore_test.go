@@ -7,10 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/holdfast-io/holdfast/internal/lazyfs"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -43,23 +39,8 @@ func testPowerLossAfterRestore(t *testing.T, window string) {
 
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
-	nc, err := nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc)
 	const total = 1000
-	for i := range total {
-		if _, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	select {
-	case <-js.PublishAsyncComplete():
-	case <-ctx.Done():
-		t.Fatal("publishing did not complete")
-	}
-	nc.Close()
+	publishAcked(t, ctx, powerLossClient(t, url), total)
 	dir := filepath.Join(t.TempDir(), "backup")
 	if res := runHoldfast(t, nil, "backup", "--config", cfg, dir); res.code != 0 {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
@@ -69,37 +50,8 @@ func testPowerLossAfterRestore(t *testing.T, window string) {
 	}
 
 	// Power cut right after the restore said it succeeded.
-	if err := proc.cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	proc.wait(30 * time.Second)
-	if _, err := lfs.Crash(); err != nil {
-		t.Fatal(err)
-	}
-	if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = lfs.Unmount() })
-
-	proc = startHoldfast(t, cfg)
-	proc.waitReady()
-	nc, err = nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ = jetstream.New(nc)
-	s, err := js.Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if info.State.Msgs != total {
-		t.Errorf("after a restore that succeeded and a power cut, ORDERS holds %d messages (last sequence %d), want the backup's %d",
-			info.State.Msgs, info.State.LastSeq, total)
-	}
+	proc, lfs = powerCutAndStart(t, proc, lfs, cfg)
+	js := powerLossClient(t, url)
+	checkOrdersHolds(t, ctx, js, total, "after a restore that succeeded and a power cut")
 	proc.stop()
 }

@@ -2,12 +2,16 @@ package main
 
 import (
 	"cmp"
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/internal/lazyfs"
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -49,6 +53,83 @@ func (r powerLossResult) String() string {
 	return fmt.Sprintf("sync=%s: %d power cuts, %d messages acknowledged, %d lost; stream missing at %d restart(s), consumer missing at %d (after the bootstrap); holdfast reported a data loss at %d start(s); %d unsynced bytes dropped by the cuts; longest start to ready %s, kill to exit %s, load stop %s, cut and remount %s; last drain %s",
 		r.sync, r.cycles, r.acked, r.lost, r.streamVanished, r.consumerMissing, r.lossReported, r.droppedBytes,
 		round(r.slowest[0]), round(r.slowest[1]), round(r.slowest[2]), round(r.slowest[3]), round(r.slowest[4]))
+}
+
+// powerCutAndStart cuts the power under proc: kills it, drops what lfs
+// holds unflushed and mounts lfs again; then starts holdfast on cfg again
+// and waits until it is ready.
+func powerCutAndStart(t *testing.T, proc *e2eProc, lfs *lazyfs.FS, cfg string) (*e2eProc, *lazyfs.FS) {
+	t.Helper()
+	if err := proc.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	proc.wait(30 * time.Second)
+	if _, err := lfs.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	lfs, err := lazyfs.Mount(lfs.Backing, lfs.Mountpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = lfs.Unmount() })
+	proc = startHoldfast(t, cfg)
+	proc.waitReady()
+	return proc, lfs
+}
+
+// powerLossClient connects to url for the test's duration.
+func powerLossClient(t *testing.T, url string) jetstream.JetStream {
+	t.Helper()
+	nc, err := nats.Connect(url, nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// publishAcked publishes total messages to orders.created and waits for
+// each one's PubAck (the test fails on an error or without one in time).
+func publishAcked(t *testing.T, ctx context.Context, js jetstream.JetStream, total int) {
+	t.Helper()
+	futs := make([]jetstream.PubAckFuture, 0, total)
+	for i := range total {
+		f, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		futs = append(futs, f)
+	}
+	for i, f := range futs {
+		select {
+		case <-f.Ok():
+		case err := <-f.Err():
+			t.Fatalf("publish %d of %d: %v", i+1, total, err)
+		case <-ctx.Done():
+			t.Fatalf("publish %d of %d: no PubAck in time", i+1, total)
+		}
+	}
+}
+
+// checkOrdersHolds fails the test unless ORDERS holds total messages
+// (after says when, for the message).
+func checkOrdersHolds(t *testing.T, ctx context.Context, js jetstream.JetStream, total uint64, after string) {
+	t.Helper()
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != total {
+		t.Errorf("%s, ORDERS holds %d messages (last sequence %d), want %d", after, info.State.Msgs, info.State.LastSeq, total)
+	}
 }
 
 // lazyMount mounts a lazyfs over a fresh backing dir, or skips the test
