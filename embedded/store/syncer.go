@@ -152,10 +152,7 @@ func (s *Syncer) flushFiles() (dirty, relink []string, seen map[string]bool, err
 			return err
 		}
 		seen[path] = true
-		mark := fileMark{size: info.Size(), mtime: info.ModTime().UnixNano()}
-		if st, ok := info.Sys().(*syscall.Stat_t); ok {
-			mark.ino = st.Ino
-		}
+		mark := markOf(info)
 		old, ok := s.marks[path]
 		if ok && old == mark {
 			return nil
@@ -282,10 +279,7 @@ func (s *Syncer) reflush(path string) error {
 	if err != nil {
 		return err
 	}
-	mark := fileMark{size: info.Size(), mtime: info.ModTime().UnixNano()}
-	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		mark.ino = st.Ino
-	}
+	mark := markOf(info)
 	if err := flushFile(path); err != nil {
 		return err
 	}
@@ -359,13 +353,23 @@ func (s *Syncer) unlink(path string) {
 	}
 }
 
+// markOf is the mark of a file as info describes it.
+func markOf(info fs.FileInfo) fileMark {
+	return fileMark{size: info.Size(), mtime: info.ModTime().UnixNano(), ino: inodeOf(info)}
+}
+
 // inode is path's inode number, or 0.
 func inode(path string) uint64 {
 	fi, err := os.Lstat(path)
 	if err != nil {
 		return 0
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+	return inodeOf(fi)
+}
+
+// inodeOf is the inode number info describes, or 0.
+func inodeOf(info fs.FileInfo) uint64 {
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
 		return st.Ino
 	}
 	return 0
