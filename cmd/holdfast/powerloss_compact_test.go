@@ -8,9 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -37,32 +34,10 @@ func TestPowerLossCommitWindowCompaction(t *testing.T) {
 
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
-	nc, err := nats.Connect(url, nats.MaxReconnects(0))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, _ := jetstream.New(nc, jetstream.WithPublishAsyncMaxPending(total))
+	js := powerLossClient(t, url)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-
-	data := make([]byte, 4096)
-	var futs []jetstream.PubAckFuture
-	for i := range total {
-		f, err := js.PublishAsync(fmt.Sprintf("orders.n%d", i), data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		futs = append(futs, f)
-	}
-	for i, f := range futs {
-		select {
-		case <-f.Ok():
-		case err := <-f.Err():
-			t.Fatalf("publish %d: %v", i, err)
-		case <-ctx.Done():
-			t.Fatal("publishes not acknowledged in time")
-		}
-	}
+	publishAcked(t, ctx, js, total, make([]byte, 4096))
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
@@ -82,7 +57,6 @@ func TestPowerLossCommitWindowCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := info.State.Msgs
-	nc.Close()
 	if want != total-deleted {
 		t.Fatalf("stream holds %d messages after the deletes, want %d", want, total-deleted)
 	}

@@ -30,7 +30,7 @@ func TestPowerLossAfterStreamEdit(t *testing.T) {
 	proc.waitReady()
 	js := powerLossClient(t, url)
 	const total = 100
-	publishAcked(t, ctx, js, total)
+	publishAcked(t, ctx, js, total, nil)
 	s, err := js.Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)

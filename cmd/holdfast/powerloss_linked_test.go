@@ -38,7 +38,7 @@ func TestPowerLossCommitWindowLinkedJetStream(t *testing.T) {
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
 	const total = 200
-	publishAcked(t, ctx, powerLossClient(t, url), total)
+	publishAcked(t, ctx, powerLossClient(t, url), total, nil)
 
 	// Power cut right after the last PubAck.
 	proc, lfs = powerCutAndStart(t, proc, lfs, cfg)

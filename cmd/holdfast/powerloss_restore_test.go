@@ -40,7 +40,7 @@ func testPowerLossAfterRestore(t *testing.T, window string) {
 	proc := startHoldfast(t, cfg)
 	proc.waitReady()
 	const total = 1000
-	publishAcked(t, ctx, powerLossClient(t, url), total)
+	publishAcked(t, ctx, powerLossClient(t, url), total, nil)
 	dir := filepath.Join(t.TempDir(), "backup")
 	if res := runHoldfast(t, nil, "backup", "--config", cfg, dir); res.code != 0 {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)

@@ -92,13 +92,18 @@ func powerLossClient(t *testing.T, url string) jetstream.JetStream {
 	return js
 }
 
-// publishAcked publishes total messages to orders.created and waits for
-// each one's PubAck (the test fails on an error or without one in time).
-func publishAcked(t *testing.T, ctx context.Context, js jetstream.JetStream, total int) {
+// publishAcked publishes total messages to orders.created, each data or
+// (nil) its number, and waits for each one's PubAck (the test fails on an
+// error or without one in time).
+func publishAcked(t *testing.T, ctx context.Context, js jetstream.JetStream, total int, data []byte) {
 	t.Helper()
 	futs := make([]jetstream.PubAckFuture, 0, total)
 	for i := range total {
-		f, err := js.PublishAsync("orders.created", fmt.Appendf(nil, "%d", i))
+		body := data
+		if body == nil {
+			body = fmt.Appendf(nil, "%d", i)
+		}
+		f, err := js.PublishAsync("orders.created", body)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,10 +13,10 @@ import (
 	"github.com/holdfast-io/holdfast/internal/lazyfs"
 )
 
-// A power cut keeps what the server wrote to its message blocks and
-// definitions before a Sync, and drops what it wrote after (nothing else
-// flushed it): the Syncer's rounds are what makes a write durable.
-func TestSyncerRoundMakesWritesDurable(t *testing.T) {
+// lazyStream mounts a lazyfs for the test (or skips it without FUSE) and
+// makes the message directory of a stream ORDERS in its jetstream/.
+func lazyStream(t *testing.T) (*lazyfs.FS, string) {
+	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse: the power-loss harness needs FUSE")
 	}
@@ -24,11 +24,19 @@ func TestSyncerRoundMakesWritesDurable(t *testing.T) {
 	if err != nil {
 		t.Skipf("cannot mount lazyfs: %v", err)
 	}
-	defer lfs.Unmount()
+	t.Cleanup(func() { _ = lfs.Unmount() })
 	msgs := filepath.Join(lfs.Mountpoint, "jetstream", "$G", "streams", "ORDERS", "msgs")
 	if err := os.MkdirAll(msgs, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	return lfs, msgs
+}
+
+// A power cut keeps what the server wrote to its message blocks and
+// definitions before a Sync, and drops what it wrote after (nothing else
+// flushed it): the Syncer's rounds are what makes a write durable.
+func TestSyncerRoundMakesWritesDurable(t *testing.T) {
+	lfs, msgs := lazyStream(t)
 	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
 	block := filepath.Join(msgs, "1.blk")
 	state := filepath.Join(filepath.Dir(msgs), "obs", "WORKER1", "o.dat")
@@ -105,18 +113,7 @@ func TestSyncerWindow(t *testing.T) {
 // stream, survive. A block removed since has its link removed, and the
 // guard directory is gone afterwards.
 func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
-	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skip("no /dev/fuse: the power-loss harness needs FUSE")
-	}
-	lfs, err := lazyfs.Mount(t.TempDir(), t.TempDir())
-	if err != nil {
-		t.Skipf("cannot mount lazyfs: %v", err)
-	}
-	defer lfs.Unmount()
-	msgs := filepath.Join(lfs.Mountpoint, "jetstream", "$G", "streams", "ORDERS", "msgs")
-	if err := os.MkdirAll(msgs, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	lfs, msgs := lazyStream(t)
 	block, gone := filepath.Join(msgs, "1.blk"), filepath.Join(msgs, "2.blk")
 	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
 	for _, path := range []string{block, gone, meta} {
