@@ -298,12 +298,13 @@ func (s *Server) Open(ctx context.Context) (err error) {
 	if err := configureSecurity(opts, s.cfg, secrets, id); err != nil {
 		return err
 	}
-	// A message block or definition the server replaced after holdfast's
-	// last flush (jetstream.commit_window) is put back as flushed.
+	// A message block or definition the server replaced or removed after
+	// holdfast's last flush (jetstream.commit_window) is put back as
+	// flushed.
 	if restored, err := store.RestoreSyncGuard(s.store.Path); err != nil {
 		return err
 	} else if len(restored) > 0 {
-		s.log.Warn("files the server had replaced (a block compacted after deletes, a stream or consumer edited) since holdfast last flushed them are put back as flushed: "+
+		s.log.Warn("files the server had replaced or removed (a block compacted or emptied by deletes, a stream or consumer edited) since holdfast last flushed them are put back as flushed: "+
 			"messages deleted, or an edit made, just before the stop may be undone",
 			"files", strings.Join(restored, ","))
 	}

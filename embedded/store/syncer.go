@@ -40,7 +40,11 @@ import (
 // file it flushes as it flushed it; a file replaced since is the old one
 // there, and RestoreSyncGuard puts it back at the next start (messages
 // deleted since may come back, an edit since may be undone: never a
-// message lost).
+// message lost). So too for a block the server removed, all it held
+// deleted (a stream at its limits drops its oldest messages for new
+// ones): the removal is on disk at once, the new messages only at the
+// next round. A round forgets the links of the files removed before it,
+// and flushes that.
 type Syncer struct {
 	jsDir    string
 	guardDir string
@@ -113,12 +117,16 @@ func (s *Syncer) round() error {
 	errs = append(errs, s.relinkAll(relink)...)
 	// Files gone since (compacted, removed with their stream) are
 	// forgotten, and so are their guard links.
+	// Their removal is flushed too: a link left behind would put back
+	// at the next start a block the server removed long before.
+	var unlinked []string
 	for path := range s.marks {
 		if !seen[path] {
 			delete(s.marks, path)
-			s.unlink(path)
+			unlinked = append(unlinked, s.unlink(path))
 		}
 	}
+	errs = append(errs, flushGuardDirs(unlinked)...)
 	return errors.Join(errs...)
 }
 
@@ -251,8 +259,17 @@ func (s *Syncer) relinkAll(relink []string) []error {
 			guardDirs = append(guardDirs, dir)
 		}
 	}
-	slices.Sort(guardDirs)
-	for _, dir := range slices.Compact(guardDirs) {
+	return append(errs, flushGuardDirs(guardDirs)...)
+}
+
+// flushGuardDirs flushes each directory of dirs once ("" for none).
+func flushGuardDirs(dirs []string) []error {
+	var errs []error
+	slices.Sort(dirs)
+	for _, dir := range slices.Compact(dirs) {
+		if dir == "" {
+			continue
+		}
 		if err := SyncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
@@ -339,18 +356,20 @@ func (s *Syncer) link(path string, ino uint64) (string, error) {
 }
 
 // unlink removes the guard link of the file at path, which the server
-// removed, and the guard directories it leaves empty.
-func (s *Syncer) unlink(path string) {
+// removed, and the guard directories it leaves empty; it returns the
+// directory whose entries changed, "" for none.
+func (s *Syncer) unlink(path string) string {
 	guard, err := s.guardPath(path)
-	if err != nil {
-		return
+	if err != nil || os.Remove(guard) != nil {
+		return "" // never linked (a file on another file system)
 	}
-	_ = os.Remove(guard)
-	for d := filepath.Dir(guard); d != s.guardDir && strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
+	d := filepath.Dir(guard)
+	for ; d != s.guardDir && strings.HasPrefix(d, s.guardDir); d = filepath.Dir(d) {
 		if os.Remove(d) != nil {
 			break // not empty
 		}
 	}
+	return d
 }
 
 // markOf is the mark of a file as info describes it.
@@ -443,7 +462,13 @@ func walkFollowDir(path string, d fs.DirEntry, info fs.FileInfo, visited map[[2]
 // RestoreSyncGuard puts back, before the server opens the store, each
 // message block and definition that the server replaced after holdfast's
 // last flush of it (see Syncer): the new file may have been lost in part
-// or whole at a power cut, the linked one was flushed. Then it removes
+// or whole at a power cut, the linked one was flushed. It puts back too
+// a message block the server removed since (its messages all deleted: a
+// stream at its limits drops its oldest messages for new ones, which a
+// power cut may then have taken), when its stream still exists, and has
+// the server rebuild the index of each stream with a block put back:
+// messages deleted since come back where the deletes were lost, and the
+// server removes the block again where they were not. Then it removes
 // the guard directory: the Syncer of this start links every file again
 // at its first round (a start may convert or restore streams, which
 // leaves the links stale). It returns the files put back, relative to the
@@ -469,12 +494,12 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 		}
 		path := filepath.Join(jsDir, rel)
 		switch bi, gi := inode(path), inode(guard); {
-		case bi == 0:
-			// Removed by the server (a purge, its stream deleted) or
-			// moved aside with its stream.
-			return os.Remove(guard)
 		case bi == gi:
 			return nil
+		case bi == 0 && !(messageData(rel) && streamExists(path)):
+			// A definition removed with its stream or consumer, or a
+			// stream deleted or moved aside.
+			return os.Remove(guard)
 		}
 		if err := os.Rename(guard, path); err != nil {
 			return fmt.Errorf("cannot put back %s as last flushed: %w", rel, err)
@@ -487,6 +512,14 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 		return restored, err
 	}
 	for dir := range dirs {
+		// The stream's index may describe its blocks as they were
+		// after the block put back was replaced or removed: without
+		// it the server reads the stream from its blocks.
+		if filepath.Base(dir) == "msgs" {
+			if err := os.Remove(filepath.Join(dir, streamIndexName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return restored, fmt.Errorf("cannot remove the index of %s: %w", dir, err)
+			}
+		}
 		if err := SyncDir(dir); err != nil {
 			return restored, err
 		}
@@ -495,6 +528,24 @@ func RestoreSyncGuard(storeDir string) ([]string, error) {
 		return restored, fmt.Errorf("cannot remove %s: %w", guardDir, err)
 	}
 	return restored, SyncDir(storeDir)
+}
+
+// streamIndexName is the file in a stream's msgs directory where the
+// server keeps the state of its blocks, which it rebuilds from the blocks
+// when the file is missing or disagrees with them.
+const streamIndexName = "index.db"
+
+// messageData reports whether rel, a path in the JetStream directory, is
+// a message block or its key file.
+func messageData(rel string) bool {
+	return filepath.Base(filepath.Dir(rel)) == "msgs" && (strings.HasSuffix(rel, ".blk") || strings.HasSuffix(rel, ".key"))
+}
+
+// streamExists reports whether the stream of the message block at path
+// still has its definition.
+func streamExists(path string) bool {
+	_, err := os.Lstat(filepath.Join(filepath.Dir(filepath.Dir(path)), "meta.inf"))
+	return err == nil
 }
 
 // syncedFile reports whether a file of the server's store is flushed by a

@@ -110,13 +110,16 @@ func TestSyncerWindow(t *testing.T) {
 // compaction, a stream edit: a new file renamed over the old one, not
 // flushed) is lost at a power cut; RestoreSyncGuard puts it back as the
 // last round flushed it, so that the messages the block held, and the
-// stream, survive. A block removed since has its link removed, and the
+// stream, survive. A block removed since (the oldest messages of a stream
+// at its limits, deleted for new ones the cut then took) is put back too,
+// and the stream's index removed for the server to read the blocks. The
 // guard directory is gone afterwards.
-func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
+func TestSyncGuardPutsBackRewrittenAndRemovedBlocks(t *testing.T) {
 	lfs, msgs := lazyStream(t)
 	block, gone := filepath.Join(msgs, "1.blk"), filepath.Join(msgs, "2.blk")
 	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
-	for _, path := range []string{block, gone, meta} {
+	index := filepath.Join(msgs, streamIndexName)
+	for _, path := range []string{block, gone, meta, index} {
 		if err := os.WriteFile(path, []byte("flushed messages"), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +129,9 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The server compacts block 1 (as nats-server does with sync off:
-	// temporary file, rename, no flush) and removes block 2.
+	// temporary file, rename, no flush) and removes block 2 (its
+	// messages all deleted, by the new ones a stream at its limits
+	// takes), writes its index, and edits the stream.
 	for path, data := range map[string]string{block: "compacted", meta: "edited"} {
 		tmp := path + ".tmp"
 		if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
@@ -139,6 +144,10 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 	if err := os.Remove(gone); err != nil {
 		t.Fatal(err)
 	}
+	if err := os.WriteFile(index, []byte("blocks 1 and 3"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	flushFile(index) // as the kernel may have done before the cut
 	if _, err := lfs.Crash(); err != nil {
 		t.Fatal(err)
 	}
@@ -151,20 +160,60 @@ func TestSyncGuardPutsBackARewrittenBlock(t *testing.T) {
 		t.Fatal(err)
 	}
 	slices.Sort(restored)
-	if want := []string{filepath.Join("$G", "streams", "ORDERS", "meta.inf"), filepath.Join("$G", "streams", "ORDERS", "msgs", "1.blk")}; !slices.Equal(restored, want) {
+	if want := []string{filepath.Join("$G", "streams", "ORDERS", "meta.inf"), filepath.Join("$G", "streams", "ORDERS", "msgs", "1.blk"),
+		filepath.Join("$G", "streams", "ORDERS", "msgs", "2.blk")}; !slices.Equal(restored, want) {
 		t.Errorf("put back %q, want %q", restored, want)
 	}
-	for _, path := range []string{block, meta} {
+	for _, path := range []string{block, gone, meta} {
 		rel, _ := filepath.Rel(lfs.Mountpoint, path)
 		if got, _ := os.ReadFile(filepath.Join(lfs.Backing, rel)); string(got) != "flushed messages" {
 			t.Errorf("%s after the restore: %q, want the flushed one", rel, got)
 		}
 	}
-	if _, err := os.Stat(filepath.Join(lfs.Backing, "jetstream", "$G", "streams", "ORDERS", "msgs", "2.blk")); err == nil {
-		t.Error("the removed block 2 is back")
+	if _, err := os.Stat(filepath.Join(lfs.Backing, "jetstream", "$G", "streams", "ORDERS", "msgs", streamIndexName)); err == nil {
+		t.Error("the stream's index is still there: the server would not read the blocks put back")
 	}
 	if _, err := os.Stat(filepath.Join(lfs.Backing, SyncGuardDirName)); err == nil {
 		t.Errorf("%s is still there", SyncGuardDirName)
+	}
+}
+
+// A block the server removed is not put back once a round after the
+// removal flushed what caused it, nor once its stream is deleted.
+func TestSyncGuardForgetsRemovedBlocks(t *testing.T) {
+	lfs, msgs := lazyStream(t)
+	meta := filepath.Join(filepath.Dir(msgs), "meta.inf")
+	flushed, deleted := filepath.Join(msgs, "1.blk"), filepath.Join(lfs.Mountpoint, "jetstream", "$G", "streams", "GONE")
+	for _, path := range []string{meta, flushed, filepath.Join(msgs, "2.blk"), filepath.Join(deleted, "meta.inf"), filepath.Join(deleted, "msgs", "1.blk")} {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte("flushed messages"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := NewSyncer(lfs.Mountpoint, 0)
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(flushed); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(deleted); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lfs.Crash(); err != nil {
+		t.Fatal(err)
+	}
+	restored, err := RestoreSyncGuard(lfs.Backing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(restored) > 0 {
+		t.Errorf("put back %q, want nothing", restored)
 	}
 }
 
