@@ -1125,6 +1125,10 @@ func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck 
 	// Header block and data, as the server and the client count a
 	// payload against max_payload and max_msg_size (not the subject).
 	size := out.Size() - len(out.Subject) - len(out.Reply)
+	if hdr := size - len(out.Data); hdr > handler.MaxStoredHeader {
+		f.stats.Refused.Add(1)
+		return verdict(handler.Fail(fmt.Sprintf("forwarded message's headers of %d bytes (the origin headers included) exceed the %d a stream stores", hdr, handler.MaxStoredHeader)))
+	}
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
 		return verdict(handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit)))
@@ -1497,7 +1501,8 @@ func permanentForwardError(err error) (string, bool) {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamMessageExceedsMaximum: // 10054
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum, // 10054
+			10097: // header block over handler.MaxStoredHeader
 			return apiErr.Error(), true
 		}
 	}

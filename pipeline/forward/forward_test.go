@@ -226,6 +226,40 @@ func TestForwardLongSubjectDeadLettered(t *testing.T) {
 	}
 }
 
+// TestForwardHeaderTooLargeForHub: a message whose headers fit the
+// edge's stream (a header block of at most 65,535 bytes), but not once
+// forwarding adds the origin headers, is one the hub can never store
+// (10097): it is refused at once and the rest keep flowing. Its dead
+// letter adds headers too: the message is kept, its dead letter failing.
+func TestForwardHeaderTooLargeForHub(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := e.Workers(f, 1)
+	hdr := nats.Header{}
+	hdr.Set("X-Big", strings.Repeat("h", 65300))
+	e.Publish("orders.created", "big headers", hdr)
+	e.Publish("orders.created", "small", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := hubMsgs(e); n != 1 || f.Stats().Refused.Load() == 0 {
+			return fmt.Errorf("hub holds %d, refused %d; forwarding: %q", n, f.Stats().Refused.Load(), f.Problem())
+		}
+		return nil
+	})
+	if p := f.Problem(); p != "" {
+		t.Errorf("forwarding waits: %s", p)
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().DeadLetterFailing.Load(); n != 1 {
+			return fmt.Errorf("%d messages with their dead letter failing, want 1", n)
+		}
+		return nil
+	})
+}
+
 // TestForwardSubjectNoHubStreamTakes: the hub's stream takes only
 // edge.*.orders.created; a message on orders.paid is dead-lettered at
 // once, saying which subject no hub stream takes (before, each attempt
