@@ -5,9 +5,11 @@ package embedded
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/testcert"
+	"github.com/holdfast-io/holdfast/pipeline/handler"
 )
 
 // TestAssumeSystemAccountAddsNoAuthUser: options built in code with a
@@ -123,6 +126,31 @@ func TestAssumeAtomicBatchLimit(t *testing.T) {
 	}
 	if n := natstest.StreamInfo(t, js, "A").State.Msgs; n != 1000 {
 		t.Errorf("%d messages stored, want 1000", n)
+	}
+}
+
+// TestAssumeStoredHeaderLimit: a stream stores a message whose header
+// block is handler.MaxStoredHeader bytes and refuses one a byte larger
+// with 10097, well within max_payload (the forward handler refuses such a
+// message itself).
+func TestAssumeStoredHeaderLimit(t *testing.T) {
+	t.Parallel()
+	_, js := atomicStream(t, "a.>")
+	for _, size := range []int{handler.MaxStoredHeader, handler.MaxStoredHeader + 1} {
+		m := nats.NewMsg("a.x")
+		m.Header.Set("X-H", "")
+		m.Header.Set("X-H", strings.Repeat("h", size-m.Size()+len(m.Subject)))
+		if got := m.Size() - len(m.Subject); got != size {
+			t.Fatalf("header block of %d bytes, want %d", got, size)
+		}
+		_, err := js.PublishMsg(natstest.Context(t), m)
+		var apiErr *jetstream.APIError
+		switch {
+		case size == handler.MaxStoredHeader && err != nil:
+			t.Errorf("header block of %d bytes: %v", size, err)
+		case size > handler.MaxStoredHeader && (!errors.As(err, &apiErr) || apiErr.ErrorCode != 10097):
+			t.Errorf("header block of %d bytes: %v, want error 10097", size, err)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -181,6 +182,11 @@ type Forwarder struct {
 	// in order (and pos may be used).
 	pos     position
 	ordered bool
+	// refused holds the messages the hub refused in this run (origin
+	// sequence -> stored time): given back when their dead letter fails,
+	// they come again after later ones went on, and are no sign that the
+	// hub holds them, whatever the position says.
+	refused map[uint64]time.Time
 	// marks are what this forwarder saw of each hub stream: a stream
 	// created anew, or whose last sequence went back below what it gave
 	// this edge's messages, lost them. resendFrom..resendTo are then the
@@ -275,6 +281,7 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
 		log:          log.With("component", "forward", "consumer", opts.Consumer, "domain", opts.Domain),
 		incarnations: map[string]incarnation{},
 		marks:        map[string]hubMark{},
+		refused:      map[uint64]time.Time{},
 		checkErr:     errors.New("the hub has not been checked yet"),
 	}, nil
 }
@@ -853,8 +860,29 @@ func (f *Forwarder) onHub(created time.Time, m *handler.Message) bool {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if at, ok := f.refused[m.Sequence]; ok && at.Equal(m.Published) {
+		return false
+	}
 	p := f.pos
 	return p.known && p.created.Equal(created) && m.Sequence <= p.seq && !m.Published.After(p.stored)
+}
+
+// maxRefused bounds the messages Forwarder.refused keeps.
+const maxRefused = 1024
+
+// noteRefused records that the hub refused m, or, refused is false, that
+// it stored it.
+func (f *Forwarder) noteRefused(m *handler.Message, refused bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !refused {
+		delete(f.refused, m.Sequence)
+		return
+	}
+	if len(f.refused) >= maxRefused {
+		delete(f.refused, slices.Min(slices.Collect(maps.Keys(f.refused))))
+	}
+	f.refused[m.Sequence] = m.Published
 }
 
 // Position is the origin sequence of the last message the hub holds
@@ -1125,6 +1153,10 @@ func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck 
 	// Header block and data, as the server and the client count a
 	// payload against max_payload and max_msg_size (not the subject).
 	size := out.Size() - len(out.Subject) - len(out.Reply)
+	if hdr := size - len(out.Data); hdr > handler.MaxStoredHeader {
+		f.stats.Refused.Add(1)
+		return verdict(handler.Fail(fmt.Sprintf("forwarded message's headers of %d bytes (the origin headers included) exceed the %d a stream stores", hdr, handler.MaxStoredHeader)))
+	}
 	if limit := f.nc.MaxPayload(); limit > 0 && int64(size) > limit {
 		f.stats.Refused.Add(1)
 		return verdict(handler.Fail(fmt.Sprintf("forwarded message of %d bytes exceeds max_payload %d", size, limit)))
@@ -1190,6 +1222,7 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 				f.mu.Unlock()
 				continue
 			}
+			f.noteRefused(m, false)
 			if ack.Duplicate {
 				// The sequence of the copy stored before: no news of the stream.
 				f.stats.Duplicates.Add(1)
@@ -1203,6 +1236,7 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 		f.stats.Errors.Add(1)
 		if reason, permanent := permanentForwardError(err); permanent {
 			f.stats.Refused.Add(1)
+			f.noteRefused(m, true)
 			return handler.Fail("the hub refused the message: " + reason)
 		}
 		if reason, full := hubStoreRefusal(err); full {
@@ -1497,7 +1531,8 @@ func permanentForwardError(err error) (string, bool) {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		switch apiErr.ErrorCode {
-		case jetstream.JSErrCodeStreamMessageExceedsMaximum: // 10054
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum, // 10054
+			10097: // header block over handler.MaxStoredHeader
 			return apiErr.Error(), true
 		}
 	}

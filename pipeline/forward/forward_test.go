@@ -201,6 +201,38 @@ func TestForwardOversizeDeadLettered(t *testing.T) {
 	}
 }
 
+// TestForwardRefusedComesBackNotSkipped: the hub refuses a message for
+// its size (its stream's max_msg_size lowered after the check) while the
+// edge's dead-letter stream cannot take it (sealed): the message is given
+// back and the next one goes first, past it. When it comes back it is
+// sent again, not taken for one the hub holds: never acked while neither
+// on the hub nor dead-lettered.
+func TestForwardRefusedComesBackNotSkipped(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	natstest.EditStream(t, e.JS, "HUB", func(c *jetstream.StreamConfig) { c.MaxMsgSize = 1024 })
+	natstest.EditStream(t, e.JS, pipelinetest.DLQ, func(c *jetstream.StreamConfig) { c.Sealed = true })
+	e.Workers(f, 1)
+	big := e.Publish("orders.created", strings.Repeat("x", 2048), nil)
+	e.Publish("orders.created", "small", nil)
+	waitHubMsgs(e, 1, 5*time.Second)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if n := f.Stats().Refused.Load(); n < 3 {
+			return fmt.Errorf("refused %d times, want it to come back and be refused again (ack floor %d, skipped %d)",
+				n, e.ConsumerInfo().AckFloor.Stream, f.Stats().Skipped.Load())
+		}
+		return nil
+	})
+	if ci := e.ConsumerInfo(); ci.AckFloor.Stream >= big || f.Stats().Skipped.Load() > 0 {
+		t.Fatalf("message %d acked (ack floor %d, skipped %d) though neither on the hub nor dead-lettered",
+			big, ci.AckFloor.Stream, f.Stats().Skipped.Load())
+	}
+}
+
 // TestForwardLongSubjectDeadLettered: a message whose subject fits the
 // server's control line, but whose forward subject (edge.edge1. and its
 // last token) does not: the server closed holdfast's connection, and
@@ -224,6 +256,40 @@ func TestForwardLongSubjectDeadLettered(t *testing.T) {
 	if reason := e.DLQMsg(long).Header.Get(pipeline.HeaderError); !strings.Contains(reason, "too long to publish") {
 		t.Errorf("dead letter reason %q", reason)
 	}
+}
+
+// TestForwardHeaderTooLargeForHub: a message whose headers fit the
+// edge's stream (a header block of at most 65,535 bytes), but not once
+// forwarding adds the origin headers, is one the hub can never store
+// (10097): it is refused at once and the rest keep flowing. Its dead
+// letter adds headers too: the message is kept, its dead letter failing.
+func TestForwardHeaderTooLargeForHub(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := e.Workers(f, 1)
+	hdr := nats.Header{}
+	hdr.Set("X-Big", strings.Repeat("h", 65300))
+	e.Publish("orders.created", "big headers", hdr)
+	e.Publish("orders.created", "small", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := hubMsgs(e); n != 1 || f.Stats().Refused.Load() == 0 {
+			return fmt.Errorf("hub holds %d, refused %d; forwarding: %q", n, f.Stats().Refused.Load(), f.Problem())
+		}
+		return nil
+	})
+	if p := f.Problem(); p != "" {
+		t.Errorf("forwarding waits: %s", p)
+	}
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if n := w.Stats().DeadLetterFailing.Load(); n != 1 {
+			return fmt.Errorf("%d messages with their dead letter failing, want 1", n)
+		}
+		return nil
+	})
 }
 
 // TestForwardSubjectNoHubStreamTakes: the hub's stream takes only

@@ -15,6 +15,12 @@ import (
 // under 64 bytes): 4000 bytes.
 const MaxPublishSubject = subjects.ControlLineBudget - 64
 
+// MaxStoredHeader is the largest header block a JetStream stream stores:
+// nats-server refuses a message with a larger one (error 10097), at any
+// max_payload. A message that fits it can exceed it once holdfast adds
+// headers (a forwarded message's origin headers).
+const MaxStoredHeader = 65535
+
 // HeaderUnsendable carries a header of the original message whose name
 // the NATS client refuses to publish (the server stores what a client
 // sent raw, such as "X-Eq=Name"), as the quoted name, ": " and the value.
