@@ -33,6 +33,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,11 @@ type Options struct {
 	// Timeout bounds a barrier; a PUBACK it could not clear closes the
 	// device's connection (the device sends the PUBLISH again).
 	Timeout time.Duration
-	Log     *slog.Logger
+	// WriteTimeout bounds a write to a device (10 s when zero, as
+	// nats-server's write_deadline): a device that takes nothing of
+	// what the server sends it for that long is disconnected.
+	WriteTimeout time.Duration
+	Log          *slog.Logger
 }
 
 // Stream is a configured stream the gate answers for.
@@ -120,6 +125,9 @@ func Listen(o Options) (*Gate, error) {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -316,7 +324,7 @@ func (c *conn) serve() {
 			frames <- f
 		}
 	}()
-	w := bufio.NewWriterSize(c.dev, 32<<10)
+	w := bufio.NewWriterSize(deadlineWriter{c.dev, g.opts.WriteTimeout}, 32<<10)
 	for f := range frames {
 		if f.ticket != nil {
 			<-f.ticket.done
@@ -331,20 +339,33 @@ func (c *conn) serve() {
 			}
 			g.held.Add(1)
 		}
-		if _, err := w.Write(f.b); err != nil {
+		_, err := w.Write(f.b)
+		if err == nil && len(frames) == 0 {
+			err = w.Flush()
+		}
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				g.log.Warn("mqtt: the device took nothing of what was sent to it; closing its connection", "device", c.dev.RemoteAddr().String(), "write_timeout", g.opts.WriteTimeout)
+			}
 			c.close()
 			drain(frames, g)
 			return
 		}
-		if len(frames) == 0 {
-			if err := w.Flush(); err != nil {
-				c.close()
-				drain(frames, g)
-				return
-			}
-		}
 	}
 	_ = w.Flush()
+}
+
+// deadlineWriter gives each write to a device timeout to complete.
+type deadlineWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	if err := d.conn.SetWriteDeadline(time.Now().Add(d.timeout)); err != nil {
+		return 0, err
+	}
+	return d.conn.Write(p)
 }
 
 // forward passes the device's packets to the server until either side

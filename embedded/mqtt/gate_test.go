@@ -31,8 +31,8 @@ var sensors = Stream{Name: "SENSORS", Subjects: []string{"sensors.>"}, Barrier: 
 // setup runs a server with its MQTT listener on loopback, sync = always,
 // and a stream SENSORS on sensors.> with its barrier subject, as holdfast
 // configures them; it returns the server's MQTT address and a gate in
-// front of it.
-func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
+// front of it, its options changed by edits.
+func setup(t *testing.T, edits ...func(*Options)) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
 	t.Helper()
 	ns = natstest.RunServer(t, natstest.SyncAlways, func(o *server.Options) {
 		o.ServerName = "edge1"
@@ -50,8 +50,12 @@ func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend str
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err = Listen(Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
-		Streams: []Stream{sensors}, Log: natstestLogger(t)})
+	o := Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
+		Streams: []Stream{sensors}, Log: natstestLogger(t)}
+	for _, edit := range edits {
+		edit(&o)
+	}
+	g, err = Listen(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,12 +472,27 @@ func TestWholePacketBuffered(t *testing.T) {
 // gets its PINGRESP.
 func TestGatePassesPacketsBeforeAPartialOne(t *testing.T) {
 	_, _, _, g := setup(t)
-	c, err := net.Dial("tcp", g.Addr().String())
+	c, r := rawDevice(t, g.Addr().String(), "raw-device")
+	// PINGREQ, then the first bytes of a QoS 0 PUBLISH of 100 bytes.
+	if _, err := c.Write([]byte{0xc0, 0x00, 0x30, 100, 0, 9, 's', 'e'}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if p, err := readPacket(r); err != nil || p[0] != 0xd0 {
+		t.Fatalf("PINGRESP: %x, %v (the PINGREQ waited for the PUBLISH after it)", p, err)
+	}
+}
+
+// rawDevice connects to addr over plain TCP as an MQTT 3.1.1 device with
+// a clean session and returns once the CONNACK came; the connection reads
+// with a deadline of 10 s from then.
+func rawDevice(t *testing.T, addr, id string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	id := "raw-device"
+	t.Cleanup(func() { c.Close() })
 	connect := append([]byte{0x10, byte(12 + len(id)), 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, byte(len(id))}, id...)
 	if _, err := c.Write(connect); err != nil {
 		t.Fatal(err)
@@ -483,12 +502,40 @@ func TestGatePassesPacketsBeforeAPartialOne(t *testing.T) {
 	if p, err := readPacket(r); err != nil || p[0] != 0x20 {
 		t.Fatalf("CONNACK: %x, %v", p, err)
 	}
-	// PINGREQ, then the first bytes of a QoS 0 PUBLISH of 100 bytes.
-	if _, err := c.Write([]byte{0xc0, 0x00, 0x30, 100, 0, 9, 's', 'e'}); err != nil {
+	return c, r
+}
+
+// A device that subscribes and then takes nothing of what the server
+// sends it is disconnected once a write to it has waited WriteTimeout:
+// its connection, and what the gate holds for it, do not outlast it.
+func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
+	t.Parallel()
+	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Second })
+	c, r := rawDevice(t, g.Addr().String(), "deaf-device")
+	filter := "sensors/#"
+	subscribe := append([]byte{0x82, byte(5 + len(filter)), 0, 1, 0, byte(len(filter))}, filter...)
+	if _, err := c.Write(append(subscribe, 0)); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if p, err := readPacket(r); err != nil || p[0] != 0xd0 {
-		t.Fatalf("PINGRESP: %x, %v (the PINGREQ waited for the PUBLISH after it)", p, err)
+	if p, err := readPacket(r); err != nil || p[0] != 0x90 {
+		t.Fatalf("SUBACK: %x, %v", p, err)
 	}
+	// From here on the device reads nothing: 32 MiB is more than the
+	// sockets between the gate and the device hold.
+	nc := natstest.Connect(t, ns)
+	payload := bytes.Repeat([]byte("x"), 512<<10)
+	for range 64 {
+		if err := nc.Publish("sensors.firmware", payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if n := g.Stats().Connections; n != 0 {
+			return fmt.Errorf("the gate still keeps %d connection(s) of a device that reads nothing", n)
+		}
+		return nil
+	})
 }
