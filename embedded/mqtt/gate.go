@@ -306,8 +306,11 @@ func (c *conn) serve() {
 	}()
 
 	// Server -> device: packet by packet, in order; a PUBACK or PUBCOMP
-	// waits for a barrier that started after the server sent it.
+	// waits for a barrier that started after the server sent it. What
+	// the device has not taken yet stays pending on the server beyond
+	// maxQueued, where the server's limits for slow clients see it.
 	frames := make(chan frame, 256)
+	queued := newByteBudget(maxQueued)
 	go func() {
 		defer close(frames)
 		r := bufio.NewReaderSize(srv, 32<<10)
@@ -316,6 +319,7 @@ func (c *conn) serve() {
 			if err != nil {
 				return
 			}
+			queued.take(len(b))
 			f := frame{b: b}
 			if t := b[0] >> 4; t == pubAck || t == pubComp {
 				f.ticket = g.bar.ticket()
@@ -333,13 +337,15 @@ func (c *conn) serve() {
 				msg := err.Error()
 				g.lastErr.Store(&msg)
 				g.log.Error("mqtt: a PUBACK could not be confirmed as stored; closing the device's connection, it sends the message again", "device", c.dev.RemoteAddr().String(), "err", err)
+				queued.give(len(f.b))
 				c.close()
-				drain(frames, g)
+				drain(frames, g, queued)
 				return
 			}
 			g.held.Add(1)
 		}
 		_, err := w.Write(f.b)
+		queued.give(len(f.b))
 		if err == nil && len(frames) == 0 {
 			err = w.Flush()
 		}
@@ -348,7 +354,7 @@ func (c *conn) serve() {
 				g.log.Warn("mqtt: the device took nothing of what was sent to it; closing its connection", "device", c.dev.RemoteAddr().String(), "write_timeout", g.opts.WriteTimeout)
 			}
 			c.close()
-			drain(frames, g)
+			drain(frames, g, queued)
 			return
 		}
 	}
@@ -449,13 +455,49 @@ func (g *Gate) refuse(c *conn, topic, subject string) {
 
 // drain empties frames after the device's connection closed, so that the
 // reader ends and the holding count stays true.
-func drain(frames <-chan frame, g *Gate) {
+func drain(frames <-chan frame, g *Gate, queued *byteBudget) {
 	for f := range frames {
+		queued.give(len(f.b))
 		if f.ticket != nil {
 			<-f.ticket.done
 			g.holding.Add(-1)
 		}
 	}
+}
+
+// maxQueued bounds the bytes of the server's packets the gate queues for
+// one device.
+const maxQueued = 1 << 20
+
+// byteBudget bounds the bytes of the packets queued for a device: take
+// waits while some are queued and n more would pass max, so that a packet
+// larger than max goes alone.
+type byteBudget struct {
+	mu        sync.Mutex
+	freed     sync.Cond
+	used, max int
+}
+
+func newByteBudget(max int) *byteBudget {
+	b := &byteBudget{max: max}
+	b.freed.L = &b.mu
+	return b
+}
+
+func (b *byteBudget) take(n int) {
+	b.mu.Lock()
+	for b.used > 0 && b.used+n > b.max {
+		b.freed.Wait()
+	}
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *byteBudget) give(n int) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	b.freed.Signal()
 }
 
 // MQTT control packet types (the high nibble of the first byte).

@@ -505,13 +505,14 @@ func rawDevice(t *testing.T, addr, id string) (net.Conn, *bufio.Reader) {
 	return c, r
 }
 
-// A device that subscribes and then takes nothing of what the server
-// sends it is disconnected once a write to it has waited WriteTimeout:
-// its connection, and what the gate holds for it, do not outlast it.
-func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
-	t.Parallel()
-	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Second })
+// deafDevice subscribes a raw device to sensors/# with QoS 0 through g,
+// which then reads nothing, and publishes n messages of 512 KiB to it.
+func deafDevice(t *testing.T, ns *server.Server, g *Gate, n int) {
+	t.Helper()
 	c, r := rawDevice(t, g.Addr().String(), "deaf-device")
+	if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
 	filter := "sensors/#"
 	subscribe := append([]byte{0x82, byte(5 + len(filter)), 0, 1, 0, byte(len(filter))}, filter...)
 	if _, err := c.Write(append(subscribe, 0)); err != nil {
@@ -520,11 +521,9 @@ func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
 	if p, err := readPacket(r); err != nil || p[0] != 0x90 {
 		t.Fatalf("SUBACK: %x, %v", p, err)
 	}
-	// From here on the device reads nothing: 32 MiB is more than the
-	// sockets between the gate and the device hold.
 	nc := natstest.Connect(t, ns)
 	payload := bytes.Repeat([]byte("x"), 512<<10)
-	for range 64 {
+	for range n {
 		if err := nc.Publish("sensors.firmware", payload); err != nil {
 			t.Fatal(err)
 		}
@@ -532,9 +531,47 @@ func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A device that subscribes and then takes nothing of what the server
+// sends it is disconnected once a write to it has waited WriteTimeout:
+// its connection, and what the gate holds for it, do not outlast it.
+func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
+	t.Parallel()
+	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Second })
+	// 32 MiB is more than the sockets between the gate and the device
+	// hold.
+	deafDevice(t, ns, g, 64)
 	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
 		if n := g.Stats().Connections; n != 0 {
 			return fmt.Errorf("the gate still keeps %d connection(s) of a device that reads nothing", n)
+		}
+		return nil
+	})
+}
+
+// The gate queues little for a device beyond what the sockets hold: what
+// a device takes nothing of stays pending on the server, whose
+// max_pending and write_deadline apply to it as to a device connected to
+// the server directly.
+func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
+	t.Parallel()
+	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Minute })
+	// 100 MiB: less than the server's max_pending (64 MiB) and what
+	// the sockets between the server and the device hold (up to 4 MiB
+	// and tcp_rmem's maximum, 32 MiB here, on the gate's side; the
+	// device's receive buffer is 64 KiB).
+	deafDevice(t, ns, g, 200)
+	natstest.CheckFor(t, 8*time.Second, 50*time.Millisecond, func() error {
+		cz, err := ns.Connz(&server.ConnzOptions{MQTTClient: "deaf-device"})
+		if err != nil {
+			return err
+		}
+		if len(cz.Conns) != 1 {
+			return fmt.Errorf("%d server connections of the device", len(cz.Conns))
+		}
+		if p := cz.Conns[0].Pending; p < 16<<20 {
+			return fmt.Errorf("the server holds %d bytes pending for the device; the gate took the rest of 100 MiB it did not read", p)
 		}
 		return nil
 	})
