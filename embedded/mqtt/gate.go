@@ -221,15 +221,15 @@ func (g *Gate) accept() {
 	for {
 		dev, err := g.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of file descriptors and the like: wait, as
-				// net/http does.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of file descriptors and the like: wait and try
+			// again, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			g.log.Warn("mqtt: cannot take a device's connection; trying again", "err", err, "in", delay)
+			time.Sleep(delay)
+			continue
 		}
 		delay = 0
 		g.accepted.Add(1)

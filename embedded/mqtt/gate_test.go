@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -575,4 +577,65 @@ func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// The gate keeps taking devices after it ran out of file descriptors for
+// a moment (a flood of connections): a device that connects once there
+// are descriptors again gets its CONNACK. Not parallel: it lowers the
+// test process's descriptor limit.
+func TestGateAcceptsAfterRunningOutOfDescriptors(t *testing.T) {
+	logger, logs := natstest.Logger(t)
+	_, _, _, g := setup(t, func(o *Options) { o.Log = logger })
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	open, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	low := limit
+	low.Cur = uint64(len(open) + 64)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var filler []*os.File
+	release := func() {
+		for _, f := range filler {
+			f.Close()
+		}
+		filler = nil
+	}
+	defer func() {
+		release()
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+			t.Error(err)
+		}
+	}()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		filler = append(filler, f)
+	}
+	// One descriptor for the device's side: the gate's accept finds none.
+	filler[len(filler)-1].Close()
+	filler = filler[:len(filler)-1]
+	early, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(logs.String(), "cannot take a device's connection") {
+			return errors.New("the gate did not say it could not take the connection")
+		}
+		return nil
+	})
+	release()
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	rawDevice(t, g.Addr().String(), "after-the-flood")
 }
