@@ -559,11 +559,12 @@ func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
 func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
 	t.Parallel()
 	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Minute })
-	// 100 MiB: less than the server's max_pending (64 MiB) and what
-	// the sockets between the server and the device hold (up to 4 MiB
-	// and tcp_rmem's maximum, 32 MiB here, on the gate's side; the
-	// device's receive buffer is 64 KiB).
-	deafDevice(t, ns, g, 200)
+	// 60 MiB: less than the server's max_pending (64 MiB), which would
+	// close the connection, and more than the sockets between the
+	// server and the device hold (up to 4 MiB and tcp_rmem's maximum,
+	// 32 MiB here, on the gate's side; the device's receive buffer is
+	// 64 KiB) by more than the 16 MiB looked for.
+	deafDevice(t, ns, g, 120)
 	natstest.CheckFor(t, 8*time.Second, 50*time.Millisecond, func() error {
 		cz, err := ns.Connz(&server.ConnzOptions{MQTTClient: "deaf-device"})
 		if err != nil {
@@ -573,7 +574,7 @@ func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
 			return fmt.Errorf("%d server connections of the device", len(cz.Conns))
 		}
 		if p := cz.Conns[0].Pending; p < 16<<20 {
-			return fmt.Errorf("the server holds %d bytes pending for the device; the gate took the rest of 100 MiB it did not read", p)
+			return fmt.Errorf("the server holds %d bytes pending for the device; the gate took the rest of 60 MiB the device did not read", p)
 		}
 		return nil
 	})
