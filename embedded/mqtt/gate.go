@@ -33,6 +33,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -56,7 +57,11 @@ type Options struct {
 	// Timeout bounds a barrier; a PUBACK it could not clear closes the
 	// device's connection (the device sends the PUBLISH again).
 	Timeout time.Duration
-	Log     *slog.Logger
+	// WriteTimeout bounds a write to a device (10 s when zero, as
+	// nats-server's write_deadline): a device that takes nothing of
+	// what the server sends it for that long is disconnected.
+	WriteTimeout time.Duration
+	Log          *slog.Logger
 }
 
 // Stream is a configured stream the gate answers for.
@@ -120,6 +125,9 @@ func Listen(o Options) (*Gate, error) {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 30 * time.Second
+	}
+	if o.WriteTimeout <= 0 {
+		o.WriteTimeout = 10 * time.Second
 	}
 	ln, err := net.Listen("tcp", o.Listen)
 	if err != nil {
@@ -213,15 +221,15 @@ func (g *Gate) accept() {
 	for {
 		dev, err := g.ln.Accept()
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Out of file descriptors and the like: wait, as
-				// net/http does.
-				delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-				time.Sleep(delay)
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of file descriptors and the like: wait and try
+			// again, as net/http does.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			g.log.Warn("mqtt: cannot take a device's connection; trying again", "err", err, "in", delay)
+			time.Sleep(delay)
+			continue
 		}
 		delay = 0
 		g.accepted.Add(1)
@@ -298,8 +306,11 @@ func (c *conn) serve() {
 	}()
 
 	// Server -> device: packet by packet, in order; a PUBACK or PUBCOMP
-	// waits for a barrier that started after the server sent it.
+	// waits for a barrier that started after the server sent it. What
+	// the device has not taken yet stays pending on the server beyond
+	// maxQueued, where the server's limits for slow clients see it.
 	frames := make(chan frame, 256)
+	queued := newByteBudget(maxQueued)
 	go func() {
 		defer close(frames)
 		r := bufio.NewReaderSize(srv, 32<<10)
@@ -308,6 +319,7 @@ func (c *conn) serve() {
 			if err != nil {
 				return
 			}
+			queued.take(len(b))
 			f := frame{b: b}
 			if t := b[0] >> 4; t == pubAck || t == pubComp {
 				f.ticket = g.bar.ticket()
@@ -316,7 +328,7 @@ func (c *conn) serve() {
 			frames <- f
 		}
 	}()
-	w := bufio.NewWriterSize(c.dev, 32<<10)
+	w := bufio.NewWriterSize(deadlineWriter{c.dev, g.opts.WriteTimeout}, 32<<10)
 	for f := range frames {
 		if f.ticket != nil {
 			<-f.ticket.done
@@ -325,26 +337,41 @@ func (c *conn) serve() {
 				msg := err.Error()
 				g.lastErr.Store(&msg)
 				g.log.Error("mqtt: a PUBACK could not be confirmed as stored; closing the device's connection, it sends the message again", "device", c.dev.RemoteAddr().String(), "err", err)
+				queued.give(len(f.b))
 				c.close()
-				drain(frames, g)
+				drain(frames, g, queued)
 				return
 			}
 			g.held.Add(1)
 		}
-		if _, err := w.Write(f.b); err != nil {
-			c.close()
-			drain(frames, g)
-			return
+		_, err := w.Write(f.b)
+		queued.give(len(f.b))
+		if err == nil && len(frames) == 0 {
+			err = w.Flush()
 		}
-		if len(frames) == 0 {
-			if err := w.Flush(); err != nil {
-				c.close()
-				drain(frames, g)
-				return
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				g.log.Warn("mqtt: the device took nothing of what was sent to it; closing its connection", "device", c.dev.RemoteAddr().String(), "write_timeout", g.opts.WriteTimeout)
 			}
+			c.close()
+			drain(frames, g, queued)
+			return
 		}
 	}
 	_ = w.Flush()
+}
+
+// deadlineWriter gives each write to a device timeout to complete.
+type deadlineWriter struct {
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	if err := d.conn.SetWriteDeadline(time.Now().Add(d.timeout)); err != nil {
+		return 0, err
+	}
+	return d.conn.Write(p)
 }
 
 // forward passes the device's packets to the server until either side
@@ -428,13 +455,49 @@ func (g *Gate) refuse(c *conn, topic, subject string) {
 
 // drain empties frames after the device's connection closed, so that the
 // reader ends and the holding count stays true.
-func drain(frames <-chan frame, g *Gate) {
+func drain(frames <-chan frame, g *Gate, queued *byteBudget) {
 	for f := range frames {
+		queued.give(len(f.b))
 		if f.ticket != nil {
 			<-f.ticket.done
 			g.holding.Add(-1)
 		}
 	}
+}
+
+// maxQueued bounds the bytes of the server's packets the gate queues for
+// one device.
+const maxQueued = 1 << 20
+
+// byteBudget bounds the bytes of the packets queued for a device: take
+// waits while some are queued and n more would pass max, so that a packet
+// larger than max goes alone.
+type byteBudget struct {
+	mu        sync.Mutex
+	freed     sync.Cond
+	used, max int
+}
+
+func newByteBudget(max int) *byteBudget {
+	b := &byteBudget{max: max}
+	b.freed.L = &b.mu
+	return b
+}
+
+func (b *byteBudget) take(n int) {
+	b.mu.Lock()
+	for b.used > 0 && b.used+n > b.max {
+		b.freed.Wait()
+	}
+	b.used += n
+	b.mu.Unlock()
+}
+
+func (b *byteBudget) give(n int) {
+	b.mu.Lock()
+	b.used -= n
+	b.mu.Unlock()
+	b.freed.Signal()
 }
 
 // MQTT control packet types (the high nibble of the first byte).

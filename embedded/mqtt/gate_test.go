@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -31,8 +33,8 @@ var sensors = Stream{Name: "SENSORS", Subjects: []string{"sensors.>"}, Barrier: 
 // setup runs a server with its MQTT listener on loopback, sync = always,
 // and a stream SENSORS on sensors.> with its barrier subject, as holdfast
 // configures them; it returns the server's MQTT address and a gate in
-// front of it.
-func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
+// front of it, its options changed by edits.
+func setup(t *testing.T, edits ...func(*Options)) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
 	t.Helper()
 	ns = natstest.RunServer(t, natstest.SyncAlways, func(o *server.Options) {
 		o.ServerName = "edge1"
@@ -50,8 +52,12 @@ func setup(t *testing.T) (ns *server.Server, js jetstream.JetStream, backend str
 	if err != nil {
 		t.Fatal(err)
 	}
-	g, err = Listen(Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
-		Streams: []Stream{sensors}, Log: natstestLogger(t)})
+	o := Options{Listen: "127.0.0.1:0", Backend: backend, Conn: nc,
+		Streams: []Stream{sensors}, Log: natstestLogger(t)}
+	for _, edit := range edits {
+		edit(&o)
+	}
+	g, err = Listen(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,12 +474,27 @@ func TestWholePacketBuffered(t *testing.T) {
 // gets its PINGRESP.
 func TestGatePassesPacketsBeforeAPartialOne(t *testing.T) {
 	_, _, _, g := setup(t)
-	c, err := net.Dial("tcp", g.Addr().String())
+	c, r := rawDevice(t, g.Addr().String(), "raw-device")
+	// PINGREQ, then the first bytes of a QoS 0 PUBLISH of 100 bytes.
+	if _, err := c.Write([]byte{0xc0, 0x00, 0x30, 100, 0, 9, 's', 'e'}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+	if p, err := readPacket(r); err != nil || p[0] != 0xd0 {
+		t.Fatalf("PINGRESP: %x, %v (the PINGREQ waited for the PUBLISH after it)", p, err)
+	}
+}
+
+// rawDevice connects to addr over plain TCP as an MQTT 3.1.1 device with
+// a clean session and returns once the CONNACK came; the connection reads
+// with a deadline of 10 s from then.
+func rawDevice(t *testing.T, addr, id string) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	id := "raw-device"
+	t.Cleanup(func() { c.Close() })
 	connect := append([]byte{0x10, byte(12 + len(id)), 0, 4, 'M', 'Q', 'T', 'T', 4, 0x02, 0, 60, 0, byte(len(id))}, id...)
 	if _, err := c.Write(connect); err != nil {
 		t.Fatal(err)
@@ -483,12 +504,139 @@ func TestGatePassesPacketsBeforeAPartialOne(t *testing.T) {
 	if p, err := readPacket(r); err != nil || p[0] != 0x20 {
 		t.Fatalf("CONNACK: %x, %v", p, err)
 	}
-	// PINGREQ, then the first bytes of a QoS 0 PUBLISH of 100 bytes.
-	if _, err := c.Write([]byte{0xc0, 0x00, 0x30, 100, 0, 9, 's', 'e'}); err != nil {
+	return c, r
+}
+
+// deafDevice subscribes a raw device to sensors/# with QoS 0 through g,
+// which then reads nothing, and publishes n messages of 512 KiB to it.
+func deafDevice(t *testing.T, ns *server.Server, g *Gate, n int) {
+	t.Helper()
+	c, r := rawDevice(t, g.Addr().String(), "deaf-device")
+	if err := c.(*net.TCPConn).SetReadBuffer(64 << 10); err != nil {
 		t.Fatal(err)
 	}
-	_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
-	if p, err := readPacket(r); err != nil || p[0] != 0xd0 {
-		t.Fatalf("PINGRESP: %x, %v (the PINGREQ waited for the PUBLISH after it)", p, err)
+	filter := "sensors/#"
+	subscribe := append([]byte{0x82, byte(5 + len(filter)), 0, 1, 0, byte(len(filter))}, filter...)
+	if _, err := c.Write(append(subscribe, 0)); err != nil {
+		t.Fatal(err)
 	}
+	if p, err := readPacket(r); err != nil || p[0] != 0x90 {
+		t.Fatalf("SUBACK: %x, %v", p, err)
+	}
+	nc := natstest.Connect(t, ns)
+	payload := bytes.Repeat([]byte("x"), 512<<10)
+	for range n {
+		if err := nc.Publish("sensors.firmware", payload); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A device that subscribes and then takes nothing of what the server
+// sends it is disconnected once a write to it has waited WriteTimeout:
+// its connection, and what the gate holds for it, do not outlast it.
+func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
+	t.Parallel()
+	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Second })
+	// 32 MiB is more than the sockets between the gate and the device
+	// hold.
+	deafDevice(t, ns, g, 64)
+	natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		if n := g.Stats().Connections; n != 0 {
+			return fmt.Errorf("the gate still keeps %d connection(s) of a device that reads nothing", n)
+		}
+		return nil
+	})
+}
+
+// The gate queues little for a device beyond what the sockets hold: what
+// a device takes nothing of stays pending on the server, whose
+// max_pending and write_deadline apply to it as to a device connected to
+// the server directly.
+func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
+	t.Parallel()
+	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Minute })
+	// 60 MiB: less than the server's max_pending (64 MiB), which would
+	// close the connection, and more than the sockets between the
+	// server and the device hold (up to 4 MiB and tcp_rmem's maximum,
+	// 32 MiB here, on the gate's side; the device's receive buffer is
+	// 64 KiB) by more than the 16 MiB looked for.
+	deafDevice(t, ns, g, 120)
+	natstest.CheckFor(t, 8*time.Second, 50*time.Millisecond, func() error {
+		cz, err := ns.Connz(&server.ConnzOptions{MQTTClient: "deaf-device"})
+		if err != nil {
+			return err
+		}
+		if len(cz.Conns) != 1 {
+			return fmt.Errorf("%d server connections of the device", len(cz.Conns))
+		}
+		if p := cz.Conns[0].Pending; p < 16<<20 {
+			return fmt.Errorf("the server holds %d bytes pending for the device; the gate took the rest of 60 MiB the device did not read", p)
+		}
+		return nil
+	})
+}
+
+// The gate keeps taking devices after it ran out of file descriptors for
+// a moment (a flood of connections): a device that connects once there
+// are descriptors again gets its CONNACK. Not parallel: it lowers the
+// test process's descriptor limit.
+func TestGateAcceptsAfterRunningOutOfDescriptors(t *testing.T) {
+	logger, logs := natstest.Logger(t)
+	_, _, _, g := setup(t, func(o *Options) { o.Log = logger })
+	var limit syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	open, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd:", err)
+	}
+	low := limit
+	low.Cur = uint64(len(open) + 64)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var filler []*os.File
+	release := func() {
+		for _, f := range filler {
+			f.Close()
+		}
+		filler = nil
+	}
+	defer func() {
+		release()
+		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+			t.Error(err)
+		}
+	}()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		filler = append(filler, f)
+	}
+	// One descriptor for the device's side: the gate's accept finds none.
+	filler[len(filler)-1].Close()
+	filler = filler[:len(filler)-1]
+	early, err := net.Dial("tcp", g.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer early.Close()
+	natstest.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !strings.Contains(logs.String(), "cannot take a device's connection") {
+			return errors.New("the gate did not say it could not take the connection")
+		}
+		return nil
+	})
+	release()
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &limit); err != nil {
+		t.Fatal(err)
+	}
+	rawDevice(t, g.Addr().String(), "after-the-flood")
 }
