@@ -43,8 +43,8 @@ type httpAuth struct {
 	// secret keys the CSRF tokens, new at each start.
 	secret [32]byte
 	// verified caches sha256(name, password) of credentials bcrypt has
-	// accepted, so that a page polling every 3 s costs one bcrypt per
-	// login, not one per poll.
+	// accepted (the token's with the name left out), so that a page
+	// polling every 3 s costs one bcrypt per login, not one per poll.
 	verified sync.Map
 	// hosts, on a loopback listener, are the names besides the loopback
 	// ones a request's Host may carry (see hostAllowed); nil beyond
@@ -115,8 +115,14 @@ func (a *httpAuth) identify(r *http.Request) identity {
 	if !ok {
 		return identity{}
 	}
-	key := sha256.Sum256([]byte(name + "\x00" + password))
 	u, isUser := a.users[name]
+	// Credentials that name no user can only be the token's, whatever
+	// the name: they are remembered by the password alone, once.
+	who := name
+	if !isUser {
+		who = ""
+	}
+	key := sha256.Sum256([]byte(who + "\x00" + password))
 	if _, seen := a.verified.Load(key); seen {
 		return identity{name: name, admin: isUser && u.admin}
 	}

@@ -235,3 +235,26 @@ func TestHTTPAuthUnknownUserChecked(t *testing.T) {
 		}
 	}
 }
+
+// With a token, the name is anyone's to choose: each name presented with
+// the token must not be remembered apart, or a client that holds the
+// token grows the daemon's memory without bound, one name a request.
+func TestHTTPAuthTokenCacheBounded(t *testing.T) {
+	t.Parallel()
+	a := authFor(t, "0.0.0.0:8222", func(c *config.Config, s *config.Secrets) {
+		c.Auth.Token = "0123456789abcdef0123"
+		s.Token = c.Auth.Token
+	})
+	for i := range 100 {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		r.SetBasicAuth(fmt.Sprintf("name-%d", i), "0123456789abcdef0123")
+		if id := a.identify(r); id.name != fmt.Sprintf("name-%d", i) {
+			t.Fatalf("the token with name-%d: %+v", i, id)
+		}
+	}
+	cached := 0
+	a.verified.Range(func(any, any) bool { cached++; return true })
+	if cached != 1 {
+		t.Fatalf("%d credentials remembered after 100 names with the one token, want 1", cached)
+	}
+}
