@@ -76,6 +76,9 @@ type httpServer struct {
 
 	// Timeouts of the server, the http* constants unless a test sets them.
 	readTimeout, writeTimeout, idleTimeout time.Duration
+	// maxConns bounds the open connections, httpMaxConns unless a test
+	// sets it.
+	maxConns int
 
 	ln   net.Listener
 	srv  *http.Server
@@ -86,7 +89,7 @@ type httpServer struct {
 func newHTTPServer(addr string, metrics *monitor.Metrics, log *slog.Logger, version string) *httpServer {
 	return &httpServer{
 		addr: addr, metrics: metrics, log: log.With("component", "http"), phase: phaseStarting, version: version,
-		readTimeout: httpReadTimeout, writeTimeout: httpWriteTimeout, idleTimeout: httpIdleTimeout,
+		readTimeout: httpReadTimeout, writeTimeout: httpWriteTimeout, idleTimeout: httpIdleTimeout, maxConns: httpMaxConns,
 	}
 }
 
@@ -96,7 +99,7 @@ func (h *httpServer) Open(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("http.listen %s: %w", h.addr, err)
 	}
-	h.ln = ln
+	h.ln = &boundedListener{Listener: ln, max: int64(h.maxConns), log: h.log}
 	h.srv = &http.Server{
 		Handler:           h.auth.guard(h.routes()),
 		ReadHeaderTimeout: min(httpReadHeaderTimeout, h.readTimeout),
@@ -109,11 +112,11 @@ func (h *httpServer) Open(ctx context.Context) error {
 	h.done = make(chan struct{})
 	go func() {
 		defer close(h.done)
-		if err := h.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := h.srv.Serve(h.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			h.log.Error("http server stopped", "err", err)
 		}
 	}()
-	h.log.Info("serving metrics and health", "listen", ln.Addr().String(),
+	h.log.Info("serving metrics and health", "listen", ln.Addr().String(), "max_connections", h.maxConns,
 		"endpoints", "/ /status.json /endpoints /metrics /healthz /readyz "+natsMonitorPrefix+"{"+strings.Join(NATSEndpoints, ",")+"}")
 	return nil
 }

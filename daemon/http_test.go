@@ -10,6 +10,8 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -83,4 +85,60 @@ func TestEndpointsListed(t *testing.T) {
 			t.Errorf("%s is listed, but the listener serves it with %q", e[0], pattern)
 		}
 	}
+}
+
+// TestHTTPServerBoundsConnections: connections beyond the bound are
+// closed as soon as they are accepted, so that clients that need no
+// credentials to connect cannot take the file descriptors the NATS
+// server and the store share with the listener; once some close, the
+// listener answers again.
+func TestHTTPServerBoundsConnections(t *testing.T) {
+	t.Parallel()
+	h := newHTTPServer("127.0.0.1:0", monitor.NewMetrics("test", "test"), slog.New(slog.DiscardHandler), "test")
+	h.maxConns = 8
+	if err := h.Open(natstest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close(natstest.Context(t)) })
+
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for range 4 * h.maxConns {
+		c, err := net.Dial("tcp", h.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+	}
+	// A connection the server holds stays silent; one it closed reads EOF.
+	var held atomic.Int32
+	var wg sync.WaitGroup
+	for _, c := range conns {
+		wg.Go(func() {
+			_ = c.SetReadDeadline(time.Now().Add(time.Second))
+			if _, err := c.Read(make([]byte, 1)); errors.Is(err, os.ErrDeadlineExceeded) {
+				held.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := int(held.Load()); n > h.maxConns {
+		t.Fatalf("%d connections held open at once, want at most %d", n, h.maxConns)
+	}
+	for _, c := range conns {
+		c.Close()
+	}
+	conns = nil
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		resp, err := http.Get("http://" + h.Addr() + "/readyz")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	})
 }

@@ -1,15 +1,18 @@
 package daemon
 
 import (
+	"cmp"
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,11 +36,15 @@ type httpAuth struct {
 	required bool
 	users    map[string]httpUser
 	token    string // the [auth] token, plain or bcrypt; "" without
+	// decoy is a user's hash that a name no user has is checked against,
+	// so that a wrong name costs what a wrong password costs and the
+	// time of an answer does not tell which names exist.
+	decoy string
 	// secret keys the CSRF tokens, new at each start.
 	secret [32]byte
 	// verified caches sha256(name, password) of credentials bcrypt has
-	// accepted, so that a page polling every 3 s costs one bcrypt per
-	// login, not one per poll.
+	// accepted (the token's with the name left out), so that a page
+	// polling every 3 s costs one bcrypt per login, not one per poll.
 	verified sync.Map
 	// hosts, on a loopback listener, are the names besides the loopback
 	// ones a request's Host may carry (see hostAllowed); nil beyond
@@ -90,9 +97,10 @@ func newHTTPAuth(cfg *config.Config, sec *config.Secrets) *httpAuth {
 		return a
 	}
 	a.token = sec.Token
-	for name, u := range cfg.Auth.Users {
+	for _, name := range slices.Sorted(maps.Keys(cfg.Auth.Users)) {
 		if hash, ok := sec.Passwords[name]; ok {
-			a.users[name] = httpUser{hash: hash, admin: u.Admin}
+			a.users[name] = httpUser{hash: hash, admin: cfg.Auth.Users[name].Admin}
+			a.decoy = cmp.Or(a.decoy, hash)
 		}
 	}
 	return a
@@ -107,8 +115,14 @@ func (a *httpAuth) identify(r *http.Request) identity {
 	if !ok {
 		return identity{}
 	}
-	key := sha256.Sum256([]byte(name + "\x00" + password))
 	u, isUser := a.users[name]
+	// Credentials that name no user can only be the token's, whatever
+	// the name: they are remembered by the password alone, once.
+	who := name
+	if !isUser {
+		who = ""
+	}
+	key := sha256.Sum256([]byte(who + "\x00" + password))
 	if _, seen := a.verified.Load(key); seen {
 		return identity{name: name, admin: isUser && u.admin}
 	}
@@ -132,6 +146,8 @@ func (a *httpAuth) identify(r *http.Request) identity {
 	case !isUser && a.token != "" && a.tokenMatches(password):
 		a.verified.Store(key, struct{}{})
 		return identity{name: name}
+	case !isUser && a.decoy != "":
+		_ = a.compare([]byte(a.decoy), []byte(password))
 	}
 	return identity{}
 }

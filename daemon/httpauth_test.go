@@ -207,3 +207,54 @@ func TestHTTPAuthChecksBounded(t *testing.T) {
 		t.Errorf("%d bcrypt checks ran at once, want 1", most.Load())
 	}
 }
+
+// A wrong name costs the bcrypt check a wrong password costs: answered
+// sooner, it would tell anyone who reaches the listener which user
+// names exist (the admin's among them).
+func TestHTTPAuthUnknownUserChecked(t *testing.T) {
+	t.Parallel()
+	a := authFor(t, "0.0.0.0:8222", func(c *config.Config, s *config.Secrets) {
+		c.Auth.Users = map[string]*config.UserConfig{"ops": {PasswordFile: "/x", Admin: true}}
+		s.Passwords["ops"] = hashOf(t, "ops-pw")
+	})
+	var checks atomic.Int32
+	compare := a.compare
+	a.compare = func(hash, pw []byte) error {
+		checks.Add(1)
+		return compare(hash, pw)
+	}
+	for _, name := range []string{"ops", "root"} {
+		checks.Store(0)
+		r := httptest.NewRequest("GET", "/status.json", nil)
+		r.SetBasicAuth(name, "wrong")
+		if id := a.identify(r); id.name != "" {
+			t.Fatalf("%s with a wrong password identified as %+v", name, id)
+		}
+		if n := checks.Load(); n != 1 {
+			t.Errorf("%s with a wrong password: %d bcrypt checks, want 1", name, n)
+		}
+	}
+}
+
+// With a token, the name is anyone's to choose: each name presented with
+// the token must not be remembered apart, or a client that holds the
+// token grows the daemon's memory without bound, one name a request.
+func TestHTTPAuthTokenCacheBounded(t *testing.T) {
+	t.Parallel()
+	a := authFor(t, "0.0.0.0:8222", func(c *config.Config, s *config.Secrets) {
+		c.Auth.Token = "0123456789abcdef0123"
+		s.Token = c.Auth.Token
+	})
+	for i := range 100 {
+		r := httptest.NewRequest("GET", "/metrics", nil)
+		r.SetBasicAuth(fmt.Sprintf("name-%d", i), "0123456789abcdef0123")
+		if id := a.identify(r); id.name != fmt.Sprintf("name-%d", i) {
+			t.Fatalf("the token with name-%d: %+v", i, id)
+		}
+	}
+	cached := 0
+	a.verified.Range(func(any, any) bool { cached++; return true })
+	if cached != 1 {
+		t.Fatalf("%d credentials remembered after 100 names with the one token, want 1", cached)
+	}
+}

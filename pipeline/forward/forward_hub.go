@@ -90,11 +90,13 @@ func (t *EdgeTracker) observe(m *nats.Msg) {
 // now; count adds it to the messages seen since start (not one read back
 // from the stream).
 func (t *EdgeTracker) record(h nats.Header, now time.Time, count bool) {
-	edge := h.Get(HeaderOriginServer)
+	// The headers are the publisher's to write, in any bytes; the names
+	// become Prometheus labels, which must be UTF-8.
+	edge := strings.ToValidUTF8(h.Get(HeaderOriginServer), "\uFFFD")
 	if edge == "" {
 		return
 	}
-	stream := h.Get(HeaderOriginStream)
+	stream := strings.ToValidUTF8(h.Get(HeaderOriginStream), "\uFFFD")
 	seq, _ := strconv.ParseUint(h.Get(HeaderOriginSeq), 10, 64)
 	origin, _ := time.Parse(time.RFC3339Nano, h.Get(HeaderOriginTime))
 	created := h.Get(HeaderOriginStreamCreated)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +13,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
@@ -200,5 +203,28 @@ func TestEdgeTrackerLossLoggedWhenTold(t *testing.T) {
 	tr.record(h(11, 5), time.Now(), true)
 	if !strings.Contains(buf.String(), "lost on the edge too") || len(tr.Problems()) != 1 || tr.Seen()[0].Lost != 5 {
 		t.Fatalf("a loss told now: log %q, problems %q, lost %d; want a log, a problem, 5", buf.String(), tr.Problems(), tr.Seen()[0].Lost)
+	}
+}
+
+// TestEdgeMetricsWithForgedOrigin: the origin headers are the
+// publisher's to write, in any bytes. A Prometheus label must be UTF-8:
+// an origin server or stream that is not must not make the hub's
+// /metrics fail, and two such origins must not collide into one label.
+func TestEdgeMetricsWithForgedOrigin(t *testing.T) {
+	t.Parallel()
+	tr := &EdgeTracker{seen: map[[2]string]*EdgeSeen{}}
+	for _, origin := range [][2]string{{"edge1", "ORDERS"}, {"edge-\xff", "ORDERS"}, {"edge-\xfe", "ORDERS"}, {"edge2", "OR\xc3DERS"}} {
+		m := nats.NewMsg("edge.x.orders.created")
+		m.Header.Set(HeaderOriginServer, origin[0])
+		m.Header.Set(HeaderOriginStream, origin[1])
+		m.Header.Set(HeaderOriginSeq, "1")
+		tr.observe(m)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(&EdgeView{Hub: tr})
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	if rec.Code != 200 || !strings.Contains(rec.Body.String(), `holdfast_edge_last_seq{edge="edge1",stream="ORDERS"} 1`) {
+		t.Fatalf("GET /metrics: %d\n%.600s", rec.Code, rec.Body)
 	}
 }
