@@ -617,6 +617,7 @@ func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
 // single holdfast before anything changes, even with --replace: a server
 // outside a cluster cannot hold a stream of three replicas.
 func TestRestoreAcrossClusterAndSingleNode(t *testing.T) {
+	t.Parallel()
 	single := newE2EInstance(t)
 	sd := startHoldfast(t, single.cfg)
 	sd.waitReady()
