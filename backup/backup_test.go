@@ -520,6 +520,38 @@ func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
 	}
 }
 
+// TestRestoreReplaceKeepsARecreatedStreamsMessages: with Replace, a
+// stream created again between the deletion and the restore (by the
+// running holdfast, or by another restore) that received a PubAck'd
+// message meanwhile is not deleted: no saved copy holds that message. The
+// restore fails saying so and names the copy of the replaced stream.
+func TestRestoreReplaceKeepsARecreatedStreamsMessages(t *testing.T) {
+	t.Cleanup(func() { afterDelete = nil })
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	nc2, js2 := runServer(t)
+	seed(t, js2, 3, 0)
+	ctx := natstest.Context(t)
+	afterDelete = func(string) {
+		afterDelete = nil
+		recreate(t, js2, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}})
+		if _, err := js2.Publish(ctx, "orders.acked", []byte("acked meanwhile")); err != nil {
+			t.Error(err)
+		}
+	}
+	save := t.TempDir()
+	_, _, err := Restore(ctx, nc2, dir, RestoreOptions{Replace: true, SaveDir: save})
+	if err == nil || !strings.Contains(err.Error(), "received messages (last sequence 1)") || !strings.Contains(err.Error(), save) {
+		t.Fatalf("restore --replace over a recreated stream holding a message: %v", err)
+	}
+	st := natstest.StreamInfo(t, js2, "ORDERS").State
+	if st.Msgs != 1 || st.LastSeq != 1 {
+		t.Fatalf("ORDERS after the restore: %+v; want the message acknowledged meanwhile", st)
+	}
+	t.Logf("restore: %v", err)
+}
+
 func TestCreateRefusesAndCleansUp(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 5, 0)

@@ -363,13 +363,14 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				return r, serr
 			}
 			// When the name was taken, the stream there is not the
-			// restore's: refuse to delete it once it holds messages. After
-			// a mismatch it is the restored one: refuse once it holds more
-			// than the backup's, published into it since.
+			// restore's: refuse to delete it once it holds messages, with
+			// Replace too (they are in no saved copy). After a mismatch it
+			// is the restored one: refuse once it holds more than the
+			// backup's, published into it since.
 			switch {
-			case !ok || opts.Replace:
+			case !ok:
 			case errNameInUse(err) && now.LastSeq > 0:
-				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
+				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored (by the running holdfast, or another restore): it is left as it is, without this restore's data; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
 			case !errNameInUse(err) && now.LastSeq > e.LastSeq:
 				return r, fmt.Errorf("stream %s holds the backup but differs from it (%v) and has received messages since (last sequence %d, the backup's %d): it is left as it is; run the restore again, with --replace to delete them", e.Name, err, now.LastSeq, e.LastSeq)
 			}
