@@ -3,6 +3,7 @@ package backup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -644,6 +646,85 @@ func TestVerifyNamesTheDamagedFile(t *testing.T) {
 			// Restore refuses it before it connects to anything.
 			if _, _, rerr := Restore(natstest.Context(t), nil, dir, RestoreOptions{}); !errors.Is(rerr, ErrDamaged) {
 				t.Fatalf("Restore: %v", rerr)
+			}
+		})
+	}
+}
+
+// TestVerifyRefusesWhatABackupDoesNotHold: a backup holds regular files
+// of its own, and each stream's entry its own snapshot. Anything else
+// (written where backups are kept, with the checksums made to match) is
+// refused by Verify, promptly, naming the file: a link to a device or a
+// FIFO would otherwise be read for ever, and a snapshot of another stream
+// would be found out only halfway through a restore.
+func TestVerifyRefusesWhatABackupDoesNotHold(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 20, 5)
+	good, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	archive := "streams/ORDERS/stream.arc.s2"
+	replace := func(make func(path string) error) func(string) error {
+		return func(dir string) error {
+			p := filepath.Join(dir, archive)
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return make(p)
+		}
+	}
+	// manifest edits the manifest and writes SHA256SUMS to match it.
+	manifest := func(edit func(*Manifest)) func(string) error {
+		return func(dir string) error {
+			m, err := Verify(dir)
+			if err != nil {
+				return err
+			}
+			edit(m)
+			raw, err := json.MarshalIndent(m, "", "  ")
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, ManifestFile), raw, 0o600); err != nil {
+				return err
+			}
+			mf, err := hashFile(dir, ManifestFile, -1)
+			if err != nil {
+				return err
+			}
+			return writeSums(filepath.Join(dir, SumsFile), append(slices.Clone(m.Files), mf))
+		}
+	}
+	for _, c := range []struct {
+		name, file, reason string
+		damage             func(dir string) error
+	}{
+		{"link to a device", archive, "outside the backup", replace(func(p string) error { return os.Symlink("/dev/zero", p) })},
+		{"fifo", archive, "not a regular file", replace(func(p string) error { return syscall.Mkfifo(p, 0o600) })},
+		{"link out of the backup", archive, "outside the backup", replace(func(p string) error {
+			return os.Symlink(filepath.Join(good, archive), p)
+		})},
+		{"another stream's snapshot", ManifestFile, `holds stream "ORDERS"`, manifest(func(m *Manifest) { m.Streams[0].Name = "OTHER" })},
+		{"stream listed twice", ManifestFile, "listed twice", manifest(func(m *Manifest) { m.Streams = append(m.Streams, m.Streams[0]) })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "b")
+			if err := os.CopyFS(dir, os.DirFS(good)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := Verify(dir); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Verify has not returned after 5 s; want %s: %s", c.file, c.reason)
+			}
+			var de *DamagedError
+			if !errors.As(err, &de) || de.File != c.file || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("Verify: %v; want %s: %s", err, c.file, c.reason)
 			}
 		})
 	}
