@@ -554,6 +554,50 @@ func TestRestoreReplaceKeepsARecreatedStreamsMessages(t *testing.T) {
 	t.Logf("restore: %v", err)
 }
 
+// TestRestoreKeepsMessagesPublishedSinceItsCheck: a stream that never held
+// a message when the restore began (the fresh holdfast's empty stream) is
+// deleted and restored, but only while it still holds none. PAYMENTS,
+// published into while ORDERS is restored before it, keeps the message it
+// acknowledged: the restore leaves it as it is and fails saying so.
+func TestRestoreKeepsMessagesPublishedSinceItsCheck(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	payments := jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.*"}}
+	natstest.CreateStream(t, js, payments)
+	for range 2 {
+		if _, err := js.Publish(natstest.Context(t), "payments.made", []byte("old")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS", "PAYMENTS"}})
+
+	nc2, js2 := runServer(t)
+	ctx := natstest.Context(t)
+	natstest.CreateStream(t, js2, payments)
+	var once sync.Once
+	progress := func(p Progress) {
+		if p.Stream == "ORDERS" {
+			once.Do(func() {
+				if _, err := js2.Publish(ctx, "payments.made", []byte("acked during the restore")); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Progress: progress})
+	if err == nil || !strings.Contains(err.Error(), "PAYMENTS") || !strings.Contains(err.Error(), "--replace") {
+		t.Errorf("restore over a stream published into since it began: %+v, %v; want it refused", restored, err)
+	}
+	t.Logf("restore: %v", err)
+	info := natstest.StreamInfo(t, js2, "PAYMENTS")
+	if info.State.Msgs != 1 || info.State.LastSeq != 1 {
+		t.Fatalf("PAYMENTS after the restore: %+v; want only the message acknowledged during the restore", info.State)
+	}
+	if _, err := js2.Publish(ctx, "payments.made", []byte("after")); err != nil {
+		t.Fatalf("PAYMENTS takes no publishes after the restore: %v", err)
+	}
+}
+
 func TestCreateRefusesAndCleansUp(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 5, 0)
