@@ -133,7 +133,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			if err := syncPath(filepath.Join(sdir, f)); err != nil {
 				return nil, err
 			}
-			fe, err := hashFile(dir, filepath.Join(rel, f))
+			fe, err := hashFile(dir, filepath.Join(rel, f), -1)
 			if err != nil {
 				return nil, err
 			}
@@ -154,7 +154,7 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 	if err := writeFileSync(filepath.Join(dir, ManifestFile), append(raw, '\n')); err != nil {
 		return nil, err
 	}
-	mf, err := hashFile(dir, ManifestFile)
+	mf, err := hashFile(dir, ManifestFile, -1)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package backup
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -520,6 +522,82 @@ func TestRestoreRetriesWhenTheStreamIsRecreated(t *testing.T) {
 	}
 }
 
+// TestRestoreReplaceKeepsARecreatedStreamsMessages: with Replace, a
+// stream created again between the deletion and the restore (by the
+// running holdfast, or by another restore) that received a PubAck'd
+// message meanwhile is not deleted: no saved copy holds that message. The
+// restore fails saying so and names the copy of the replaced stream.
+func TestRestoreReplaceKeepsARecreatedStreamsMessages(t *testing.T) {
+	t.Cleanup(func() { afterDelete = nil })
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	nc2, js2 := runServer(t)
+	seed(t, js2, 3, 0)
+	ctx := natstest.Context(t)
+	afterDelete = func(string) {
+		afterDelete = nil
+		recreate(t, js2, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"}})
+		if _, err := js2.Publish(ctx, "orders.acked", []byte("acked meanwhile")); err != nil {
+			t.Error(err)
+		}
+	}
+	save := t.TempDir()
+	_, _, err := Restore(ctx, nc2, dir, RestoreOptions{Replace: true, SaveDir: save})
+	if err == nil || !strings.Contains(err.Error(), "received messages (last sequence 1)") || !strings.Contains(err.Error(), save) {
+		t.Fatalf("restore --replace over a recreated stream holding a message: %v", err)
+	}
+	st := natstest.StreamInfo(t, js2, "ORDERS").State
+	if st.Msgs != 1 || st.LastSeq != 1 {
+		t.Fatalf("ORDERS after the restore: %+v; want the message acknowledged meanwhile", st)
+	}
+	t.Logf("restore: %v", err)
+}
+
+// TestRestoreKeepsMessagesPublishedSinceItsCheck: a stream that never held
+// a message when the restore began (the fresh holdfast's empty stream) is
+// deleted and restored, but only while it still holds none. PAYMENTS,
+// published into while ORDERS is restored before it, keeps the message it
+// acknowledged: the restore leaves it as it is and fails saying so.
+func TestRestoreKeepsMessagesPublishedSinceItsCheck(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	payments := jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments.*"}}
+	natstest.CreateStream(t, js, payments)
+	for range 2 {
+		if _, err := js.Publish(natstest.Context(t), "payments.made", []byte("old")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS", "PAYMENTS"}})
+
+	nc2, js2 := runServer(t)
+	ctx := natstest.Context(t)
+	natstest.CreateStream(t, js2, payments)
+	var once sync.Once
+	progress := func(p Progress) {
+		if p.Stream == "ORDERS" {
+			once.Do(func() {
+				if _, err := js2.Publish(ctx, "payments.made", []byte("acked during the restore")); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+	_, restored, err := Restore(ctx, nc2, dir, RestoreOptions{Progress: progress})
+	if err == nil || !strings.Contains(err.Error(), "PAYMENTS") || !strings.Contains(err.Error(), "--replace") {
+		t.Errorf("restore over a stream published into since it began: %+v, %v; want it refused", restored, err)
+	}
+	t.Logf("restore: %v", err)
+	info := natstest.StreamInfo(t, js2, "PAYMENTS")
+	if info.State.Msgs != 1 || info.State.LastSeq != 1 {
+		t.Fatalf("PAYMENTS after the restore: %+v; want only the message acknowledged during the restore", info.State)
+	}
+	if _, err := js2.Publish(ctx, "payments.made", []byte("after")); err != nil {
+		t.Fatalf("PAYMENTS takes no publishes after the restore: %v", err)
+	}
+}
+
 func TestCreateRefusesAndCleansUp(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 5, 0)
@@ -612,6 +690,85 @@ func TestVerifyNamesTheDamagedFile(t *testing.T) {
 			// Restore refuses it before it connects to anything.
 			if _, _, rerr := Restore(natstest.Context(t), nil, dir, RestoreOptions{}); !errors.Is(rerr, ErrDamaged) {
 				t.Fatalf("Restore: %v", rerr)
+			}
+		})
+	}
+}
+
+// TestVerifyRefusesWhatABackupDoesNotHold: a backup holds regular files
+// of its own, and each stream's entry its own snapshot. Anything else
+// (written where backups are kept, with the checksums made to match) is
+// refused by Verify, promptly, naming the file: a link to a device or a
+// FIFO would otherwise be read for ever, and a snapshot of another stream
+// would be found out only halfway through a restore.
+func TestVerifyRefusesWhatABackupDoesNotHold(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 20, 5)
+	good, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	archive := "streams/ORDERS/stream.arc.s2"
+	replace := func(make func(path string) error) func(string) error {
+		return func(dir string) error {
+			p := filepath.Join(dir, archive)
+			if err := os.Remove(p); err != nil {
+				return err
+			}
+			return make(p)
+		}
+	}
+	// manifest edits the manifest and writes SHA256SUMS to match it.
+	manifest := func(edit func(*Manifest)) func(string) error {
+		return func(dir string) error {
+			m, err := Verify(dir)
+			if err != nil {
+				return err
+			}
+			edit(m)
+			raw, err := json.MarshalIndent(m, "", "  ")
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(filepath.Join(dir, ManifestFile), raw, 0o600); err != nil {
+				return err
+			}
+			mf, err := hashFile(dir, ManifestFile, -1)
+			if err != nil {
+				return err
+			}
+			return writeSums(filepath.Join(dir, SumsFile), append(slices.Clone(m.Files), mf))
+		}
+	}
+	for _, c := range []struct {
+		name, file, reason string
+		damage             func(dir string) error
+	}{
+		{"link to a device", archive, "outside the backup", replace(func(p string) error { return os.Symlink("/dev/zero", p) })},
+		{"fifo", archive, "not a regular file", replace(func(p string) error { return syscall.Mkfifo(p, 0o600) })},
+		{"link out of the backup", archive, "outside the backup", replace(func(p string) error {
+			return os.Symlink(filepath.Join(good, archive), p)
+		})},
+		{"another stream's snapshot", ManifestFile, `holds stream "ORDERS"`, manifest(func(m *Manifest) { m.Streams[0].Name = "OTHER" })},
+		{"stream listed twice", ManifestFile, "listed twice", manifest(func(m *Manifest) { m.Streams = append(m.Streams, m.Streams[0]) })},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			dir := filepath.Join(t.TempDir(), "b")
+			if err := os.CopyFS(dir, os.DirFS(good)); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.damage(dir); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { _, err := Verify(dir); done <- err }()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("Verify has not returned after 5 s; want %s: %s", c.file, c.reason)
+			}
+			var de *DamagedError
+			if !errors.As(err, &de) || de.File != c.file || !strings.Contains(err.Error(), c.reason) {
+				t.Fatalf("Verify: %v; want %s: %s", err, c.file, c.reason)
 			}
 		})
 	}

@@ -181,7 +181,7 @@ func Verify(dir string) (*Manifest, error) {
 	damaged := func(file, format string, args ...any) error {
 		return &DamagedError{Dir: dir, File: file, Reason: fmt.Sprintf(format, args...)}
 	}
-	sums, err := readSums(filepath.Join(dir, SumsFile))
+	sums, err := readSums(dir)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
 			if _, merr := os.Stat(filepath.Join(dir, ManifestFile)); merr != nil {
@@ -198,7 +198,7 @@ func Verify(dir string) (*Manifest, error) {
 	if err := checkFile(dir, File{Path: ManifestFile, Size: -1, SHA256: want}, SumsFile); err != nil {
 		return nil, err
 	}
-	raw, err := os.ReadFile(filepath.Join(dir, ManifestFile))
+	raw, err := readFile(dir, ManifestFile)
 	if err != nil {
 		return nil, damaged(ManifestFile, "%v", err)
 	}
@@ -220,21 +220,70 @@ func Verify(dir string) (*Manifest, error) {
 			return nil, err
 		}
 	}
+	seen := map[string]bool{}
 	for _, s := range m.Streams {
+		if seen[s.Name] {
+			return nil, damaged(ManifestFile, "stream %s is listed twice", s.Name)
+		}
+		seen[s.Name] = true
 		for _, name := range []string{jsm.SnapshotMetaFile, jsm.SnapshotDataFile} {
 			p := filepath.ToSlash(filepath.Join(s.Dir, name))
 			if !slices.ContainsFunc(m.Files, func(f File) bool { return f.Path == p }) {
 				return nil, damaged(ManifestFile, "stream %s: %s is not listed", s.Name, p)
 			}
 		}
+		meta := filepath.ToSlash(filepath.Join(s.Dir, jsm.SnapshotMetaFile))
+		cfg, err := snapshotConfig(filepath.Join(dir, filepath.FromSlash(s.Dir)))
+		if err != nil {
+			return nil, damaged(meta, "%v", err)
+		}
+		if cfg.Name != s.Name {
+			return nil, damaged(ManifestFile, "stream %s: its snapshot %s holds stream %q", s.Name, meta, cfg.Name)
+		}
 	}
 	return &m, nil
+}
+
+// openFile opens the file rel of the backup in dir for reading. A backup
+// holds regular files of its own: a symbolic link that leads out of dir,
+// a device or a FIFO is refused (reading one could read another file, or
+// never end).
+func openFile(dir, rel string) (*os.File, error) {
+	root, err := os.OpenRoot(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer root.Close()
+	fi, err := root.Stat(rel)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, err
+		}
+		if target, lerr := os.Readlink(filepath.Join(dir, rel)); lerr == nil {
+			return nil, fmt.Errorf("a symbolic link to %s, outside the backup", target)
+		}
+		return nil, fmt.Errorf("%w (outside the backup?)", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, fmt.Errorf("not a regular file (%s), as a backup holds", fi.Mode().Type())
+	}
+	return root.Open(rel)
+}
+
+// readFile reads the file rel of the backup in dir (see openFile).
+func readFile(dir, rel string) ([]byte, error) {
+	f, err := openFile(dir, rel)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(f)
 }
 
 // checkFile compares a file's size (unless Size < 0) and SHA-256 with f,
 // which comes from source.
 func checkFile(dir string, f File, source string) error {
-	got, err := hashFile(dir, f.Path)
+	got, err := hashFile(dir, f.Path, f.Size)
 	if errors.Is(err, os.ErrNotExist) {
 		return &DamagedError{Dir: dir, File: f.Path, Reason: "missing"}
 	}
@@ -254,13 +303,20 @@ func checkFile(dir string, f File, source string) error {
 	return nil
 }
 
-// hashFile returns the File entry for path (relative to dir).
-func hashFile(dir, rel string) (File, error) {
-	fh, err := os.Open(filepath.Join(dir, rel))
+// hashFile returns the File entry for path (relative to dir; see
+// openFile). When want >= 0 and the file has another size, the entry has
+// that size and no SHA-256: the file is not read.
+func hashFile(dir, rel string, want int64) (File, error) {
+	fh, err := openFile(dir, rel)
 	if err != nil {
 		return File{}, err
 	}
 	defer fh.Close()
+	if fi, err := fh.Stat(); err != nil {
+		return File{}, err
+	} else if want >= 0 && fi.Size() != want {
+		return File{Path: filepath.ToSlash(rel), Size: fi.Size()}, nil
+	}
 	h := sha256.New()
 	n, err := io.Copy(h, fh)
 	if err != nil {
@@ -269,9 +325,10 @@ func hashFile(dir, rel string) (File, error) {
 	return File{Path: filepath.ToSlash(rel), Size: n, SHA256: hex.EncodeToString(h.Sum(nil))}, nil
 }
 
-// readSums parses a sha256sum(1) file into path -> hex digest.
-func readSums(path string) (map[string]string, error) {
-	fh, err := os.Open(path)
+// readSums parses the SumsFile of the backup in dir into path -> hex
+// digest.
+func readSums(dir string) (map[string]string, error) {
+	fh, err := openFile(dir, SumsFile)
 	if err != nil {
 		return nil, err
 	}

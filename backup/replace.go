@@ -100,8 +100,11 @@ func closeStream(ctx context.Context, js jetstream.JetStream, name string) ([]st
 
 // reopenStream gives a stream that closeStream closed its subjects back.
 // A stream that is gone, or has other subjects now (one the running
-// holdfast created again), is left alone.
-func reopenStream(ctx context.Context, js jetstream.JetStream, name string, held []string) error {
+// holdfast created again), is left alone; so is one a restore created
+// (marked subjects.RestoringMeta: what a failed restore left in place of
+// the closed one) unless restored tells that it is this restore's,
+// checked.
+func reopenStream(ctx context.Context, js jetstream.JetStream, name string, held []string, restored bool) error {
 	if held == nil {
 		return nil
 	}
@@ -116,6 +119,9 @@ func reopenStream(ctx context.Context, js jetstream.JetStream, name string, held
 	}
 	cfg := s.CachedInfo().Config
 	if _, ok := subjects.Held(name, cfg.Subjects, cfg.Metadata); !ok {
+		return nil
+	}
+	if _, restoring := subjects.Restoring(name, cfg.Subjects, cfg.Metadata); restoring && !restored {
 		return nil
 	}
 	release(held, &cfg.Subjects, &cfg.Metadata)
@@ -173,7 +179,7 @@ func putBack(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, name st
 	saved string, entry *StreamEntry, subjects []string, opts RestoreOptions, err error) error {
 	back := context.WithoutCancel(ctx)
 	reopen := func(err error) error {
-		if rerr := reopenStream(back, js, name, subjects); rerr != nil {
+		if rerr := reopenStream(back, js, name, subjects, false); rerr != nil {
 			return fmt.Errorf("%w; %s", err, heldBack(name, subjects, rerr))
 		}
 		return err

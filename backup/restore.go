@@ -203,7 +203,10 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
 	st, exists := existing[e.Name]
 	adjust := configured(opts, e.Name)
-	if !opts.Replace || !exists || st.LastSeq == 0 {
+	if exists && st.LastSeq == 0 {
+		return restoreEmpty(ctx, js, nc, dir, e, idx, count, existing, opts)
+	}
+	if !opts.Replace || !exists {
 		return restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, adjust)
 	}
 	notice := noticeFunc(opts)
@@ -217,7 +220,7 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 	saved, entry, now, err := saveClosed(ctx, js, nc, dir, e.Name, opts)
 	if err != nil {
 		err = fmt.Errorf("stream %s was not replaced: its messages could not be saved first (to be put back should the restore fail): %w", e.Name, err)
-		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, subjects); rerr != nil {
+		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, subjects, false); rerr != nil {
 			return Restored{Name: e.Name}, fmt.Errorf("%w; %s", err, heldBack(e.Name, subjects, rerr))
 		}
 		return Restored{Name: e.Name}, fmt.Errorf("%w; nothing changed", err)
@@ -235,6 +238,51 @@ func restoreStream(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, d
 		return r, nil
 	}
 	return r, putBack(ctx, js, nc, e.Name, idx, count, saved, entry, subjects, opts, err)
+}
+
+// restoreEmpty restores a stream that held no message when the restore
+// began (the empty stream a fresh holdfast's bootstrap created), deleting
+// it only while it still holds none: it is closed first (closeStream), so
+// that nothing is acknowledged into it from then on, and looked at again.
+// One that received messages meanwhile is replaced as one that held them
+// with opts.Replace; without, it gets its subjects back and is refused.
+// A restore that fails gives it its subjects back when it is still there.
+func restoreEmpty(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir string, e StreamEntry,
+	idx, count int, existing map[string]jetstream.StreamState, opts RestoreOptions) (Restored, error) {
+	held, err := closeStream(ctx, js, e.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		delete(existing, e.Name)
+		return restoreStream(ctx, js, nc, dir, e, idx, count, existing, opts)
+	}
+	if err != nil {
+		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not restored, nothing changed: %w", e.Name, err)
+	}
+	reopen := func(err error) error {
+		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, held, false); rerr != nil {
+			return fmt.Errorf("%w; %s", err, heldBack(e.Name, held, rerr))
+		}
+		return err
+	}
+	now, ok, err := streamState(ctx, js, e.Name)
+	switch {
+	case err != nil:
+		return Restored{Name: e.Name}, reopen(fmt.Errorf("stream %s was not restored, nothing changed: %w", e.Name, err))
+	case ok && now.LastSeq > 0 && !opts.Replace:
+		return Restored{Name: e.Name}, reopen(fmt.Errorf("stream %s received messages since this restore began (%d messages, last sequence %d): it is left as it is, without the backup's; "+
+			"run the restore again with --stream %s --replace to delete them and restore the backup's (their messages are lost)", e.Name, now.Msgs, now.LastSeq, e.Name))
+	case ok:
+		existing[e.Name] = now
+	default:
+		delete(existing, e.Name)
+	}
+	if now.LastSeq > 0 {
+		return restoreStream(ctx, js, nc, dir, e, idx, count, existing, opts)
+	}
+	r, err := restoreFrom(ctx, js, nc, dir, e, idx, count, existing, opts, configured(opts, e.Name))
+	if err != nil {
+		return r, reopen(err)
+	}
+	return r, nil
 }
 
 // saveReplaced backs up stream, which a restore from dir is to replace,
@@ -337,7 +385,7 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 			r.Messages, r.LastSeq = state.Msgs, state.LastSeq
 			err = checkRestored(ctx, js, e, sdir, &r)
 			if err == nil {
-				if rerr := reopenStream(ctx, js, e.Name, held); rerr != nil {
+				if rerr := reopenStream(ctx, js, e.Name, held, true); rerr != nil {
 					return r, fmt.Errorf("stream %s was restored; %s", e.Name, heldBack(e.Name, held, rerr))
 				}
 				dropReplayClaims(ctx, js, e, notice)
@@ -363,13 +411,14 @@ func restoreFrom(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir
 				return r, serr
 			}
 			// When the name was taken, the stream there is not the
-			// restore's: refuse to delete it once it holds messages. After
-			// a mismatch it is the restored one: refuse once it holds more
-			// than the backup's, published into it since.
+			// restore's: refuse to delete it once it holds messages, with
+			// Replace too (they are in no saved copy). After a mismatch it
+			// is the restored one: refuse once it holds more than the
+			// backup's, published into it since.
 			switch {
-			case !ok || opts.Replace:
+			case !ok:
 			case errNameInUse(err) && now.LastSeq > 0:
-				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored: nothing of the backup is in it; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
+				return r, fmt.Errorf("stream %s was created again and received messages (last sequence %d) while it was being restored (by the running holdfast, or another restore): it is left as it is, without this restore's data; run the restore again, with --replace to delete them", e.Name, now.LastSeq)
 			case !errNameInUse(err) && now.LastSeq > e.LastSeq:
 				return r, fmt.Errorf("stream %s holds the backup but differs from it (%v) and has received messages since (last sequence %d, the backup's %d): it is left as it is; run the restore again, with --replace to delete them", e.Name, err, now.LastSeq, e.LastSeq)
 			}
