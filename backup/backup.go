@@ -16,6 +16,8 @@ import (
 	jsmbackup "github.com/nats-io/jsm.go/backup"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // Progress reports how far the backup or restore of one stream is.
@@ -101,6 +103,11 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 				return nil, fmt.Errorf("stream %s does not exist on the server (%s): is holdfast running with this config?", name, nc.ConnectedUrlRedacted())
 			}
 			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+		if from, ok := subjects.Restoring(name, st.Subjects(), st.Metadata()); ok {
+			m.Skipped = append(m.Skipped, SkippedStream{Name: name, Reason: fmt.Sprintf(
+				"an unfinished restore of the backup %s, closed to publishers, holding part of it at most: finish it with `holdfast restore --replace --stream %s %s`, then back it up", from, name, from)})
+			continue
 		}
 		if st.Storage() == api.MemoryStorage {
 			m.Skipped = append(m.Skipped, SkippedStream{Name: name, Reason: "memory storage: JetStream cannot snapshot it (its messages do not survive a restart either)"})

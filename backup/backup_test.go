@@ -1465,3 +1465,33 @@ func TestRestoreFollowsConfiguredGroupCommit(t *testing.T) {
 		})
 	}
 }
+
+// A stream left closed by an unfinished restore holds part of that
+// restore's backup at most: a backup of it would come back from a later
+// restore as a stream open to publishers, and nothing would tell that
+// its messages are only a part. The backup leaves it out and says how to
+// finish the restore.
+func TestBackupLeavesOutAnUnfinishedRestore(t *testing.T) {
+	t.Parallel()
+	nc, js := runServer(t)
+	seed(t, js, 10, 0)
+	ctx := natstest.Context(t)
+	s, err := js.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := s.CachedInfo().Config
+	cfg.Subjects = []string{subjects.Replacing("ORDERS")}
+	cfg.Metadata = map[string]string{subjects.RestoringMeta: "/var/backups/holdfast/20261201T000000Z"}
+	if _, err := js.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	_, m := createBackup(t, nc, Options{Streams: []string{"ORDERS", "CACHE"}})
+	if m.Stream("ORDERS") != nil {
+		t.Fatal("the unfinished restore's stream was backed up as a stream of its own")
+	}
+	i := slices.IndexFunc(m.Skipped, func(s SkippedStream) bool { return s.Name == "ORDERS" })
+	if i < 0 || !strings.Contains(m.Skipped[i].Reason, "holdfast restore --replace --stream ORDERS /var/backups/holdfast/20261201T000000Z") {
+		t.Fatalf("skipped: %+v", m.Skipped)
+	}
+}
