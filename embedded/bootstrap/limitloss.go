@@ -20,9 +20,10 @@ import (
 // report the loss afterwards.
 //
 // The server enforces max_msgs and max_bytes on an update only with
-// discard old; max_age always. max_bytes is judged with the stream's
-// average message size, max_msgs by counting from the first sequence (a
-// stream with interior deletes may lose a little more than estimated).
+// discard old; max_age always. max_msgs is judged by counting from the
+// first sequence (a stream with interior deletes may lose a little more
+// than estimated); max_bytes by the stored size of the messages from the
+// oldest unprocessed one on (see removedByMaxBytes).
 func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig) ([]string, error) {
 	lowered := func(h, n int64) bool { return n > 0 && (h <= 0 || n < h) }
 	msgs := lowered(have.MaxMsgs, next.MaxMsgs) && next.Discard == jetstream.DiscardOld
@@ -46,16 +47,13 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		}
 		return st.FirstSeq + n - 1
 	}
-	var msgsTo, bytesTo uint64
+	var msgsTo uint64
 	if msgs && st.Msgs > uint64(next.MaxMsgs) {
 		msgsTo = removedUpTo(st.Msgs - uint64(next.MaxMsgs))
 	}
-	if bytes && st.Bytes > uint64(next.MaxBytes) {
-		avg := max(1, st.Bytes/st.Msgs)
-		bytesTo = removedUpTo(min(st.Msgs, (st.Bytes-uint64(next.MaxBytes)+avg-1)/avg))
-	}
+	bytes = bytes && st.Bytes > uint64(next.MaxBytes)
 	cutoff := time.Now().Add(-next.MaxAge)
-	if msgsTo == 0 && bytesTo == 0 && (!age || !st.FirstTime.Before(cutoff)) {
+	if msgsTo == 0 && !bytes && (!age || !st.FirstTime.Before(cutoff)) {
 		return nil, nil
 	}
 
@@ -64,6 +62,12 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		kept = append(kept, fmt.Sprintf("streams.%s.%s = %s not applied: it would delete at once messages consumer %s has not processed yet (from stream sequence %d); "+
 			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise the value; to drop them on purpose, set it with nats stream edit %s",
 			have.Name, field, value, consumer, seq, field, limitValue(field, have), have.Name))
+	}
+	// oldest is the consumer with the oldest unprocessed message: the
+	// messages max_bytes removes are the oldest ones.
+	var oldest struct {
+		name string
+		seq  uint64
 	}
 	lister := s.ListConsumers(ctx)
 	for ci := range lister.Info() {
@@ -77,13 +81,12 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		if first == 0 {
 			continue
 		}
+		if oldest.seq == 0 || first < oldest.seq {
+			oldest.name, oldest.seq = ci.Name, first
+		}
 		if msgs && first <= msgsTo {
 			keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first)
 			next.MaxMsgs, msgs = have.MaxMsgs, false
-		}
-		if bytes && first <= bytesTo {
-			keep("max_bytes", fmt.Sprint(next.MaxBytes), ci.Name, first)
-			next.MaxBytes, bytes = have.MaxBytes, false
 		}
 		if age && t.Before(cutoff) {
 			keep("max_age", next.MaxAge.String(), ci.Name, first)
@@ -93,7 +96,67 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("cannot list the consumers of stream %s: %w", have.Name, err)
 	}
+	if bytes && oldest.seq != 0 {
+		removed := oldest.seq <= st.FirstSeq
+		if !removed {
+			if removed, err = removedByMaxBytes(ctx, s, have.Storage, oldest.seq, next.MaxBytes); err != nil {
+				return nil, err
+			}
+		}
+		if removed {
+			keep("max_bytes", fmt.Sprint(next.MaxBytes), oldest.name, oldest.seq)
+			next.MaxBytes = have.MaxBytes
+		}
+	}
 	return kept, nil
+}
+
+// maxSizeWalk is how many messages removedByMaxBytes reads at most.
+const maxSizeWalk = 10_000
+
+// removedByMaxBytes reports whether max_bytes = limit removes the message
+// at sequence from: the server removes the oldest messages until the
+// stream's bytes fit, so it keeps from only when the messages from it on
+// fit in limit. It reads them, up to maxSizeWalk; more than that counts
+// as removed.
+func removedByMaxBytes(ctx context.Context, s jetstream.Stream, storage jetstream.StorageType, from uint64, limit int64) (bool, error) {
+	var sum int64
+	for seq, n := from, 0; n < maxSizeWalk; n++ {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("cannot read stream %s at sequence %d: %w", s.CachedInfo().Config.Name, seq, err)
+		}
+		if sum += storedSize(storage, m); sum > limit {
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
+	return true, nil
+}
+
+// storedSize is the size the server counts for a message in a stream's
+// bytes (and max_bytes): its record in the file or memory store.
+func storedSize(storage jetstream.StorageType, m *jetstream.RawStreamMsg) int64 {
+	hdr := 0
+	if len(m.Header) > 0 {
+		hdr = len("NATS/1.0\r\n\r\n")
+		for k, vs := range m.Header {
+			for _, v := range vs {
+				hdr += len(k) + len(": ") + len(v) + len("\r\n")
+			}
+		}
+	}
+	n := int64(len(m.Subject) + hdr + len(m.Data))
+	if storage == jetstream.MemoryStorage {
+		return n + 16 // sequence and time
+	}
+	if hdr > 0 {
+		n += 4 // header length
+	}
+	return n + 30 // record length, sequence, time, subject length, hash
 }
 
 // holdBackLimits applies keepLimitsThatWouldLoseMessages to next and

@@ -68,24 +68,7 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 			}
 
 			// The consumer processes everything: the same config now applies.
-			c, err := js.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
-			if err != nil {
-				t.Fatal(err)
-			}
-			batch, err := c.Fetch(20, jetstream.FetchMaxWait(5*time.Second))
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := 0
-			for m := range batch.Messages() {
-				if err := m.DoubleAck(natstest.Context(t)); err != nil {
-					t.Fatal(err)
-				}
-				n++
-			}
-			if n != 20 {
-				t.Fatalf("fetched %d messages, want 20", n)
-			}
+			processWorker1(t, js, 20)
 			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
 				t.Fatalf("Bootstrap after the consumer caught up: %v", err)
 			}
@@ -93,5 +76,115 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 				t.Errorf("ORDERS %s still %s after the consumer caught up", tc.field, got)
 			}
 		})
+	}
+}
+
+// processWorker1 fetches and acknowledges n messages of ORDERS as
+// WORKER1.
+func processWorker1(t *testing.T, js jetstream.JetStream, n int) {
+	t.Helper()
+	c, err := js.Consumer(natstest.Context(t), "ORDERS", "WORKER1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := c.Fetch(n, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range batch.Messages() {
+		if err := m.DoubleAck(natstest.Context(t)); err != nil {
+			t.Fatal(err)
+		}
+		got++
+	}
+	if got != n {
+		t.Fatalf("fetched %d messages, want %d", got, n)
+	}
+}
+
+// TestBootstrapKeepsMaxBytesOverLargeUnprocessed: max_bytes lowered on a
+// stream whose processed messages are small and whose unprocessed ones
+// are large is held back when the server would remove an unprocessed
+// one, whatever the stream's average message size says.
+func TestBootstrapKeepsMaxBytesOverLargeUnprocessed(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	publish(t, js, "orders.small", 5)
+	processWorker1(t, js, 5)
+	big := strings.Repeat("x", 1000)
+	for i := range 5 {
+		if _, err := js.Publish(natstest.Context(t), "orders.big", []byte(big)); err != nil {
+			t.Fatalf("publish %d: %v", i, err)
+		}
+	}
+	si := natstest.StreamInfo(t, js, "ORDERS")
+	// Room for four of the five large messages: removing the small ones
+	// is not enough, the first large one (unprocessed) would go too.
+	limit := si.State.Bytes*4/5 - 10
+	cfg.Streams["ORDERS"].MaxBytes = config.Bytes(int64(limit))
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap with max_bytes lowered: %v", err)
+	}
+	si = natstest.StreamInfo(t, js, "ORDERS")
+	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.NumPending != 5 {
+		t.Errorf("WORKER1 has %d messages pending after max_bytes = %d, want its 5 unprocessed (the stream holds %d from sequence %d)",
+			ci.NumPending, limit, si.State.Msgs, si.State.FirstSeq)
+	}
+	if si.Config.MaxBytes != -1 {
+		t.Errorf("ORDERS max_bytes = %d, want it kept at -1", si.Config.MaxBytes)
+	}
+	if !strings.Contains(lb.String(), "streams.ORDERS.max_bytes") {
+		t.Errorf("log lacks streams.ORDERS.max_bytes:\n%s", lb.String())
+	}
+
+	// Room for exactly the five large ones: applied, the small ones go.
+	limit = 5 * (30 + uint64(len("orders.big")) + 1000) // their records in the file store
+	cfg.Streams["ORDERS"].MaxBytes = config.Bytes(int64(limit))
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap with max_bytes = %d: %v", limit, err)
+	}
+	si = natstest.StreamInfo(t, js, "ORDERS")
+	if si.Config.MaxBytes != int64(limit) || si.State.Msgs != 5 || si.State.FirstSeq != 6 {
+		t.Errorf("after max_bytes = %d: ORDERS max_bytes %d, %d messages from sequence %d; want it applied and the 5 large from 6",
+			limit, si.Config.MaxBytes, si.State.Msgs, si.State.FirstSeq)
+	}
+}
+
+// TestStoredSizeIsTheServers: storedSize, summed over a stream's
+// messages, is the stream's bytes as the server counts them (for
+// max_bytes), with and without headers, in file and memory storage.
+func TestStoredSizeIsTheServers(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	cfg.Streams["MEM"] = config.DefaultStream([]string{"mem.*"})
+	cfg.Streams["MEM"].Storage, cfg.Streams["MEM"].AllowMemory = "memory", true
+	s, _ := bootstrapped(t, cfg)
+	js := s.JetStream()
+	for stream, subject := range map[string]string{"ORDERS": "orders.created", "MEM": "mem.x"} {
+		publish(t, js, subject, 3)
+		for i := range 3 {
+			if _, err := js.Publish(natstest.Context(t), subject, []byte("with headers"), jetstream.WithMsgID(fmt.Sprintf("id-%d", i))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		si := natstest.StreamInfo(t, js, stream)
+		st, err := js.Stream(natstest.Context(t), stream)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum int64
+		for seq := si.State.FirstSeq; seq <= si.State.LastSeq; seq++ {
+			m, err := st.GetMsg(natstest.Context(t), seq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += storedSize(si.Config.Storage, m)
+		}
+		if sum != int64(si.State.Bytes) {
+			t.Errorf("%s (%s): storedSize sums to %d, the server counts %d bytes", stream, si.Config.Storage, sum, si.State.Bytes)
+		}
 	}
 }
