@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -553,7 +554,7 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	have, err := consumerConfig(ctx, js, stream, want.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if _, err := js.CreateConsumer(ctx, stream, want); err != nil {
-			return fmt.Errorf("cannot create consumer %s on stream %s: %w", want.Durable, stream, err)
+			return fmt.Errorf("cannot create consumer %s on stream %s: %w%s", want.Durable, stream, err, workQueueHint(ctx, js, stream, want, err))
 		}
 		log.Info("consumer created", "consumer", want.Durable, "stream", stream, "ack_wait", want.AckWait,
 			"max_deliver", want.MaxDeliver, "max_ack_pending", want.MaxAckPending, "filter_subject", want.FilterSubject)
@@ -571,12 +572,74 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 		return nil
 	}
 	if _, err := js.UpdateConsumer(ctx, stream, next); err != nil {
-		return fmt.Errorf("cannot update consumer %s (%s): %w", want.Durable, describe(changes), err)
+		return fmt.Errorf("cannot update consumer %s (%s): %w%s", want.Durable, describe(changes), err, workQueueHint(ctx, js, stream, want, err))
 	}
 	for _, ch := range changes {
 		log.Info("consumer updated", "consumer", want.Durable, "field", ch.Field, "old", ch.Old, "new", ch.New)
 	}
 	return nil
+}
+
+// The server's error codes for a consumer of a workqueue stream whose
+// filter is not its own: "multiple non-filtered consumers not allowed on
+// workqueue stream" and "filtered consumer not unique on workqueue
+// stream".
+const (
+	errWorkQueueUnfiltered jetstream.ErrorCode = 10099
+	errWorkQueueNotUnique  jetstream.ErrorCode = 10100
+)
+
+// workQueueHint names, for the server's refusal of a consumer on a
+// workqueue stream, the stream's other consumers and what to do; "" for
+// any other error. The configured consumers cannot overlap one another
+// (Validate refuses that), so the other is a consumer the config no
+// longer names (one renamed in the file: holdfast never deletes it, and
+// it holds the messages of its filter) or one a client made.
+func workQueueHint(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, err error) string {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || (apiErr.ErrorCode != errWorkQueueUnfiltered && apiErr.ErrorCode != errWorkQueueNotUnique) {
+		return ""
+	}
+	s, serr := js.Stream(ctx, stream)
+	if serr != nil {
+		return ""
+	}
+	filters := func(c jetstream.ConsumerConfig) []string {
+		switch {
+		case len(c.FilterSubjects) > 0:
+			return c.FilterSubjects
+		case c.FilterSubject != "":
+			return []string{c.FilterSubject}
+		}
+		return []string{">"}
+	}
+	overlaps := func(c jetstream.ConsumerConfig) bool {
+		for _, a := range filters(c) {
+			for _, b := range filters(want) {
+				if server.SubjectsCollide(a, b) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var others, rm []string
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		if ci.Name == want.Durable || !overlaps(ci.Config) {
+			continue
+		}
+		others = append(others, fmt.Sprintf("consumer %s (filter %q, %d messages pending, %d awaiting an ack)",
+			ci.Name, strings.Join(filters(ci.Config), " "), ci.NumPending, ci.NumAckPending))
+		rm = append(rm, fmt.Sprintf("nats consumer rm %s %s", stream, ci.Name))
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(": [consumers.%s] (filter_subject %q) overlaps %s on stream %s, which the config does not name (renamed in the file? holdfast never deletes a consumer); "+
+		"retention \"workqueue\" gives a message to one consumer only, and the messages of its filter wait for it: name it in the config again, "+
+		"or let it process them, then remove it (%s)",
+		want.Durable, want.FilterSubject, strings.Join(others, ", "), stream, strings.Join(rm, "; "))
 }
 
 func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream.ConsumerConfig, []Change, error) {

@@ -471,3 +471,37 @@ func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
 		t.Errorf("ORDERS holds %d messages, want 3", si.State.Msgs)
 	}
 }
+
+// TestBootstrapWorkQueueNamesTheOtherConsumer: a consumer renamed in the
+// config (WORKER1 -> WORKER2) on a workqueue stream cannot be created
+// beside the old one, which holdfast never deletes and which holds the
+// stream's messages; the error names the key, the old consumer with its
+// messages, and what to do.
+func TestBootstrapWorkQueueNamesTheOtherConsumer(t *testing.T) {
+	t.Parallel()
+	for _, filter := range []string{"", "orders.created"} {
+		t.Run("filter="+filter, func(t *testing.T) {
+			t.Parallel()
+			cfg := configtest.Default(t)
+			cfg.Streams["ORDERS"].Retention = "workqueue"
+			cfg.Consumers["WORKER1"].FilterSubject = filter
+			s, _ := bootstrapped(t, cfg)
+			js := s.JetStream()
+			publish(t, js, "orders.created", 3)
+
+			cfg.Consumers = map[string]*config.ConsumerConfig{"WORKER2": cfg.Consumers["WORKER1"]}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			err := Apply(natstest.Context(t), js, cfg, s.base)
+			if err == nil {
+				t.Fatal("Bootstrap created WORKER2 beside WORKER1 on a workqueue stream")
+			}
+			for _, want := range []string{"[consumers.WORKER2]", "consumer WORKER1", "3 messages", "nats consumer rm ORDERS WORKER1"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error lacks %q: %v", want, err)
+				}
+			}
+		})
+	}
+}
