@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
@@ -23,8 +24,12 @@ type ReloadReply struct {
 	ConfigFile string `json:"config_file"`
 	// Plan is what a reload of the file as it is now would do; nil when
 	// the file cannot be loaded, and Error says why.
-	Plan  *ReloadPlan `json:"plan,omitempty"`
-	Error string      `json:"error,omitempty"`
+	Plan *ReloadPlan `json:"plan,omitempty"`
+	// Drift are the differences between the file and the server that
+	// the server cannot apply in place (a stream's retention or
+	// storage): a reload of the file, and a start, would be refused.
+	Drift []string `json:"drift,omitempty"`
+	Error string   `json:"error,omitempty"`
 	// LastReload is what the last reload did; nil before the first.
 	LastReload *ReloadResult `json:"last_reload,omitempty"`
 	// Recent are what the last reloads did, oldest first (LastReload
@@ -129,6 +134,9 @@ func serveReload(d *Daemon) (*nats.Subscription, error) {
 		} else {
 			plan := PlanReload(d.running.Load(), next)
 			reply.Plan = &plan
+			ctx, cancel := context.WithTimeout(context.Background(), configDiffEvery)
+			reply.Drift = bootstrap.Drift(ctx, d.srv.JetStream(), next)
+			cancel()
 		}
 		data, err := json.Marshal(reply)
 		if err != nil {

@@ -227,5 +227,9 @@ func checkRunning(c *cli.Context) error {
 	if !r.Plan.Reloadable() {
 		return runtimeError(errors.New("a reload would be refused: restart to apply " + strings.Join(r.Plan.Restart, ", ")))
 	}
+	if len(r.Drift) > 0 {
+		printKeys(c.App.Writer, "the server cannot change in place (a reload, and a restart, would be refused):", r.Drift)
+		return runtimeError(errors.New("a reload would be refused as a whole, and a restart too: the server cannot change in place what is listed above"))
+	}
 	return nil
 }

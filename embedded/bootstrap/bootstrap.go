@@ -210,6 +210,11 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 // sorted before the one that drifted would be updated while a reload says
 // "not changed" and keeps the old config as the running one.
 func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) error {
+	return errors.Join(driftErrors(ctx, js, cfg)...)
+}
+
+// driftErrors are checkDrift's differences, one DriftError each.
+func driftErrors(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []error {
 	var errs []error
 	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, _ bool) {
 		if _, _, err := diffStream(s.CachedInfo().Config, want); err != nil {
@@ -220,7 +225,18 @@ func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 			errs = append(errs, err)
 		}
 	})
-	return errors.Join(errs...)
+	return errs
+}
+
+// Drift describes, one line each, the differences between cfg and the
+// streams and consumers that exist that the server cannot apply in place
+// (see DriftError): what makes a reload of cfg, and a start, refuse it.
+func Drift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
+	var out []string
+	for _, err := range driftErrors(ctx, js, cfg) {
+		out = append(out, err.Error())
+	}
+	return out
 }
 
 // eachExisting calls stream for each configured stream and dead-letter
