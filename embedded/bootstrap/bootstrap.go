@@ -583,6 +583,13 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return err
 	}
+	kept, changes, err := holdBackFilter(ctx, js, stream, have, &next, changes)
+	if err != nil {
+		return err
+	}
+	if kept != "" {
+		log.Error(kept, "consumer", want.Durable)
+	}
 	if len(changes) == 0 {
 		log.Debug("consumer up to date", "consumer", want.Durable)
 		return nil
@@ -620,15 +627,7 @@ func workQueueHint(ctx context.Context, js jetstream.JetStream, stream string, w
 	if serr != nil {
 		return ""
 	}
-	filters := func(c jetstream.ConsumerConfig) []string {
-		switch {
-		case len(c.FilterSubjects) > 0:
-			return c.FilterSubjects
-		case c.FilterSubject != "":
-			return []string{c.FilterSubject}
-		}
-		return []string{">"}
-	}
+	filters := consumerFilters
 	overlaps := func(c jetstream.ConsumerConfig) bool {
 		for _, a := range filters(c) {
 			for _, b := range filters(want) {

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -237,4 +240,118 @@ func holdBackReplicas(have jetstream.StreamConfig, next *jetstream.StreamConfig,
 		key, have.Name, have.Replicas, have.Name, next.Replicas)
 	next.Replicas = have.Replicas
 	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "replicas" })
+}
+
+// consumerFilters are the subjects a consumer config takes: its
+// filter_subject or filter_subjects, or ">".
+func consumerFilters(c jetstream.ConsumerConfig) []string {
+	switch {
+	case len(c.FilterSubjects) > 0:
+		return c.FilterSubjects
+	case c.FilterSubject != "":
+		return []string{c.FilterSubject}
+	}
+	return []string{">"}
+}
+
+// takes reports whether a consumer with filters takes subject.
+func takes(filters []string, subject string) bool {
+	for _, f := range filters {
+		if server.SubjectMatchesFilter(subject, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxFilterSubjects is how many subjects holdBackFilter checks at most.
+const maxFilterSubjects = 10_000
+
+// holdBackFilter undoes in next a changed filter of a consumer of an
+// interest stream that leaves messages it has not processed to no
+// consumer: the server deletes those at once, as it does any message of
+// an interest stream that no consumer takes. It returns the line that
+// says so (naming the key, a subject and what to do), or "", and changes
+// without the filter then. A stream with more than maxFilterSubjects
+// subjects the filter leaves counts as losing messages.
+func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, have jetstream.ConsumerConfig, next *jetstream.ConsumerConfig, changes []Change) (kept string, rest []Change, err error) {
+	oldFilters, newFilters := consumerFilters(have), consumerFilters(*next)
+	if slices.Equal(oldFilters, newFilters) {
+		return "", changes, nil
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read stream %s: %w", stream, err)
+	}
+	if s.CachedInfo().Config.Retention != jetstream.InterestPolicy {
+		return "", changes, nil
+	}
+	c, err := js.Consumer(ctx, stream, have.Durable)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read consumer %s on stream %s: %w", have.Durable, stream, err)
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read consumer %s on stream %s: %w", have.Durable, stream, err)
+	}
+	if ci.NumPending+uint64(ci.NumAckPending) == 0 {
+		return "", changes, nil
+	}
+	subject, seq, err := firstLeftToNoOne(ctx, s, ci, oldFilters, newFilters)
+	if err != nil || seq == 0 {
+		return "", changes, err
+	}
+	kept = fmt.Sprintf("consumers.%s.filter_subject = %q not applied: on stream %s (retention \"interest\") the server would delete at once the messages of %s "+
+		"consumer %s has not processed yet (from stream sequence %d), which no other consumer takes; holdfast keeps its filter %s. "+
+		"Reload once the consumer has processed them (holdfast status), or give them a consumer; to drop them on purpose, set it with nats consumer edit %s %s",
+		have.Durable, next.FilterSubject, stream, subject, have.Durable, seq, strings.Join(oldFilters, " "), stream, have.Durable)
+	next.FilterSubject, next.FilterSubjects = have.FilterSubject, have.FilterSubjects
+	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "filter_subject" }), nil
+}
+
+// firstLeftToNoOne returns a subject of the messages consumer ci has not
+// processed that filters newFilters leave and no other consumer of the
+// stream takes, with the sequence of its first such message; 0 for none.
+func firstLeftToNoOne(ctx context.Context, s jetstream.Stream, ci *jetstream.ConsumerInfo, oldFilters, newFilters []string) (string, uint64, error) {
+	type other struct {
+		filters  []string
+		ackFloor uint64
+	}
+	var others []other
+	lister := s.ListConsumers(ctx)
+	for oc := range lister.Info() {
+		if oc.Name != ci.Name {
+			others = append(others, other{consumerFilters(oc.Config), oc.AckFloor.Stream})
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return "", 0, fmt.Errorf("cannot list the consumers of stream %s: %w", ci.Stream, err)
+	}
+	from := ci.AckFloor.Stream + 1
+	checked := 0
+	for _, f := range oldFilters {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			return "", 0, fmt.Errorf("cannot read the subjects of stream %s: %w", ci.Stream, err)
+		}
+		for _, subject := range slices.Sorted(maps.Keys(info.State.Subjects)) {
+			if takes(newFilters, subject) {
+				continue
+			}
+			if checked++; checked > maxFilterSubjects {
+				return subject, from, nil
+			}
+			m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return "", 0, fmt.Errorf("cannot read stream %s at sequence %d: %w", ci.Stream, from, err)
+			}
+			if !slices.ContainsFunc(others, func(o other) bool { return o.ackFloor < m.Sequence && takes(o.filters, subject) }) {
+				return subject, m.Sequence, nil
+			}
+		}
+	}
+	return "", 0, nil
 }

@@ -188,3 +188,47 @@ func TestStoredSizeIsTheServers(t *testing.T) {
 		}
 	}
 }
+
+// TestBootstrapKeepsFilterThatWouldDeleteUnprocessed: on an interest
+// stream, a narrowed filter_subject that leaves messages the consumer
+// has not processed with no consumer interested in them is not applied
+// (the server would delete them at once); once it has processed them,
+// it is.
+func TestBootstrapKeepsFilterThatWouldDeleteUnprocessed(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	cfg.Streams["ORDERS"].Retention = "interest"
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	publish(t, js, "orders.created", 3)
+	publish(t, js, "orders.paid", 3)
+
+	cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
+	cfg.Consumers["WORKER1"].MaxDeliver = 7 // applied beside the kept filter
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap with the filter narrowed: %v", err)
+	}
+	if si := natstest.StreamInfo(t, js, "ORDERS"); si.State.Msgs != 6 {
+		t.Errorf("ORDERS holds %d messages after WORKER1's filter was narrowed, want its 6 unprocessed", si.State.Msgs)
+	}
+	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
+	if ci.Config.FilterSubject != "" || ci.Config.MaxDeliver != 7 {
+		t.Errorf("WORKER1 filter %q, max_deliver %d; want the filter kept at \"\" and max_deliver 7", ci.Config.FilterSubject, ci.Config.MaxDeliver)
+	}
+	for _, want := range []string{"consumers.WORKER1.filter_subject = ", "not applied", "orders.paid", "nats consumer edit ORDERS WORKER1"} {
+		if !strings.Contains(lb.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, lb.String())
+		}
+	}
+	if diff := Diff(natstest.Context(t), js, cfg); len(diff) != 1 || !strings.HasPrefix(diff[0], "consumers.WORKER1.filter_subject = ") {
+		t.Errorf("ConfigDiff = %q, want the one kept filter_subject", diff)
+	}
+
+	processWorker1(t, js, 6)
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap after the consumer caught up: %v", err)
+	}
+	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.FilterSubject != "orders.created" {
+		t.Errorf("WORKER1 filter %q after it caught up, want orders.created", ci.Config.FilterSubject)
+	}
+}
