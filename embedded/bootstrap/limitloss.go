@@ -23,14 +23,19 @@ import (
 // report the loss afterwards.
 //
 // The server enforces max_msgs and max_bytes on an update only with
-// discard old; max_age always. max_msgs is judged by counting from the
+// discard old; max_age always. A stream that holds more than its
+// max_msgs or max_bytes (lowered while discard was new) keeps discard new
+// when discard old would delete such messages. max_msgs is judged by counting from the
 // first sequence (a stream with interior deletes may lose a little more
 // than estimated); max_bytes by the stored size of the messages from the
 // oldest unprocessed one on (see removedByMaxBytes).
 func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig) ([]string, error) {
 	lowered := func(h, n int64) bool { return n > 0 && (h <= 0 || n < h) }
-	msgs := lowered(have.MaxMsgs, next.MaxMsgs) && next.Discard == jetstream.DiscardOld
-	bytes := lowered(have.MaxBytes, next.MaxBytes) && next.Discard == jetstream.DiscardOld
+	// enforced: the server starts enforcing max_msgs and max_bytes as
+	// they are, whatever they were.
+	enforced := have.Discard != jetstream.DiscardOld && next.Discard == jetstream.DiscardOld
+	msgs := (lowered(have.MaxMsgs, next.MaxMsgs) || enforced && next.MaxMsgs > 0) && next.Discard == jetstream.DiscardOld
+	bytes := (lowered(have.MaxBytes, next.MaxBytes) || enforced && next.MaxBytes > 0) && next.Discard == jetstream.DiscardOld
 	age := lowered(int64(have.MaxAge), int64(next.MaxAge))
 	if !msgs && !bytes && !age {
 		return nil, nil
@@ -62,9 +67,15 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 
 	var kept []string
 	keep := func(field, value, consumer string, seq uint64) {
+		raise := "the value"
+		if enforced {
+			// Discard new keeps the server from enforcing the limit.
+			field, value, raise = "discard", `"old"`, field
+			next.Discard, msgs, bytes = have.Discard, false, false
+		}
 		kept = append(kept, fmt.Sprintf("streams.%s.%s = %s not applied: it would delete at once messages consumer %s has not processed yet (from stream sequence %d); "+
-			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise the value; to drop them on purpose, set it with nats stream edit %s",
-			have.Name, field, value, consumer, seq, field, limitValue(field, have), have.Name))
+			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise %s; to drop them on purpose, set it with nats stream edit %s",
+			have.Name, field, value, consumer, seq, field, limitValue(field, have), raise, have.Name))
 	}
 	// oldest is the consumer with the oldest unprocessed message: the
 	// messages max_bytes removes are the oldest ones.
@@ -88,8 +99,9 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 			oldest.name, oldest.seq = ci.Name, first
 		}
 		if msgs && first <= msgsTo {
-			keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first)
-			next.MaxMsgs, msgs = have.MaxMsgs, false
+			if keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first); !enforced {
+				next.MaxMsgs, msgs = have.MaxMsgs, false
+			}
 		}
 		if age && t.Before(cutoff) {
 			keep("max_age", next.MaxAge.String(), ci.Name, first)
@@ -107,8 +119,9 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 			}
 		}
 		if removed {
-			keep("max_bytes", fmt.Sprint(next.MaxBytes), oldest.name, oldest.seq)
-			next.MaxBytes = have.MaxBytes
+			if keep("max_bytes", fmt.Sprint(next.MaxBytes), oldest.name, oldest.seq); !enforced {
+				next.MaxBytes = have.MaxBytes
+			}
 		}
 	}
 	return kept, nil
@@ -172,7 +185,7 @@ func holdBackLimits(ctx context.Context, s jetstream.Stream, have jetstream.Stre
 	}
 	rest = slices.DeleteFunc(changes, func(c Change) bool {
 		return (c.Field == "max_msgs" && next.MaxMsgs == have.MaxMsgs) || (c.Field == "max_bytes" && next.MaxBytes == have.MaxBytes) ||
-			(c.Field == "max_age" && next.MaxAge == have.MaxAge)
+			(c.Field == "max_age" && next.MaxAge == have.MaxAge) || (c.Field == "discard" && next.Discard == have.Discard)
 	})
 	return kept, rest, nil
 }
@@ -184,6 +197,8 @@ func limitValue(field string, c jetstream.StreamConfig) string {
 		return fmt.Sprint(c.MaxMsgs)
 	case "max_bytes":
 		return fmt.Sprint(c.MaxBytes)
+	case "discard":
+		return fmt.Sprintf("%q", strings.ToLower(strings.TrimPrefix(c.Discard.String(), "Discard")))
 	}
 	return c.MaxAge.String()
 }

@@ -13,6 +13,16 @@ import (
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
+// backlogged bootstraps the default config and publishes n messages
+// that WORKER1 has not processed.
+func backlogged(t *testing.T, n int) (*config.Config, *testServer, *natstest.Buffer) {
+	t.Helper()
+	cfg := configtest.Default(t)
+	s, lb := bootstrapped(t, cfg)
+	publish(t, s.JetStream(), "orders.created", n)
+	return cfg, s, lb
+}
+
 // TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed: a config that lowers
 // max_msgs, max_bytes or max_age below the backlog of a consumer is not
 // applied to that limit (logged with the key and what to do), and the
@@ -35,10 +45,8 @@ func TestBootstrapKeepsLimitsThatWouldDeleteUnprocessed(t *testing.T) {
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			t.Parallel()
-			cfg := configtest.Default(t)
-			s, lb := bootstrapped(t, cfg)
+			cfg, s, lb := backlogged(t, 20)
 			js := s.JetStream()
-			publish(t, js, "orders.created", 20)
 			time.Sleep(400 * time.Millisecond) // older than the lowered max_age
 
 			tc.lower(cfg.Streams["ORDERS"])
@@ -230,5 +238,45 @@ func TestBootstrapKeepsFilterThatWouldDeleteUnprocessed(t *testing.T) {
 	}
 	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.FilterSubject != "orders.created" {
 		t.Errorf("WORKER1 filter %q after it caught up, want orders.created", ci.Config.FilterSubject)
+	}
+}
+
+// TestBootstrapKeepsDiscardOldOverLimit: a stream that holds more than
+// its max_msgs or max_bytes (lowered while discard was "new", which the
+// server does not enforce then) keeps discard "new" when discard "old"
+// would delete at once messages a consumer has not processed.
+func TestBootstrapKeepsDiscardOldOverLimit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		field string
+		lower func(*config.StreamConfig)
+	}{
+		{"max_msgs", func(sc *config.StreamConfig) { sc.MaxMsgs = 5 }},
+		{"max_bytes", func(sc *config.StreamConfig) { sc.MaxBytes = config.Bytes(200) }},
+	} {
+		t.Run(tc.field, func(t *testing.T) {
+			t.Parallel()
+			cfg, s, lb := backlogged(t, 20)
+			js := s.JetStream()
+			cfg.Streams["ORDERS"].Discard = "new"
+			tc.lower(cfg.Streams["ORDERS"])
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+				t.Fatal(err)
+			}
+			cfg.Streams["ORDERS"].Discard = "old"
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+				t.Fatal(err)
+			}
+			si := natstest.StreamInfo(t, js, "ORDERS")
+			if si.State.Msgs != 20 {
+				t.Errorf("ORDERS holds %d messages after discard = \"old\" with %s below the backlog, want 20", si.State.Msgs, tc.field)
+			}
+			if si.Config.Discard != jetstream.DiscardNew {
+				t.Errorf("ORDERS discard = %s, want it kept at new", si.Config.Discard)
+			}
+			if !strings.Contains(lb.String(), "streams.ORDERS.discard") {
+				t.Errorf("log lacks streams.ORDERS.discard:\n%s", lb.String())
+			}
+		})
 	}
 }
