@@ -39,6 +39,20 @@ func (e *DriftError) Error() string {
 // Unwrap returns ErrDrift.
 func (e *DriftError) Unwrap() error { return ErrDrift }
 
+// PartialError is a bootstrap that stopped at a stream, dead-letter
+// stream or consumer the server refused, after it had applied the
+// configured streams in Streams (their settings are on the server, but
+// for what it held back and logged).
+type PartialError struct {
+	Streams []string
+	Err     error
+}
+
+func (e *PartialError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the refusal.
+func (e *PartialError) Unwrap() error { return e.Err }
+
 // Change is one field applied to an existing stream or consumer.
 type Change struct {
 	Field    string
@@ -174,11 +188,31 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 	if err := checkDrift(ctx, js, cfg); err != nil {
 		return err
 	}
+	var done []string
 	for _, name := range cfg.StreamNames() {
 		if err := ensureStreamRaced(ctx, js, StreamSpec(cfg, name), false, log); err != nil {
-			return err
+			return partial(done, err)
 		}
+		done = append(done, name)
 	}
+	if err := ensureRest(ctx, js, cfg, log); err != nil {
+		return partial(done, err)
+	}
+	return nil
+}
+
+// partial is err, as a *PartialError when the streams in done were
+// applied before it.
+func partial(done []string, err error) error {
+	if len(done) == 0 {
+		return err
+	}
+	return &PartialError{Streams: done, Err: err}
+}
+
+// ensureRest is the bootstrap after the configured streams: the
+// dead-letter streams and the consumers.
+func ensureRest(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	dls := cfg.DeadLetterStreams()
 	if err := releaseMovedDeadLetters(ctx, js, dls, log); err != nil {
 		return err
