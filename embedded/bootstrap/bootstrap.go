@@ -250,8 +250,12 @@ func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 // driftErrors are checkDrift's differences, one DriftError each.
 func driftErrors(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []error {
 	var errs []error
-	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, _ bool) {
+	dls := cfg.DeadLetterStreams()
+	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, deadLetter bool) {
 		if _, _, err := diffStream(s.CachedInfo().Config, want); err != nil {
+			if deadLetter {
+				deadLetterFix(err, dls[want.Name])
+			}
 			errs = append(errs, err)
 		}
 	}, func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig) {
@@ -271,6 +275,24 @@ func Drift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []st
 		out = append(out, err.Error())
 	}
 	return out
+}
+
+// deadLetterFix makes the fix of a DriftError of a dead-letter stream,
+// which no [streams] table sets, name the dead_letter keys of consumers
+// that use it: the stream may be a client's, never to be deleted for
+// holdfast.
+func deadLetterFix(err error, consumers []string) {
+	var de *DriftError
+	if !errors.As(err, &de) {
+		return
+	}
+	keys := make([]string, len(consumers))
+	for i, c := range consumers {
+		keys[i] = "consumers." + c + ".dead_letter"
+	}
+	de.Fix = fmt.Sprintf("it is the dead-letter stream of %s, and holdfast keeps dead letters in a stream of limits retention and file storage: "+
+		"set %s to a name no stream has (holdfast creates that stream), and stream %s stays as it is",
+		strings.Join(keys, ", "), strings.Join(keys, " and "), de.Name)
 }
 
 // eachExisting calls stream for each configured stream and dead-letter
@@ -732,14 +754,18 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 // stream.
 func StreamDrift(cfg *config.Config, have jetstream.StreamConfig) error {
 	var want jetstream.StreamConfig
+	consumers := cfg.DeadLetterStreams()[have.Name]
 	if _, ok := cfg.Streams[have.Name]; ok {
 		want = StreamSpec(cfg, have.Name)
-	} else if dls := cfg.DeadLetterStreams(); dls[have.Name] != nil {
-		want = DeadLetterSpec(have.Name, dls[have.Name], cfg.DeadLetterReplicas(have.Name))
+	} else if consumers != nil {
+		want = DeadLetterSpec(have.Name, consumers, cfg.DeadLetterReplicas(have.Name))
 	} else {
 		return nil
 	}
 	_, _, err := diffStream(have, want)
+	if consumers != nil {
+		deadLetterFix(err, consumers)
+	}
 	return err
 }
 

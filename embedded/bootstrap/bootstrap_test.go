@@ -505,3 +505,29 @@ func TestBootstrapWorkQueueNamesTheOtherConsumer(t *testing.T) {
 		})
 	}
 }
+
+// TestBootstrapDeadLetterDriftNamesDeadLetterKey: a consumer's
+// dead_letter set to a stream outside the config that holdfast cannot
+// make a dead-letter stream (a client's workqueue stream) is refused
+// naming consumers.NAME.dead_letter, without telling to delete a stream
+// that is not holdfast's.
+func TestBootstrapDeadLetterDriftNamesDeadLetterKey(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	s, _ := bootstrapped(t, cfg)
+	js := s.JetStream()
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ARCHIVE", Subjects: []string{"archive.*"}, Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Consumers["WORKER1"].DeadLetter = "ARCHIVE"
+	err := Apply(natstest.Context(t), js, cfg, s.base)
+	if err == nil {
+		t.Fatal("Bootstrap made the workqueue stream ARCHIVE a dead-letter stream")
+	}
+	if !strings.Contains(err.Error(), "consumers.WORKER1.dead_letter") || strings.Contains(err.Error(), "streams.ARCHIVE") || strings.Contains(err.Error(), "delete it") {
+		t.Errorf("error does not name consumers.WORKER1.dead_letter, or names streams.ARCHIVE or tells to delete it: %v", err)
+	}
+	if lines := Drift(natstest.Context(t), js, cfg); len(lines) != 1 || !strings.Contains(lines[0], "consumers.WORKER1.dead_letter") {
+		t.Errorf("Drift = %q, want the one naming consumers.WORKER1.dead_letter", lines)
+	}
+}
