@@ -224,11 +224,12 @@ func ensureRest(ctx context.Context, js jetstream.JetStream, cfg *config.Config,
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+		others := configuredFilters(cfg, name)
+		err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), others, log)
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			// Another node of the cluster created it a moment ago with
 			// other settings: compare with what it made, as at any start.
-			err = ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+			err = ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), others, log)
 		}
 		if err != nil {
 			return err
@@ -622,7 +623,10 @@ func describe(changes []Change) string {
 	return s
 }
 
-func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, log *slog.Logger) error {
+// ensureConsumer creates or updates the consumer want of stream; others
+// are the filters of the other consumers the config has on the stream
+// (see holdBackFilter).
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, others []string, log *slog.Logger) error {
 	have, err := consumerConfig(ctx, js, stream, want.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if _, err := js.CreateConsumer(ctx, stream, want); err != nil {
@@ -639,7 +643,7 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return err
 	}
-	kept, changes, err := holdBackFilter(ctx, js, stream, have, &next, changes)
+	kept, changes, err := holdBackFilter(ctx, js, stream, have, &next, changes, others)
 	if err != nil {
 		return err
 	}

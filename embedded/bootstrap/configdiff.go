@@ -62,7 +62,7 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 			// A filter this node's own start or reload held back
 			// (Bootstrap): say so, as the start or reload did.
 			var kept string
-			if kept, changes, err = holdBackFilter(ctx, js, cc.Stream, have, &next, changes); err != nil {
+			if kept, changes, err = holdBackFilter(ctx, js, cc.Stream, have, &next, changes, configuredFilters(cfg, name)); err != nil {
 				return
 			}
 			if kept != "" {

@@ -11,6 +11,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // keepLimitsThatWouldLoseMessages undoes in next each lowered limit
@@ -257,6 +259,19 @@ func holdBackReplicas(have jetstream.StreamConfig, next *jetstream.StreamConfig,
 	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "replicas" })
 }
 
+// configuredFilters are the filters of the consumers cfg has on the
+// stream of consumer name, but for name's own (">" for none).
+func configuredFilters(cfg *config.Config, name string) []string {
+	var out []string
+	stream := cfg.Consumers[name].Stream
+	for _, other := range cfg.ConsumerNames() {
+		if cc := cfg.Consumers[other]; other != name && cc.Stream == stream {
+			out = append(out, consumerFilters(jetstream.ConsumerConfig{FilterSubject: cc.FilterSubject})...)
+		}
+	}
+	return out
+}
+
 // consumerFilters are the subjects a consumer config takes: its
 // filter_subject or filter_subjects, or ">".
 func consumerFilters(c jetstream.ConsumerConfig) []string {
@@ -283,13 +298,18 @@ func takes(filters []string, subject string) bool {
 const maxFilterSubjects = 10_000
 
 // holdBackFilter undoes in next a changed filter of a consumer of an
-// interest stream that leaves messages it has not processed to no
-// consumer: the server deletes those at once, as it does any message of
-// an interest stream that no consumer takes. It returns the line that
+// interest or workqueue stream that leaves messages it has not processed
+// to no consumer: on an interest stream the server deletes those at once,
+// as it does any message no consumer takes; a workqueue stream keeps
+// them for no one, until max_age removes them unseen. It returns the line that
 // says so (naming the key, a subject and what to do), or "", and changes
 // without the filter then. A stream with more than maxFilterSubjects
-// subjects the filter leaves counts as losing messages.
-func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, have jetstream.ConsumerConfig, next *jetstream.ConsumerConfig, changes []Change) (kept string, rest []Change, err error) {
+// subjects the filter leaves counts as losing messages. On a workqueue
+// stream a subject that configured filters takes (configured: those of
+// the config's other consumers of the stream) is not left to no one: a
+// consumer created in the same bootstrap gets its messages.
+func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, have jetstream.ConsumerConfig, next *jetstream.ConsumerConfig, changes []Change,
+	configured []string) (kept string, rest []Change, err error) {
 	oldFilters, newFilters := consumerFilters(have), consumerFilters(*next)
 	if slices.Equal(oldFilters, newFilters) {
 		return "", changes, nil
@@ -298,7 +318,12 @@ func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return "", nil, fmt.Errorf("cannot read stream %s: %w", stream, err)
 	}
-	if s.CachedInfo().Config.Retention != jetstream.InterestPolicy {
+	retention := s.CachedInfo().Config.Retention
+	switch retention {
+	case jetstream.InterestPolicy:
+	case jetstream.WorkQueuePolicy:
+		newFilters = append(slices.Clone(newFilters), configured...)
+	default:
 		return "", changes, nil
 	}
 	c, err := js.Consumer(ctx, stream, have.Durable)
@@ -316,10 +341,14 @@ func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil || seq == 0 {
 		return "", changes, err
 	}
-	kept = fmt.Sprintf("consumers.%s.filter_subject = %q not applied: on stream %s (retention \"interest\") the server would delete at once the messages of %s "+
+	fate := `(retention "interest") the server would delete at once`
+	if retention == jetstream.WorkQueuePolicy {
+		fate = `(retention "workqueue") no consumer would ever process`
+	}
+	kept = fmt.Sprintf("consumers.%s.filter_subject = %q not applied: on stream %s %s the messages of %s "+
 		"consumer %s has not processed yet (from stream sequence %d), which no other consumer takes; holdfast keeps its filter %s. "+
-		"Reload once the consumer has processed them (holdfast status), or give them a consumer; to drop them on purpose, set it with nats consumer edit %s %s",
-		have.Durable, next.FilterSubject, stream, subject, have.Durable, seq, strings.Join(oldFilters, " "), stream, have.Durable)
+		"Reload once the consumer has processed them (holdfast status), or give them a consumer; to leave them on purpose, set it with nats consumer edit %s %s",
+		have.Durable, next.FilterSubject, stream, fate, subject, have.Durable, seq, strings.Join(oldFilters, " "), stream, have.Durable)
 	next.FilterSubject, next.FilterSubjects = have.FilterSubject, have.FilterSubjects
 	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "filter_subject" }), nil
 }

@@ -197,47 +197,61 @@ func TestStoredSizeIsTheServers(t *testing.T) {
 	}
 }
 
-// TestBootstrapKeepsFilterThatWouldDeleteUnprocessed: on an interest
-// stream, a narrowed filter_subject that leaves messages the consumer
-// has not processed with no consumer interested in them is not applied
-// (the server would delete them at once); once it has processed them,
-// it is.
+// mixedBacklog bootstraps the default config with ORDERS of retention
+// and publishes 3 orders.created and 3 orders.paid that WORKER1 has not
+// processed.
+func mixedBacklog(t *testing.T, retention string) (*config.Config, *testServer, *natstest.Buffer) {
+	t.Helper()
+	cfg := configtest.Default(t)
+	cfg.Streams["ORDERS"].Retention = retention
+	s, lb := bootstrapped(t, cfg)
+	publish(t, s.JetStream(), "orders.created", 3)
+	publish(t, s.JetStream(), "orders.paid", 3)
+	return cfg, s, lb
+}
+
+// TestBootstrapKeepsFilterThatWouldDeleteUnprocessed: on an interest or
+// workqueue stream, a narrowed filter_subject that leaves messages the
+// consumer has not processed to no consumer is not applied (the server
+// would delete them at once, or keep them for no one); once it has
+// processed them, it is.
 func TestBootstrapKeepsFilterThatWouldDeleteUnprocessed(t *testing.T) {
 	t.Parallel()
-	cfg := configtest.Default(t)
-	cfg.Streams["ORDERS"].Retention = "interest"
-	s, lb := bootstrapped(t, cfg)
-	js := s.JetStream()
-	publish(t, js, "orders.created", 3)
-	publish(t, js, "orders.paid", 3)
+	for _, retention := range []string{"interest", "workqueue"} {
+		t.Run(retention, func(t *testing.T) {
+			t.Parallel()
+			cfg, s, lb := mixedBacklog(t, retention)
+			js := s.JetStream()
 
-	cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
-	cfg.Consumers["WORKER1"].MaxDeliver = 7 // applied beside the kept filter
-	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
-		t.Fatalf("Bootstrap with the filter narrowed: %v", err)
-	}
-	if si := natstest.StreamInfo(t, js, "ORDERS"); si.State.Msgs != 6 {
-		t.Errorf("ORDERS holds %d messages after WORKER1's filter was narrowed, want its 6 unprocessed", si.State.Msgs)
-	}
-	ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
-	if ci.Config.FilterSubject != "" || ci.Config.MaxDeliver != 7 {
-		t.Errorf("WORKER1 filter %q, max_deliver %d; want the filter kept at \"\" and max_deliver 7", ci.Config.FilterSubject, ci.Config.MaxDeliver)
-	}
-	for _, want := range []string{"consumers.WORKER1.filter_subject = ", "not applied", "orders.paid", "nats consumer edit ORDERS WORKER1"} {
-		if !strings.Contains(lb.String(), want) {
-			t.Errorf("log lacks %q:\n%s", want, lb.String())
-		}
-	}
-	if diff := Diff(natstest.Context(t), js, cfg); len(diff) != 1 || !strings.HasPrefix(diff[0], "consumers.WORKER1.filter_subject = ") {
-		t.Errorf("ConfigDiff = %q, want the one kept filter_subject", diff)
-	}
+			cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
+			cfg.Consumers["WORKER1"].MaxDeliver = 7 // applied beside the kept filter
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+				t.Fatalf("Bootstrap with the filter narrowed: %v", err)
+			}
+			if si := natstest.StreamInfo(t, js, "ORDERS"); si.State.Msgs != 6 {
+				t.Errorf("ORDERS holds %d messages after WORKER1's filter was narrowed, want its 6 unprocessed", si.State.Msgs)
+			}
+			ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1")
+			if ci.Config.FilterSubject != "" || ci.Config.MaxDeliver != 7 {
+				t.Errorf("WORKER1 filter %q, max_deliver %d; want the filter kept at \"\" and max_deliver 7", ci.Config.FilterSubject, ci.Config.MaxDeliver)
+			}
+			for _, want := range []string{"consumers.WORKER1.filter_subject = ", "not applied", "orders.paid", "nats consumer edit ORDERS WORKER1"} {
+				if !strings.Contains(lb.String(), want) {
+					t.Errorf("log lacks %q:\n%s", want, lb.String())
+				}
+			}
+			if diff := Diff(natstest.Context(t), js, cfg); len(diff) != 1 || !strings.HasPrefix(diff[0], "consumers.WORKER1.filter_subject = ") {
+				t.Errorf("ConfigDiff = %q, want the one kept filter_subject", diff)
+			}
 
-	processWorker1(t, js, 6)
-	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
-		t.Fatalf("Bootstrap after the consumer caught up: %v", err)
-	}
-	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.FilterSubject != "orders.created" {
-		t.Errorf("WORKER1 filter %q after it caught up, want orders.created", ci.Config.FilterSubject)
+			processWorker1(t, js, 6)
+			if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+				t.Fatalf("Bootstrap after the consumer caught up: %v", err)
+			}
+			if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1"); ci.Config.FilterSubject != "orders.created" {
+				t.Errorf("WORKER1 filter %q after it caught up, want orders.created", ci.Config.FilterSubject)
+			}
+		})
 	}
 }
 
@@ -278,5 +292,25 @@ func TestBootstrapKeepsDiscardOldOverLimit(t *testing.T) {
 				t.Errorf("log lacks streams.ORDERS.discard:\n%s", lb.String())
 			}
 		})
+	}
+}
+
+// TestBootstrapSplitsWorkQueueConsumer: a workqueue stream's consumer
+// narrowed while a consumer added in the same config takes the rest is
+// applied: the new consumer gets the messages the old one leaves.
+func TestBootstrapSplitsWorkQueueConsumer(t *testing.T) {
+	t.Parallel()
+	cfg, s, _ := mixedBacklog(t, "workqueue")
+	js := s.JetStream()
+
+	cfg.Consumers["WORKER1"].FilterSubject = "orders.created"
+	paid := *cfg.Consumers["WORKER1"]
+	paid.FilterSubject = "orders.paid"
+	cfg.Consumers["WORKER2"] = &paid
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatalf("Bootstrap splitting WORKER1: %v", err)
+	}
+	if ci := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER2"); ci.NumPending != 3 {
+		t.Errorf("WORKER2 has %d messages pending, want the 3 orders.paid", ci.NumPending)
 	}
 }
