@@ -418,6 +418,8 @@ func unknownKeys(data string, undecoded []toml.Key, failed map[[2]string]bool) [
 		hint := ""
 		if s := suggestKey(k); s != "" {
 			hint = fmt.Sprintf(" (did you mean %s?)", s)
+		} else if s := enclosingKey(k); s != "" {
+			hint = fmt.Sprintf(" (did you mean %s? a key below the [%s] header belongs to that table: move it above the header)", s, strings.Join(k[:len(k)-1], "."))
 		}
 		out = append(out, fmt.Sprintf("line %d: %s: unknown key%s; `holdfast config` prints every valid key", keyLine(data, k), k.String(), hint))
 	}

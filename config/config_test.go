@@ -1157,6 +1157,9 @@ func TestUnknownKeySuggestsValidOne(t *testing.T) {
 		{"auth user", "[auth.users.app]\npasword = \"x\"\n", "auth.users.app.pasword: unknown key (did you mean auth.users.app.password?)"},
 		{"top-level table", "[steams.S]\nsubjects = [\"s.*\"]\n", "steams.S.subjects: unknown key (did you mean streams.S.subjects?)"},
 		{"nothing close", "[server]\nlisten = \"x\"\n", ""},
+		{"below a sub-table", consumerC + "[consumers.C.exec]\ncommand = [\"/bin/true\"]\ndead_letter = \"X\"\n",
+			"consumers.C.exec.dead_letter: unknown key (did you mean consumers.C.dead_letter? a key below the [consumers.C.exec] header belongs to that table: move it above the header)"},
+		{"below a table", "[streams.S]\nsubjects = [\"s.*\"]\n[http]\nlisten = \"\"\nmax_age = \"1h\"\n", ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -110,6 +110,23 @@ func suggestKey(k []string) string {
 	return ""
 }
 
+// enclosingKey returns the key path meant by the unknown key path k when
+// its last part is a key of a table that encloses its own (known) table:
+// consumers.C.dead_letter for consumers.C.exec.dead_letter, a key
+// written below the [consumers.C.exec] header; "" otherwise.
+func enclosingKey(k []string) string {
+	last := len(k) - 1
+	if last < 2 || validKeys(k[:last]) == nil {
+		return ""
+	}
+	for j := last - 1; j > 0; j-- {
+		if slices.Contains(validKeys(k[:j]), k[last]) {
+			return strings.Join(append(slices.Clone(k[:j]), k[last]), ".")
+		}
+	}
+	return ""
+}
+
 // editDistance is the Levenshtein distance between a and b (bytes).
 func editDistance(a, b string) int {
 	prev := make([]int, len(b)+1)

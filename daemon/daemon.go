@@ -699,7 +699,8 @@ func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name strin
 // it returns an error wrapping ErrRestartNeeded then. A stream or consumer
 // left out of the config stays on the server with its messages: holdfast
 // never deletes one. A change the server refuses is logged and the
-// previous setting keeps running. Reload runs on the signal loop, never
+// previous setting keeps running; the streams updated before it run on
+// next's, and the error names their keys. Reload runs on the signal loop, never
 // concurrently with Open or Close.
 func (d *Daemon) Reload(ctx context.Context, next *config.Config) error {
 	return d.reload(ctx, next, time.Now())
@@ -794,9 +795,8 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 		// Drift is found before anything changes; a refusal by the
 		// server stops at that stream or consumer, after those logged
 		// as updated above.
-		d.log.Error("reload: stream and consumer settings not applied (except any logged as updated just above); workers keep theirs; still running the previous config for them", "err", err)
 		applied.Streams = d.reopenGroupCommit(ctx, cur, &trial, append(slices.Clone(stopGC), startGC...))
-		return &applied, fmt.Errorf("reload: stream and consumer settings not applied: %w", err)
+		return d.refused(cur, next, &applied, err)
 	}
 	for _, name := range startGC {
 		if err := d.openGroupCommit(ctx, &trial, name); err != nil {
@@ -819,6 +819,31 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 	}
 	d.monitor.SetConsumers(trial.StreamNames(), d.monitoredConsumers(&trial))
 	return &trial, nil
+}
+
+// refused is apply's end when the server refused a stream or consumer
+// (err): the configured streams the bootstrap updated before the refusal
+// run on next's settings in applied, and the error names their keys.
+func (d *Daemon) refused(cur, next, applied *config.Config, err error) (*config.Config, error) {
+	var keys []string
+	if pe := (*bootstrap.PartialError)(nil); errors.As(err, &pe) {
+		planned := PlanReload(cur, next).Apply
+		for _, name := range pe.Streams {
+			applied.Streams[name] = next.Streams[name]
+			keys = append(keys, slices.DeleteFunc(slices.Clone(planned), func(k string) bool {
+				return !strings.HasPrefix(k, "streams."+name+".") && !strings.HasPrefix(k, "streams."+name+" (")
+			})...)
+		}
+		err = pe.Err
+	}
+	if len(keys) == 0 {
+		d.log.Error("reload: stream and consumer settings not applied; workers keep theirs; still running the previous config for them", "err", err)
+		return applied, fmt.Errorf("reload: stream and consumer settings not applied: %w", err)
+	}
+	d.log.Error("reload: stream and consumer settings applied only in part: the streams before the refusal are updated; the rest, and the workers, keep theirs",
+		"applied", keys, "err", err)
+	return applied, fmt.Errorf("reload: stream and consumer settings applied only in part (applied: %s; the rest, and the workers, keep theirs): %w",
+		strings.Join(keys, ", "), err)
 }
 
 // leaveOut stops the workers of the consumers cur has and next has not.

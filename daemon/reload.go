@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
@@ -23,8 +24,13 @@ type ReloadReply struct {
 	ConfigFile string `json:"config_file"`
 	// Plan is what a reload of the file as it is now would do; nil when
 	// the file cannot be loaded, and Error says why.
-	Plan  *ReloadPlan `json:"plan,omitempty"`
-	Error string      `json:"error,omitempty"`
+	Plan *ReloadPlan `json:"plan,omitempty"`
+	// Drift are the differences between the file and the server that
+	// the server cannot apply in place (a stream's retention or
+	// storage): a reload of the file, and a start, would be refused.
+	// Only a request of AskDrift gets them.
+	Drift []string `json:"drift,omitempty"`
+	Error string   `json:"error,omitempty"`
 	// LastReload is what the last reload did; nil before the first.
 	LastReload *ReloadResult `json:"last_reload,omitempty"`
 	// Recent are what the last reloads did, oldest first (LastReload
@@ -116,6 +122,11 @@ func (d *Daemon) ReloadFromFile(ctx context.Context) error {
 	return d.reload(ctx, next, started)
 }
 
+// AskDrift is the request on subjects.Reload whose answer also holds the
+// drift (ReloadReply.Drift), which takes a look at every stream and
+// consumer: `holdfast reload` asks without it while it waits.
+const AskDrift = "drift"
+
 // serveReload answers subjects.Reload on the daemon's in-process connection.
 func serveReload(d *Daemon) (*nats.Subscription, error) {
 	subject := subjects.Reload(d.running.Load().Server.Name)
@@ -129,6 +140,11 @@ func serveReload(d *Daemon) (*nats.Subscription, error) {
 		} else {
 			plan := PlanReload(d.running.Load(), next)
 			reply.Plan = &plan
+			if string(m.Data) == AskDrift {
+				ctx, cancel := context.WithTimeout(context.Background(), configDiffEvery)
+				reply.Drift = bootstrap.Drift(ctx, d.srv.JetStream(), next)
+				cancel()
+			}
 		}
 		data, err := json.Marshal(reply)
 		if err != nil {

@@ -3,13 +3,17 @@ package daemon
 import (
 	"context"
 	"errors"
+	"io"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/monitor"
@@ -317,5 +321,40 @@ func holdOrders(t *testing.T, d *Daemon, meta map[string]string) {
 	c.Metadata = meta
 	if _, err := js.UpdateStream(ctx, c); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReloadRefusedHalfwaySaysWhatItApplied: a reload whose second
+// stream the server refuses has updated the first one already: the
+// reload's error names what it applied, and the running config has it,
+// so that the config-diff warning does not blame another node or client
+// for it.
+func TestReloadRefusedHalfwaySaysWhatItApplied(t *testing.T) {
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cfg.Streams["B"] = config.DefaultStream([]string{"b.*"})
+	})
+	ctx := natstest.Context(t)
+	js := d.srv.JetStream()
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "X", Subjects: []string{"c.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	next := editable(d.Running())
+	next.Streams["B"].MaxMsgs = 500
+	next.Streams["ORDERS"].Subjects = []string{"orders.*", "c.*"}
+	err := d.Reload(ctx, next)
+	if err == nil || !strings.Contains(err.Error(), "overlap stream X") {
+		t.Fatalf("reload with ORDERS overlapping X: %v, want the overlap", err)
+	}
+	if !strings.Contains(err.Error(), "applied: streams.B.max_msgs") {
+		t.Errorf("the reload's error does not name what it applied (streams.B.max_msgs): %v", err)
+	}
+	if got := d.Running().Streams["B"].MaxMsgs; got != 500 {
+		t.Errorf("running config's streams.B.max_msgs = %d, want the 500 the server has", got)
+	}
+	if got := d.Running().Streams["ORDERS"].Subjects; !slices.Equal(got, []string{"orders.*"}) {
+		t.Errorf("running config's streams.ORDERS.subjects = %v, want the refused change left out", got)
+	}
+	if diff := bootstrap.Diff(ctx, js, d.Running()); len(diff) != 0 {
+		t.Errorf("config diff after the reload: %q, want none", diff)
 	}
 }

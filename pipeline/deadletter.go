@@ -76,9 +76,11 @@ func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time,
 	// server keeps on every message of an atomic batch (group commit
 	// stores through them), which would make the dead letter's publish an
 	// atomic batch message the dead-letter stream refuses. The server
-	// drops the same prefixes when it sources a message.
+	// drops the same prefixes when it sources a message. A message a
+	// stream sourced carries Nats-Stream-Source, which the server refuses
+	// on any publish but its own sourcing.
 	for k := range out.Header {
-		if l := strings.ToLower(k); strings.HasPrefix(l, "nats-expected-") || strings.HasPrefix(l, "nats-batch-") || l == "nats-ttl" {
+		if l := strings.ToLower(k); strings.HasPrefix(l, "nats-expected-") || strings.HasPrefix(l, "nats-batch-") || l == "nats-ttl" || l == "nats-stream-source" {
 			delete(out.Header, k)
 		}
 	}

@@ -452,6 +452,25 @@ func TestDeadLetterOfAGroupCommitBatch(t *testing.T) {
 	}
 }
 
+// TestDeadLetterOfASourcedMessage: a stream that sources another stores
+// the sourced messages with the server's Nats-Stream-Source header, which
+// the server refuses on a client's publish: the dead letter of such a
+// message carries the rest of its headers, not that one, and is stored.
+func TestDeadLetterOfASourcedMessage(t *testing.T) {
+	t.Parallel()
+	e := pipelinetest.StartWith(t, func(cfg *config.Config) {
+		cfg.Streams["EDGE"] = config.DefaultStream([]string{"edge.*"})
+		cfg.Streams["ORDERS"].Sources = []config.SourceConfig{{Name: "EDGE"}}
+	})
+	e.Workers(failing("bad"), 1)
+	e.Publish("edge.created", "sourced", nats.Header{"X-Mine": []string{"kept"}})
+	waitDLQ(e, 1)
+	dl := e.DLQMsg(1)
+	if dl.Header.Get("Nats-Stream-Source") != "" || dl.Header.Get("X-Mine") != "kept" || string(dl.Data) != "sourced" {
+		t.Fatalf("dead letter headers %v, data %q: want X-Mine kept, no Nats-Stream-Source", dl.Header, dl.Data)
+	}
+}
+
 // Issue 12: the goroutine that dead-letters a message from a max-
 // deliveries advisory was not tracked, and Close returned while it still
 // ran. Here its publish hangs (a plain subscriber takes dlq.> and never

@@ -42,7 +42,7 @@ func reloadCommand() *cli.Command {
 			var before *daemon.ReloadReply
 			if err == nil {
 				defer nc.Close()
-				before, err = askReload(ctx, nc, cfg)
+				before, err = askReload(ctx, nc, cfg, nil)
 			}
 			if err != nil {
 				if pid := c.Int("pid"); pid > 0 {
@@ -62,7 +62,7 @@ func reloadCommand() *cli.Command {
 				return runtimeError(fmt.Errorf("cannot signal holdfast (pid %d): %w (run as root or as holdfast's user, or systemctl reload holdfast)", pid, err))
 			}
 			for {
-				r, err := askReload(ctx, nc, cfg)
+				r, err := askReload(ctx, nc, cfg, nil)
 				if err == nil {
 					if res := reloadAfter(r, last, sent); res != nil {
 						return reportReload(c.App.Writer, r.ConfigFile, res)
@@ -100,15 +100,16 @@ func sameConfigFile(mine, theirs string) error {
 }
 
 // askReload asks the holdfast nc is connected to what a reload would do
-// and what its last reload did.
-func askReload(ctx context.Context, nc *nats.Conn, cfg *config.Config) (*daemon.ReloadReply, error) {
+// and what its last reload did; with daemon.AskDrift as the request,
+// also what the server cannot change in place.
+func askReload(ctx context.Context, nc *nats.Conn, cfg *config.Config, request []byte) (*daemon.ReloadReply, error) {
 	name := nc.ConnectedServerName()
 	if name == "" {
 		name = cfg.Server.Name
 	}
 	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	msg, err := nc.RequestWithContext(rctx, subjects.Reload(name), nil)
+	msg, err := nc.RequestWithContext(rctx, subjects.Reload(name), request)
 	if err != nil {
 		return nil, runtimeError(fmt.Errorf("holdfast does not answer on %s: %w (is it still starting? see holdfast status)", subjects.Reload(name), err))
 	}
@@ -210,7 +211,7 @@ func checkRunning(c *cli.Context) error {
 		return err
 	}
 	defer nc.Close()
-	r, err := askReload(c.Context, nc, cfg)
+	r, err := askReload(c.Context, nc, cfg, []byte(daemon.AskDrift))
 	if err != nil {
 		return err
 	}
@@ -226,6 +227,10 @@ func checkRunning(c *cli.Context) error {
 	printKeys(c.App.Writer, "needs a restart:", r.Plan.Restart)
 	if !r.Plan.Reloadable() {
 		return runtimeError(errors.New("a reload would be refused: restart to apply " + strings.Join(r.Plan.Restart, ", ")))
+	}
+	if len(r.Drift) > 0 {
+		printKeys(c.App.Writer, "the server cannot change in place (a reload, and a restart, would be refused):", r.Drift)
+		return runtimeError(errors.New("a reload would be refused as a whole, and a restart too: the server cannot change in place what is listed above"))
 	}
 	return nil
 }

@@ -934,3 +934,25 @@ func TestReloadAfterPicksTheReloadOfItsSignal(t *testing.T) {
 		t.Errorf("without Recent: %v, want reload 7", got)
 	}
 }
+
+// TestCheckRunningNamesWhatTheServerCannotChange: a file that changes a
+// stream's retention (which the server cannot change in place) is one a
+// reload refuses as a whole, and a restart too: holdfast check --running
+// says so and exits 1, naming the key, as the reload then does.
+func TestCheckRunningNamesWhatTheServerCannotChange(t *testing.T) {
+	t.Parallel()
+	o := newOpsInstance(t, "", "", "", "")
+	p := startHoldfast(t, o.cfg)
+	p.waitReady()
+	editConfig(t, o.cfg, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"interest\"\n")
+	res := runHoldfast(t, nil, "check", "--running", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stdout, "stream ORDERS: retention is Limits on the server but the config says Interest") ||
+		!strings.Contains(res.stdout, "streams.ORDERS.retention") || !strings.Contains(res.stderr, "a reload would be refused") {
+		t.Errorf("holdfast check --running exited %d, want 1 naming the retention the server cannot change:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	res = runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 1 || !strings.Contains(res.stderr, "retention is Limits on the server") {
+		t.Errorf("holdfast reload exited %d, want 1 naming the retention:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	p.stop()
+}

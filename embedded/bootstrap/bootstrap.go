@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -37,6 +38,20 @@ func (e *DriftError) Error() string {
 
 // Unwrap returns ErrDrift.
 func (e *DriftError) Unwrap() error { return ErrDrift }
+
+// PartialError is a bootstrap that stopped at a stream, dead-letter
+// stream or consumer the server refused, after it had applied the
+// configured streams in Streams (their settings are on the server, but
+// for what it held back and logged).
+type PartialError struct {
+	Streams []string
+	Err     error
+}
+
+func (e *PartialError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the refusal.
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // Change is one field applied to an existing stream or consumer.
 type Change struct {
@@ -173,11 +188,31 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 	if err := checkDrift(ctx, js, cfg); err != nil {
 		return err
 	}
+	var done []string
 	for _, name := range cfg.StreamNames() {
 		if err := ensureStreamRaced(ctx, js, StreamSpec(cfg, name), false, log); err != nil {
-			return err
+			return partial(done, err)
 		}
+		done = append(done, name)
 	}
+	if err := ensureRest(ctx, js, cfg, log); err != nil {
+		return partial(done, err)
+	}
+	return nil
+}
+
+// partial is err, as a *PartialError when the streams in done were
+// applied before it.
+func partial(done []string, err error) error {
+	if len(done) == 0 {
+		return err
+	}
+	return &PartialError{Streams: done, Err: err}
+}
+
+// ensureRest is the bootstrap after the configured streams: the
+// dead-letter streams and the consumers.
+func ensureRest(ctx context.Context, js jetstream.JetStream, cfg *config.Config, log *slog.Logger) error {
 	dls := cfg.DeadLetterStreams()
 	if err := releaseMovedDeadLetters(ctx, js, dls, log); err != nil {
 		return err
@@ -189,11 +224,12 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 	}
 	for _, name := range cfg.ConsumerNames() {
 		cc := cfg.Consumers[name]
-		err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+		others := configuredFilters(cfg, name)
+		err := ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), others, log)
 		if errors.Is(err, jetstream.ErrConsumerExists) {
 			// Another node of the cluster created it a moment ago with
 			// other settings: compare with what it made, as at any start.
-			err = ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), log)
+			err = ensureConsumer(ctx, js, cc.Stream, ConsumerSpec(name, cc), others, log)
 		}
 		if err != nil {
 			return err
@@ -209,9 +245,18 @@ func bootstrapOnce(ctx context.Context, js jetstream.JetStream, cfg *config.Conf
 // sorted before the one that drifted would be updated while a reload says
 // "not changed" and keeps the old config as the running one.
 func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) error {
+	return errors.Join(driftErrors(ctx, js, cfg)...)
+}
+
+// driftErrors are checkDrift's differences, one DriftError each.
+func driftErrors(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []error {
 	var errs []error
-	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, _ bool) {
+	dls := cfg.DeadLetterStreams()
+	eachExisting(ctx, js, cfg, func(s jetstream.Stream, want jetstream.StreamConfig, _ string, deadLetter bool) {
 		if _, _, err := diffStream(s.CachedInfo().Config, want); err != nil {
+			if deadLetter {
+				deadLetterFix(err, dls[want.Name])
+			}
 			errs = append(errs, err)
 		}
 	}, func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig) {
@@ -219,7 +264,36 @@ func checkDrift(ctx context.Context, js jetstream.JetStream, cfg *config.Config)
 			errs = append(errs, err)
 		}
 	})
-	return errors.Join(errs...)
+	return errs
+}
+
+// Drift describes, one line each, the differences between cfg and the
+// streams and consumers that exist that the server cannot apply in place
+// (see DriftError): what makes a reload of cfg, and a start, refuse it.
+func Drift(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []string {
+	var out []string
+	for _, err := range driftErrors(ctx, js, cfg) {
+		out = append(out, err.Error())
+	}
+	return out
+}
+
+// deadLetterFix makes the fix of a DriftError of a dead-letter stream,
+// which no [streams] table sets, name the dead_letter keys of consumers
+// that use it: the stream may be a client's, never to be deleted for
+// holdfast.
+func deadLetterFix(err error, consumers []string) {
+	var de *DriftError
+	if !errors.As(err, &de) {
+		return
+	}
+	keys := make([]string, len(consumers))
+	for i, c := range consumers {
+		keys[i] = "consumers." + c + ".dead_letter"
+	}
+	de.Fix = fmt.Sprintf("it is the dead-letter stream of %s, and holdfast keeps dead letters in a stream of limits retention and file storage: "+
+		"set %s to a name no stream has (holdfast creates that stream), and stream %s stays as it is",
+		strings.Join(keys, ", "), strings.Join(keys, " and "), de.Name)
 }
 
 // eachExisting calls stream for each configured stream and dead-letter
@@ -549,11 +623,14 @@ func describe(changes []Change) string {
 	return s
 }
 
-func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, log *slog.Logger) error {
+// ensureConsumer creates or updates the consumer want of stream; others
+// are the filters of the other consumers the config has on the stream
+// (see holdBackFilter).
+func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, others []string, log *slog.Logger) error {
 	have, err := consumerConfig(ctx, js, stream, want.Durable)
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		if _, err := js.CreateConsumer(ctx, stream, want); err != nil {
-			return fmt.Errorf("cannot create consumer %s on stream %s: %w", want.Durable, stream, err)
+			return fmt.Errorf("cannot create consumer %s on stream %s: %w%s", want.Durable, stream, err, workQueueHint(ctx, js, stream, want, err))
 		}
 		log.Info("consumer created", "consumer", want.Durable, "stream", stream, "ack_wait", want.AckWait,
 			"max_deliver", want.MaxDeliver, "max_ack_pending", want.MaxAckPending, "filter_subject", want.FilterSubject)
@@ -566,17 +643,78 @@ func ensureConsumer(ctx context.Context, js jetstream.JetStream, stream string, 
 	if err != nil {
 		return err
 	}
+	kept, changes, err := holdBackFilter(ctx, js, stream, have, &next, changes, others)
+	if err != nil {
+		return err
+	}
+	if kept != "" {
+		log.Error(kept, "consumer", want.Durable)
+	}
 	if len(changes) == 0 {
 		log.Debug("consumer up to date", "consumer", want.Durable)
 		return nil
 	}
 	if _, err := js.UpdateConsumer(ctx, stream, next); err != nil {
-		return fmt.Errorf("cannot update consumer %s (%s): %w", want.Durable, describe(changes), err)
+		return fmt.Errorf("cannot update consumer %s (%s): %w%s", want.Durable, describe(changes), err, workQueueHint(ctx, js, stream, want, err))
 	}
 	for _, ch := range changes {
 		log.Info("consumer updated", "consumer", want.Durable, "field", ch.Field, "old", ch.Old, "new", ch.New)
 	}
 	return nil
+}
+
+// The server's error codes for a consumer of a workqueue stream whose
+// filter is not its own: "multiple non-filtered consumers not allowed on
+// workqueue stream" and "filtered consumer not unique on workqueue
+// stream".
+const (
+	errWorkQueueUnfiltered jetstream.ErrorCode = 10099
+	errWorkQueueNotUnique  jetstream.ErrorCode = 10100
+)
+
+// workQueueHint names, for the server's refusal of a consumer on a
+// workqueue stream, the stream's other consumers and what to do; "" for
+// any other error. The configured consumers cannot overlap one another
+// (Validate refuses that), so the other is a consumer the config no
+// longer names (one renamed in the file: holdfast never deletes it, and
+// it holds the messages of its filter) or one a client made.
+func workQueueHint(ctx context.Context, js jetstream.JetStream, stream string, want jetstream.ConsumerConfig, err error) string {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || (apiErr.ErrorCode != errWorkQueueUnfiltered && apiErr.ErrorCode != errWorkQueueNotUnique) {
+		return ""
+	}
+	s, serr := js.Stream(ctx, stream)
+	if serr != nil {
+		return ""
+	}
+	filters := consumerFilters
+	overlaps := func(c jetstream.ConsumerConfig) bool {
+		for _, a := range filters(c) {
+			for _, b := range filters(want) {
+				if server.SubjectsCollide(a, b) {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	var others, rm []string
+	lister := s.ListConsumers(ctx)
+	for ci := range lister.Info() {
+		if ci.Name == want.Durable || !overlaps(ci.Config) {
+			continue
+		}
+		others = append(others, fmt.Sprintf("consumer %s (filter %q, %d messages pending, %d awaiting an ack)",
+			ci.Name, strings.Join(filters(ci.Config), " "), ci.NumPending, ci.NumAckPending))
+		rm = append(rm, fmt.Sprintf("nats consumer rm %s %s", stream, ci.Name))
+	}
+	if len(others) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(": [consumers.%s] (filter_subject %q) overlaps %s on stream %s, which the config does not name (renamed in the file? holdfast never deletes a consumer); "+
+		"retention \"workqueue\" gives a message to one consumer only, and the messages of its filter wait for it: name it in the config again, "+
+		"or let it process them, then remove it (%s)",
+		want.Durable, want.FilterSubject, strings.Join(others, ", "), stream, strings.Join(rm, "; "))
 }
 
 func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream.ConsumerConfig, []Change, error) {
@@ -620,14 +758,18 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 // stream.
 func StreamDrift(cfg *config.Config, have jetstream.StreamConfig) error {
 	var want jetstream.StreamConfig
+	consumers := cfg.DeadLetterStreams()[have.Name]
 	if _, ok := cfg.Streams[have.Name]; ok {
 		want = StreamSpec(cfg, have.Name)
-	} else if dls := cfg.DeadLetterStreams(); dls[have.Name] != nil {
-		want = DeadLetterSpec(have.Name, dls[have.Name], cfg.DeadLetterReplicas(have.Name))
+	} else if consumers != nil {
+		want = DeadLetterSpec(have.Name, consumers, cfg.DeadLetterReplicas(have.Name))
 	} else {
 		return nil
 	}
 	_, _, err := diffStream(have, want)
+	if consumers != nil {
+		deadLetterFix(err, consumers)
+	}
 	return err
 }
 

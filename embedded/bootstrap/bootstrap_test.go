@@ -471,3 +471,63 @@ func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
 		t.Errorf("ORDERS holds %d messages, want 3", si.State.Msgs)
 	}
 }
+
+// TestBootstrapWorkQueueNamesTheOtherConsumer: a consumer renamed in the
+// config (WORKER1 -> WORKER2) on a workqueue stream cannot be created
+// beside the old one, which holdfast never deletes and which holds the
+// stream's messages; the error names the key, the old consumer with its
+// messages, and what to do.
+func TestBootstrapWorkQueueNamesTheOtherConsumer(t *testing.T) {
+	t.Parallel()
+	for _, filter := range []string{"", "orders.created"} {
+		t.Run("filter="+filter, func(t *testing.T) {
+			t.Parallel()
+			cfg := configtest.Default(t)
+			cfg.Streams["ORDERS"].Retention = "workqueue"
+			cfg.Consumers["WORKER1"].FilterSubject = filter
+			s, _ := bootstrapped(t, cfg)
+			js := s.JetStream()
+			publish(t, js, "orders.created", 3)
+
+			cfg.Consumers = map[string]*config.ConsumerConfig{"WORKER2": cfg.Consumers["WORKER1"]}
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			err := Apply(natstest.Context(t), js, cfg, s.base)
+			if err == nil {
+				t.Fatal("Bootstrap created WORKER2 beside WORKER1 on a workqueue stream")
+			}
+			for _, want := range []string{"[consumers.WORKER2]", "consumer WORKER1", "3 messages", "nats consumer rm ORDERS WORKER1"} {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error lacks %q: %v", want, err)
+				}
+			}
+		})
+	}
+}
+
+// TestBootstrapDeadLetterDriftNamesDeadLetterKey: a consumer's
+// dead_letter set to a stream outside the config that holdfast cannot
+// make a dead-letter stream (a client's workqueue stream) is refused
+// naming consumers.NAME.dead_letter, without telling to delete a stream
+// that is not holdfast's.
+func TestBootstrapDeadLetterDriftNamesDeadLetterKey(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	s, _ := bootstrapped(t, cfg)
+	js := s.JetStream()
+	if _, err := js.CreateStream(natstest.Context(t), jetstream.StreamConfig{Name: "ARCHIVE", Subjects: []string{"archive.*"}, Retention: jetstream.WorkQueuePolicy}); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Consumers["WORKER1"].DeadLetter = "ARCHIVE"
+	err := Apply(natstest.Context(t), js, cfg, s.base)
+	if err == nil {
+		t.Fatal("Bootstrap made the workqueue stream ARCHIVE a dead-letter stream")
+	}
+	if !strings.Contains(err.Error(), "consumers.WORKER1.dead_letter") || strings.Contains(err.Error(), "streams.ARCHIVE") || strings.Contains(err.Error(), "delete it") {
+		t.Errorf("error does not name consumers.WORKER1.dead_letter, or names streams.ARCHIVE or tells to delete it: %v", err)
+	}
+	if lines := Drift(natstest.Context(t), js, cfg); len(lines) != 1 || !strings.Contains(lines[0], "consumers.WORKER1.dead_letter") {
+		t.Errorf("Drift = %q, want the one naming consumers.WORKER1.dead_letter", lines)
+	}
+}

@@ -57,7 +57,18 @@ func Diff(ctx context.Context, js jetstream.JetStream, cfg *config.Config) []str
 		}
 		out = append(out, diffText("stream", want.Name, table, changes, err)...)
 	}, func(name string, cc *config.ConsumerConfig, have jetstream.ConsumerConfig) {
-		_, changes, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc))
+		next, changes, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc))
+		if err == nil {
+			// A filter this node's own start or reload held back
+			// (Bootstrap): say so, as the start or reload did.
+			var kept string
+			if kept, changes, err = holdBackFilter(ctx, js, cc.Stream, have, &next, changes, configuredFilters(cfg, name)); err != nil {
+				return
+			}
+			if kept != "" {
+				out = append(out, kept)
+			}
+		}
 		out = append(out, diffText("consumer", name, "[consumers."+name+"]", changes, err)...)
 	})
 	return out

@@ -4,10 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/holdfast-io/holdfast/config"
 )
 
 // keepLimitsThatWouldLoseMessages undoes in next each lowered limit
@@ -20,13 +25,19 @@ import (
 // report the loss afterwards.
 //
 // The server enforces max_msgs and max_bytes on an update only with
-// discard old; max_age always. max_bytes is judged with the stream's
-// average message size, max_msgs by counting from the first sequence (a
-// stream with interior deletes may lose a little more than estimated).
+// discard old; max_age always. A stream that holds more than its
+// max_msgs or max_bytes (lowered while discard was new) keeps discard new
+// when discard old would delete such messages. max_msgs is judged by counting from the
+// first sequence (a stream with interior deletes may lose a little more
+// than estimated); max_bytes by the stored size of the messages from the
+// oldest unprocessed one on (see removedByMaxBytes).
 func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig) ([]string, error) {
 	lowered := func(h, n int64) bool { return n > 0 && (h <= 0 || n < h) }
-	msgs := lowered(have.MaxMsgs, next.MaxMsgs) && next.Discard == jetstream.DiscardOld
-	bytes := lowered(have.MaxBytes, next.MaxBytes) && next.Discard == jetstream.DiscardOld
+	// enforced: the server starts enforcing max_msgs and max_bytes as
+	// they are, whatever they were.
+	enforced := have.Discard != jetstream.DiscardOld && next.Discard == jetstream.DiscardOld
+	msgs := (lowered(have.MaxMsgs, next.MaxMsgs) || enforced && next.MaxMsgs > 0) && next.Discard == jetstream.DiscardOld
+	bytes := (lowered(have.MaxBytes, next.MaxBytes) || enforced && next.MaxBytes > 0) && next.Discard == jetstream.DiscardOld
 	age := lowered(int64(have.MaxAge), int64(next.MaxAge))
 	if !msgs && !bytes && !age {
 		return nil, nil
@@ -46,24 +57,33 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		}
 		return st.FirstSeq + n - 1
 	}
-	var msgsTo, bytesTo uint64
+	var msgsTo uint64
 	if msgs && st.Msgs > uint64(next.MaxMsgs) {
 		msgsTo = removedUpTo(st.Msgs - uint64(next.MaxMsgs))
 	}
-	if bytes && st.Bytes > uint64(next.MaxBytes) {
-		avg := max(1, st.Bytes/st.Msgs)
-		bytesTo = removedUpTo(min(st.Msgs, (st.Bytes-uint64(next.MaxBytes)+avg-1)/avg))
-	}
+	bytes = bytes && st.Bytes > uint64(next.MaxBytes)
 	cutoff := time.Now().Add(-next.MaxAge)
-	if msgsTo == 0 && bytesTo == 0 && (!age || !st.FirstTime.Before(cutoff)) {
+	if msgsTo == 0 && !bytes && (!age || !st.FirstTime.Before(cutoff)) {
 		return nil, nil
 	}
 
 	var kept []string
 	keep := func(field, value, consumer string, seq uint64) {
+		raise := "the value"
+		if enforced {
+			// Discard new keeps the server from enforcing the limit.
+			field, value, raise = "discard", `"old"`, field
+			next.Discard, msgs, bytes = have.Discard, false, false
+		}
 		kept = append(kept, fmt.Sprintf("streams.%s.%s = %s not applied: it would delete at once messages consumer %s has not processed yet (from stream sequence %d); "+
-			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise the value; to drop them on purpose, set it with nats stream edit %s",
-			have.Name, field, value, consumer, seq, field, limitValue(field, have), have.Name))
+			"holdfast keeps %s %s. Reload once the consumer has caught up (holdfast status), or raise %s; to drop them on purpose, set it with nats stream edit %s",
+			have.Name, field, value, consumer, seq, field, limitValue(field, have), raise, have.Name))
+	}
+	// oldest is the consumer with the oldest unprocessed message: the
+	// messages max_bytes removes are the oldest ones.
+	var oldest struct {
+		name string
+		seq  uint64
 	}
 	lister := s.ListConsumers(ctx)
 	for ci := range lister.Info() {
@@ -77,13 +97,13 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		if first == 0 {
 			continue
 		}
-		if msgs && first <= msgsTo {
-			keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first)
-			next.MaxMsgs, msgs = have.MaxMsgs, false
+		if oldest.seq == 0 || first < oldest.seq {
+			oldest.name, oldest.seq = ci.Name, first
 		}
-		if bytes && first <= bytesTo {
-			keep("max_bytes", fmt.Sprint(next.MaxBytes), ci.Name, first)
-			next.MaxBytes, bytes = have.MaxBytes, false
+		if msgs && first <= msgsTo {
+			if keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first); !enforced {
+				next.MaxMsgs, msgs = have.MaxMsgs, false
+			}
 		}
 		if age && t.Before(cutoff) {
 			keep("max_age", next.MaxAge.String(), ci.Name, first)
@@ -93,7 +113,68 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 	if err := lister.Err(); err != nil {
 		return nil, fmt.Errorf("cannot list the consumers of stream %s: %w", have.Name, err)
 	}
+	if bytes && oldest.seq != 0 {
+		removed := oldest.seq <= st.FirstSeq
+		if !removed {
+			if removed, err = removedByMaxBytes(ctx, s, have.Storage, oldest.seq, next.MaxBytes); err != nil {
+				return nil, err
+			}
+		}
+		if removed {
+			if keep("max_bytes", fmt.Sprint(next.MaxBytes), oldest.name, oldest.seq); !enforced {
+				next.MaxBytes = have.MaxBytes
+			}
+		}
+	}
 	return kept, nil
+}
+
+// maxSizeWalk is how many messages removedByMaxBytes reads at most.
+const maxSizeWalk = 10_000
+
+// removedByMaxBytes reports whether max_bytes = limit removes the message
+// at sequence from: the server removes the oldest messages until the
+// stream's bytes fit, so it keeps from only when the messages from it on
+// fit in limit. It reads them, up to maxSizeWalk; more than that counts
+// as removed.
+func removedByMaxBytes(ctx context.Context, s jetstream.Stream, storage jetstream.StorageType, from uint64, limit int64) (bool, error) {
+	var sum int64
+	for seq, n := from, 0; n < maxSizeWalk; n++ {
+		m, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(">"))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("cannot read stream %s at sequence %d: %w", s.CachedInfo().Config.Name, seq, err)
+		}
+		if sum += storedSize(storage, m); sum > limit {
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
+	return true, nil
+}
+
+// storedSize is the size the server counts for a message in a stream's
+// bytes (and max_bytes): its record in the file or memory store.
+func storedSize(storage jetstream.StorageType, m *jetstream.RawStreamMsg) int64 {
+	hdr := 0
+	if len(m.Header) > 0 {
+		hdr = len("NATS/1.0\r\n\r\n")
+		for k, vs := range m.Header {
+			for _, v := range vs {
+				hdr += len(k) + len(": ") + len(v) + len("\r\n")
+			}
+		}
+	}
+	n := int64(len(m.Subject) + hdr + len(m.Data))
+	if storage == jetstream.MemoryStorage {
+		return n + 16 // sequence and time
+	}
+	if hdr > 0 {
+		n += 4 // header length
+	}
+	return n + 30 // record length, sequence, time, subject length, hash
 }
 
 // holdBackLimits applies keepLimitsThatWouldLoseMessages to next and
@@ -106,7 +187,7 @@ func holdBackLimits(ctx context.Context, s jetstream.Stream, have jetstream.Stre
 	}
 	rest = slices.DeleteFunc(changes, func(c Change) bool {
 		return (c.Field == "max_msgs" && next.MaxMsgs == have.MaxMsgs) || (c.Field == "max_bytes" && next.MaxBytes == have.MaxBytes) ||
-			(c.Field == "max_age" && next.MaxAge == have.MaxAge)
+			(c.Field == "max_age" && next.MaxAge == have.MaxAge) || (c.Field == "discard" && next.Discard == have.Discard)
 	})
 	return kept, rest, nil
 }
@@ -118,6 +199,8 @@ func limitValue(field string, c jetstream.StreamConfig) string {
 		return fmt.Sprint(c.MaxMsgs)
 	case "max_bytes":
 		return fmt.Sprint(c.MaxBytes)
+	case "discard":
+		return fmt.Sprintf("%q", strings.ToLower(strings.TrimPrefix(c.Discard.String(), "Discard")))
 	}
 	return c.MaxAge.String()
 }
@@ -174,4 +257,145 @@ func holdBackReplicas(have jetstream.StreamConfig, next *jetstream.StreamConfig,
 		key, have.Name, have.Replicas, have.Name, next.Replicas)
 	next.Replicas = have.Replicas
 	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "replicas" })
+}
+
+// configuredFilters are the filters of the consumers cfg has on the
+// stream of consumer name, but for name's own (">" for none).
+func configuredFilters(cfg *config.Config, name string) []string {
+	var out []string
+	stream := cfg.Consumers[name].Stream
+	for _, other := range cfg.ConsumerNames() {
+		if cc := cfg.Consumers[other]; other != name && cc.Stream == stream {
+			out = append(out, consumerFilters(jetstream.ConsumerConfig{FilterSubject: cc.FilterSubject})...)
+		}
+	}
+	return out
+}
+
+// consumerFilters are the subjects a consumer config takes: its
+// filter_subject or filter_subjects, or ">".
+func consumerFilters(c jetstream.ConsumerConfig) []string {
+	switch {
+	case len(c.FilterSubjects) > 0:
+		return c.FilterSubjects
+	case c.FilterSubject != "":
+		return []string{c.FilterSubject}
+	}
+	return []string{">"}
+}
+
+// takes reports whether a consumer with filters takes subject.
+func takes(filters []string, subject string) bool {
+	for _, f := range filters {
+		if server.SubjectMatchesFilter(subject, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// maxFilterSubjects is how many subjects holdBackFilter checks at most.
+const maxFilterSubjects = 10_000
+
+// holdBackFilter undoes in next a changed filter of a consumer of an
+// interest or workqueue stream that leaves messages it has not processed
+// to no consumer: on an interest stream the server deletes those at once,
+// as it does any message no consumer takes; a workqueue stream keeps
+// them for no one, until max_age removes them unseen. It returns the line that
+// says so (naming the key, a subject and what to do), or "", and changes
+// without the filter then. A stream with more than maxFilterSubjects
+// subjects the filter leaves counts as losing messages. On a workqueue
+// stream a subject that configured filters takes (configured: those of
+// the config's other consumers of the stream) is not left to no one: a
+// consumer created in the same bootstrap gets its messages.
+func holdBackFilter(ctx context.Context, js jetstream.JetStream, stream string, have jetstream.ConsumerConfig, next *jetstream.ConsumerConfig, changes []Change,
+	configured []string) (kept string, rest []Change, err error) {
+	oldFilters, newFilters := consumerFilters(have), consumerFilters(*next)
+	if slices.Equal(oldFilters, newFilters) {
+		return "", changes, nil
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read stream %s: %w", stream, err)
+	}
+	retention := s.CachedInfo().Config.Retention
+	switch retention {
+	case jetstream.InterestPolicy:
+	case jetstream.WorkQueuePolicy:
+		newFilters = append(slices.Clone(newFilters), configured...)
+	default:
+		return "", changes, nil
+	}
+	c, err := js.Consumer(ctx, stream, have.Durable)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read consumer %s on stream %s: %w", have.Durable, stream, err)
+	}
+	ci, err := c.Info(ctx)
+	if err != nil {
+		return "", nil, fmt.Errorf("cannot read consumer %s on stream %s: %w", have.Durable, stream, err)
+	}
+	if ci.NumPending+uint64(ci.NumAckPending) == 0 {
+		return "", changes, nil
+	}
+	subject, seq, err := firstLeftToNoOne(ctx, s, ci, oldFilters, newFilters)
+	if err != nil || seq == 0 {
+		return "", changes, err
+	}
+	fate := `(retention "interest") the server would delete at once`
+	if retention == jetstream.WorkQueuePolicy {
+		fate = `(retention "workqueue") no consumer would ever process`
+	}
+	kept = fmt.Sprintf("consumers.%s.filter_subject = %q not applied: on stream %s %s the messages of %s "+
+		"consumer %s has not processed yet (from stream sequence %d), which no other consumer takes; holdfast keeps its filter %s. "+
+		"Reload once the consumer has processed them (holdfast status), or give them a consumer; to leave them on purpose, set it with nats consumer edit %s %s",
+		have.Durable, next.FilterSubject, stream, fate, subject, have.Durable, seq, strings.Join(oldFilters, " "), stream, have.Durable)
+	next.FilterSubject, next.FilterSubjects = have.FilterSubject, have.FilterSubjects
+	return kept, slices.DeleteFunc(changes, func(c Change) bool { return c.Field == "filter_subject" }), nil
+}
+
+// firstLeftToNoOne returns a subject of the messages consumer ci has not
+// processed that filters newFilters leave and no other consumer of the
+// stream takes, with the sequence of its first such message; 0 for none.
+func firstLeftToNoOne(ctx context.Context, s jetstream.Stream, ci *jetstream.ConsumerInfo, oldFilters, newFilters []string) (string, uint64, error) {
+	type other struct {
+		filters  []string
+		ackFloor uint64
+	}
+	var others []other
+	lister := s.ListConsumers(ctx)
+	for oc := range lister.Info() {
+		if oc.Name != ci.Name {
+			others = append(others, other{consumerFilters(oc.Config), oc.AckFloor.Stream})
+		}
+	}
+	if err := lister.Err(); err != nil {
+		return "", 0, fmt.Errorf("cannot list the consumers of stream %s: %w", ci.Stream, err)
+	}
+	from := ci.AckFloor.Stream + 1
+	checked := 0
+	for _, f := range oldFilters {
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(f))
+		if err != nil {
+			return "", 0, fmt.Errorf("cannot read the subjects of stream %s: %w", ci.Stream, err)
+		}
+		for _, subject := range slices.Sorted(maps.Keys(info.State.Subjects)) {
+			if takes(newFilters, subject) {
+				continue
+			}
+			if checked++; checked > maxFilterSubjects {
+				return subject, from, nil
+			}
+			m, err := s.GetMsg(ctx, from, jetstream.WithGetMsgSubject(subject))
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				continue
+			}
+			if err != nil {
+				return "", 0, fmt.Errorf("cannot read stream %s at sequence %d: %w", ci.Stream, from, err)
+			}
+			if !slices.ContainsFunc(others, func(o other) bool { return o.ackFloor < m.Sequence && takes(o.filters, subject) }) {
+				return subject, m.Sequence, nil
+			}
+		}
+	}
+	return "", 0, nil
 }
