@@ -86,6 +86,11 @@ type Options struct {
 	// within it goes alone next time (the server answers "duplicate"
 	// instead of refusing a whole batch for it).
 	DuplicateWindow time.Duration
+	// DiscardNew: the stream refuses publishes when full (discard new).
+	// A batch it refuses must be published again in place, or later
+	// messages would be stored after the refused ones: each batch is
+	// followed by nothing until it is answered.
+	DiscardNew bool
 	// AllowAtomic: the configured stream takes clients' own atomic
 	// batches (a hub's stream of edge messages). Otherwise a message
 	// with Nats-Batch-Id is refused as the stream without group commit
@@ -135,7 +140,7 @@ func OptionsFor(cfg *config.Config, name string) Options {
 		subjs = append(subjs, subjects.Barrier(cfg.Server.Name, name))
 	}
 	return Options{Stream: name, Subjects: subjs, MaxMsgSize: int(cfg.StreamMaxMsgSize(name)),
-		DuplicateWindow: sc.DuplicateWindow.Duration, AllowAtomic: cfg.TakesEdgeMessages(name)}
+		DuplicateWindow: sc.DuplicateWindow.Duration, DiscardNew: sc.Discard == "new", AllowAtomic: cfg.TakesEdgeMessages(name)}
 }
 
 // Stats are a Committer's counters since Open.
@@ -700,7 +705,8 @@ func unsendableHeader(m *nats.Msg) string {
 // batch that holds a Nats-Msg-Id (refused whole for one duplicate against
 // the stream's window) is "risky": it is sent only when nothing is in
 // flight and nothing follows it until it is answered, so that its messages
-// can always be published again in place.
+// can always be published again in place. So is every batch to a stream
+// with discard new (refused whole when full).
 func (c *Committer) dispatch() {
 	for len(c.pend) > 0 && c.risky == 0 {
 		if c.pend[0].alone || c.known(c.pend[0].msgID) {
@@ -715,6 +721,9 @@ func (c *Committer) dispatch() {
 			return
 		}
 		n, risky, full := c.nextBatch()
+		// A stream with discard new refuses a batch when full: it must
+		// be the last sent then, to go again one by one in place.
+		risky = risky || c.opts.DiscardNew
 		if c.live > 0 && (!full || risky) {
 			return
 		}

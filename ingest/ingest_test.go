@@ -1325,3 +1325,53 @@ func TestClientAtomicBatchRefusedAsDisabled(t *testing.T) {
 		t.Fatalf("stored %d, want %d", n, publishers*each+1)
 	}
 }
+
+// TestStreamFullDiscardNewKeepsOrder: once a stream with discard new is
+// full, the server refuses every later publish (nothing frees room
+// here). Batches went on while one was in flight, so a batch refused for
+// the full stream was not the last sent, and its clients got the error
+// while a later batch, published again one by one, stored messages that
+// came after theirs: each publisher saw a message refused and later ones
+// stored (51 to 379 such messages of 6,000 per run). Now a batch to such
+// a stream is followed by nothing until it is answered, and is published
+// again in place when refused: every publisher gets its PubAcks, then
+// only errors.
+func TestStreamFullDiscardNewKeepsOrder(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	const publishers, each, room = 4, 1500, 2500
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true}, func(sc *jetstream.StreamConfig) {
+		sc.MaxMsgs, sc.Discard = room, jetstream.DiscardNew
+	})
+	var all [][]jetstream.PubAckFuture
+	for range publishers {
+		pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+		all = append(all, publishNumbered(t, pjs, each))
+	}
+	errs := make(chan error, publishers*each)
+	stored := 0
+	for p, futs := range all {
+		refused := -1
+		for i, f := range futs {
+			_, err := awaitAck(f)
+			var ae *jetstream.APIError
+			switch {
+			case err == nil && refused >= 0:
+				errs <- fmt.Errorf("publisher %d: msg %d stored after msg %d was refused", p, i, refused)
+			case err == nil:
+				stored++
+			case errors.As(err, &ae) && ae.ErrorCode == 10077: // maximum messages exceeded
+				if refused < 0 {
+					refused = i
+				}
+			default:
+				errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+			}
+		}
+	}
+	failOnErrs(t, errs, "out of order", c)
+	if stored != room {
+		t.Fatalf("%d acknowledged, want %d", stored, room)
+	}
+}
