@@ -86,6 +86,16 @@ type Options struct {
 	// within it goes alone next time (the server answers "duplicate"
 	// instead of refusing a whole batch for it).
 	DuplicateWindow time.Duration
+	// DiscardNew: the stream refuses publishes when full (discard new).
+	// A batch it refuses must be published again in place, or later
+	// messages would be stored after the refused ones: each batch is
+	// followed by nothing until it is answered.
+	DiscardNew bool
+	// AllowAtomic: the configured stream takes clients' own atomic
+	// batches (a hub's stream of edge messages). Otherwise a message
+	// with Nats-Batch-Id is refused as the stream without group commit
+	// refuses it.
+	AllowAtomic bool
 	// Metrics, when set, observes each commit.
 	Metrics *Metrics
 	// MaxWaitingBytes and MaxWaitingMsgs bound the messages taken and
@@ -130,7 +140,7 @@ func OptionsFor(cfg *config.Config, name string) Options {
 		subjs = append(subjs, subjects.Barrier(cfg.Server.Name, name))
 	}
 	return Options{Stream: name, Subjects: subjs, MaxMsgSize: int(cfg.StreamMaxMsgSize(name)),
-		DuplicateWindow: sc.DuplicateWindow.Duration}
+		DuplicateWindow: sc.DuplicateWindow.Duration, DiscardNew: sc.Discard == "new", AllowAtomic: cfg.TakesEdgeMessages(name)}
 }
 
 // Stats are a Committer's counters since Open.
@@ -585,6 +595,19 @@ func (c *Committer) add(it item) {
 		c.refuseOne(m, &apiError{Code: 400, Description: "group commit cannot pass this message on: " + why})
 		return
 	}
+	// The stream allows atomic batches for this committer's own: a
+	// client's batch message is refused as the configured stream refuses
+	// it, or it would open a batch there, and batches a client leaves
+	// open take the stream's (50 at most) from the committer, failing
+	// other clients' publishes. The server checks the message's size
+	// first: one too large goes to it alone and gets that error. An
+	// empty id (the first value counts) is none to the server.
+	if ids := m.Header[batchIDHeader]; len(ids) > 0 && ids[0] != "" && !c.opts.AllowAtomic &&
+		(c.opts.MaxMsgSize <= 0 || len(m.Data)+batchedHeaderBytes(m.Header)-batchHeaderBytes <= c.opts.MaxMsgSize) {
+		c.release(1, it.size)
+		c.refuseOne(m, &apiError{Code: 400, ErrCode: errAtomicPublishDisabled, Description: "atomic publish is disabled"})
+		return
+	}
 	for k, vs := range m.Header {
 		if len(k) < len("Nats-") || !strings.EqualFold(k[:len("Nats-")], "Nats-") {
 			continue
@@ -682,7 +705,8 @@ func unsendableHeader(m *nats.Msg) string {
 // batch that holds a Nats-Msg-Id (refused whole for one duplicate against
 // the stream's window) is "risky": it is sent only when nothing is in
 // flight and nothing follows it until it is answered, so that its messages
-// can always be published again in place.
+// can always be published again in place. So is every batch to a stream
+// with discard new (refused whole when full).
 func (c *Committer) dispatch() {
 	for len(c.pend) > 0 && c.risky == 0 {
 		if c.pend[0].alone || c.known(c.pend[0].msgID) {
@@ -697,6 +721,9 @@ func (c *Committer) dispatch() {
 			return
 		}
 		n, risky, full := c.nextBatch()
+		// A stream with discard new refuses a batch when full: it must
+		// be the last sent then, to go again one by one in place.
+		risky = risky || c.opts.DiscardNew
 		if c.live > 0 && (!full || risky) {
 			return
 		}
@@ -865,6 +892,14 @@ type apiError struct {
 // errDuplicateInBatch is the server's err_code for a batch holding a
 // Nats-Msg-Id that is a duplicate (JSAtomicPublishContainsDuplicateMessageErr).
 const errDuplicateInBatch = 10201
+
+// errAtomicPublishDisabled is the server's err_code for a batch message
+// to a stream without atomic publish (JSAtomicPublishDisabledErr).
+const errAtomicPublishDisabled = 10174
+
+// batchIDHeader marks an atomic batch message (the server looks the name
+// up as written).
+const batchIDHeader = "Nats-Batch-Id"
 
 // errTooManyRequests is the server's err_code for a publish its stream's
 // full inbound queue refused (JSStreamTooManyRequests).

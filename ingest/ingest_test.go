@@ -1245,3 +1245,133 @@ func TestSeqPubAckIsMarshalsOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestClientAtomicBatchRefusedAsDisabled: a configured stream takes no
+// atomic batches from clients (the server answers "atomic publish is
+// disabled", err_code 10174, and opens none), but the group-commit
+// stream allows them for the ingest's own batches. A client's own batch
+// message went to the stream and was stored; a client leaving batches
+// open (60 here, the server allows 50 per stream) made the server refuse
+// the ingest's batches, and 8,000 of 10,000 publishes of four other
+// clients got "atomic publish batch is incomplete" (err_code 10176). Now
+// a client's batch message gets the stream's own 10174, and the others
+// are stored; where the configured stream takes atomic batches
+// (Options.AllowAtomic: a hub's stream of edge messages) it is the
+// server's again.
+func TestClientAtomicBatchRefusedAsDisabled(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	nc := natstest.Connect(t, s)
+	js := natstest.JetStream(t, nc)
+	ctx := context.Background()
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}}, nil)
+	startIngest(t, s, js, Options{Stream: "A", Subjects: []string{"a.*"}, AllowAtomic: true}, nil)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PLAIN", Subjects: []string{"p.*"}}); err != nil {
+		t.Fatal(err)
+	}
+	batchMsg := func(subj, id string, commit bool) *nats.Msg {
+		h := nats.Header{"Nats-Batch-Id": {id}, "Nats-Batch-Sequence": {"1"}}
+		if commit {
+			h.Set("Nats-Batch-Commit", "1")
+		}
+		return &nats.Msg{Subject: subj, Header: h, Data: []byte("x")}
+	}
+	answer := func(subj, id string) pubAck {
+		t.Helper()
+		r, err := nc.RequestMsg(batchMsg(subj, id, true), 5*time.Second)
+		if err != nil {
+			t.Fatalf("%s: %v", subj, err)
+		}
+		var a pubAck
+		if err := json.Unmarshal(r.Data, &a); err != nil {
+			t.Fatalf("%s: %s: %v", subj, r.Data, err)
+		}
+		return a
+	}
+	want, got := answer("p.a", "b1"), answer("s.a", "b2")
+	if want.Error == nil || got.Error == nil || *got.Error != *want.Error || got.Seq != 0 {
+		t.Fatalf("a client's atomic batch: group commit answered %+v (error %+v), the server %+v", got, got.Error, want.Error)
+	}
+	if a := answer("a.a", "b3"); a.Error != nil || a.Seq != 1 || a.Count != 1 {
+		t.Fatalf("a client's atomic batch where the stream takes them: %+v (error %+v)", a, a.Error)
+	}
+	// An empty batch id is none: the server stores the message.
+	if want, got := answer("p.a", ""), answer("s.a", ""); want.Error != nil || got.Error != nil || got.Seq != 1 {
+		t.Fatalf("an empty batch id: group commit answered %+v (error %+v), the server %+v (error %+v)", got, got.Error, want, want.Error)
+	}
+	// Batches opened and never committed.
+	for i := range 60 {
+		if err := nc.PublishMsg(batchMsg("s.a", "open"+strconv.Itoa(i), false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	const publishers, each = 4, 2500
+	var futs []jetstream.PubAckFuture
+	for range publishers {
+		pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+		futs = append(futs, publishNumbered(t, pjs, each)...)
+	}
+	errs := make(chan error, len(futs))
+	for i, f := range futs {
+		if _, err := awaitAck(f); err != nil {
+			errs <- fmt.Errorf("publish %d: %w", i, err)
+		}
+	}
+	failOnErrs(t, errs, "publishes failed", c)
+	if n := len(storedBodies(t, js, "S")); n != publishers*each+1 {
+		t.Fatalf("stored %d, want %d", n, publishers*each+1)
+	}
+}
+
+// TestStreamFullDiscardNewKeepsOrder: once a stream with discard new is
+// full, the server refuses every later publish (nothing frees room
+// here). Batches went on while one was in flight, so a batch refused for
+// the full stream was not the last sent, and its clients got the error
+// while a later batch, published again one by one, stored messages that
+// came after theirs: each publisher saw a message refused and later ones
+// stored (51 to 379 such messages of 6,000 per run). Now a batch to such
+// a stream is followed by nothing until it is answered, and is published
+// again in place when refused: every publisher gets its PubAcks, then
+// only errors.
+func TestStreamFullDiscardNewKeepsOrder(t *testing.T) {
+	t.Parallel()
+	s := natstest.RunServer(t, natstest.SyncAlways)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	const publishers, each, room = 4, 1500, 2500
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true}, func(sc *jetstream.StreamConfig) {
+		sc.MaxMsgs, sc.Discard = room, jetstream.DiscardNew
+	})
+	var all [][]jetstream.PubAckFuture
+	for range publishers {
+		pjs := natstest.JetStream(t, natstest.Connect(t, s), jetstream.WithPublishAsyncMaxPending(each))
+		all = append(all, publishNumbered(t, pjs, each))
+	}
+	errs := make(chan error, publishers*each)
+	stored := 0
+	for p, futs := range all {
+		refused := -1
+		for i, f := range futs {
+			_, err := awaitAck(f)
+			var ae *jetstream.APIError
+			switch {
+			case err == nil && refused >= 0:
+				errs <- fmt.Errorf("publisher %d: msg %d stored after msg %d was refused", p, i, refused)
+			case err == nil:
+				stored++
+			case errors.As(err, &ae) && ae.ErrorCode == 10077: // maximum messages exceeded
+				if refused < 0 {
+					refused = i
+				}
+			default:
+				errs <- fmt.Errorf("publisher %d msg %d: %w", p, i, err)
+			}
+		}
+	}
+	failOnErrs(t, errs, "out of order", c)
+	if stored != room {
+		t.Fatalf("%d acknowledged, want %d", stored, room)
+	}
+}
