@@ -687,10 +687,9 @@ func workQueueHint(ctx context.Context, js jetstream.JetStream, stream string, w
 	if serr != nil {
 		return ""
 	}
-	filters := consumerFilters
 	overlaps := func(c jetstream.ConsumerConfig) bool {
-		for _, a := range filters(c) {
-			for _, b := range filters(want) {
+		for _, a := range consumerFilters(c) {
+			for _, b := range consumerFilters(want) {
 				if server.SubjectsCollide(a, b) {
 					return true
 				}
@@ -705,7 +704,7 @@ func workQueueHint(ctx context.Context, js jetstream.JetStream, stream string, w
 			continue
 		}
 		others = append(others, fmt.Sprintf("consumer %s (filter %q, %d messages pending, %d awaiting an ack)",
-			ci.Name, strings.Join(filters(ci.Config), " "), ci.NumPending, ci.NumAckPending))
+			ci.Name, strings.Join(consumerFilters(ci.Config), " "), ci.NumPending, ci.NumAckPending))
 		rm = append(rm, fmt.Sprintf("nats consumer rm %s %s", stream, ci.Name))
 	}
 	if len(others) == 0 {

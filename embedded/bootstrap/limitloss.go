@@ -213,11 +213,8 @@ func firstUnprocessed(ctx context.Context, s jetstream.Stream, ci *jetstream.Con
 	if ci.NumAckPending > 0 {
 		from = ci.AckFloor.Stream + 1
 	}
-	filters := ci.Config.FilterSubjects
-	if ci.Config.FilterSubject != "" {
-		filters = []string{ci.Config.FilterSubject}
-	}
-	if len(filters) == 0 || ci.NumAckPending > 0 {
+	filters := consumerFilters(ci.Config)
+	if ci.NumAckPending > 0 {
 		filters = []string{">"}
 	}
 	var seq uint64
