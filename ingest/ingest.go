@@ -603,7 +603,7 @@ func (c *Committer) add(it item) {
 	// first: one too large goes to it alone and gets that error. An
 	// empty id (the first value counts) is none to the server.
 	if ids := m.Header[batchIDHeader]; len(ids) > 0 && ids[0] != "" && !c.opts.AllowAtomic &&
-		(c.opts.MaxMsgSize <= 0 || len(m.Data)+batchedHeaderBytes(m.Header)-batchHeaderBytes <= c.opts.MaxMsgSize) {
+		(c.opts.MaxMsgSize <= 0 || msgSize(m, false) <= c.opts.MaxMsgSize) {
 		c.release(1, it.size)
 		c.refuseOne(m, &apiError{Code: 400, ErrCode: errAtomicPublishDisabled, Description: "atomic publish is disabled"})
 		return
@@ -630,7 +630,7 @@ func (c *Committer) add(it item) {
 	// that holds the batch headers too: a message the server would store
 	// alone may be too large inside a batch, where it would fail the
 	// whole batch.
-	if (c.opts.MaxMsgSize > 0 && len(m.Data)+batchedHeaderBytes(m.Header) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
+	if (c.opts.MaxMsgSize > 0 && msgSize(m, true) > c.opts.MaxMsgSize) || it.size > maxBatchBytes {
 		it.alone = true
 	}
 	c.pend = append(c.pend, it)
@@ -670,6 +670,16 @@ func batchedHeaderBytes(h nats.Header) int {
 		for _, v := range vs {
 			n += len(k) + len(": ") + len(textproto.TrimString(v)) + len("\r\n")
 		}
+	}
+	return n
+}
+
+// msgSize is what a stream's max_msg_size counts of m: its data and its
+// header block as this committer sends it, alone or (batched) in a batch.
+func msgSize(m *nats.Msg, batched bool) int {
+	n := len(m.Data) + batchedHeaderBytes(m.Header)
+	if !batched {
+		n -= batchHeaderBytes
 	}
 	return n
 }
@@ -858,7 +868,7 @@ func (c *Committer) sendBatch(msgs []item, risky bool) {
 	for i, it := range msgs {
 		h := make(nats.Header, len(it.m.Header)+3)
 		maps.Copy(h, it.m.Header)
-		h.Set("Nats-Batch-Id", batchID)
+		h.Set(batchIDHeader, batchID)
 		h.Set("Nats-Batch-Sequence", strconv.Itoa(i+1))
 		out := &nats.Msg{Subject: c.target(it.m), Header: h, Data: it.m.Data}
 		if i == last {
