@@ -42,6 +42,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/sync/semaphore"
 )
 
 // Options are what Listen needs.
@@ -310,7 +311,7 @@ func (c *conn) serve() {
 	// the device has not taken yet stays pending on the server beyond
 	// maxQueued, where the server's limits for slow clients see it.
 	frames := make(chan frame, 256)
-	queued := newByteBudget(maxQueued)
+	queued := semaphore.NewWeighted(maxQueued)
 	go func() {
 		defer close(frames)
 		r := bufio.NewReaderSize(srv, 32<<10)
@@ -319,7 +320,7 @@ func (c *conn) serve() {
 			if err != nil {
 				return
 			}
-			queued.take(len(b))
+			_ = queued.Acquire(context.Background(), queuedCost(b))
 			f := frame{b: b}
 			if t := b[0] >> 4; t == pubAck || t == pubComp {
 				f.ticket = g.bar.ticket()
@@ -337,7 +338,7 @@ func (c *conn) serve() {
 				msg := err.Error()
 				g.lastErr.Store(&msg)
 				g.log.Error("mqtt: a PUBACK could not be confirmed as stored; closing the device's connection, it sends the message again", "device", c.dev.RemoteAddr().String(), "err", err)
-				queued.give(len(f.b))
+				queued.Release(queuedCost(f.b))
 				c.close()
 				drain(frames, g, queued)
 				return
@@ -345,7 +346,7 @@ func (c *conn) serve() {
 			g.held.Add(1)
 		}
 		_, err := w.Write(f.b)
-		queued.give(len(f.b))
+		queued.Release(queuedCost(f.b))
 		if err == nil && len(frames) == 0 {
 			err = w.Flush()
 		}
@@ -455,9 +456,9 @@ func (g *Gate) refuse(c *conn, topic, subject string) {
 
 // drain empties frames after the device's connection closed, so that the
 // reader ends and the holding count stays true.
-func drain(frames <-chan frame, g *Gate, queued *byteBudget) {
+func drain(frames <-chan frame, g *Gate, queued *semaphore.Weighted) {
 	for f := range frames {
-		queued.give(len(f.b))
+		queued.Release(queuedCost(f.b))
 		if f.ticket != nil {
 			<-f.ticket.done
 			g.holding.Add(-1)
@@ -469,36 +470,10 @@ func drain(frames <-chan frame, g *Gate, queued *byteBudget) {
 // one device.
 const maxQueued = 1 << 20
 
-// byteBudget bounds the bytes of the packets queued for a device: take
-// waits while some are queued and n more would pass max, so that a packet
-// larger than max goes alone.
-type byteBudget struct {
-	mu        sync.Mutex
-	freed     sync.Cond
-	used, max int
-}
-
-func newByteBudget(max int) *byteBudget {
-	b := &byteBudget{max: max}
-	b.freed.L = &b.mu
-	return b
-}
-
-func (b *byteBudget) take(n int) {
-	b.mu.Lock()
-	for b.used > 0 && b.used+n > b.max {
-		b.freed.Wait()
-	}
-	b.used += n
-	b.mu.Unlock()
-}
-
-func (b *byteBudget) give(n int) {
-	b.mu.Lock()
-	b.used -= n
-	b.mu.Unlock()
-	b.freed.Signal()
-}
+// queuedCost is what a packet b takes of the bytes queued for a device
+// (maxQueued): its size, and all of them for a larger one, which then goes
+// alone.
+func queuedCost(b []byte) int64 { return int64(min(len(b), maxQueued)) }
 
 // MQTT control packet types (the high nibble of the first byte).
 const (
