@@ -136,6 +136,16 @@ func heldBack(stream string, subjects []string, err error) string {
 		stream, subjects, err, stream, strings.Join(subjects, ","))
 }
 
+// reopenAfter gives stream, closed by closeStream, its subjects back
+// after err stopped the restore of it, and returns err, with how to give
+// them back by hand when that failed.
+func reopenAfter(ctx context.Context, js jetstream.JetStream, stream string, held []string, err error) error {
+	if rerr := reopenStream(context.WithoutCancel(ctx), js, stream, held, false); rerr != nil {
+		return fmt.Errorf("%w; %s", err, heldBack(stream, held, rerr))
+	}
+	return err
+}
+
 // saveAttempts bounds how often saveClosed takes its copy again.
 const saveAttempts = 3
 
@@ -178,12 +188,7 @@ func saveClosed(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, dir,
 func putBack(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, name string, idx, count int,
 	saved string, entry *StreamEntry, subjects []string, opts RestoreOptions, err error) error {
 	back := context.WithoutCancel(ctx)
-	reopen := func(err error) error {
-		if rerr := reopenStream(back, js, name, subjects, false); rerr != nil {
-			return fmt.Errorf("%w; %s", err, heldBack(name, subjects, rerr))
-		}
-		return err
-	}
+	reopen := func(err error) error { return reopenAfter(back, js, name, subjects, err) }
 	if entry == nil {
 		os.RemoveAll(saved)
 		return reopen(err)

@@ -257,12 +257,7 @@ func restoreEmpty(ctx context.Context, js jetstream.JetStream, nc *nats.Conn, di
 	if err != nil {
 		return Restored{Name: e.Name}, fmt.Errorf("stream %s was not restored, nothing changed: %w", e.Name, err)
 	}
-	reopen := func(err error) error {
-		if rerr := reopenStream(context.WithoutCancel(ctx), js, e.Name, held, false); rerr != nil {
-			return fmt.Errorf("%w; %s", err, heldBack(e.Name, held, rerr))
-		}
-		return err
-	}
+	reopen := func(err error) error { return reopenAfter(ctx, js, e.Name, held, err) }
 	now, ok, err := streamState(ctx, js, e.Name)
 	switch {
 	case err != nil:
