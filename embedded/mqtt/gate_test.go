@@ -36,10 +36,17 @@ var sensors = Stream{Name: "SENSORS", Subjects: []string{"sensors.>"}, Barrier: 
 // front of it, its options changed by edits.
 func setup(t *testing.T, edits ...func(*Options)) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
 	t.Helper()
+	return setupServer(t, func(*server.Options) {}, edits...)
+}
+
+// setupServer is setup with the server's options edited too.
+func setupServer(t *testing.T, serverEdit func(*server.Options), edits ...func(*Options)) (ns *server.Server, js jetstream.JetStream, backend string, g *Gate) {
+	t.Helper()
 	ns = natstest.RunServer(t, natstest.SyncAlways, func(o *server.Options) {
 		o.ServerName = "edge1"
 		o.MQTT.Host = "127.0.0.1"
 		o.MQTT.Port = -1
+		serverEdit(o)
 	})
 	nc := natstest.Connect(t, ns)
 	js = natstest.JetStream(t, nc)
@@ -558,7 +565,13 @@ func TestDeviceThatNeverReadsIsDisconnected(t *testing.T) {
 // the server directly.
 func TestDeviceThatNeverReadsLeavesItPendingOnServer(t *testing.T) {
 	t.Parallel()
-	ns, _, _, g := setup(t, func(o *Options) { o.WriteTimeout = time.Minute })
+	// The server's write_deadline (10 s by default) closes the device's
+	// connection once its writes have stalled that long: publishing 60
+	// MiB can take longer than that on a loaded machine (31 s once in
+	// CI, with the race detector), and the pending bytes are looked for
+	// after it.
+	ns, _, _, g := setupServer(t, func(o *server.Options) { o.WriteDeadline = 5 * time.Minute },
+		func(o *Options) { o.WriteTimeout = time.Minute })
 	// 60 MiB: less than the server's max_pending (64 MiB), which would
 	// close the connection, and more than the sockets between the
 	// server and the device hold (up to 4 MiB and tcp_rmem's maximum,
