@@ -24,6 +24,9 @@ import (
 var (
 	holdfastBin string
 	natsBin     string
+	// lazyfsBin serves the power-loss tests' lazyfs mounts, built without
+	// -race (lazyfs.MountIn).
+	lazyfsBin string
 	// e2eHome is HOME for every subprocess, so that no nats CLI context
 	// or other user setting of the machine leaks into the tests.
 	e2eHome string
@@ -42,6 +45,7 @@ func testMain(m *testing.M) int {
 	defer os.RemoveAll(dir)
 	holdfastBin = filepath.Join(dir, "holdfast")
 	natsBin = filepath.Join(dir, "nats")
+	lazyfsBin = filepath.Join(dir, "lazyfs")
 	e2eHome = filepath.Join(dir, "home")
 	if err := os.Mkdir(e2eHome, 0o700); err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -59,6 +63,7 @@ func testMain(m *testing.M) int {
 	builds := [][]string{
 		{"build", "-trimpath", "-o", holdfastBin, "."},
 		{"build", "-trimpath", "-o", natsBin, "github.com/nats-io/natscli/nats"},
+		{"build", "-trimpath", "-o", lazyfsBin, "../../internal/lazyfs/cmd/lazyfs"},
 	}
 	errs := make([]error, len(builds))
 	var wg sync.WaitGroup

@@ -67,7 +67,7 @@ func powerCutAndStart(t *testing.T, proc *e2eProc, lfs *lazyfs.FS, cfg string) (
 	if _, err := lfs.Crash(); err != nil {
 		t.Fatal(err)
 	}
-	lfs, err := lazyfs.Mount(lfs.Backing, lfs.Mountpoint)
+	lfs, err := lfs.Remount()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func lazyMount(t *testing.T) *lazyfs.FS {
 	if _, err := os.Stat("/dev/fuse"); err != nil {
 		t.Skip("no /dev/fuse: the power-loss harness needs FUSE")
 	}
-	lfs, err := lazyfs.Mount(durTempDir(t, "backing"), durTempDir(t, "mnt"))
+	lfs, err := lazyfs.MountIn(lazyfsBin, durTempDir(t, "backing"), durTempDir(t, "mnt"))
 	if err != nil {
 		if os.Geteuid() != 0 {
 			t.Skipf("cannot mount lazyfs (run as root, or install fuse3): %v", err)
@@ -246,7 +246,7 @@ func runPowerLossWith(t *testing.T, load powerLossLoad) powerLossResult {
 			t.Fatalf("cycle %d: power cut: %v", cycle, err)
 		}
 		res.droppedBytes += rep.BytesDropped
-		if lfs, err = lazyfs.Mount(lfs.Backing, lfs.Mountpoint); err != nil {
+		if lfs, err = lfs.Remount(); err != nil {
 			t.Fatalf("cycle %d: remount: %v", cycle, err)
 		}
 		t.Cleanup(func() { _ = lfs.Unmount() })

@@ -44,6 +44,7 @@ type FS struct {
 	Mountpoint string
 
 	server *fuse.Server
+	child  *child // set when a child process serves the mount (MountIn)
 
 	mu      sync.Mutex
 	files   map[fileID]*fileState
@@ -124,6 +125,13 @@ func Mount(backing, mountpoint string) (*FS, error) {
 
 // Stats returns the counters since Mount.
 func (f *FS) Stats() Stats {
+	if f.child != nil {
+		r, _ := f.child.call("stats")
+		if r.Stats == nil {
+			return Stats{}
+		}
+		return *r.Stats
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.stats
@@ -131,6 +139,10 @@ func (f *FS) Stats() Stats {
 
 // Unsynced returns how many files have changes that a crash would undo.
 func (f *FS) Unsynced() int {
+	if f.child != nil {
+		r, _ := f.child.call("unsynced")
+		return r.Unsynced
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return len(f.files)
@@ -140,6 +152,10 @@ func (f *FS) Unsynced() int {
 // shutdown of the machine. It retries while the mount is busy, then
 // detaches it lazily.
 func (f *FS) Unmount() error {
+	if f.child != nil {
+		_, err := f.child.call("unmount")
+		return err
+	}
 	if f.server == nil {
 		return nil
 	}
@@ -165,6 +181,13 @@ func (f *FS) Unmount() error {
 // system is unmounted. Stop the processes that use it first (kill -9):
 // an open file keeps the mount busy until it is detached.
 func (f *FS) Crash() (CrashReport, error) {
+	if f.child != nil {
+		r, err := f.child.call("crash")
+		if r.Report == nil {
+			return CrashReport{}, err
+		}
+		return *r.Report, err
+	}
 	f.mu.Lock()
 	f.crashed = true
 	rep, err := f.restoreLocked()

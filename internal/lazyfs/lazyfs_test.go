@@ -3,6 +3,7 @@ package lazyfs
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -230,5 +231,60 @@ func TestStatsAndUnsynced(t *testing.T) {
 	}
 	if st := lfs.Stats(); st.Writes < 1 || st.Syncs < 1 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// The same file system served by cmd/lazyfs as a child process: its
+// answers, its crash, a remount served the same way, and no mount left
+// behind when the caller goes away without a word.
+func TestChildProcess(t *testing.T) {
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		t.Skip("no /dev/fuse")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("mounts FUSE: run as root")
+	}
+	helper := filepath.Join(t.TempDir(), "lazyfs")
+	if out, err := exec.Command("go", "build", "-o", helper, "./cmd/lazyfs").CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/lazyfs: %v\n%s", err, out)
+	}
+	lfs, err := MountIn(helper, t.TempDir(), t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(lfs.Mountpoint, "log")
+	writeFile(t, p, os.O_CREATE|os.O_WRONLY, []byte("synced"), 0, true)
+	writeFile(t, p, os.O_WRONLY, []byte("-lost"), 6, false)
+	if n := lfs.Unsynced(); n != 1 {
+		t.Errorf("unsynced = %d, want 1", n)
+	}
+	if st := lfs.Stats(); st.Writes != 2 || st.Syncs != 1 {
+		t.Errorf("stats %+v, want 2 writes, 1 sync", st)
+	}
+	rep, err := lfs.Crash()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Files != 1 || rep.BytesDropped != 5 {
+		t.Errorf("report %+v, want 1 file, 5 bytes dropped", rep)
+	}
+	if _, err := os.Stat(p); !os.IsNotExist(err) {
+		t.Errorf("after the crash: %v, want the mount gone", err)
+	}
+	again, err := lfs.Remount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantContent(t, filepath.Join(again.Mountpoint, "log"), []byte("synced"))
+	if again.child == nil {
+		t.Fatal("remounted in this process, not in a child")
+	}
+	// The caller dies: the child unmounts and exits.
+	_ = again.child.in.Close()
+	if err := again.child.cmd.Wait(); err != nil {
+		t.Fatalf("the child, its stdin closed: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(again.Mountpoint, "log")); !os.IsNotExist(err) {
+		t.Fatalf("the mount outlived its child: %v", err)
 	}
 }
