@@ -437,6 +437,7 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 // restoreKilled.
 func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 	t.Parallel()
+	filled := fillForInterruptedRestore(t)
 	for _, c := range []struct {
 		sig        os.Signal
 		brokenPipe bool
@@ -447,12 +448,18 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testRestoreInterrupted(t, c.sig, c.brokenPipe)
+			testRestoreInterrupted(t, filled, c.sig, c.brokenPipe)
 		})
 	}
 }
 
-func testRestoreInterrupted(t *testing.T, sig os.Signal, brokenPipe bool) {
+// filledStore is a stopped holdfast's store holding 30000 messages in
+// ORDERS, and a backup of it.
+type filledStore struct{ store, backup string }
+
+// fillForInterruptedRestore fills a store once for the interrupted
+// restores, each of which starts on a copy of it.
+func fillForInterruptedRestore(t *testing.T) filledStore {
 	in := newE2EInstance(t)
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
@@ -478,6 +485,21 @@ func testRestoreInterrupted(t *testing.T, sig os.Signal, brokenPipe bool) {
 	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
+	d.stop()
+	return filledStore{store: in.store, backup: dir}
+}
+
+func testRestoreInterrupted(t *testing.T, filled filledStore, sig os.Signal, brokenPipe bool) {
+	in := newE2EInstance(t)
+	dir := filepath.Join(t.TempDir(), "backup")
+	for from, to := range map[string]string{filled.store: in.store, filled.backup: dir} {
+		if out, err := exec.Command("cp", "-a", from, to).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+	}
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	_, js := e2eConnect(t, in)
 
 	restore := exec.Command(holdfastBin, "restore", "--config", in.cfg, "--replace", dir)
 	restore.Env = e2eEnv()
