@@ -59,9 +59,16 @@ old_skip=
 git rev-parse --quiet --verify "$old_commit^{commit}" >/dev/null ||
 	old_skip="commit $old_commit (the older package to upgrade from) is not in this clone: the upgrade from it needs the full history (git fetch --unshallow)"
 work=$(mktemp -d /var/tmp/holdfast-install-test.XXXXXX)
-nspawn_pid= ct_pid=
+nspawn_pid= ct_pid= piuparts_pid=
 cleanup() {
 	local rc=$1
+	# piuparts mounts /proc and more in its chroot below $work: it must
+	# have ended, and left nothing mounted there, before $work goes.
+	if [ -n "$piuparts_pid" ] && kill -0 "$piuparts_pid" 2>/dev/null; then
+		kill -TERM "$piuparts_pid" 2>/dev/null || true
+		wait "$piuparts_pid" 2>/dev/null || true
+	fi
+	findmnt -rn -o TARGET | grep "^$work/" | sort -r | xargs -r umount -l 2>/dev/null || true
 	if [ -n "$nspawn_pid" ] && kill -0 "$nspawn_pid" 2>/dev/null; then
 		kill -TERM "$nspawn_pid" 2>/dev/null || true
 		for _ in $(seq 1 30); do kill -0 "$nspawn_pid" 2>/dev/null || break; sleep 0.5; done
@@ -175,13 +182,15 @@ purge_left "chroot" "$work/files.before" "$work/files.after"
 log "chroot: installed and enabled for the next boot, then purged without a trace"
 
 # --- piuparts: install and purge in a copy of the root, no systemd running --
+# It works on its own copy of the cached root and takes over a minute
+# (apt-get update, install, purge, two scans of the file system): it runs
+# beside the container below, and its result is waited for at the end.
 if command -v piuparts >/dev/null 2>&1; then
-	log "piuparts (install, purge) on v1.deb"
+	log "piuparts (install, purge) on v1.deb: started, runs beside the rest"
 	piuparts --existing-chroot="$rootfs" --distribution=bookworm --mirror="$MIRROR" \
 		--keep-sources-list --no-upgrade-test --tmpdir="$work" \
-		"$work"/v1/holdfast_*.deb >"$work/piuparts.log" 2>&1 ||
-		{ grep -v 'by /usr merge' "$work/piuparts.log" | tail -40; die "piuparts"; }
-	log "piuparts: $(grep -o 'PASS: .*' "$work/piuparts.log" | tr '\n' ' ')"
+		"$work"/v1/holdfast_*.deb >"$work/piuparts.log" 2>&1 &
+	piuparts_pid=$!
 elif [ -n "${HOLDFAST_REQUIRE_PIUPARTS:-}" ]; then
 	die "piuparts not installed (apt-get install piuparts)"
 else
@@ -631,3 +640,13 @@ log "rpm: a masked unit is installed, not started"
 [ -n "$old_skip" ] || upgrade_from_old rpm
 in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after the upgrade from $v0"; }
 log "rpm: upgraded from $v0 with rpm -U, erased"
+
+# --- piuparts, started above ------------------------------------------------
+if [ -n "$piuparts_pid" ]; then
+	piuparts_rc=0
+	wait "$piuparts_pid" || piuparts_rc=$?
+	piuparts_pid=
+	[ "$piuparts_rc" = 0 ] ||
+		{ grep -v 'by /usr merge' "$work/piuparts.log" | tail -40; die "piuparts (exit $piuparts_rc)"; }
+	log "piuparts: $(grep -o 'PASS: .*' "$work/piuparts.log" | tr '\n' ' ')"
+fi
