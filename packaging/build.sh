@@ -45,6 +45,8 @@ rm -f "$dist"/holdfast_*.deb "$dist"/holdfast-*.rpm
 # The packaged config is `holdfast config` output: build for this machine first.
 host=$dist/build/host
 CGO_ENABLED=0 "$GO" build -trimpath -ldflags "$ldflags" -o "$host/holdfast" ./cmd/holdfast
+host_arch=
+[ "$("$GO" env GOOS)" != linux ] || host_arch=$("$GO" env GOARCH)
 "$host/holdfast" config --store-dir /var/lib/holdfast >"$host/holdfast.toml.new"
 mv "$host/holdfast.toml.new" "$host/holdfast.toml"
 # The manual page, from the same command definitions as `holdfast help`.
@@ -86,8 +88,14 @@ for arch in "$@"; do
 	dir=$dist/build/$arch
 	mkdir -p "$dir"
 	echo "package $arch: binary, licence notices, deb, rpm"
-	CGO_ENABLED=0 GOOS=linux GOARCH=$arch "$GO" build -trimpath -ldflags "$ldflags" \
-		-o "$dir/holdfast" ./cmd/holdfast
+	if [ "$arch" = "$host_arch" ]; then
+		# The same build as the host's binary above (go build with
+		# -trimpath is reproducible): not linked a second time.
+		cp "$host/holdfast" "$dir/holdfast"
+	else
+		CGO_ENABLED=0 GOOS=linux GOARCH=$arch "$GO" build -trimpath -ldflags "$ldflags" \
+			-o "$dir/holdfast" ./cmd/holdfast
+	fi
 	cp "$host/holdfast.toml" "$host/holdfast.1.gz" "$host/holdfast.bash" "$dir/"
 	"$GO" run ./packaging/notices -goroot "$("$GO" env GOROOT)" -modcache "$("$GO" env GOMODCACHE)" \
 		"$dir/holdfast" >"$dir/third-party-licenses.new"
