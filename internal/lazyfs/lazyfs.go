@@ -159,9 +159,21 @@ func (f *FS) Unmount() error {
 	if f.server == nil {
 		return nil
 	}
+	// The serve loop ends once the kernel drops the connection, which
+	// a mount namespace made while this was mounted (a container started
+	// meanwhile: systemd-nspawn, unshare -m) keeps until it goes; the
+	// install test's container held the power-loss tests' cuts for
+	// minutes. go-fuse's Unmount waits for that loop: as root (a direct
+	// mount) the mount is taken off here with umount(2) instead, and
+	// the loop left to end with that namespace (a child process serving
+	// the mount exits, which ends the connection for it at once).
+	unmount := f.server.Unmount
+	if os.Geteuid() == 0 {
+		unmount = func() error { return syscall.Unmount(f.Mountpoint, 0) }
+	}
 	var err error
 	for i := 0; i < 50; i++ {
-		if err = f.server.Unmount(); err == nil {
+		if err = unmount(); err == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -171,7 +183,15 @@ func (f *FS) Unmount() error {
 			return fmt.Errorf("lazyfs: unmount %s: %w (lazy unmount: %v)", f.Mountpoint, err, lerr)
 		}
 	}
-	f.server.Wait()
+	done := make(chan struct{})
+	go func(s *fuse.Server) {
+		s.Wait()
+		close(done)
+	}(f.server)
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
 	f.server = nil
 	return nil
 }

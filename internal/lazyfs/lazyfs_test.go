@@ -2,11 +2,13 @@ package lazyfs
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // mountT mounts a fresh lazy file system and unmounts it when the test
@@ -287,4 +289,54 @@ func TestChildProcess(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(again.Mountpoint, "log")); !os.IsNotExist(err) {
 		t.Fatalf("the mount outlived its child: %v", err)
 	}
+}
+
+// A mount namespace made while the file system is mounted (the install
+// test's container, booted beside the power-loss tests) keeps a copy of
+// the mount, and with it the FUSE connection, until it goes: a crash
+// must not wait for that. It waited for the namespace's end (minutes
+// in CI, 60 s here).
+func TestCrashWhileAnotherNamespaceHoldsTheMount(t *testing.T) {
+	lfs := mountT(t)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("no unshare (util-linux)")
+	}
+	writeFile(t, filepath.Join(lfs.Mountpoint, "f"), os.O_CREATE|os.O_WRONLY, []byte("synced"), 0, true)
+	ns := exec.Command(unshare, "--mount", "--propagation", "unchanged", "sleep", "60")
+	if err := ns.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = ns.Process.Kill()
+		_ = ns.Wait()
+	}()
+	self, err := os.Readlink("/proc/self/ns/mnt")
+	if err != nil {
+		t.Skip("no /proc/self/ns/mnt:", err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		other, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", ns.Process.Pid))
+		info, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", ns.Process.Pid))
+		if other != "" && other != self && bytes.Contains(info, []byte(lfs.Mountpoint)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("unshare made no mount namespace holding the mount")
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := lfs.Crash()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the crash waits for the other mount namespace to go")
+	}
+	wantContent(t, filepath.Join(lfs.Backing, "f"), []byte("synced"))
 }
