@@ -437,7 +437,10 @@ func TestBackupProgressBarAfterDone(t *testing.T) {
 // restoreKilled.
 func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 	t.Parallel()
-	filled := fillForInterruptedRestore(t)
+	// The first subtest to run fills the store the others start from:
+	// filled before the subtests, in the parent, it put them at the end
+	// of the queue of parallel tests, the last to finish.
+	filled := &sharedFill{dir: t.TempDir()}
 	for _, c := range []struct {
 		sig        os.Signal
 		brokenPipe bool
@@ -448,7 +451,7 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			testRestoreInterrupted(t, filled, c.sig, c.brokenPipe)
+			testRestoreInterrupted(t, filled.get(t), c.sig, c.brokenPipe)
 		})
 	}
 }
@@ -457,10 +460,31 @@ func TestRestoreInterruptedStreamCreatedAgain(t *testing.T) {
 // ORDERS, and a backup of it.
 type filledStore struct{ store, backup string }
 
-// fillForInterruptedRestore fills a store once for the interrupted
+// sharedFill is a filledStore made once, in dir, by the first test that
+// asks for it.
+type sharedFill struct {
+	dir    string
+	once   sync.Once
+	filled filledStore
+	ok     bool
+}
+
+func (s *sharedFill) get(t *testing.T) filledStore {
+	s.once.Do(func() {
+		s.filled = fillForInterruptedRestore(t, s.dir)
+		s.ok = true
+	})
+	if !s.ok {
+		t.Fatal("filling the store failed: see the test that filled it")
+	}
+	return s.filled
+}
+
+// fillForInterruptedRestore fills a store in dir for the interrupted
 // restores, each of which starts on a copy of it.
-func fillForInterruptedRestore(t *testing.T) filledStore {
-	in := newE2EInstance(t)
+func fillForInterruptedRestore(t *testing.T, dir string) filledStore {
+	in := &e2eInstance{store: filepath.Join(dir, "store"), port: natstest.FreePort(t)}
+	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, ""))
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js := e2eConnect(t, in)
@@ -481,12 +505,12 @@ func fillForInterruptedRestore(t *testing.T) filledStore {
 			t.Fatal("publishing did not complete")
 		}
 	}
-	dir := filepath.Join(t.TempDir(), "backup")
-	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 0 {
+	backup := filepath.Join(dir, "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, backup); res.code != 0 {
 		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	d.stop()
-	return filledStore{store: in.store, backup: dir}
+	return filledStore{store: in.store, backup: backup}
 }
 
 func testRestoreInterrupted(t *testing.T, filled filledStore, sig os.Signal, brokenPipe bool) {
