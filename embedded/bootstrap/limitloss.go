@@ -27,10 +27,10 @@ import (
 // The server enforces max_msgs and max_bytes on an update only with
 // discard old; max_age always. A stream that holds more than its
 // max_msgs or max_bytes (lowered while discard was new) keeps discard new
-// when discard old would delete such messages. max_msgs is judged by counting from the
-// first sequence (a stream with interior deletes may lose a little more
-// than estimated); max_bytes by the stored size of the messages from the
-// oldest unprocessed one on (see removedByMaxBytes).
+// when discard old would delete such messages. max_msgs is judged by the
+// messages held from the oldest unprocessed one on, interior deletes
+// counted (see interiorDeletes); max_bytes by the stored size of the
+// messages from it on (see removedByMaxBytes).
 func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, have jetstream.StreamConfig, next *jetstream.StreamConfig) ([]string, error) {
 	lowered := func(h, n int64) bool { return n > 0 && (h <= 0 || n < h) }
 	// enforced: the server starts enforcing max_msgs and max_bytes as
@@ -50,22 +50,13 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 	if st.Msgs == 0 {
 		return nil, nil
 	}
-	// removedUpTo is the last sequence a limit would remove (0: none).
-	removedUpTo := func(n uint64) uint64 {
-		if n == 0 {
-			return 0
-		}
-		return st.FirstSeq + n - 1
-	}
-	var msgsTo uint64
-	if msgs && st.Msgs > uint64(next.MaxMsgs) {
-		msgsTo = removedUpTo(st.Msgs - uint64(next.MaxMsgs))
-	}
+	msgs = msgs && st.Msgs > uint64(next.MaxMsgs)
 	bytes = bytes && st.Bytes > uint64(next.MaxBytes)
 	cutoff := time.Now().Add(-next.MaxAge)
-	if msgsTo == 0 && !bytes && (!age || !st.FirstTime.Before(cutoff)) {
+	if !msgs && !bytes && (!age || !st.FirstTime.Before(cutoff)) {
 		return nil, nil
 	}
+	var deleted *deletedSeqs
 
 	var kept []string
 	keep := func(field, value, consumer string, seq uint64) {
@@ -100,7 +91,18 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		if oldest.seq == 0 || first < oldest.seq {
 			oldest.name, oldest.seq = ci.Name, first
 		}
-		if msgs && first <= msgsTo {
+		removed := false
+		if msgs {
+			if deleted == nil {
+				if deleted, err = interiorDeletes(ctx, s, st); err != nil {
+					return nil, err
+				}
+			}
+			// max_msgs keeps the newest messages: first goes when more
+			// than that many are held from it on.
+			removed = deleted.heldFrom(first) > uint64(next.MaxMsgs)
+		}
+		if removed {
 			if keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first); !enforced {
 				next.MaxMsgs, msgs = have.MaxMsgs, false
 			}
@@ -127,6 +129,57 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		}
 	}
 	return kept, nil
+}
+
+// maxDeletedDetails is how many interior deletes interiorDeletes asks
+// the server to list at most. A stream with more is judged as if all of
+// them were before the oldest unprocessed message: that can hold back a
+// max_msgs that would remove processed messages only, never apply one
+// that removes an unprocessed one.
+const maxDeletedDetails = 100_000
+
+// deletedSeqs are a stream's interior deletes: the sequences between its
+// first and last that it no longer holds.
+type deletedSeqs struct {
+	msgs, first, num uint64
+	seqs             []uint64 // sorted; nil when not listed
+}
+
+// interiorDeletes lists st's interior deletes (not asked for when there
+// are none, or more than maxDeletedDetails).
+func interiorDeletes(ctx context.Context, s jetstream.Stream, st jetstream.StreamState) (*deletedSeqs, error) {
+	d := &deletedSeqs{msgs: st.Msgs, first: st.FirstSeq, num: uint64(st.NumDeleted)}
+	if d.num == 0 || d.num > maxDeletedDetails {
+		return d, nil
+	}
+	info, err := s.Info(ctx, jetstream.WithDeletedDetails(true))
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the deleted messages of stream %s: %w", s.CachedInfo().Config.Name, err)
+	}
+	d.seqs = slices.Clone(info.State.Deleted)
+	slices.Sort(d.seqs)
+	d.num = uint64(len(d.seqs))
+	return d, nil
+}
+
+// heldFrom is how many messages the stream holds from sequence seq on:
+// all of them, less those held before seq (the sequences from the first
+// up to seq, less the deleted ones among them).
+func (d *deletedSeqs) heldFrom(seq uint64) uint64 {
+	if seq <= d.first {
+		return d.msgs
+	}
+	span := seq - d.first
+	gone := d.num // not listed: all taken as before seq
+	if d.seqs != nil {
+		n, _ := slices.BinarySearch(d.seqs, seq)
+		gone = uint64(n)
+	}
+	before := span - min(gone, span)
+	if before >= d.msgs {
+		return 0
+	}
+	return d.msgs - before
 }
 
 // maxSizeWalk is how many messages removedByMaxBytes reads at most.

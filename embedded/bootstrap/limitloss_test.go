@@ -314,3 +314,72 @@ func TestBootstrapSplitsWorkQueueConsumer(t *testing.T) {
 		t.Errorf("WORKER2 has %d messages pending, want the 3 orders.paid", ci.NumPending)
 	}
 }
+
+// TestBootstrapKeepsMaxMsgsOverInteriorDeletes: max_msgs is judged by the
+// messages the stream holds, not by its sequence numbers: with processed
+// messages deleted in between (nats stream rmm, a workqueue's acks out
+// of order), the lowest sequences the server removes reach further than
+// first sequence + count. Before, max_msgs = 9 here was applied and
+// deleted unprocessed message 11.
+func TestBootstrapKeepsMaxMsgsOverInteriorDeletes(t *testing.T) {
+	t.Parallel()
+	cfg, s, lb := backlogged(t, 20)
+	js := s.JetStream()
+	processWorker1(t, js, 10)
+	st, err := js.Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(3); seq <= 8; seq++ {
+		if err := st.DeleteMsg(natstest.Context(t), seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Held: 1, 2, 9 and 10 processed, 11 to 20 not. max_msgs = 9 keeps
+	// the newest nine, 12 to 20.
+	cfg.Streams["ORDERS"].MaxMsgs = 9
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatal(err)
+	}
+	si := natstest.StreamInfo(t, js, "ORDERS")
+	if si.State.Msgs != 14 || si.Config.MaxMsgs != 1_000_000 {
+		t.Fatalf("ORDERS after max_msgs = 9: %d messages from %d, max_msgs %d; want all 14 kept and max_msgs held back (11 is unprocessed)",
+			si.State.Msgs, si.State.FirstSeq, si.Config.MaxMsgs)
+	}
+	if !strings.Contains(lb.String(), "streams.ORDERS.max_msgs = 9 not applied") || !strings.Contains(lb.String(), "from stream sequence 11") {
+		t.Errorf("log does not say max_msgs = 9 was held back for sequence 11:\n%s", lb.String())
+	}
+	// max_msgs = 10 removes 1, 2, 9 and 10 only: applied.
+	cfg.Streams["ORDERS"].MaxMsgs = 10
+	if err := Apply(natstest.Context(t), js, cfg, s.base); err != nil {
+		t.Fatal(err)
+	}
+	si = natstest.StreamInfo(t, js, "ORDERS")
+	if si.Config.MaxMsgs != 10 || si.State.Msgs != 10 || si.State.FirstSeq != 11 {
+		t.Fatalf("ORDERS after max_msgs = 10: %d messages from %d, max_msgs %d; want it applied, 11 to 20 kept",
+			si.State.Msgs, si.State.FirstSeq, si.Config.MaxMsgs)
+	}
+}
+
+// heldFrom counts the messages held from a sequence on; with the deletes
+// not listed (too many to ask for) it takes them all as before it, so
+// that a max_msgs is held back rather than applied when in doubt.
+func TestHeldFrom(t *testing.T) {
+	// Held: 1, 2, 9 to 20 (3 to 8 deleted).
+	listed := &deletedSeqs{msgs: 14, first: 1, num: 6, seqs: []uint64{3, 4, 5, 6, 7, 8}}
+	unlisted := &deletedSeqs{msgs: 14, first: 1, num: 6}
+	for _, c := range []struct {
+		d        *deletedSeqs
+		seq      uint64
+		want     uint64
+		deletion string
+	}{
+		{listed, 1, 14, "listed"}, {listed, 2, 13, "listed"}, {listed, 5, 12, "listed"},
+		{listed, 9, 12, "listed"}, {listed, 11, 10, "listed"}, {listed, 20, 1, "listed"}, {listed, 21, 0, "listed"},
+		{unlisted, 2, 14, "unlisted"}, {unlisted, 5, 14, "unlisted"}, {unlisted, 11, 10, "unlisted"}, {unlisted, 40, 0, "unlisted"},
+	} {
+		if got := c.d.heldFrom(c.seq); got != c.want {
+			t.Errorf("%s deletes: heldFrom(%d) = %d, want %d", c.deletion, c.seq, got, c.want)
+		}
+	}
+}
