@@ -1336,12 +1336,29 @@ func TestClientAtomicBatchRefusedAsDisabled(t *testing.T) {
 // a stream is followed by nothing until it is answered, and is published
 // again in place when refused: every publisher gets its PubAcks, then
 // only errors.
+//
+// So when a batch is slow to be answered: a batch that took longer than
+// stallAfter (2 s, seen under CI load) let the next go out, with the same
+// result; here every batch takes longer than a stallAfter of 1 ms.
 func TestStreamFullDiscardNewKeepsOrder(t *testing.T) {
 	t.Parallel()
+	for _, stall := range []time.Duration{0, time.Millisecond} {
+		name := "stall after 2s"
+		if stall > 0 {
+			name = "stall after " + stall.String()
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			testStreamFullDiscardNewKeepsOrder(t, stall)
+		})
+	}
+}
+
+func testStreamFullDiscardNewKeepsOrder(t *testing.T, stall time.Duration) {
 	s := natstest.RunServer(t, natstest.SyncAlways)
 	js := natstest.JetStream(t, natstest.Connect(t, s))
 	const publishers, each, room = 4, 1500, 2500
-	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true}, func(sc *jetstream.StreamConfig) {
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true, stallAfter: stall}, func(sc *jetstream.StreamConfig) {
 		sc.MaxMsgs, sc.Discard = room, jetstream.DiscardNew
 	})
 	var all [][]jetstream.PubAckFuture
