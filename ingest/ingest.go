@@ -99,8 +99,8 @@ type Options struct {
 	AllowAtomic bool
 	// Metrics, when set, observes each commit.
 	Metrics *Metrics
-	// stallAfter replaces the constant stallAfter when set (tests).
-	stallAfter time.Duration
+	// stall replaces the constant stallAfter when set (tests).
+	stall time.Duration
 	// MaxWaitingBytes and MaxWaitingMsgs bound the messages taken and
 	// not yet sent (0: DefaultMaxWaitingBytes, DefaultMaxWaitingMsgs);
 	// past either, a publish gets the server's own "too many requests"
@@ -432,7 +432,7 @@ func (c *Committer) Stats() Stats {
 
 func (c *Committer) run(ctx context.Context) {
 	defer close(c.done)
-	tick := time.NewTicker(c.stallAfter() / 8)
+	tick := time.NewTicker(c.stallLimit() / 8)
 	defer tick.Stop()
 	closing := c.closing
 	for {
@@ -1190,11 +1190,11 @@ func (c *Committer) forgetOldest(keep int) {
 	c.idOrder = c.idOrder[n:]
 }
 
-// stallAfter is how long a unit may go unanswered before dispatch stops
-// holding later messages back for it.
-func (c *Committer) stallAfter() time.Duration {
-	if c.opts.stallAfter > 0 {
-		return c.opts.stallAfter
+// stallLimit is how long a unit may go unanswered before dispatch stops
+// holding later messages back for it: stallAfter, but in tests.
+func (c *Committer) stallLimit() time.Duration {
+	if c.opts.stall > 0 {
+		return c.opts.stall
 	}
 	return stallAfter
 }
@@ -1224,14 +1224,14 @@ func (c *Committer) expire() {
 	}
 	for id, u := range c.inflight {
 		age := time.Since(u.start)
-		if age > c.stallAfter() && !u.stalled && !(u.risky && c.opts.DiscardNew) {
+		if age > c.stallLimit() && !u.stalled && !(u.risky && c.opts.DiscardNew) {
 			u.stalled = true
 			c.live--
 			if u.risky {
 				u.risky = false
 				c.risky--
 			}
-			c.log.Warn("no answer from the stream yet: later publishes go on without waiting for it", "msgs", len(u.msgs), "after", c.stallAfter())
+			c.log.Warn("no answer from the stream yet: later publishes go on without waiting for it", "msgs", len(u.msgs), "after", c.stallLimit())
 		}
 		if age > answerTimeout {
 			c.log.Warn("no answer from the stream: its clients get none either", "msgs", len(u.msgs), "after", answerTimeout)

@@ -1358,7 +1358,7 @@ func testStreamFullDiscardNewKeepsOrder(t *testing.T, stall time.Duration) {
 	s := natstest.RunServer(t, natstest.SyncAlways)
 	js := natstest.JetStream(t, natstest.Connect(t, s))
 	const publishers, each, room = 4, 1500, 2500
-	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true, stallAfter: stall}, func(sc *jetstream.StreamConfig) {
+	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, DiscardNew: true, stall: stall}, func(sc *jetstream.StreamConfig) {
 		sc.MaxMsgs, sc.Discard = room, jetstream.DiscardNew
 	})
 	var all [][]jetstream.PubAckFuture
