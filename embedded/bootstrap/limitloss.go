@@ -91,7 +91,6 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 		if oldest.seq == 0 || first < oldest.seq {
 			oldest.name, oldest.seq = ci.Name, first
 		}
-		removed := false
 		if msgs {
 			if deleted == nil {
 				if deleted, err = interiorDeletes(ctx, s, st); err != nil {
@@ -100,11 +99,10 @@ func keepLimitsThatWouldLoseMessages(ctx context.Context, s jetstream.Stream, ha
 			}
 			// max_msgs keeps the newest messages: first goes when more
 			// than that many are held from it on.
-			removed = deleted.heldFrom(first) > uint64(next.MaxMsgs)
-		}
-		if removed {
-			if keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first); !enforced {
-				next.MaxMsgs, msgs = have.MaxMsgs, false
+			if deleted.heldFrom(first) > uint64(next.MaxMsgs) {
+				if keep("max_msgs", fmt.Sprint(next.MaxMsgs), ci.Name, first); !enforced {
+					next.MaxMsgs, msgs = have.MaxMsgs, false
+				}
 			}
 		}
 		if age && t.Before(cutoff) {
