@@ -483,8 +483,7 @@ func (s *sharedFill) get(t *testing.T) filledStore {
 // fillForInterruptedRestore fills a store in dir for the interrupted
 // restores, each of which starts on a copy of it.
 func fillForInterruptedRestore(t *testing.T, dir string) filledStore {
-	in := &e2eInstance{store: filepath.Join(dir, "store"), port: natstest.FreePort(t)}
-	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, ""))
+	in := newE2EInstanceIn(t, dir)
 	d := startHoldfast(t, in.cfg)
 	d.waitReady()
 	_, js := e2eConnect(t, in)

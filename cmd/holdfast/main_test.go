@@ -151,7 +151,14 @@ type e2eInstance struct {
 
 func newE2EInstance(t *testing.T) *e2eInstance {
 	t.Helper()
-	in := &e2eInstance{store: filepath.Join(t.TempDir(), "store"), port: natstest.FreePort(t)}
+	return newE2EInstanceIn(t, t.TempDir())
+}
+
+// newE2EInstanceIn is newE2EInstance with its store in dir, which may
+// outlive the test.
+func newE2EInstanceIn(t *testing.T, dir string) *e2eInstance {
+	t.Helper()
+	in := &e2eInstance{store: filepath.Join(dir, "store"), port: natstest.FreePort(t)}
 	in.cfg = e2eWriteConfig(t, e2eConfigTOML(in.store, in.port, ""))
 	return in
 }

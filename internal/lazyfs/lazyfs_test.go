@@ -41,7 +41,7 @@ func crashAndRemount(t *testing.T, lfs *FS) (*FS, CrashReport) {
 	if err != nil {
 		t.Fatalf("crash: %v", err)
 	}
-	again, err := Mount(lfs.Backing, lfs.Mountpoint)
+	again, err := lfs.Remount()
 	if err != nil {
 		t.Fatal(err)
 	}
