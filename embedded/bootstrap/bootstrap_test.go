@@ -28,6 +28,17 @@ func bootstrapped(t *testing.T, cfg *config.Config) (*testServer, *natstest.Buff
 	return s, lb
 }
 
+// wantIn fails t for each of wants that text, what the test calls
+// what, lacks.
+func wantIn(t *testing.T, what, text string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(text, want) {
+			t.Errorf("%s lacks %q:\n%s", what, want, text)
+		}
+	}
+}
+
 func publish(t *testing.T, js jetstream.JetStream, subject string, n int) {
 	t.Helper()
 	for i := 0; i < n; i++ {
@@ -431,11 +442,7 @@ func TestBootstrapDriftChangesNothing(t *testing.T) {
 	if !errors.Is(err, ErrDrift) {
 		t.Fatalf("Bootstrap = %v, want ErrDrift", err)
 	}
-	for _, want := range []string{"streams.ZZZ.retention", "consumers.WORKER1", "backoff"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error lacks %q: %v", want, err)
-		}
-	}
+	wantIn(t, "error", err.Error(), "streams.ZZZ.retention", "consumers.WORKER1", "backoff")
 	if after := natstest.StreamInfo(t, js, "ORDERS").Config; !reflect.DeepEqual(after, before) {
 		t.Errorf("ORDERS changed although the bootstrap was refused:\nbefore %+v\nafter  %+v", before, after)
 	}
@@ -462,11 +469,7 @@ func TestBootstrapOverlapNamesTheOtherStream(t *testing.T) {
 	if err == nil {
 		t.Fatal("Bootstrap created SALES beside ORDERS on the same subjects")
 	}
-	for _, want := range []string{"streams.SALES.subjects = [orders.*]", "overlap stream ORDERS", "3 messages", "nats stream rm"} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("error lacks %q: %v", want, err)
-		}
-	}
+	wantIn(t, "error", err.Error(), "streams.SALES.subjects = [orders.*]", "overlap stream ORDERS", "3 messages", "nats stream rm")
 	if si := natstest.StreamInfo(t, js, "ORDERS"); si.State.Msgs != 3 {
 		t.Errorf("ORDERS holds %d messages, want 3", si.State.Msgs)
 	}
@@ -497,11 +500,7 @@ func TestBootstrapWorkQueueNamesTheOtherConsumer(t *testing.T) {
 			if err == nil {
 				t.Fatal("Bootstrap created WORKER2 beside WORKER1 on a workqueue stream")
 			}
-			for _, want := range []string{"[consumers.WORKER2]", "consumer WORKER1", "3 messages", "nats consumer rm ORDERS WORKER1"} {
-				if !strings.Contains(err.Error(), want) {
-					t.Errorf("error lacks %q: %v", want, err)
-				}
-			}
+			wantIn(t, "error", err.Error(), "[consumers.WORKER2]", "consumer WORKER1", "3 messages", "nats consumer rm ORDERS WORKER1")
 		})
 	}
 }
