@@ -310,10 +310,16 @@ func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The server's TLS timeout (2 s) bounds each handshake; on a loaded
+	// machine under -race one took longer, again and again, and the edge
+	// never linked within the wait. This test is about which name is
+	// verified, not about handshake speed.
+	const handshake = 20.0
 	hubPort := natstest.FreePort(t)
 	natstest.RunServer(t, func(o *server.Options) {
 		o.ServerName = "hub"
 		o.LeafNode.Host, o.LeafNode.Port, o.LeafNode.TLSConfig = "127.0.0.1", hubPort, hubTLS
+		o.LeafNode.TLSTimeout = handshake
 	})
 	roots, err := linkTLS("test", "", "", certs.CA, false)
 	if err != nil {
@@ -328,9 +334,9 @@ func TestAssumeRemoteURLsTLSNamePerURL(t *testing.T) {
 		}
 		edge := natstest.RunServer(t, func(o *server.Options) {
 			o.ServerName = "edge"
-			o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots.Clone()}}
+			o.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: urls, NoRandomize: true, TLS: true, TLSConfig: roots.Clone(), TLSTimeout: handshake}}
 		})
-		natstest.CheckFor(t, 10*time.Second, 50*time.Millisecond, func() error {
+		natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
 			if n := edge.NumLeafNodes(); n != 1 {
 				return fmt.Errorf("%d leafnode connections to the hub through %q, want 1", n, hosts)
 			}
