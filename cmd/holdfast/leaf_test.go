@@ -614,17 +614,21 @@ func TestLeafSourcesFromHub(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// An edge that creates CMDS before its link carries the hub's API
+	// (a loaded machine: the bootstrap ran first) gets no answer to the
+	// server's request for a source consumer, and the server waits 30 s
+	// before it asks again, link or not (docs/edge-and-hub.md).
 	for _, e := range []*leafNode{e1, e2} {
 		_, js := e2eConnect(t, e.inst)
-		natstest.CheckFor(t, 20*time.Second, 100*time.Millisecond, func() error {
-			if n := natstest.StreamInfo(t, js, "CMDS").State.Msgs; n != 2 {
-				return fmt.Errorf("%s CMDS holds %d, want the hub's 2 commands", e.name, n)
+		natstest.CheckFor(t, 60*time.Second, 100*time.Millisecond, func() error {
+			if si := natstest.StreamInfo(t, js, "CMDS"); si.State.Msgs != 2 {
+				return fmt.Errorf("%s CMDS holds %d, want the hub's 2 commands; its sources: %s", e.name, si.State.Msgs, sourcesOf(si))
 			}
 			return nil
 		})
 	}
 	// edge2's mirror is full: the third command cannot be stored there.
-	if _, err := hjs.Publish(ctx, "cmd.reboot", []byte("2")); err != nil {
+	if _, err := hjs.Publish(natstest.Context(t), "cmd.reboot", []byte("2")); err != nil {
 		t.Fatal(err)
 	}
 	_, js1 := e2eConnect(t, e1.inst)
@@ -1704,4 +1708,17 @@ func TestLeafHubStoreWiped(t *testing.T) {
 	if h := hub.get(t, "/healthz"); !strings.Contains(h, "this hub lost messages of edge edge1 (stream ORDERS) that it had acknowledged") {
 		t.Errorf("hub /healthz does not say it lost edge1's messages:\n%s", h)
 	}
+}
+
+// sourcesOf describes a stream's mirror and sources as the server sees
+// them, for a failure message.
+func sourcesOf(si *jetstream.StreamInfo) string {
+	var b strings.Builder
+	for _, src := range append([]*jetstream.StreamSourceInfo{si.Mirror}, si.Sources...) {
+		if src == nil {
+			continue
+		}
+		fmt.Fprintf(&b, "[%s lag %d active %v error %v] ", src.Name, src.Lag, src.Active, src.Error)
+	}
+	return b.String()
 }
