@@ -604,7 +604,8 @@ func restoreKilled(t *testing.T, in *e2eInstance, js jetstream.JetStream, out st
 			t.Fatalf("%v after the restore was killed: a publish was acknowledged (%+v) by what it left", after, ack)
 		}
 	}
-	if res := runHoldfast(t, nil, "restore", "--config", in.cfg, "--replace", m[1]); res.code != 0 {
+	// 30000 messages, each flushed: over 30 s on a loaded machine.
+	if res := runHoldfastWithin(t, 3*time.Minute, "restore", "--config", in.cfg, "--replace", m[1]); res.code != 0 {
 		t.Fatalf("restore --replace of the copy: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
 	s, err := js.Stream(natstest.Context(t), "ORDERS")

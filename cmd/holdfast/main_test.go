@@ -187,11 +187,24 @@ func runHoldfast(t *testing.T, stdin []byte, args ...string) e2eResult {
 	return e2eRunBinary(t, holdfastBin, nil, stdin, args...)
 }
 
+// runHoldfastWithin is runHoldfast for a command that may take longer
+// than 30 s on a loaded machine, such as a restore into a store with
+// sync = "always" (a flush per message).
+func runHoldfastWithin(t *testing.T, timeout time.Duration, args ...string) e2eResult {
+	t.Helper()
+	return runBinaryWithin(t, timeout, holdfastBin, nil, nil, args...)
+}
+
 // e2eRunBinary runs bin to completion with extra environment variables env
-// ("NAME=value") and stdin (both may be nil).
+// ("NAME=value") and stdin (both may be nil), within 30 s.
 func e2eRunBinary(t *testing.T, bin string, env []string, stdin []byte, args ...string) e2eResult {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	return runBinaryWithin(t, 30*time.Second, bin, env, stdin, args...)
+}
+
+func runBinaryWithin(t *testing.T, timeout time.Duration, bin string, env []string, stdin []byte, args ...string) e2eResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(e2eEnv(), env...)
