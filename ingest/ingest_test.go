@@ -361,7 +361,7 @@ func TestMessagesAtMaxMsgSizeFailNoBatch(t *testing.T) {
 	c := startIngest(t, s, js, Options{Stream: "S", Subjects: []string{"s.*"}, MaxMsgSize: maxSize}, func(sc *jetstream.StreamConfig) { sc.MaxMsgSize = maxSize })
 	// What the header block "NATS/1.0\r\nX: y\r\n\r\n" takes of the limit.
 	const hdrBytes = len("NATS/1.0\r\nX: y\r\n\r\n")
-	const publishers, each = 4, 3000
+	const publishers, each = 4, 1000
 	var wg sync.WaitGroup
 	errs := make(chan error, publishers*each)
 	for p := range publishers {
@@ -433,7 +433,7 @@ func TestUnsendableHeadersRefusedAlone(t *testing.T) {
 	blocks := []string{"NATS/1.0\r\nX-Eq=Name: v\r\n\r\n", "NATS/1.0\r\nno colon\r\n\r\n"}
 	const bad = 20
 
-	const publishers, each = 4, 3000
+	const publishers, each = 4, 1000
 	var wg sync.WaitGroup
 	errs := make(chan error, publishers*each)
 	for p := range publishers {
