@@ -12,6 +12,7 @@ package natstest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -19,7 +20,9 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -174,42 +177,87 @@ func ConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *je
 // twice), and the servers' outgoing connections may take a port from the
 // ephemeral range before its test binds it (a node never becomes ready).
 // So the ports come from below the ephemeral range (ip_local_port_range
-// starts at 32768), and none is handed out twice in a test binary.
+// starts at 32768), and none is handed out twice on the machine while the
+// test binary that took it runs: go test runs several packages' binaries
+// at once, and two of them took the same port in the moment between its
+// pick and its bind (a node failed with "address already in use"). A
+// port is claimed with a lock on a file named after it (claimPort), which
+// the kernel lets go when the binary ends, however it ends.
 func FreePort(t testing.TB) int {
 	t.Helper()
+	p, err := freePort(portsFrom, portsTo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func freePort(from, to int) (int, error) {
 	handedOut.Lock()
 	defer handedOut.Unlock()
 	if handedOut.ports == nil {
-		handedOut.ports = map[int]bool{}
+		handedOut.ports = map[int]*os.File{}
 	}
 	for range 1000 {
-		p := portsFrom + rand.IntN(portsTo-portsFrom)
-		if handedOut.ports[p] {
+		p := from + rand.IntN(to-from)
+		if _, ok := handedOut.ports[p]; ok {
 			continue
+		}
+		claim, err := claimPort(p)
+		if err != nil {
+			return 0, err
+		}
+		if claim == nil {
+			continue // another test binary's
 		}
 		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 		if err != nil {
+			claim.Close()
 			continue // taken
 		}
 		ln.Close()
-		handedOut.ports[p] = true
-		return p
+		handedOut.ports[p] = claim
+		return p, nil
 	}
-	t.Fatalf("no free TCP port of 127.0.0.1 in %d-%d after 1000 tries", portsFrom, portsTo)
-	return 0
+	return 0, fmt.Errorf("no free TCP port of 127.0.0.1 in %d-%d after 1000 tries", from, to)
+}
+
+// claimPort takes an exclusive lock on the file of port p in portLocks,
+// kept (the file open) until this process ends. It returns nil when
+// another process holds it.
+func claimPort(p int) (*os.File, error) {
+	dir := filepath.Join(os.TempDir(), portLocks)
+	if err := os.MkdirAll(dir, 0o777); err != nil {
+		return nil, fmt.Errorf("port claims: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	if err != nil {
+		return nil, fmt.Errorf("port claims: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		f.Close()
+		if errors.Is(err, syscall.EWOULDBLOCK) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("port claims: lock %s: %w", f.Name(), err)
+	}
+	return f, nil
 }
 
 // The range FreePort picks from: below Linux's ephemeral ports (32768-
-// 60999 by default), above the well-known ones.
+// 60999 by default), above the well-known ones; portLocks is the
+// directory under os.TempDir() of the claims.
 const (
 	portsFrom = 20000
 	portsTo   = 32000
+	portLocks = "holdfast-test-ports"
 )
 
-// handedOut holds every port FreePort returned in this test binary.
+// handedOut holds every port FreePort returned in this test binary, with
+// the file that claims it.
 var handedOut struct {
 	sync.Mutex
-	ports map[int]bool
+	ports map[int]*os.File
 }
 
 // Context returns a context that ends with the test or after 30 seconds,

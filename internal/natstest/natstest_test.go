@@ -1,13 +1,17 @@
 package natstest
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -90,6 +94,87 @@ func TestFreePort(t *testing.T) {
 		}
 		seen[p] = true
 	}
+}
+
+// TestFreePortAcrossTestBinaries: go test runs several packages' test
+// binaries at once; a port one of them holds is never handed out by
+// another while it runs. The same binary, run again as a child, takes 5
+// of the 10 ports of a range and waits; this one then takes the 5 others
+// (without the claims, each pick is a guess: the child binds none of
+// them). Once the child has ended, its ports are free to take again.
+func TestFreePortAcrossTestBinaries(t *testing.T) {
+	if os.Getenv("NATSTEST_CLAIM_CHILD") != "" {
+		claimAsChild(t)
+		return
+	}
+	// Ten ports no other test uses (FreePort's end at 32000), below the
+	// ephemeral ones.
+	from := portsTo + os.Getpid()%70*10
+	child := exec.Command(os.Args[0], "-test.run", "^TestFreePortAcrossTestBinaries$")
+	child.Env = append(os.Environ(), "NATSTEST_CLAIM_CHILD="+strconv.Itoa(from))
+	stdin, err := child.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = child.Wait() })
+	var theirs []int
+	sc := bufio.NewScanner(out)
+	for len(theirs) < 5 && sc.Scan() {
+		if p, err := strconv.Atoi(strings.TrimPrefix(sc.Text(), "claimed ")); err == nil && strings.HasPrefix(sc.Text(), "claimed ") {
+			theirs = append(theirs, p)
+		}
+	}
+	if len(theirs) != 5 {
+		t.Fatalf("the child claimed %v, want 5 ports", theirs)
+	}
+	for range 5 {
+		p, err := freePort(from, from+10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(theirs, p) {
+			t.Fatalf("port %d handed out here while the child holds it (the child's: %v)", p, theirs)
+		}
+	}
+	if _, err := freePort(from, from+10); err == nil {
+		t.Fatal("an eleventh port of a range of ten")
+	}
+	stdin.Close()
+	if err := child.Wait(); err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	for _, p := range theirs {
+		c, err := claimPort(p)
+		if err != nil || c == nil {
+			t.Fatalf("port %d not free to claim after the child ended: %v", p, err)
+		}
+		c.Close()
+	}
+}
+
+// claimAsChild takes 5 ports of the range given by the parent, says
+// which, and holds them until its stdin closes.
+func claimAsChild(t *testing.T) {
+	from, err := strconv.Atoi(os.Getenv("NATSTEST_CLAIM_CHILD"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		p, err := freePort(from, from+10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Printf("claimed %d\n", p)
+	}
+	_, _ = io.Copy(io.Discard, os.Stdin)
 }
 
 // TestCheckFor: CheckFor returns once f succeeds, having called it until
