@@ -177,7 +177,8 @@ func requireStoreFullError(t *testing.T, err error, took time.Duration, when str
 // a restart.
 func TestDiskFull(t *testing.T) {
 	t.Parallel()
-	mnt := mountExt4(t, 40)
+	// 20 MB: filled twice and read back four times, in 32 KiB messages.
+	mnt := mountExt4(t, 20)
 	in := &e2eInstance{store: filepath.Join(mnt, "store"), port: natstest.FreePort(t)}
 	in.cfg = diskFullConfig(t, mnt, in.port)
 	p := startHoldfast(t, in.cfg)
@@ -190,7 +191,7 @@ func TestDiskFull(t *testing.T) {
 	took, err := publishUntilFull(t, js, "fill", acks)
 	t.Logf("store full after %d acknowledged messages: %v (after %s)", acks.len(), err, took)
 	if acks.len() < 100 {
-		t.Fatalf("only %d messages fit on a 40 MB disk", acks.len())
+		t.Fatalf("only %d messages fit on a 20 MB disk", acks.len())
 	}
 	requireStoreFullError(t, err, took, "first publish to a full store")
 	// Small messages are refused too, every time, and promptly enough to
