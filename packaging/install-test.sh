@@ -25,8 +25,8 @@
 #   the same upgrade from the older commit's rpm with rpm -U
 # Before booting, it installs the deb into the root as a chroot (no running
 # systemd, as in an image build): that must work and enable the service,
-# and purge must leave no file behind; then piuparts (when installed) checks
-# install and purge of the deb in a copy of the same root.
+# and purge must leave no file behind; piuparts (when installed) checks
+# install and purge of the deb in a copy of the same root meanwhile.
 # On any failure it prints the unit's journal. Needs root, debootstrap,
 # systemd-nspawn (systemd-container), nsenter and network access to the
 # Debian archive the first time (and for piuparts, which runs apt-get update),
@@ -59,9 +59,13 @@ old_skip=
 git rev-parse --quiet --verify "$old_commit^{commit}" >/dev/null ||
 	old_skip="commit $old_commit (the older package to upgrade from) is not in this clone: the upgrade from it needs the full history (git fetch --unshallow)"
 work=$(mktemp -d /var/tmp/holdfast-install-test.XXXXXX)
-nspawn_pid= ct_pid= piuparts_pid=
+nspawn_pid= ct_pid= piuparts_pid= rest_pid=
 cleanup() {
 	local rc=$1
+	if [ -n "$rest_pid" ] && kill -0 "$rest_pid" 2>/dev/null; then
+		pkill -TERM -P "$rest_pid" 2>/dev/null || true
+		wait "$rest_pid" 2>/dev/null || true
+	fi
 	# piuparts mounts /proc and more in its chroot below $work: it must
 	# have ended, and left nothing mounted there, before $work goes.
 	if [ -n "$piuparts_pid" ] && kill -0 "$piuparts_pid" 2>/dev/null; then
@@ -84,13 +88,32 @@ arch=$("$GO" env GOARCH)
 version=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
 commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 v1=1.0.0~test1 v2=1.0.0~test2
-log "building packages $v1 and $v2 for $arch"
+log "building packages $v1 for $arch"
 HOLDFAST_DIST=$work/v1 GO=$GO packaging/build.sh "$version" "$commit" "$v1" "$arch" >"$work/build.log" 2>&1 ||
 	{ cat "$work/build.log"; die "build of $v1"; }
-HOLDFAST_DIST=$work/v2 GO=$GO packaging/build.sh "$version" "$commit" "$v2" "$arch" >>"$work/build.log" 2>&1 ||
-	{ cat "$work/build.log"; die "build of $v2"; }
-CGO_ENABLED=0 "$GO" build -trimpath -o "$work/nats" github.com/nats-io/natscli/nats ||
-	die "build of the nats CLI"
+# $v2 and the nats CLI are first needed once the container runs holdfast:
+# they build meanwhile (the chroot, piuparts and the boot mostly wait),
+# and rest_ready waits for them.
+log "building packages $v2 and the nats CLI, beside the rest"
+{
+	HOLDFAST_DIST=$work/v2 GO=$GO packaging/build.sh "$version" "$commit" "$v2" "$arch" &&
+		CGO_ENABLED=0 "$GO" build -trimpath -o "$work/nats" github.com/nats-io/natscli/nats
+} >"$work/build-rest.log" 2>&1 &
+rest_pid=$!
+# rest_ready waits for that build and puts its packages and the nats CLI
+# into the container's root.
+rest_ready() {
+	local rc=0
+	wait "$rest_pid" || rc=$?
+	rest_pid=
+	[ "$rc" = 0 ] || { cat "$work/build-rest.log"; die "build of $v2 or the nats CLI"; }
+	cp "$work"/v2/holdfast_*.deb "$root/root/pkgs/v2.deb"
+	cp "$work"/v2/holdfast-*.rpm "$root/root/pkgs/v2.rpm"
+	# Under /root, which the file lists leave out: it arrives after the
+	# list taken before the install.
+	install -m 0755 "$work/nats" "$root/root/nats"
+	log "packages $v2 and the nats CLI built"
+}
 
 # The packages of an older commit, built by that commit's own packaging/build.sh,
 # for the upgrade from an older package. 7f82033 added the packaging but
@@ -130,17 +153,32 @@ if [ ! -x "$rootfs/lib/systemd/systemd" ] || [ ! -x "$rootfs/usr/bin/rpm" ] || [
 	rm -rf "$rootfs"
 	mv "$CACHE/rootfs.tmp" "$rootfs"
 fi
+
+# --- piuparts: install and purge in a copy of the root, no systemd running --
+# It works on its own copy of the cached root and takes over a minute
+# (apt-get update, install, purge, two scans of the file system): it runs
+# beside the chroot and the container below, and its result is waited for
+# at the end.
+if command -v piuparts >/dev/null 2>&1; then
+	log "piuparts (install, purge) on v1.deb: started, runs beside the rest"
+	piuparts --existing-chroot="$rootfs" --distribution=bookworm --mirror="$MIRROR" \
+		--keep-sources-list --no-upgrade-test --tmpdir="$work" \
+		"$work"/v1/holdfast_*.deb >"$work/piuparts.log" 2>&1 &
+	piuparts_pid=$!
+elif [ -n "${HOLDFAST_REQUIRE_PIUPARTS:-}" ]; then
+	die "piuparts not installed (apt-get install piuparts)"
+else
+	log "piuparts not installed (apt-get install piuparts): skipped; the chroot's purge check below covers its file check"
+fi
+
 root=$work/root
 log "copying the cached root"
 cp -a --reflink=auto "$rootfs" "$root"
 echo holdfast-test >"$root/etc/hostname"
 mkdir -p "$root/root/pkgs"
 cp "$work"/v1/holdfast_*.deb "$root/root/pkgs/v1.deb"
-cp "$work"/v2/holdfast_*.deb "$root/root/pkgs/v2.deb"
 cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
-cp "$work"/v2/holdfast-*.rpm "$root/root/pkgs/v2.rpm"
 cp "$old_cache/old.deb" "$old_cache/old.rpm" "$root/root/pkgs/"
-install -m 0755 "$work/nats" "$root/usr/local/bin/nats"
 
 # $file_list (a script): every file and directory of the system the package may touch,
 # as piuparts compares them before install and after purge. Left out: what
@@ -180,22 +218,6 @@ umount "$root/proc"
 [ "$chroot_rc" = 0 ] || { cat "$work/chroot.log"; die "chroot install: $chroot_rc"; }
 purge_left "chroot" "$work/files.before" "$work/files.after"
 log "chroot: installed and enabled for the next boot, then purged without a trace"
-
-# --- piuparts: install and purge in a copy of the root, no systemd running --
-# It works on its own copy of the cached root and takes over a minute
-# (apt-get update, install, purge, two scans of the file system): it runs
-# beside the container below, and its result is waited for at the end.
-if command -v piuparts >/dev/null 2>&1; then
-	log "piuparts (install, purge) on v1.deb: started, runs beside the rest"
-	piuparts --existing-chroot="$rootfs" --distribution=bookworm --mirror="$MIRROR" \
-		--keep-sources-list --no-upgrade-test --tmpdir="$work" \
-		"$work"/v1/holdfast_*.deb >"$work/piuparts.log" 2>&1 &
-	piuparts_pid=$!
-elif [ -n "${HOLDFAST_REQUIRE_PIUPARTS:-}" ]; then
-	die "piuparts not installed (apt-get install piuparts)"
-else
-	log "piuparts not installed (apt-get install piuparts): skipped; the purge check above covers its file check"
-fi
 
 # --- boot -----------------------------------------------------------------
 # descends_from PID ANCESTOR: whether ANCESTOR is PID's parent, grandparent, ...
@@ -262,7 +284,7 @@ wait_active() {
 	done
 }
 prop() { in_ct systemctl show -p "$1" --value holdfast.service; }
-nats_() { in_ct nats --server nats://127.0.0.1:4222 --timeout 5s "$@"; }
+nats_() { in_ct /root/nats --server nats://127.0.0.1:4222 --timeout 5s "$@"; }
 publish() { nats_ pub -J -q --count "$1" orders.created "order {{Count}}" >/dev/null; }
 stream_msgs() {
 	# Only the stream's state has a "messages" key.
@@ -331,6 +353,7 @@ in_ct getent passwd holdfast >/dev/null || die "no holdfast user"
 log "installed: active, enabled, verify clean, user and config mode ok"
 
 # --- messages survive restart and kill -9 ---------------------------------
+rest_ready
 publish "$N" || die "publish"
 expect_msgs "after publishing" "$N"
 pid=$(prop MainPID)
