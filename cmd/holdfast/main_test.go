@@ -293,6 +293,20 @@ func (d *e2eProc) exited() bool {
 	}
 }
 
+// logs tells whether holdfast's log holds s within 10 s. The log reaches
+// the test through a pipe and a goroutine copying it: a line holdfast
+// wrote before an effect the test saw (an ack) may not be there yet.
+func (d *e2eProc) logs(s string) bool {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(d.stderr.String(), s) {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // waitReady waits until holdfast logs that it is ready, failing at once
 // if it exits instead.
 func (d *e2eProc) waitReady() {
