@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/jsm.go"
@@ -36,8 +37,8 @@ type Options struct {
 	Streams []string
 	// HoldfastVersion is written into the manifest.
 	HoldfastVersion string
-	// Progress, when set, is called as data arrives, from several
-	// goroutines.
+	// Progress, when set, is called as data arrives: one call at a time,
+	// and none once Create has returned.
 	Progress func(Progress)
 	// Timeout of each JetStream API request; 30 s when zero.
 	Timeout time.Duration
@@ -83,6 +84,12 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 			os.RemoveAll(filepath.Join(dir, e.Name()))
 		}
 	}()
+	// Closed before the cleanup above runs (defers run last first).
+	if opts.Progress != nil {
+		gate := &progressGate{fn: opts.Progress}
+		defer gate.close()
+		opts.Progress = gate.call
+	}
 	mgr, err := jsm.New(nc, jsm.WithTimeout(apiTimeout(opts.Timeout)))
 	if err != nil {
 		return nil, err
@@ -169,6 +176,32 @@ func Create(ctx context.Context, nc *nats.Conn, dir string, opts Options) (m *Ma
 		return nil, err
 	}
 	return m, nil
+}
+
+// progressGate passes progress calls on one at a time until it is
+// closed. The snapshot library reports progress from goroutines of its
+// own, some of them after the snapshot returned (a ticker, the end of its
+// decompression): without the gate a caller's callback ran concurrently,
+// and after Create had returned (and cleaned up a failed backup).
+type progressGate struct {
+	mu     sync.Mutex
+	fn     func(Progress)
+	closed bool
+}
+
+func (g *progressGate) call(p Progress) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		g.fn(p)
+	}
+}
+
+// close waits for a call under way and lets none through after it.
+func (g *progressGate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
 }
 
 // snapshotConsumersWait bounds how long snapshot waits for the stream's

@@ -637,6 +637,41 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	}
 }
 
+// TestCreateProgressEndsWithIt: the snapshot library reports progress
+// from goroutines of its own, some of them after the snapshot returned;
+// Create passed those calls on after it had returned, so a caller's
+// callback ran on after Create (TestCreateRefusesAndCleansUp's callback
+// made a directory Create had already cleaned up: a CI failure). No call
+// comes after Create returns, nor while another runs.
+func TestCreateProgressEndsWithIt(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 2000, 0)
+	for i := range 5 {
+		var returned, late, running, overlapped atomic.Int64
+		_, err := Create(natstest.Context(t), nc, filepath.Join(t.TempDir(), "b"), Options{Streams: []string{"ORDERS"}, Progress: func(Progress) {
+			if running.Add(1) > 1 {
+				overlapped.Add(1)
+			}
+			if returned.Load() != 0 {
+				late.Add(1)
+			}
+			time.Sleep(2 * time.Millisecond)
+			running.Add(-1)
+		}})
+		returned.Store(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond) // the library's rate ticker is 1 s
+		if n := late.Load(); n > 0 {
+			t.Fatalf("backup %d: %d progress calls after Create returned", i, n)
+		}
+		if n := overlapped.Load(); n > 0 {
+			t.Fatalf("backup %d: %d progress calls while another ran", i, n)
+		}
+	}
+}
+
 func TestVerifyNamesTheDamagedFile(t *testing.T) {
 	nc, js := runServer(t)
 	seed(t, js, 20, 5)
