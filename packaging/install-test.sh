@@ -62,8 +62,8 @@ work=$(mktemp -d /var/tmp/holdfast-install-test.XXXXXX)
 nspawn_pid= ct_pid= piuparts_pid= rest_pid=
 cleanup() {
 	local rc=$1
-	if [ -n "$rest_pid" ] && kill -0 "$rest_pid" 2>/dev/null; then
-		pkill -TERM -P "$rest_pid" 2>/dev/null || true
+	if [ -n "$rest_pid" ]; then
+		kill -TERM -- "-$rest_pid" 2>/dev/null || true
 		wait "$rest_pid" 2>/dev/null || true
 	fi
 	# piuparts mounts /proc and more in its chroot below $work: it must
@@ -79,10 +79,15 @@ cleanup() {
 		kill -KILL "$nspawn_pid" 2>/dev/null || true
 		wait "$nspawn_pid" 2>/dev/null || true
 	fi
-	rm -rf "$work"
+	# A copy still under way when a signal ended the test (cp -a of the
+	# root, piuparts' own) may write into $work after the first try.
+	for _ in 1 2 3 4 5; do rm -rf "$work" 2>/dev/null && break; sleep 1; done
 	if [ "$rc" = 0 ]; then log "PASS${old_skip:+ (SKIPPED: $old_skip)}"; else log "FAILED (exit $rc)"; fi
 }
 trap 'cleanup $?' EXIT
+# Stopped by a signal, the test failed: the EXIT trap would see $? = 0.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 arch=$("$GO" env GOARCH)
 version=$(git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -95,10 +100,12 @@ HOLDFAST_DIST=$work/v1 GO=$GO packaging/build.sh "$version" "$commit" "$v1" "$ar
 # they build meanwhile (the chroot, piuparts and the boot mostly wait),
 # and rest_ready waits for them.
 log "building packages $v2 and the nats CLI, beside the rest"
-{
-	HOLDFAST_DIST=$work/v2 GO=$GO packaging/build.sh "$version" "$commit" "$v2" "$arch" &&
-		CGO_ENABLED=0 "$GO" build -trimpath -o "$work/nats" github.com/nats-io/natscli/nats
-} >"$work/build-rest.log" 2>&1 &
+# In a session of its own (setsid: its pid is its process group), so that
+# cleanup stops all of it, the go and nfpm processes under build.sh too.
+HOLDFAST_DIST=$work/v2 GO=$GO setsid sh -c '
+	packaging/build.sh "$1" "$2" "$3" "$4" &&
+		CGO_ENABLED=0 "$GO" build -trimpath -o "$5" github.com/nats-io/natscli/nats
+' sh "$version" "$commit" "$v2" "$arch" "$work/nats" >"$work/build-rest.log" 2>&1 &
 rest_pid=$!
 # rest_ready waits for that build and puts its packages and the nats CLI
 # into the container's root.
@@ -178,7 +185,7 @@ echo holdfast-test >"$root/etc/hostname"
 mkdir -p "$root/root/pkgs"
 cp "$work"/v1/holdfast_*.deb "$root/root/pkgs/v1.deb"
 cp "$work"/v1/holdfast-*.rpm "$root/root/pkgs/v1.rpm"
-cp "$old_cache/old.deb" "$old_cache/old.rpm" "$root/root/pkgs/"
+[ -n "$old_skip" ] || cp "$old_cache/old.deb" "$old_cache/old.rpm" "$root/root/pkgs/"
 
 # $file_list (a script): every file and directory of the system the package may touch,
 # as piuparts compares them before install and after purge. Left out: what
@@ -618,12 +625,14 @@ HANDLER
 	log "$kind: the exec handler handled exactly $((old_n + 1))..$total after the upgrade, nothing below the ack floor; $((handled - distinct)) at-least-once redeliveries"
 	rm -f "$root/usr/local/bin/record-seq"
 }
-[ -n "$old_skip" ] || upgrade_from_old deb
-log "dpkg --purge holdfast"
-in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge after the upgrade from $v0"; }
-in_ct sh -c "$file_list" >"$work/files.after"
-purge_left "upgrade from $v0" "$work/files.before" "$work/files.after"
-log "deb: upgraded from $v0 and purged without a trace"
+if [ -z "$old_skip" ]; then
+	upgrade_from_old deb
+	log "dpkg --purge holdfast"
+	in_ct dpkg --purge holdfast >"$work/apt.log" 2>&1 || { cat "$work/apt.log"; die "purge after the upgrade from $v0"; }
+	in_ct sh -c "$file_list" >"$work/files.after"
+	purge_left "upgrade from $v0" "$work/files.before" "$work/files.after"
+	log "deb: upgraded from $v0 and purged without a trace"
+fi
 
 # --- rpm ------------------------------------------------------------------
 log "rpm -i --nodeps v1.rpm"
@@ -660,9 +669,11 @@ in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -
 log "rpm: a masked unit is installed, not started"
 
 # --- rpm: upgrade from the package of an older commit ---------------------
-[ -n "$old_skip" ] || upgrade_from_old rpm
-in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after the upgrade from $v0"; }
-log "rpm: upgraded from $v0 with rpm -U, erased"
+if [ -z "$old_skip" ]; then
+	upgrade_from_old rpm
+	in_ct rpm -e holdfast >"$work/rpm.log" 2>&1 || { cat "$work/rpm.log"; die "rpm -e after the upgrade from $v0"; }
+	log "rpm: upgraded from $v0 with rpm -U, erased"
+fi
 
 # --- piuparts, started above ------------------------------------------------
 if [ -n "$piuparts_pid" ]; then
