@@ -182,7 +182,8 @@ func ConsumerInfo(t testing.TB, js jetstream.JetStream, stream, name string) *je
 // at once, and two of them took the same port in the moment between its
 // pick and its bind (a node failed with "address already in use"). A
 // port is claimed with a lock on a file named after it (claimPort), which
-// the kernel lets go when the binary ends, however it ends.
+// the kernel lets go when the binary ends, however it ends. The claims are
+// per user: two users' test runs on one machine may still meet.
 func FreePort(t testing.TB) int {
 	t.Helper()
 	p, err := freePort(portsFrom, portsTo)
@@ -226,11 +227,13 @@ func freePort(from, to int) (int, error) {
 // kept (the file open) until this process ends. It returns nil when
 // another process holds it.
 func claimPort(p int) (*os.File, error) {
-	dir := filepath.Join(os.TempDir(), portLocks)
-	if err := os.MkdirAll(dir, 0o777); err != nil {
+	// Per user: a directory another user made first would refuse this
+	// one's files.
+	dir := filepath.Join(os.TempDir(), fmt.Sprintf("%s-%d", portLocks, os.Getuid()))
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("port claims: %w", err)
 	}
-	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o666)
+	f, err := os.OpenFile(filepath.Join(dir, strconv.Itoa(p)), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("port claims: %w", err)
 	}
@@ -245,8 +248,8 @@ func claimPort(p int) (*os.File, error) {
 }
 
 // The range FreePort picks from: below Linux's ephemeral ports (32768-
-// 60999 by default), above the well-known ones; portLocks is the
-// directory under os.TempDir() of the claims.
+// 60999 by default), above the well-known ones; portLocks names the
+// directory under os.TempDir() of the claims (with the user's uid).
 const (
 	portsFrom = 20000
 	portsTo   = 32000

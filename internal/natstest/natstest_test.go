@@ -128,7 +128,11 @@ func TestFreePortAcrossTestBinaries(t *testing.T) {
 	var theirs []int
 	sc := bufio.NewScanner(out)
 	for len(theirs) < 5 && sc.Scan() {
-		if p, err := strconv.Atoi(strings.TrimPrefix(sc.Text(), "claimed ")); err == nil && strings.HasPrefix(sc.Text(), "claimed ") {
+		if rest, ok := strings.CutPrefix(sc.Text(), "claimed "); ok {
+			p, err := strconv.Atoi(rest)
+			if err != nil {
+				t.Fatalf("child: %q", sc.Text())
+			}
 			theirs = append(theirs, p)
 		}
 	}
