@@ -148,7 +148,7 @@ func (e *Env) Publish(subject, data string, hdr nats.Header) uint64 {
 	for k, v := range hdr {
 		m.Header[k] = v
 	}
-	ack, err := e.JS.PublishMsg(context.Background(), m)
+	ack, err := e.JS.PublishMsg(natstest.Context(e.T), m)
 	if err != nil {
 		e.T.Fatal(err)
 	}
@@ -165,25 +165,30 @@ func (e *Env) ConsumerInfo() *jetstream.ConsumerInfo {
 // there is no such stream.
 func (e *Env) DLQCount() uint64 {
 	e.T.Helper()
-	s, err := e.JS.Stream(context.Background(), DLQ)
+	ctx := natstest.Context(e.T)
+	s, err := e.JS.Stream(ctx, DLQ)
 	if err != nil {
 		return 0
 	}
-	info, err := s.Info(context.Background())
+	info, err := s.Info(ctx)
 	if err != nil {
 		e.T.Fatal(err)
 	}
 	return info.State.Msgs
 }
 
-// DLQMsg returns the message at seq of the dead-letter stream.
+// DLQMsg returns the message at seq of the dead-letter stream. Its
+// requests may take 30 s (natstest.Context), not the client's default 5:
+// under -race on a loaded machine the server took 3.8 s to answer the
+// get of a message near max_payload, and the get failed (a CI failure).
 func (e *Env) DLQMsg(seq uint64) *jetstream.RawStreamMsg {
 	e.T.Helper()
-	s, err := e.JS.Stream(context.Background(), DLQ)
+	ctx := natstest.Context(e.T)
+	s, err := e.JS.Stream(ctx, DLQ)
 	if err != nil {
 		e.T.Fatal(err)
 	}
-	m, err := s.GetMsg(context.Background(), seq)
+	m, err := s.GetMsg(ctx, seq)
 	if err != nil {
 		e.T.Fatal(err)
 	}
