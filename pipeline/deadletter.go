@@ -734,8 +734,14 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 }
 
 // ListDeadLetters calls fn for every dead letter in stream, oldest first,
-// or only those of consumer when it is not "". It reads with an ordered
-// consumer, deleted when the listing ends.
+// or only those of consumer when it is not "", up to the last one stored
+// when it was called. It reads them one at a time with the stream's
+// message get, asking for the next one at or after a sequence on the
+// consumer's dead-letter subjects: no consumer is created, so none is
+// left behind in nats consumer ls, in a backup taken meanwhile, or on the
+// server after the process exits. (An ordered consumer makes a new server
+// consumer for each Next and deletes the old one in the background, which
+// an exiting holdfast dlq never waits for.)
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, fn func(DeadLetter) error) error {
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
@@ -748,54 +754,27 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	occ := jetstream.OrderedConsumerConfig{}
+	filter := ">"
 	if consumer != "" {
-		occ.FilterSubjects = []string{"dlq." + consumer + ".>"}
+		filter = "dlq." + consumer + ".>"
 	}
-	oc, err := s.OrderedConsumer(ctx, occ)
-	if err != nil {
-		return err
-	}
-	// The ordered consumer would stay for nats.go's inactive threshold
-	// (5 minutes), in nats consumer ls and in a backup taken meanwhile.
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = s.DeleteConsumer(dctx, oc.CachedInfo().Name)
-	}()
-	// In a cluster the consumer is created through the meta leader and
-	// then set up on the node that leads it: a pull request right after
-	// the create may meet no responders there, so it is asked again for a
-	// while.
-	settleUntil := time.Now().Add(5 * time.Second)
-	for {
-		msg, err := oc.Next(jetstream.FetchMaxWait(2 * time.Second))
-		if errors.Is(err, jetstream.ErrNoMessages) || errors.Is(err, nats.ErrTimeout) {
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
-		if errors.Is(err, nats.ErrNoResponders) && time.Now().Before(settleUntil) {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(100 * time.Millisecond):
-			}
-			continue
-		}
 		if err != nil {
-			return fmt.Errorf("dead-letter stream %s: %w", stream, err)
+			return fmt.Errorf("dead-letter stream %s at sequence %d: %w", stream, seq, err)
 		}
-		md, err := msg.Metadata()
-		if err != nil {
-			return err
+		if raw.Sequence > info.State.LastSeq {
+			return nil
 		}
-		raw := &jetstream.RawStreamMsg{Subject: msg.Subject(), Sequence: md.Sequence.Stream, Header: msg.Headers(), Data: msg.Data(), Time: md.Timestamp}
 		if err := fn(ParseDeadLetter(stream, raw)); err != nil {
 			return err
 		}
-		if md.NumPending == 0 {
-			return nil
-		}
+		seq = raw.Sequence
 	}
+	return nil
 }
 
 // GetDeadLetter reads one dead letter by sequence.
