@@ -255,21 +255,34 @@ func TestDeadLetterAfterMaxDeliverLoweredKeepsHandlerReason(t *testing.T) {
 // until the dead-letter stream takes it, and counted as failing meanwhile.
 func TestDeadLetterFailureKeepsMessageUntilStored(t *testing.T) {
 	t.Parallel()
+	// ack_wait was 2 s, and CI failed here once: under -race on a loaded
+	// machine an in-progress ack every second (half of it) can reach the
+	// server too late. 4 s leaves the same two-to-one margin twice as long.
+	const ackWait = 4 * time.Second
 	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) {
 		cc.MaxDeliver = 1
-		cc.AckWait = config.Dur(2 * time.Second)
+		cc.AckWait = config.Dur(ackWait)
 	})
 	ctx := context.Background()
 	if err := e.JS.DeleteStream(ctx, "ORDERS_DLQ"); err != nil {
 		t.Fatal(err)
 	}
-	w, _ := workersLogged(e, failing("bad"), 1)
+	w, buf := workersLogged(e, failing("bad"), 1)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the workers' log:\n%s", buf)
+		}
+	})
+	published := time.Now()
 	seq := e.Publish("orders.created", "x", nil)
-	// Six failed attempts take 100+200+400+800+1600ms between them: longer
-	// than ack_wait.
+	// Six failed attempts take over 6 s here: kept longer than ack_wait,
+	// without the in-progress acks the server would have given it up.
 	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
 		if n := w.Stats().Failures.Load(); n < 6 {
 			return fmt.Errorf("%d failures", n)
+		}
+		if d := time.Since(published); d < ackWait*3/2 {
+			return fmt.Errorf("kept for %v", d)
 		}
 		return nil
 	})
