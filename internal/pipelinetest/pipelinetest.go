@@ -12,6 +12,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,10 +90,15 @@ func StartWith(t *testing.T, tweak func(*config.Config)) *Env {
 	return &Env{T: t, Srv: srv, JS: srv.JetStream(), Cfg: cfg}
 }
 
-// testWriter writes each line into the test's log.
+// testWriter writes each line into the test's log, without its newline
+// (t.Log adds one: with both, every line was followed by an empty one,
+// and a failed test's message scrolled out of a CI excerpt twice as fast).
 type testWriter struct{ t *testing.T }
 
-func (w testWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSuffix(string(p), "\n"))
+	return len(p), nil
+}
 
 // Workers opens n workers running h on WORKER1 with the consumer's
 // settings from Cfg; they are closed when the test ends.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -71,6 +72,9 @@ func report(in io.Reader, out io.Writer) int {
 				packages++ // its output outside any test: a panic, a TestMain failure
 			}
 			printLines(out, outputs[k], func(s string) bool { return !strings.HasPrefix(s, "=== ") })
+			if e.Test != "" {
+				printRecap(out, outputs[k])
+			}
 		case "pass":
 			if e.Test != "" {
 				// What a passing test printed itself (not its t.Log lines,
@@ -128,6 +132,38 @@ func report(in io.Reader, out io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// Recapping a failed test's own messages: its last recapShown lines from
+// _test.go files (t.Fatal, t.Error, t.Log there), when more than
+// recapAfter lines (a server's shutdown log, say) came after them. A CI
+// excerpt shows a few lines around "--- FAIL"; without this the reason
+// could be cut off.
+const (
+	recapShown = 3
+	recapAfter = 8
+)
+
+var testFileLine = regexp.MustCompile(`^\s+[^\s:]+_test\.go:\d+: `)
+
+func printRecap(out io.Writer, lines []string) {
+	var own []int
+	for i, l := range lines {
+		if testFileLine.MatchString(l) {
+			own = append(own, i)
+		}
+	}
+	if len(own) == 0 || len(lines)-1-own[len(own)-1] <= recapAfter {
+		return
+	}
+	fmt.Fprintln(out, "    (its last messages from _test.go files, again:)")
+	for _, i := range own[max(0, len(own)-recapShown):] {
+		l := strings.TrimRight(lines[i], "\n")
+		if len(l) > 500 {
+			l = l[:500] + "…"
+		}
+		fmt.Fprintln(out, l)
+	}
 }
 
 func printLines(out io.Writer, lines []string, keep func(string) bool) {

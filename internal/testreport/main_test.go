@@ -5,7 +5,8 @@ import (
 	"testing"
 )
 
-// TestReport: packages' results, a failed test's whole output, output
+// TestReport: packages' results, a failed test's whole output (and its
+// own messages again below it when much came after them), output
 // tests print themselves, and the skip summary with each reason.
 func TestReport(t *testing.T) {
 	in := strings.Join([]string{
@@ -25,6 +26,19 @@ func TestReport(t *testing.T) {
 		`{"Action":"output","Package":"p/b","Test":"TestBad","Output":"--- FAIL: TestBad (0.10s)\n"}`,
 		`{"Action":"pass","Package":"p/b","Test":"TestBad/sub","Elapsed":9}`,
 		`{"Action":"fail","Package":"p/b","Test":"TestBad","Elapsed":9.5}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"=== RUN   TestNoisy\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    n_test.go:7: first\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    n_test.go:8: not kept: ack pending 0\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server shutting down\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"    helper.go:95: server stopped\n"}`,
+		`{"Action":"output","Package":"p/b","Test":"TestNoisy","Output":"--- FAIL: TestNoisy (8.00s)\n"}`,
+		`{"Action":"fail","Package":"p/b","Test":"TestNoisy","Elapsed":8}`,
 		`{"Action":"fail","Package":"p/b","Elapsed":0.2}`,
 	}, "\n")
 	var out strings.Builder
@@ -34,12 +48,18 @@ func TestReport(t *testing.T) {
 	for _, want := range []string{
 		"chaos: 6 cycles, 0 lost\nok  \tp/a\t1.500s\n",
 		"    b_test.go:3: want 3, got 2\n--- FAIL: TestBad (0.10s)\n",
+		// Its message far above "--- FAIL" is repeated below it; TestBad's
+		// is right above it.
+		"--- FAIL: TestNoisy (8.00s)\n    (its last messages from _test.go files, again:)\n    n_test.go:7: first\n    n_test.go:8: not kept: ack pending 0\n",
 		"1 test(s) skipped:\n  SKIP p/a TestSkip: x_test.go:9: needs root\n",
-		"slowest tests:\n      9.5s p/b TestBad\n      0.5s p/a TestOK\n",
+		"slowest tests:\n      9.5s p/b TestBad\n      8.0s p/b TestNoisy\n      0.5s p/a TestOK\n",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+	if n := strings.Count(out.String(), "again:"); n != 1 {
+		t.Errorf("%d recaps, want 1 (TestNoisy's):\n%s", n, out.String())
 	}
 	if strings.Contains(out.String(), "=== RUN") {
 		t.Errorf("report shows -v noise:\n%s", out.String())
