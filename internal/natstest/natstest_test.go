@@ -110,6 +110,18 @@ func TestFreePortAcrossTestBinaries(t *testing.T) {
 	// Ten ports no other test uses (FreePort's end at 32000), below the
 	// ephemeral ones.
 	from := portsTo + os.Getpid()%70*10
+	// This binary keeps what it claims until it exits; the range's claims
+	// are let go so that go test -count=2 can run the test again.
+	t.Cleanup(func() {
+		handedOut.Lock()
+		defer handedOut.Unlock()
+		for p, claim := range handedOut.ports {
+			if p >= from && p < from+10 {
+				claim.Close()
+				delete(handedOut.ports, p)
+			}
+		}
+	})
 	child := exec.Command(os.Args[0], "-test.run", "^TestFreePortAcrossTestBinaries$")
 	child.Env = append(os.Environ(), "NATSTEST_CLAIM_CHILD="+strconv.Itoa(from))
 	stdin, err := child.StdinPipe()
