@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/holdfast-io/holdfast/internal/settle"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -742,14 +743,22 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 // server after the process exits. (An ordered consumer makes a new server
 // consumer for each Next and deletes the old one in the background, which
 // an exiting holdfast dlq never waits for.)
+//
+// A request nobody answers in time (in a cluster, while the stream's
+// leader changes) is asked again, each attempt bounded by
+// listRequestTimeout, for up to listRetryFor.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, fn func(DeadLetter) error) error {
-	s, err := js.Stream(ctx, stream)
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	err := listRequest(ctx, js, func(ctx context.Context) (err error) {
+		if s, err = js.Stream(ctx, stream); err != nil {
+			return err
+		}
+		info, err = s.Info(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("dead-letter stream %s: %w", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return err
 	}
 	if info.State.Msgs == 0 {
 		return nil
@@ -759,7 +768,11 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		filter = "dlq." + consumer + ".>"
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		var raw *jetstream.RawStreamMsg
+		err := listRequest(ctx, js, func(ctx context.Context) (err error) {
+			raw, err = s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+			return err
+		})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -775,6 +788,29 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		seq = raw.Sequence
 	}
 	return nil
+}
+
+// listRequestTimeout bounds one request of ListDeadLetters: one that is
+// lost (sent to a stream leader that just stepped down) is asked again
+// after it, instead of using up the caller's whole deadline. listRetryFor
+// bounds the attempts of one request: a leader election takes seconds,
+// and an operator waiting for holdfast dlq ls gets the error then.
+const (
+	listRequestTimeout = 5 * time.Second
+	listRetryFor       = 30 * time.Second
+)
+
+// listRequest runs the read-only request f, each attempt with its own
+// timeout, again while it fails in a way that passes (settle.Transient).
+func listRequest(ctx context.Context, js jetstream.JetStream, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, listRetryFor)
+	defer cancel()
+	clustered := js.Conn().ConnectedClusterName() != ""
+	return settle.Retry(ctx, func(err error) bool { return settle.Transient(err, clustered) }, nil, func() error {
+		actx, cancel := context.WithTimeout(ctx, listRequestTimeout)
+		defer cancel()
+		return f(actx)
+	})
 }
 
 // GetDeadLetter reads one dead letter by sequence.

@@ -638,3 +638,42 @@ func TestDeadLetterFlushedBeforeOriginalTerminated(t *testing.T) {
 		return nil
 	})
 }
+
+// TestListDeadLettersAcrossALeaderChange: in a cluster, the dead-letter
+// stream's leader may change while ListDeadLetters reads (a node
+// restarted, nats stream cluster step-down). A message get nobody
+// answers while the new leader is elected is asked again. It failed the
+// whole listing: `dlq ls` and `dlq replay --all` printed only an error
+// after the client's 5 s timeout, and the workers' start left the parked
+// messages unresumed until the next start.
+func TestListDeadLettersAcrossALeaderChange(t *testing.T) {
+	servers := natstest.RunCluster(t, 3)
+	nc := natstest.Connect(t, servers[0])
+	js := natstest.JetStream(t, nc)
+	natstest.CreateStream(t, js, bootstrap.DeadLetterSpec("ORDERS_DLQ", []string{"WORKER1"}, 3))
+	ctx := natstest.Context(t)
+	const n = 20
+	for i := 1; i <= n; i++ {
+		if _, err := js.Publish(ctx, "dlq.WORKER1.orders.created", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	err := pipeline.ListDeadLetters(ctx, js, "ORDERS_DLQ", "WORKER1", func(dl pipeline.DeadLetter) error {
+		got = append(got, string(dl.Data))
+		if len(got) == n/2 {
+			r, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDERS_DLQ", nil, 10*time.Second)
+			if err != nil || !strings.Contains(string(r.Data), `"success":true`) {
+				t.Fatalf("step-down of ORDERS_DLQ's leader: %v %s", err, r.Data)
+			}
+		}
+		return nil
+	})
+	var want []string
+	for i := 1; i <= n; i++ {
+		want = append(want, strconv.Itoa(i))
+	}
+	if err != nil || strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("ListDeadLetters across a leader change: %v, read %q", err, got)
+	}
+}
