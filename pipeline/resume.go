@@ -114,27 +114,33 @@ func (w *Workers) park(msg jetstream.Msg, m *handler.Message) error {
 }
 
 // resumeInterrupted hands every message parked for this consumer to the
-// handler (see HeaderInterrupted). It runs once when the workers start.
+// handler (see HeaderInterrupted). It runs once when the workers start,
+// in the background, until it read every dead letter of the consumer or
+// the workers stop: each request is bounded, not the whole scan, which
+// reads every dead letter whole and in a large dead-letter stream takes
+// minutes. Once the workers stop it starts no more handlers; what it did
+// not resume stays parked for the next start.
 func (w *Workers) resumeInterrupted() {
 	if w.opts.DeadLetter == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.handlerCtx, time.Minute)
 	var parked []DeadLetter
-	err := ListDeadLetters(ctx, w.js, w.opts.DeadLetter, w.opts.Consumer, func(dl DeadLetter) error {
+	err := ListDeadLetters(w.runCtx, w.js, w.opts.DeadLetter, w.opts.Consumer, func(dl DeadLetter) error {
 		if dl.Header.Get(HeaderInterrupted) != "" {
 			parked = append(parked, dl)
 		}
 		return nil
 	})
-	cancel()
+	if w.runCtx.Err() != nil {
+		return
+	}
 	if err != nil {
 		w.log.Error("cannot look for interrupted messages to resume: they stay parked in the dead-letter stream until the next start",
 			"dead_letter", w.opts.DeadLetter, "err", err)
 		return
 	}
 	for _, dl := range parked {
-		if w.handlerCtx.Err() != nil {
+		if w.runCtx.Err() != nil {
 			return
 		}
 		w.resume1(dl)
