@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/holdfast-io/holdfast/internal/settle"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -192,10 +193,10 @@ func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) 
 	if err != nil {
 		return fmt.Errorf("the stored one cannot be read: %w", err)
 	}
-	if stored.Subject != dl.Subject {
-		return fmt.Errorf("the stored one is on %s, not %s", stored.Subject, dl.Subject)
+	if !sameSubject(stored.Subject, dl.Subject) {
+		return fmt.Errorf("the stored one is on %q, not %q", stored.Subject, dl.Subject)
 	}
-	for _, h := range []string{nats.MsgIdHdr, HeaderOriginalStream, HeaderOriginalStreamCreated, HeaderOriginalSeq} {
+	for _, h := range []string{nats.MsgIdHdr, HeaderOriginalSubject, HeaderOriginalStream, HeaderOriginalStreamCreated, HeaderOriginalSeq} {
 		if got, want := stored.Header.Get(h), dl.Header.Get(h); got != want {
 			return fmt.Errorf("the stored one has %s %q, not %q", h, got, want)
 		}
@@ -204,6 +205,21 @@ func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) 
 		return errors.New("the stored one has another payload")
 	}
 	return nil
+}
+
+// sameSubject reports whether got, a subject as the stream's message get
+// returns it, is published: the get answers in JSON, in which each byte
+// of a subject that is not UTF-8 becomes U+FFFD (the original subject,
+// in a header, comes back exact).
+func sameSubject(got, published string) bool {
+	if got == published || utf8.ValidString(published) {
+		return got == published
+	}
+	var b strings.Builder
+	for _, r := range published { // an invalid byte ranges as U+FFFD
+		b.WriteRune(r)
+	}
+	return got == b.String()
 }
 
 // deadLetterTimeout bounds the first attempt to store a dead letter.
