@@ -740,12 +740,12 @@ func TestStopDuringTheResumeScan(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	js := &slowDeadLetters{JetStream: e.JS, delay: 200 * time.Millisecond, started: make(chan struct{})}
+	js := &slowDeadLetters{JetStream: e.JS, delay: 250 * time.Millisecond, started: make(chan struct{})}
 	log, buf := natstest.Logger(t)
 	w := pipeline.NewWorkers(js, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
 		return handler.Ok()
 	}), 1), log)
-	w.ShutdownTimeout = time.Second
+	w.ShutdownTimeout = 2 * time.Second // the scan takes 5 s
 	if err := w.Open(natstest.Context(t)); err != nil {
 		t.Fatal(err)
 	}
