@@ -147,6 +147,25 @@ func (w *Workers) resumeInterrupted() {
 	}
 }
 
+// parkedGone reports whether the parked message dl is no longer in its
+// dead-letter stream as it was listed (handled by a replay meanwhile).
+func (w *Workers) parkedGone(dl DeadLetter) (bool, error) {
+	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
+	defer cancel()
+	s, err := w.js.Stream(ctx, dl.Stream)
+	if err != nil {
+		return false, err
+	}
+	raw, err := s.GetMsg(ctx, dl.Seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return raw.Header.Get(nats.MsgIdHdr) != dl.Header.Get(nats.MsgIdHdr), nil
+}
+
 // resume1 runs the handler on one parked message, unless `holdfast dlq
 // replay` is handling it (or has handled it) meanwhile, so that the
 // handler does not run on it twice.
@@ -168,10 +187,15 @@ func (w *Workers) resume1(dl DeadLetter) {
 		return
 	}
 	defer release()
-	if s, err := w.js.Stream(w.handlerCtx, dl.Stream); err == nil {
-		if _, err := s.GetMsg(w.handlerCtx, dl.Seq); errors.Is(err, jetstream.ErrMsgNotFound) {
-			return // replayed meanwhile
+	// Under the claim, the parked message must still be there, as
+	// listed: a replay that held the claim before removed it once
+	// handled. Unless that is known, it stays parked.
+	if gone, err := w.parkedGone(dl); gone || err != nil {
+		if err != nil {
+			w.log.Error("parked message not resumed: cannot read it back to check that no replay handled it meanwhile; it stays parked until the next start",
+				"dead_letter", dl.Stream+":"+strconv.FormatUint(dl.Seq, 10), "err", err)
 		}
+		return
 	}
 	m, err := ReplayMessage(dl)
 	if err != nil {

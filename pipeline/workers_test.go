@@ -820,6 +820,71 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 	}
 }
 
+// lostRecheck is a JetStream client on which the workers' check that a
+// parked message is still there goes unanswered, after a replay elsewhere
+// (another node) handled it and removed it: a get in a stream leader
+// change.
+type lostRecheck struct{ jetstream.JetStream }
+
+type lostRecheckStream struct{ jetstream.Stream }
+
+func (j lostRecheck) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := j.JetStream.Stream(ctx, name)
+	if err != nil || name != pipelinetest.DLQ {
+		return s, err
+	}
+	return lostRecheckStream{s}, nil
+}
+
+func (s lostRecheckStream) GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	if len(opts) > 0 { // the listing
+		return s.Stream.GetMsg(ctx, seq, opts...)
+	}
+	if err := s.DeleteMsg(ctx, seq); err != nil {
+		return nil, err
+	}
+	return nil, context.DeadlineExceeded
+}
+
+// TestParkedMessageNotResumedUnchecked: the workers resume a parked
+// message only once they read it back under their claim; when that read
+// fails, it stays parked. They handed it to the handler anyway, from the
+// copy read when they listed the dead letters at the start: after a
+// replay (another node's, or holdfast dlq replay) had handled and
+// removed it, the handler ran on it a second time.
+func TestParkedMessageNotResumedUnchecked(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	m := nats.NewMsg("dlq.WORKER1.orders.created")
+	m.Header.Set(nats.MsgIdHdr, "ORDERS:WORKER1:1:1:interrupted")
+	m.Header.Set(pipeline.HeaderInterrupted, "true")
+	m.Header.Set(pipeline.HeaderOriginalSubject, "orders.created")
+	m.Header.Set(pipeline.HeaderOriginalStream, pipelinetest.Stream)
+	m.Header.Set(pipeline.HeaderOriginalSeq, "1")
+	m.Data = []byte("parked")
+	if _, err := e.JS.PublishMsg(natstest.Context(t), m); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	log, buf := natstest.Logger(t)
+	w := pipeline.NewWorkers(lostRecheck{e.JS}, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
+		calls.Add(1)
+		return handler.Ok()
+	}), 1), log)
+	if err := w.Open(natstest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if calls.Load() == 0 && !strings.Contains(buf.String(), "not resumed") {
+			return errors.New("the parked message neither resumed nor left parked")
+		}
+		return nil
+	})
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("handler ran %d time(s) on a parked message that was handled and removed meanwhile", n)
+	}
+}
+
 // openLoggedWorkers opens log-handler workers on e's consumer that log at
 // debug level into the returned buffer, with pulls warned of after grace.
 func openLoggedWorkers(t *testing.T, e *pipelinetest.Env, grace time.Duration) (*pipeline.Workers, *natstest.Buffer) {
