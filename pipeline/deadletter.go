@@ -724,6 +724,15 @@ type DeadLetter struct {
 	Data                  []byte
 }
 
+// ReplayRef is dl as a replay request (RequestReplay) names it: its
+// stream, sequence, subject, consumer and Nats-Msg-Id, without its
+// payload and other headers, so that a list of many dead letters to
+// replay one by one does not hold them all in memory.
+func (dl DeadLetter) ReplayRef() DeadLetter {
+	return DeadLetter{Stream: dl.Stream, Seq: dl.Seq, Subject: dl.Subject, Consumer: dl.Consumer,
+		Header: nats.Header{nats.MsgIdHdr: dl.Header.Values(nats.MsgIdHdr)}}
+}
+
 // ParseDeadLetter reads the Holdfast-* headers of a stored dead letter.
 func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 	h := raw.Header

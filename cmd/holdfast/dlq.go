@@ -179,7 +179,8 @@ func dlqReplay(c *cli.Context) error {
 }
 
 // listAllDeadLetters reads every dead letter of the configured dead-letter
-// streams, or of consumer's when it is not "".
+// streams, or of consumer's when it is not "", as a replay request names
+// it (pipeline.DeadLetter.ReplayRef).
 func listAllDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config.Config, consumer string) ([]pipeline.DeadLetter, error) {
 	targets, err := dlqStreams(cfg, consumer)
 	if err != nil {
@@ -188,7 +189,7 @@ func listAllDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config
 	var all []pipeline.DeadLetter
 	for _, s := range targets {
 		err := pipeline.ListDeadLetters(ctx, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
-			all = append(all, dl)
+			all = append(all, dl.ReplayRef())
 			return nil
 		})
 		if err != nil {
