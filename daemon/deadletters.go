@@ -166,7 +166,7 @@ func (d *Daemon) replayAllDeadLetters(ctx context.Context, consumer string) (rep
 	}
 	var todo []pipeline.DeadLetter
 	if err := pipeline.ListDeadLetters(ctx, d.srv.JetStream(), cc.DeadLetter, consumer, func(dl pipeline.DeadLetter) error {
-		todo = append(todo, dl)
+		todo = append(todo, dl.ReplayRef())
 		return nil
 	}); err != nil {
 		return 0, err

@@ -12,7 +12,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
+	"github.com/holdfast-io/holdfast/internal/settle"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -191,10 +193,10 @@ func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) 
 	if err != nil {
 		return fmt.Errorf("the stored one cannot be read: %w", err)
 	}
-	if stored.Subject != dl.Subject {
-		return fmt.Errorf("the stored one is on %s, not %s", stored.Subject, dl.Subject)
+	if !sameSubject(stored.Subject, dl.Subject) {
+		return fmt.Errorf("the stored one is on %q, not %q", stored.Subject, dl.Subject)
 	}
-	for _, h := range []string{nats.MsgIdHdr, HeaderOriginalStream, HeaderOriginalStreamCreated, HeaderOriginalSeq} {
+	for _, h := range []string{nats.MsgIdHdr, HeaderOriginalSubject, HeaderOriginalStream, HeaderOriginalStreamCreated, HeaderOriginalSeq} {
 		if got, want := stored.Header.Get(h), dl.Header.Get(h); got != want {
 			return fmt.Errorf("the stored one has %s %q, not %q", h, got, want)
 		}
@@ -203,6 +205,21 @@ func (w *Workers) sameDeadLetter(ctx context.Context, seq uint64, dl *nats.Msg) 
 		return errors.New("the stored one has another payload")
 	}
 	return nil
+}
+
+// sameSubject reports whether got, a subject as the stream's message get
+// returns it, is published: the get answers in JSON, in which each byte
+// of a subject that is not UTF-8 becomes U+FFFD (the original subject,
+// in a header, comes back exact).
+func sameSubject(got, published string) bool {
+	if got == published || utf8.ValidString(published) {
+		return got == published
+	}
+	var b strings.Builder
+	for _, r := range published { // an invalid byte ranges as U+FFFD
+		b.WriteRune(r)
+	}
+	return got == b.String()
 }
 
 // deadLetterTimeout bounds the first attempt to store a dead letter.
@@ -707,6 +724,15 @@ type DeadLetter struct {
 	Data                  []byte
 }
 
+// ReplayRef is dl as a replay request (RequestReplay) names it: its
+// stream, sequence, subject, consumer and Nats-Msg-Id, without its
+// payload and other headers, so that a list of many dead letters to
+// replay one by one does not hold them all in memory.
+func (dl DeadLetter) ReplayRef() DeadLetter {
+	return DeadLetter{Stream: dl.Stream, Seq: dl.Seq, Subject: dl.Subject, Consumer: dl.Consumer,
+		Header: nats.Header{nats.MsgIdHdr: dl.Header.Values(nats.MsgIdHdr)}}
+}
+
 // ParseDeadLetter reads the Holdfast-* headers of a stored dead letter.
 func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 	h := raw.Header
@@ -742,14 +768,22 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 // server after the process exits. (An ordered consumer makes a new server
 // consumer for each Next and deletes the old one in the background, which
 // an exiting holdfast dlq never waits for.)
+//
+// A request nobody answers in time (in a cluster, while the stream's
+// leader changes) is asked again, each attempt bounded by
+// listRequestTimeout, for up to listRetryFor.
 func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, fn func(DeadLetter) error) error {
-	s, err := js.Stream(ctx, stream)
+	var s jetstream.Stream
+	var info *jetstream.StreamInfo
+	err := listRequest(ctx, js, func(ctx context.Context) (err error) {
+		if s, err = js.Stream(ctx, stream); err != nil {
+			return err
+		}
+		info, err = s.Info(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("dead-letter stream %s: %w", stream, err)
-	}
-	info, err := s.Info(ctx)
-	if err != nil {
-		return err
 	}
 	if info.State.Msgs == 0 {
 		return nil
@@ -759,7 +793,11 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		filter = "dlq." + consumer + ".>"
 	}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		raw, err := s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+		var raw *jetstream.RawStreamMsg
+		err := listRequest(ctx, js, func(ctx context.Context) (err error) {
+			raw, err = s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
+			return err
+		})
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
 			return nil
 		}
@@ -775,6 +813,29 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		seq = raw.Sequence
 	}
 	return nil
+}
+
+// listRequestTimeout bounds one request of ListDeadLetters: one that is
+// lost (sent to a stream leader that just stepped down) is asked again
+// after it, instead of using up the caller's whole deadline. listRetryFor
+// bounds the attempts of one request: a leader election takes seconds,
+// and an operator waiting for holdfast dlq ls gets the error then.
+const (
+	listRequestTimeout = 5 * time.Second
+	listRetryFor       = 30 * time.Second
+)
+
+// listRequest runs the read-only request f, each attempt with its own
+// timeout, again while it fails in a way that passes (settle.Transient).
+func listRequest(ctx context.Context, js jetstream.JetStream, f func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, listRetryFor)
+	defer cancel()
+	clustered := js.Conn().ConnectedClusterName() != ""
+	return settle.Retry(ctx, func(err error) bool { return settle.Transient(err, clustered) }, nil, func() error {
+		actx, cancel := context.WithTimeout(ctx, listRequestTimeout)
+		defer cancel()
+		return f(actx)
+	})
 }
 
 // GetDeadLetter reads one dead letter by sequence.

@@ -148,6 +148,42 @@ func TestDeadLetterDuplicateOfAnotherMessageKeepsOriginal(t *testing.T) {
 	}
 }
 
+// TestDeadLetterStoredBeforeOfASubjectNotUTF8: a "duplicate" answer for
+// the dead letter of a message whose subject is not UTF-8 (NATS subjects
+// are bytes) points at that very dead letter, stored by an earlier
+// attempt; the original is terminated. The check compared the subject
+// the stream's message get returned, in JSON, with each byte that is not
+// UTF-8 replaced by U+FFFD, with the one published: they never matched,
+// and the original was kept and its dead letter published again until
+// the duplicate window passed and a second copy was stored.
+func TestDeadLetterStoredBeforeOfASubjectNotUTF8(t *testing.T) {
+	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.MaxDeliver = 100 })
+	ctx := natstest.Context(t)
+	s, err := e.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const subject = "orders.caf\xe9"
+	// The dead letter an earlier attempt (say, one whose PubAck was lost)
+	// stored.
+	earlier := pipeline.NewDeadLetter("WORKER1", &handler.Message{Subject: subject, Stream: "ORDERS", Sequence: 1,
+		Header: nats.Header{}, Data: []byte("the message")}, s.CachedInfo().Created, "bad", time.Now())
+	if _, err := e.JS.PublishMsg(ctx, earlier); err != nil {
+		t.Fatal(err)
+	}
+	w := e.Workers(failing("bad"), 1)
+	seq := e.Publish(subject, "the message", nil)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if info := e.ConsumerInfo(); info.AckFloor.Stream < seq {
+			return fmt.Errorf("original not terminated (%d failures): its dead letter, stored before, was not recognised", w.Stats().Failures.Load())
+		}
+		return nil
+	})
+	if n := e.DLQCount(); n != 1 {
+		t.Fatalf("%d messages in the dead-letter stream, want the one stored before", n)
+	}
+}
+
 // workersLogged starts workers like e.Workers, with their own counters and
 // their log in the returned buffer.
 func workersLogged(e *pipelinetest.Env, h handler.Handler, n int) (*pipeline.Workers, *natstest.Buffer) {
@@ -639,4 +675,43 @@ func TestDeadLetterFlushedBeforeOriginalTerminated(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestListDeadLettersAcrossALeaderChange: in a cluster, the dead-letter
+// stream's leader may change while ListDeadLetters reads (a node
+// restarted, nats stream cluster step-down). A message get nobody
+// answers while the new leader is elected is asked again. It failed the
+// whole listing: `dlq ls` and `dlq replay --all` printed only an error
+// after the client's 5 s timeout, and the workers' start left the parked
+// messages unresumed until the next start.
+func TestListDeadLettersAcrossALeaderChange(t *testing.T) {
+	servers := natstest.RunCluster(t, 3)
+	nc := natstest.Connect(t, servers[0])
+	js := natstest.JetStream(t, nc)
+	natstest.CreateStream(t, js, bootstrap.DeadLetterSpec("ORDERS_DLQ", []string{"WORKER1"}, 3))
+	ctx := natstest.Context(t)
+	const n = 20
+	for i := 1; i <= n; i++ {
+		if _, err := js.Publish(ctx, "dlq.WORKER1.orders.created", []byte(strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	err := pipeline.ListDeadLetters(ctx, js, "ORDERS_DLQ", "WORKER1", func(dl pipeline.DeadLetter) error {
+		got = append(got, string(dl.Data))
+		if len(got) == n/2 {
+			r, err := nc.Request("$JS.API.STREAM.LEADER.STEPDOWN.ORDERS_DLQ", nil, 10*time.Second)
+			if err != nil || !strings.Contains(string(r.Data), `"success":true`) {
+				t.Fatalf("step-down of ORDERS_DLQ's leader: %v %s", err, r.Data)
+			}
+		}
+		return nil
+	})
+	var want []string
+	for i := 1; i <= n; i++ {
+		want = append(want, strconv.Itoa(i))
+	}
+	if err != nil || strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("ListDeadLetters across a leader change: %v, read %q", err, got)
+	}
 }

@@ -114,31 +114,56 @@ func (w *Workers) park(msg jetstream.Msg, m *handler.Message) error {
 }
 
 // resumeInterrupted hands every message parked for this consumer to the
-// handler (see HeaderInterrupted). It runs once when the workers start.
+// handler (see HeaderInterrupted). It runs once when the workers start,
+// in the background, until it read every dead letter of the consumer or
+// the workers stop: each request is bounded, not the whole scan, which
+// reads every dead letter whole and in a large dead-letter stream takes
+// minutes. Once the workers stop it starts no more handlers; what it did
+// not resume stays parked for the next start.
 func (w *Workers) resumeInterrupted() {
 	if w.opts.DeadLetter == "" {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.handlerCtx, time.Minute)
 	var parked []DeadLetter
-	err := ListDeadLetters(ctx, w.js, w.opts.DeadLetter, w.opts.Consumer, func(dl DeadLetter) error {
+	err := ListDeadLetters(w.runCtx, w.js, w.opts.DeadLetter, w.opts.Consumer, func(dl DeadLetter) error {
 		if dl.Header.Get(HeaderInterrupted) != "" {
 			parked = append(parked, dl)
 		}
 		return nil
 	})
-	cancel()
+	if w.runCtx.Err() != nil {
+		return
+	}
 	if err != nil {
 		w.log.Error("cannot look for interrupted messages to resume: they stay parked in the dead-letter stream until the next start",
 			"dead_letter", w.opts.DeadLetter, "err", err)
 		return
 	}
 	for _, dl := range parked {
-		if w.handlerCtx.Err() != nil {
+		if w.runCtx.Err() != nil {
 			return
 		}
 		w.resume1(dl)
 	}
+}
+
+// parkedGone reports whether the parked message dl is no longer in its
+// dead-letter stream as it was listed (handled by a replay meanwhile).
+func (w *Workers) parkedGone(dl DeadLetter) (bool, error) {
+	ctx, cancel := context.WithTimeout(w.handlerCtx, 10*time.Second)
+	defer cancel()
+	s, err := w.js.Stream(ctx, dl.Stream)
+	if err != nil {
+		return false, err
+	}
+	raw, err := s.GetMsg(ctx, dl.Seq)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return raw.Header.Get(nats.MsgIdHdr) != dl.Header.Get(nats.MsgIdHdr), nil
 }
 
 // resume1 runs the handler on one parked message, unless `holdfast dlq
@@ -162,10 +187,15 @@ func (w *Workers) resume1(dl DeadLetter) {
 		return
 	}
 	defer release()
-	if s, err := w.js.Stream(w.handlerCtx, dl.Stream); err == nil {
-		if _, err := s.GetMsg(w.handlerCtx, dl.Seq); errors.Is(err, jetstream.ErrMsgNotFound) {
-			return // replayed meanwhile
+	// Under the claim, the parked message must still be there, as
+	// listed: a replay that held the claim before removed it once
+	// handled. Unless that is known, it stays parked.
+	if gone, err := w.parkedGone(dl); gone || err != nil {
+		if err != nil {
+			w.log.Error("parked message not resumed: cannot read it back to check that no replay handled it meanwhile; it stays parked until the next start",
+				"dead_letter", dl.Stream+":"+strconv.FormatUint(dl.Seq, 10), "err", err)
 		}
+		return
 	}
 	m, err := ReplayMessage(dl)
 	if err != nil {

@@ -689,6 +689,75 @@ func TestWorkersOpenAsksAgainForALateConsumer(t *testing.T) {
 	}
 }
 
+// slowDeadLetters is a JetStream client whose message gets on the
+// dead-letter stream take delay each, as the gets of a large dead-letter
+// stream add up; started is closed at the first.
+type slowDeadLetters struct {
+	jetstream.JetStream
+	delay   time.Duration
+	once    sync.Once
+	started chan struct{}
+}
+
+type slowDeadLetterStream struct {
+	jetstream.Stream
+	js *slowDeadLetters
+}
+
+func (j *slowDeadLetters) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := j.JetStream.Stream(ctx, name)
+	if err != nil || name != pipelinetest.DLQ {
+		return s, err
+	}
+	return &slowDeadLetterStream{Stream: s, js: j}, nil
+}
+
+func (s *slowDeadLetterStream) GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	s.js.once.Do(func() { close(s.js.started) })
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-time.After(s.js.delay):
+	}
+	return s.Stream.GetMsg(ctx, seq, opts...)
+}
+
+// TestStopDuringTheResumeScan: the workers' start reads every dead letter
+// of the consumer for parked messages; a large dead-letter stream takes
+// minutes. A stop meanwhile ends the scan at once. It ran on until the
+// shutdown timeout cancelled it ("shutdown timeout: cancelling handlers
+// still running" with none running); and the scan as a whole was bounded
+// by one minute, so that in a dead-letter stream too large to read in a
+// minute no parked message was ever resumed.
+func TestStopDuringTheResumeScan(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	for i := 1; i <= 20; i++ {
+		m := nats.NewMsg("dlq.WORKER1.orders.created")
+		m.Header.Set(pipeline.HeaderOriginalSubject, "orders.created")
+		m.Header.Set(pipeline.HeaderOriginalStream, pipelinetest.Stream)
+		m.Header.Set(pipeline.HeaderOriginalSeq, strconv.Itoa(i))
+		if _, err := e.JS.PublishMsg(natstest.Context(t), m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	js := &slowDeadLetters{JetStream: e.JS, delay: 250 * time.Millisecond, started: make(chan struct{})}
+	log, buf := natstest.Logger(t)
+	w := pipeline.NewWorkers(js, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
+		return handler.Ok()
+	}), 1), log)
+	w.ShutdownTimeout = 2 * time.Second // the scan takes 5 s
+	if err := w.Open(natstest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	<-js.started
+	if err := w.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "shutdown timeout") {
+		t.Fatalf("the stop waited for the scan of the dead letters until the shutdown timeout:\n%s", buf.String())
+	}
+}
+
 // TestResumedParkedMessageIsNotReplayedToo: `holdfast dlq replay` of a
 // parked message while the workers resume it after a restart does not run
 // the handler on it a second time: the replay is told it is being handled.
@@ -748,6 +817,71 @@ func TestResumedParkedMessageIsNotReplayedToo(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond)
 	if n := len(rec.forSeq(seq)); n != 2 {
 		t.Errorf("handler called %d times on the message, want 2 (interrupted, resumed)", n)
+	}
+}
+
+// lostRecheck is a JetStream client on which the workers' check that a
+// parked message is still there goes unanswered, after a replay elsewhere
+// (another node) handled it and removed it: a get in a stream leader
+// change.
+type lostRecheck struct{ jetstream.JetStream }
+
+type lostRecheckStream struct{ jetstream.Stream }
+
+func (j lostRecheck) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := j.JetStream.Stream(ctx, name)
+	if err != nil || name != pipelinetest.DLQ {
+		return s, err
+	}
+	return lostRecheckStream{s}, nil
+}
+
+func (s lostRecheckStream) GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error) {
+	if len(opts) > 0 { // the listing
+		return s.Stream.GetMsg(ctx, seq, opts...)
+	}
+	if err := s.DeleteMsg(ctx, seq); err != nil {
+		return nil, err
+	}
+	return nil, context.DeadlineExceeded
+}
+
+// TestParkedMessageNotResumedUnchecked: the workers resume a parked
+// message only once they read it back under their claim; when that read
+// fails, it stays parked. They handed it to the handler anyway, from the
+// copy read when they listed the dead letters at the start: after a
+// replay (another node's, or holdfast dlq replay) had handled and
+// removed it, the handler ran on it a second time.
+func TestParkedMessageNotResumedUnchecked(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	m := nats.NewMsg("dlq.WORKER1.orders.created")
+	m.Header.Set(nats.MsgIdHdr, "ORDERS:WORKER1:1:1:interrupted")
+	m.Header.Set(pipeline.HeaderInterrupted, "true")
+	m.Header.Set(pipeline.HeaderOriginalSubject, "orders.created")
+	m.Header.Set(pipeline.HeaderOriginalStream, pipelinetest.Stream)
+	m.Header.Set(pipeline.HeaderOriginalSeq, "1")
+	m.Data = []byte("parked")
+	if _, err := e.JS.PublishMsg(natstest.Context(t), m); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	log, buf := natstest.Logger(t)
+	w := pipeline.NewWorkers(lostRecheck{e.JS}, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
+		calls.Add(1)
+		return handler.Ok()
+	}), 1), log)
+	if err := w.Open(natstest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if calls.Load() == 0 && !strings.Contains(buf.String(), "not resumed") {
+			return errors.New("the parked message neither resumed nor left parked")
+		}
+		return nil
+	})
+	if n := calls.Load(); n != 0 {
+		t.Fatalf("handler ran %d time(s) on a parked message that was handled and removed meanwhile", n)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -57,8 +59,8 @@ func dlqLs(c *cli.Context) error {
 	for _, s := range targets {
 		err := pipeline.ListDeadLetters(c.Context, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
 			n++
-			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, dl.Consumer, dl.OriginalSubject,
-				dl.OriginalSeq, dl.Deliveries, dl.FailedAt.Format(time.RFC3339), oneLine(dl.Error, 80))
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n", dl.Stream, dl.Seq, terminalSafe(dl.Consumer), terminalSafe(dl.OriginalSubject),
+				dl.OriginalSeq, dl.Deliveries, dl.FailedAt.Format(time.RFC3339), oneLine(terminalSafe(dl.Error), 80))
 			return nil
 		})
 		if err != nil {
@@ -108,11 +110,11 @@ func dlqShow(c *cli.Context) error {
 		// is shown as one.
 		return runtimeError(fmt.Errorf("%s #%d on %s is not a holdfast dead letter (not on dlq.<CONSUMER>.>, or without the %s and %s headers); "+
 			"the config's dead-letter streams: %s; read other messages with: go tool nats stream get %s %d",
-			stream, seq, dl.Subject, pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
+			stream, seq, terminalSafe(dl.Subject), pipeline.HeaderOriginalSubject, pipeline.HeaderOriginalStream,
 			strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", "), stream, seq))
 	}
 	w := c.App.Writer
-	fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, dl.Subject)
+	fmt.Fprintf(w, "%s #%d on %s\n", dl.Stream, dl.Seq, terminalSafe(dl.Subject))
 	for _, k := range slices.Sorted(maps.Keys(dl.Header)) {
 		for _, v := range dl.Header[k] {
 			fmt.Fprintf(w, "  %s: %s\n", terminalSafe(k), terminalSafe(v))
@@ -177,7 +179,8 @@ func dlqReplay(c *cli.Context) error {
 }
 
 // listAllDeadLetters reads every dead letter of the configured dead-letter
-// streams, or of consumer's when it is not "".
+// streams, or of consumer's when it is not "", as a replay request names
+// it (pipeline.DeadLetter.ReplayRef).
 func listAllDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config.Config, consumer string) ([]pipeline.DeadLetter, error) {
 	targets, err := dlqStreams(cfg, consumer)
 	if err != nil {
@@ -186,7 +189,7 @@ func listAllDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config
 	var all []pipeline.DeadLetter
 	for _, s := range targets {
 		err := pipeline.ListDeadLetters(ctx, js, s.stream, s.consumer, func(dl pipeline.DeadLetter) error {
-			all = append(all, dl)
+			all = append(all, dl.ReplayRef())
 			return nil
 		})
 		if err != nil {
@@ -378,20 +381,28 @@ func pickDLQStream(cfg *config.Config, stream string) (string, error) {
 	return "", usageError(fmt.Errorf("%d dead-letter streams configured (%s): pick one with --stream", len(dls), strings.Join(names, ", ")))
 }
 
-// terminalSafe quotes s (Go syntax) when it holds a control character: a
-// header value of a message is the publisher's, and an escape sequence in
-// it (ESC [2K, a carriage return) could rewrite what the operator sees.
+// terminalSafe quotes s (Go syntax) when it holds a control character
+// (C0, DEL or C1) or bytes that are not UTF-8: a subject or header value
+// of a message is the publisher's, and an escape sequence in it (ESC [2K,
+// a carriage return, the one-byte CSI 0x9b) could rewrite what the
+// operator sees.
 func terminalSafe(s string) string {
-	if strings.IndexFunc(s, func(r rune) bool { return r < ' ' || r == 0x7f }) < 0 {
+	if utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0 {
 		return s
 	}
 	return strconv.Quote(s)
 }
 
+// oneLine joins s's lines with single spaces and cuts it to at most max
+// bytes, on a character boundary, marking the cut with an ellipsis.
 func oneLine(s string, max int) string {
 	s = strings.Join(strings.Fields(s), " ")
-	if len(s) > max {
-		return s[:max-1] + "…"
+	if len(s) <= max {
+		return s
 	}
-	return s
+	cut := max - 1
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
 }

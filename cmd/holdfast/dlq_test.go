@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -396,12 +398,92 @@ func TestDLQShowQuotesControlCharacters(t *testing.T) {
 	p.stop()
 }
 
+// TestDLQLsQuotesControlCharacters: `dlq ls` and the first line of `dlq
+// show` print a subject holding control characters or bytes that are not
+// UTF-8 (the publisher's) quoted, and cut a long error on a character,
+// not inside one. They printed the subject raw (an escape sequence in it
+// cleared the operator's terminal, or moved the cursor up over the rows
+// before), and cut the error inside a two-byte character.
+func TestDLQLsQuotesControlCharacters(t *testing.T) {
+	t.Parallel()
+	in, p, js := startDeadLettererWith(t, "cat >/dev/null\necho x"+strings.Repeat("é", 100)+" >&2\nexit 65\n")
+	if _, err := js.Publish(natstest.Context(t), "orders.\x1b[2J\x1b[1A\x9bx", []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 20*time.Millisecond, func() error {
+		if got := len(e2eDeadLetters(t, js, "ORDERS_DLQ")); got != 1 {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	bad := func(s string) bool { return strings.ContainsRune(s, '\x1b') || !utf8.ValidString(s) }
+	ls := runHoldfast(t, nil, "--config", in.cfg, "dlq", "ls")
+	if ls.code != 0 || bad(ls.stdout) || !strings.Contains(ls.stdout, `"orders.\x1b[2J\x1b[1A\x9bx"`) || !strings.Contains(ls.stdout, "éé…") {
+		t.Errorf("dlq ls: exit %d, want the subject quoted and the error cut on a character:\n%q", ls.code, ls.stdout)
+	}
+	show := runHoldfast(t, nil, "--config", in.cfg, "dlq", "show", "1")
+	if first, _, _ := strings.Cut(show.stdout, "\n"); show.code != 0 || bad(first) || !strings.Contains(first, `"dlq.WORKER1.orders.\x1b[2J\x1b[1A`) {
+		t.Errorf("dlq show 1: exit %d, want the subject quoted:\n%q", show.code, show.stdout)
+	}
+	p.stop()
+}
+
+// TestDLQReplayAllHoldsNoPayloads: `dlq replay --all` lists the dead
+// letters before it asks for the first replay, and keeps of each only
+// what the request names (stream, sequence, consumer, Nats-Msg-Id). It
+// kept each whole, payload and all, until the last was replayed.
+func TestDLQReplayAllHoldsNoPayloads(t *testing.T) {
+	t.Parallel()
+	in, p, js := startDeadLetterer(t)
+	const n, size = 80, 1_000_000
+	for i := range n {
+		data := bytes.Repeat([]byte{byte('a' + i%26)}, size)
+		if _, err := js.Publish(natstest.Context(t), "orders.created", data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	natstest.CheckFor(t, 60*time.Second, 50*time.Millisecond, func() error {
+		if got := natstest.StreamInfo(t, js, "ORDERS_DLQ").State.Msgs; got != n {
+			return fmt.Errorf("%d dead letters", got)
+		}
+		return nil
+	})
+	// The heap each garbage collection left live, from the runtime's own
+	// trace (the child's max RSS from wait4 would include the test
+	// process's, which the child had until its exec).
+	replay := exec.Command(holdfastBin, "--config", in.cfg, "dlq", "replay", "--all")
+	replay.Env = append(e2eEnv(), "GODEBUG=gctrace=1")
+	var stdout, stderr bytes.Buffer
+	replay.Stdout, replay.Stderr = &stdout, &stderr
+	err := replay.Run()
+	if !strings.Contains(stdout.String(), fmt.Sprintf("replayed 0 of %d dead letter(s)", n)) {
+		t.Fatalf("dlq replay --all (the handler still refuses them): %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	live := 0
+	for _, m := range regexp.MustCompile(`\d+->\d+->(\d+) MB`).FindAllStringSubmatch(stderr.String(), -1) {
+		mb, _ := strconv.Atoi(m[1])
+		live = max(live, mb)
+	}
+	t.Logf("dlq replay --all of %d dead letters of %d B: at most %d MB live after a garbage collection", n, size, live)
+	if live > n*size/2/1e6 {
+		t.Errorf("dlq replay --all kept %d MB live for %d dead letters of %d B: it holds their payloads", live, n, size)
+	}
+	p.stop()
+}
+
 // startDeadLetterer starts holdfast with one WORKER1 worker whose exec
 // handler refuses every message at its only delivery: each message
 // published becomes a dead letter in ORDERS_DLQ at once.
 func startDeadLetterer(t *testing.T) (*e2eInstance, *e2eProc, jetstream.JetStream) {
 	t.Helper()
-	script := e2eScript(t, "cat >/dev/null\nexit 65\n")
+	return startDeadLettererWith(t, "cat >/dev/null\nexit 65\n")
+}
+
+// startDeadLettererWith is startDeadLetterer with the exec handler's
+// shell script body.
+func startDeadLettererWith(t *testing.T, body string) (*e2eInstance, *e2eProc, jetstream.JetStream) {
+	t.Helper()
+	script := e2eScript(t, body)
 	in := newE2EInstanceWith(t, fmt.Sprintf(`workers = 1
 max_deliver = 1
 handler = "exec"
