@@ -195,13 +195,33 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	from := req.Stream + ":" + strconv.FormatUint(req.Seq, 10)
 
 	res := w.handleOutOfBand(m)
-	if res.Outcome != handler.Success {
-		w.log.Warn("replayed dead letter failed again: it stays in the dead-letter stream", "dead_letter", from,
-			"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
-		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("the handler failed (%s): %s; the dead letter is kept", res.Outcome, res.Reason)}
-	}
 	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer dcancel()
+	if res.Outcome != handler.Success {
+		reply := ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("the handler failed (%s): %s; the dead letter is kept", res.Outcome, res.Reason)}
+		if dl.Header.Get(HeaderInterrupted) == "" || w.handlerCtx.Err() != nil {
+			w.log.Warn("replayed dead letter failed again: it stays in the dead-letter stream", "dead_letter", from,
+				"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
+			return reply
+		}
+		// A parked message has its verdict now: an ordinary dead letter,
+		// as the workers' resume makes it. Left parked, the next start
+		// would hand it to the handler again.
+		if err := w.deadLetterParked(dctx, m, dl, res.Reason); err != nil {
+			w.log.Error("replayed parked message failed, and its dead letter could not be stored: it stays parked", "dead_letter", from, "err", err)
+			reply.Error += fmt.Sprintf(" (still parked: its dead letter could not be stored: %v)", err)
+			return reply
+		}
+		if err := s.DeleteMsg(dctx, req.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			w.log.Error("replayed parked message dead-lettered, but its parked copy could not be removed: the next start hands it to the handler again",
+				"dead_letter", from, "err", err)
+		}
+		w.stats.DeadLettered.Add(1)
+		w.log.Warn("replayed parked message failed: now an ordinary dead letter", "dead_letter", from,
+			"seq", m.Sequence, "outcome", res.Outcome.String(), "reason", res.Reason)
+		reply.Error = fmt.Sprintf("the handler failed (%s): %s; the parked message is now an ordinary dead letter with this reason", res.Outcome, res.Reason)
+		return reply
+	}
 	if err := s.DeleteMsg(dctx, req.Seq); err != nil {
 		w.log.Error("replayed dead letter handled, but it could not be removed: a next replay runs the handler again", "dead_letter", from, "err", err)
 		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("handled, but the dead letter could not be removed: %v", err)}

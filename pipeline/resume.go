@@ -147,6 +147,18 @@ func (w *Workers) resumeInterrupted() {
 	}
 }
 
+// deadLetterParked stores parked message dl, handled again as m and
+// failed with reason, as an ordinary dead letter: its last attempt has a
+// verdict now. The caller removes the parked copy after it. Its
+// Nats-Msg-Id is the same whether the workers' resume or a replay stores
+// it, so the stream keeps one should both get to it.
+func (w *Workers) deadLetterParked(ctx context.Context, m *handler.Message, dl DeadLetter, reason string) error {
+	final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, reason, time.Now())
+	final.Header.Del(HeaderReplayedFrom)
+	final.Header.Set(nats.MsgIdHdr, final.Header.Get(nats.MsgIdHdr)+":resumed")
+	return w.storeDeadLetter(ctx, final)
+}
+
 // parkedGone reports whether the parked message dl is no longer in its
 // dead-letter stream as it was listed (handled by a replay meanwhile).
 func (w *Workers) parkedGone(dl DeadLetter) (bool, error) {
@@ -211,11 +223,7 @@ func (w *Workers) resume1(dl DeadLetter) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if res.Outcome != handler.Success {
-		// Its last attempt has a verdict now: an ordinary dead letter.
-		final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, res.Reason, time.Now())
-		final.Header.Del(HeaderReplayedFrom)
-		final.Header.Set(nats.MsgIdHdr, final.Header.Get(nats.MsgIdHdr)+":resumed")
-		if err := w.storeDeadLetter(ctx, final); err != nil {
+		if err := w.deadLetterParked(ctx, m, dl, res.Reason); err != nil {
 			w.log.Error("resumed message failed, and its dead letter could not be stored: it stays parked", "seq", m.Sequence, "err", err)
 			return
 		}

@@ -846,6 +846,19 @@ func (s lostRecheckStream) GetMsg(ctx context.Context, seq uint64, opts ...jetst
 	return nil, context.DeadlineExceeded
 }
 
+// parkedMessage is a message parked on an interrupted last delivery, as
+// the workers store it in the dead-letter stream.
+func parkedMessage() *nats.Msg {
+	m := nats.NewMsg("dlq.WORKER1.orders.created")
+	m.Header.Set(nats.MsgIdHdr, "ORDERS:WORKER1:1:1:interrupted")
+	m.Header.Set(pipeline.HeaderInterrupted, "true")
+	m.Header.Set(pipeline.HeaderOriginalSubject, "orders.created")
+	m.Header.Set(pipeline.HeaderOriginalStream, pipelinetest.Stream)
+	m.Header.Set(pipeline.HeaderOriginalSeq, "1")
+	m.Data = []byte("parked")
+	return m
+}
+
 // TestParkedMessageNotResumedUnchecked: the workers resume a parked
 // message only once they read it back under their claim; when that read
 // fails, it stays parked. They handed it to the handler anyway, from the
@@ -854,13 +867,7 @@ func (s lostRecheckStream) GetMsg(ctx context.Context, seq uint64, opts ...jetst
 // removed it, the handler ran on it a second time.
 func TestParkedMessageNotResumedUnchecked(t *testing.T) {
 	e := pipelinetest.Start(t, nil)
-	m := nats.NewMsg("dlq.WORKER1.orders.created")
-	m.Header.Set(nats.MsgIdHdr, "ORDERS:WORKER1:1:1:interrupted")
-	m.Header.Set(pipeline.HeaderInterrupted, "true")
-	m.Header.Set(pipeline.HeaderOriginalSubject, "orders.created")
-	m.Header.Set(pipeline.HeaderOriginalStream, pipelinetest.Stream)
-	m.Header.Set(pipeline.HeaderOriginalSeq, "1")
-	m.Data = []byte("parked")
+	m := parkedMessage()
 	if _, err := e.JS.PublishMsg(natstest.Context(t), m); err != nil {
 		t.Fatal(err)
 	}
@@ -882,6 +889,66 @@ func TestParkedMessageNotResumedUnchecked(t *testing.T) {
 	})
 	if n := calls.Load(); n != 0 {
 		t.Fatalf("handler ran %d time(s) on a parked message that was handled and removed meanwhile", n)
+	}
+}
+
+// TestReplayedParkedMessageThatFailsIsDeadLettered: a parked message
+// replayed with holdfast dlq replay whose handler fails has its verdict,
+// as when the workers resume it at a start: it becomes an ordinary dead
+// letter with the handler's reason. It stayed parked, so the next start
+// handed it to the handler again.
+func TestReplayedParkedMessageThatFailsIsDeadLettered(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	// A dead letter before the start: the workers' search for parked
+	// messages reads it (js.started), after it read the stream's last
+	// sequence; the parked message stored then is left to the replay.
+	other := parkedMessage()
+	other.Header.Del(pipeline.HeaderInterrupted)
+	other.Header.Set(nats.MsgIdHdr, "ORDERS:WORKER1:2:1")
+	if _, err := e.JS.PublishMsg(natstest.Context(t), other); err != nil {
+		t.Fatal(err)
+	}
+	js := &slowDeadLetters{JetStream: e.JS, started: make(chan struct{})}
+	var calls atomic.Int32
+	w := pipeline.NewWorkers(js, e.Srv.Conn(), e.Options(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
+		calls.Add(1)
+		return handler.Fail("still bad")
+	}), 1), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := w.Open(natstest.Context(t)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	// Parked after the workers' start looked for parked messages, so that
+	// only the replay hands it to the handler.
+	select {
+	case <-js.started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the workers did not look for parked messages")
+	}
+	m := parkedMessage()
+	ack, err := e.JS.PublishMsg(natstest.Context(t), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := pipeline.GetDeadLetter(natstest.Context(t), e.JS, pipelinetest.DLQ, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pipeline.RequestReplay(natstest.Context(t), e.Srv.Conn(), dl, 30*time.Second); err == nil || !strings.Contains(err.Error(), "still bad") {
+		t.Fatalf("replay of a parked message whose handler fails: %v", err)
+	}
+	if n := calls.Load(); n != 1 {
+		t.Fatalf("handler ran %d times, want once (the replay)", n)
+	}
+	var left []string
+	if err := pipeline.ListDeadLetters(natstest.Context(t), e.JS, pipelinetest.DLQ, "", func(dl pipeline.DeadLetter) error {
+		left = append(left, fmt.Sprintf("#%d interrupted=%q error=%q", dl.Seq, dl.Header.Get(pipeline.HeaderInterrupted), dl.Error))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 2 || !strings.Contains(left[1], `interrupted="" error="still bad"`) {
+		t.Fatalf("dead-letter stream after the failed replay of a parked message: %q, want the other and one ordinary dead letter with the handler's reason", left)
 	}
 }
 
