@@ -12,7 +12,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline"
 )
 
@@ -43,13 +42,10 @@ type DeadLetterDetail struct {
 	Header map[string][]string `json:"header"`
 }
 
-// How much of a payload the page gets, and how far back it looks.
+// How much of a payload the page gets, and how many dead letters.
 const (
 	previewBytes = 200
 	detailBytes  = 64 << 10
-	// scanLimit bounds the messages read backwards to find the newest
-	// dead letters of one consumer in a shared dead-letter stream.
-	scanLimit = 2000
 	// MaxDeadLetterList is the most dead letters /deadletters.json lists.
 	MaxDeadLetterList = 100
 )
@@ -98,35 +94,18 @@ func (d *Daemon) deadLetters(ctx context.Context, consumer string, limit int) ([
 	return out[:min(len(out), limit)], nil
 }
 
-// newestDeadLetters reads stream backwards from its last message.
+// newestDeadLetters returns stream's newest dead letters, of consumer
+// or of every consumer when it is "", newest first, at most limit.
 func newestDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, limit int) ([]DeadLetterView, error) {
-	s, err := js.Stream(ctx, stream)
+	dls, err := pipeline.NewestDeadLetters(ctx, js, stream, consumer, limit)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		return nil, nil
 	}
-	if err != nil {
-		return nil, err
+	out := make([]DeadLetterView, 0, len(dls))
+	for _, dl := range dls {
+		out = append(out, viewOf(dl, previewBytes))
 	}
-	st := s.CachedInfo().State
-	var out []DeadLetterView
-	prefix := ""
-	if consumer != "" {
-		prefix = subjects.DeadLetterPrefix + consumer + "."
-	}
-	for seq, n := st.LastSeq, 0; seq >= st.FirstSeq && seq > 0 && len(out) < limit && n < scanLimit; seq, n = seq-1, n+1 {
-		raw, err := s.GetMsg(ctx, seq)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			continue // deleted by a replay
-		}
-		if err != nil {
-			return nil, err
-		}
-		if prefix != "" && !strings.HasPrefix(raw.Subject, prefix) {
-			continue
-		}
-		out = append(out, viewOf(pipeline.ParseDeadLetter(stream, raw), previewBytes))
-	}
-	return out, nil
+	return out, err
 }
 
 // deadLetter returns one dead letter whole, if stream is a dead-letter

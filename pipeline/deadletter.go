@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/holdfast-io/holdfast/internal/settle"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -788,10 +790,7 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	filter := ">"
-	if consumer != "" {
-		filter = "dlq." + consumer + ".>"
-	}
+	filter := deadLetterFilter(consumer)
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
 		var raw *jetstream.RawStreamMsg
 		err := listRequest(ctx, js, func(ctx context.Context) (err error) {
@@ -813,6 +812,105 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 		seq = raw.Sequence
 	}
 	return nil
+}
+
+// deadLetterFilter is the subject filter of consumer's dead letters, or
+// of every message when consumer is "".
+func deadLetterFilter(consumer string) string {
+	if consumer == "" {
+		return ">"
+	}
+	return subjects.DeadLetters(consumer)
+}
+
+// NewestDeadLetters returns the newest n dead letters in stream, newest
+// first, only consumer's when it is not "". A shared dead-letter stream
+// can hold any number of other consumers' dead letters after consumer's
+// newest, so it looks back in windows that double, from the stream's
+// last sequence, and reads each with the get for the next message on
+// consumer's subjects (the server skips the others); a window that
+// holds more than it needs is halved until its newest are found. It
+// reads about n messages for a consumer whose dead letters are the
+// newest, and at most about 2n per halving otherwise.
+func NewestDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, n int) ([]DeadLetter, error) {
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return nil, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	st := s.CachedInfo().State
+	if st.Msgs == 0 || n <= 0 {
+		return nil, nil
+	}
+	r := newestReader{ctx: ctx, js: js, s: s, stream: stream, filter: deadLetterFilter(consumer)}
+	var out []DeadLetter
+	lo, hi, window := st.FirstSeq, st.LastSeq, uint64(n)
+	for len(out) < n {
+		from := lo
+		if hi-lo >= window {
+			from = hi - window + 1
+		}
+		got, err := r.newest(from, hi, n-len(out))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+		if from == lo {
+			break
+		}
+		hi, window = from-1, window*2
+	}
+	return out, nil
+}
+
+// newestReader reads the dead letters of one filter for NewestDeadLetters.
+type newestReader struct {
+	ctx    context.Context
+	js     jetstream.JetStream
+	s      jetstream.Stream
+	stream string
+	filter string
+}
+
+// newest returns the newest n dead letters in sequences lo to hi, newest
+// first.
+func (r *newestReader) newest(lo, hi uint64, n int) ([]DeadLetter, error) {
+	got, err := r.forward(lo, hi, n+1)
+	if err != nil || len(got) <= n {
+		slices.Reverse(got)
+		return got, err
+	}
+	mid := lo + (hi-lo)/2 + 1
+	upper, err := r.newest(mid, hi, n)
+	if err != nil || len(upper) == n {
+		return upper, err
+	}
+	lower, err := r.newest(lo, mid-1, n-len(upper))
+	return append(upper, lower...), err
+}
+
+// forward returns the first n dead letters in sequences lo to hi, oldest
+// first.
+func (r *newestReader) forward(lo, hi uint64, n int) ([]DeadLetter, error) {
+	var out []DeadLetter
+	for seq := lo; seq <= hi && len(out) < n; seq++ {
+		var raw *jetstream.RawStreamMsg
+		err := listRequest(r.ctx, r.js, func(ctx context.Context) (err error) {
+			raw, err = r.s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(r.filter))
+			return err
+		})
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("dead-letter stream %s at sequence %d: %w", r.stream, seq, err)
+		}
+		if raw.Sequence > hi {
+			break
+		}
+		out = append(out, ParseDeadLetter(r.stream, raw))
+		seq = raw.Sequence
+	}
+	return out, nil
 }
 
 // listRequestTimeout bounds one request of ListDeadLetters: one that is

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -713,5 +715,67 @@ func TestListDeadLettersAcrossALeaderChange(t *testing.T) {
 	}
 	if err != nil || strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Fatalf("ListDeadLetters across a leader change: %v, read %q", err, got)
+	}
+}
+
+// NewestDeadLetters finds the same dead letters as ListDeadLetters'
+// last n, whatever the mix of consumers sharing the stream and the gaps
+// replays leave, and for any n.
+func TestNewestDeadLettersMatchesTheList(t *testing.T) {
+	s := natstest.RunServer(t)
+	js := natstest.JetStream(t, natstest.Connect(t, s))
+	natstest.CreateStream(t, js, bootstrap.DeadLetterSpec("DLQ", []string{"A", "B"}, 1))
+	ctx := natstest.Context(t)
+	rnd := rand.New(rand.NewPCG(1, 2))
+	stream, err := js.Stream(ctx, "DLQ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Runs of each consumer's dead letters, of every length up to 150.
+	for range 12 {
+		subject := "dlq.A.orders.created"
+		if rnd.IntN(2) == 0 {
+			subject = "dlq.B.orders.created"
+		}
+		for range rnd.IntN(150) {
+			if _, err := js.PublishAsync(subject, []byte("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		<-js.PublishAsyncComplete()
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
+		if rnd.IntN(10) == 0 {
+			if err := stream.DeleteMsg(ctx, seq); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, consumer := range []string{"A", "B", ""} {
+		var all []uint64
+		if err := pipeline.ListDeadLetters(ctx, js, "DLQ", consumer, func(dl pipeline.DeadLetter) error {
+			all = append(all, dl.Seq)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		slices.Reverse(all)
+		for _, n := range []int{1, 7, 100, len(all) + 1} {
+			got, err := pipeline.NewestDeadLetters(ctx, js, "DLQ", consumer, n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var seqs []uint64
+			for _, dl := range got {
+				seqs = append(seqs, dl.Seq)
+			}
+			if want := all[:min(n, len(all))]; !slices.Equal(seqs, want) {
+				t.Fatalf("consumer %q, newest %d of %d:\n got %v\nwant %v", consumer, n, len(all), seqs, want)
+			}
+		}
 	}
 }
