@@ -101,9 +101,9 @@ func dlqShow(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	dl, err := pipeline.GetDeadLetter(c.Context, js, stream, seq)
+	dl, err := getDeadLetter(c.Context, js, cfg, stream, seq)
 	if err != nil {
-		return runtimeError(err)
+		return err
 	}
 	if dl.Consumer == "" || dl.OriginalSubject == "" || dl.OriginalStream == "" {
 		// Any message of any --stream can be read; only a dead letter
@@ -212,13 +212,30 @@ func getDeadLetters(ctx context.Context, js jetstream.JetStream, cfg *config.Con
 		if err != nil {
 			return nil, err
 		}
-		dl, err := pipeline.GetDeadLetter(ctx, js, stream, seq)
+		dl, err := getDeadLetter(ctx, js, cfg, stream, seq)
 		if err != nil {
-			return nil, runtimeError(err)
+			return nil, err
 		}
 		dls = append(dls, dl)
 	}
 	return dls, nil
+}
+
+// getDeadLetter reads the dead letter seq of stream. A stream that does
+// not exist and is none of the config's dead-letter streams is a mistyped
+// --stream: a usage error that names the configured ones.
+func getDeadLetter(ctx context.Context, js jetstream.JetStream, cfg *config.Config, stream string, seq uint64) (pipeline.DeadLetter, error) {
+	dl, err := pipeline.GetDeadLetter(ctx, js, stream, seq)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		if _, ok := cfg.DeadLetterStreams()[stream]; !ok {
+			return dl, usageError(fmt.Errorf("--stream %s: there is no such stream (the config's dead-letter streams: %s)",
+				terminalSafe(stream), strings.Join(slices.Sorted(maps.Keys(cfg.DeadLetterStreams())), ", ")))
+		}
+	}
+	if err != nil {
+		return dl, runtimeError(err)
+	}
+	return dl, nil
 }
 
 // replayDeadLetters requests a replay of each dead letter in todo and

@@ -128,7 +128,8 @@ shutdown_timeout = "2s"
 // was the server's "bad request", exit 1), and `dlq show` of a message
 // that is no dead letter says so (it printed it as one). replay's
 // --consumer with SEQ arguments, and --stream with --all, are refused (each
-// was ignored).
+// was ignored). A --stream that does not exist is named as the mistake
+// (it asked whether holdfast was running with this config).
 func TestDLQRefusesConsumerWithoutDeadLetters(t *testing.T) {
 	t.Parallel()
 	in := newE2EInstance(t)
@@ -152,6 +153,8 @@ dead_letter = ""
 		{[]string{"dlq", "replay", "0"}, `SEQ "0" is not a sequence number`},
 		{[]string{"dlq", "replay", "--consumer", "WORKER1", "1"}, "--consumer goes with --all"},
 		{[]string{"dlq", "replay", "--all", "--stream", "ORDERS_DLQ"}, "--stream goes with SEQ arguments"},
+		{[]string{"dlq", "show", "--stream", "NOPE", "1"}, "--stream NOPE: there is no such stream (the config's dead-letter streams: ORDERS_DLQ)"},
+		{[]string{"dlq", "replay", "--stream", "NOPE", "1"}, "--stream NOPE: there is no such stream"},
 	} {
 		args := append([]string{tt.args[0], tt.args[1], "--config", in.cfg}, tt.args[2:]...)
 		res := runHoldfast(t, nil, args...)
