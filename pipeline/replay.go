@@ -212,7 +212,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 			reply.Error += fmt.Sprintf(" (still parked: its dead letter could not be stored: %v)", err)
 			return reply
 		}
-		if err := s.DeleteMsg(dctx, req.Seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+		if err := removeDeadLetter(dctx, s, req.Seq); err != nil {
 			w.log.Error("replayed parked message dead-lettered, but its parked copy could not be removed: the next start hands it to the handler again",
 				"dead_letter", from, "err", err)
 		}
@@ -222,12 +222,28 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 		reply.Error = fmt.Sprintf("the handler failed (%s): %s; the parked message is now an ordinary dead letter with this reason", res.Outcome, res.Reason)
 		return reply
 	}
-	if err := s.DeleteMsg(dctx, req.Seq); err != nil {
+	if err := removeDeadLetter(dctx, s, req.Seq); err != nil {
 		w.log.Error("replayed dead letter handled, but it could not be removed: a next replay runs the handler again", "dead_letter", from, "err", err)
 		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("handled, but the dead letter could not be removed: %v", err)}
 	}
 	w.log.Info("dead letter replayed", "dead_letter", from, "seq", m.Sequence, "subject", m.Subject, "idempotency_key", m.IdempotencyKey)
 	return ReplayReply{Outcome: res.Outcome.String()}
+}
+
+// removeDeadLetter deletes the dead letter seq of s once its handler has
+// run. One removed meanwhile (holdfast dlq purge, another replay) is
+// gone as asked: the server answers its delete with a failure that only
+// its text tells apart, so a failed delete is checked by reading the
+// dead letter back.
+func removeDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) error {
+	err := s.DeleteMsg(ctx, seq)
+	if err == nil {
+		return nil
+	}
+	if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return nil
+	}
+	return err
 }
 
 // handleOutOfBand runs the handler on a message that did not come from

@@ -236,9 +236,9 @@ func (w *Workers) resume1(dl DeadLetter) {
 	}
 	s, err := w.js.Stream(ctx, w.opts.DeadLetter)
 	if err == nil {
-		err = s.DeleteMsg(ctx, dl.Seq)
+		err = removeDeadLetter(ctx, s, dl.Seq)
 	}
-	if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+	if err != nil {
 		w.log.Error("parked message handled, but its parked copy could not be removed: it is handled again at the next start",
 			"dead_letter", w.opts.DeadLetter, "dead_letter_seq", dl.Seq, "err", err)
 	}

@@ -952,6 +952,51 @@ func TestReplayedParkedMessageThatFailsIsDeadLettered(t *testing.T) {
 	}
 }
 
+// TestReplayOfADeadLetterPurgedMeanwhileSucceeds: a dead letter purged
+// (holdfast dlq purge, the status page) while its replay's handler runs
+// is gone either way once the handler succeeded. The replay answered
+// "handled, but the dead letter could not be removed", so holdfast dlq
+// replay exited 1 for a message that was handled.
+func TestReplayOfADeadLetterPurgedMeanwhileSucceeds(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	ctx := natstest.Context(t)
+	m := parkedMessage()
+	m.Header.Del(pipeline.HeaderInterrupted)
+	ack, err := e.JS.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entered, proceed := make(chan struct{}), make(chan struct{})
+	log, buf := natstest.Logger(t)
+	w := pipeline.NewWorkers(e.JS, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
+		close(entered)
+		<-proceed
+		return handler.Ok()
+	}), 1), log)
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	dl, err := pipeline.GetDeadLetter(ctx, e.JS, pipelinetest.DLQ, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replayed := make(chan error, 1)
+	go func() { replayed <- pipeline.RequestReplay(ctx, e.Srv.Conn(), dl, 30*time.Second) }()
+	select {
+	case <-entered:
+	case err := <-replayed:
+		t.Fatalf("replay returned before its handler ran: %v", err)
+	}
+	if n, err := pipeline.PurgeDeadLetters(ctx, e.Srv.Conn(), pipelinetest.DLQ, "", 0); err != nil || n != 1 {
+		t.Fatalf("purge: %d, %v", n, err)
+	}
+	close(proceed)
+	if err := <-replayed; err != nil {
+		t.Fatalf("replay of a dead letter purged while its handler ran: %v\n%s", err, buf)
+	}
+}
+
 // openLoggedWorkers opens log-handler workers on e's consumer that log at
 // debug level into the returned buffer, with pulls warned of after grace.
 func openLoggedWorkers(t *testing.T, e *pipelinetest.Env, grace time.Duration) (*pipeline.Workers, *natstest.Buffer) {
