@@ -26,7 +26,10 @@ func TestNewestDeadLettersInASharedStream(t *testing.T) {
 	orig := uint64(0)
 	store := func(consumer string, n int) {
 		t.Helper()
-		for range n {
+		for i := range n {
+			if i%500 == 499 {
+				waitPublished(t, js)
+			}
 			orig++
 			m := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Sequence: orig, Delivery: 5, Data: []byte("x")}
 			dl := pipeline.NewDeadLetter(consumer, m, time.Unix(0, 0), "failed", time.Unix(int64(orig), 0))
@@ -37,11 +40,7 @@ func TestNewestDeadLettersInASharedStream(t *testing.T) {
 				a = append(a, orig)
 			}
 		}
-		select {
-		case <-js.PublishAsyncComplete():
-		case <-ctx.Done():
-			t.Fatal("publishing the dead letters did not complete")
-		}
+		waitPublished(t, js)
 	}
 	store("A", 150)
 	store("B", 5000)
@@ -85,4 +84,15 @@ func names(dls []DeadLetterView) []string {
 		out = append(out, fmt.Sprintf("%s#%d", dl.Consumer, dl.OriginalSeq))
 	}
 	return out
+}
+
+// waitPublished waits for js's asynchronous publishes to be answered
+// (more than its limit of outstanding ones would stall the next).
+func waitPublished(t *testing.T, js jetstream.JetStream) {
+	t.Helper()
+	select {
+	case <-js.PublishAsyncComplete():
+	case <-natstest.Context(t).Done():
+		t.Fatal("the asynchronous publishes were not answered")
+	}
 }
