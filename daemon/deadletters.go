@@ -159,14 +159,15 @@ func (d *Daemon) replayAllDeadLetters(ctx context.Context, consumer string) (rep
 	return replayed, nil
 }
 
-// purgeDeadLetters deletes consumer's dead letters up to seq upto.
-func (d *Daemon) purgeDeadLetters(ctx context.Context, consumer string, upto uint64) (uint64, error) {
+// purgeDeadLetters deletes consumer's dead letters up to seq upto, and
+// keeps its parked messages.
+func (d *Daemon) purgeDeadLetters(ctx context.Context, consumer string, upto uint64) (pipeline.Purged, error) {
 	cc := d.running.Load().Consumers[consumer]
 	if cc == nil || cc.DeadLetter == "" {
-		return 0, fmt.Errorf("consumer %s has no dead-letter stream", consumer)
+		return pipeline.Purged{}, fmt.Errorf("consumer %s has no dead-letter stream", consumer)
 	}
 	if upto == 0 {
-		return 0, errors.New("upto: give the last sequence to delete (the newest you have seen), so that dead letters stored since are kept")
+		return pipeline.Purged{}, errors.New("upto: give the last sequence to delete (the newest you have seen), so that dead letters stored since are kept")
 	}
-	return pipeline.PurgeDeadLetters(ctx, d.srv.Conn(), cc.DeadLetter, consumer, upto)
+	return pipeline.PurgeDeadLetters(ctx, d.srv.JetStream(), cc.DeadLetter, consumer, upto)
 }

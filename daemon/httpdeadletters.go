@@ -75,8 +75,7 @@ func (h *httpServer) deadLetterRoutes(mux *http.ServeMux) {
 		return map[string]int{"replayed": 1}, nil
 	}))
 	mux.HandleFunc("POST /api/deadletters/purge", h.action(func(ctx context.Context, d *Daemon, req actionRequest) (any, error) {
-		n, err := d.purgeDeadLetters(ctx, req.Consumer, req.UpTo)
-		return map[string]uint64{"purged": n}, err
+		return d.purgeDeadLetters(ctx, req.Consumer, req.UpTo)
 	}))
 }
 

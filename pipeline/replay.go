@@ -232,17 +232,9 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 
 // removeDeadLetter deletes the dead letter seq of s once its handler has
 // run. One removed meanwhile (holdfast dlq purge, another replay) is
-// gone as asked: the server answers its delete with a failure that only
-// its text tells apart, so a failed delete is checked by reading the
-// dead letter back.
+// gone as asked.
 func removeDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) error {
-	err := s.DeleteMsg(ctx, seq)
-	if err == nil {
-		return nil
-	}
-	if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
-		return nil
-	}
+	_, err := deleteDeadLetter(ctx, s, seq)
 	return err
 }
 
@@ -355,16 +347,101 @@ func RequestReplay(ctx context.Context, nc *nats.Conn, dl DeadLetter, timeout ti
 	return nil
 }
 
+// Purged is what PurgeDeadLetters did.
+type Purged struct {
+	// Deleted is how many dead letters it deleted.
+	Deleted uint64 `json:"purged"`
+	// Parked is how many parked messages it kept among them: messages
+	// interrupted on their last delivery, not failed, which the workers
+	// hand to the handler when they start (see HeaderInterrupted).
+	Parked uint64 `json:"kept_parked"`
+}
+
 // PurgeDeadLetters deletes for good the dead letters in stream, only
-// consumer's when it is not "", and only up to sequence upto when it is
-// not 0 (those stored since stay). It returns how many it deleted.
-func PurgeDeadLetters(ctx context.Context, nc *nats.Conn, stream, consumer string, upto uint64) (uint64, error) {
-	req := api.JSApiStreamPurgeRequest{}
+// consumer's when it is not "", up to sequence upto, or up to the last
+// one stored when it was called when upto is 0: those stored since
+// stay. Parked messages stay too: they wait for their handler, not for
+// an operator's verdict. It reads the dead letters first to find them;
+// the dead letters before the oldest parked one go in one purge, those
+// after it one by one.
+func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string, upto uint64) (Purged, error) {
+	errPast := errors.New("past upto")
+	var last uint64
+	var parked, after []uint64 // after: dead letters after the oldest parked message
+	err := ListDeadLetters(ctx, js, stream, consumer, func(dl DeadLetter) error {
+		if upto > 0 && dl.Seq > upto {
+			return errPast
+		}
+		last = dl.Seq
+		switch {
+		case dl.Header.Get(HeaderInterrupted) != "":
+			parked = append(parked, dl.Seq)
+		case len(parked) > 0:
+			after = append(after, dl.Seq)
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errPast) {
+		return Purged{}, err
+	}
+	res := Purged{Parked: uint64(len(parked))}
+	if last == 0 {
+		return res, nil
+	}
+	if len(parked) > 0 {
+		last = parked[0] - 1
+	}
+	if last > 0 {
+		if res.Deleted, err = purgeBelow(ctx, js.Conn(), stream, consumer, last+1); err != nil {
+			return res, err
+		}
+	}
+	if len(after) == 0 {
+		return res, nil
+	}
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return res, fmt.Errorf("dead-letter stream %s: %w", stream, err)
+	}
+	for _, seq := range after {
+		gone, err := deleteDeadLetter(ctx, s, seq)
+		if err != nil {
+			return res, fmt.Errorf("dead letter %s #%d: %w", stream, seq, err)
+		}
+		if !gone {
+			res.Deleted++
+		}
+	}
+	return res, nil
+}
+
+// purgeTimeout bounds each request of PurgeDeadLetters that deletes.
+const purgeTimeout = 30 * time.Second
+
+// deleteDeadLetter deletes the dead letter seq of s; gone says it was
+// removed already (replayed or purged meanwhile).
+func deleteDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) (gone bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, purgeTimeout)
+	defer cancel()
+	if err = s.DeleteMsg(ctx, seq); err == nil {
+		return false, nil
+	}
+	// The server answers the delete of a missing message with a failure
+	// that only its text tells apart: read it back.
+	if _, gerr := s.GetMsg(ctx, seq); errors.Is(gerr, jetstream.ErrMsgNotFound) {
+		return true, nil
+	}
+	return false, err
+}
+
+// purgeBelow purges the messages of stream below sequence seq, only
+// consumer's dead letters when it is not "", and returns how many.
+func purgeBelow(ctx context.Context, nc *nats.Conn, stream, consumer string, seq uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, purgeTimeout)
+	defer cancel()
+	req := api.JSApiStreamPurgeRequest{Sequence: seq}
 	if consumer != "" {
 		req.Subject = subjects.DeadLetters(consumer)
-	}
-	if upto > 0 {
-		req.Sequence = upto + 1 // the API purges up to, not including, seq
 	}
 	body, err := json.Marshal(req)
 	if err != nil {

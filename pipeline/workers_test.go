@@ -988,12 +988,63 @@ func TestReplayOfADeadLetterPurgedMeanwhileSucceeds(t *testing.T) {
 	case err := <-replayed:
 		t.Fatalf("replay returned before its handler ran: %v", err)
 	}
-	if n, err := pipeline.PurgeDeadLetters(ctx, e.Srv.Conn(), pipelinetest.DLQ, "", 0); err != nil || n != 1 {
-		t.Fatalf("purge: %d, %v", n, err)
+	if res, err := pipeline.PurgeDeadLetters(ctx, e.JS, pipelinetest.DLQ, "", 0); err != nil || res.Deleted != 1 {
+		t.Fatalf("purge: %+v, %v", res, err)
 	}
 	close(proceed)
 	if err := <-replayed; err != nil {
 		t.Fatalf("replay of a dead letter purged while its handler ran: %v\n%s", err, buf)
+	}
+}
+
+// TestPurgeKeepsParkedMessages: a parked message is no dead letter but a
+// message interrupted on its last delivery, handed to the handler when
+// the workers start; a purge of the dead letters around it keeps it. It
+// was purged with them: a message neither handled nor dead-lettered,
+// gone.
+func TestPurgeKeepsParkedMessages(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	ctx := natstest.Context(t)
+	store := func(id string, parked bool) {
+		t.Helper()
+		m := parkedMessage()
+		m.Header.Set(nats.MsgIdHdr, id)
+		if !parked {
+			m.Header.Del(pipeline.HeaderInterrupted)
+		}
+		if _, err := e.JS.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store("d1", false)
+	store("p2", true)
+	store("d3", false)
+	store("p4", true)
+	store("d5", false)
+	store("d6", false)
+	left := func() []string {
+		var out []string
+		if err := pipeline.ListDeadLetters(ctx, e.JS, pipelinetest.DLQ, "", func(dl pipeline.DeadLetter) error {
+			out = append(out, dl.Header.Get(nats.MsgIdHdr))
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	purge := func(upto uint64) string {
+		t.Helper()
+		res, err := pipeline.PurgeDeadLetters(ctx, e.JS, pipelinetest.DLQ, "WORKER1", upto)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprintf("purged %d, kept %d parked, left %v", res.Deleted, res.Parked, left())
+	}
+	if got, want := purge(3), "purged 2, kept 1 parked, left [p2 p4 d5 d6]"; got != want {
+		t.Errorf("purge up to #3: %s, want %s", got, want)
+	}
+	if got, want := purge(0), "purged 2, kept 2 parked, left [p2 p4]"; got != want {
+		t.Errorf("purge: %s, want %s", got, want)
 	}
 }
 

@@ -290,7 +290,7 @@ func dlqPurgeCommand() *cli.Command {
 // dlqPurge deletes the dead letters of every dead-letter stream, or of
 // --consumer's, once --yes confirms it.
 func dlqPurge(c *cli.Context) error {
-	cfg, nc, _, err := connectJetStream(c)
+	cfg, nc, js, err := connectJetStream(c)
 	if err != nil {
 		return err
 	}
@@ -314,10 +314,12 @@ func dlqPurge(c *cli.Context) error {
 	if !c.Bool("yes") {
 		return usageError(fmt.Errorf("purge deletes dead letters in %s for good: check them with 'holdfast dlq ls' and pass --yes, with --upto SEQ to keep those stored since", strings.Join(names, ", ")))
 	}
+	ctx, stop := interruptible(c.Context)
+	defer stop()
 	for _, s := range streams {
-		n, err := purgeDeadLetters(c, nc, s, upto)
+		res, err := pipeline.PurgeDeadLetters(ctx, js, s.stream, s.consumer, upto)
 		if err != nil {
-			return runtimeError(fmt.Errorf("purge %s: %w", s.stream, err))
+			return runtimeError(fmt.Errorf("purge %s: %w (purged %d dead letter(s) before that)", s.stream, err, res.Deleted))
 		}
 		what := ""
 		if s.consumer != "" {
@@ -326,18 +328,13 @@ func dlqPurge(c *cli.Context) error {
 		if upto > 0 {
 			what += fmt.Sprintf(" up to seq %d", upto)
 		}
-		fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", n, what, s.stream)
+		fmt.Fprintf(c.App.Writer, "purged %d dead letter(s)%s from %s\n", res.Deleted, what, s.stream)
+		if res.Parked > 0 {
+			fmt.Fprintf(c.App.Writer, "kept %d parked message(s) in %s: interrupted on their last delivery, not failed; the workers hand them to the handler when they start\n",
+				res.Parked, s.stream)
+		}
 	}
 	return nil
-}
-
-// purgeDeadLetters purges the dead letters of target (up to sequence upto
-// when it is not 0) with the JetStream API and returns how many it
-// deleted: the operator sees how many went, not only that some did.
-func purgeDeadLetters(c *cli.Context, nc *nats.Conn, target dlqTarget, upto uint64) (uint64, error) {
-	ctx, cancel := context.WithTimeout(c.Context, 30*time.Second)
-	defer cancel()
-	return pipeline.PurgeDeadLetters(ctx, nc, target.stream, target.consumer, upto)
 }
 
 // parseSeq reads a dead letter's sequence number (from 1) given on the
