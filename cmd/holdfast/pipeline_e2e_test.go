@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -76,11 +77,13 @@ shutdown_timeout = "2s"
 `, consumerExtra, script), 1))
 }
 
-// TestExecPipelineCompleteAcrossKill sends 1,000 messages through an exec
+// TestExecPipelineCompleteAcrossKill sends 300 messages through an exec
 // handler that fails a known subset transiently and another permanently,
 // kills holdfast with SIGKILL while it processes, restarts it, and checks
 // that every message was processed or dead-lettered: duplicates allowed,
-// loss not.
+// loss not. No handler sees less than its message: a handler holdfast
+// started ran on after the kill with its stdin cut short (an empty
+// payload here), and succeeded.
 func TestExecPipelineCompleteAcrossKill(t *testing.T) {
 	t.Parallel()
 	if testing.Short() {
@@ -99,7 +102,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 	in := newE2EInstance(t)
 	e2ePipelineConfig(t, in, script, "")
 
-	const total = 1000
+	const total = 300
 	p := startHoldfast(t, in.cfg)
 	p.waitReady()
 	_, js := e2eConnect(t, in)
@@ -117,7 +120,7 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 		t.Fatalf("stream holds %d messages, want %d", st.Msgs, total)
 	}
 	// Kill it in the middle of the work.
-	natstest.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
+	natstest.CheckFor(t, 60*time.Second, 10*time.Millisecond, func() error {
 		if n := len(e2eLines(t, out)); n < total/4 {
 			return fmt.Errorf("%d processed", n)
 		}
@@ -165,12 +168,54 @@ echo "$id $HOLDFAST_SEQ $HOLDFAST_DELIVERY" >> %q
 			t.Errorf("%s dead-lettered %d times: the Nats-Msg-Id should deduplicate", id, dead[id])
 		}
 	}
+	// A handler never sees a payload that is not the message: one left
+	// running by the killed holdfast read its stdin cut short.
+	for _, l := range e2eLines(t, out) {
+		if id := strings.Fields(l)[0]; !strings.HasPrefix(id, "m-") {
+			t.Errorf("a handler saw payload %q (line %q): not a message's", id, l)
+		}
+	}
 	dups := 0
 	for _, n := range processed {
 		dups += n - 1
 	}
 	t.Logf("killed after %d processed; afterwards %d processed, %d dead letters, %d duplicate deliveries", killedAt, len(processed), len(dead), dups)
 	p.stop()
+}
+
+// TestExecHandlerDiesWithHoldfast: a handler whose holdfast is killed
+// (kill -9, the OOM killer) before it wrote the whole payload to the
+// handler's stdin must not run on: it would read the payload cut short
+// and act on it as the message. It ran on, and here recorded 65,536 of
+// 200,000 bytes.
+func TestExecHandlerDiesWithHoldfast(t *testing.T) {
+	t.Parallel()
+	out := filepath.Join(t.TempDir(), "out")
+	// It reads its stdin only after holdfast blocked writing it: more
+	// than a pipe holds.
+	script := e2eScript(t, fmt.Sprintf(`echo started >> %[1]q
+sleep 2
+echo "read $(wc -c) bytes" >> %[1]q
+`, out))
+	in := newE2EInstance(t)
+	e2ePipelineConfig(t, in, script, "")
+	p := startHoldfast(t, in.cfg)
+	p.waitReady()
+	_, js := e2eConnect(t, in)
+	if _, err := js.Publish(natstest.Context(t), "orders.created", bytes.Repeat([]byte("x"), 200_000)); err != nil {
+		t.Fatal(err)
+	}
+	natstest.CheckFor(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if len(e2eLines(t, out)) == 0 {
+			return errors.New("the handler did not start")
+		}
+		return nil
+	})
+	p.signal(syscall.SIGKILL)
+	time.Sleep(3 * time.Second) // the handler's sleep, and then some
+	if lines := e2eLines(t, out); len(lines) != 1 {
+		t.Errorf("the handler ran on after holdfast was killed: %q", lines)
+	}
 }
 
 // TestDrainOnSIGTERM: in-flight handlers that finish within

@@ -201,7 +201,12 @@ func (h *Exec) Handle(ctx context.Context, msg *Message) Result {
 		stdout = &tailBuffer{limit: stdoutDebugLimit}
 		cmd.Stdout = stdout
 	}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// Pdeathsig: a command whose holdfast dies (kill -9, the OOM killer)
+	// is killed with it instead of running on with its stdin cut short,
+	// on a payload that is not the message. (The signal follows the
+	// thread that started the command; the Go runtime ends a thread only
+	// when a goroutine locked to it returns, which holdfast's do not.)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	cmd.Cancel = func() error { return killProcessGroup(cmd.Process.Pid) }
 	cmd.WaitDelay = h.waitDelay
 
