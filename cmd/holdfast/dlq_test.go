@@ -438,7 +438,7 @@ func TestDLQLsQuotesControlCharacters(t *testing.T) {
 func TestDLQReplayAllHoldsNoPayloads(t *testing.T) {
 	t.Parallel()
 	in, p, js := startDeadLetterer(t)
-	const n, size = 80, 1_000_000
+	const n, size = 40, 1_000_000
 	for i := range n {
 		data := bytes.Repeat([]byte{byte('a' + i%26)}, size)
 		if _, err := js.Publish(natstest.Context(t), "orders.created", data); err != nil {
