@@ -37,6 +37,20 @@ const (
 	HeaderFailedAt              = "Holdfast-Failed-At"
 )
 
+// deadLetterHeaders are the headers holdfast sets on a dead letter and
+// reads back from it (with HeaderInterrupted and HeaderReplayedFrom):
+// a message carrying any of them from its publisher (a dead letter
+// republished by hand) must not have them steer its own dead letter or
+// replay, so they are dropped from the original's headers.
+var deadLetterHeaders = []string{HeaderError, HeaderOriginalSubject, HeaderOriginalSeq, HeaderOriginalStream,
+	HeaderOriginalStreamCreated, HeaderOriginalMsgID, HeaderDeliveries, HeaderFailedAt, HeaderInterrupted, HeaderReplayedFrom}
+
+// isDeadLetterHeader says whether k is one of deadLetterHeaders, in any
+// case (a header's name reaches holdfast as its publisher wrote it).
+func isDeadLetterHeader(k string) bool {
+	return slices.ContainsFunc(deadLetterHeaders, func(h string) bool { return strings.EqualFold(h, k) })
+}
+
 // DeadLetterSubject is where a consumer's dead letter for subject goes.
 //
 // A subject too long to be published with that prefix (see
@@ -68,6 +82,9 @@ func DeadLetterMsgID(stream, consumer string, seq uint64, streamCreated time.Tim
 func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time, reason string, failedAt time.Time) *nats.Msg {
 	out := nats.NewMsg(DeadLetterSubject(consumer, m.Subject))
 	for k, vs := range m.Header {
+		if isDeadLetterHeader(k) {
+			continue
+		}
 		for _, v := range vs {
 			handler.AddHeader(out.Header, k, v)
 		}

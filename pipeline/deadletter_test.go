@@ -779,3 +779,46 @@ func TestNewestDeadLettersMatchesTheList(t *testing.T) {
 		}
 	}
 }
+
+// A publisher's Holdfast-* headers do not steer its message's dead
+// letter: they are holdfast's to set. A message carrying
+// Holdfast-Interrupted (a dead letter republished by hand, as the docs
+// suggest for a consumer of external clients, carries holdfast's
+// headers) was dead-lettered as a parked message: handed to the handler
+// again at every start, kept by purge; and Holdfast-Original-Msg-Id
+// became the idempotency key of its replay. The original's other
+// Holdfast-* headers (an edge's Holdfast-Origin-*) reach the replay's
+// handler; every Holdfast-* header was dropped.
+func TestDeadLetterIgnoresPublishersHoldfastHeaders(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	e.Workers(failing("bad order"), 1)
+	e.Publish("orders.created", "x", nats.Header{
+		pipeline.HeaderInterrupted:   {"true"},
+		pipeline.HeaderOriginalMsgID: {"spoofed"},
+		"holdfast-error":             {"not mine"},
+		"X-Kept":                     {"yes"},
+		"Holdfast-Origin-Server":     {"edge1"},
+	})
+	waitDLQ(e, 1)
+	dl := pipeline.ParseDeadLetter(pipelinetest.DLQ, e.DLQMsg(1))
+	for _, k := range []string{pipeline.HeaderInterrupted, pipeline.HeaderOriginalMsgID, "holdfast-error"} {
+		if v, ok := dl.Header[k]; ok {
+			t.Errorf("dead letter carries the publisher's %s: %q", k, v)
+		}
+	}
+	if dl.Error != "bad order" || dl.Header.Get("X-Kept") != "yes" {
+		t.Errorf("dead letter: reason %q, X-Kept %q", dl.Error, dl.Header.Get("X-Kept"))
+	}
+	m, err := pipeline.ReplayMessage(dl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := pipelinetest.Stream + ":1"; m.IdempotencyKey != want {
+		t.Errorf("replay's idempotency key %q, want %q as at its first delivery", m.IdempotencyKey, want)
+	}
+	// Holdfast's headers of another kind (an edge's provenance) reach the
+	// replay's handler as they reached the first delivery's.
+	if got := m.Header.Get("Holdfast-Origin-Server"); got != "edge1" || m.Header.Get("X-Kept") != "yes" {
+		t.Errorf("replay's headers %v lack the original's Holdfast-Origin-Server and X-Kept", m.Header)
+	}
+}

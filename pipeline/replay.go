@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"runtime/debug"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -279,7 +278,7 @@ func ReplayMessage(dl DeadLetter) (*handler.Message, error) {
 	}
 	h := nats.Header{}
 	for k, vs := range dl.Header {
-		if strings.HasPrefix(k, "Holdfast-") || k == nats.MsgIdHdr {
+		if isDeadLetterHeader(k) || k == nats.MsgIdHdr {
 			continue
 		}
 		h[k] = append([]string(nil), vs...)
