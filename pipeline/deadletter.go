@@ -35,6 +35,10 @@ const (
 	HeaderOriginalMsgID         = "Holdfast-Original-Msg-Id"
 	HeaderDeliveries            = "Holdfast-Deliveries"
 	HeaderFailedAt              = "Holdfast-Failed-At"
+	// HeaderOriginalTime is when the original was stored in its stream
+	// (RFC 3339): a replay hands the handler that time, as its first
+	// deliveries did (a forward handler's message id holds it).
+	HeaderOriginalTime = "Holdfast-Original-Time"
 )
 
 // deadLetterHeaders are the headers holdfast sets on a dead letter and
@@ -43,7 +47,8 @@ const (
 // republished by hand) must not have them steer its own dead letter or
 // replay, so they are dropped from the original's headers.
 var deadLetterHeaders = []string{HeaderError, HeaderOriginalSubject, HeaderOriginalSeq, HeaderOriginalStream,
-	HeaderOriginalStreamCreated, HeaderOriginalMsgID, HeaderDeliveries, HeaderFailedAt, HeaderInterrupted, HeaderReplayedFrom}
+	HeaderOriginalStreamCreated, HeaderOriginalMsgID, HeaderOriginalTime, HeaderDeliveries, HeaderFailedAt,
+	HeaderInterrupted, HeaderReplayedFrom}
 
 // isDeadLetterHeader says whether k is one of deadLetterHeaders, in any
 // case (a header's name reaches holdfast as its publisher wrote it).
@@ -113,6 +118,9 @@ func NewDeadLetter(consumer string, m *handler.Message, streamCreated time.Time,
 	out.Header.Set(HeaderOriginalSeq, strconv.FormatUint(m.Sequence, 10))
 	out.Header.Set(HeaderDeliveries, strconv.FormatUint(m.Delivery, 10))
 	out.Header.Set(HeaderFailedAt, failedAt.UTC().Format(time.RFC3339Nano))
+	if !m.Published.IsZero() {
+		out.Header.Set(HeaderOriginalTime, m.Published.UTC().Format(time.RFC3339Nano))
+	}
 	out.Data = m.Data
 	return out
 }
@@ -736,11 +744,14 @@ type DeadLetter struct {
 	// (zero for dead letters of holdfast versions before it was recorded).
 	OriginalStreamCreated time.Time
 	OriginalSeq           uint64
-	Deliveries            uint64
-	FailedAt              time.Time
-	Error                 string
-	Header                nats.Header
-	Data                  []byte
+	// OriginalTime is when the original was stored in its stream (zero
+	// for dead letters of holdfast versions before it was recorded).
+	OriginalTime time.Time
+	Deliveries   uint64
+	FailedAt     time.Time
+	Error        string
+	Header       nats.Header
+	Data         []byte
 }
 
 // ReplayRef is dl as a replay request (RequestReplay) names it: its
@@ -775,6 +786,7 @@ func ParseDeadLetter(stream string, raw *jetstream.RawStreamMsg) DeadLetter {
 	dl.Deliveries, _ = strconv.ParseUint(h.Get(HeaderDeliveries), 10, 64)
 	dl.FailedAt, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderFailedAt))
 	dl.OriginalStreamCreated, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderOriginalStreamCreated))
+	dl.OriginalTime, _ = time.Parse(time.RFC3339Nano, h.Get(HeaderOriginalTime))
 	return dl
 }
 

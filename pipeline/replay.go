@@ -289,6 +289,10 @@ func ReplayMessage(dl DeadLetter) (*handler.Message, error) {
 		key = id
 	}
 	h.Set(HeaderReplayedFrom, dl.Stream+":"+strconv.FormatUint(dl.Seq, 10))
+	published := dl.OriginalTime
+	if published.IsZero() {
+		published = dl.FailedAt // a dead letter that does not say
+	}
 	return &handler.Message{
 		Subject:        dl.OriginalSubject,
 		Stream:         dl.OriginalStream,
@@ -298,7 +302,7 @@ func ReplayMessage(dl DeadLetter) (*handler.Message, error) {
 		IdempotencyKey: key,
 		Header:         h,
 		Data:           dl.Data,
-		Published:      dl.FailedAt,
+		Published:      published,
 	}, nil
 }
 

@@ -1239,3 +1239,30 @@ func TestNewMsgDropsClientOriginHeaders(t *testing.T) {
 		t.Error("a client header was dropped")
 	}
 }
+
+// A forwarded message replayed from its dead letter (holdfast dlq
+// replay) goes to the hub as the same message, with the Nats-Msg-Id and
+// origin time of its first attempts: the hub may hold it already (stored
+// by an attempt whose PubAck was lost), and must take it once. The
+// replay carried the dead letter's failure time as the message's stored
+// time, so its id was new and the hub stored it twice.
+func TestReplayedDeadLetterForwardsAsTheSameMessage(t *testing.T) {
+	stored := time.Date(2026, 12, 5, 10, 0, 0, 123456789, time.UTC)
+	created := stored.Add(-time.Hour)
+	m := &handler.Message{Subject: "orders.created", Stream: "ORDERS", Consumer: "FWD", Sequence: 42, Delivery: 5,
+		Header: nats.Header{"X-Order": {"7"}}, Data: []byte("order 7"), Published: stored}
+	first := forward.NewMsg("edge.e1.orders.created", "e1", m, created)
+
+	dl := pipeline.NewDeadLetter("FWD", m, created, "hub unreachable", stored.Add(10*time.Minute))
+	parsed := pipeline.ParseDeadLetter("FWD_DLQ", &jetstream.RawStreamMsg{Subject: dl.Subject, Sequence: 3, Header: dl.Header, Data: dl.Data})
+	replay, err := pipeline.ReplayMessage(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := forward.NewMsg("edge.e1.orders.created", "e1", replay, created)
+	for _, h := range []string{nats.MsgIdHdr, forward.HeaderOriginTime, forward.HeaderOriginSeq} {
+		if a, b := first.Header.Get(h), again.Header.Get(h); a != b {
+			t.Errorf("%s: first attempt %q, replay %q", h, a, b)
+		}
+	}
+}
