@@ -108,13 +108,14 @@ func (e *Env) Workers(h handler.Handler, n int) *pipeline.Workers {
 }
 
 // WorkersWith is Workers with the options changed by tweak (may be nil).
+// They log into the test's log, which a failed test prints.
 func (e *Env) WorkersWith(h handler.Handler, n int, tweak func(*pipeline.ConsumerOptions)) *pipeline.Workers {
 	e.T.Helper()
 	opts := e.Options(h, n)
 	if tweak != nil {
 		tweak(&opts)
 	}
-	return e.OpenWorkers(opts, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return e.OpenWorkers(opts, slog.New(slog.NewTextHandler(testWriter{e.T}, nil)))
 }
 
 // Options returns the options of n workers running h on WORKER1, with the
