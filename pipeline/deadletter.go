@@ -819,28 +819,47 @@ func ListDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consum
 	if info.State.Msgs == 0 {
 		return nil
 	}
-	filter := deadLetterFilter(consumer)
+	r := deadLetterReader{ctx: ctx, js: js, s: s, stream: stream, filter: deadLetterFilter(consumer)}
 	for seq := info.State.FirstSeq; seq <= info.State.LastSeq; seq++ {
-		var raw *jetstream.RawStreamMsg
-		err := listRequest(ctx, js, func(ctx context.Context) (err error) {
-			raw, err = s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(filter))
-			return err
-		})
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("dead-letter stream %s at sequence %d: %w", stream, seq, err)
-		}
-		if raw.Sequence > info.State.LastSeq {
-			return nil
-		}
-		if err := fn(ParseDeadLetter(stream, raw)); err != nil {
+		dl, ok, err := r.next(seq, info.State.LastSeq)
+		if err != nil || !ok {
 			return err
 		}
-		seq = raw.Sequence
+		if err := fn(dl); err != nil {
+			return err
+		}
+		seq = dl.Seq
 	}
 	return nil
+}
+
+// deadLetterReader reads the dead letters of one filter in a stream.
+type deadLetterReader struct {
+	ctx    context.Context
+	js     jetstream.JetStream
+	s      jetstream.Stream
+	stream string
+	filter string
+}
+
+// next reads the first dead letter at or after sequence seq, up to hi;
+// ok is false when there is none.
+func (r *deadLetterReader) next(seq, hi uint64) (dl DeadLetter, ok bool, err error) {
+	var raw *jetstream.RawStreamMsg
+	err = listRequest(r.ctx, r.js, func(ctx context.Context) (err error) {
+		raw, err = r.s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(r.filter))
+		return err
+	})
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return dl, false, nil
+	}
+	if err != nil {
+		return dl, false, fmt.Errorf("dead-letter stream %s at sequence %d: %w", r.stream, seq, err)
+	}
+	if raw.Sequence > hi {
+		return dl, false, nil
+	}
+	return ParseDeadLetter(r.stream, raw), true, nil
 }
 
 // deadLetterFilter is the subject filter of consumer's dead letters, or
@@ -870,7 +889,7 @@ func NewestDeadLetters(ctx context.Context, js jetstream.JetStream, stream, cons
 	if st.Msgs == 0 || n <= 0 {
 		return nil, nil
 	}
-	r := newestReader{ctx: ctx, js: js, s: s, stream: stream, filter: deadLetterFilter(consumer)}
+	r := deadLetterReader{ctx: ctx, js: js, s: s, stream: stream, filter: deadLetterFilter(consumer)}
 	var out []DeadLetter
 	lo, hi, window := st.FirstSeq, st.LastSeq, uint64(n)
 	for len(out) < n {
@@ -891,18 +910,9 @@ func NewestDeadLetters(ctx context.Context, js jetstream.JetStream, stream, cons
 	return out, nil
 }
 
-// newestReader reads the dead letters of one filter for NewestDeadLetters.
-type newestReader struct {
-	ctx    context.Context
-	js     jetstream.JetStream
-	s      jetstream.Stream
-	stream string
-	filter string
-}
-
 // newest returns the newest n dead letters in sequences lo to hi, newest
 // first.
-func (r *newestReader) newest(lo, hi uint64, n int) ([]DeadLetter, error) {
+func (r *deadLetterReader) newest(lo, hi uint64, n int) ([]DeadLetter, error) {
 	got, err := r.forward(lo, hi, n+1)
 	if err != nil || len(got) <= n {
 		slices.Reverse(got)
@@ -919,25 +929,15 @@ func (r *newestReader) newest(lo, hi uint64, n int) ([]DeadLetter, error) {
 
 // forward returns the first n dead letters in sequences lo to hi, oldest
 // first.
-func (r *newestReader) forward(lo, hi uint64, n int) ([]DeadLetter, error) {
+func (r *deadLetterReader) forward(lo, hi uint64, n int) ([]DeadLetter, error) {
 	var out []DeadLetter
 	for seq := lo; seq <= hi && len(out) < n; seq++ {
-		var raw *jetstream.RawStreamMsg
-		err := listRequest(r.ctx, r.js, func(ctx context.Context) (err error) {
-			raw, err = r.s.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(r.filter))
-			return err
-		})
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			break
+		dl, ok, err := r.next(seq, hi)
+		if err != nil || !ok {
+			return out, err
 		}
-		if err != nil {
-			return nil, fmt.Errorf("dead-letter stream %s at sequence %d: %w", r.stream, seq, err)
-		}
-		if raw.Sequence > hi {
-			break
-		}
-		out = append(out, ParseDeadLetter(r.stream, raw))
-		seq = raw.Sequence
+		out = append(out, dl)
+		seq = dl.Seq
 	}
 	return out, nil
 }

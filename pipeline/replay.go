@@ -211,7 +211,7 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 			reply.Error += fmt.Sprintf(" (still parked: its dead letter could not be stored: %v)", err)
 			return reply
 		}
-		if err := removeDeadLetter(dctx, s, req.Seq); err != nil {
+		if _, err := deleteDeadLetter(dctx, s, req.Seq); err != nil {
 			w.log.Error("replayed parked message dead-lettered, but its parked copy could not be removed: the next start hands it to the handler again",
 				"dead_letter", from, "err", err)
 		}
@@ -221,20 +221,12 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 		reply.Error = fmt.Sprintf("the handler failed (%s): %s; the parked message is now an ordinary dead letter with this reason", res.Outcome, res.Reason)
 		return reply
 	}
-	if err := removeDeadLetter(dctx, s, req.Seq); err != nil {
+	if _, err := deleteDeadLetter(dctx, s, req.Seq); err != nil {
 		w.log.Error("replayed dead letter handled, but it could not be removed: a next replay runs the handler again", "dead_letter", from, "err", err)
 		return ReplayReply{Outcome: res.Outcome.String(), Error: fmt.Sprintf("handled, but the dead letter could not be removed: %v", err)}
 	}
 	w.log.Info("dead letter replayed", "dead_letter", from, "seq", m.Sequence, "subject", m.Subject, "idempotency_key", m.IdempotencyKey)
 	return ReplayReply{Outcome: res.Outcome.String()}
-}
-
-// removeDeadLetter deletes the dead letter seq of s once its handler has
-// run. One removed meanwhile (holdfast dlq purge, another replay) is
-// gone as asked.
-func removeDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) error {
-	_, err := deleteDeadLetter(ctx, s, seq)
-	return err
 }
 
 // handleOutOfBand runs the handler on a message that did not come from
@@ -422,7 +414,8 @@ func PurgeDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consu
 const purgeTimeout = 30 * time.Second
 
 // deleteDeadLetter deletes the dead letter seq of s; gone says it was
-// removed already (replayed or purged meanwhile).
+// removed already (replayed or purged meanwhile), which is no error:
+// gone is what the caller asked for.
 func deleteDeadLetter(ctx context.Context, s jetstream.Stream, seq uint64) (gone bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, purgeTimeout)
 	defer cancel()

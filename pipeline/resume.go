@@ -154,7 +154,6 @@ func (w *Workers) resumeInterrupted() {
 // it, so the stream keeps one should both get to it.
 func (w *Workers) deadLetterParked(ctx context.Context, m *handler.Message, dl DeadLetter, reason string) error {
 	final := NewDeadLetter(w.opts.Consumer, m, dl.OriginalStreamCreated, reason, time.Now())
-	final.Header.Del(HeaderReplayedFrom)
 	final.Header.Set(nats.MsgIdHdr, final.Header.Get(nats.MsgIdHdr)+":resumed")
 	return w.storeDeadLetter(ctx, final)
 }
@@ -236,7 +235,7 @@ func (w *Workers) resume1(dl DeadLetter) {
 	}
 	s, err := w.js.Stream(ctx, w.opts.DeadLetter)
 	if err == nil {
-		err = removeDeadLetter(ctx, s, dl.Seq)
+		_, err = deleteDeadLetter(ctx, s, dl.Seq)
 	}
 	if err != nil {
 		w.log.Error("parked message handled, but its parked copy could not be removed: it is handled again at the next start",
