@@ -156,8 +156,16 @@ func TestMaxAckPendingRespected(t *testing.T) {
 func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 	e := pipelinetest.Start(t, func(cc *config.ConsumerConfig) { cc.AckWait = config.Dur(time.Minute) })
 	started := make(chan struct{}, 100)
+	// Nothing is handled until all 20 are pulled: on a loaded machine the
+	// publishes can take longer than a handler, and a message acked before
+	// the last was pulled keeps the count below 20 for good.
+	allPulled := make(chan struct{})
 	w := e.WorkersWith(handler.Func(func(ctx context.Context, m *handler.Message) handler.Result {
 		started <- struct{}{}
+		select {
+		case <-allPulled:
+		case <-ctx.Done():
+		}
 		select {
 		case <-time.After(300 * time.Millisecond):
 		case <-ctx.Done():
@@ -176,6 +184,7 @@ func TestShutdownReturnsQueuedAtOnce(t *testing.T) {
 		}
 		return nil
 	})
+	close(allPulled)
 	<-started
 	if err := w.Close(context.Background()); err != nil {
 		t.Fatal(err)
