@@ -295,6 +295,7 @@ func ReplayMessage(dl DeadLetter) (*handler.Message, error) {
 		Header:         h,
 		Data:           dl.Data,
 		Published:      published,
+		StreamCreated:  dl.OriginalStreamCreated,
 	}, nil
 }
 

@@ -1131,7 +1131,10 @@ func (f *Forwarder) prepare(ctx context.Context, m *handler.Message) (*nats.Msg,
 // streams were not seen to take (not while checking it).
 func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck bool) (*nats.Msg, time.Time, *handler.Result) {
 	verdict := func(r handler.Result) (*nats.Msg, time.Time, *handler.Result) { return nil, time.Time{}, &r }
-	created, err := f.streamCreated(ctx, m.Stream, m.Sequence, m.Published)
+	created, err := m.StreamCreated, error(nil)
+	if created.IsZero() {
+		created, err = f.streamCreated(ctx, m.Stream, m.Sequence, m.Published)
+	}
 	for err != nil {
 		// In place, as for the hub: a later message must not go first.
 		select {

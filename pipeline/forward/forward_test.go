@@ -787,6 +787,75 @@ func TestForwardReplayedDeadLetterNotSkipped(t *testing.T) {
 	}
 }
 
+// TestForwardReplayFromEarlierIncarnation: a dead letter of the edge's
+// stream as it was before it was deleted and created again goes to the hub
+// under that earlier incarnation: taken for one of the stream as it is
+// now, the hub's last message claims a sequence this stream never sent it,
+// and after the next reconnect the edge logs that a client on the hub
+// forged its position.
+func TestForwardReplayFromEarlierIncarnation(t *testing.T) {
+	t.Parallel()
+	e, up := forwardEnv(t, jetstream.StreamConfig{Duplicates: time.Minute})
+	f, err := forwarder(e, up, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	handle := func(m *handler.Message) {
+		t.Helper()
+		if r := f.Handle(ctx, m); r.Outcome != handler.Success {
+			t.Fatalf("Handle(%d): %+v", m.Sequence, r)
+		}
+	}
+	orders, err := e.JS.Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := orders.CachedInfo().Created
+	var msgs []*handler.Message
+	for i := range 3 {
+		msgs = append(msgs, storedMessage(e, e.Publish("orders.created", fmt.Sprint(i), nil)))
+	}
+	handle(msgs[0])
+	// The second failed; its dead letter outlives the stream.
+	dl := pipeline.NewDeadLetter(config.DefaultConsumerName, msgs[1], before, "hub unreachable", time.Now())
+	parsed := pipeline.ParseDeadLetter("ORDERS_DLQ", &jetstream.RawStreamMsg{Subject: dl.Subject, Sequence: 1, Header: dl.Header, Data: dl.Data})
+	replay, err := pipeline.ReplayMessage(parsed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay.OutOfBand = true
+	recreateOrders(e)
+	handle(storedMessage(e, e.Publish("orders.created", "new", nil)))
+	handle(replay)
+
+	hub, err := e.JS.Stream(ctx, "HUB")
+	if err != nil {
+		t.Fatal(err)
+	}
+	last, err := hub.GetLastMsgForSubject(ctx, "edge.edge1.orders.created")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := last.Header.Get(forward.HeaderOriginStreamCreated), before.UTC().Format(time.RFC3339Nano); got != want {
+		t.Errorf("replay sent as of the stream created %s, want %s (the incarnation that stored it)", got, want)
+	}
+	up.Store(false) // a reconnect: the position is read from the hub
+	if f.Ready() {
+		t.Fatal("ready with the link down")
+	}
+	up.Store(true)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if !f.Ready() {
+			return fmt.Errorf("not ready: %s", f.Problem())
+		}
+		return nil
+	})
+	if n := f.Stats().Untrusted.Load(); n != 0 {
+		t.Errorf("%d hub position(s) taken for forged after the replay", n)
+	}
+}
+
 // TestForwardBacklogInAtomicBatches: a backlog stored while the link was
 // down goes to a hub stream that takes atomic batches (allow_atomic, as a
 // holdfast hub sets on its streams of edge messages) in batches, each

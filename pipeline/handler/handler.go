@@ -38,6 +38,10 @@ type Message struct {
 	// keeps track of the sequences it handled in order (the forward
 	// handler's position on the hub) must not take it as one of them.
 	OutOfBand bool
+	// StreamCreated, when set, is when the stream that stored the message
+	// was created: a replayed dead letter's stream may have been deleted
+	// and created again since. Zero means the stream as it is now.
+	StreamCreated time.Time
 }
 
 // Outcome is a handler's verdict on one message.
