@@ -78,7 +78,8 @@ func gateStreams(cfg *config.Config) []mqtt.Stream {
 	var out []mqtt.Stream
 	for _, name := range cfg.StreamNames() {
 		if cfg.TakesBarrier(name) {
-			out = append(out, mqtt.Stream{Name: name, Subjects: cfg.Streams[name].Subjects, Barrier: subjects.Barrier(cfg.Server.Name, name)})
+			out = append(out, mqtt.Stream{Name: name, Subjects: cfg.Streams[name].Subjects, Barrier: subjects.Barrier(cfg.Server.Name, name),
+				GroupCommit: cfg.Streams[name].GroupCommit})
 		}
 	}
 	return out

@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -62,5 +64,49 @@ func TestReloadedStreamTakesDevices(t *testing.T) {
 	}
 	if got := d.mqtt.Stats().Streams; !slices.Equal(got, []string{"ORDERS"}) {
 		t.Fatalf("after SENSORS was left out the gate answers for %q, want [ORDERS]", got)
+	}
+}
+
+// TestGroupCommitTopicsNotStoredAreRefused: with group_commit on the
+// stream, a device's QoS 1 PUBLISH whose subject group commit's ingest
+// cannot store (a topic level "*" or ">", or a topic too long for the
+// control line with the ingest's prefix) is refused by the gate like a
+// topic no stream takes. Before, the ingest dropped it (the server
+// publishes a device's message without a reply to refuse) while the
+// barrier passed: the device got its PUBACK for a message in no stream
+// (found 2026-12-05).
+func TestGroupCommitTopicsNotStoredAreRefused(t *testing.T) {
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cfg.MQTT.Listen = "127.0.0.1:0"
+		cfg.Streams["ORDERS"].Subjects = []string{"orders.>"}
+		cfg.Streams["ORDERS"].GroupCommit = true
+	})
+	ctx := natstest.Context(t)
+	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, topic := range []string{"orders/ok", "orders/*", "orders/a/>", "orders/" + strings.Repeat("x", 4100), "orders/x*y"} {
+		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
+		c := paho.NewClient(o)
+		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("connect: %v", tok.Error())
+		}
+		tok := c.Publish(topic, 1, false, "21.5")
+		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
+		c.Disconnect(100)
+		subj := "orders." + strings.TrimPrefix(topic, "orders/")
+		subj = strings.ReplaceAll(subj, "/", ".")
+		// The last message on subj as a filter, which a wildcard
+		// subject matches more than: the one stored under subj itself.
+		m, err := s.GetLastMsgForSubject(ctx, subj)
+		stored := err == nil && m.Subject == subj
+		name := topic[:min(len(topic), 20)]
+		if acked && !stored {
+			t.Errorf("topic %q: PUBACK for a message that is not in ORDERS (%v)", name, err)
+		}
+		if (topic == "orders/ok" || topic == "orders/x*y") && !(acked && stored) {
+			t.Errorf("topic %q: acked %v, stored %v: want both", name, acked, stored)
+		}
 	}
 }

@@ -43,6 +43,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"golang.org/x/sync/semaphore"
+
+	"github.com/holdfast-io/holdfast/internal/subjects"
 )
 
 // Options are what Listen needs.
@@ -72,6 +74,10 @@ type Stream struct {
 	// left off); Barrier its barrier subject (subjects.Barrier).
 	Subjects []string
 	Barrier  string
+	// GroupCommit: the stream takes its publishes through group
+	// commit's ingest, which cannot store every subject the server
+	// publishes a topic on (see groupCommitTakes).
+	GroupCommit bool
 }
 
 // Gate is the devices' MQTT listener.
@@ -167,11 +173,28 @@ func (g *Gate) takes(subject string) bool {
 	for _, s := range *g.streams.Load() {
 		for _, f := range s.Subjects {
 			if server.SubjectMatchesFilter(subject, f) {
-				return true
+				return !s.GroupCommit || groupCommitTakes(s.Name, subject)
 			}
 		}
 	}
 	return false
+}
+
+// ingestReplyBytes is what group commit's ingest allows for the reply of
+// a publish without one, as the server's publishes of devices' messages
+// are: its connection's inbox ("_INBOX." and a nuid) and a unit id
+// (ingest.Committer.add).
+const ingestReplyBytes = len("_INBOX.") + 22 + 16
+
+// groupCommitTakes reports whether group commit's ingest stores a publish
+// on subject for stream. It refuses a subject with a wildcard token (a
+// topic level "*" or ">") or one too long for the server's control line
+// with its prefix; the server publishes a device's message without a
+// reply, so the refusal reaches no one: the barrier would pass and the
+// device get its PUBACK for a message that is in no stream.
+func groupCommitTakes(stream, subject string) bool {
+	return server.IsValidLiteralSubject(subject) &&
+		len(subjects.GroupCommit(stream, subject))+ingestReplyBytes <= subjects.ControlLineBudget
 }
 
 // Addr is the address devices connect to.
