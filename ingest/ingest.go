@@ -572,9 +572,10 @@ func (c *Committer) add(it item) {
 	m := it.m
 	// What this connection publishes must fit the server's control line,
 	// or the server closes it and group commit stops answering.
-	if n := len(c.target(m)) + max(len(m.Reply), len(c.inbox)+16); n > subjects.ControlLineBudget {
+	if !subjects.GroupCommitFits(c.opts.Stream, m.Subject, len(m.Reply)) {
 		c.log.Warn("publish refused: its subject and reply are too long for group commit", "subject_bytes", len(m.Subject), "reply_bytes", len(m.Reply))
 		c.release(1, it.size)
+		n := len(c.target(m)) + max(len(m.Reply), subjects.GroupCommitReplyBytes)
 		c.refuseOne(m, &apiError{Code: 400,
 			Description: fmt.Sprintf("subject and reply too long: %d bytes with group commit's prefix %s, at most %d", n, subjects.GroupCommit(c.opts.Stream, ""), subjects.ControlLineBudget)})
 		return

@@ -180,12 +180,6 @@ func (g *Gate) takes(subject string) bool {
 	return false
 }
 
-// ingestReplyBytes is what group commit's ingest allows for the reply of
-// a publish without one, as the server's publishes of devices' messages
-// are: its connection's inbox ("_INBOX." and a nuid) and a unit id
-// (ingest.Committer.add).
-const ingestReplyBytes = len("_INBOX.") + 22 + 16
-
 // groupCommitTakes reports whether group commit's ingest stores a publish
 // on subject for stream. It refuses a subject with a wildcard token (a
 // topic level "*" or ">") or one too long for the server's control line
@@ -193,8 +187,7 @@ const ingestReplyBytes = len("_INBOX.") + 22 + 16
 // reply, so the refusal reaches no one: the barrier would pass and the
 // device get its PUBACK for a message that is in no stream.
 func groupCommitTakes(stream, subject string) bool {
-	return server.IsValidLiteralSubject(subject) &&
-		len(subjects.GroupCommit(stream, subject))+ingestReplyBytes <= subjects.ControlLineBudget
+	return server.IsValidLiteralSubject(subject) && subjects.GroupCommitFits(stream, subject, 0)
 }
 
 // Addr is the address devices connect to.

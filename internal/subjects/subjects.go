@@ -137,6 +137,18 @@ func GroupCommit(stream, subj string) string {
 	return GroupCommitPrefix + stream + "." + subj
 }
 
+// GroupCommitReplyBytes is the longest reply group commit's ingest gives
+// a publish of its own: its connection's inbox ("_INBOX." and a 22-byte
+// nuid) and a unit id of at most 16 bytes.
+const GroupCommitReplyBytes = len("_INBOX.") + 22 + 16
+
+// GroupCommitFits reports whether group commit's ingest of stream can pass
+// on a publish on subj with a reply of replyBytes: with its prefix, and
+// its own reply when that is longer, it fits ControlLineBudget.
+func GroupCommitFits(stream, subj string, replyBytes int) bool {
+	return len(GroupCommit(stream, subj))+max(replyBytes, GroupCommitReplyBytes) <= ControlLineBudget
+}
+
 // GroupCommitSubjects are the subjects the stored stream listens on.
 func GroupCommitSubjects(stream string, subjs []string) []string {
 	out := make([]string, len(subjs))
