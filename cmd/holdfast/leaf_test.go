@@ -1147,37 +1147,52 @@ func TestLeafEdgeRestoredResendsDeduplicated(t *testing.T) {
 // max_payload at least the edges'"). A message the edge stored, of the
 // largest size its stream takes, must reach the hub, although forwarding
 // adds the origin headers to it; it must not be dead-lettered on the edge
-// as larger than the hub stream's max_msg_size.
+// as larger than the hub stream's max_msg_size. After an edge restart,
+// with that message the last on the hub, forwarding goes on.
 func TestLeafLargestMessageReachesHub(t *testing.T) {
 	t.Parallel()
 	_, edge, hjs, ejs := startLeafPair(t, "10m", "", "")
 	ctx := natstest.Context(t)
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("before")); err != nil {
+		t.Fatal(err)
+	}
 	m := nats.NewMsg("orders.created")
 	m.Header.Set("Trace", "t-1")
 	m.Data = make([]byte, 1<<20-len("Trace: t-1")-20)
 	if _, err := ejs.PublishMsg(ctx, m); err != nil {
 		t.Fatalf("edge refused the message: %v", err)
 	}
-	if _, err := ejs.Publish(ctx, "orders.created", []byte("after")); err != nil {
-		t.Fatal(err)
+	hubHolds := func(want uint64) {
+		t.Helper()
+		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+			if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != want {
+				return fmt.Errorf("hub holds %d, want %d; edge status:\n%s", got, want, edge.get(t, "/healthz"))
+			}
+			return nil
+		})
 	}
-	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		if got := natstest.StreamInfo(t, hjs, "EDGE").State.Msgs; got != 2 {
-			return fmt.Errorf("hub holds %d, want 2; edge status:\n%s", got, edge.get(t, "/healthz"))
-		}
-		return nil
-	})
+	hubHolds(2)
 	hs, err := hjs.Stream(ctx, "EDGE")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := hs.GetMsg(ctx, 1)
+	got, err := hs.GetMsg(ctx, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got.Data) != len(m.Data) || got.Header.Get("Trace") != "t-1" {
 		t.Fatalf("hub holds %d bytes, Trace %q", len(got.Data), got.Header.Get("Trace"))
 	}
+	// The edge reads its position at start: the large message, the last
+	// on its subject. Read base64-encoded, it broke the edge's max_payload
+	// and the leafnode link, again at each reconnect.
+	edge.proc.stop()
+	edge.start(t)
+	_, ejs = e2eConnect(t, edge.inst)
+	if _, err := ejs.Publish(ctx, "orders.created", []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	hubHolds(3)
 }
 
 // TestLeafHubStreamFull: the hub's stream is full with discard = "new"

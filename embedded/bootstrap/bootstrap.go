@@ -114,6 +114,11 @@ func StreamSpec(cfg *config.Config, name string) jetstream.StreamConfig {
 		// The edges forward their backlogs in atomic batches: one flush
 		// on the hub per batch instead of one per message.
 		c.AllowAtomicPublish = true
+		// An edge reads its position, the last message it forwarded, at
+		// every reconnect: a direct get answers with the message as
+		// stored, where the API's answers it base64-encoded, a third
+		// larger than the edge's max_payload lets over the leafnode.
+		c.AllowDirect = true
 	}
 	return c
 }
@@ -581,6 +586,10 @@ func diffStream(have, want jetstream.StreamConfig) (jetstream.StreamConfig, []Ch
 		return have, nil, err
 	}
 	set(&changes, "allow_atomic", &next.AllowAtomicPublish, want.AllowAtomicPublish)
+	if want.AllowDirect {
+		// Set where holdfast needs it; an operator's elsewhere is kept.
+		set(&changes, "allow_direct", &next.AllowDirect, true)
+	}
 	if transform(have.SubjectTransform) != transform(want.SubjectTransform) {
 		record(&changes, "subject_transform", transform(have.SubjectTransform), transform(want.SubjectTransform))
 		next.SubjectTransform = want.SubjectTransform

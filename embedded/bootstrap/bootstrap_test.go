@@ -530,3 +530,38 @@ func TestBootstrapDeadLetterDriftNamesDeadLetterKey(t *testing.T) {
 		t.Errorf("Drift = %q, want the one naming consumers.WORKER1.dead_letter", lines)
 	}
 }
+
+// TestBootstrapHubStreamAllowsDirectGets: on a hub, a stream of the edges'
+// messages gets allow_direct, also one an older holdfast created without
+// it: an edge reads the last message it forwarded there at each reconnect,
+// and the API's get answers it base64-encoded, larger than the edge's
+// max_payload lets over the leafnode for a message near that size. A
+// stream of the operator's keeps the allow_direct set on it.
+func TestBootstrapHubStreamAllowsDirectGets(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	cfg.Streams["EDGE"] = config.DefaultStream([]string{"edge.>"})
+	s, lb := bootstrapped(t, cfg) // not a hub yet: no allow_direct
+	js := s.JetStream()
+	ctx := natstest.Context(t)
+	orders := natstest.StreamInfo(t, js, "ORDERS").Config
+	orders.AllowDirect = true
+	if _, err := js.UpdateStream(ctx, orders); err != nil {
+		t.Fatal(err)
+	}
+	if natstest.StreamInfo(t, js, "EDGE").Config.AllowDirect {
+		t.Fatal("EDGE allows direct gets before it is a hub's")
+	}
+	cfg.LeafNodes.Listen = "127.0.0.1:7422"
+	before := len(lb.String())
+	if err := Apply(ctx, js, cfg, s.base); err != nil {
+		t.Fatal(err)
+	}
+	if !natstest.StreamInfo(t, js, "EDGE").Config.AllowDirect {
+		t.Error("the hub's EDGE does not allow direct gets")
+	}
+	if !natstest.StreamInfo(t, js, "ORDERS").Config.AllowDirect {
+		t.Error("ORDERS lost the allow_direct its operator set")
+	}
+	wantIn(t, "bootstrap's log", lb.String()[before:], `msg="stream updated" component=bootstrap stream=EDGE field=allow_direct old=false new=true`)
+}

@@ -167,6 +167,7 @@ type Forwarder struct {
 	hubMaxMsg    int32    // the largest max_msg_size of those streams, 0 when one is unlimited
 	hubSubjects  []string // the subjects the hub's streams take (nil: not known)
 	hubAtomic    bool     // the hub's one stream for the destination takes atomic batches
+	noDirect     string   // the hub stream last warned of for lacking allow_direct
 	checkErr     error    // why forwarding waits for the hub (nil: the hub passed the check)
 	checkedDoms  string   // the other domains when the hub was last checked
 	checkedDowns uint64   // downs when the last check that passed began
@@ -780,7 +781,10 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 	}
 	pos := position{known: true, created: local.CachedInfo().Created}
 	for _, s := range streams {
+		f.warnNoDirect(s.CachedInfo().Config)
 		for _, d := range dests {
+			// With allow_direct, a direct get (the message as stored);
+			// else the API's get, base64-encoded (warnNoDirect).
 			m, err := s.GetLastMsgForSubject(ctx, d)
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				continue
@@ -828,6 +832,25 @@ func (f *Forwarder) hubPosition(ctx context.Context, streams []jetstream.Stream,
 		}
 	}
 	return pos, nil
+}
+
+// warnNoDirect logs, once per stream, that the hub's stream cfg has no
+// direct get: the edge reads the last message it forwarded there whole
+// and base64-encoded, a third larger than stored, and one of more than
+// about three quarters of max_payload breaks the edge's max_payload over
+// the leafnode, which the edge's server then closes, again at every
+// reconnect. A holdfast hub sets allow_direct on its streams of edge
+// messages.
+func (f *Forwarder) warnNoDirect(cfg jetstream.StreamConfig) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if cfg.AllowDirect || f.noDirect == cfg.Name {
+		return
+	}
+	f.noDirect = cfg.Name
+	f.log.Warn("the hub's stream has no allow_direct: the edge reads the last message it forwarded there through the JetStream API, base64-encoded, and one larger than about 3/4 of max_payload would break the leafnode link at each reconnect; "+
+		"run holdfast on the hub at this version (it sets allow_direct on streams of edge messages) or set it there: nats stream edit "+cfg.Name+" --allow-direct",
+		"hub_stream", cfg.Name)
 }
 
 // sentFrom reports whether the edge's stream local (as it is now) could
