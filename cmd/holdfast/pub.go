@@ -53,17 +53,18 @@ func pub(c *cli.Context) error {
 		return err
 	}
 	defer nc.Close()
+	ctx := publishDeniedCancels(c.Context, nc, msg.Subject)
 	if count > 1 {
-		return publishMany(c, js, msg, c.String("id"), count, func(err error) error {
-			return explainPubError(cfg, nc, msg, c.String("id"), count, err)
+		return publishMany(ctx, c, js, msg, c.String("id"), count, func(err error) error {
+			return explainPubError(cfg, nc, msg, c.String("id"), count, deniedCause(ctx, err))
 		})
 	}
 	if id := c.String("id"); id != "" {
 		msg.Header.Set(nats.MsgIdHdr, id)
 	}
-	ack, err := publishOne(c.Context, js, msg)
+	ack, err := publishOne(ctx, js, msg)
 	if err != nil {
-		return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, msg.Header.Get(nats.MsgIdHdr), 1, err)))
+		return runtimeError(fmt.Errorf("publish to %s: %w", msg.Subject, explainPubError(cfg, nc, msg, msg.Header.Get(nats.MsgIdHdr), 1, deniedCause(ctx, err))))
 	}
 	dup := ""
 	if ack.Duplicate {
@@ -71,6 +72,35 @@ func pub(c *cli.Context) error {
 	}
 	fmt.Fprintf(c.App.Writer, "stored in %s as seq %d%s\n", ack.Stream, ack.Sequence, dup)
 	return nil
+}
+
+// publishDeniedCancels returns a context that ends, with the server's
+// permissions violation as its cause, when the server refuses this
+// connection a publish to subj: the server answers such a publish with
+// an asynchronous -ERR and never a PubAck, so pub waited its whole
+// pubAckWait and then said the message "may or may not be stored"
+// (and to publish it again with --id), although the server had refused
+// it. Other asynchronous errors are printed as nats.go does by default.
+func publishDeniedCancels(parent context.Context, nc *nats.Conn, subj string) context.Context {
+	ctx, cancel := context.WithCancelCause(parent)
+	denied := "Publish to \"" + subj + "\""
+	nc.SetErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), denied) {
+			cancel(err)
+			return
+		}
+		fmt.Fprintf(os.Stderr, "%v\n", err)
+	})
+	return ctx
+}
+
+// deniedCause is err, or the permissions violation that ended ctx (see
+// publishDeniedCancels).
+func deniedCause(ctx context.Context, err error) error {
+	if cause := context.Cause(ctx); errors.Is(cause, nats.ErrPermissionViolation) {
+		return cause
+	}
+	return err
 }
 
 // pubMessage is the message of pub's arguments (SUBJECT [DATA|-]) and
@@ -161,7 +191,7 @@ func publishOne(ctx context.Context, js jetstream.JetStream, msg *nats.Msg) (*je
 // publishMany publishes msg count times, at most pubWindow awaiting their
 // PubAck at once, and reports what was stored. It stops at the first
 // failure: every message reported stored got its PubAck.
-func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int, explain func(error) error) error {
+func publishMany(ctx context.Context, c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id string, count int, explain func(error) error) error {
 	const pubWindow = 256
 	t := &pubTally{progress: isTerminal(os.Stderr), count: count}
 	pending := make([]jetstream.PubAckFuture, 0, pubWindow)
@@ -181,7 +211,7 @@ func publishMany(c *cli.Context, js jetstream.JetStream, msg *nats.Msg, id strin
 		if err == nil && len(pending) < pubWindow && i < count {
 			continue
 		}
-		if serr := t.settle(c.Context, pending); err == nil {
+		if serr := t.settle(ctx, pending); err == nil {
 			err = serr
 		}
 		pending = pending[:0]
@@ -273,6 +303,10 @@ func retryAdvice(id string, count int) string {
 // Nats-Msg-Id (with count > 1, the --id the ids are made of), or "".
 func explainPubError(cfg *config.Config, nc *nats.Conn, msg *nats.Msg, id string, count int, err error) error {
 	switch {
+	case errors.Is(err, nats.ErrPermissionViolation):
+		return fmt.Errorf("%w: the server refused it, so it was not stored: this connection's user may not publish to %s "+
+			"(its [auth.users.NAME] publish_allow or publish_deny, or a subject only holdfast itself may publish to, such as dlq.>); "+
+			"publish as a user allowed that subject, or to a subject of a stream", err, msg.Subject)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, jetstream.ErrAsyncPublishTimeout), errors.Is(err, nats.ErrTimeout):
 		return fmt.Errorf("%w: no acknowledgement within %s, so the message may or may not be stored: the stream's leader did not answer "+
 			"(in a cluster: a leader being elected, or this node without its quorum; holdfast status says which); "+

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/urfave/cli/v2"
@@ -219,4 +220,32 @@ func TestStrayArgumentsRefused(t *testing.T) {
 			t.Errorf("holdfast %q exited %d, want 2 and %q:\n%s", args, res.code, want, res.stderr)
 		}
 	}
+}
+
+// TestPubDeniedSaysNotStored: a publish the server refuses by permission
+// (here dlq.>, which only holdfast itself may publish to) is never
+// answered with a PubAck. pub waited its whole ack timeout and then said
+// the message "may or may not be stored" and to publish it again with
+// --id; it now says at once that the server refused it.
+func TestPubDeniedSaysNotStored(t *testing.T) {
+	t.Parallel()
+	in := newE2EInstance(t)
+	d := startHoldfast(t, in.cfg)
+	d.waitReady()
+	for _, args := range [][]string{
+		{"dlq.WORKER1.orders.created", "x"},
+		{"--count", "3", "dlq.WORKER1.orders.created", "x"},
+	} {
+		start := time.Now()
+		res := runHoldfast(t, nil, append([]string{"pub", "--config", in.cfg}, args...)...)
+		took := time.Since(start)
+		if res.code != 1 || !strings.Contains(res.stderr, "the server refused it, so it was not stored") ||
+			strings.Contains(res.stderr, "may or may not be stored") {
+			t.Errorf("pub %q: exit %d, want 1 saying it was refused\n%s%s", args, res.code, res.stdout, res.stderr)
+		}
+		if took >= pubAckWait {
+			t.Errorf("pub %q took %s: it waited for the ack timeout", args, took)
+		}
+	}
+	d.stop()
 }
