@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -135,6 +136,14 @@ func serveReload(d *Daemon) (*nats.Subscription, error) {
 		reply := ReloadReply{ServerName: d.running.Load().Server.Name, PID: os.Getpid(), LastReload: last, Recent: recent}
 		next, source, err := d.loadForReload()
 		reply.ConfigFile = source
+		if source != "" && !filepath.IsAbs(source) {
+			// Relative to this process's directory, which the asker
+			// (holdfast reload, in another directory) does not know: it
+			// refused a reload of this very file as "another file".
+			if abs, err := filepath.Abs(source); err == nil {
+				reply.ConfigFile = abs
+			}
+		}
 		if err != nil {
 			reply.Error = err.Error()
 		} else {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -953,6 +954,26 @@ func TestCheckRunningNamesWhatTheServerCannotChange(t *testing.T) {
 	res = runHoldfast(t, nil, "reload", "--config", o.cfg)
 	if res.code != 1 || !strings.Contains(res.stderr, "retention is Limits on the server") {
 		t.Errorf("holdfast reload exited %d, want 1 naming the retention:\nstdout:\n%s\nstderr:\n%s", res.code, res.stdout, res.stderr)
+	}
+	p.stop()
+}
+
+// TestReloadOfItsFileStartedRelative: holdfast started with a relative
+// --config (from the config's directory) reloads that file when asked
+// with its absolute path from elsewhere. The daemon answered with the
+// path as given ("holdfast.toml"), which the asker resolved against its
+// own directory, and the reload was refused as one of "another file".
+func TestReloadOfItsFileStartedRelative(t *testing.T) {
+	t.Parallel()
+	o := newOpsInstance(t, "", "", "", "")
+	cmd := exec.Command(holdfastBin, "run", "--config", filepath.Base(o.cfg))
+	cmd.Env = e2eEnv()
+	cmd.Dir = filepath.Dir(o.cfg)
+	p := startCmd(t, cmd)
+	p.waitReady()
+	res := runHoldfast(t, nil, "reload", "--config", o.cfg)
+	if res.code != 0 || !strings.Contains(res.stdout, "applied:") {
+		t.Fatalf("holdfast reload --config %s of the file holdfast runs with: exit %d, want 0\nstdout:\n%s\nstderr:\n%s", o.cfg, res.code, res.stdout, res.stderr)
 	}
 	p.stop()
 }
