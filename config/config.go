@@ -135,6 +135,10 @@ type ConsumerConfig struct {
 	Exec       ExecConfig        `toml:"exec"`
 	HTTP       HTTPHandlerConfig `toml:"http"`
 	Forward    ForwardConfig     `toml:"forward"`
+	// Implied is set on the built-in default consumer when no
+	// [consumers.NAME] table configures it (see Parse): its handler is the
+	// built-in one, not one the operator chose.
+	Implied bool `toml:"-" json:"-"`
 }
 
 // ExecConfig is a consumer's [consumers.NAME.exec] table.
@@ -229,6 +233,25 @@ func DefaultStream(subjects []string) *StreamConfig {
 	}
 }
 
+// builtinDefaults is the config of no file at all: DefaultConfig, its
+// consumer implied.
+func builtinDefaults() *Config {
+	cfg := DefaultConfig()
+	markImplied(cfg)
+	return cfg
+}
+
+// markImplied marks cfg's consumers as the built-in ones no table
+// configures (ConsumerConfig.Implied).
+func markImplied(cfg *Config) {
+	for _, cc := range cfg.Consumers {
+		cc.Implied = true
+	}
+}
+
+// DefaultHandler is a consumer's handler when its table names none.
+const DefaultHandler = "log"
+
 // DefaultConsumer returns the settings a [consumers.NAME] table starts from.
 func DefaultConsumer(stream string) *ConsumerConfig {
 	return &ConsumerConfig{
@@ -239,7 +262,7 @@ func DefaultConsumer(stream string) *ConsumerConfig {
 		MaxAckPending: 1000,
 		Workers:       4,
 		Prefetch:      256,
-		Handler:       "log",
+		Handler:       DefaultHandler,
 		DeadLetter:    stream + "_DLQ",
 		Exec:          ExecConfig{Timeout: Dur(25 * time.Second)},
 		HTTP:          HTTPHandlerConfig{Timeout: Dur(10 * time.Second)},
@@ -357,6 +380,8 @@ func parse(r io.Reader, source string) (*Config, bool, error) {
 	}
 	if _, keepsOrders := layout.Streams[DefaultStreamName]; len(layout.Consumers) > 0 || len(layout.Streams) > 0 && !keepsOrders {
 		out.Consumers = map[string]*ConsumerConfig{}
+	} else {
+		markImplied(&out)
 	}
 	for _, name := range slices.Sorted(maps.Keys(layout.Streams)) {
 		sc := DefaultStream(nil)
@@ -506,7 +531,7 @@ var errDefaultPathGone = fmt.Errorf("%w: the file is gone", ErrNoKeys)
 func LoadForReload(path string, running *Config) (cfg *Config, source string, err error) {
 	cfg, source, err = load(path, true)
 	if errors.Is(err, errDefaultPathGone) {
-		def := DefaultConfig()
+		def := builtinDefaults()
 		if verr := def.validateFile(); verr == nil && reflect.DeepEqual(def, running) {
 			return def, "", nil
 		}
@@ -526,7 +551,7 @@ func load(path string, needKeys bool) (cfg *Config, source string, err error) {
 				return nil, path, fmt.Errorf("%s: %w; "+
 					"write it again and reload, or restart holdfast to run on the built-in defaults", path, errDefaultPathGone)
 			}
-			cfg := DefaultConfig()
+			cfg := builtinDefaults()
 			return cfg, "", cfg.validateFile()
 		}
 		return nil, path, fmt.Errorf("cannot open config: %w (pass --config or set HOLDFAST_CONFIG to a readable file)", err)

@@ -94,16 +94,16 @@ const (
 
 func TestDefaults(t *testing.T) {
 	cfg := mustParse(t, "")
-	if !reflect.DeepEqual(cfg, DefaultConfig()) {
-		t.Fatalf("empty file parsed to\n%+v\nwant DefaultConfig()\n%+v", cfg, DefaultConfig())
+	if !reflect.DeepEqual(cfg, builtinDefaults()) {
+		t.Fatalf("empty file parsed to\n%+v\nwant DefaultConfig(), its consumer implied\n%+v", cfg, builtinDefaults())
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("DefaultConfig does not validate: %v", err)
 	}
 	// A file with only comments and unrelated tables is the same.
 	cfg = mustParse(t, "# nothing here\n\n[log]\nlevel = \"info\"\n")
-	if !reflect.DeepEqual(cfg, DefaultConfig()) {
-		t.Fatalf("file without streams or consumers parsed to %+v, want DefaultConfig()", cfg)
+	if !reflect.DeepEqual(cfg, builtinDefaults()) {
+		t.Fatalf("file without streams or consumers parsed to %+v, want DefaultConfig(), its consumer implied", cfg)
 	}
 
 	// The seed's stream and consumer, exactly.
@@ -957,8 +957,8 @@ func TestLoad(t *testing.T) {
 		if source != "" {
 			t.Errorf("source = %q, want \"\" for built-in defaults", source)
 		}
-		if !reflect.DeepEqual(cfg, DefaultConfig()) {
-			t.Errorf("Load(\"\") = %+v, want DefaultConfig()", cfg)
+		if !reflect.DeepEqual(cfg, builtinDefaults()) {
+			t.Errorf("Load(\"\") = %+v, want DefaultConfig(), its consumer implied", cfg)
 		}
 	})
 	t.Run("missing explicit path", func(t *testing.T) {

@@ -358,3 +358,28 @@ func TestReloadRefusedHalfwaySaysWhatItApplied(t *testing.T) {
 		t.Errorf("config diff after the reload: %q, want none", diff)
 	}
 }
+
+// TestReloadRefusesImpliedLogHandler: WORKER1 runs the exec handler; a
+// reload of a file that keeps [streams.ORDERS] and has no
+// [consumers.WORKER1] table would give it the built-in log handler, which
+// acknowledged the waiting messages without the command seeing them
+// (found 2026-12-05): refused, the workers keep their handler.
+func TestReloadRefusesImpliedLogHandler(t *testing.T) {
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cc := cfg.Consumers["WORKER1"]
+		cc.Handler, cc.Exec.Command, cc.Workers = "exec", []string{"/bin/true"}, 1
+	})
+	next, err := config.Parse(strings.NewReader("[streams.ORDERS]\nsubjects = [\"orders.*\"]\n"), "holdfast.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := d.Running()
+	next.Server, next.JetStream, next.HTTP = cur.Server, cur.JetStream, cur.HTTP
+	err = d.Reload(context.Background(), next)
+	if err == nil || !strings.Contains(err.Error(), `consumer WORKER1 ran with handler "exec"`) {
+		t.Fatalf("reload without WORKER1's table: %v, want it refused", err)
+	}
+	if h := d.Running().Consumers["WORKER1"].Handler; h != "exec" {
+		t.Errorf("WORKER1 runs handler %q after the refused reload, want exec", h)
+	}
+}

@@ -55,11 +55,19 @@ func PlanReload(cur, next *config.Config) ReloadPlan {
 			// Its durable, workers, monitoring and dead letters all hang
 			// on the stream: a restart moves them together.
 			p.Restart = append(p.Restart, fmt.Sprintf("consumers.%s.stream (%s -> %s)", name, old.Stream, cc.Stream))
-		case !reflect.DeepEqual(old, cc):
+		case !sameConsumer(old, cc):
 			p.Apply = append(p.Apply, changedKeys("consumers."+name, *old, *cc)...)
 		}
 	}
 	return p
+}
+
+// sameConsumer reports whether a and b are the same settings, whether
+// or not a table in the file configures them (Implied).
+func sameConsumer(a, b *config.ConsumerConfig) bool {
+	x, y := *a, *b
+	x.Implied, y.Implied = false, false
+	return reflect.DeepEqual(x, y)
 }
 
 // restartOnlyChanges names the keys that changed between cur and next

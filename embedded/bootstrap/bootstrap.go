@@ -156,6 +156,7 @@ func DeadLetterSpec(name string, consumers []string, replicas int) jetstream.Str
 // the server's BackOff would override ack_wait.
 func ConsumerSpec(name string, cc *config.ConsumerConfig) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
+		Metadata:      map[string]string{HandlerMetadata: cc.Handler},
 		Durable:       name,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       cc.AckWait.Duration,
@@ -268,9 +269,35 @@ func driftErrors(ctx context.Context, js jetstream.JetStream, cfg *config.Config
 		if _, _, err := diffConsumer(cc.Stream, have, ConsumerSpec(name, cc)); err != nil {
 			errs = append(errs, err)
 		}
+		if was := have.Metadata[HandlerMetadata]; cc.Implied && cc.Handler == config.DefaultHandler && was != "" && was != cc.Handler {
+			errs = append(errs, &ImpliedHandlerError{Consumer: name, Stream: cc.Stream, Was: was, Is: cc.Handler})
+		}
 	})
 	return errs
 }
+
+// HandlerMetadata is the consumer metadata key that holds the handler
+// holdfast's workers last ran the consumer with.
+const HandlerMetadata = "holdfast.handler"
+
+// ImpliedHandlerError is a consumer that ran with handler Was and that
+// no [consumers.NAME] table configures now, so that it would take the
+// built-in default one, Is: most likely a table removed to stop its
+// workers, or a config file replaced by another.
+type ImpliedHandlerError struct {
+	Consumer, Stream string
+	Was, Is          string
+}
+
+func (e *ImpliedHandlerError) Error() string {
+	return fmt.Sprintf("consumer %s ran with handler %q, and the config file has no [consumers.%s] table now: it would take the built-in default handler %q, "+
+		"which acknowledges the messages waiting for it without the %s handler seeing them. Put the table back with handler = %q; "+
+		"to stop its workers, write [consumers.%s] with stream = %q and workers = 0; to have the %s handler take its messages, write handler = %q in that table",
+		e.Consumer, e.Was, e.Consumer, e.Is, e.Was, e.Was, e.Consumer, e.Stream, e.Is, e.Is)
+}
+
+// Unwrap returns ErrDrift.
+func (e *ImpliedHandlerError) Unwrap() error { return ErrDrift }
 
 // Drift describes, one line each, the differences between cfg and the
 // streams and consumers that exist that the server cannot apply in place
@@ -755,6 +782,25 @@ func diffConsumer(stream string, have, want jetstream.ConsumerConfig) (jetstream
 		record(&changes, "filter_subject", have.FilterSubject+fmt.Sprint(have.FilterSubjects), want.FilterSubject)
 		next.FilterSubject = want.FilterSubject
 		next.FilterSubjects = nil
+	}
+	// The server's own metadata (its version, _nats.*) is kept.
+	var meta map[string]string
+	for _, k := range slices.Sorted(maps.Keys(want.Metadata)) {
+		v := want.Metadata[k]
+		if have.Metadata[k] == v {
+			continue
+		}
+		record(&changes, "metadata "+k, have.Metadata[k], v)
+		if meta == nil {
+			meta = maps.Clone(have.Metadata)
+			if meta == nil {
+				meta = map[string]string{}
+			}
+		}
+		meta[k] = v
+	}
+	if meta != nil {
+		next.Metadata = meta
 	}
 	return next, changes, nil
 }

@@ -565,3 +565,51 @@ func TestBootstrapHubStreamAllowsDirectGets(t *testing.T) {
 	}
 	wantIn(t, "bootstrap's log", lb.String()[before:], `msg="stream updated" component=bootstrap stream=EDGE field=allow_direct old=false new=true`)
 }
+
+// TestBootstrapRefusesImpliedHandlerSwitch: a consumer that ran with
+// the exec handler, whose table a file no longer has, would take the
+// built-in default log handler, which acknowledges its waiting messages
+// unseen by the exec command: refused, start and reload alike, naming the
+// table to write back. A table that says handler = "log" applies.
+func TestBootstrapRefusesImpliedHandlerSwitch(t *testing.T) {
+	t.Parallel()
+	cfg := configtest.Default(t)
+	cc := cfg.Consumers["WORKER1"]
+	cc.Handler, cc.Exec.Command = "exec", []string{"/bin/true"}
+	s, lb := bootstrapped(t, cfg)
+	js := s.JetStream()
+	ctx := natstest.Context(t)
+	if got := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1").Config.Metadata[HandlerMetadata]; got != "exec" {
+		t.Fatalf("consumer metadata %s = %q, want exec", HandlerMetadata, got)
+	}
+
+	parse := func(text string) *config.Config {
+		t.Helper()
+		next, err := config.Parse(strings.NewReader(text), "holdfast.toml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		next.Server.Port, next.JetStream.StoreDir = cfg.Server.Port, cfg.JetStream.StoreDir
+		return next
+	}
+	implied := parse("[streams.ORDERS]\nsubjects = [\"orders.*\"]\n")
+	err := Apply(ctx, js, implied, s.base)
+	var ie *ImpliedHandlerError
+	if !errors.As(err, &ie) || !errors.Is(err, ErrDrift) {
+		t.Fatalf("Apply without the consumer's table: %v, want an ImpliedHandlerError", err)
+	}
+	wantIn(t, "the error", err.Error(), `consumer WORKER1 ran with handler "exec"`, `no [consumers.WORKER1] table`, `workers = 0`)
+	if got := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1").Config.Metadata[HandlerMetadata]; got != "exec" {
+		t.Errorf("after the refusal the consumer says handler %q, want exec", got)
+	}
+
+	before := len(lb.String())
+	explicit := parse("[streams.ORDERS]\nsubjects = [\"orders.*\"]\n[consumers.WORKER1]\nstream = \"ORDERS\"\nhandler = \"log\"\n")
+	if err := Apply(ctx, js, explicit, s.base); err != nil {
+		t.Fatalf("Apply with handler = \"log\" in the table: %v", err)
+	}
+	wantIn(t, "bootstrap's log", lb.String()[before:], `msg="consumer updated" component=bootstrap consumer=WORKER1 field="metadata holdfast.handler" old=exec new=log`)
+	if err := Apply(ctx, js, implied, s.base); err != nil {
+		t.Fatalf("Apply without the table, the consumer on the log handler already: %v", err)
+	}
+}
