@@ -79,7 +79,7 @@ func gateStreams(cfg *config.Config) []mqtt.Stream {
 	for _, name := range cfg.StreamNames() {
 		if cfg.TakesBarrier(name) {
 			out = append(out, mqtt.Stream{Name: name, Subjects: cfg.Streams[name].Subjects, Barrier: subjects.Barrier(cfg.Server.Name, name),
-				GroupCommit: cfg.Streams[name].GroupCommit})
+				GroupCommit: cfg.Streams[name].GroupCommit, MaxMsgSize: int(cfg.StreamMaxMsgSize(name))})
 		}
 	}
 	return out

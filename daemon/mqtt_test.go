@@ -110,3 +110,45 @@ func TestGroupCommitTopicsNotStoredAreRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestMQTTMessageTooLargeForStreamRefused: a QoS 1 message that with the
+// server's MQTT header is larger than the stream's max_msg_size (its
+// server.max_payload) is refused by the gate; one byte less is stored and
+// acknowledged. Before, the server took it (it allows 8 KiB more than
+// max_payload), the stream refused it to no one, and the device got its
+// PUBACK (found 2026-12-05).
+func TestMQTTMessageTooLargeForStreamRefused(t *testing.T) {
+	const maxPayload = 4096
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cfg.MQTT.Listen = "127.0.0.1:0"
+		cfg.Server.MaxPayload = config.Bytes(maxPayload)
+	})
+	ctx := natstest.Context(t)
+	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fits := maxPayload - len("NATS/1.0\r\nNmqtt-Pub:1\r\n\r\n")
+	for i, size := range []int{fits, fits + 1, maxPayload} {
+		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
+		c := paho.NewClient(o)
+		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("connect: %v", tok.Error())
+		}
+		subj := fmt.Sprint("orders.s", size)
+		tok := c.Publish(strings.ReplaceAll(subj, ".", "/"), 1, false, strings.Repeat("x", size))
+		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
+		c.Disconnect(100)
+		_, err := s.GetLastMsgForSubject(ctx, subj)
+		stored := err == nil
+		if acked && !stored {
+			t.Errorf("%d bytes: PUBACK for a message that is not in ORDERS (%v)", size, err)
+		}
+		if size == fits && !(acked && stored) {
+			t.Errorf("%d bytes (what the stream takes): acked %v, stored %v: want both", size, acked, stored)
+		}
+	}
+	if n := d.mqtt.Stats().Refused; n != 2 {
+		t.Errorf("%d publishes refused, want 2", n)
+	}
+}

@@ -78,6 +78,8 @@ type Stream struct {
 	// commit's ingest, which cannot store every subject the server
 	// publishes a topic on (see groupCommitTakes).
 	GroupCommit bool
+	// MaxMsgSize is the stream's max_msg_size (0: any size).
+	MaxMsgSize int
 }
 
 // Gate is the devices' MQTT listener.
@@ -113,8 +115,8 @@ type Stats struct {
 	// closed the connections that waited on it).
 	Barriers uint64 `json:"barriers"`
 	Failed   uint64 `json:"failed"`
-	// Refused counts QoS 1/2 PUBLISHes on a topic no stream in Streams
-	// takes (each closed its device's connection).
+	// Refused counts QoS 1/2 PUBLISHes no stream in Streams would store,
+	// for their topic or their size (each closed its device's connection).
 	Refused   uint64   `json:"refused"`
 	Streams   []string `json:"streams"`
 	LastError string   `json:"last_error,omitempty"`
@@ -168,16 +170,34 @@ func (g *Gate) SetStreams(streams []Stream) {
 	g.bar.setSubjects(barriers)
 }
 
-// takes reports whether a stream the gate answers for takes subject.
-func (g *Gate) takes(subject string) bool {
+// mqttHeaderBytes is what the server adds to a device's QoS 1 or 2
+// message as it publishes it to the streams: "NATS/1.0\r\n",
+// "Nmqtt-Pub:<qos>\r\n" and the blank line. A stream counts it against
+// its max_msg_size.
+const mqttHeaderBytes = len("NATS/1.0\r\n") + len("Nmqtt-Pub:1\r\n") + len("\r\n")
+
+// refusal says why no stream the gate answers for would store a QoS 1 or
+// 2 message of size bytes on subject, "" when one does. The server
+// publishes a device's message to the streams without a reply: a stream
+// that refuses it tells no one, and the barrier behind it would pass.
+func (g *Gate) refusal(subject string, size int) string {
 	for _, s := range *g.streams.Load() {
 		for _, f := range s.Subjects {
-			if server.SubjectMatchesFilter(subject, f) {
-				return !s.GroupCommit || groupCommitTakes(s.Name, subject)
+			if !server.SubjectMatchesFilter(subject, f) {
+				continue
 			}
+			if s.GroupCommit && !groupCommitTakes(s.Name, subject) {
+				return fmt.Sprintf("stream %s has group_commit, which stores literal subjects that fit the control line with its prefix only: "+
+					"publish on a topic whose levels hold no * or > (letters, digits, - and _)", s.Name)
+			}
+			if s.MaxMsgSize > 0 && size+mqttHeaderBytes > s.MaxMsgSize {
+				return fmt.Sprintf("its message of %d bytes and the server's %d-byte MQTT header are more than stream %s stores (max_msg_size %d, from server.max_payload): "+
+					"raise server.max_payload, or send smaller messages", size, mqttHeaderBytes, s.Name, s.MaxMsgSize)
+			}
+			return ""
 		}
 	}
-	return false
+	return "no configured stream takes it: add the subject to a stream's subjects, or publish where one does"
 }
 
 // groupCommitTakes reports whether group commit's ingest stores a publish
@@ -419,10 +439,13 @@ func (c *conn) forward(srv net.Conn) {
 			if _, err := io.ReadFull(r, topic); err != nil {
 				return
 			}
-			if subj, ok := natsSubject(topic); ok && !g.takes(subj) {
-				_ = w.Flush() // the packets before it are the server's
-				g.refuse(c, string(topic), subj)
-				return
+			// What follows the topic: the packet id (2 bytes), the message.
+			if subj, ok := natsSubject(topic); ok {
+				if why := g.refusal(subj, n-2-tl-2); why != "" {
+					_ = w.Flush() // the packets before it are the server's
+					g.refuse(c, string(topic), subj, why)
+					return
+				}
 			}
 			hdr = append(append(hdr, l[:]...), topic...)
 			n -= 2 + tl
@@ -461,11 +484,11 @@ func wholePacketBuffered(r *bufio.Reader) bool {
 
 // refuse closes the connection of a device that published topic, whose
 // subject no configured stream takes, with QoS 1 or 2.
-func (g *Gate) refuse(c *conn, topic, subject string) {
+func (g *Gate) refuse(c *conn, topic, subject, why string) {
 	g.refused.Add(1)
-	msg := fmt.Sprintf("a QoS 1/2 PUBLISH on topic %q (subject %s) was refused: no configured stream takes it; add the subject to a stream's subjects or publish where one does", topic, subject)
+	msg := fmt.Sprintf("a QoS 1/2 PUBLISH on topic %q (subject %s) was refused: %s", topic, subject, why)
 	g.lastErr.Store(&msg)
-	g.log.Error("mqtt: refused a QoS 1/2 PUBLISH: no configured stream takes its subject, so its PUBACK could not mean stored; closing the device's connection (MQTT 3.1.1 has no negative PUBACK). Add the subject to a stream's subjects in the config, or have the device publish where a stream takes it",
+	g.log.Error("mqtt: refused a QoS 1/2 PUBLISH that no stream would store, so its PUBACK could not mean stored; closing the device's connection (MQTT 3.1.1 has no negative PUBACK): "+why,
 		"device", c.dev.RemoteAddr().String(), "topic", topic, "subject", subject)
 	c.close()
 }
