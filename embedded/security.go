@@ -123,7 +123,7 @@ func systemAccount(opts *server.Options) *server.Account {
 // Requests to $HOLDFAST.STATUS.<server> and $HOLDFAST.RELOAD.<server>
 // (both only read) stay allowed to everyone.
 var (
-	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">", subjects.DeadLetterPrefix + ">"}
+	reservedPublish   = []string{"$JS.EVENT.>", subjects.GroupCommitPrefix + ">", subjects.BarrierPrefix + ">", subjects.DeadLetterPrefix + ">", subjects.RetiredPrefix + ">"}
 	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 

@@ -436,6 +436,9 @@ func releaseMovedDeadLetters(ctx context.Context, js jetstream.JetStream, dls ma
 				}
 				next := info.Config
 				next.Subjects = slices.DeleteFunc(slices.Clone(next.Subjects), func(x string) bool { return x == subj })
+				if len(next.Subjects) == 0 {
+					next.Subjects = []string{subjects.Retired(owner)}
+				}
 				if _, err := js.UpdateStream(ctx, next); err != nil {
 					return fmt.Errorf("cannot release %s from stream %s for the new dead-letter stream %s: %w", subj, owner, target, err)
 				}
@@ -482,7 +485,7 @@ func ensureStream(ctx context.Context, js jetstream.JetStream, want jetstream.St
 		// Keep subjects of consumers no longer configured: their dead
 		// letters stay reachable.
 		for _, subj := range have.Subjects {
-			if !slices.Contains(want.Subjects, subj) {
+			if !slices.Contains(want.Subjects, subj) && !strings.HasPrefix(subj, subjects.RetiredPrefix) {
 				want.Subjects = append(want.Subjects, subj)
 			}
 		}

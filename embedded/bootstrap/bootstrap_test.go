@@ -350,6 +350,27 @@ func TestBootstrapMovesDeadLetterStream(t *testing.T) {
 			if bootstrapChanged(lb.String()) || strings.Contains(lb.String(), "moved") {
 				t.Fatalf("second bootstrap changed something:\n%s", lb.String())
 			}
+			// The old stream takes nothing a client may publish: given
+			// no subject, the server would give it its own name.
+			want := []string{"$HOLDFAST.RETIRED.ORDERS_DLQ"}
+			if shared {
+				want = []string{"dlq.OTHER.>"}
+			}
+			if got := natstest.StreamInfo(t, js, "ORDERS_DLQ").Config.Subjects; !slices.Equal(got, want) {
+				t.Fatalf("old dead-letter stream's subjects %v, want %v", got, want)
+			}
+			// And back: the old stream takes the dead letters again.
+			cfg.Consumers[config.DefaultConsumerName].DeadLetter = "ORDERS_DLQ"
+			if err := Apply(natstest.Context(t), js, cfg, log); err != nil {
+				t.Fatalf("Bootstrap after moving dead_letter back: %v", err)
+			}
+			want = []string{"dlq.WORKER1.>"}
+			if shared {
+				want = []string{"dlq.OTHER.>", "dlq.WORKER1.>"}
+			}
+			if got := natstest.StreamInfo(t, js, "ORDERS_DLQ").Config.Subjects; !slices.Equal(got, want) {
+				t.Fatalf("dead-letter stream moved back takes %v, want %v", got, want)
+			}
 		})
 	}
 }

@@ -137,6 +137,15 @@ func GroupCommit(stream, subj string) string {
 	return GroupCommitPrefix + stream + "." + subj
 }
 
+// RetiredPrefix starts the subject a dead-letter stream keeps once it
+// gave up its last consumer's dead-letter subject (Retired): a stream has
+// at least one subject, and the server would give it its own name, on
+// which any client could publish into it.
+const RetiredPrefix = Internal + "RETIRED."
+
+// Retired is the subject of stream once it takes no dead letters.
+func Retired(stream string) string { return RetiredPrefix + stream }
+
 // GroupCommitReplyBytes is the longest reply group commit's ingest gives
 // a publish of its own: its connection's inbox ("_INBOX." and a 22-byte
 // nuid) and a unit id of at most 16 bytes.
