@@ -270,6 +270,10 @@ func distinct(names []string) []string {
 	return out
 }
 
+// ErrDirNotEmpty means the backup directory given holds something: a
+// backup is not started there, and what it holds is left alone.
+var ErrDirNotEmpty = errors.New("the backup directory is not empty")
+
 // prepareDir creates dir, or accepts it when it is an empty directory;
 // created tells which.
 func prepareDir(dir string) (created bool, err error) {
@@ -283,7 +287,7 @@ func prepareDir(dir string) (created bool, err error) {
 	case err != nil:
 		return false, fmt.Errorf("backup directory: %w", err)
 	case len(entries) > 0:
-		return false, fmt.Errorf("backup directory %s is not empty: a backup goes into a new or empty directory", dir)
+		return false, fmt.Errorf("%w: %s holds %d entries; a backup goes into a new or empty directory", ErrDirNotEmpty, dir, len(entries))
 	}
 	return false, nil
 }

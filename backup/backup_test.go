@@ -605,7 +605,7 @@ func TestCreateRefusesAndCleansUp(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(used, "x"), nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Create(natstest.Context(t), nc, used, Options{Streams: []string{"ORDERS"}}); err == nil || !strings.Contains(err.Error(), "is not empty") {
+	if _, err := Create(natstest.Context(t), nc, used, Options{Streams: []string{"ORDERS"}}); !errors.Is(err, ErrDirNotEmpty) {
 		t.Fatalf("into a used directory: %v", err)
 	}
 	dir := filepath.Join(t.TempDir(), "b")

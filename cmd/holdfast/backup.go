@@ -58,6 +58,9 @@ func backupCommand() *cli.Command {
 				Progress:        bar.update,
 			})
 			bar.done()
+			if errors.Is(err, backup.ErrDirNotEmpty) {
+				return runtimeError(fmt.Errorf("backup not started, %s left as it is: %w", dir, err))
+			}
 			if err != nil {
 				return runtimeError(fmt.Errorf("backup failed, nothing kept in %s: %w", dir, err))
 			}

@@ -255,7 +255,8 @@ func TestRestoreRefusesDamagedBackup(t *testing.T) {
 	} else {
 		t.Log("script(1) not installed (util-linux): progress bar on a terminal not checked")
 	}
-	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 1 || !strings.Contains(res.stderr, "is not empty") {
+	if res := runHoldfast(t, nil, "backup", "--config", in.cfg, dir); res.code != 1 || !strings.Contains(res.stderr, "is not empty") ||
+		!strings.Contains(res.stderr, "left as it is") || strings.Contains(res.stderr, "nothing kept") {
 		t.Fatalf("backup into a used directory: exit %d\n%s", res.code, res.stderr)
 	}
 	e2ePublishAcked(t, js, 50, 10) // ORDERS now ends at 60, the backup at 50
