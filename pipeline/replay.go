@@ -150,9 +150,9 @@ func (w *Workers) replay1(data []byte) ReplayReply {
 	if err := json.Unmarshal(data, &req); err != nil {
 		return ReplayReply{Error: fmt.Sprintf("unreadable replay request: %v", err)}
 	}
-	if w.opts.DeadLetter == "" || req.Stream != w.opts.DeadLetter {
-		return ReplayReply{Error: fmt.Sprintf("consumer %s dead-letters to %q, not to %q", w.opts.Consumer, w.opts.DeadLetter, req.Stream)}
-	}
+	// Any stream of this consumer's dead letters: the one it dead-letters
+	// to now, or one it did before (a changed dead_letter). Only holdfast
+	// publishes on dlq.<CONSUMER>.> (checked below), whatever the stream.
 	if w.stopping.Load() {
 		return ReplayReply{Error: fmt.Sprintf("consumer %s is shutting down: try again when holdfast runs", w.opts.Consumer)}
 	}

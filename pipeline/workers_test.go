@@ -1194,3 +1194,44 @@ func TestBatchHandlerSettlesEach(t *testing.T) {
 		t.Errorf("%d batches out of stream order", disorder)
 	}
 }
+
+// TestReplayFromAnEarlierDeadLetterStream: a consumer whose dead letters
+// moved to another stream (its dead_letter changed) still replays those
+// the earlier stream holds; they were refused ("consumer WORKER1
+// dead-letters to ..."), with no way to replay them but moving the dead
+// letters back.
+func TestReplayFromAnEarlierDeadLetterStream(t *testing.T) {
+	e := pipelinetest.Start(t, nil)
+	ctx := natstest.Context(t)
+	m := parkedMessage()
+	m.Header.Del(pipeline.HeaderInterrupted)
+	ack, err := e.JS.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan string, 1)
+	opts := e.Options(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
+		handled <- string(m.Data)
+		return handler.Ok()
+	}), 1)
+	opts.DeadLetter = "NEW_DLQ"
+	log, buf := natstest.Logger(t)
+	w := pipeline.NewWorkers(e.JS, e.Srv.Conn(), opts, log)
+	if err := w.Open(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close(context.Background()) })
+	dl, err := pipeline.GetDeadLetter(ctx, e.JS, pipelinetest.DLQ, ack.Sequence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pipeline.RequestReplay(ctx, e.Srv.Conn(), dl, 30*time.Second); err != nil {
+		t.Fatalf("replay from the earlier dead-letter stream: %v\n%s", err, buf)
+	}
+	if got := <-handled; got != "parked" {
+		t.Errorf("handler got %q", got)
+	}
+	if n := e.DLQCount(); n != 0 {
+		t.Errorf("%d dead letter(s) left: the replayed one is still there", n)
+	}
+}
