@@ -265,6 +265,9 @@ func (c *Config) validateLeafNodes(v *validator, fromFile bool) {
 	if (l.User == "") != (l.PasswordFile == "") {
 		v.add("leafnodes.user", q(l.User), "leafnodes.user and leafnodes.password_file go together")
 	}
+	if _, taken := c.Auth.Users[l.User]; l.User != "" && (taken || l.User == InternalUser) {
+		v.add("leafnodes.user", q(l.User), "is also the name of a client user: give the edges a name of their own")
+	}
 	c.validateRemotes(v)
 	if l.Edge() && c.JetStream.Domain == "" {
 		v.add("jetstream.domain", `""`, "required with [[leafnodes.remotes]]: the edge's own JetStream domain keeps its streams local and apart from the hub's (it defaults to server.name)")

@@ -120,6 +120,7 @@ func TestLeafNodeRefusals(t *testing.T) {
 		{"hub on the client port", strings.Replace(hubNode, "127.0.0.1:7422", "127.0.0.1:4222", 1), "leafnodes.listen", "client port"},
 		{"hub listen not host:port", strings.Replace(hubNode, "127.0.0.1:7422", "7422", 1), "leafnodes.listen", "host:port"},
 		{"hub user without password file", strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\nuser = \"leaf\"", 1), "leafnodes.user", "go together"},
+		{"hub user named like a client user", strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\nuser = \"ops\"\npassword_file = \"/p\"", 1) + "\n[auth.users.ops]\npassword = \"$2a$11$abcdefghijklmnopqrstuu3Q2hZ0l4pU1S2O8Z1xYl5mQz6w0e9V2\"\n", "leafnodes.user", "name of a client user"},
 		{"hub verify without ca", strings.Replace(hubNode, "listen = \"127.0.0.1:7422\"", "listen = \"127.0.0.1:7422\"\ncert_file = \"/c\"\nkey_file = \"/k\"\nverify = true", 1), "leafnodes.verify", "ca_file"},
 		{"unreachable_after too short", strings.Replace(edgeNode, "[[leafnodes.remotes]]", "[leafnodes]\nunreachable_after = \"10ms\"\n[[leafnodes.remotes]]", 1), "leafnodes.unreachable_after", "at least 1s"},
 		{"forward without remotes", hubNode + "\n[consumers.F]\nstream = \"EDGE\"\nhandler = \"forward\"\n[consumers.F.forward]\ndomain = \"central\"\nsubject = \"up.{subject}\"\n", "consumers.F.forward", "[[leafnodes.remotes]]"},

@@ -62,14 +62,35 @@ func LeafDenied(cfg *config.Config) []string {
 	return slices.Compact(out)
 }
 
+// leafConnectionType is the server's name for leafnode connections in a
+// user's allowed connection types (jwt.ConnectionTypeLeafnode).
+const leafConnectionType = "LEAFNODE"
+
 // configureLeafNodes applies [leafnodes] authentication, TLS and remotes
 // to opts; secrets come from LoadSecrets.
 func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Secrets) error {
 	l := cfg.LeafNodes
 	if l.Hub() {
 		if l.User != "" {
-			opts.LeafNode.Username = l.User
-			opts.LeafNode.Password = sec.LeafPassword
+			// Not LeafNode.Username: the server gives the connections
+			// it admits no permissions, so an edge (any holder of the
+			// shared password, on any server) could publish JetStream
+			// advisories and dead letters into the hub and answer on
+			// $HOLDFAST.>, which every client is denied. The edges
+			// are a user with the reserved subjects denied instead,
+			// for leafnode connections only: checked by holdfast's
+			// authenticator where one decides, else by the server
+			// among the users.
+			leaf := &server.User{Username: l.User, Password: sec.LeafPassword, Permissions: withReserved(nil),
+				AllowedConnectionTypes: map[string]struct{}{leafConnectionType: {}}}
+			switch a := opts.CustomClientAuthentication.(type) {
+			case *localAuth:
+				a.leaf = leaf
+			case *tokenAuth:
+				a.leaf = leaf
+			default:
+				opts.Users = append(opts.Users, leaf)
+			}
 		}
 		if l.TLSEnabled() {
 			tc, err := linkTLS("leafnodes", l.CertFile, l.KeyFile, l.CAFile, l.Verify)

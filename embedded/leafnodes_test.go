@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -515,5 +518,139 @@ func TestLeafDomainsReadAgain(t *testing.T) {
 	}
 	if got := edge.LeafDomains(); !slices.Equal(got, []string{"hub"}) {
 		t.Errorf("LeafDomains = %v, want [hub]", got)
+	}
+}
+
+// TestLeafReservedSubjects: a leafnode connection to a hub is held to
+// the reserved subjects like any client, however it authenticates: a
+// server that dials the hub with the leaf credentials (any edge has
+// them; a compromised one need not run holdfast) can neither forge a
+// max-deliveries advisory (the hub's workers would dead-letter and
+// terminate a message on it), nor put a dead letter in the hub's
+// dead-letter stream, nor answer requests on $HOLDFAST.> (holdfast
+// status asked of the hub). Its ordinary subjects still cross.
+func TestLeafReservedSubjects(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "leaf.password")
+	if err := os.WriteFile(pw, []byte("leaf-password"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		user string // the leaf's credentials in the remote's URL
+		hub  func(cfg *config.Config)
+		opt  nats.Option // a client of the hub
+	}{
+		{"leafnodes.user", "leaf:leaf-password@", func(cfg *config.Config) {
+			cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = "leaf", pw
+		}, nats.Name("anonymous")},
+		{"leafnodes.user with auth users", "leaf:leaf-password@", func(cfg *config.Config) {
+			cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = "leaf", pw
+			cfg.Auth.Users = map[string]*config.UserConfig{"ops": {Password: bcryptHash(t, "ops-password")}}
+		}, nats.UserInfo("ops", "ops-password")},
+		{"leafnodes.user with a token", "leaf:leaf-password@", func(cfg *config.Config) {
+			cfg.LeafNodes.User, cfg.LeafNodes.PasswordFile = "leaf", pw
+			cfg.Auth.Token = "0123456789abcdef-token"
+		}, nats.Token("0123456789abcdef-token")},
+		{"no auth", "", func(cfg *config.Config) {}, nats.Name("anonymous")},
+		{"auth user", "ops:ops-password@", func(cfg *config.Config) {
+			cfg.Auth.Users = map[string]*config.UserConfig{"ops": {Password: bcryptHash(t, "ops-password")}}
+		}, nats.UserInfo("ops", "ops-password")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hubCfg := leafHubConfig(t, "", "")
+			tc.hub(hubCfg)
+			if err := hubCfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			hub := runServer(t, hubCfg)
+			hc, err := nats.Connect(hub.NATS().ClientURL(), tc.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer hc.Close()
+			if tc.hub != nil && hubCfg.LeafNodes.User != "" {
+				// The edges' credentials are for leafnode connections.
+				if c, err := nats.Connect(hub.NATS().ClientURL(), nats.UserInfo("leaf", "leaf-password"), nats.MaxReconnects(0)); err == nil {
+					c.Close()
+					t.Error("a client connected with the leafnode credentials")
+				}
+			}
+
+			// A plain nats-server with the leaf's credentials and no
+			// denies of its own.
+			u, err := url.Parse("nats-leaf://" + tc.user + hubCfg.LeafNodes.Listen)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rogue, err := server.NewServer(&server.Options{
+				Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+				LeafNode: server.LeafNodeOpts{Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}}}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			go rogue.Start()
+			t.Cleanup(rogue.Shutdown)
+			if !rogue.ReadyForConnections(10 * time.Second) {
+				t.Fatal("the rogue server did not start")
+			}
+			waitFor(t, "the rogue leafnode link", func() bool { return rogue.NumLeafNodes() == 1 })
+			nc, err := nats.Connect(rogue.ClientURL())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+
+			// What the hub's holdfast listens to, and a control.
+			watch := func(subj string) *nats.Subscription {
+				sub, err := hub.Conn().SubscribeSync(subj)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return sub
+			}
+			adv := watch("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.EDGE.W")
+			dlq := watch("dlq.>")
+			ok := watch("edge.ok")
+			if err := hub.Conn().Flush(); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "an ordinary subject to cross the link", func() bool {
+				_ = nc.Publish("edge.ok", []byte("ok"))
+				_ = nc.Flush()
+				_, err := ok.NextMsg(100 * time.Millisecond)
+				return err == nil
+			})
+			_ = nc.Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.EDGE.W", []byte(`{"stream_seq":1}`))
+			_ = nc.Publish("dlq.W.edge.x", []byte("forged"))
+			_ = nc.Publish("edge.ok", []byte("after"))
+			_ = nc.Flush()
+			if _, err := ok.NextMsg(5 * time.Second); err != nil {
+				t.Fatalf("the control after the forgeries: %v", err)
+			}
+			if m, err := adv.NextMsg(200 * time.Millisecond); err == nil {
+				t.Errorf("a leafnode forged a max-deliveries advisory on the hub: %s", m.Data)
+			}
+			if m, err := dlq.NextMsg(200 * time.Millisecond); err == nil {
+				t.Errorf("a leafnode published a dead letter on the hub: %s %s", m.Subject, m.Data)
+			}
+
+			// A responder across the link on the hub's status subject.
+			if _, err := nc.Subscribe("$HOLDFAST.STATUS.hub", func(m *nats.Msg) { _ = m.Respond([]byte("forged")) }); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := nc.Subscribe("edge.req", func(m *nats.Msg) { _ = m.Respond([]byte("ok")) }); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			waitFor(t, "a request to cross the link", func() bool {
+				_, err := hc.Request("edge.req", nil, 100*time.Millisecond)
+				return err == nil
+			})
+			if m, err := hc.Request("$HOLDFAST.STATUS.hub", nil, 500*time.Millisecond); err == nil {
+				t.Errorf("a leafnode answered $HOLDFAST.STATUS.hub on the hub: %q", m.Data)
+			}
+		})
 	}
 }

@@ -315,10 +315,16 @@ type localAuth struct {
 	internal internalIdentity
 	system   bool
 	ns       atomic.Pointer[server.Server] // set once the server exists
+	// leaf, with leafnodes.user on a hub, is what every leafnode
+	// connection must present (checkLeaf).
+	leaf *server.User
 }
 
 // Check implements server.Authentication.
 func (a *localAuth) Check(c server.ClientAuthentication) bool {
+	if ok, decided := checkLeaf(a.leaf, c); decided {
+		return ok
+	}
 	o := c.GetOpts()
 	if o == nil || o.Nkey != "" || o.JWT != "" || o.Sig != "" {
 		return false
@@ -346,10 +352,14 @@ func (a *localAuth) Check(c server.ClientAuthentication) bool {
 type tokenAuth struct {
 	token    string
 	internal *server.User
+	leaf     *server.User // as localAuth's
 }
 
 // Check implements server.Authentication.
 func (a *tokenAuth) Check(c server.ClientAuthentication) bool {
+	if ok, decided := checkLeaf(a.leaf, c); decided {
+		return ok
+	}
 	o := c.GetOpts()
 	if o == nil {
 		return false
@@ -367,6 +377,22 @@ func (a *tokenAuth) Check(c server.ClientAuthentication) bool {
 	}
 	c.RegisterUser(&server.User{Username: "token", Permissions: withReserved(nil)})
 	return true
+}
+
+// checkLeaf decides a leafnode connection when leaf (leafnodes.user, its
+// password plain or a bcrypt hash) is set: it must present exactly that
+// user, and gets its permissions. It decides nothing else: other
+// connections, and leafnodes when leaf is nil, are the caller's.
+func checkLeaf(leaf *server.User, c server.ClientAuthentication) (ok, decided bool) {
+	if leaf == nil || c.Kind() != server.LEAF {
+		return false, false
+	}
+	o := c.GetOpts()
+	if o == nil || o.Username != leaf.Username || o.Nkey != "" || o.JWT != "" || o.Token != "" || !matchToken(leaf.Password, o.Password) {
+		return false, true
+	}
+	c.RegisterUser(&server.User{Username: leaf.Username, Permissions: leaf.Permissions})
+	return true, true
 }
 
 // matchToken compares a presented token with the configured one, which
