@@ -81,7 +81,7 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 			// for leafnode connections only: checked by holdfast's
 			// authenticator where one decides, else by the server
 			// among the users.
-			leaf := &server.User{Username: l.User, Password: sec.LeafPassword, Permissions: withReserved(nil),
+			leaf := &server.User{Username: l.User, Password: sec.LeafPassword, Permissions: withReserved(nil, nil), // no queue groups: see clientQueues
 				AllowedConnectionTypes: map[string]struct{}{leafConnectionType: {}}}
 			switch a := opts.CustomClientAuthentication.(type) {
 			case *localAuth:

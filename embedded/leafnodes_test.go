@@ -21,6 +21,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
+	"github.com/holdfast-io/holdfast/internal/subjects"
 	"github.com/holdfast-io/holdfast/internal/testcert"
 )
 
@@ -613,6 +614,12 @@ func TestLeafReservedSubjects(t *testing.T) {
 			adv := watch("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.EDGE.W")
 			dlq := watch("dlq.>")
 			ok := watch("edge.ok")
+			// The hub's group commit takes the edges' publishes in its
+			// queue group: its interest must reach them.
+			gc, err := hub.Conn().QueueSubscribeSync("edge.gc", subjects.GroupCommitQueue("EDGE"))
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := hub.Conn().Flush(); err != nil {
 				t.Fatal(err)
 			}
@@ -620,6 +627,12 @@ func TestLeafReservedSubjects(t *testing.T) {
 				_ = nc.Publish("edge.ok", []byte("ok"))
 				_ = nc.Flush()
 				_, err := ok.NextMsg(100 * time.Millisecond)
+				return err == nil
+			})
+			waitFor(t, "a publish to reach the hub's group commit", func() bool {
+				_ = nc.Publish("edge.gc", []byte("gc"))
+				_ = nc.Flush()
+				_, err := gc.NextMsg(100 * time.Millisecond)
 				return err == nil
 			})
 			_ = nc.Publish("$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.EDGE.W", []byte(`{"stream_seq":1}`))

@@ -127,9 +127,40 @@ var (
 	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 
-// withReserved returns p with the reserved subjects denied (p may be nil,
-// meaning everything else is allowed).
-func withReserved(p *server.Permissions) *server.Permissions {
+// reservedQueues are the subscribe deny entries for group commit's queue
+// group, on every subject, of each stream of cfg (whether group_commit is
+// on now or not: a reload may switch it on): a client in the group takes
+// its share of the publishes away from holdfast's ingest, never stored,
+// and could answer them with a PubAck. A stream a reload adds is not
+// among them until the next start.
+func reservedQueues(cfg *config.Config) []string {
+	var out []string
+	for _, name := range cfg.StreamNames() {
+		out = append(out, "> "+subjects.GroupCommitQueue(name))
+	}
+	return out
+}
+
+// userQueues are the queue groups denied to the [auth] users: all of
+// reservedQueues, but on a hub whose edges log in as these users (no
+// leafnodes.user), where group commit's would stop the hub's own queue
+// subscriptions from reaching the edges (the server sends a leafnode its
+// user's subscribe denies, and the edge then refuses the hub's interest
+// in that group: edges could not forward to a hub stream with
+// group_commit). Those users may join group commit's queue group there:
+// give the edges leafnodes.user, or keep the users off the streams'
+// subjects.
+func userQueues(cfg *config.Config) []string {
+	if cfg.LeafNodes.Hub() && cfg.LeafNodes.User == "" {
+		return nil
+	}
+	return reservedQueues(cfg)
+}
+
+// withReserved returns p with the reserved subjects, and the queue groups
+// in queues (reservedQueues), denied (p may be nil, meaning everything
+// else is allowed).
+func withReserved(p *server.Permissions, queues []string) *server.Permissions {
 	out := &server.Permissions{}
 	if p != nil {
 		c := *p
@@ -145,16 +176,16 @@ func withReserved(p *server.Permissions) *server.Permissions {
 	if out.Subscribe != nil {
 		*sub = *out.Subscribe
 	}
-	sub.Deny = append(slices.Clone(sub.Deny), reservedSubscribe...)
+	sub.Deny = append(append(slices.Clone(sub.Deny), reservedSubscribe...), queues...)
 	out.Subscribe = sub
 	return out
 }
 
 // userPermissions maps a [auth.users.NAME] table onto the server's
 // permissions, with the reserved subjects denied.
-func userPermissions(u *config.UserConfig) *server.Permissions {
+func userPermissions(u *config.UserConfig, queues []string) *server.Permissions {
 	if len(u.PublishAllow)+len(u.PublishDeny)+len(u.SubscribeAllow)+len(u.SubscribeDeny) == 0 && !u.AllowResponses {
-		return withReserved(nil)
+		return withReserved(nil, queues)
 	}
 	p := &server.Permissions{}
 	if len(u.PublishAllow)+len(u.PublishDeny) > 0 {
@@ -166,7 +197,7 @@ func userPermissions(u *config.UserConfig) *server.Permissions {
 	if u.AllowResponses {
 		p.Response = &server.ResponsePermission{MaxMsgs: 1}
 	}
-	return withReserved(p)
+	return withReserved(p, queues)
 }
 
 // configureSecurity applies [auth], [tls] and the encryption key to opts.
@@ -189,17 +220,18 @@ func configureSecurity(opts *server.Options, cfg *config.Config, sec *config.Sec
 		opts.CustomClientAuthentication = &localAuth{
 			internal: id,
 			system:   config.IsLoopback(cfg.Server.Host),
+			queues:   reservedQueues(cfg),
 		}
 	} else {
 		if a.TokenMode() {
 			// The server cannot mix a token with users, and the internal
 			// identity is a user: authenticate both here instead.
-			opts.CustomClientAuthentication = &tokenAuth{token: sec.Token, internal: internal}
+			opts.CustomClientAuthentication = &tokenAuth{token: sec.Token, internal: internal, queues: reservedQueues(cfg)}
 		} else {
 			opts.Users = []*server.User{internal}
 			for _, name := range a.UserNames() {
 				u := a.Users[name]
-				perms := userPermissions(u)
+				perms := userPermissions(u, userQueues(cfg))
 				var account *server.Account
 				if u.System {
 					account = systemAccount(opts)
@@ -318,6 +350,8 @@ type localAuth struct {
 	// leaf, with leafnodes.user on a hub, is what every leafnode
 	// connection must present (checkLeaf).
 	leaf *server.User
+	// queues are reservedQueues, denied to the anonymous user.
+	queues []string
 }
 
 // Check implements server.Authentication.
@@ -340,7 +374,7 @@ func (a *localAuth) Check(c server.ClientAuthentication) bool {
 		}
 		c.RegisterUser(&server.User{Username: SystemUser, Account: ns.SystemAccount()})
 	case o.Username == "" && o.Password == "" && o.Token == "":
-		c.RegisterUser(&server.User{Username: AnonymousUser, Permissions: withReserved(nil)})
+		c.RegisterUser(&server.User{Username: AnonymousUser, Permissions: withReserved(nil, clientQueues(c, a.queues))})
 	default:
 		return false
 	}
@@ -353,6 +387,7 @@ type tokenAuth struct {
 	token    string
 	internal *server.User
 	leaf     *server.User // as localAuth's
+	queues   []string     // reservedQueues, denied to the token's clients
 }
 
 // Check implements server.Authentication.
@@ -375,8 +410,21 @@ func (a *tokenAuth) Check(c server.ClientAuthentication) bool {
 	if o.Token == "" || !matchToken(a.token, o.Token) {
 		return false
 	}
-	c.RegisterUser(&server.User{Username: "token", Permissions: withReserved(nil)})
+	c.RegisterUser(&server.User{Username: "token", Permissions: withReserved(nil, clientQueues(c, a.queues))})
 	return true
+}
+
+// clientQueues are the queue groups to deny connection c: queues, but
+// none for a leafnode connection. The server sends a leafnode its
+// subscribe denies and the other side applies them to the interest it
+// receives: a hub's own group-commit queue subscription would no longer
+// reach its edges. (For a leafnode the server checks no queue group on
+// the subscriptions it forwards anyway.)
+func clientQueues(c server.ClientAuthentication, queues []string) []string {
+	if c.Kind() == server.LEAF {
+		return nil
+	}
+	return queues
 }
 
 // checkLeaf decides a leafnode connection when leaf (leafnodes.user, its

@@ -952,3 +952,108 @@ func TestServerAddsNoUsers(t *testing.T) {
 		t.Errorf("an added user: %v", err)
 	}
 }
+
+// TestGroupCommitQueueReserved: only holdfast's own identity may join
+// group commit's queue group on a stream's subjects. A client in it takes
+// its share of the publishes away from the ingest (never stored), and
+// with the right to answer requests it gets (allow_responses, or none
+// needed without [auth]) it can answer them with a PubAck: the publisher
+// is told its message is stored and it is not. Ordinary subscriptions,
+// and queue subscriptions in other groups, still get every message.
+func TestGroupCommitQueueReserved(t *testing.T) {
+	t.Parallel()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name  string
+		setup func(*config.Config)
+		opt   nats.Option
+		pub   nats.Option // a publisher's credentials
+	}{
+		{"no auth", func(*config.Config) {}, nats.Name("anonymous"), nats.Name("anonymous")},
+		{"tap user", func(c *config.Config) {
+			c.Auth.Users = map[string]*config.UserConfig{
+				"tap": {
+					Password: bcryptHash(t, "tap-password"), PublishAllow: []string{"reports.>"},
+					SubscribeAllow: []string{"orders.>"}, AllowResponses: true,
+				},
+				"app": {Password: bcryptHash(t, "app-password"), PublishAllow: []string{"orders.>"}},
+			}
+		}, nats.UserInfo("tap", "tap-password"), nats.UserInfo("app", "app-password")},
+		{"token", func(c *config.Config) { c.Auth.TokenFile = tokenFile }, nats.Token("0123456789abcdef-token"), nats.Token("0123456789abcdef-token")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := configtest.Default(t)
+			tc.setup(cfg)
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := runServer(t, cfg)
+			queue := subjects.GroupCommitQueue("ORDERS")
+
+			errs := make(chan error, 10)
+			nc, err := nats.Connect(s.NATS().ClientURL(), tc.opt, nats.MaxReconnects(0),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer nc.Close()
+			for _, subj := range []string{"orders.*", "orders.>", "orders.created"} {
+				if _, err := nc.QueueSubscribe(subj, queue, func(*nats.Msg) {}); err != nil {
+					t.Fatal(err)
+				}
+				_ = nc.Flush()
+				select {
+				case err := <-errs:
+					if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for subscription") {
+						t.Fatalf("%s in %s: %v, want a subscription permissions violation", subj, queue, err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("a client joined %s on %s", queue, subj)
+				}
+			}
+
+			// What stays allowed gets every message.
+			plain, err := nc.SubscribeSync("orders.*")
+			if err != nil {
+				t.Fatal(err)
+			}
+			other, err := nc.QueueSubscribeSync("orders.*", "workers")
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			// The internal identity's own queue subscription still works.
+			own, err := s.Conn().QueueSubscribeSync("orders.*", queue)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = s.Conn().Flush()
+			pub, err := nats.Connect(s.NATS().ClientURL(), tc.pub)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pub.Close()
+			for i := range 3 {
+				if err := pub.Publish(fmt.Sprintf("orders.m%d", i), []byte("x")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = pub.Flush()
+			for _, sub := range []*nats.Subscription{plain, other, own} {
+				for i := range 3 {
+					if _, err := sub.NextMsg(5 * time.Second); err != nil {
+						t.Fatalf("%s %q: message %d: %v", sub.Subject, sub.Queue, i, err)
+					}
+				}
+			}
+			select {
+			case err := <-errs:
+				t.Fatalf("unexpected: %v", err)
+			default:
+			}
+		})
+	}
+}

@@ -288,7 +288,7 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) *Committer {
 
 // queueGroup is the queue group of the subscriptions on the stream's
 // subjects: with several holdfast nodes, each publish is answered once.
-func queueGroup(stream string) string { return "holdfast-gc-" + stream }
+func queueGroup(stream string) string { return subjects.GroupCommitQueue(stream) }
 
 // Open subscribes to the stream's subjects and starts committing. When it
 // fails, nothing is left subscribed and Close has nothing to do.

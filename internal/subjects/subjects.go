@@ -131,6 +131,12 @@ func Replay(consumer string) string { return Internal + "REPLAY." + consumer }
 // message reaches the stream through holdfast's batches.
 const GroupCommitPrefix = Internal + "GC."
 
+// GroupCommitQueue is the queue group in which holdfast's ingest
+// subscribes to the subjects of stream, a stream with group_commit, on
+// every node. Only holdfast's own identity may join it (embedded denies
+// it): a member takes its share of the publishes away from the stream.
+func GroupCommitQueue(stream string) string { return "holdfast-gc-" + stream }
+
 // GroupCommit is the subject holdfast publishes a client's message
 // on subj to, for stream.
 func GroupCommit(stream, subj string) string {
