@@ -127,14 +127,17 @@ var (
 	reservedSubscribe = []string{subjects.Internal + ">"}
 )
 
-// reservedQueues are the subscribe deny entries for group commit's queue
-// group, on every subject, of each stream of cfg (whether group_commit is
-// on now or not: a reload may switch it on): a client in the group takes
-// its share of the publishes away from holdfast's ingest, never stored,
-// and could answer them with a PubAck. A stream a reload adds is not
-// among them until the next start.
+// reservedQueues are the subscribe deny entries, on every subject, for
+// the queue groups holdfast's own subscriptions share across nodes: the
+// workers' max-deliveries advisories (a client in that group takes a
+// share of them, and those messages are never dead-lettered), and group
+// commit's of each stream of cfg (whether group_commit is on now or not:
+// a reload may switch it on; a client in it takes its share of the
+// publishes away from holdfast's ingest, never stored, and could answer
+// them with a PubAck). A stream a reload adds is not among them until
+// the next start.
 func reservedQueues(cfg *config.Config) []string {
-	var out []string
+	out := []string{"> " + subjects.MaxDeliveriesQueue}
 	for _, name := range cfg.StreamNames() {
 		out = append(out, "> "+subjects.GroupCommitQueue(name))
 	}
@@ -142,8 +145,8 @@ func reservedQueues(cfg *config.Config) []string {
 }
 
 // userQueues are the queue groups denied to the [auth] users: all of
-// reservedQueues, but on a hub whose edges log in as these users (no
-// leafnodes.user), where group commit's would stop the hub's own queue
+// reservedQueues, but only the max-deliveries one on a hub whose edges
+// log in as these users (no leafnodes.user), where group commit's would stop the hub's own queue
 // subscriptions from reaching the edges (the server sends a leafnode its
 // user's subscribe denies, and the edge then refuses the hub's interest
 // in that group: edges could not forward to a hub stream with
@@ -152,7 +155,7 @@ func reservedQueues(cfg *config.Config) []string {
 // subjects.
 func userQueues(cfg *config.Config) []string {
 	if cfg.LeafNodes.Hub() && cfg.LeafNodes.User == "" {
-		return nil
+		return []string{"> " + subjects.MaxDeliveriesQueue}
 	}
 	return reservedQueues(cfg)
 }

@@ -1057,3 +1057,66 @@ func TestGroupCommitQueueReserved(t *testing.T) {
 		})
 	}
 }
+
+// TestMaxDeliveriesQueueReserved: only holdfast's own identity may join
+// the queue group of the workers' max-deliveries advisory subscription.
+// A client in it (a monitoring user allowed to watch $JS.EVENT.>) takes a
+// share of the advisories: the message the server stopped delivering is
+// then neither handled nor dead-lettered, and nothing reports it. Watching
+// the advisories outside the group stays allowed.
+func TestMaxDeliveriesQueueReserved(t *testing.T) {
+	t.Parallel()
+	const subj = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.ORDERS.WORKER1"
+	for _, tc := range []struct {
+		name  string
+		setup func(*config.Config)
+		opt   nats.Option
+	}{
+		{"no auth", func(*config.Config) {}, nats.Name("anonymous")},
+		{"monitoring user", func(c *config.Config) {
+			c.Auth.Users = map[string]*config.UserConfig{"mon": {
+				Password: bcryptHash(t, "mon-password"), PublishAllow: []string{"none.>"},
+				SubscribeAllow: []string{"$JS.EVENT.>"},
+			}}
+		}, nats.UserInfo("mon", "mon-password")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := configtest.Default(t)
+			tc.setup(cfg)
+			if err := cfg.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			s := runServer(t, cfg)
+			errs := make(chan error, 10)
+			nc, err := nats.Connect(s.NATS().ClientURL(), tc.opt, nats.MaxReconnects(0),
+				nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer nc.Close()
+			for _, sub := range []string{subj, "$JS.EVENT.>"} {
+				if _, err := nc.QueueSubscribe(sub, subjects.MaxDeliveriesQueue, func(*nats.Msg) {}); err != nil {
+					t.Fatal(err)
+				}
+				_ = nc.Flush()
+				select {
+				case err := <-errs:
+					if !strings.Contains(strings.ToLower(err.Error()), "permissions violation for subscription") {
+						t.Fatalf("%s: %v, want a subscription permissions violation", sub, err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("a client joined %s on %s", subjects.MaxDeliveriesQueue, sub)
+				}
+			}
+			if _, err := nc.SubscribeSync(subj); err != nil {
+				t.Fatal(err)
+			}
+			_ = nc.Flush()
+			select {
+			case err := <-errs:
+				t.Fatalf("watching the advisories: %v", err)
+			case <-time.After(200 * time.Millisecond):
+			}
+		})
+	}
+}

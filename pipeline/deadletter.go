@@ -527,7 +527,7 @@ func (w *Workers) subscribeDeadLetters(ctx context.Context) error {
 
 // maxDeliveriesQueue is the queue group of the max-deliveries advisory
 // subscriptions.
-const maxDeliveriesQueue = "holdfast-max-deliveries"
+const maxDeliveriesQueue = subjects.MaxDeliveriesQueue
 
 // closeDeadLetters ends the subscriptions and waits for the background
 // goroutines. Close calls it after the workers stopped, so that an

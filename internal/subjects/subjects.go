@@ -137,6 +137,13 @@ const GroupCommitPrefix = Internal + "GC."
 // it): a member takes its share of the publishes away from the stream.
 func GroupCommitQueue(stream string) string { return "holdfast-gc-" + stream }
 
+// MaxDeliveriesQueue is the queue group of the workers' subscriptions to
+// their consumer's max-deliveries advisories (one node's workers act on
+// each). Only holdfast's own identity may join it (embedded denies it): a
+// member takes a share of the advisories, whose messages are then never
+// dead-lettered.
+const MaxDeliveriesQueue = "holdfast-max-deliveries"
+
 // GroupCommit is the subject holdfast publishes a client's message
 // on subj to, for stream.
 func GroupCommit(stream, subj string) string {
