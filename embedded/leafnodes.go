@@ -35,6 +35,9 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 // the same stream (ORDERS on orders.*) would otherwise each store the
 // other's messages, and the hub would see every edge's local traffic.
 //
+// Also those subjects behind group commit's prefix, where a stream with
+// group_commit stores them ($HOLDFAST.GC.<stream>.<subject>).
+//
 // Also its own JetStream API, $JS.<its domain>.API.>: through the link
 // any client of the hub could otherwise read, purge and delete the
 // edge's streams and consumers, messages not yet forwarded with them.
@@ -49,7 +52,11 @@ func leafListenOptions(opts *server.Options, l config.LeafNodesConfig) {
 func LeafDenied(cfg *config.Config) []string {
 	var out []string
 	for _, name := range cfg.StreamNames() {
-		out = append(out, cfg.Streams[name].Subjects...)
+		subjs := cfg.Streams[name].Subjects
+		out = append(out, subjs...)
+		// With group_commit the stream stores these instead (now or
+		// after a reload switches it on).
+		out = append(out, subjects.GroupCommitSubjects(name, subjs)...)
 	}
 	for _, name := range cfg.AllStreamNames() {
 		out = append(out, "$JS.ACK."+name+".>")

@@ -217,7 +217,7 @@ func TestLeafDenied(t *testing.T) {
 	cfg := configtest.Default(t)
 	cfg.Streams["MORE"] = config.DefaultStream([]string{"more.>", "orders.*"})
 	got := strings.Join(LeafDenied(cfg), " ")
-	if got != "$JS.ACK.MORE.> $JS.ACK.ORDERS.> $JS.ACK.ORDERS_DLQ.> $JS.EVENT.> dlq.> more.> orders.*" {
+	if got != "$HOLDFAST.GC.MORE.more.> $HOLDFAST.GC.MORE.orders.* $HOLDFAST.GC.ORDERS.orders.* $JS.ACK.MORE.> $JS.ACK.ORDERS.> $JS.ACK.ORDERS_DLQ.> $JS.EVENT.> dlq.> more.> orders.*" {
 		t.Errorf("denied = %q", got)
 	}
 	cfg.JetStream.Domain = "edge1"
@@ -665,5 +665,78 @@ func TestLeafReservedSubjects(t *testing.T) {
 				t.Errorf("a leafnode answered $HOLDFAST.STATUS.hub on the hub: %q", m.Data)
 			}
 		})
+	}
+}
+
+// TestLeafGroupCommitStaysLocal: a stream with group_commit stores what
+// holdfast's ingest publishes under $HOLDFAST.GC.<stream>.<subject>; an
+// edge keeps those subjects off its link like its streams' own, or two
+// edges with the same stream behind a hub that does not deny them (a
+// hand-run nats-server) store each other's messages, and the hub sees
+// them all.
+func TestLeafGroupCommitStaysLocal(t *testing.T) {
+	ctx := context.Background()
+	leafPort := natstest.FreePort(t)
+	hubSrv, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+		LeafNode: server.LeafNodeOpts{Host: "127.0.0.1", Port: leafPort},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go hubSrv.Start()
+	t.Cleanup(hubSrv.Shutdown)
+	if !hubSrv.ReadyForConnections(10 * time.Second) {
+		t.Fatal("the hub did not start")
+	}
+	hubCfg := &config.Config{}
+	hubCfg.LeafNodes.Listen = fmt.Sprintf("127.0.0.1:%d", leafPort)
+
+	var edges []*Server
+	for _, name := range []string{"edge1", "edge2"} {
+		cfg := leafEdgeConfig(t, name, hubCfg, config.RemoteConfig{})
+		cfg.Streams["ORDERS"].GroupCommit = true
+		e := runServer(t, cfg)
+		if err := bootstrap.Apply(ctx, e.JetStream(), cfg, slog.New(slog.DiscardHandler)); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, "the leafnode link", e.LeafConnected)
+		edges = append(edges, e)
+	}
+	hc, err := nats.Connect(hubSrv.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hc.Close()
+	seen, err := hc.SubscribeSync(subjects.GroupCommitPrefix + ">")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = hc.Flush()
+	time.Sleep(500 * time.Millisecond) // interest crosses the links
+
+	// What edge1's ingest publishes.
+	for i := range 3 {
+		if err := edges[0].Conn().Publish(subjects.GroupCommit("ORDERS", "orders.created"), []byte(fmt.Sprint(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = edges[0].Conn().Flush()
+	time.Sleep(time.Second)
+	for i, e := range edges {
+		s, err := e.JetStream().Stream(ctx, "ORDERS")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := uint64(0)
+		if i == 0 {
+			want = 3
+		}
+		if n := s.CachedInfo().State.Msgs; n != want {
+			t.Errorf("edge%d ORDERS holds %d messages, want %d", i+1, n, want)
+		}
+	}
+	if m, err := seen.NextMsg(100 * time.Millisecond); err == nil {
+		t.Errorf("the hub saw an edge's local message on %s", m.Subject)
 	}
 }
