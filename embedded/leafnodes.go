@@ -73,6 +73,13 @@ func LeafDenied(cfg *config.Config) []string {
 // user's allowed connection types (jwt.ConnectionTypeLeafnode).
 const leafConnectionType = "LEAFNODE"
 
+// clientConnectionTypes are the server's names of the connections a
+// client makes: the client port, WebSocket and MQTT
+// (jwt.ConnectionTypeStandard, ...Websocket, ...Mqtt).
+func clientConnectionTypes() map[string]struct{} {
+	return map[string]struct{}{"STANDARD": {}, "WEBSOCKET": {}, "MQTT": {}}
+}
+
 // configureLeafNodes applies [leafnodes] authentication, TLS and remotes
 // to opts; secrets come from LoadSecrets.
 func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Secrets) error {
@@ -96,6 +103,17 @@ func configureLeafNodes(opts *server.Options, cfg *config.Config, sec *config.Se
 			case *tokenAuth:
 				a.leaf = leaf
 			default:
+				// The users may connect as clients, not as leafnodes:
+				// with LeafNode.Username the server took only the
+				// edges' credentials on this listener.
+				for _, u := range opts.Users {
+					if u.Username != config.InternalUser {
+						u.AllowedConnectionTypes = clientConnectionTypes()
+					}
+				}
+				for _, n := range opts.Nkeys {
+					n.AllowedConnectionTypes = clientConnectionTypes()
+				}
 				opts.Users = append(opts.Users, leaf)
 			}
 		}

@@ -565,6 +565,29 @@ func TestLeafReservedSubjects(t *testing.T) {
 				t.Fatal(err)
 			}
 			hub := runServer(t, hubCfg)
+			if hubCfg.LeafNodes.User != "" && len(hubCfg.Auth.Users) > 0 {
+				// Only the edges' user logs in as a leafnode there.
+				u, err := url.Parse("nats-leaf://ops:ops-password@" + hubCfg.LeafNodes.Listen)
+				if err != nil {
+					t.Fatal(err)
+				}
+				other, err := server.NewServer(&server.Options{
+					Host: "127.0.0.1", Port: -1, NoLog: true, NoSigs: true,
+					LeafNode: server.LeafNodeOpts{Remotes: []*server.RemoteLeafOpts{{URLs: []*url.URL{u}}}},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				go other.Start()
+				t.Cleanup(other.Shutdown)
+				if !other.ReadyForConnections(10 * time.Second) {
+					t.Fatal("the other server did not start")
+				}
+				time.Sleep(time.Second)
+				if other.NumLeafNodes() != 0 {
+					t.Error("a client user logged in as a leafnode beside leafnodes.user")
+				}
+			}
 			hc, err := nats.Connect(hub.NATS().ClientURL(), tc.opt)
 			if err != nil {
 				t.Fatal(err)
