@@ -376,7 +376,7 @@ func TestReloadRefusesImpliedLogHandler(t *testing.T) {
 	cur := d.Running()
 	next.Server, next.JetStream, next.HTTP = cur.Server, cur.JetStream, cur.HTTP
 	err = d.Reload(context.Background(), next)
-	if err == nil || !strings.Contains(err.Error(), `consumer WORKER1 ran with handler "exec"`) {
+	if err == nil || !strings.Contains(err.Error(), `no table for consumer WORKER1, which ran with handler "exec"`) {
 		t.Fatalf("reload without WORKER1's table: %v, want it refused", err)
 	}
 	if h := d.Running().Consumers["WORKER1"].Handler; h != "exec" {

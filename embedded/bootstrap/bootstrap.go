@@ -290,7 +290,7 @@ type ImpliedHandlerError struct {
 }
 
 func (e *ImpliedHandlerError) Error() string {
-	return fmt.Sprintf("consumer %s ran with handler %q, and the config file has no [consumers.%s] table now: it would take the built-in default handler %q, "+
+	return fmt.Sprintf("the config file has no table for consumer %s, which ran with handler %q: without its [consumers.%s] table it would take the built-in default handler %q, "+
 		"which acknowledges the messages waiting for it without the %s handler seeing them. Put the table back with handler = %q; "+
 		"to stop its workers, write [consumers.%s] with stream = %q and workers = 0; to have the %s handler take its messages, write handler = %q in that table",
 		e.Consumer, e.Was, e.Consumer, e.Is, e.Was, e.Was, e.Consumer, e.Stream, e.Is, e.Is)

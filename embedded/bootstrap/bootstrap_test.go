@@ -619,7 +619,7 @@ func TestBootstrapRefusesImpliedHandlerSwitch(t *testing.T) {
 	if !errors.As(err, &ie) || !errors.Is(err, ErrDrift) {
 		t.Fatalf("Apply without the consumer's table: %v, want an ImpliedHandlerError", err)
 	}
-	wantIn(t, "the error", err.Error(), `consumer WORKER1 ran with handler "exec"`, `no [consumers.WORKER1] table`, `workers = 0`)
+	wantIn(t, "the error", err.Error(), `no table for consumer WORKER1, which ran with handler "exec"`, `[consumers.WORKER1] table`, `workers = 0`)
 	if got := natstest.ConsumerInfo(t, js, "ORDERS", "WORKER1").Config.Metadata[HandlerMetadata]; got != "exec" {
 		t.Errorf("after the refusal the consumer says handler %q, want exec", got)
 	}
