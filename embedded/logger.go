@@ -50,6 +50,25 @@ type serverLogger struct {
 	// The server's reason for the last stream or consumer it failed to
 	// create (its API error to the client says only "error creating store").
 	createFailure string
+
+	// Lines per kind (the server's format, which names the connection),
+	// so that no client can flood the log.
+	repeats repeatLimit
+}
+
+// logLimited logs msg at level unless lines of format came too often (see
+// repeatBurst); the first one logged after some were held back says how
+// many.
+func (l *serverLogger) logLimited(level slog.Level, format, msg string) {
+	ok, held := l.repeats.allow(format, time.Now())
+	if !ok {
+		return
+	}
+	if held > 0 {
+		l.log.Log(context.Background(), level, msg, "similar_lines_held_back", held)
+		return
+	}
+	l.log.Log(context.Background(), level, msg)
 }
 
 // The leafnode errors a hub sends an edge that holdfast reports, as the
@@ -273,7 +292,7 @@ func (l *serverLogger) Noticef(format string, v ...any) {
 	if strings.HasSuffix(msg, "TLS Handshake Failure") || strings.HasSuffix(msg, "closed: Read Error") {
 		l.noteLeafError(msg)
 	}
-	l.log.Info(msg)
+	l.logLimited(slog.LevelInfo, format, msg)
 }
 
 func (l *serverLogger) Warnf(format string, v ...any) {
@@ -292,7 +311,7 @@ func (l *serverLogger) Warnf(format string, v ...any) {
 		l.log.Debug(msg)
 		return
 	}
-	l.log.Warn(msg)
+	l.logLimited(slog.LevelWarn, format, msg)
 }
 
 // plaintextPasswordsWarning is what nats-server logs at every start when
@@ -305,7 +324,7 @@ func (l *serverLogger) Errorf(format string, v ...any) {
 	l.noteRouteRefusal(msg)
 	l.noteDuplicateName(msg)
 	l.noteLeafError(msg)
-	l.log.Error(msg)
+	l.logLimited(slog.LevelError, format, msg)
 }
 
 func (l *serverLogger) Fatalf(format string, v ...any) {

@@ -99,6 +99,9 @@ type Server struct {
 	// connDown holds, per in-process connection (*nats.Conn) that lost
 	// its link and has not got it back, when it lost it.
 	connDown sync.Map
+	// connErrs limits the in-process connections' error lines (see
+	// repeatBurst).
+	connErrs repeatLimit
 }
 
 // New returns a Server for cfg, which must have passed Validate.
@@ -568,11 +571,27 @@ func (s *Server) connOptions(ns *server.Server, id internalIdentity, name string
 	return []nats.Option{nats.InProcessServer(ns), nats.Name(name), nats.UserInfo(id.user, id.password),
 		nats.MaxReconnects(-1),
 		nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+			// A permissions violation of this connection's is one a
+			// client brought about (a reply subject reused under group
+			// commit), once per message it sends: one kind, whatever the
+			// subject.
+			kind := err.Error()
+			if errors.Is(err, nats.ErrPermissionViolation) {
+				kind = nats.ErrPermissionViolation.Error()
+			}
+			attrs := []any{"err", err}
 			if sub != nil {
-				log.Warn("in-process connection error", "subject", sub.Subject, "err", err)
+				kind += " " + sub.Subject
+				attrs = append(attrs, "subject", sub.Subject)
+			}
+			ok, held := s.connErrs.allow(name+" "+kind, time.Now())
+			if !ok {
 				return
 			}
-			log.Warn("in-process connection error", "err", err)
+			if held > 0 {
+				attrs = append(attrs, "similar_lines_held_back", held)
+			}
+			log.Warn("in-process connection error", attrs...)
 		}),
 		// The server drops a connection that falls behind its messages
 		// (a slow consumer: group commit's, under a burst of large
