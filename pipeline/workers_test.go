@@ -960,27 +960,12 @@ func TestReplayedParkedMessageThatFailsIsDeadLettered(t *testing.T) {
 func TestReplayOfADeadLetterPurgedMeanwhileSucceeds(t *testing.T) {
 	e := pipelinetest.Start(t, nil)
 	ctx := natstest.Context(t)
-	m := parkedMessage()
-	m.Header.Del(pipeline.HeaderInterrupted)
-	ack, err := e.JS.PublishMsg(ctx, m)
-	if err != nil {
-		t.Fatal(err)
-	}
 	entered, proceed := make(chan struct{}), make(chan struct{})
-	log, buf := natstest.Logger(t)
-	w := pipeline.NewWorkers(e.JS, e.Srv.Conn(), e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
+	dl, buf := deadLetterAndWorkers(t, e, e.Options(handler.Func(func(context.Context, *handler.Message) handler.Result {
 		close(entered)
 		<-proceed
 		return handler.Ok()
-	}), 1), log)
-	if err := w.Open(ctx); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.Close(context.Background()) })
-	dl, err := pipeline.GetDeadLetter(ctx, e.JS, pipelinetest.DLQ, ack.Sequence)
-	if err != nil {
-		t.Fatal(err)
-	}
+	}), 1))
 	replayed := make(chan error, 1)
 	go func() { replayed <- pipeline.RequestReplay(ctx, e.Srv.Conn(), dl, 30*time.Second) }()
 	select {
@@ -1203,18 +1188,36 @@ func TestBatchHandlerSettlesEach(t *testing.T) {
 func TestReplayFromAnEarlierDeadLetterStream(t *testing.T) {
 	e := pipelinetest.Start(t, nil)
 	ctx := natstest.Context(t)
-	m := parkedMessage()
-	m.Header.Del(pipeline.HeaderInterrupted)
-	ack, err := e.JS.PublishMsg(ctx, m)
-	if err != nil {
-		t.Fatal(err)
-	}
 	handled := make(chan string, 1)
 	opts := e.Options(handler.Func(func(_ context.Context, m *handler.Message) handler.Result {
 		handled <- string(m.Data)
 		return handler.Ok()
 	}), 1)
 	opts.DeadLetter = "NEW_DLQ"
+	dl, buf := deadLetterAndWorkers(t, e, opts)
+	if err := pipeline.RequestReplay(ctx, e.Srv.Conn(), dl, 30*time.Second); err != nil {
+		t.Fatalf("replay from the earlier dead-letter stream: %v\n%s", err, buf)
+	}
+	if got := <-handled; got != "parked" {
+		t.Errorf("handler got %q", got)
+	}
+	if n := e.DLQCount(); n != 0 {
+		t.Errorf("%d dead letter(s) left: the replayed one is still there", n)
+	}
+}
+
+// deadLetterAndWorkers stores a dead letter of the consumer in its
+// dead-letter stream and opens workers with opts, which the test closes;
+// it returns the dead letter as read back and the workers' log.
+func deadLetterAndWorkers(t *testing.T, e *pipelinetest.Env, opts pipeline.ConsumerOptions) (pipeline.DeadLetter, *natstest.Buffer) {
+	t.Helper()
+	ctx := natstest.Context(t)
+	m := parkedMessage()
+	m.Header.Del(pipeline.HeaderInterrupted)
+	ack, err := e.JS.PublishMsg(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	log, buf := natstest.Logger(t)
 	w := pipeline.NewWorkers(e.JS, e.Srv.Conn(), opts, log)
 	if err := w.Open(ctx); err != nil {
@@ -1225,13 +1228,5 @@ func TestReplayFromAnEarlierDeadLetterStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := pipeline.RequestReplay(ctx, e.Srv.Conn(), dl, 30*time.Second); err != nil {
-		t.Fatalf("replay from the earlier dead-letter stream: %v\n%s", err, buf)
-	}
-	if got := <-handled; got != "parked" {
-		t.Errorf("handler got %q", got)
-	}
-	if n := e.DLQCount(); n != 0 {
-		t.Errorf("%d dead letter(s) left: the replayed one is still there", n)
-	}
+	return dl, buf
 }

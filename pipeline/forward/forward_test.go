@@ -840,17 +840,7 @@ func TestForwardReplayFromEarlierIncarnation(t *testing.T) {
 	if got, want := last.Header.Get(forward.HeaderOriginStreamCreated), before.UTC().Format(time.RFC3339Nano); got != want {
 		t.Errorf("replay sent as of the stream created %s, want %s (the incarnation that stored it)", got, want)
 	}
-	up.Store(false) // a reconnect: the position is read from the hub
-	if f.Ready() {
-		t.Fatal("ready with the link down")
-	}
-	up.Store(true)
-	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if !f.Ready() {
-			return fmt.Errorf("not ready: %s", f.Problem())
-		}
-		return nil
-	})
+	reconnect(t, f, up)
 	if n := f.Stats().Untrusted.Load(); n != 0 {
 		t.Errorf("%d hub position(s) taken for forged after the replay", n)
 	}
@@ -1252,18 +1242,7 @@ func TestForwardForgedHubPositionNotTrusted(t *testing.T) {
 		if _, err := e.JS.PublishMsg(ctx, forged); err != nil {
 			t.Fatal(err)
 		}
-		up.Store(false) // a reconnect: the position is read from the hub
-		if f.Ready() {
-			t.Fatal("ready with the link down")
-		}
-		up.Store(true)
-		// Ready once the hub was checked again, its position read.
-		natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
-			if !f.Ready() {
-				return fmt.Errorf("not ready: %s", f.Problem())
-			}
-			return nil
-		})
+		reconnect(t, f, up)
 		handle(uint64(i + 2))
 		if s := f.Stats().Skipped.Load(); s != 0 {
 			t.Fatalf("claim %d: %d message(s) skipped: the forged position was taken", i, s)
@@ -1276,6 +1255,23 @@ func TestForwardForgedHubPositionNotTrusted(t *testing.T) {
 	if n := hubMsgs(e); n != 7 {
 		t.Fatalf("hub holds %d, want 7", n)
 	}
+}
+
+// reconnect takes f's link (up) down and back, and waits until f is
+// ready again: the hub checked again, its position read.
+func reconnect(t *testing.T, f *forward.Forwarder, up *atomic.Bool) {
+	t.Helper()
+	up.Store(false)
+	if f.Ready() {
+		t.Fatal("ready with the link down")
+	}
+	up.Store(true)
+	natstest.CheckFor(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if !f.Ready() {
+			return fmt.Errorf("not ready: %s", f.Problem())
+		}
+		return nil
+	})
 }
 
 // TestNewMsgDropsClientOriginHeaders: the origin headers are the edge's
