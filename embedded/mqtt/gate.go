@@ -482,14 +482,15 @@ func wholePacketBuffered(r *bufio.Reader) bool {
 	return false
 }
 
-// refuse closes the connection of a device that published topic, whose
-// subject no configured stream takes, with QoS 1 or 2.
+// refuse closes the connection of a device that published topic, on
+// subject, with QoS 1 or 2, which no configured stream would store: why
+// (a refusal) says what to do.
 func (g *Gate) refuse(c *conn, topic, subject, why string) {
 	g.refused.Add(1)
 	msg := fmt.Sprintf("a QoS 1/2 PUBLISH on topic %q (subject %s) was refused: %s", topic, subject, why)
 	g.lastErr.Store(&msg)
-	g.log.Error("mqtt: refused a QoS 1/2 PUBLISH that no stream would store, so its PUBACK could not mean stored; closing the device's connection (MQTT 3.1.1 has no negative PUBACK): "+why,
-		"device", c.dev.RemoteAddr().String(), "topic", topic, "subject", subject)
+	g.log.Error("mqtt: refused a QoS 1/2 PUBLISH that no stream would store, so its PUBACK could not mean stored; closing the device's connection (MQTT 3.1.1 has no negative PUBACK)",
+		"why", why, "device", c.dev.RemoteAddr().String(), "topic", topic, "subject", subject)
 	c.close()
 }
 
