@@ -116,19 +116,34 @@ func TestGroupCommitTopicsNotStoredAreRefused(t *testing.T) {
 // server.max_payload) is refused by the gate; one byte less is stored and
 // acknowledged. Before, the server took it (it allows 8 KiB more than
 // max_payload), the stream refused it to no one, and the device got its
-// PUBACK (found 2026-12-05).
+// PUBACK (found 2026-12-05). With group_commit the header reaches the
+// stream one byte larger (group commit's ingest writes it as the NATS
+// client does, "Nmqtt-Pub: 1"): before, the gate counted the server's
+// 25 bytes there too, and a message of max_payload-25 bytes was
+// acknowledged and in no stream (found 2026-12-05).
 func TestMQTTMessageTooLargeForStreamRefused(t *testing.T) {
+	for _, gc := range []bool{false, true} {
+		t.Run(fmt.Sprint("group_commit=", gc), func(t *testing.T) { testMQTTMessageTooLarge(t, gc) })
+	}
+}
+
+func testMQTTMessageTooLarge(t *testing.T, groupCommit bool) {
 	const maxPayload = 4096
 	d := openWith(t, io.Discard, func(cfg *config.Config) {
 		cfg.MQTT.Listen = "127.0.0.1:0"
 		cfg.Server.MaxPayload = config.Bytes(maxPayload)
+		cfg.Streams["ORDERS"].GroupCommit = groupCommit
 	})
 	ctx := natstest.Context(t)
 	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
 	if err != nil {
 		t.Fatal(err)
 	}
-	fits := maxPayload - len("NATS/1.0\r\nNmqtt-Pub:1\r\n\r\n")
+	header := "NATS/1.0\r\nNmqtt-Pub:1\r\n\r\n"
+	if groupCommit {
+		header = "NATS/1.0\r\nNmqtt-Pub: 1\r\n\r\n"
+	}
+	fits := maxPayload - len(header)
 	for i, size := range []int{fits, fits + 1, maxPayload} {
 		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
 		c := paho.NewClient(o)

@@ -176,6 +176,11 @@ func (g *Gate) SetStreams(streams []Stream) {
 // its max_msg_size.
 const mqttHeaderBytes = len("NATS/1.0\r\n") + len("Nmqtt-Pub:1\r\n") + len("\r\n")
 
+// groupCommitHeaderBytes is that header as group commit's ingest passes
+// it on to the stream: the NATS client writes each header "Key: value",
+// one byte more than the server's "Nmqtt-Pub:1".
+const groupCommitHeaderBytes = len("NATS/1.0\r\n") + len("Nmqtt-Pub: 1\r\n") + len("\r\n")
+
 // refusal says why no stream the gate answers for would store a QoS 1 or
 // 2 message of size bytes on subject, "" when one does. The server
 // publishes a device's message to the streams without a reply: a stream
@@ -190,9 +195,13 @@ func (g *Gate) refusal(subject string, size int) string {
 				return fmt.Sprintf("stream %s has group_commit, which stores literal subjects that fit the control line with its prefix only: "+
 					"publish on a topic whose levels hold no * or > (letters, digits, - and _)", s.Name)
 			}
-			if s.MaxMsgSize > 0 && size+mqttHeaderBytes > s.MaxMsgSize {
+			header := mqttHeaderBytes
+			if s.GroupCommit {
+				header = groupCommitHeaderBytes
+			}
+			if s.MaxMsgSize > 0 && size+header > s.MaxMsgSize {
 				return fmt.Sprintf("its message of %d bytes and the server's %d-byte MQTT header are more than stream %s stores (max_msg_size %d, from server.max_payload): "+
-					"raise server.max_payload, or send smaller messages", size, mqttHeaderBytes, s.Name, s.MaxMsgSize)
+					"raise server.max_payload, or send smaller messages", size, header, s.Name, s.MaxMsgSize)
 			}
 			return ""
 		}
