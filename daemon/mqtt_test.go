@@ -167,3 +167,58 @@ func testMQTTMessageTooLarge(t *testing.T, groupCommit bool) {
 		t.Errorf("%d publishes refused, want 2", n)
 	}
 }
+
+// TestMQTTRetainedMessageHeldToItsStream: a retained QoS 1 message on a
+// topic a stream takes is held to what that stream stores, as any other:
+// too large for its max_msg_size, or on a topic group commit cannot
+// store, it is refused, not acknowledged. Before, the gate let every
+// retained message through unread: the server kept it as the topic's
+// retained message and published it to the stream, which refused it to
+// no one, and the device got its PUBACK for a message in no stream
+// (found 2026-12-05). A retained message no stream takes still passes.
+func TestMQTTRetainedMessageHeldToItsStream(t *testing.T) {
+	const maxPayload = 4096
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cfg.MQTT.Listen = "127.0.0.1:0"
+		cfg.Server.MaxPayload = config.Bytes(maxPayload)
+		cfg.Streams["ORDERS"].Subjects = []string{"orders.>"}
+		cfg.Streams["ORDERS"].GroupCommit = true
+	})
+	ctx := natstest.Context(t)
+	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fits := maxPayload - len("NATS/1.0\r\nNmqtt-Pub: 1\r\n\r\n") // as group commit passes it on
+	for i, tc := range []struct {
+		topic string
+		size  int
+		want  bool // acknowledged: stored in ORDERS, or taken by no stream
+	}{
+		{"orders/fits", fits, true},
+		{"orders/large", fits + 1, false},
+		{"orders/*", 4, false},
+		{"elsewhere/status", 6, true},
+	} {
+		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
+		c := paho.NewClient(o)
+		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+			t.Fatalf("connect: %v", tok.Error())
+		}
+		tok := c.Publish(tc.topic, 1, true, strings.Repeat("x", tc.size))
+		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
+		c.Disconnect(100)
+		subj := strings.ReplaceAll(tc.topic, "/", ".")
+		m, err := s.GetLastMsgForSubject(ctx, subj)
+		stored := err == nil && m.Subject == subj
+		if acked && !stored && strings.HasPrefix(tc.topic, "orders/") {
+			t.Errorf("retained %q, %d bytes: PUBACK for a message that is not in ORDERS (%v)", tc.topic, tc.size, err)
+		}
+		if acked != tc.want {
+			t.Errorf("retained %q, %d bytes: acked %v, want %v", tc.topic, tc.size, acked, tc.want)
+		}
+	}
+	if n := d.mqtt.Stats().Refused; n != 2 {
+		t.Errorf("%d publishes refused, want 2", n)
+	}
+}

@@ -20,7 +20,8 @@
 // stream takes is refused (the device's connection is closed before the
 // server sees it; MQTT 3.1.1 has no negative PUBACK), since the server
 // would acknowledge it once its own session store had it, kept nowhere
-// holdfast's promise holds. Authentication, permissions, sessions and
+// holdfast's promise holds; so is one the stream that takes its subject
+// would not store (group commit, max_msg_size), retained or not. Authentication, permissions, sessions and
 // keep-alives stay the server's.
 package mqtt
 
@@ -185,7 +186,10 @@ const groupCommitHeaderBytes = len("NATS/1.0\r\n") + len("Nmqtt-Pub: 1\r\n") + l
 // 2 message of size bytes on subject, "" when one does. The server
 // publishes a device's message to the streams without a reply: a stream
 // that refuses it tells no one, and the barrier behind it would pass.
-func (g *Gate) refusal(subject string, size int) string {
+// A retained message no stream takes passes (the server keeps it as the
+// topic's retained message); one a stream takes is held to what that
+// stream stores, as any other.
+func (g *Gate) refusal(subject string, size int, retained bool) string {
 	for _, s := range *g.streams.Load() {
 		for _, f := range s.Subjects {
 			if !server.SubjectMatchesFilter(subject, f) {
@@ -205,6 +209,9 @@ func (g *Gate) refusal(subject string, size int) string {
 			}
 			return ""
 		}
+	}
+	if retained {
+		return ""
 	}
 	return "no configured stream takes it: add the subject to a stream's subjects, or publish where one does"
 }
@@ -432,10 +439,10 @@ func (c *conn) forward(srv net.Conn) {
 		if err != nil {
 			return
 		}
-		// A QoS 1 or 2 PUBLISH (type 3, QoS in bits 1-2) that is not a
-		// retained message: its topic is read before any of it is passed
-		// on, then the rest as it comes.
-		if hdr[0]>>4 == publish && hdr[0]&0x06 != 0 && hdr[0]&0x01 == 0 && n >= 2 {
+		// A QoS 1 or 2 PUBLISH (type 3, QoS in bits 1-2, retained in
+		// bit 0): its topic is read before any of it is passed on, then
+		// the rest as it comes.
+		if hdr[0]>>4 == publish && hdr[0]&0x06 != 0 && n >= 2 {
 			var l [2]byte
 			if _, err := io.ReadFull(r, l[:]); err != nil {
 				return
@@ -450,7 +457,7 @@ func (c *conn) forward(srv net.Conn) {
 			}
 			// What follows the topic: the packet id (2 bytes), the message.
 			if subj, ok := natsSubject(topic); ok {
-				if why := g.refusal(subj, n-2-tl-2); why != "" {
+				if why := g.refusal(subj, n-2-tl-2, hdr[0]&0x01 != 0); why != "" {
 					_ = w.Flush() // the packets before it are the server's
 					g.refuse(c, string(topic), subj, why)
 					return
