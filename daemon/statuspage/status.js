@@ -497,8 +497,14 @@
       lastUpdate = Date.now();
       showUpdated("updated " + new Date(lastUpdate).toLocaleTimeString());
     } catch (err) {
-      // holdfast restarting or unreachable: keep the last figures, say so.
-      showUpdated("cannot reach holdfast (" + err.message + ")" + (lastUpdate ? "; figures from " + new Date(lastUpdate).toLocaleTimeString() : ""));
+      // holdfast restarting or unreachable: keep the last figures, say so,
+      // and let no earlier verdict stand for a holdfast that does not answer.
+      const since = lastUpdate ? "; figures from " + new Date(lastUpdate).toLocaleTimeString() : "";
+      showUpdated("cannot reach holdfast (" + err.message + ")" + since);
+      byId("health").className = "unknown";
+      byId("verdict").textContent = "unreachable";
+      byId("reasons").replaceChildren(el("li", "bad", "holdfast does not answer: stopped, restarting or out of reach (" + err.message + ")" + since));
+      document.title = "holdfast (unreachable)";
     } finally {
       polling = false;
       schedule();
