@@ -21,8 +21,8 @@
 // server sees it; MQTT 3.1.1 has no negative PUBACK), since the server
 // would acknowledge it once its own session store had it, kept nowhere
 // holdfast's promise holds; so is one the stream that takes its subject
-// would not store (group commit, max_msg_size), retained or not. Authentication, permissions, sessions and
-// keep-alives stay the server's.
+// would not store (group commit, max_msg_size), retained or not.
+// Authentication, permissions, sessions and keep-alives stay the server's.
 package mqtt
 
 import (
