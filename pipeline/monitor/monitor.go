@@ -1170,6 +1170,17 @@ func (m *Monitor) checkConsumer(ctx context.Context, s jetstream.Stream, si *jet
 			m.log.Warn("cannot check consumer for retention loss", "stream", t.mc.Stream, "consumer", t.mc.Consumer, "err", err)
 		}
 	} else {
+		// The stream as it is after the consumer was read: a removal
+		// that moved the consumer past messages it had not received (a
+		// purge, a worker's fetch skipping what a limit removed) after
+		// si was read would otherwise be hidden, the consumer past
+		// them and the stream's first sequence not yet, and those
+		// messages never counted.
+		if after, err := s.Info(ctx); err == nil {
+			si = after
+		} else {
+			m.log.Warn("cannot check consumer for retention loss", "stream", t.mc.Stream, "consumer", t.mc.Consumer, "err", err)
+		}
 		obs = observation{si: si, ci: ci, consistent: true}
 	}
 

@@ -550,6 +550,37 @@ func TestMetricsCountProcessing(t *testing.T) {
 	})
 }
 
+// A purge of unprocessed messages from a stream far below its max_age is
+// counted, but not blamed on max_age (whose fix, "raise the stream's
+// limits", would send the operator after the wrong thing).
+func TestMonitorPurgeIsNotBlamedOnMaxAge(t *testing.T) {
+	t.Parallel()
+	e := newMonitorEnv(t, nil) // max_age 72h
+	m := e.monitor(monitor.Options{}, nil)
+	e.publish("orders.created", 5)
+	// The monitor has seen the five before they go.
+	natstest.CheckFor(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if cs := consumerStatus(t, m.CheckNow(context.Background()), "WORKER1"); cs.Pending != 5 || cs.LostToRetention != 0 {
+			return fmt.Errorf("before the purge: pending %d, lost %d; want 5, 0", cs.Pending, cs.LostToRetention)
+		}
+		return nil
+	})
+	s, err := e.js.Stream(context.Background(), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Purge(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cs := waitLost(t, m, "WORKER1", 5)
+	if cs.LastLoss == nil || cs.LastLoss.Cause != "deleted" {
+		t.Errorf("last loss = %+v, want cause deleted (a purge, nothing near the 72h max_age)", cs.LastLoss)
+	}
+	if log := e.log.String(); strings.Contains(log, "cause=max_age") || !strings.Contains(log, "purged") {
+		t.Errorf("the loss is logged as max_age, or without naming a purge:\n%s", log)
+	}
+}
+
 // max_age: a warning when the oldest unacknowledged message passes 80% of
 // it, and a loss with cause max_age when it expires.
 func TestMonitorMaxAgeWarningAndLoss(t *testing.T) {

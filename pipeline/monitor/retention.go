@@ -268,11 +268,12 @@ func (m *Monitor) account(t *consumerTracker, obs observation, now time.Time) {
 	first := si.State.FirstSeq
 	sseq := ci.Delivered.Stream + 1
 	dseq := ci.Delivered.Consumer
+	prev := t.lastSI
 	t.last, t.lastSI = ci, si
 
 	if !t.init || t.filtered != obs.filtered || !t.consumerCreated.Equal(ci.Created) || !t.streamCreated.Equal(si.Created) {
 		m.start(t, obs)
-		m.logLoss(t, si, now)
+		m.logLoss(t, nil, si, now)
 		return
 	}
 
@@ -325,7 +326,7 @@ func (m *Monitor) account(t *consumerTracker, obs observation, now time.Time) {
 			t.baseOK = true
 		}
 	}
-	m.logLoss(t, si, now)
+	m.logLoss(t, prev, si, now)
 }
 
 // start sets the baseline at the first observation of a consumer, and
@@ -358,15 +359,20 @@ func (m *Monitor) start(t *consumerTracker, obs observation) {
 	}
 }
 
-// logLoss logs what was lost since the last log line, once per check.
+// logLoss logs what was lost since the last log line, once per check;
+// prev is the stream as the check before saw it (nil at the first).
 // Monitor.mu is held.
-func (m *Monitor) logLoss(t *consumerTracker, si *jetstream.StreamInfo, now time.Time) {
+func (m *Monitor) logLoss(t *consumerTracker, prev, si *jetstream.StreamInfo, now time.Time) {
 	r := t.unlogged
 	if r.count == 0 && !r.atLeast {
 		return
 	}
 	t.unlogged = lossRange{}
-	cause := lossCause(si)
+	cause := lossCause(prev, si, now)
+	fix := "process faster (more workers), raise the stream's limits, or set discard = \"new\" so publishers are refused instead"
+	if cause == causeDeleted {
+		fix = "a client deleted or purged them (nats stream purge, nats stream rmm, a rollup): process them before removing them"
+	}
 	if r.count == 0 {
 		m.log.Warn("messages were stored and removed between two checks: the consumer may have lost some of them, which holdfast cannot count for a consumer with a filter",
 			"stream", t.mc.Stream, "consumer", t.mc.Consumer, "seq_from", r.first, "seq_to", r.last, "cause", cause,
@@ -377,21 +383,42 @@ func (m *Monitor) logLoss(t *consumerTracker, si *jetstream.StreamInfo, now time
 	m.log.Warn("messages removed from the stream before the consumer acknowledged them",
 		"stream", t.mc.Stream, "consumer", t.mc.Consumer, "lost", r.count, "at_least", r.atLeast, "seq_from", r.first, "seq_to", r.last,
 		"lost_total", t.lost, "cause", cause, "discard", discardName(si.Config),
-		"fix", "process faster (more workers), raise the stream's limits, or set discard = \"new\" so publishers are refused instead")
+		"fix", fix)
 }
 
-// lossCause names the limit most likely to have removed messages.
-func lossCause(si *jetstream.StreamInfo) string {
+// causeDeleted is lossCause's answer when no limit removed the messages.
+const causeDeleted = "deleted"
+
+// lossCause names the limit most likely to have removed messages; prev
+// is the stream at the check before (nil when unknown). max_age is named
+// only when a message the stream held then could have reached it by now:
+// what a client purged or deleted from a stream far below its max_age
+// was not removed by it.
+func lossCause(prev, si *jetstream.StreamInfo, now time.Time) string {
 	c, st := si.Config, si.State
 	switch {
 	case c.MaxMsgs > 0 && float64(st.Msgs) >= 0.99*float64(c.MaxMsgs):
 		return "max_msgs"
 	case c.MaxBytes > 0 && float64(st.Bytes) >= 0.9*float64(c.MaxBytes):
 		return "max_bytes"
-	case c.MaxAge > 0:
+	case c.MaxAge > 0 && !tooYoungToExpire(prev, c.MaxAge, now):
 		return "max_age"
 	}
-	return "deleted"
+	return causeDeleted
+}
+
+// tooYoungToExpire reports whether every message removed since prev was
+// stored too recently to have reached maxAge by now: they are the ones
+// prev held, from its first message on, and any stored after it.
+func tooYoungToExpire(prev *jetstream.StreamInfo, maxAge time.Duration, now time.Time) bool {
+	if prev == nil {
+		return false
+	}
+	oldest := prev.State.FirstTime
+	if prev.State.Msgs == 0 {
+		oldest = prev.State.LastTime // what came since is younger still
+	}
+	return !oldest.IsZero() && oldest.Add(maxAge).After(now)
 }
 
 // warn computes how close the consumer's backlog is to each stream limit
