@@ -166,25 +166,11 @@ listen = %q
 		b.screenshot(fmt.Sprintf("status-%d.png", width))
 	}
 	b.checkClean()
-}
 
-// TestStatusPageSaysWhenHoldfastIsGone: once holdfast stops answering,
-// the page's verdict says so instead of keeping the last one. Before, a
-// stopped holdfast's page went on showing a green "OK" at the top (and
-// in the tab's title), with only the small "updated" line saying
-// "cannot reach holdfast" (found 2026-12-05).
-func TestStatusPageSaysWhenHoldfastIsGone(t *testing.T) {
-	t.Parallel()
-	chromium := requireChromium(t)
-	httpAddr := fmt.Sprintf("127.0.0.1:%d", natstest.FreePort(t))
-	in := newE2EInstance(t)
-	in.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(in.store, in.port, ""),
-		"[http]\nlisten = \"\"", fmt.Sprintf("[http]\nlisten = %q", httpAddr), 1))
-	p := startHoldfast(t, in.cfg)
-	p.waitReady()
-	b := openBrowser(t, chromium)
-	b.do(chromedp.Navigate("http://" + httpAddr + "/"))
-	b.waitText("#verdict", "ok")
+	// Once holdfast stops answering, the verdict says so instead of
+	// keeping the last one. A stopped holdfast's page went on showing a
+	// green "OK" at the top (and in the tab's title), with only the small
+	// "updated" line saying "cannot reach holdfast" (found 2026-12-05).
 	p.stop()
 	b.waitText("#verdict", "unreachable")
 	if reasons := b.text("#reasons"); !strings.Contains(reasons, "holdfast does not answer") {
