@@ -87,14 +87,7 @@ func TestGroupCommitTopicsNotStoredAreRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, topic := range []string{"orders/ok", "orders/*", "orders/a/>", "orders/" + strings.Repeat("x", 4100), "orders/x*y"} {
-		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
-		c := paho.NewClient(o)
-		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-			t.Fatalf("connect: %v", tok.Error())
-		}
-		tok := c.Publish(topic, 1, false, "21.5")
-		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
-		c.Disconnect(100)
+		acked := devicePublish(t, d, fmt.Sprint("device-", i), topic, false, "21.5")
 		subj := "orders." + strings.TrimPrefix(topic, "orders/")
 		subj = strings.ReplaceAll(subj, "/", ".")
 		// The last message on subj as a filter, which a wildcard
@@ -145,15 +138,8 @@ func testMQTTMessageTooLarge(t *testing.T, groupCommit bool) {
 	}
 	fits := maxPayload - len(header)
 	for i, size := range []int{fits, fits + 1, maxPayload} {
-		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
-		c := paho.NewClient(o)
-		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-			t.Fatalf("connect: %v", tok.Error())
-		}
 		subj := fmt.Sprint("orders.s", size)
-		tok := c.Publish(strings.ReplaceAll(subj, ".", "/"), 1, false, strings.Repeat("x", size))
-		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
-		c.Disconnect(100)
+		acked := devicePublish(t, d, fmt.Sprint("device-", i), strings.ReplaceAll(subj, ".", "/"), false, strings.Repeat("x", size))
 		_, err := s.GetLastMsgForSubject(ctx, subj)
 		stored := err == nil
 		if acked && !stored {
@@ -200,14 +186,7 @@ func TestMQTTRetainedMessageHeldToItsStream(t *testing.T) {
 		{"orders/*", 4, false},
 		{"elsewhere/status", 6, true},
 	} {
-		o := paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(fmt.Sprint("device-", i)).SetAutoReconnect(false)
-		c := paho.NewClient(o)
-		if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
-			t.Fatalf("connect: %v", tok.Error())
-		}
-		tok := c.Publish(tc.topic, 1, true, strings.Repeat("x", tc.size))
-		acked := tok.WaitTimeout(5*time.Second) && tok.Error() == nil
-		c.Disconnect(100)
+		acked := devicePublish(t, d, fmt.Sprint("device-", i), tc.topic, true, strings.Repeat("x", tc.size))
 		subj := strings.ReplaceAll(tc.topic, "/", ".")
 		m, err := s.GetLastMsgForSubject(ctx, subj)
 		stored := err == nil && m.Subject == subj
@@ -221,4 +200,18 @@ func TestMQTTRetainedMessageHeldToItsStream(t *testing.T) {
 	if n := d.mqtt.Stats().Refused; n != 2 {
 		t.Errorf("%d publishes refused, want 2", n)
 	}
+}
+
+// devicePublish connects an MQTT device named id to d's listener,
+// publishes payload on topic with QoS 1 (retained or not) and reports
+// whether its PUBACK came within 5 s; then it disconnects.
+func devicePublish(t *testing.T, d *Daemon, id, topic string, retained bool, payload string) bool {
+	t.Helper()
+	c := paho.NewClient(paho.NewClientOptions().AddBroker("tcp://" + d.mqtt.Addr().String()).SetClientID(id).SetAutoReconnect(false))
+	if tok := c.Connect(); !tok.WaitTimeout(10*time.Second) || tok.Error() != nil {
+		t.Fatalf("connect: %v", tok.Error())
+	}
+	defer c.Disconnect(100)
+	tok := c.Publish(topic, 1, retained, payload)
+	return tok.WaitTimeout(5*time.Second) && tok.Error() == nil
 }
