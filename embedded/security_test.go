@@ -348,10 +348,7 @@ func grepTree(t *testing.T, dir string, needle []byte) string {
 func TestAuthToken(t *testing.T) {
 	t.Parallel()
 	cfg := configtest.Default(t)
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile := clientTokenFile(t)
 	cfg.Auth.TokenFile = tokenFile
 	s := runServer(t, cfg)
 	applyConfig(t, s, cfg)
@@ -662,10 +659,7 @@ func TestEncryptionAddedToPlainStore(t *testing.T) {
 // credentials, as before.
 func TestReservedSubjects(t *testing.T) {
 	t.Parallel()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile := clientTokenFile(t)
 	for _, tc := range []struct {
 		name  string
 		setup func(*config.Config)
@@ -962,10 +956,7 @@ func TestServerAddsNoUsers(t *testing.T) {
 // and queue subscriptions in other groups, still get every message.
 func TestGroupCommitQueueReserved(t *testing.T) {
 	t.Parallel()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("0123456789abcdef-token\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tokenFile := clientTokenFile(t)
 	for _, tc := range []struct {
 		name  string
 		setup func(*config.Config)
@@ -1119,4 +1110,17 @@ func TestMaxDeliveriesQueueReserved(t *testing.T) {
 			}
 		})
 	}
+}
+
+// clientToken is the [auth] token clientTokenFile holds.
+const clientToken = "0123456789abcdef-token"
+
+// clientTokenFile writes clientToken to a token_file only its owner reads.
+func clientTokenFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte(clientToken+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
