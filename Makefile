@@ -191,10 +191,11 @@ COMMIT_WINDOW ?= 40ms
 
 .PHONY: bench-footprint
 
-## bench-footprint: idle CPU ticks and disk writes of stock nats-server (sync_interval always), the same with holdfast's default streams, and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s; then bytes and CPU per message at a steady 200 msg/s through the log, exec and forward handlers, also with COMMIT_WINDOW (writes dist/bench-footprint.md)
+## bench-footprint: its goals' table first (each figure against stock or today, met or not), then idle CPU ticks and disk writes of stock nats-server (sync_interval always), the same with holdfast's default streams, and holdfast on defaults, empty and with FOOTPRINT_STORED messages, BENCH_RUNS runs of 30 s; then bytes and CPU per message at a steady 200 msg/s through the log, exec and forward handlers, also with COMMIT_WINDOW; the throughput and group-commit goals from bench-compare's sync always runs, run first (writes dist/bench-footprint.md and dist/bench-footprint-throughput.md)
 bench-footprint: build
 	@mkdir -p dist
-	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -commit-window $(COMMIT_WINDOW) -out dist/bench-footprint.md
+	$(GO) run ./bench/compare -msgs $(BENCH_MSGS) -size $(BENCH_SIZE) -workers $(BENCH_WORKERS) -sync always -group-commit 1,16 -runs $(BENCH_RUNS) -goals dist/bench-footprint-throughput.json -out dist/bench-footprint-throughput.md
+	$(GO) run ./bench/footprint -holdfast bin/holdfast -stored $(FOOTPRINT_STORED) -runs $(BENCH_RUNS) -commit-window $(COMMIT_WINDOW) -goals dist/bench-footprint-throughput.json -out dist/bench-footprint.md
 
 .PHONY: screenshots
 

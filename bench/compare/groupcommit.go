@@ -100,6 +100,12 @@ func (e *env) groupCommit(rep *bytes.Buffer) error {
 			}
 			// Group commit against the atomic batches of the same run.
 			vsAtomic := pairs{stock: atomic.hold, hold: p.hold}
+			switch {
+			case clients == 1 && kind == "sync":
+				e.goals = append(e.goals, benchkit.Goal{Figure: "group commit, 1 sync publisher", Against: "stock `sync_interval: always`", AtLeast: true, Target: 0.9, Values: p.ratios()})
+			case clients == 16 && kind == "async":
+				e.goals = append(e.goals, benchkit.Goal{Figure: "group commit, 16 async publishers", Against: "the server's own atomic batches of 1,000", AtLeast: true, Target: 0.8, Values: vsAtomic.ratios()})
+			}
 			fmt.Fprintf(rep, "| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", clients, kind, rate(p.stock), rate(p.hold), p.ratio(),
 				latency(sts), latency(hfs), atomic.columns(), vsAtomic.ratio(), bound.columns())
 		}

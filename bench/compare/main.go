@@ -42,6 +42,7 @@ var (
 	idle    = flag.Duration("idle", 10*time.Second, "how long each server sits idle before its RSS is read")
 	runs    = flag.Int("runs", 1, "runs of every figure, stock and holdfast alternately; ratios are reported as the median and range over the runs")
 	gc      = flag.String("group-commit", "1,4,16", "publisher counts for the group-commit comparison (stock sync_interval: always vs holdfast group_commit); empty: skip")
+	goalsTo = flag.String("goals", "", "also write, as JSON to this file, the figures the edge-footprint goals name (sync always: drain and end to end against stock and the bare client; group commit's lone sync publisher and 16 async publishers), for make bench-footprint's table")
 )
 
 func main() {
@@ -56,6 +57,8 @@ type env struct {
 	work                   string
 	natsServer, nats, hold string
 	home                   string
+	// goals collects the figures -goals writes, as they are measured.
+	goals []benchkit.Goal
 }
 
 func run() error {
@@ -129,6 +132,9 @@ func run() error {
 				fmt.Fprintf(&rep, "| %s | end to end, %s handler | – | %s | – |\n", mode, h, rate(p.hold))
 			}
 		}
+		if mode == "always" {
+			e.goals = append(e.goals, alwaysGoals(f)...)
+		}
 		withGC := ""
 		if p := f.get(figRunGC); len(p.hold) > 0 {
 			withGC = fmt.Sprintf(", %s with group_commit = true", p.ratio())
@@ -170,10 +176,32 @@ func run() error {
 		}
 	}
 	os.Stdout.Write(rep.Bytes())
+	if *goalsTo != "" {
+		if err := benchkit.SaveGoals(*goalsTo, e.goals); err != nil {
+			return err
+		}
+	}
 	if *out != "" {
 		return os.WriteFile(*out, rep.Bytes(), 0o644)
 	}
 	return nil
+}
+
+// alwaysGoals are the throughput goals of the edge-footprint work, from
+// the figures of sync always: draining and the live pipeline at least as
+// fast as stock, and within 5 % of a bare nats.go client in holdfast's
+// process.
+func alwaysGoals(f *figures) []benchkit.Goal {
+	vsBare := func(fig, bare string) []float64 {
+		return pairs{stock: f.get(bare).hold, hold: f.get(fig).hold}.ratios()
+	}
+	return []benchkit.Goal{
+		{Figure: "workers draining a filled stream, no-op handler, `always`", Against: "stock `nats bench js consume`", AtLeast: true, Target: 1, Values: f.get(figDrain).ratios()},
+		{Figure: "the same", Against: "a bare nats.go client in holdfast's process", AtLeast: true, Target: 0.95, Values: vsBare(figDrain, figBare)},
+		{Figure: "live pipeline (publish → handled → acked), no-op handler, `always`", Against: "stock consume with publish at once", AtLeast: true, Target: 1, Values: f.get(figE2E).ratios()},
+		{Figure: "the same", Against: "a bare nats.go client in holdfast's process", AtLeast: true, Target: 0.95, Values: vsBare(figE2E, figE2EBare)},
+		{Figure: "the same, `holdfast run` (log handler) fed by `nats bench js pub async`", Against: "stock consume with publish at once", AtLeast: true, Target: 1, Values: f.get(figRun).ratios()},
+	}
 }
 
 // The figures of a sync mode, by the name they are printed with.

@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,7 @@ var (
 	fsyncs       = flag.Bool("fsyncs", true, "count each steady server's fsync and fdatasync calls in one more run under strace (skipped without strace)")
 	dir          = flag.String("dir", "", "parent of the work directory (default: the working directory; must not be tmpfs)")
 	out          = flag.String("out", "", "also write the markdown report to this file")
+	goalsFrom    = flag.String("goals", "", "a file bench/compare -goals wrote: its throughput goals join this report's table of goals")
 )
 
 func main() {
@@ -204,6 +206,24 @@ func run() error {
 		fmt.Fprint(&rep, ".")
 	}
 	fmt.Fprint(&rep, "\n\n")
+	goals := footprintGoals(servers, scenarios, results, steadyServers, steady)
+	if *goalsFrom != "" {
+		more, err := benchkit.LoadGoals(*goalsFrom)
+		if err != nil {
+			return err
+		}
+		goals = append(goals, more...)
+	}
+	fmt.Fprintf(&rep, "Goals: each run's figure against what the goal names, measured in the same run; \"today\" is holdfast on its default `sync = \"always\"` with the same handler. "+
+		"Bytes per message with `commit_window = %q` (`COMMIT_WINDOW`; a longer window writes less and holds each PubAck longer). ", commitWindow.String())
+	if *goalsFrom != "" {
+		fmt.Fprintf(&rep, "Throughput and group commit from `bench/compare -sync always` run just before (%s).", *goalsFrom)
+	} else {
+		fmt.Fprint(&rep, "Throughput and group commit not measured: `make bench-footprint` runs bench/compare for them.")
+	}
+	fmt.Fprint(&rep, " No acknowledged message lost under power cuts with the commit window: `TestPowerLossCommitWindow` and `TestPowerLossCommitWindowCompaction` in `make test`.\n\n")
+	benchkit.WriteGoals(&rep, goals)
+	fmt.Fprint(&rep, "\n")
 	writeTable(&rep, servers, scenarios, results)
 	if steady != nil {
 		fmt.Fprintf(&rep, "\nSteady: %d messages of %d B published into ORDERS at %d msg/s, each at its time whether or not the ones before were answered (as independent devices do), each acknowledged by a consumer: "+
@@ -228,6 +248,59 @@ func run() error {
 		return os.WriteFile(*out, rep.Bytes(), 0o644)
 	}
 	return nil
+}
+
+// footprintGoals are the edge-footprint goals measured here: idle CPU at
+// most 1.5× stock's and no bytes written while idle, for each store
+// state; bytes per message with the commit window at most 1/8 of
+// holdfast's on always through the same handler; CPU per message of the
+// edge forwarding to a hub at most 1/4 of the 1.7 ms measured before the
+// work began (6453cf0).
+func footprintGoals(servers []*server, scenarios []scenario, results [][][]result, steadyServers []*server, steady [][]steadyResult) []benchkit.Goal {
+	var goals []benchkit.Goal
+	hf := slices.IndexFunc(servers, func(s *server) bool { return s.name == "holdfast" })
+	for si, sc := range scenarios {
+		var ticks, written []float64
+		for r, res := range results[si][hf] {
+			ticks = append(ticks, float64(res.ticks)/float64(max(results[si][0][r].ticks, 1)))
+			written = append(written, float64(res.writeBytes))
+		}
+		goals = append(goals,
+			benchkit.Goal{Figure: "idle CPU ticks, " + sc.name, Against: servers[0].name + " (`sync_interval: always`, no stream)", Target: 1.5, Values: ticks},
+			benchkit.Goal{Figure: fmt.Sprintf("bytes written while idle for %s, %s", *idle, sc.name), Against: "–", Unit: "B", Values: written})
+	}
+	if steady == nil {
+		return goals
+	}
+	at := func(name string) []steadyResult {
+		if i := slices.IndexFunc(steadyServers, func(s *server) bool { return s.name == name }); i >= 0 {
+			return steady[i]
+		}
+		return nil
+	}
+	for _, h := range []struct{ handler, server string }{{"log", "holdfast"}, {"exec", "holdfast+exec"}, {"forward", "holdfast+forward"}} {
+		today, window := at(h.server), at(h.server+"+commit_window")
+		if today == nil || window == nil {
+			continue
+		}
+		var ratios []float64
+		for r := range window {
+			ratios = append(ratios, window[r].bytesPerMsg()/max(today[r].bytesPerMsg(), 1))
+		}
+		goals = append(goals, benchkit.Goal{Figure: fmt.Sprintf("bytes written per message, %s handler, commit window", h.handler),
+			Against: "today, the same handler", Target: 0.125, Values: ratios})
+	}
+	for _, name := range []string{"holdfast+forward", "holdfast+forward+commit_window"} {
+		var ms []float64
+		for _, r := range at(name) {
+			ms = append(ms, r.cpuMSPerMsg())
+		}
+		if ms != nil {
+			goals = append(goals, benchkit.Goal{Figure: "CPU per message, " + name + " (the edge's process)",
+				Against: "1/4 of the edge's 1.7 ms before this work (6453cf0); stock `always` in this run below", Target: 0.43, Unit: "ms", Values: ms})
+		}
+	}
+	return goals
 }
 
 // fillStore fills a store of its own for srv with n messages and stops
