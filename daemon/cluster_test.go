@@ -2,11 +2,15 @@ package daemon
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/configtest"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -96,5 +100,56 @@ func TestClusterPeerKilledIsDownEverywhere(t *testing.T) {
 			}
 			return nil
 		})
+	}
+}
+
+// TestStatusUnreadableStreamIsNotMissing: a stream whose only replica's
+// node just died exists, but its info request is not answered. status
+// must say that it could not be read (unknown), not that it is missing,
+// and go on to read the streams and consumers that do answer.
+func TestStatusUnreadableStreamIsNotMissing(t *testing.T) {
+	node := 0
+	servers := natstest.RunCluster(t, 3, func(o *server.Options) {
+		node++
+		o.Tags = append(o.Tags, fmt.Sprintf("node%d", node))
+	})
+	// ORDERS and WORKER1 on a follower that dies; ORDERS_DLQ on the meta
+	// leader, which stays (no meta election while status reads).
+	var leader, doomed, client *server.Server
+	for _, s := range servers {
+		switch {
+		case s.JetStreamIsLeader():
+			leader = s
+		case doomed == nil:
+			doomed = s
+		default:
+			client = s
+		}
+	}
+	js := natstest.JetStream(t, natstest.Connect(t, client))
+	natstest.CreateStream(t, js, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.*"},
+		Placement: &jetstream.Placement{Tags: []string{doomed.Name()}}})
+	natstest.CreateStream(t, js, jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"dlq.WORKER1.>"},
+		Placement: &jetstream.Placement{Tags: []string{leader.Name()}}})
+	natstest.CreateOrUpdateConsumer(t, js, "ORDERS", jetstream.ConsumerConfig{Durable: "WORKER1", AckPolicy: jetstream.AckExplicitPolicy})
+	doomed.Shutdown()
+	doomed.WaitForShutdown()
+
+	cfg := configtest.Default(t)
+	cfg.Cluster = config.ClusterConfig{Name: "natstest"}
+	nc := natstest.Connect(t, client)
+	out := CollectStatus(natstest.Context(t), cfg, nc, natstest.JetStream(t, nc))
+	byName := statusByName(t, out)
+	for _, name := range []string{"ORDERS", "WORKER1"} {
+		s := byName[name]
+		if s["exists"] != false || s["unknown"] != true {
+			t.Errorf("%s: exists %v, unknown %v (error %v); want false, true (it exists, but did not answer)", name, s["exists"], s["unknown"], s["error"])
+		}
+		if text, _ := s["error"].(string); !strings.Contains(text, "no answer within 5s") && !strings.Contains(text, "offline") {
+			t.Errorf("%s: error %q, want it to say that it did not answer", name, text)
+		}
+	}
+	if s := byName["ORDERS_DLQ"]; s["exists"] != true {
+		t.Errorf("ORDERS_DLQ, which answers: exists %v, error %v; want it read", s["exists"], s["error"])
 	}
 }

@@ -121,7 +121,7 @@ func (d *Daemon) statusReply(ctx context.Context) *StatusReply {
 // collected in the daemon itself over its in-process connection: the
 // status page's /status.json.
 func (d *Daemon) clientStatus(ctx context.Context) *ClientStatus {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
 	defer cancel()
 	st := &ClientStatus{URL: d.srv.NATS().ClientURL()}
 	reply := d.statusReply(ctx)
@@ -157,6 +157,10 @@ type ClientStatus struct {
 	Consumers []ConsumerStatus    `json:"consumers"`
 	Leafnodes *forward.EdgeStatus `json:"leafnodes,omitempty"`
 	MQTT      *mqtt.Stats         `json:"mqtt,omitempty"`
+
+	// clustered: the node is one of a cluster, where a stream or consumer
+	// that does not answer is most often one without a reachable leader.
+	clustered bool
 }
 
 // DaemonInfo is what the daemon says about itself in its StatusReply.
@@ -200,6 +204,10 @@ type StorageUsage struct {
 // its limits and its group commit.
 type StreamStatus struct {
 	monitor.StreamStatus
+	// Unknown: the stream could not be read (no answer in time, its
+	// replicas offline, JetStream unavailable), so whether it exists is
+	// not known; Exists is false and Error says why.
+	Unknown       bool    `json:"unknown,omitempty"`
 	DeadLetter    bool    `json:"dead_letter"`
 	MaxAgeSeconds float64 `json:"max_age_seconds"`
 	// Ratios to each limit that is set: messages, bytes, and the age of
@@ -217,6 +225,7 @@ type ConsumerStatus struct {
 	Name          string `json:"name"`
 	Stream        string `json:"stream"`
 	Exists        bool   `json:"exists"`
+	Unknown       bool   `json:"unknown,omitempty"` // as StreamStatus.Unknown
 	Error         string `json:"error,omitempty"`
 	FilterSubject string `json:"filter_subject,omitempty"`
 	// Handler is the kind of handler its workers run (from the daemon).
@@ -247,12 +256,20 @@ type ConsumerStatus struct {
 	Replicas []monitor.ReplicaStatus `json:"replicas,omitempty"`
 }
 
+// collectTimeout bounds all of CollectStatus; readTimeout each of its
+// JetStream API requests, so that one stream that does not answer (its
+// leader down) leaves time to read the others.
+const (
+	collectTimeout = 30 * time.Second
+	readTimeout    = 5 * time.Second
+)
+
 // CollectStatus reads JetStream over nc and js as any client would and
 // merges what the daemon nc is connected to reports. cfg is the local
 // config: it names the server and HTTP listener to ask, and the streams
 // and consumers to read when the daemon does not answer.
 func CollectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js jetstream.JetStream) *ClientStatus {
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, collectTimeout)
 	defer cancel()
 	st := &ClientStatus{URL: nc.ConnectedUrlRedacted()}
 	reply := st.requestReply(ctx, cfg, nc)
@@ -264,6 +281,7 @@ func CollectStatus(ctx context.Context, cfg *config.Config, nc *nats.Conn, js je
 // merged with the daemon's reply (nil when it did not answer).
 func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jetstream.JetStream, reply *StatusReply) {
 	st.Version = StatusVersion
+	st.clustered = cfg.Cluster.Enabled() || st.Cluster != nil
 	st.readAccount(ctx, js, reply)
 
 	streams, consumers := watchedNames(cfg, reply)
@@ -365,7 +383,9 @@ func (st *ClientStatus) useReply(reply *StatusReply) {
 // with the server's storage limits from reply when the account has none.
 func (st *ClientStatus) readAccount(ctx context.Context, js jetstream.JetStream, reply *StatusReply) {
 	st.JetStream.File.Limit, st.JetStream.Memory.Limit = -1, -1
-	if ai, err := js.AccountInfo(ctx); err != nil {
+	rctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	if ai, err := js.AccountInfo(rctx); err != nil {
 		st.JetStream.Error = err.Error()
 		st.Problems = append(st.Problems, "JetStream: "+err.Error())
 	} else {
@@ -415,9 +435,11 @@ func watchedNames(cfg *config.Config, reply *StatusReply) ([]string, []consumerR
 // it: missing, or its subjects at odds with the daemon's group commit.
 func (st *ClientStatus) readStream(ctx context.Context, js jetstream.JetStream, reply *StatusReply, name string, deadLetter bool) StreamStatus {
 	so := StreamStatus{StreamStatus: monitor.StreamStatus{Name: name, MaxMsgs: -1, MaxBytes: -1}, DeadLetter: deadLetter}
-	s, err := js.Stream(ctx, name)
+	rctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	s, err := js.Stream(rctx, name)
 	if err != nil {
-		so.Error = notFound(err, "stream does not exist")
+		so.Error, so.Unknown = st.readError(ctx, err, "stream does not exist")
 		st.Problems = append(st.Problems, fmt.Sprintf("stream %s: %s", name, so.Error))
 		return so
 	}
@@ -461,6 +483,8 @@ func noGroupCommitProblem(cfg *jetstream.StreamConfig, fix string) string {
 // the server flushes nothing itself, and only the configured streams'
 // publishes are answered after holdfast's flush.
 func (st *ClientStatus) readLeftOut(ctx context.Context, js jetstream.JetStream, watched map[string]bool) {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
 	list := js.ListStreams(ctx)
 	for si := range list.Info() {
 		if watched[si.Config.Name] {
@@ -503,8 +527,10 @@ func limitRatios(si *jetstream.StreamInfo, now time.Time) map[string]float64 {
 // st.Problems what could not be read.
 func (st *ClientStatus) readConsumer(ctx context.Context, js jetstream.JetStream, ref consumerRef) ConsumerStatus {
 	co := ConsumerStatus{Name: ref.name, Stream: ref.stream, DeadLetterStream: ref.deadLetter}
-	if c, err := js.Consumer(ctx, ref.stream, ref.name); err != nil {
-		co.Error = notFound(err, "consumer does not exist")
+	rctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
+	if c, err := js.Consumer(rctx, ref.stream, ref.name); err != nil {
+		co.Error, co.Unknown = st.readError(ctx, err, "consumer does not exist")
 		st.Problems = append(st.Problems, fmt.Sprintf("consumer %s on stream %s: %s", ref.name, ref.stream, co.Error))
 	} else {
 		ci := c.CachedInfo()
@@ -533,18 +559,32 @@ func (st *ClientStatus) readConsumer(ctx context.Context, js jetstream.JetStream
 	return co
 }
 
-// notFound is text when err says the stream or consumer does not exist,
-// else err's own text.
-func notFound(err error, text string) string {
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return text
+// readError says why a stream or consumer could not be read: missing
+// when err says it does not exist; else unknown is true, and the text
+// says what answered instead (nothing in time, an error) and, in a
+// cluster, where to look. ctx is CollectStatus's own.
+func (st *ClientStatus) readError(ctx context.Context, err error, missing string) (text string, unknown bool) {
+	switch {
+	case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound):
+		return missing, false
+	case ctx.Err() != nil:
+		text = fmt.Sprintf("not read: status gave up after %s (other requests took the time)", collectTimeout)
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout):
+		text = fmt.Sprintf("no answer within %s", readTimeout)
+	default:
+		text = err.Error()
 	}
-	return err.Error()
+	if st.clustered {
+		text += " (in a cluster: no leader for it is reachable from this node; check `holdfast status` on the other nodes)"
+	}
+	return text, true
 }
 
 // countDeadLetters counts a consumer's dead letters (subjects
 // dlq.<CONSUMER>.>) stored in a dead-letter stream.
 func countDeadLetters(ctx context.Context, js jetstream.JetStream, stream, consumer string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, readTimeout)
+	defer cancel()
 	s, err := js.Stream(ctx, stream)
 	if err != nil {
 		return 0, err

@@ -142,7 +142,7 @@ func printStreams(w io.Writer, streams []daemon.StreamStatus, clustered bool) {
 	fmt.Fprintln(tw, "STREAM\tMESSAGES\tBYTES\tFIRST SEQ\tLAST SEQ\tLIMITS\tGROUP COMMIT")
 	for _, s := range streams {
 		if !s.Exists {
-			fmt.Fprintf(tw, "%s\tMISSING: %s\t\t\t\t\t\n", s.Name, s.Error)
+			fmt.Fprintf(tw, "%s\t%s: %s\t\t\t\t\t\n", s.Name, absentText(s.Unknown), s.Error)
 			continue
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%s\t%s\n", s.Name, s.Messages, config.FormatBytes(int64(s.Bytes)), s.FirstSeq, s.LastSeq, limitsText(s), groupCommitText(s))
@@ -166,7 +166,7 @@ func printConsumers(w io.Writer, consumers []daemon.ConsumerStatus) {
 	fmt.Fprintln(tw, "CONSUMER\tSTREAM\tPENDING\tACK PENDING\tREDELIVERED\tDEAD LETTERS\tLOST\tWORKERS")
 	for _, c := range consumers {
 		if !c.Exists {
-			fmt.Fprintf(tw, "%s\t%s\tMISSING: %s\t\t\t\t\t\n", c.Name, c.Stream, c.Error)
+			fmt.Fprintf(tw, "%s\t%s\t%s: %s\t\t\t\t\t\n", c.Name, c.Stream, absentText(c.Unknown), c.Error)
 			continue
 		}
 		dead, lost := "-", "?"
@@ -186,6 +186,15 @@ func printConsumers(w io.Writer, consumers []daemon.ConsumerStatus) {
 		}
 		fmt.Fprintf(w, "  %s: leader %s; replicas %s\n", c.Name, orDash(c.Leader), replicasText(c.Replicas))
 	}
+}
+
+// absentText heads the row of a stream or consumer that was not read:
+// UNKNOWN when it did not answer, MISSING when it does not exist.
+func absentText(unknown bool) string {
+	if unknown {
+		return "UNKNOWN"
+	}
+	return "MISSING"
 }
 
 // workersText is the WORKERS column of a consumer: "?" when the daemon did

@@ -646,3 +646,30 @@ func TestStatusCommitWindow(t *testing.T) {
 		t.Fatalf("ORDERS group commit %q with a commit window, want on", s.GroupCommit)
 	}
 }
+
+// TestStatusPrintsUnknownApartFromMissing: a stream or consumer that did
+// not answer is UNKNOWN with the reason, one that does not exist MISSING.
+func TestStatusPrintsUnknownApartFromMissing(t *testing.T) {
+	out := &daemon.ClientStatus{
+		Streams: []daemon.StreamStatus{
+			{StreamStatus: monitor.StreamStatus{Name: "ORDERS", Error: "no answer within 5s"}, Unknown: true},
+			{StreamStatus: monitor.StreamStatus{Name: "GONE", Error: "stream does not exist"}},
+		},
+		Consumers: []daemon.ConsumerStatus{
+			{Name: "WORKER1", Stream: "ORDERS", Error: "no answer within 5s", Unknown: true},
+			{Name: "WORKER2", Stream: "GONE", Error: "consumer does not exist"},
+		},
+	}
+	var b strings.Builder
+	printStatus(&b, out)
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`ORDERS +UNKNOWN: no answer within 5s`),
+		regexp.MustCompile(`GONE +MISSING: stream does not exist`),
+		regexp.MustCompile(`WORKER1 +ORDERS +UNKNOWN: no answer within 5s`),
+		regexp.MustCompile(`WORKER2 +GONE +MISSING: consumer does not exist`),
+	} {
+		if !want.MatchString(b.String()) {
+			t.Errorf("status prints no line matching %q:\n%s", want, b.String())
+		}
+	}
+}

@@ -149,7 +149,7 @@
       if (s.group_commit === "on") tags.push("group commit");
       const { card: c, dl } = card("stream", s.name, s.name, tags);
       if (!s.exists) {
-        field(dl, "missing", s.error || "does not exist", "error", "bad");
+        field(dl, s.unknown ? "unknown" : "missing", s.error || "does not exist", "error", "bad");
         box.appendChild(c);
         continue;
       }
@@ -245,7 +245,7 @@
       if (co.handler && co.workers && co.workers.configured > 0) tags.push(co.handler);
       const { card: c, dl } = card("consumer", co.stream + "/" + co.name, co.name, tags);
       if (!co.exists) {
-        field(dl, "missing", co.error || "does not exist", "error", "bad");
+        field(dl, co.unknown ? "unknown" : "missing", co.error || "does not exist", "error", "bad");
       }
       field(dl, "backlog", num(co.pending), "pending", co.pending > 0 ? "warn" : null);
       field(dl, "ack pending", num(co.ack_pending) + " / " + num(co.max_ack_pending), "ack_pending");
