@@ -113,6 +113,10 @@ type StreamConfig struct {
 	// them in atomic batches: one flush for many messages (see
 	// internal/subjects.GroupCommit and docs/group-commit.md).
 	GroupCommit bool `toml:"group_commit"`
+
+	// groupCommitImplied: GroupCommit was set by jetstream.commit_window,
+	// not by the file.
+	groupCommitImplied bool
 }
 
 // ConsumerConfig is one [consumers.NAME] table: a durable pull consumer

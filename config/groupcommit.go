@@ -22,13 +22,15 @@ func (c *Config) GroupCommitStreams() []string {
 func (c *Config) validateGroupCommit(v *validator) {
 	for _, name := range c.GroupCommitStreams() {
 		key := "streams." + name + ".group_commit"
-		switch sc := c.Streams[name]; {
+		sc := c.Streams[name]
+		switch {
 		case sc.Mirror != nil:
 			v.add(key, "true", "a mirror is written by the server alone, no client publishes to it: set it to false")
 		case len(sc.Subjects) == 0:
 			v.add(key, "true", "the stream has no subjects of its own (only sources) for clients to publish to: set it to false, or add subjects")
 		}
-		if c.Cluster.Enabled() {
+		// A commit window with [cluster] is refused by its own key.
+		if c.Cluster.Enabled() && !sc.groupCommitImplied {
 			v.add(key, "true", "not supported with [cluster] yet (a publisher's messages could reach the ingests of different nodes and be stored out of order): set it to false")
 		}
 	}
@@ -52,7 +54,7 @@ func (c *Config) applyCommitWindow(groupCommitSet func(stream string) bool) {
 	}
 	for name, sc := range c.Streams {
 		if takesPublishes(sc) && !groupCommitSet(name) {
-			sc.GroupCommit = true
+			sc.GroupCommit, sc.groupCommitImplied = true, true
 		}
 	}
 }
@@ -81,7 +83,8 @@ func (c *Config) validateCommitWindow(v *validator) {
 	case !c.JetStream.SyncAlways():
 		v.add("jetstream.commit_window", w.String(), "needs jetstream.sync = \"always\": an interval already flushes on its own schedule, after the PubAck")
 	case c.Cluster.Enabled():
-		v.add("jetstream.commit_window", w.String(), "not supported with [cluster] (a replicated stream's server buffers writes before its replicas answer): set it to \"0s\"")
+		v.add("jetstream.commit_window", w.String(), "not supported with [cluster] (a replicated stream's server buffers writes before its replicas answer): remove it; "+
+			"in a cluster each PubAck already waits until a majority of the stream's replicas has the message, each flushing with sync = \"always\"")
 	case c.LeafNodes.Hub():
 		v.add("jetstream.commit_window", w.String(), "not supported on a hub (leafnodes.listen): the edges forward one message at a time and each would wait for a window, so catching up after an outage would crawl; set it on the edges only")
 	case c.MQTT.Listen != "":

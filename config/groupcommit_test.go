@@ -1,6 +1,7 @@
 package config
 
 import (
+	"errors"
 	"strings"
 	"testing"
 )
@@ -57,6 +58,44 @@ func TestCommitWindow(t *testing.T) {
 			}
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("got %v, want an error with %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// With [cluster], jetstream.commit_window is one error of its own: the
+// group commit it implies on every stream is not a second one, under a
+// key the file does not have. A group_commit = true the file has is.
+func TestCommitWindowWithClusterNamesWhatTheFileSays(t *testing.T) {
+	const cluster = "[server]\nname = \"n1\"\n[cluster]\nname = \"c\"\nlisten = \"127.0.0.1:6222\"\nroutes = [\"nats-route://127.0.0.1:6223\", \"nats-route://127.0.0.1:6224\"]\n[jetstream]\ncommit_window = \"40ms\"\n"
+	for _, tc := range []struct {
+		name, toml string
+		want       []string
+	}{
+		{"defaults", cluster, []string{"jetstream.commit_window = 40ms: not supported with [cluster]"}},
+		{"one stream says group_commit", cluster + "[streams.ORDERS]\nsubjects = [\"orders.*\"]\ngroup_commit = true\n[streams.EVENTS]\nsubjects = [\"events.*\"]\n",
+			[]string{"streams.ORDERS.group_commit = true: not supported with [cluster]", "jetstream.commit_window = 40ms: not supported with [cluster]"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := Parse(strings.NewReader(tc.toml), "test")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var ve *ValidationError
+			if err := cfg.Validate(); !errors.As(err, &ve) {
+				t.Fatalf("got %v, want a ValidationError", err)
+			}
+			var got []string
+			for _, p := range ve.Problems {
+				got = append(got, p.String())
+			}
+			if len(got) != len(tc.want) {
+				t.Fatalf("got %d problem(s), want %d:\n  %s", len(got), len(tc.want), strings.Join(got, "\n  "))
+			}
+			for i, want := range tc.want {
+				if !strings.HasPrefix(got[i], want) {
+					t.Errorf("problem %d: %q, want it to start with %q", i+1, got[i], want)
+				}
 			}
 		})
 	}
