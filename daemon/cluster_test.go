@@ -108,6 +108,7 @@ func TestClusterPeerKilledIsDownEverywhere(t *testing.T) {
 // must say that it could not be read (unknown), not that it is missing,
 // and go on to read the streams and consumers that do answer.
 func TestStatusUnreadableStreamIsNotMissing(t *testing.T) {
+	t.Parallel()
 	node := 0
 	servers := natstest.RunCluster(t, 3, func(o *server.Options) {
 		node++

@@ -18,6 +18,7 @@ import (
 // cluster whose stream leader just died) leaves them unknown, not
 // missing, and the streams that answer are still read.
 func TestStatusSlowStreamIsNotMissing(t *testing.T) {
+	t.Parallel()
 	s := natstest.RunServer(t)
 	nc := natstest.Connect(t, s)
 	js := natstest.JetStream(t, nc)
