@@ -73,8 +73,8 @@ func startMQTTDevices(t *testing.T, addr, prefix string, n int, acks *ackLog) *m
 		if err != nil {
 			t.Fatalf("device %s: %v", id, err)
 		}
-		// The last device publishes with QoS 2: its PUBCOMP, which the
-		// gate holds like a PUBACK, is its acknowledgement.
+		// The last device publishes with QoS 2: the gate holds its PUBREC
+		// like a PUBACK, and paho's token completes at the PUBCOMP after.
 		qos := byte(1)
 		if i == n-1 {
 			qos = 2

@@ -11,9 +11,11 @@
 //
 // The gate takes the devices' connections (and their TLS), passes every
 // byte to the server's MQTT listener on loopback, and holds each PUBACK
-// (QoS 1) and PUBCOMP (QoS 2) the server sends back until a barrier has
-// passed every stream (barrier.go): the device hears "acknowledged" only
-// once the message is stored where holdfast's promise holds.
+// the server sends back until a barrier has passed every stream
+// (barrier.go): the device hears "acknowledged" only once the message is
+// stored where holdfast's promise holds. A device's QoS 2 PUBLISH goes to
+// the server as QoS 1, whose PUBACK becomes the device's PUBREC (see
+// conn.asQoS1).
 //
 // Of what devices send, the gate reads only each packet's fixed header
 // and a PUBLISH's topic: a QoS 1 or 2 PUBLISH whose subject no configured
@@ -96,7 +98,7 @@ type Gate struct {
 	wg     sync.WaitGroup
 
 	accepted atomic.Uint64
-	held     atomic.Uint64 // PUBACKs and PUBCOMPs passed on after a barrier
+	held     atomic.Uint64 // PUBACKs, PUBRECs and PUBCOMPs passed on after a barrier
 	holding  atomic.Int64  // ... waiting for one now
 	refused  atomic.Uint64 // QoS 1/2 PUBLISHes no stream takes
 	lastErr  atomic.Pointer[string]
@@ -108,8 +110,9 @@ type Stats struct {
 	Listen      string `json:"listen"`
 	Connections int    `json:"connections"`
 	Accepted    uint64 `json:"accepted"`
-	// Acked counts PUBACKs and PUBCOMPs passed on once stored; Holding,
-	// those waiting for their barrier now.
+	// Acked counts PUBACKs and PUBRECs (and the server's PUBCOMPs, for a
+	// session's PUBRELs from before) passed on once stored; Holding, those
+	// waiting for their barrier now.
 	Acked   uint64 `json:"acked"`
 	Holding int64  `json:"holding"`
 	// Barriers counts barrier rounds; Failed, those that failed (each
@@ -286,7 +289,7 @@ func (g *Gate) accept() {
 		}
 		delay = 0
 		g.accepted.Add(1)
-		c := &conn{g: g, dev: dev}
+		c := newConn(g, dev)
 		g.mu.Lock()
 		if g.closed {
 			g.mu.Unlock()
@@ -307,10 +310,72 @@ type conn struct {
 	once     sync.Once
 	mu       sync.Mutex // guards srv until it is set
 	gone     bool
+	done     chan struct{} // closed by close
+
+	// The device's QoS 2 PUBLISHes go to the server as QoS 1 (see
+	// asQoS1): qos2 holds their packet ids until the server's PUBACK,
+	// which goes to the device as its PUBREC; released, from then until
+	// the device's PUBREL, which the gate answers with a PUBCOMP of its
+	// own (local) instead of passing it on.
+	qmu      sync.Mutex
+	qos2     map[uint16]bool
+	released map[uint16]bool
+	local    chan []byte
+}
+
+func newConn(g *Gate, dev net.Conn) *conn {
+	return &conn{g: g, dev: dev, done: make(chan struct{}), qos2: map[uint16]bool{}, released: map[uint16]bool{}, local: make(chan []byte, 16)}
+}
+
+// asQoS1 notes that the device's QoS 2 PUBLISH with packet id pi goes to
+// the server as QoS 1. The server would keep a QoS 2 message in its own
+// store, send the PUBREC from there and hand the message to the streams
+// only at the device's PUBREL, deleting its own copy as it does: the
+// device, which forgets the message at the PUBREC, would hear
+// "received" before any configured stream had it, and a kill -9 between
+// the two stores would lose it. As QoS 1, the server's PUBACK is held
+// like any other until the stream has the message, and becomes the
+// device's PUBREC. The cost: a device that loses its connection before
+// the PUBREC sends the message again, and the stream may store it twice
+// (QoS 1's at least once), and devices subscribed with QoS 2 receive it
+// with QoS 1.
+func (c *conn) asQoS1(pi uint16) {
+	c.qmu.Lock()
+	c.qos2[pi] = true
+	c.qmu.Unlock()
+}
+
+// pubRec reports whether the server's PUBACK for pi answers a QoS 2
+// PUBLISH the gate passed on as QoS 1, and then awaits the device's
+// PUBREL for it.
+func (c *conn) pubRec(pi uint16) bool {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if !c.qos2[pi] {
+		return false
+	}
+	delete(c.qos2, pi)
+	c.released[pi] = true
+	return true
+}
+
+// pubRel reports whether the device's PUBREL for pi is the gate's to
+// answer: one for a message it passed on as QoS 1 on this connection. A
+// PUBREL the gate does not know (a session's from before a restart) goes
+// to the server, which answers it.
+func (c *conn) pubRel(pi uint16) bool {
+	c.qmu.Lock()
+	defer c.qmu.Unlock()
+	if !c.released[pi] {
+		return false
+	}
+	delete(c.released, pi)
+	return true
 }
 
 func (c *conn) close() {
 	c.once.Do(func() {
+		close(c.done)
 		c.dev.Close()
 		c.mu.Lock()
 		c.gone = true
@@ -358,7 +423,7 @@ func (c *conn) serve() {
 		c.close()
 	}()
 
-	// Server -> device: packet by packet, in order; a PUBACK or PUBCOMP
+	// Server -> device: packet by packet, in order; a PUBACK (or PUBREC) or PUBCOMP
 	// waits for a barrier that started after the server sent it. What
 	// the device has not taken yet stays pending on the server beyond
 	// maxQueued, where the server's limits for slow clients see it.
@@ -375,6 +440,9 @@ func (c *conn) serve() {
 			_ = queued.Acquire(context.Background(), queuedCost(b))
 			f := frame{b: b}
 			if t := b[0] >> 4; t == pubAck || t == pubComp {
+				if t == pubAck && len(b) == 4 && c.pubRec(uint16(b[2])<<8|uint16(b[3])) {
+					b[0] = pubRec << 4
+				}
 				f.ticket = g.bar.ticket()
 				g.holding.Add(1)
 			}
@@ -382,7 +450,29 @@ func (c *conn) serve() {
 		}
 	}()
 	w := bufio.NewWriterSize(deadlineWriter{c.dev, g.opts.WriteTimeout}, 32<<10)
-	for f := range frames {
+	for {
+		var f frame
+		select {
+		case b := <-c.local:
+			// The gate's own PUBCOMP: after the PUBREC the device
+			// answered, which is written already.
+			_, err := w.Write(b)
+			if err == nil && len(frames) == 0 && len(c.local) == 0 {
+				err = w.Flush()
+			}
+			if err != nil {
+				c.close()
+				drain(frames, g, queued)
+				return
+			}
+			continue
+		case next, ok := <-frames:
+			if !ok {
+				_ = w.Flush()
+				return
+			}
+			f = next
+		}
 		if f.ticket != nil {
 			<-f.ticket.done
 			g.holding.Add(-1)
@@ -399,7 +489,7 @@ func (c *conn) serve() {
 		}
 		_, err := w.Write(f.b)
 		queued.Release(queuedCost(f.b))
-		if err == nil && len(frames) == 0 {
+		if err == nil && len(frames) == 0 && len(c.local) == 0 {
 			err = w.Flush()
 		}
 		if err != nil {
@@ -411,7 +501,6 @@ func (c *conn) serve() {
 			return
 		}
 	}
-	_ = w.Flush()
 }
 
 // deadlineWriter gives each write to a device timeout to complete.
@@ -465,6 +554,39 @@ func (c *conn) forward(srv net.Conn) {
 			}
 			hdr = append(append(hdr, l[:]...), topic...)
 			n -= 2 + tl
+			if hdr[0]&0x06 == 0x04 { // QoS 2: passed on as QoS 1
+				var pi [2]byte
+				if n < 2 {
+					return
+				}
+				if _, err := io.ReadFull(r, pi[:]); err != nil {
+					return
+				}
+				c.asQoS1(uint16(pi[0])<<8 | uint16(pi[1]))
+				hdr[0] = hdr[0]&^0x06 | 0x02
+				hdr = append(hdr, pi[:]...)
+				n -= 2
+			}
+		}
+		// A PUBREL for a message passed on as QoS 1 is answered here.
+		if hdr[0] == pubRel<<4|0x02 && n == 2 {
+			var pi [2]byte
+			if _, err := io.ReadFull(r, pi[:]); err != nil {
+				return
+			}
+			if c.pubRel(uint16(pi[0])<<8 | uint16(pi[1])) {
+				select {
+				case c.local <- []byte{pubComp << 4, 2, pi[0], pi[1]}:
+				case <-c.done:
+					return
+				}
+				if !wholePacketBuffered(r) && w.Flush() != nil {
+					return
+				}
+				continue
+			}
+			hdr = append(hdr, pi[:]...)
+			n = 0
 		}
 		if _, err := w.Write(hdr); err != nil {
 			return
@@ -535,6 +657,8 @@ func queuedCost(b []byte) int64 { return int64(min(len(b), maxQueued)) }
 const (
 	publish = 3
 	pubAck  = 4
+	pubRec  = 5
+	pubRel  = 6
 	pubComp = 7
 )
 

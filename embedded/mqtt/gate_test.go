@@ -653,3 +653,78 @@ func TestGateAcceptsAfterRunningOutOfDescriptors(t *testing.T) {
 	}
 	rawDevice(t, g.Addr().String(), "after-the-flood")
 }
+
+// A QoS 2 PUBREC through the gate comes once the message is in the
+// configured stream, as a QoS 1 PUBACK does: at the PUBREC the device
+// forgets the message. The server alone would send it from its own QoS 2
+// store and hand the message to the stream only at the device's PUBREL,
+// after which a kill -9 could lose it between the two stores. Each PUBREL
+// is answered with a PUBCOMP, also one sent in the same segment as the
+// next PUBLISH, and each message is stored once.
+func TestPubRecAfterStored(t *testing.T) {
+	ns, js, _, g := setup(t)
+	stop := make(chan struct{})
+	wg := flood(t, ns, stop)
+	defer func() { close(stop); wg.Wait() }()
+	c, r := rawDevice(t, g.Addr().String(), "qos2")
+	stream, err := js.Stream(natstest.Context(t), "SENSORS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A PUBREL the gate does not know (a session's from before a restart)
+	// goes to the server, which answers it.
+	if _, err := c.Write([]byte{0x62, 2, 0, 99}); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := readPacket(r); err != nil || !bytes.Equal(p, []byte{0x70, 2, 0, 99}) {
+		t.Fatalf("PUBREL for a message the gate never saw: got %x, %v; want PUBCOMP 70020063", p, err)
+	}
+	const n = 5
+	for pi := byte(1); pi <= n+1; pi++ {
+		// The PUBLISH of pi, then the PUBREL of the one before, at once.
+		var out, want []byte
+		answers := 0
+		if pi <= n {
+			topic := fmt.Sprintf("sensors/q2/%d", pi)
+			out = append([]byte{0x34, byte(2 + len(topic) + 2 + 1), 0, byte(len(topic))}, topic...)
+			out = append(out, 0, pi, 'x')
+			want = []byte{0x50, 2, 0, pi}
+			answers++
+		}
+		if pi > 1 {
+			out = append(out, 0x62, 2, 0, pi-1)
+			answers++
+		}
+		if _, err := c.Write(out); err != nil {
+			t.Fatal(err)
+		}
+		for range answers {
+			p, err := readPacket(r)
+			switch {
+			case err != nil:
+				t.Fatalf("after PUBLISH %d and PUBREL %d: %v", pi, pi-1, err)
+			case bytes.Equal(p, []byte{0x70, 2, 0, pi - 1}):
+			case bytes.Equal(p, want):
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := stream.GetLastMsgForSubject(ctx, fmt.Sprintf("sensors.q2.%d", pi))
+				cancel()
+				if err != nil {
+					t.Fatalf("sensors.q2.%d at its PUBREC: %v; want it in SENSORS (the device has forgotten it)", pi, err)
+				}
+			default:
+				t.Fatalf("after PUBLISH %d and PUBREL %d: got %x, want PUBREC 5002%04x or PUBCOMP 7002%04x", pi, pi-1, p, pi, pi-1)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter("sensors.q2.>"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for pi := 1; pi <= n; pi++ {
+		if got := info.State.Subjects[fmt.Sprintf("sensors.q2.%d", pi)]; got != 1 {
+			t.Errorf("SENSORS holds sensors.q2.%d %d times, want once", pi, got)
+		}
+	}
+}

@@ -53,8 +53,8 @@ func (g *Gate) Register(reg prometheus.Registerer) error {
 			return float64(len(g.conns))
 		}),
 		counter("holdfast_mqtt_connections_total", "MQTT connections accepted since start.", func() float64 { return float64(g.accepted.Load()) }),
-		counter("holdfast_mqtt_acks_total", "PUBACKs (QoS 1) and PUBCOMPs (QoS 2) sent to devices once the stream stored the message.", func() float64 { return float64(g.held.Load()) }),
-		gauge("holdfast_mqtt_acks_waiting", "PUBACKs and PUBCOMPs held now until the stream has stored the message.", func() float64 { return float64(g.holding.Load()) }),
+		counter("holdfast_mqtt_acks_total", "PUBACKs (QoS 1) and PUBRECs (QoS 2) sent to devices once the stream stored the message.", func() float64 { return float64(g.held.Load()) }),
+		gauge("holdfast_mqtt_acks_waiting", "PUBACKs and PUBRECs held now until the stream has stored the message.", func() float64 { return float64(g.holding.Load()) }),
 		counter("holdfast_mqtt_barrier_failures_total", "Barriers that failed: the devices waiting on them were disconnected and send again.", func() float64 { return float64(g.bar.failed.Load()) }),
 		counter("holdfast_mqtt_refused_total", "QoS 1 and 2 publishes refused because no configured stream would store them (their topic, or their size): the devices were disconnected.", func() float64 { return float64(g.refused.Load()) }),
 		g.bar.seconds,
