@@ -549,7 +549,9 @@ func (st *ClientStatus) readConsumer(ctx context.Context, js jetstream.JetStream
 			}
 		}
 	}
-	if ref.deadLetter != "" {
+	// Not counted in a dead-letter stream already found missing or
+	// unknown: its problem is listed once, without another wait.
+	if ref.deadLetter != "" && st.streamRead(ref.deadLetter) {
 		if n, err := countDeadLetters(ctx, js, ref.deadLetter, ref.name); err == nil {
 			co.DeadLetters = &n
 		} else {
@@ -557,6 +559,17 @@ func (st *ClientStatus) readConsumer(ctx context.Context, js jetstream.JetStream
 		}
 	}
 	return co
+}
+
+// streamRead reports whether stream name was read: false when it is
+// among st.Streams, missing or unknown.
+func (st *ClientStatus) streamRead(name string) bool {
+	for _, s := range st.Streams {
+		if s.Name == name {
+			return s.Exists
+		}
+	}
+	return true
 }
 
 // readError says why a stream or consumer could not be read: missing
