@@ -244,6 +244,7 @@ var storeEntries = []struct {
 	{"jetstream", true, "where nats-server keeps the streams"},
 	{LockFileName, false, "holdfast's lock file"},
 	{StateFileName, false, "where holdfast records stream positions for the data-loss check"},
+	{PeerNamesFileName, false, "where holdfast records the names of the cluster's nodes"},
 	{OrphanDirName, true, "where holdfast moves the files of vanished streams"},
 	{EncryptingDirName, true, "where holdfast keeps clear-text streams while they are encrypted"},
 	{RecoveryLinksDirName, true, "where holdfast links the streams' files while the server recovers them"},

@@ -903,6 +903,7 @@ func TestCheckStoreDirRefusesWrongEntries(t *testing.T) {
 			}
 		}, LockFileName, "holdfast.lock is a named pipe, not a regular file"},
 		{"state file is a directory", dir, StateFileName, StateFileName + " is a directory, not a regular file"},
+		{"peer names file is a directory", dir, PeerNamesFileName, PeerNamesFileName + " is a directory, not a regular file"},
 		{"orphans is a file", file, OrphanDirName, OrphanDirName + " is a regular file, not a directory"},
 		{"jetstream links to a file", func(t *testing.T, path string) {
 			target := filepath.Join(t.TempDir(), "f")

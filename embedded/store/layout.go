@@ -8,6 +8,12 @@ package store
 // the next start accept whatever the store holds.
 const StateFileName = "holdfast-state.json"
 
+// PeerNamesFileName is the file in the store dir where holdfast records
+// the server name of every cluster peer it has seen, by Raft peer ID, to
+// name a peer the server knows only by its ID (one down since the whole
+// cluster restarted). Removing it loses only those names.
+const PeerNamesFileName = "holdfast-peers.json"
+
 // OrphanDirName is the directory in the store dir where the data directory
 // of a vanished stream is moved before the stream is created anew.
 const OrphanDirName = "holdfast-orphans"

@@ -115,30 +115,39 @@ func validStreamName(name string) bool {
 	return name != "" && name != "." && name != ".." && !strings.ContainsAny(name, "/\\ \t\r\n*>")
 }
 
-// WriteStoreState records st in dir atomically and durably: a temp file,
-// written and fsynced, renamed over the old one, and the directory
-// fsynced, so a power cut leaves the old or the new state, never a part.
+// WriteStoreState records st in dir atomically and durably (writeFile).
 func WriteStoreState(dir string, st *StoreState) error {
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err != nil {
 		return err
 	}
-	path := filepath.Join(dir, StateFileName)
+	if err := writeFile(dir, StateFileName, append(b, '\n')); err != nil {
+		return fmt.Errorf("cannot record state: %w", err)
+	}
+	return nil
+}
+
+// writeFile writes b to the file name in dir atomically and durably: a
+// temp file, written and fsynced, renamed over the old one, and the
+// directory fsynced, so a power cut leaves the old or the new file, never
+// a part.
+func writeFile(dir, name string, b []byte) error {
+	path := filepath.Join(dir, name)
 	tmp := path + ".tmp"
 	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o640)
 	if err != nil {
-		return fmt.Errorf("cannot record state: %w", err)
+		return err
 	}
-	_, werr := f.Write(append(b, '\n'))
+	_, werr := f.Write(b)
 	serr := f.Sync()
 	cerr := f.Close()
 	if err := errors.Join(werr, serr, cerr); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("cannot record state in %s: %w", tmp, err)
+		return fmt.Errorf("cannot write %s: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("cannot record state: %w", err)
+		return err
 	}
 	return SyncDir(dir)
 }
