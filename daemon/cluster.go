@@ -1,11 +1,15 @@
 package daemon
 
 import (
+	"log/slog"
+	"maps"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/pipeline/monitor"
 )
 
@@ -34,10 +38,90 @@ type PeerStatus struct {
 	DownSince time.Time `json:"down_since,omitzero"`
 }
 
-// peerWatch remembers when this node last had a route to each peer.
+// peerWatch remembers when this node last had a route to each peer, and
+// (names, when set) the name of each peer it has seen.
 type peerWatch struct {
-	mu   sync.Mutex
-	seen map[string]time.Time
+	mu    sync.Mutex
+	seen  map[string]time.Time
+	names *peerNames
+}
+
+// unknownPeerPrefix starts the name nats-server gives a Raft peer it has
+// not heard from since it started: "Server name unknown at this time
+// (peerID: ID)".
+const unknownPeerPrefix = "Server name unknown at this time"
+
+// peerNames remembers, in the store dir, the server name of every
+// cluster peer this node has seen, by Raft peer ID (the same ID in every
+// Raft group): after the whole cluster restarted, the server knows a peer
+// that stays down only by its ID.
+type peerNames struct {
+	mu     sync.Mutex
+	dir    string
+	log    *slog.Logger
+	names  map[string]string
+	failed bool // a write failed: said once
+}
+
+// openPeerNames reads the names recorded in dir. A file that cannot be
+// read costs only the names: logged, and the peers seen from now on are
+// recorded anew.
+func openPeerNames(dir string, log *slog.Logger) *peerNames {
+	names, err := store.ReadPeerNames(dir)
+	if err != nil {
+		log.Warn("the names of the cluster's nodes are not known: a node down since the whole cluster restarted is shown by its peer ID", "err", err)
+		names = map[string]string{}
+	}
+	return &peerNames{dir: dir, log: log, names: names}
+}
+
+// name returns the name of the peer with Raft ID id that the server
+// shows as shown (knownPeerName), recording it when the server knows it
+// and it is new.
+func (p *peerNames) name(id, shown string) string {
+	if p == nil {
+		return shown
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if id != "" && !strings.HasPrefix(shown, unknownPeerPrefix) && p.names[id] != shown {
+		p.names[id] = shown
+		p.save()
+	}
+	return knownPeerName(p.names, id, shown)
+}
+
+// all returns a copy of the names by peer ID (nil when not kept).
+func (p *peerNames) all() map[string]string {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return maps.Clone(p.names)
+}
+
+// knownPeerName is the name of the peer with Raft ID id that the server
+// shows as shown: shown itself when the server knows the peer, else its
+// name in names, else the peer ID, which `nats server raft peer-remove`
+// takes as well as a name.
+func knownPeerName(names map[string]string, id, shown string) string {
+	if id == "" || !strings.HasPrefix(shown, unknownPeerPrefix) {
+		return shown
+	}
+	if name, ok := names[id]; ok {
+		return name
+	}
+	return "peer ID " + id + " (name not known here)"
+}
+
+// save writes the names; p.mu is held.
+func (p *peerNames) save() {
+	err := store.WritePeerNames(p.dir, p.names)
+	if err != nil && !p.failed {
+		p.log.Warn("the names of the cluster's nodes are not recorded: after a restart of the whole cluster, a node that stays down is shown by its peer ID", "err", err)
+	}
+	p.failed = err != nil
 }
 
 // observe records the peers routed now and returns when peer was last
@@ -83,16 +167,20 @@ func (w *peerWatch) clusterView(ns *server.Server) *ClusterStatus {
 	now := time.Now()
 	seen := map[string]bool{ns.Name(): true}
 	for _, p := range m.Replicas {
-		if p == nil || seen[p.Name] {
+		if p == nil {
+			continue
+		}
+		name := w.names.name(p.Peer, p.Name)
+		if seen[name] {
 			continue // a peer known twice (a node restarted with a new ID) counts once
 		}
-		seen[p.Name] = true
-		down := p.Offline || !routed[p.Name]
-		ps := PeerStatus{Name: p.Name, Current: p.Current && !down, Offline: down, Lag: p.Lag, Active: p.Active.Seconds()}
+		seen[name] = true
+		down := p.Offline || !routed[name]
+		ps := PeerStatus{Name: name, Current: p.Current && !down, Offline: down, Lag: p.Lag, Active: p.Active.Seconds()}
 		if !leader {
-			ps = PeerStatus{Name: p.Name, Current: routed[p.Name] && m.Leader != "", Offline: !routed[p.Name]}
+			ps = PeerStatus{Name: name, Current: routed[name] && m.Leader != "", Offline: !routed[name]}
 		}
-		if last := w.observe(routed, p.Name, now); ps.Offline {
+		if last := w.observe(routed, name, now); ps.Offline {
 			ps.DownSince = last
 		}
 		cs.Peers = append(cs.Peers, ps)

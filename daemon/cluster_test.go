@@ -154,3 +154,27 @@ func TestStatusUnreadableStreamIsNotMissing(t *testing.T) {
 		t.Errorf("ORDERS_DLQ, which answers: exists %v, error %v; want it read", s["exists"], s["error"])
 	}
 }
+
+// A peer the server knows only by its Raft ID is named as this node saw
+// it before, also after a restart (the names are in the store dir), and
+// by its ID when this node never saw it.
+func TestPeerNamesRemembered(t *testing.T) {
+	dir := t.TempDir()
+	log, _ := natstest.Logger(t)
+	names := openPeerNames(dir, log)
+	if got := names.name("BXScrY9i", "n3"); got != "n3" {
+		t.Fatalf("a named peer: %q", got)
+	}
+	unknown := func(id string) string { return "Server name unknown at this time (peerID: " + id + ")" }
+	reopened := openPeerNames(dir, log)
+	if got := reopened.name("BXScrY9i", unknown("BXScrY9i")); got != "n3" {
+		t.Errorf("after a restart: %q, want n3", got)
+	}
+	if got, want := reopened.name("44jzkV9D", unknown("44jzkV9D")), "peer ID 44jzkV9D (name not known here)"; got != want {
+		t.Errorf("a peer never seen: %q, want %q", got, want)
+	}
+	var nilNames *peerNames
+	if got := nilNames.name("BXScrY9i", unknown("BXScrY9i")); got != unknown("BXScrY9i") {
+		t.Errorf("without names kept: %q", got)
+	}
+}

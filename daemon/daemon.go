@@ -187,6 +187,9 @@ func (d *Daemon) openServer(ctx context.Context) error {
 			return err
 		}
 	}
+	if d.cfg.Cluster.Enabled() {
+		d.peers.names = openPeerNames(d.srv.StoreDir(), d.log.With("component", "cluster"))
+	}
 	if err := d.srv.Open(ctx); err != nil {
 		return err
 	}

@@ -40,14 +40,18 @@ type StatusReply struct {
 	DiskSize int64  `json:"disk_size,omitempty"`
 	Sync     string `json:"sync"`
 	// CommitWindow is jetstream.commit_window when on ("40ms"), or "".
-	CommitWindow string              `json:"commit_window,omitempty"`
-	Domain       string              `json:"domain,omitempty"`
-	HTTPListen   string              `json:"http_listen,omitempty"`
-	FailOnLoss   bool                `json:"fail_on_loss"`
-	Health       monitor.Health      `json:"health"`
-	Report       *monitor.Report     `json:"report"`
-	Cluster      *ClusterStatus      `json:"cluster,omitempty"`
-	Leafnodes    *forward.EdgeStatus `json:"leafnodes,omitempty"`
+	CommitWindow string          `json:"commit_window,omitempty"`
+	Domain       string          `json:"domain,omitempty"`
+	HTTPListen   string          `json:"http_listen,omitempty"`
+	FailOnLoss   bool            `json:"fail_on_loss"`
+	Health       monitor.Health  `json:"health"`
+	Report       *monitor.Report `json:"report"`
+	Cluster      *ClusterStatus  `json:"cluster,omitempty"`
+	// PeerNames are the names of the cluster's nodes by Raft peer ID, as
+	// this node has seen them: the server names a peer it has not heard
+	// from since it started only by its ID.
+	PeerNames map[string]string   `json:"peer_names,omitempty"`
+	Leafnodes *forward.EdgeStatus `json:"leafnodes,omitempty"`
 	// GroupCommit holds the counters of each stream with group commit.
 	GroupCommit map[string]ingest.Stats `json:"group_commit,omitempty"`
 	// MQTT is the devices' listener ([mqtt]).
@@ -95,6 +99,7 @@ func (d *Daemon) statusReply(ctx context.Context) *StatusReply {
 		FailOnLoss:   cfg.HTTP.FailOnLoss,
 		Report:       d.monitor.CheckNow(ctx),
 		Cluster:      d.peers.clusterView(d.srv.NATS()),
+		PeerNames:    d.peers.names.all(),
 		Leafnodes:    d.edge.Status(ctx),
 	}
 	reply.Health = d.monitor.Health()
@@ -325,8 +330,27 @@ func (st *ClientStatus) collect(ctx context.Context, cfg *config.Config, js jets
 		}
 		st.Consumers = append(st.Consumers, co)
 	}
+	if reply != nil {
+		st.nameReplicas(reply.PeerNames)
+	}
 
 	st.Healthy = reply != nil && reply.Health.Status == monitor.HealthOK && len(st.Problems) == 0
+}
+
+// nameReplicas names the replicas of the streams and consumers that the
+// server knows only by their peer ID (knownPeerName).
+func (st *ClientStatus) nameReplicas(names map[string]string) {
+	rename := func(rs []monitor.ReplicaStatus) {
+		for i := range rs {
+			rs[i].Name = knownPeerName(names, rs[i].Peer, rs[i].Name)
+		}
+	}
+	for i := range st.Streams {
+		rename(st.Streams[i].Replicas)
+	}
+	for i := range st.Consumers {
+		rename(st.Consumers[i].Replicas)
+	}
 }
 
 // requestReply asks the daemon nc is connected to for its StatusReply and
@@ -545,7 +569,7 @@ func (st *ClientStatus) readConsumer(ctx context.Context, js jetstream.JetStream
 		if cl := ci.Cluster; cl != nil && len(cl.Replicas) > 0 {
 			co.Leader = cl.Leader
 			for _, r := range cl.Replicas {
-				co.Replicas = append(co.Replicas, monitor.ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+				co.Replicas = append(co.Replicas, monitor.ReplicaStatus{Name: r.Name, Peer: r.Peer, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
 			}
 		}
 	}

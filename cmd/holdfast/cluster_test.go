@@ -1223,3 +1223,41 @@ func TestClusterReplaysThroughTwoNodesRunTheHandlerOnce(t *testing.T) {
 	waitReplicasCurrent(t, js, "ORDERS_DLQ", 3)
 	r.run(js, nodes[0].cfg, nodes[1].cfg)
 }
+
+// TestClusterNamesANodeDownSinceAWholeRestart: after the whole cluster
+// stopped and only two nodes came back, the third — never seen by the
+// restarted servers — was named in /healthz and holdfast status only as
+// "Server name unknown at this time (peerID: ...)". Each node remembers
+// the names of the peers it has seen and names the absent one.
+func TestClusterNamesANodeDownSinceAWholeRestart(t *testing.T) {
+	t.Parallel()
+	nodes := newTestCluster(t, 3, "")
+	startAll(t, nodes)
+	_, js := e2eConnect(t, nodes[0].inst)
+	waitReplicasCurrent(t, js, "ORDERS", 3)
+	for _, nd := range nodes {
+		nd.proc.stop()
+	}
+	up := nodes[:2]
+	startAll(t, up)
+	for _, nd := range up {
+		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+			code, status, reason, err := clusterHealth(nd)
+			if err != nil {
+				return err
+			}
+			if code != http.StatusOK || status != "degraded" || !strings.Contains(reason, "(down: n3") {
+				return fmt.Errorf("/healthz of %s: %d %s: %s", nd.name, code, status, reason)
+			}
+			return nil
+		})
+		res := runHoldfast(t, nil, "status", "--config", nd.cfg)
+		if !strings.Contains(res.stdout, "peer     n3: down") || !strings.Contains(res.stdout, "ORDERS: leader n") ||
+			strings.Contains(res.stdout, "Server name unknown") || strings.Contains(res.stdout, "peer ID") {
+			t.Fatalf("holdfast status on %s does not name n3 down:\n%s%s", nd.name, res.stdout, res.stderr)
+		}
+	}
+	for _, nd := range up {
+		nd.proc.stop()
+	}
+}

@@ -575,7 +575,9 @@ type StreamStatus struct {
 
 // ReplicaStatus is one follower of a replicated stream.
 type ReplicaStatus struct {
-	Name    string `json:"name"`
+	Name string `json:"name"`
+	// Peer is the replica's Raft peer ID.
+	Peer    string `json:"peer,omitempty"`
 	Current bool   `json:"current"`
 	Offline bool   `json:"offline,omitempty"`
 	Lag     uint64 `json:"lag,omitempty"`
@@ -1127,7 +1129,7 @@ func FillStream(st *StreamStatus, si *jetstream.StreamInfo) {
 		st.Leader = c.Leader
 		st.Leaderless = c.Leader == "" && si.Config.Replicas > 1
 		for _, r := range c.Replicas {
-			st.Replicas = append(st.Replicas, ReplicaStatus{Name: r.Name, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
+			st.Replicas = append(st.Replicas, ReplicaStatus{Name: r.Name, Peer: r.Peer, Current: r.Current, Offline: r.Offline, Lag: r.Lag})
 		}
 	}
 	st.Subjects = StoredSubjects(si.Config.Subjects)
