@@ -1,8 +1,16 @@
 package embedded
 
 import (
+	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/holdfast-io/holdfast/config"
+	"github.com/holdfast-io/holdfast/internal/configtest"
+	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
 // TestClusterNodes: a route to this node's own route port on one of its
@@ -38,6 +46,49 @@ func TestClusterNodes(t *testing.T) {
 	} {
 		if got := clusterNodes(tc.routes, tc.port, tc.advertise, local, lookup); got != tc.want {
 			t.Errorf("%s: clusterNodes(%q, %d, %q) = %d, want %d", tc.name, tc.routes, tc.port, tc.advertise, got, tc.want)
+		}
+	}
+}
+
+// TestClusterNewNeedsEveryNode: two of the three nodes of a new cluster
+// get no meta leader (nats-server elects the first one only with every
+// node's vote), and the error at the end of their wait said only "(4
+// route(s) connected)". It names the node each one reaches and that a new
+// cluster needs every node.
+func TestClusterNewNeedsEveryNode(t *testing.T) {
+	t.Parallel()
+	ports := []int{natstest.FreePort(t), natstest.FreePort(t), natstest.FreePort(t)}
+	var routes []string
+	for _, p := range ports {
+		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", p))
+	}
+	errs := make(chan error, 2)
+	for i, p := range ports[:2] {
+		cfg := configtest.Default(t)
+		cfg.Server.Name = fmt.Sprintf("node%d", i+1)
+		cfg.Cluster = config.ClusterConfig{Name: "new", Listen: fmt.Sprintf("127.0.0.1:%d", p), Routes: routes}
+		if err := cfg.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		log, _ := natstest.Logger(t)
+		s := New(cfg, log)
+		s.ReadyTimeout = 8 * time.Second
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			errs <- s.Open(ctx)
+		}()
+	}
+	for range 2 {
+		err := <-errs
+		if err == nil {
+			t.Fatal("two of three nodes of a new cluster got a meta leader")
+		}
+		for _, want := range []string{"the JetStream cluster new has no meta leader after 8s (1 of the 2 other node(s) connected (node",
+			"no meta leader yet: a new cluster elects its first meta leader only once all 3 of its nodes are up: start every node"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Open: %v\nwant %q", err, want)
+			}
 		}
 	}
 }

@@ -422,8 +422,9 @@ func (s *Server) Open(ctx context.Context) (err error) {
 
 // waitJetStream waits until the JetStream API answers. On one node that
 // is at once; in a cluster it answers once the meta group has a leader,
-// which needs a quorum of the nodes: until then it says every few seconds
-// how many routes are connected (log and STATUS=), up to ReadyTimeout.
+// which needs a quorum of the nodes (all of them in a new cluster): until
+// then it says every few seconds which of the other nodes it reaches (log
+// and STATUS=, clusterWait), up to ReadyTimeout.
 func (s *Server) waitJetStream(ctx context.Context) error {
 	if !s.cfg.Cluster.Enabled() {
 		if _, err := s.js.AccountInfo(ctx); err != nil {
@@ -436,6 +437,7 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		timeout = DefaultReadyTimeout
 	}
 	start := time.Now()
+	others := s.ClusterNodes() - 1
 	var lastSaid time.Time
 	for {
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -457,14 +459,14 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		refusal := s.nsLog.RouteRefusal(10 * time.Second)
 		if time.Since(start) > timeout {
 			if refusal != "" {
-				return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%d route(s) connected): routes are refused: %s", s.cfg.Cluster.Name, timeout, s.ns.NumRoutes(), refusal)
+				return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%s): routes are refused: %s", s.cfg.Cluster.Name, timeout, s.clusterWait(others), refusal)
 			}
-			return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%d route(s) connected): start the other nodes, "+
-				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.ns.NumRoutes(), err)
+			return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%s): start the other nodes, "+
+				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.clusterWait(others), err)
 		}
 		if time.Since(lastSaid) >= 5*time.Second {
 			lastSaid = time.Now()
-			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %d route(s) connected, no meta leader yet", s.cfg.Cluster.Name, s.ns.NumRoutes())
+			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %s", s.cfg.Cluster.Name, s.clusterWait(others))
 			if refusal != "" {
 				msg += ": routes are refused: " + refusal
 				s.log.Error(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
@@ -479,6 +481,47 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
+}
+
+// clusterWait says what a node waiting for its cluster's meta leader
+// sees: which of the other nodes it has routes to and, while its meta
+// group has never had a leader (a new cluster), that a new cluster needs
+// every node it expects: nats-server elects the first meta leader only
+// with the votes of all of them (empty logs never form a quorum).
+func (s *Server) clusterWait(others int) string {
+	routed := map[string]bool{}
+	if rz, err := s.ns.Routez(nil); err == nil {
+		for _, r := range rz.Routes {
+			if r.RemoteName != "" {
+				routed[r.RemoteName] = true
+			}
+		}
+	}
+	msg := fmt.Sprintf("%d of the %d other node(s) connected", len(routed), others)
+	if len(routed) > 0 {
+		msg += " (" + strings.Join(slices.Sorted(maps.Keys(routed)), ", ") + ")"
+	}
+	msg += ", no meta leader yet"
+	if size, fresh := s.metaNeverLed(); fresh {
+		msg += fmt.Sprintf(": a new cluster elects its first meta leader only once all %d of its nodes are up: start every node (after that a majority keeps serving)", size)
+	}
+	return msg
+}
+
+// metaNeverLed returns the size of the meta group and whether it is a
+// new one: its log empty and no leader seen.
+func (s *Server) metaNeverLed() (size int, fresh bool) {
+	const metaGroup = "_meta_"
+	rz := s.ns.Raftz(&server.RaftzOptions{GroupFilter: metaGroup})
+	if rz == nil {
+		return 0, false
+	}
+	for _, groups := range *rz {
+		if g, ok := groups[metaGroup]; ok {
+			return g.Size, g.PIndex == 0 && !g.EverHadLeader
+		}
+	}
+	return 0, false
 }
 
 func (s *Server) status(msg string) {

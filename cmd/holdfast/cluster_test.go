@@ -792,31 +792,52 @@ func TestClusterConfigsDiffer(t *testing.T) {
 // TestClusterNodeAloneSaysWhatItWaitsFor: a node started while the others
 // are down waits for the cluster's meta leader; its /healthz answered only
 // "starting: not serving yet", and now names the wait as systemd's status
-// line does.
+// line does. A new cluster waits for all of its nodes (nats-server elects
+// the first meta leader only with every vote), so two of three started
+// for the first time keep waiting, which they said only as "4 route(s)
+// connected, no meta leader yet"; now they name the nodes they see and
+// that every node must start. The third one's start ends the wait.
 func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 	t.Parallel()
 	nodes := newTestCluster(t, 3, "")
 	nd := nodes[0]
 	nd.proc = startHoldfast(t, nd.cfg)
-	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-		code, status, reason, err := clusterHealth(nd)
-		if err != nil {
-			return err
-		}
-		if code != http.StatusServiceUnavailable || status != "unhealthy" ||
-			!strings.Contains(reason, "starting: not serving yet: waiting for the JetStream cluster test-cluster: ") ||
-			!strings.Contains(reason, "no meta leader yet") {
-			return fmt.Errorf("/healthz of the lone node: %d %s: %s", code, status, reason)
-		}
-		return nil
-	})
+	waitSays := func(want ...string) {
+		t.Helper()
+		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+			code, status, reason, err := clusterHealth(nd)
+			if err != nil {
+				return err
+			}
+			if code != http.StatusServiceUnavailable || status != "unhealthy" {
+				return fmt.Errorf("/healthz of the waiting node: %d %s: %s", code, status, reason)
+			}
+			for _, w := range want {
+				if !strings.Contains(reason, w) {
+					return fmt.Errorf("/healthz of the waiting node says %q, not %q", reason, w)
+				}
+			}
+			return nil
+		})
+	}
+	const newCluster = "no meta leader yet: a new cluster elects its first meta leader only once all 3 of its nodes are up: start every node"
+	waitSays("starting: not serving yet: waiting for the JetStream cluster test-cluster: 0 of the 2 other node(s) connected, " + newCluster)
 	// holdfast status says it too (the daemon answers only once it serves).
 	res := runHoldfast(t, nil, "status", "--config", nd.cfg)
 	if res.code != 1 || !strings.Contains(res.stdout, "UNHEALTHY") || !strings.Contains(res.stdout, "waiting for the JetStream cluster test-cluster") {
 		t.Fatalf("holdfast status of the lone node: exit %d\n%s%s", res.code, res.stdout, res.stderr)
 	}
-	if code := nd.proc.signal(syscall.SIGTERM); code != 0 {
-		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nd.proc.stderr.String())
+
+	nodes[1].proc = startHoldfast(t, nodes[1].cfg)
+	waitSays("1 of the 2 other node(s) connected (n2), " + newCluster)
+	if code := nodes[1].proc.signal(syscall.SIGTERM); code != 0 {
+		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nodes[1].proc.stderr.String())
+	}
+	for _, n := range nodes[1:] {
+		n.proc = startHoldfast(t, n.cfg)
+	}
+	for _, n := range nodes {
+		n.proc.waitReadyWithin(time.Minute)
 	}
 }
 
