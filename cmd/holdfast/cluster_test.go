@@ -656,6 +656,27 @@ func clusterHealth(nd *clusterNode) (code int, status, reason string, err error)
 	return resp.StatusCode, h.Status, h.Reason, nil
 }
 
+// waitHealthSays waits until nd's /healthz answers code and status with
+// a reason that holds every text of want.
+func waitHealthSays(t *testing.T, nd *clusterNode, code int, status string, want ...string) {
+	t.Helper()
+	natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
+		c, s, reason, err := clusterHealth(nd)
+		if err != nil {
+			return err
+		}
+		for _, w := range want {
+			if !strings.Contains(reason, w) {
+				return fmt.Errorf("/healthz of %s: %d %s: %s; want %q", nd.name, c, s, reason, w)
+			}
+		}
+		if c != code || s != status {
+			return fmt.Errorf("/healthz of %s: %d %s: %s; want %d %s", nd.name, c, s, reason, code, status)
+		}
+		return nil
+	})
+}
+
 // TestClusterNodeReplacedUnderANewName: a node replaced by one with a
 // wiped store and another server.name (n3 by n4, same address) joins, but
 // the meta group keeps n3 as a member: four nodes, the streams with a
@@ -686,16 +707,7 @@ func TestClusterNodeReplacedUnderANewName(t *testing.T) {
 	n4.proc.waitReadyWithin(2 * time.Minute)
 
 	for _, nd := range []*clusterNode{nodes[0], nodes[1], &n4} {
-		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-			code, status, reason, err := clusterHealth(nd)
-			if err != nil {
-				return err
-			}
-			if code != http.StatusOK || status != "degraded" || !strings.Contains(reason, "the cluster counts 4 nodes, 3 of them current, but cluster.routes names 3") {
-				return fmt.Errorf("/healthz of %s: %d %s: %s", nd.name, code, status, reason)
-			}
-			return nil
-		})
+		waitHealthSays(t, nd, http.StatusOK, "degraded", "the cluster counts 4 nodes, 3 of them current, but cluster.routes names 3")
 	}
 	res := runHoldfast(t, nil, "status", "--config", nodes[0].cfg)
 	if !strings.Contains(res.stdout, "peer     n3: down") || !strings.Contains(res.stdout+res.stderr, "raft peer-remove") {
@@ -802,26 +814,8 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 	nodes := newTestCluster(t, 3, "")
 	nd := nodes[0]
 	nd.proc = startHoldfast(t, nd.cfg)
-	waitSays := func(want ...string) {
-		t.Helper()
-		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-			code, status, reason, err := clusterHealth(nd)
-			if err != nil {
-				return err
-			}
-			if code != http.StatusServiceUnavailable || status != "unhealthy" {
-				return fmt.Errorf("/healthz of the waiting node: %d %s: %s", code, status, reason)
-			}
-			for _, w := range want {
-				if !strings.Contains(reason, w) {
-					return fmt.Errorf("/healthz of the waiting node says %q, not %q", reason, w)
-				}
-			}
-			return nil
-		})
-	}
 	const newCluster = "no meta leader yet: a new cluster elects its first meta leader only once all 3 of its nodes are up: start every node"
-	waitSays("starting: not serving yet: waiting for the JetStream cluster test-cluster: 0 of the 2 other node(s) connected, " + newCluster)
+	waitHealthSays(t, nd, http.StatusServiceUnavailable, "unhealthy", "starting: not serving yet: waiting for the JetStream cluster test-cluster: 0 of the 2 other node(s) connected, "+newCluster)
 	// holdfast status says it too (the daemon answers only once it serves).
 	res := runHoldfast(t, nil, "status", "--config", nd.cfg)
 	if res.code != 1 || !strings.Contains(res.stdout, "UNHEALTHY") || !strings.Contains(res.stdout, "waiting for the JetStream cluster test-cluster") {
@@ -829,7 +823,7 @@ func TestClusterNodeAloneSaysWhatItWaitsFor(t *testing.T) {
 	}
 
 	nodes[1].proc = startHoldfast(t, nodes[1].cfg)
-	waitSays("1 of the 2 other node(s) connected (n2), " + newCluster)
+	waitHealthSays(t, nd, http.StatusServiceUnavailable, "unhealthy", "1 of the 2 other node(s) connected (n2), "+newCluster)
 	if code := nodes[1].proc.signal(syscall.SIGTERM); code != 0 {
 		t.Fatalf("SIGTERM while waiting for the cluster: exit %d, want 0\n%s", code, nodes[1].proc.stderr.String())
 	}
@@ -1262,16 +1256,7 @@ func TestClusterNamesANodeDownSinceAWholeRestart(t *testing.T) {
 	up := nodes[:2]
 	startAll(t, up)
 	for _, nd := range up {
-		natstest.CheckFor(t, 30*time.Second, 200*time.Millisecond, func() error {
-			code, status, reason, err := clusterHealth(nd)
-			if err != nil {
-				return err
-			}
-			if code != http.StatusOK || status != "degraded" || !strings.Contains(reason, "(down: n3") {
-				return fmt.Errorf("/healthz of %s: %d %s: %s", nd.name, code, status, reason)
-			}
-			return nil
-		})
+		waitHealthSays(t, nd, http.StatusOK, "degraded", "(down: n3")
 		res := runHoldfast(t, nil, "status", "--config", nd.cfg)
 		if !strings.Contains(res.stdout, "peer     n3: down") || !strings.Contains(res.stdout, "ORDERS: leader n") ||
 			strings.Contains(res.stdout, "Server name unknown") || strings.Contains(res.stdout, "peer ID") {
