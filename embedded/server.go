@@ -459,14 +459,14 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 		refusal := s.nsLog.RouteRefusal(10 * time.Second)
 		if time.Since(start) > timeout {
 			if refusal != "" {
-				return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%s): routes are refused: %s", s.cfg.Cluster.Name, timeout, s.clusterWait(others), refusal)
+				return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%s): routes are refused: %s", s.cfg.Cluster.Name, timeout, s.clusterWait(others, false), refusal)
 			}
 			return fmt.Errorf("the JetStream cluster %s has no meta leader after %s (%s): start the other nodes, "+
-				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.clusterWait(others), err)
+				"check cluster.routes and that each node reaches the others' cluster.listen: %w", s.cfg.Cluster.Name, timeout, s.clusterWait(others, true), err)
 		}
 		if time.Since(lastSaid) >= 5*time.Second {
 			lastSaid = time.Now()
-			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %s", s.cfg.Cluster.Name, s.clusterWait(others))
+			msg := fmt.Sprintf("waiting for the JetStream cluster %s: %s", s.cfg.Cluster.Name, s.clusterWait(others, refusal == ""))
 			if refusal != "" {
 				msg += ": routes are refused: " + refusal
 				s.log.Error(msg, "peers_known", len(s.ns.JetStreamClusterPeers()), "waited", time.Since(start).Round(time.Second))
@@ -484,11 +484,13 @@ func (s *Server) waitJetStream(ctx context.Context) error {
 }
 
 // clusterWait says what a node waiting for its cluster's meta leader
-// sees: which of the other nodes it has routes to and, while its meta
-// group has never had a leader (a new cluster), that a new cluster needs
-// every node it expects: nats-server elects the first meta leader only
-// with the votes of all of them (empty logs never form a quorum).
-func (s *Server) clusterWait(others int) string {
+// sees: which of the other nodes it has routes to and, with newHint while
+// its meta group has never had a leader (a new cluster), that a new
+// cluster needs every node it expects: nats-server elects the first meta
+// leader only with the votes of all of them (empty logs never form a
+// quorum). Without newHint (routes refused: the refusal is the cause) it
+// leaves that out.
+func (s *Server) clusterWait(others int, newHint bool) string {
 	routed := map[string]bool{}
 	if rz, err := s.ns.Routez(nil); err == nil {
 		for _, r := range rz.Routes {
@@ -502,7 +504,7 @@ func (s *Server) clusterWait(others int) string {
 		msg += " (" + strings.Join(slices.Sorted(maps.Keys(routed)), ", ") + ")"
 	}
 	msg += ", no meta leader yet"
-	if size, fresh := s.metaNeverLed(); fresh {
+	if size, fresh := s.metaNeverLed(); fresh && newHint {
 		msg += fmt.Sprintf(": a new cluster elects its first meta leader only once all %d of its nodes are up: start every node (after that a majority keeps serving)", size)
 	}
 	return msg

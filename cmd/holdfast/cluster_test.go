@@ -635,6 +635,11 @@ func TestClusterNodeRefusedByTheOthers(t *testing.T) {
 				}
 				return nil
 			})
+			// Its meta group never had a leader, but the refusal, not a
+			// node not started, is why.
+			if line := lineWith(p.stderr.String(), tc.want); strings.Contains(line, "a new cluster") {
+				t.Errorf("the refused node blames a new cluster: %s", line)
+			}
 		})
 	}
 }
