@@ -719,7 +719,7 @@ func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.T
 		d.log.Error("reload refused: these changes need a restart ("+restartCommand()+"); nothing of this reload was applied",
 			"restart", plan.Restart, "reloadable", plan.Apply)
 		err := fmt.Errorf("%w: %s", ErrRestartNeeded, strings.Join(plan.Restart, ", "))
-		d.recordReload(started, plan, err, nil)
+		d.recordReload(started, plan, err, nil, nil)
 		return err
 	}
 	d.restartPending.Store(nil)
@@ -728,13 +728,14 @@ func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.T
 	bctx, bcancel := context.WithTimeout(ctx, configDiffEvery)
 	before := bootstrap.Diff(bctx, d.srv.JetStream(), cur)
 	bcancel()
-	applied, err := d.apply(ctx, cur, next)
+	applied, workersFailed, err := d.apply(ctx, cur, next)
 	d.cfg = applied
 	d.running.Store(applied)
 	if err != nil {
-		d.recordReload(started, plan, err, nil)
+		d.recordReload(started, plan, err, nil, nil)
 		return err
 	}
+	notApplied := workersNotApplied(plan, workersFailed)
 	// What the bootstrap held back on purpose (logged there) is not
 	// applied: the reload's answer says so, and status at once.
 	dctx, cancel := context.WithTimeout(ctx, configDiffEvery)
@@ -751,15 +752,30 @@ func (d *Daemon) reload(ctx context.Context, next *config.Config, started time.T
 		}
 	}
 	setBack := slices.DeleteFunc(before, func(line string) bool { return slices.Contains(diff, line) })
-	d.recordReload(started, plan, nil, setBack, heldBack...)
-	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack), "set_back", setBack)
+	d.recordReload(started, plan, nil, setBack, notApplied, heldBack...)
+	d.log.Info("reload done", "applied", plan.Apply, "held_back", len(heldBack), "not_applied", len(notApplied), "set_back", setBack)
 	return nil
 }
 
+// workersNotApplied are the keys of plan's consumers whose workers the
+// reload could not start with their new settings (failed, by consumer).
+func workersNotApplied(plan ReloadPlan, failed map[string]error) []HeldBack {
+	var out []HeldBack
+	for _, key := range plan.Apply {
+		for name, err := range failed {
+			if strings.HasPrefix(key, "consumers."+name+".") || strings.HasPrefix(key, "consumers."+name+" (") {
+				out = append(out, HeldBack{Key: key, Why: fmt.Sprintf("%s not applied: %v", key, err)})
+			}
+		}
+	}
+	return out
+}
+
 // apply applies next over cur (see Reload) and returns what runs now,
-// with an error when the server refused the streams' and consumers'
+// the consumers whose workers could not start with their new settings,
+// and an error when the server refused the streams' and consumers'
 // settings (then they and the workers keep theirs).
-func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.Config, error) {
+func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.Config, map[string]error, error) {
 	applied := *cur
 	if cur.Log.Level != next.Log.Level {
 		var lv slog.Level
@@ -799,7 +815,8 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 		// server stops at that stream or consumer, after those logged
 		// as updated above.
 		applied.Streams = d.reopenGroupCommit(ctx, cur, &trial, append(slices.Clone(stopGC), startGC...))
-		return d.refused(cur, next, &applied, err)
+		cfg, err := d.refused(cur, next, &applied, err)
+		return cfg, nil, err
 	}
 	for _, name := range startGC {
 		if err := d.openGroupCommit(ctx, &trial, name); err != nil {
@@ -817,11 +834,14 @@ func (d *Daemon) apply(ctx context.Context, cur, next *config.Config) (*config.C
 		// topic only they take is no longer refused (or is, once left out).
 		d.mqtt.SetStreams(gateStreams(&trial))
 	}
+	failed := map[string]error{}
 	for _, name := range trial.ConsumerNames() {
-		d.reloadWorkers(ctx, &trial, name)
+		if err := d.reloadWorkers(ctx, &trial, name); err != nil {
+			failed[name] = err
+		}
 	}
 	d.monitor.SetConsumers(trial.StreamNames(), d.monitoredConsumers(&trial))
-	return &trial, nil
+	return &trial, failed, nil
 }
 
 // refused is apply's end when the server refused a stream or consumer
@@ -899,8 +919,9 @@ func (d *Daemon) monitoredConsumers(cfg *config.Config) []monitor.Consumer {
 // changed. The old workers drain first (up to shutdown_timeout); the new
 // ones keep their counters. It compares with what the workers run with,
 // not with the previous config: a reload that could not apply a handler
-// (its command missing) is tried again at the next one.
-func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name string) {
+// (its command missing) is tried again at the next one. It returns why
+// the workers could not start with the new settings.
+func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name string) error {
 	cc := cfg.Consumers[name]
 	old := d.workersFrom[name]
 	same := old != nil && old.Workers == cc.Workers && old.Handler == cc.Handler && reflect.DeepEqual(old.Exec, cc.Exec) &&
@@ -908,13 +929,13 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 		old.AckWait == cc.AckWait && old.DeadLetter == cc.DeadLetter && prefetch(old) == prefetch(cc) &&
 		maxPrefetch(old) == maxPrefetch(cc)
 	if same {
-		return
+		return nil
 	}
 	i := slices.IndexFunc(d.workers, func(w *pipeline.Workers) bool { return w.Options().Consumer == name })
 	if cc.Workers > 0 && cc.Handler != "forward" {
 		if _, err := NewHandler(name, cc, d.log); err != nil {
 			d.log.Error("reload: workers keep their previous handler; the next reload tries the new one again", "consumer", name, "err", err)
-			return
+			return fmt.Errorf("the workers keep their previous handler (none for a new consumer); the next reload tries again: %w", err)
 		}
 	}
 	if i >= 0 {
@@ -929,11 +950,13 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 	// would go on and still show in status, metrics and health.
 	d.setForwarder(name, nil)
 	var w *pipeline.Workers
+	var openErr error
 	if cc.Workers > 0 {
 		var err error
 		if w, err = d.openWorkers(ctx, cfg, name); err != nil {
 			d.log.Error("reload: cannot start workers: the consumer has none until a reload or a restart starts them", "consumer", name, "err", err)
 			d.workersFrom[name] = nil
+			openErr = fmt.Errorf("cannot start workers: the consumer has none until a reload or a restart starts them: %w", err)
 		} else {
 			d.setWorkers(append(slices.Clone(d.workers), w))
 			d.workersFrom[name] = cc
@@ -943,7 +966,11 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 	}
 	d.monitor.SetWorkers(cc.Stream, name, cc.Workers, w)
 	d.monitor.SetHandlerTimeout(cc.Stream, name, handlerTimeout(cc))
+	if openErr != nil {
+		return openErr
+	}
 	d.log.Info("reload: workers restarted", "consumer", name, "workers", cc.Workers, "handler", cc.Handler)
+	return nil
 }
 
 // NewHandler builds a consumer's configured handler.

@@ -57,6 +57,10 @@ type ReloadResult struct {
 	// server on purpose (a lowered limit that would delete unprocessed
 	// messages, lowered replicas).
 	HeldBack []HeldBack `json:"held_back,omitempty"`
+	// NotApplied are the changes of the plan to consumers whose workers
+	// could not start with them (an exec command not installed): the
+	// next reload tries them again.
+	NotApplied []HeldBack `json:"not_applied,omitempty"`
 	// SetBack are what differed on the server from the config before the
 	// reload and no longer does (bootstrap.Diff): a stream or consumer
 	// someone changed, subjects a stopped restore held back.
@@ -75,8 +79,8 @@ const keptReloads = 16
 
 // recordReload keeps what a reload that began at started did for
 // subjects.Reload. It runs on the signal loop only.
-func (d *Daemon) recordReload(started time.Time, plan ReloadPlan, err error, setBack []string, heldBack ...HeldBack) {
-	r := ReloadResult{Seq: 1, Started: started, Time: time.Now(), Plan: plan, HeldBack: heldBack, SetBack: setBack}
+func (d *Daemon) recordReload(started time.Time, plan ReloadPlan, err error, setBack []string, notApplied []HeldBack, heldBack ...HeldBack) {
+	r := ReloadResult{Seq: 1, Started: started, Time: time.Now(), Plan: plan, HeldBack: heldBack, NotApplied: notApplied, SetBack: setBack}
 	var kept []ReloadResult
 	if p := d.reloads.Load(); p != nil {
 		kept = *p
@@ -117,7 +121,7 @@ func (d *Daemon) ReloadFromFile(ctx context.Context) error {
 	next, _, err := d.loadForReload()
 	if err != nil {
 		d.log.Error("reload refused: the config has problems; still running the previous one", "err", err)
-		d.recordReload(started, ReloadPlan{}, err, nil)
+		d.recordReload(started, ReloadPlan{}, err, nil, nil)
 		return err
 	}
 	return d.reload(ctx, next, started)

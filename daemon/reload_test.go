@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -381,5 +383,52 @@ func TestReloadRefusesImpliedLogHandler(t *testing.T) {
 	}
 	if h := d.Running().Consumers["WORKER1"].Handler; h != "exec" {
 		t.Errorf("WORKER1 runs handler %q after the refused reload, want exec", h)
+	}
+}
+
+// TestReloadSaysWhatWorkersCouldNotStart: a reload whose exec command is
+// not installed (the workers keep their handler), or whose new consumer's
+// workers cannot start, answers those keys as not applied, with why.
+func TestReloadSaysWhatWorkersCouldNotStart(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	next := editable(d.Running())
+	missing := filepath.Join(t.TempDir(), "not-installed")
+	next.Consumers["WORKER1"].Handler = "exec"
+	next.Consumers["WORKER1"].Exec.Command = []string{missing}
+	added := *next.Consumers["WORKER1"]
+	next.Consumers["WORKER2"] = &added
+	if err := d.Reload(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	// As holdfast reload reads it.
+	msg, err := d.srv.Conn().Request(subjects.Reload(d.Running().Server.Name), nil, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reply struct {
+		LastReload struct {
+			Plan       ReloadPlan `json:"plan"`
+			NotApplied []HeldBack `json:"not_applied"`
+		} `json:"last_reload"`
+	}
+	if err := json.Unmarshal(msg.Data, &reply); err != nil {
+		t.Fatal(err)
+	}
+	last := reply.LastReload
+	var keys []string
+	for _, h := range last.NotApplied {
+		keys = append(keys, h.Key)
+		if !strings.Contains(h.Why, missing) {
+			t.Errorf("not applied %s: %q does not name the missing command", h.Key, h.Why)
+		}
+	}
+	for _, want := range []string{"consumers.WORKER1.handler", "consumers.WORKER1.exec", "consumers.WORKER2 (new: created, workers started)"} {
+		if !slices.Contains(keys, want) {
+			t.Errorf("reload answered not applied %q; want %s among them (plan: applied %q)", keys, want, last.Plan.Apply)
+		}
+	}
+	if got := workerOptions(d, "WORKER1"); got.Consumer != "WORKER1" {
+		t.Errorf("WORKER1's workers are gone after a refused handler: %+v", got)
 	}
 }

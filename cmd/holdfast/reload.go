@@ -157,9 +157,12 @@ func reportReload(w io.Writer, source string, res *daemon.ReloadResult) error {
 	}
 	if res.Error == "" {
 		fmt.Fprintf(w, "reloaded %s\n", source)
-		var held, why []string
+		var held, why, failed []string
 		for _, h := range res.HeldBack {
 			held, why = append(held, h.Key), append(why, h.Why)
+		}
+		for _, h := range res.NotApplied {
+			held, failed = append(held, h.Key), append(failed, h.Why)
 		}
 		printKeys(w, "applied:", slices.DeleteFunc(slices.Clone(res.Plan.Apply), func(k string) bool { return slices.Contains(held, k) }))
 		if len(res.SetBack) > 0 {
@@ -168,7 +171,12 @@ func reportReload(w io.Writer, source string, res *daemon.ReloadResult) error {
 		if len(held) == 0 {
 			return nil
 		}
-		printKeys(w, "not applied (held back on purpose; the server keeps its setting):", why)
+		if len(why) > 0 {
+			printKeys(w, "not applied (held back on purpose; the server keeps its setting):", why)
+		}
+		if len(failed) > 0 {
+			printKeys(w, "not applied (the workers could not start with it; fix the cause and reload again):", failed)
+		}
 		return runtimeError(fmt.Errorf("reload of %s: %s not applied (see above)", source, strings.Join(held, ", ")))
 	}
 	if len(res.Plan.Restart) > 0 {
