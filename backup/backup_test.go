@@ -750,28 +750,7 @@ func TestVerifyRefusesWhatABackupDoesNotHold(t *testing.T) {
 			return make(p)
 		}
 	}
-	// manifest edits the manifest and writes SHA256SUMS to match it.
-	manifest := func(edit func(*Manifest)) func(string) error {
-		return func(dir string) error {
-			m, err := Verify(dir)
-			if err != nil {
-				return err
-			}
-			edit(m)
-			raw, err := json.MarshalIndent(m, "", "  ")
-			if err != nil {
-				return err
-			}
-			if err := os.WriteFile(filepath.Join(dir, ManifestFile), raw, 0o600); err != nil {
-				return err
-			}
-			mf, err := hashFile(dir, ManifestFile, -1)
-			if err != nil {
-				return err
-			}
-			return writeSums(filepath.Join(dir, SumsFile), append(slices.Clone(m.Files), mf))
-		}
-	}
+	manifest := rewriteManifest
 	for _, c := range []struct {
 		name, file, reason string
 		damage             func(dir string) error
@@ -806,6 +785,59 @@ func TestVerifyRefusesWhatABackupDoesNotHold(t *testing.T) {
 				t.Fatalf("Verify: %v; want %s: %s", err, c.file, c.reason)
 			}
 		})
+	}
+}
+
+// rewriteManifest returns a change of a backup's directory that edits its
+// manifest and writes SHA256SUMS to match it.
+func rewriteManifest(edit func(*Manifest)) func(dir string) error {
+	return func(dir string) error {
+		m, err := Verify(dir)
+		if err != nil {
+			return err
+		}
+		edit(m)
+		raw, err := json.MarshalIndent(m, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, ManifestFile), raw, 0o600); err != nil {
+			return err
+		}
+		mf, err := hashFile(dir, ManifestFile, -1)
+		if err != nil {
+			return err
+		}
+		return writeSums(filepath.Join(dir, SumsFile), append(slices.Clone(m.Files), mf))
+	}
+}
+
+// TestRestoreOfASnapshotItsManifestDoesNotDescribe: a backup whose
+// manifest was changed (checksums and all) to another message count is
+// restored once and refused, saying the backup's files disagree: it is
+// not taken for the running holdfast creating the stream again, which
+// restored it five times, each time saying so.
+func TestRestoreOfASnapshotItsManifestDoesNotDescribe(t *testing.T) {
+	nc, js := runServer(t)
+	seed(t, js, 10, 4)
+	dir, _ := createBackup(t, nc, Options{Streams: []string{"ORDERS"}})
+	if err := rewriteManifest(func(m *Manifest) { m.Streams[0].Messages = 999 })(dir); err != nil {
+		t.Fatal(err)
+	}
+	nc2, js2 := runServer(t)
+	var notices []string
+	_, _, err := Restore(natstest.Context(t), nc2, dir, RestoreOptions{Notice: func(m string) { notices = append(notices, m) }})
+	if err == nil || !strings.Contains(err.Error(), "holds 10 messages, the manifest says 999") ||
+		!strings.Contains(err.Error(), "not what its manifest describes") {
+		t.Fatalf("restore of a backup whose manifest says 999 messages: %v; want the count and the backup named as the cause", err)
+	}
+	for _, n := range notices {
+		if strings.Contains(n, "again") {
+			t.Errorf("notice %q: nothing created the stream again", n)
+		}
+	}
+	if _, ok, err := streamState(natstest.Context(t), js2, "ORDERS"); err != nil || ok {
+		t.Fatalf("the refused restore left ORDERS (%v, %v)", ok, err)
 	}
 }
 

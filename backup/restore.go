@@ -631,13 +631,18 @@ func endRestore(nc *nats.Conn, timeout time.Duration, subject string) {
 	_, _ = nc.Request(subject, nil, timeout)
 }
 
-// errMismatch marks a restored stream or consumer that differs from the
-// manifest.
+// errMismatch marks a restored consumer that differs from the manifest.
 var errMismatch = errors.New("differs from the backup")
+
+// errSnapshotMismatch marks a restored stream whose messages, as the
+// server's answer to the restore gives them, differ from the manifest: the
+// backup's snapshot is not what its manifest describes. Restoring it again
+// gives the same stream.
+var errSnapshotMismatch = errors.New("the backup's snapshot is not what its manifest describes (the backup was changed after it was written, or its manifest is another's): restore another backup")
 
 // collided tells whether a failed restore may have raced with the running
 // holdfast creating the stream or its consumers again: the name was taken,
-// a consumer existed, or the result differs from the manifest.
+// a consumer existed, or a restored consumer differs from the manifest.
 func collided(err error) bool {
 	return errNameInUse(err) || errors.Is(err, errMismatch) ||
 		(err != nil && strings.Contains(err.Error(), "consumer already exists"))
@@ -647,10 +652,10 @@ func collided(err error) bool {
 // its consumers' ack floors.
 func checkRestored(ctx context.Context, js jetstream.JetStream, e StreamEntry, sdir string, r *Restored) error {
 	if r.LastSeq != e.LastSeq {
-		return fmt.Errorf("restored stream %s ends at sequence %d, the manifest says %d: %w", e.Name, r.LastSeq, e.LastSeq, errMismatch)
+		return fmt.Errorf("restored stream %s ends at sequence %d, the manifest says %d: %w", e.Name, r.LastSeq, e.LastSeq, errSnapshotMismatch)
 	}
 	if limitsRetention(sdir) && r.Messages != e.Messages {
-		return fmt.Errorf("restored stream %s holds %d messages, the manifest says %d: %w", e.Name, r.Messages, e.Messages, errMismatch)
+		return fmt.Errorf("restored stream %s holds %d messages, the manifest says %d: %w", e.Name, r.Messages, e.Messages, errSnapshotMismatch)
 	}
 	clustered := false
 	if len(e.Consumers) > 0 {
