@@ -299,9 +299,6 @@ func dlqPurge(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	if len(streams) == 0 {
-		return usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): nothing to purge"))
-	}
 	var names []string
 	for _, s := range streams {
 		names = append(names, s.stream)
@@ -352,7 +349,8 @@ type dlqTarget struct{ stream, consumer string }
 // dlqStreams lists the dead-letter streams to look at: all configured, or
 // the one of consumer (filtered to its subjects). A consumer the config
 // does not have, or one without a dead-letter stream, is a usage error, so
-// that a mistyped --consumer does not read as one without dead letters.
+// that a mistyped --consumer does not read as one without dead letters;
+// so is a config without any dead-letter stream.
 func dlqStreams(cfg *config.Config, consumer string) ([]dlqTarget, error) {
 	if consumer != "" {
 		cc := cfg.Consumers[consumer]
@@ -367,6 +365,10 @@ func dlqStreams(cfg *config.Config, consumer string) ([]dlqTarget, error) {
 	}
 	var out []dlqTarget
 	dls := cfg.DeadLetterStreams()
+	if len(dls) == 0 {
+		return nil, usageError(errors.New("no consumer has a dead-letter stream (consumers.NAME.dead_letter is \"\" everywhere): " +
+			"failed messages are terminated and logged, never stored as dead letters; nothing to list, replay or purge"))
+	}
 	for name := range dls {
 		out = append(out, dlqTarget{stream: name})
 	}

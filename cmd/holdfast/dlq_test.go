@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
 )
 
@@ -551,4 +552,21 @@ func TestDLQReplayInterruptedSaysHowFarItGot(t *testing.T) {
 		return nil
 	})
 	p.stop()
+}
+
+// TestDLQWithoutDeadLetterStreams: with dead_letter = "" for every
+// consumer, dlq ls, replay --all and purge (which all read dlqStreams)
+// say there is no dead-letter stream, exit 2, as show and replay SEQ do.
+// ls printed "0 dead letter(s)" and replay --all "replayed 0 of 0", exit
+// 0, as if no message had failed, also while a dead-letter stream
+// configured before still held dead letters.
+func TestDLQWithoutDeadLetterStreams(t *testing.T) {
+	cfg := config.DefaultConfig()
+	for _, cc := range cfg.Consumers {
+		cc.DeadLetter = ""
+	}
+	targets, err := dlqStreams(cfg, "")
+	if exitCode(err) != 2 || err == nil || !strings.Contains(err.Error(), "no consumer has a dead-letter stream") {
+		t.Fatalf("dlqStreams of a config without dead-letter streams: %v, %v (exit %d); want exit 2 saying there is none", targets, err, exitCode(err))
+	}
 }
