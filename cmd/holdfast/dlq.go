@@ -304,8 +304,11 @@ func dlqPurge(c *cli.Context) error {
 		names = append(names, s.stream)
 	}
 	upto := c.Uint64("upto")
-	if c.IsSet("upto") && (upto == 0 || len(streams) > 1) {
-		return usageError(fmt.Errorf("--upto %d: give the last sequence to delete (1 or more) of one dead-letter stream; %d are configured (%s): pick one with --consumer",
+	if c.IsSet("upto") && upto == 0 {
+		return usageError(errors.New("--upto 0: give the last sequence to delete, 1 or more (the SEQ column of holdfast dlq ls)"))
+	}
+	if c.IsSet("upto") && len(streams) > 1 {
+		return usageError(fmt.Errorf("--upto %d: give the last sequence to delete of one dead-letter stream; %d are configured (%s): pick one with --consumer",
 			upto, len(streams), strings.Join(names, ", ")))
 	}
 	if !c.Bool("yes") {
