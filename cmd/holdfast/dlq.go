@@ -86,7 +86,7 @@ func dlqShowCommand() *cli.Command {
 // and its payload.
 func dlqShow(c *cli.Context) error {
 	if c.NArg() != 1 {
-		return usageError(errors.New("usage: holdfast dlq show SEQ"))
+		return usageError(fmt.Errorf("dlq show takes one SEQ (the SEQ column of holdfast dlq ls), got %q: usage: holdfast dlq show [--stream NAME] SEQ", c.Args().Slice()))
 	}
 	seq, err := parseSeq(c.Args().First())
 	if err != nil {
@@ -140,7 +140,11 @@ func dlqReplayCommand() *cli.Command {
 // SEQ arguments or by --all.
 func dlqReplay(c *cli.Context) error {
 	if c.Bool("all") == (c.NArg() > 0) {
-		return usageError(errors.New("usage: holdfast dlq replay SEQ... | --all [--consumer NAME]"))
+		what := "neither SEQ nor --all given"
+		if c.Bool("all") {
+			what = fmt.Sprintf("--all replays every dead letter: no SEQ goes with it, got %q", c.Args().Slice())
+		}
+		return usageError(fmt.Errorf("%s: usage: holdfast dlq replay SEQ... | --all [--consumer NAME]", what))
 	}
 	// A flag of the other form would be ignored: refuse it.
 	if c.IsSet("consumer") && !c.Bool("all") {

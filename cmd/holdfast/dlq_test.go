@@ -573,3 +573,26 @@ func TestDLQWithoutDeadLetterStreams(t *testing.T) {
 		t.Fatalf("dlqStreams of a config without dead-letter streams: %v, %v (exit %d); want exit 2 saying there is none", targets, err, exitCode(err))
 	}
 }
+
+// TestDLQArgumentsSayWhatIsWrong: `dlq show` and `dlq replay` with the
+// wrong arguments name what is wrong beside the usage line, exit 2. They
+// printed only the usage line ("usage: holdfast dlq show SEQ" for two
+// SEQs, or for a --consumer that show does not take).
+func TestDLQArgumentsSayWhatIsWrong(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dlq", "show"}, "dlq show takes one SEQ (the SEQ column of holdfast dlq ls), got []"},
+		{[]string{"dlq", "show", "1", "2"}, `got ["1" "2"]`},
+		{[]string{"dlq", "show", "1", "--consumer", "WORKER1"}, `got ["1" "--consumer" "WORKER1"]`},
+		{[]string{"dlq", "replay"}, "neither SEQ nor --all given"},
+		{[]string{"dlq", "replay", "--all", "3"}, `--all replays every dead letter: no SEQ goes with it, got ["3"]`},
+	} {
+		res := runHoldfast(t, nil, tt.args...)
+		if res.code != 2 || !strings.Contains(res.stderr, tt.want) {
+			t.Errorf("%q: exit %d, want 2 saying %q\n%s", tt.args, res.code, tt.want, res.stderr)
+		}
+	}
+}
