@@ -59,7 +59,7 @@ func restoreCommand() *cli.Command {
 					return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
 				}
 			}
-			cfg, nc, _, err := connectJetStream(c)
+			cfg, nc, js, err := connectJetStream(c)
 			if err != nil {
 				return err
 			}
@@ -95,8 +95,42 @@ func restoreCommand() *cli.Command {
 				return runtimeError(fmt.Errorf("restored %d stream(s) from %s, but %w", len(restored), dir, err))
 			}
 			fmt.Fprintf(w, "restored %d stream(s) from %s (written %s)\n", len(restored), dir, m.Created.Format(time.RFC3339))
+			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			printKeptSettings(c.App.ErrWriter, cfg, bootstrap.Diff(dctx, js, cfg), restored)
 			return nil
 		},
+	}
+}
+
+// printKeptSettings tells, of diff (bootstrap.Diff after the restore),
+// where the restored streams and their consumers differ from cfg: they
+// keep the backup's settings (its subjects, limits, max_deliver, ...)
+// until a reload or the next start applies the config's, and publishes
+// to subjects only the config gives them find no stream meanwhile.
+func printKeptSettings(w io.Writer, cfg *config.Config, diff []string, restored []backup.Restored) {
+	var lines []string
+	for _, line := range diff {
+		for _, r := range restored {
+			ofConsumer := false
+			for name, cc := range cfg.Consumers {
+				ofConsumer = ofConsumer || (cc.Stream == r.Name && strings.HasPrefix(line, "consumer "+name+" "))
+			}
+			if strings.HasPrefix(line, "stream "+r.Name+" ") || strings.HasPrefix(line, "stream "+r.Name+":") || ofConsumer {
+				// Diff words a difference for a cluster's nodes; here the
+				// backup made it.
+				line, _, _ = strings.Cut(line, "; another node's config")
+				lines = append(lines, line)
+				break
+			}
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "note: the restored streams keep the backup's settings where they differ from the config, until holdfast reload (or the next start) applies the config's:")
+	for _, l := range lines {
+		fmt.Fprintln(w, "  "+l)
 	}
 }
 
