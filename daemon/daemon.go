@@ -19,6 +19,7 @@ import (
 	"github.com/holdfast-io/holdfast/embedded"
 	"github.com/holdfast-io/holdfast/embedded/bootstrap"
 	"github.com/holdfast-io/holdfast/embedded/mqtt"
+	"github.com/holdfast-io/holdfast/embedded/store"
 	"github.com/holdfast-io/holdfast/pipeline"
 	"github.com/holdfast-io/holdfast/pipeline/forward"
 	"github.com/holdfast-io/holdfast/pipeline/handler"
@@ -287,6 +288,12 @@ func (d *Daemon) startWatches() {
 	go d.watchConfigDiff(wctx)
 	go trimMemoryWhenIdle(wctx, d.log)
 	go d.srv.WatchStore(wctx, 0, func(err error) {
+		if errors.Is(err, store.ErrStoreMoved) {
+			d.fail(fmt.Errorf("%w: holdfast stopped so that nothing more is acknowledged into files nobody will read. "+
+				"Move the directory back to %s (or set jetstream.store_dir to where it is) before starting holdfast again: "+
+				"started now, it begins an empty store there", err, d.running.Load().JetStream.StoreDir))
+			return
+		}
 		d.fail(fmt.Errorf("%w: holdfast stopped so that nothing more is acknowledged into files nobody will read; "+
 			"what the store held is gone with it. Put the directory back (restore a backup) before starting holdfast again, "+
 			"or start it to begin with an empty store", err))

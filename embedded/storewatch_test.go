@@ -172,3 +172,32 @@ func TestWatchStoreSeesEventsWithoutPolling(t *testing.T) {
 		t.Fatal("the swapped streams directory was not noticed without polling")
 	}
 }
+
+// TestCheckStoreNamesWhereTheStoreMoved: a store directory moved (or
+// renamed) while running is reported as moved, naming where its files are
+// now, so that the operator moves it back instead of starting on an empty
+// store. It was reported as gone, as if deleted.
+func TestCheckStoreNamesWhereTheStoreMoved(t *testing.T) {
+	for _, replaced := range []bool{false, true} {
+		s := runServer(t, configtest.Default(t))
+		moved := s.StoreDir() + ".moved"
+		mustDo(t, os.Rename(s.StoreDir(), moved))
+		if replaced {
+			mustDo(t, os.Mkdir(s.StoreDir(), 0o750))
+		}
+		err := s.CheckStore()
+		if !errors.Is(err, store.ErrStoreLost) || !errors.Is(err, store.ErrStoreMoved) || !strings.Contains(err.Error(), "to "+moved+":") {
+			t.Errorf("store dir moved to %s (an empty one made in its place: %v): CheckStore = %v; want ErrStoreMoved naming %s", moved, replaced, err, moved)
+		}
+		// Moved back, so that the server's shutdown finds its files.
+		if replaced {
+			mustDo(t, os.Remove(s.StoreDir()))
+		}
+		mustDo(t, os.Rename(moved, s.StoreDir()))
+	}
+	s := runServer(t, configtest.Default(t))
+	mustDo(t, os.RemoveAll(s.StoreDir()))
+	if err := s.CheckStore(); !errors.Is(err, store.ErrStoreLost) || errors.Is(err, store.ErrStoreMoved) {
+		t.Errorf("store dir deleted: CheckStore = %v; want ErrStoreLost, not moved", err)
+	}
+}

@@ -540,6 +540,20 @@ func (l *Lock) Stat() (os.FileInfo, error) {
 	return l.f.Stat()
 }
 
+// Path is where the lock file is now, as the kernel knows the descriptor
+// holdfast holds: elsewhere once the store directory was moved, "" once
+// the file was deleted (or where /proc cannot tell).
+func (l *Lock) Path() string {
+	if l.f == nil {
+		return ""
+	}
+	p, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", l.f.Fd()))
+	if err != nil || !filepath.IsAbs(p) || strings.HasSuffix(p, " (deleted)") {
+		return ""
+	}
+	return p
+}
+
 // LockDir takes an exclusive, non-blocking flock on dir/holdfast.lock
 // and records the holder's PID in it. A second holdfast on the same
 // directory is refused with a message that names the holder.

@@ -20,6 +20,10 @@ import (
 // acknowledged.
 var ErrStoreLost = errors.New("store directory lost while running")
 
+// ErrStoreMoved means the store directory was moved (or renamed) while
+// running: its files are whole at the place the error names.
+var ErrStoreMoved = errors.New("store directory moved")
+
 // Identity is what the store looked like when the server opened it:
 // the device and inode of the store directory, of JetStream's directory
 // in it and of the lock file holdfast holds.
@@ -27,6 +31,7 @@ type Identity struct {
 	dir   string
 	paths []string
 	ids   []fileID
+	lock  *Lock
 
 	// The accounts' directories (and their streams directories) appear
 	// when the first stream of the account is created: each is recorded
@@ -51,7 +56,7 @@ func idOf(fi os.FileInfo) (fileID, bool) {
 // holds (lock), so a lock file replaced before this call is caught as
 // well.
 func RecordIdentity(storeDir string, lock *Lock) (*Identity, error) {
-	id := &Identity{dir: storeDir}
+	id := &Identity{dir: storeDir, lock: lock}
 	for _, p := range []string{storeDir, filepath.Join(storeDir, server.JetStreamStoreDir)} {
 		fi, err := os.Stat(p)
 		if err != nil {
@@ -160,12 +165,19 @@ func (id *Identity) checkAccountDirs(holds func(account string) bool) error {
 func (id *Identity) Check(holds func(account string) bool) error {
 	for i, p := range id.paths {
 		fi, err := os.Stat(p)
-		if err != nil {
-			return fmt.Errorf("%w: %s is gone (%v)", ErrStoreLost, p, errors.Unwrap(err))
+		if err == nil {
+			if now, ok := idOf(fi); ok && now != id.ids[i] {
+				err = fmt.Errorf("%w: %s was replaced by another file or directory (device/inode %d/%d, was %d/%d)",
+					ErrStoreLost, p, now.dev, now.ino, id.ids[i].dev, id.ids[i].ino)
+			}
+		} else {
+			err = fmt.Errorf("%w: %s is gone (%v)", ErrStoreLost, p, errors.Unwrap(err))
 		}
-		if now, ok := idOf(fi); ok && now != id.ids[i] {
-			return fmt.Errorf("%w: %s was replaced by another file or directory (device/inode %d/%d, was %d/%d)",
-				ErrStoreLost, p, now.dev, now.ino, id.ids[i].dev, id.ids[i].ino)
+		if err != nil {
+			if to := id.movedTo(); to != "" {
+				return fmt.Errorf("%w (%w to %s: its files are there)", err, ErrStoreMoved, to)
+			}
+			return err
 		}
 	}
 	if err := id.checkAccountDirs(holds); err != nil {
@@ -180,6 +192,19 @@ func (id *Identity) Check(holds func(account string) bool) error {
 		return fmt.Errorf("%w: %s is not writable any more (%v)", ErrStoreLost, js, err)
 	}
 	return nil
+}
+
+// movedTo is where the store directory is now, when it was moved: the
+// directory that holds the lock file holdfast keeps open.
+func (id *Identity) movedTo() string {
+	if id.lock == nil {
+		return ""
+	}
+	p := id.lock.Path()
+	if p == "" || filepath.Dir(p) == filepath.Clean(id.dir) {
+		return ""
+	}
+	return filepath.Dir(p)
 }
 
 // storeEvents are the inotify events on a watched directory that make the
