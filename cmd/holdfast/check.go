@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"path/filepath"
 	"slices"
 	"strings"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/urfave/cli/v2"
 
 	"github.com/holdfast-io/holdfast/config"
@@ -31,11 +33,13 @@ func checkCommand() *cli.Command {
 			if err != nil {
 				problems = append(problems, err)
 			}
+			var secrets *config.Secrets
 			if cfg != nil {
 				for _, w := range cfg.SecurityWarnings(file) {
 					fmt.Fprintln(c.App.Writer, "warning: "+w)
 				}
-				if _, serr := cfg.LoadSecrets(); serr != nil {
+				var serr error
+				if secrets, serr = cfg.LoadSecrets(); serr != nil {
 					problems = append(problems, serr)
 				}
 			}
@@ -53,6 +57,13 @@ func checkCommand() *cli.Command {
 					}
 					if res.Missing {
 						fmt.Fprintf(c.App.Writer, "note: store dir %s does not exist yet; run creates it (in %s, which is writable)\n", res.Path, res.Parent)
+					} else if secrets != nil {
+						// The key (or its absence) as run would take it.
+						js := cfg.JetStream
+						if kerr := store.CheckKeys(filepath.Join(res.Path, server.JetStreamStoreDir), secrets.EncryptionKey, secrets.OldEncryptionKey,
+							js.EncryptionKeyFile, js.EncryptionOldKeyFile); kerr != nil {
+							problems = append(problems, kerr)
+						}
 					}
 					// The lock as run takes it: a lock file run cannot open is a
 					// problem, a lock another process holds only a note.

@@ -283,3 +283,43 @@ func TestCheckCountsEveryProblem(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckRefusesAKeyRunRefuses: on an encrypted store, a key that does
+// not open it, and no key at all, are refused by check as run refuses
+// them; check said "ok" to both, and run then stopped.
+func TestCheckRefusesAKeyRunRefuses(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	store := filepath.Join(dir, "store")
+	port := natstest.FreePort(t)
+	keys := map[string]string{"right": "kW3x9d7Jq2Zp8vN4mT6yR1sB5hL0cF3gA9eU7iO2wQ=\n", "wrong": "a-different-key-of-enough-length-0123456789\n"}
+	for name, key := range keys {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(key), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	right := e2eWriteConfig(t, rotationConfig(store, port, filepath.Join(dir, "right"), ""))
+	p := startHoldfast(t, right)
+	p.waitReady()
+	if res := runHoldfast(t, nil, "pub", "--config", right, "orders.created", "x"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s", res.code, res.stderr)
+	}
+	p.stop()
+	if res := runHoldfast(t, nil, "check", "--config", right); res.code != 0 {
+		t.Fatalf("check with the store's key: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	for _, tt := range []struct{ name, key, want string }{
+		{"wrong key", filepath.Join(dir, "wrong"), "do not open with the key in"},
+		{"no key", "", "but jetstream.encryption_key_file is not set"},
+	} {
+		cfg := e2eWriteConfig(t, rotationConfig(store, port, tt.key, ""))
+		check := runHoldfast(t, nil, "check", "--config", cfg)
+		if check.code != 1 || !strings.Contains(check.stderr, "encryption key does not open the store") || !strings.Contains(check.stderr, tt.want) {
+			t.Errorf("check with %s: exit %d, want 1 saying %q\n%s%s", tt.name, check.code, tt.want, check.stdout, check.stderr)
+		}
+		run := runHoldfast(t, nil, "run", "--config", cfg)
+		if run.code != 1 || !strings.Contains(run.stderr, "encryption key does not open the store") {
+			t.Errorf("run with %s: exit %d, want 1 refusing the key\n%s", tt.name, run.code, run.stderr)
+		}
+	}
+}

@@ -233,6 +233,28 @@ type RekeyResult struct {
 // again from the start; and it would delete a message block whose key
 // file it cannot open, before any check of holdfast's.
 func Rekey(jsDir, newKey, oldKey, keyFile, oldKeyFile string) (RekeyResult, error) {
+	return rekey(jsDir, newKey, oldKey, keyFile, oldKeyFile, true)
+}
+
+// CheckKeys tells, without writing anything, whether a start with newKey
+// (and oldKey) would be refused for the store's key files
+// (ErrEncryptionKey): one that opens with neither key, or any when
+// newKey is "" (the store is encrypted, and no key is set).
+func CheckKeys(jsDir, newKey, oldKey, keyFile, oldKeyFile string) error {
+	if newKey != "" {
+		_, err := rekey(jsDir, newKey, oldKey, keyFile, oldKeyFile, false)
+		return err
+	}
+	files, err := ListKeyFiles(jsDir)
+	if err != nil || len(files) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %d of the store's files are encrypted (%s, ...), but jetstream.encryption_key_file is not set: "+
+		"set it to the file holding the key the store was written with", ErrEncryptionKey, len(files), files[0].What)
+}
+
+// rekey is Rekey; it writes nothing unless write.
+func rekey(jsDir, newKey, oldKey, keyFile, oldKeyFile string, write bool) (RekeyResult, error) {
 	res := RekeyResult{Streams: map[string]bool{}}
 	files, err := ListKeyFiles(jsDir)
 	if err != nil {
@@ -285,6 +307,9 @@ func Rekey(jsDir, newKey, oldKey, keyFile, oldKeyFile string) (RekeyResult, erro
 		return res, fmt.Errorf("%w: %d of the store's %d key files open neither with the key in %s (jetstream.encryption_key_file) "+
 			"nor with the one in %s (jetstream.encryption_old_key_file): %s; nothing was changed on disk",
 			ErrEncryptionKey, len(refused), len(files), keyFile, oldKeyFile, strings.Join(list, ", "))
+	}
+	if !write {
+		return res, nil
 	}
 	for _, r := range todo {
 		kek, err := keyEncryptionKey(newKey, r.sc, r.kf.Account, r.kf.Context)
