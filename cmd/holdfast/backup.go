@@ -32,6 +32,12 @@ func backupCommand() *cli.Command {
 				return usageError(errors.New("usage: holdfast backup [flags] DIR"))
 			}
 			dir := c.Args().First()
+			if dir == "" {
+				return usageError(errors.New("DIR is empty: name a new or empty directory for the backup (usage: holdfast backup [flags] DIR)"))
+			}
+			if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+				return usageError(fmt.Errorf("%s is not a directory: name a new or empty directory for the backup", dir))
+			}
 			cfg, nc, _, err := connectJetStream(c)
 			if err != nil {
 				return err

@@ -760,3 +760,33 @@ func TestRestoreSaysWhatKeepsTheBackupsSettings(t *testing.T) {
 	}
 	pb.stop()
 }
+
+// TestBackupAndRestoreNameAWrongDIR: an empty DIR, a file, and for
+// restore a missing directory are usage errors that say so, before
+// anything connects. backup "" tried "mkdir :"; restore "" verified the
+// current directory ("backup  is not usable: manifest.json: missing"),
+// and restore of a file failed on FILE/SHA256SUMS.
+func TestBackupAndRestoreNameAWrongDIR(t *testing.T) {
+	t.Parallel()
+	file := filepath.Join(t.TempDir(), "a-file")
+	if err := os.WriteFile(file, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	missing := filepath.Join(t.TempDir(), "missing")
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"backup", ""}, "DIR is empty"},
+		{[]string{"backup", file}, file + " is not a directory"},
+		{[]string{"restore", ""}, "DIR is empty"},
+		{[]string{"restore", file}, file + " is not a directory"},
+		{[]string{"restore", "--verify-only", missing}, missing + " cannot be read (no such file or directory)"},
+	} {
+		args := append([]string{tt.args[0], "--server", "nats://127.0.0.1:1"}, tt.args[1:]...)
+		res := runHoldfast(t, nil, args...)
+		if res.code != 2 || !strings.Contains(res.stderr, tt.want) {
+			t.Errorf("holdfast %q: exit %d, want 2 saying %q\n%s%s", tt.args, res.code, tt.want, res.stdout, res.stderr)
+		}
+	}
+}

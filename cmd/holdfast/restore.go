@@ -41,6 +41,16 @@ func restoreCommand() *cli.Command {
 				return usageError(errors.New("usage: holdfast restore [flags] DIR"))
 			}
 			dir := c.Args().First()
+			if dir == "" {
+				return usageError(errors.New("DIR is empty: name the directory holdfast backup wrote (usage: holdfast restore [flags] DIR)"))
+			}
+			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+				what := "is not a directory"
+				if err != nil {
+					what = fmt.Sprintf("cannot be read (%v)", errors.Unwrap(err))
+				}
+				return usageError(fmt.Errorf("%s %s: name the directory holdfast backup wrote", dir, what))
+			}
 			w := c.App.Writer
 			// Verify before connecting: a damaged backup is refused even
 			// when holdfast is not running.
