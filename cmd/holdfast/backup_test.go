@@ -628,20 +628,7 @@ func restoreKilled(t *testing.T, in *e2eInstance, js jetstream.JetStream, out st
 // at its next start: the server cannot change retention in place.
 func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
 	t.Parallel()
-	a := newE2EInstance(t)
-	a.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(a.store, a.port, ""),
-		"subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", 1))
-	pa := startHoldfast(t, a.cfg)
-	pa.waitReady()
-	if res := runHoldfast(t, nil, "pub", "--config", a.cfg, "--count", "3", "orders.created", "x"); res.code != 0 {
-		t.Fatalf("pub: exit %d\n%s%s", res.code, res.stdout, res.stderr)
-	}
-	dir := filepath.Join(t.TempDir(), "backup")
-	if res := runHoldfast(t, nil, "backup", "--config", a.cfg, dir); res.code != 0 {
-		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
-	}
-	pa.stop()
-
+	dir := backupOfAnotherConfig(t, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", "orders.created")
 	b := newE2EInstance(t)
 	pb := startHoldfast(t, b.cfg)
 	pb.waitReady()
@@ -655,6 +642,26 @@ func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
 	pb = startHoldfast(t, b.cfg)
 	pb.waitReady()
 	pb.stop()
+}
+
+// backupOfAnotherConfig backs up a holdfast whose config is the e2e one
+// with from replaced by to, after 3 messages published to subject, and
+// returns the backup's directory.
+func backupOfAnotherConfig(t *testing.T, from, to, subject string) string {
+	t.Helper()
+	a := newE2EInstance(t)
+	a.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(a.store, a.port, ""), from, to, 1))
+	pa := startHoldfast(t, a.cfg)
+	pa.waitReady()
+	if res := runHoldfast(t, nil, "pub", "--config", a.cfg, "--count", "3", subject, "x"); res.code != 0 {
+		t.Fatalf("pub: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	dir := filepath.Join(t.TempDir(), "backup")
+	if res := runHoldfast(t, nil, "backup", "--config", a.cfg, dir); res.code != 0 {
+		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
+	}
+	pa.stop()
+	return dir
 }
 
 // TestRestoreAcrossClusterAndSingleNode: a backup of a single holdfast
@@ -736,20 +743,7 @@ func TestRestoreAcrossClusterAndSingleNode(t *testing.T) {
 // said OK.
 func TestRestoreSaysWhatKeepsTheBackupsSettings(t *testing.T) {
 	t.Parallel()
-	a := newE2EInstance(t)
-	a.cfg = e2eWriteConfig(t, strings.Replace(e2eConfigTOML(a.store, a.port, ""),
-		`subjects = ["orders.*"]`, `subjects = ["legacy.*"]`, 1))
-	pa := startHoldfast(t, a.cfg)
-	pa.waitReady()
-	if res := runHoldfast(t, nil, "pub", "--config", a.cfg, "--count", "3", "legacy.created", "x"); res.code != 0 {
-		t.Fatalf("pub: exit %d\n%s%s", res.code, res.stdout, res.stderr)
-	}
-	dir := filepath.Join(t.TempDir(), "backup")
-	if res := runHoldfast(t, nil, "backup", "--config", a.cfg, "--stream", "ORDERS", dir); res.code != 0 {
-		t.Fatalf("backup: exit %d\n%s%s", res.code, res.stdout, res.stderr)
-	}
-	pa.stop()
-
+	dir := backupOfAnotherConfig(t, `subjects = ["orders.*"]`, `subjects = ["legacy.*"]`, "legacy.created")
 	b := newE2EInstance(t)
 	pb := startHoldfast(t, b.cfg)
 	pb.waitReady()
