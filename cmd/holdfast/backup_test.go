@@ -628,11 +628,7 @@ func restoreKilled(t *testing.T, in *e2eInstance, js jetstream.JetStream, out st
 // at its next start: the server cannot change retention in place.
 func TestRestoreRefusesBackupTheConfigContradicts(t *testing.T) {
 	t.Parallel()
-	dir := backupOfAnotherConfig(t, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", "orders.created")
-	b := newE2EInstance(t)
-	pb := startHoldfast(t, b.cfg)
-	pb.waitReady()
-	res := runHoldfast(t, nil, "restore", "--config", b.cfg, dir)
+	b, pb, res := restoreIntoNewInstance(t, backupOfAnotherConfig(t, "subjects = [\"orders.*\"]\n", "subjects = [\"orders.*\"]\nretention = \"workqueue\"\n", "orders.created"))
 	if res.code != 1 || !strings.Contains(res.stderr, "stream ORDERS: retention is WorkQueue in the backup, Limits in the config ([streams.ORDERS])") ||
 		!strings.Contains(res.stderr, "nothing was restored") {
 		t.Errorf("restore of a workqueue backup into a limits config: exit %d, want 1 naming the retention\n%s%s", res.code, res.stdout, res.stderr)
@@ -662,6 +658,16 @@ func backupOfAnotherConfig(t *testing.T, from, to, subject string) string {
 	}
 	pa.stop()
 	return dir
+}
+
+// restoreIntoNewInstance starts a holdfast of the e2e config on a new
+// store and restores the backup dir into it.
+func restoreIntoNewInstance(t *testing.T, dir string) (*e2eInstance, *e2eProc, e2eResult) {
+	t.Helper()
+	b := newE2EInstance(t)
+	pb := startHoldfast(t, b.cfg)
+	pb.waitReady()
+	return b, pb, runHoldfast(t, nil, "restore", "--config", b.cfg, dir)
 }
 
 // TestRestoreAcrossClusterAndSingleNode: a backup of a single holdfast
@@ -743,11 +749,7 @@ func TestRestoreAcrossClusterAndSingleNode(t *testing.T) {
 // said OK.
 func TestRestoreSaysWhatKeepsTheBackupsSettings(t *testing.T) {
 	t.Parallel()
-	dir := backupOfAnotherConfig(t, `subjects = ["orders.*"]`, `subjects = ["legacy.*"]`, "legacy.created")
-	b := newE2EInstance(t)
-	pb := startHoldfast(t, b.cfg)
-	pb.waitReady()
-	res := runHoldfast(t, nil, "restore", "--config", b.cfg, dir)
+	_, pb, res := restoreIntoNewInstance(t, backupOfAnotherConfig(t, `subjects = ["orders.*"]`, `subjects = ["legacy.*"]`, "legacy.created"))
 	if res.code != 0 || !strings.Contains(res.stderr, "keep the backup's settings") ||
 		!strings.Contains(res.stderr, "subjects is [legacy.*] on the server, [orders.*] in this node's config") {
 		t.Errorf("restore of a backup with other subjects: exit %d, want 0 saying the subjects differ until a reload\n%s%s", res.code, res.stdout, res.stderr)
