@@ -86,6 +86,10 @@ type Daemon struct {
 	// restartPending is the health warning of the last reload when it
 	// was refused for changes that need a restart; nil otherwise.
 	restartPending atomic.Pointer[string]
+	// fileRefused is the health warning of the last reload when it
+	// refused the config file itself (it has problems); nil once a
+	// reload read the file again.
+	fileRefused atomic.Pointer[string]
 	// reloads are what the last reloads did, oldest first (nil before
 	// the first; at most keptReloads).
 	reloads atomic.Pointer[[]ReloadResult]
@@ -367,10 +371,14 @@ func (d *Daemon) watchConfigDiff(ctx context.Context) {
 }
 
 // warnings are the health's warnings: what watchConfigDiff last found,
-// and the changes a refused reload left for a restart.
+// the changes a refused reload left for a restart, and a config file the
+// last reload refused.
 func (d *Daemon) warnings() []string {
 	var out []string
 	if p := d.restartPending.Load(); p != nil {
+		out = append(out, *p)
+	}
+	if p := d.fileRefused.Load(); p != nil {
 		out = append(out, *p)
 	}
 	if p := d.configDiff.Load(); p != nil {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -118,12 +119,22 @@ func (d *Daemon) loadForReload() (*config.Config, string, error) {
 // the running config stays.
 func (d *Daemon) ReloadFromFile(ctx context.Context) error {
 	started := time.Now()
-	next, _, err := d.loadForReload()
+	next, source, err := d.loadForReload()
 	if err != nil {
 		d.log.Error("reload refused: the config has problems; still running the previous one", "err", err)
 		d.recordReload(started, ReloadPlan{}, err, nil, nil)
+		// Said until a reload reads the file: a SIGHUP's sender sees no
+		// answer, and the next start would fail on this file.
+		file := "the config file"
+		if source != "" && !strings.Contains(err.Error(), source) {
+			file += " " + source
+		}
+		w := fmt.Sprintf("the reload at %s refused %s, and holdfast would not start with it; it runs the config it had: %v; fix the file and reload",
+			started.Format(time.TimeOnly), file, err)
+		d.fileRefused.Store(&w)
 		return err
 	}
+	d.fileRefused.Store(nil)
 	return d.reload(ctx, next, started)
 }
 

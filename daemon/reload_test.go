@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -430,5 +432,42 @@ func TestReloadSaysWhatWorkersCouldNotStart(t *testing.T) {
 	}
 	if got := workerOptions(d, "WORKER1"); got.Consumer != "WORKER1" {
 		t.Errorf("WORKER1's workers are gone after a refused handler: %+v", got)
+	}
+}
+
+// TestReloadOfABrokenFileWarns: a reload that refuses the config file
+// itself (a SIGHUP after an edit that broke it) leaves a health warning
+// until a reload reads the file: nothing else told that the next start
+// would fail on it. Before, only the log said so.
+func TestReloadOfABrokenFileWarns(t *testing.T) {
+	d := openDefault(t)
+	ctx := natstest.Context(t)
+	running := d.Running()
+	path := filepath.Join(t.TempDir(), "holdfast.toml")
+	d.configFile = path
+	if err := os.WriteFile(path, []byte("[consumers.WORKER1\nworkers = 2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReloadFromFile(ctx); err == nil {
+		t.Fatal("a reload of a broken file was applied")
+	}
+	h := d.monitor.CheckNow(ctx).Health
+	if len(h.Warnings) != 1 || !strings.Contains(h.Warnings[0], "refused the config file") || !strings.Contains(h.Warnings[0], path) {
+		t.Fatalf("health after the refused file: %q, want a warning naming %s", h.Warnings, path)
+	}
+	// A file that loads (here one that needs a restart: the test's
+	// server has a random port, which a file may not have) ends it.
+	good := fmt.Sprintf("[server]\nname = %q\nport = 4222\n[http]\nlisten = \"\"\n[jetstream]\nstore_dir = %q\nmax_file_store = \"1GB\"\n",
+		running.Server.Name, running.JetStream.StoreDir)
+	if err := os.WriteFile(path, []byte(good), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.ReloadFromFile(ctx); err != nil && !errors.Is(err, ErrRestartNeeded) {
+		t.Fatalf("reload of the mended file: %v", err)
+	}
+	for _, w := range d.monitor.CheckNow(ctx).Health.Warnings {
+		if strings.Contains(w, "refused the config file") {
+			t.Errorf("health still warns of the file after it was read again: %q", w)
+		}
 	}
 }
