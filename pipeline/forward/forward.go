@@ -939,6 +939,15 @@ func (f *Forwarder) hubTakes(subject string) bool {
 	return slices.ContainsFunc(f.hubSubjects, func(filter string) bool { return subjectMatches(subject, filter) })
 }
 
+// notTaken is the dead-letter reason for subject, which no stream of the
+// hub takes.
+func (f *Forwarder) notTaken(subject string) string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
+		f.opts.Domain, subject, f.hubStream, strings.Join(f.hubSubjects, ", "))
+}
+
 // subjectMatches reports whether the literal subject matches filter
 // (tokens, '*' for one, '>' for the rest).
 func subjectMatches(subject, filter string) bool {
@@ -1195,11 +1204,7 @@ func (f *Forwarder) prepareMsg(ctx context.Context, m *handler.Message, recheck 
 		}
 		if err == nil && !f.hubTakes(out.Subject) {
 			f.stats.Refused.Add(1)
-			f.mu.Lock()
-			streams, hubSubjects := f.hubStream, f.hubSubjects
-			f.mu.Unlock()
-			return verdict(handler.Fail(fmt.Sprintf("no stream of the hub (JetStream domain %q) takes %s: its stream(s) %s take %s; add the subject there (or a filter_subject here), then replay the dead letter",
-				f.opts.Domain, out.Subject, streams, strings.Join(hubSubjects, ", "))))
+			return verdict(handler.Fail(f.notTaken(out.Subject)))
 		}
 	}
 	f.mu.Lock()
@@ -1285,6 +1290,13 @@ func (f *Forwarder) send(ctx context.Context, m *handler.Message, out *nats.Msg,
 		// not explain spends a delivery.
 		if cerr := f.checkHub(ctx); cerr != nil {
 			continue
+		}
+		if !f.hubTakes(out.Subject) {
+			// The hub's streams no longer take it (their subjects changed
+			// while the link stayed up): no answer can ever come.
+			f.stats.Refused.Add(1)
+			f.noteRefused(m, true)
+			return handler.Fail(f.notTaken(out.Subject))
 		}
 		if errors.Is(err, jetstream.ErrNoStreamResponse) {
 			// No responders, though the hub's stream takes the subject
@@ -1412,7 +1424,7 @@ func (b *batchSend) flush() {
 			return
 		}
 		f.stats.Errors.Add(1)
-		if !f.batchRetry(b.ctx, err) {
+		if !f.batchRetry(b.ctx, err, b.outs[k:]) {
 			break // one by one from here: each meets the hub's own answer
 		}
 	}
@@ -1431,13 +1443,14 @@ func (b *batchSend) flush() {
 
 // batchRetry reports whether an atomic batch that failed with err is to
 // be sent again as a batch, once forwarding is ready again: the link fell
-// under it, or no answer came (the position, read again, then tells
+// under it, or no answer came while the hub's streams, checked again,
+// take every subject of outs (the position, read again, then tells
 // whether it was stored). Any other failure is for the messages to meet
 // one by one: a duplicate in the batch, a message the hub refuses, atomic
 // batches turned off there, no responders, and a stream full for now —
 // it may have room for some of them, which then go in while the rest
 // wait in place.
-func (f *Forwarder) batchRetry(ctx context.Context, err error) bool {
+func (f *Forwarder) batchRetry(ctx context.Context, err error, outs []*nats.Msg) bool {
 	if ctx.Err() != nil {
 		return true // waitReady ends it
 	}
@@ -1445,9 +1458,11 @@ func (f *Forwarder) batchRetry(ctx context.Context, err error) bool {
 		return true
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) {
-		// In doubt: the check reads the hub's position again.
+		// In doubt: the check reads the hub's position again. A subject
+		// its streams no longer take swallows every batch holding it:
+		// one by one, that message meets its verdict.
 		_ = f.checkHub(ctx)
-		return true
+		return !slices.ContainsFunc(outs, func(out *nats.Msg) bool { return !f.hubTakes(out.Subject) })
 	}
 	return false
 }

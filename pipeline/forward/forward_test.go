@@ -322,6 +322,58 @@ func TestForwardSubjectNoHubStreamTakes(t *testing.T) {
 	}
 }
 
+// TestForwardHubStreamNarrowedWhileLinked: the hub's stream, checked
+// on edge.>, is narrowed to edge.*.orders.created (a hub reload: the
+// link stays up) while the hub's edge view still listens on edge.>, so
+// a publish on another subject gets no answer at all. Sent alone or in
+// an atomic batch, that message is dead-lettered, saying which subject
+// no hub stream takes, and the one after it reaches the hub, instead of
+// both waiting forever on "no PubAck".
+func TestForwardHubStreamNarrowedWhileLinked(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []bool{false, true} {
+		t.Run(fmt.Sprintf("batch=%v", batch), func(t *testing.T) {
+			t.Parallel()
+			hubCfg := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute, AllowAtomicPublish: true}
+			e, up := forwardEnv(t, hubCfg)
+			f, err := forwarder(e, up, time.Minute)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			if r := f.Handle(ctx, storedMessage(e, e.Publish("orders.created", "c0", nil))); r.Outcome != handler.Success {
+				t.Fatalf("first message: %+v", r)
+			}
+			hubCfg.Subjects = []string{"edge.*.orders.created"}
+			if _, err := e.JS.UpdateStream(ctx, hubCfg); err != nil {
+				t.Fatal(err)
+			}
+			view, err := e.Srv.Conn().Subscribe("edge.>", func(*nats.Msg) {})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer view.Unsubscribe()
+			msgs := []*handler.Message{storedMessage(e, e.Publish("orders.paid", "p", nil)), storedMessage(e, e.Publish("orders.created", "c1", nil))}
+			results := make([]handler.Result, len(msgs))
+			if batch {
+				f.HandleBatch(ctx, msgs, func(i int, r handler.Result) { results[i] = r })
+			} else {
+				for i, m := range msgs {
+					results[i] = f.Handle(ctx, m)
+				}
+			}
+			if r := results[0]; r.Outcome != handler.Permanent || !strings.Contains(r.Reason, "no stream of the hub") || !strings.Contains(r.Reason, "edge.edge1.orders.paid") {
+				t.Errorf("orders.paid: %+v, want a dead letter naming the subject no hub stream takes", r)
+			}
+			if r := results[1]; r.Outcome != handler.Success {
+				t.Errorf("orders.created after it: %+v", r)
+			}
+			waitHubMsgs(e, 2, 5*time.Second)
+		})
+	}
+}
+
 // TestForwardWaitsOnShortDuplicateWindow: a hub stream whose duplicate
 // window is too short does not stop the edge: Open succeeds, forwarding
 // waits with Problem naming the stream and the fix, and goes on once the
