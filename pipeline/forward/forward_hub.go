@@ -1,6 +1,7 @@
 package forward
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/synadia-io/orbit.go/jetstreamext"
 )
 
 // EdgeSeen is what a hub last saw from one edge's stream, read from the
@@ -181,6 +183,14 @@ func (t *EdgeTracker) Seed(ctx context.Context, js jetstream.JetStream, names, s
 			}
 		}
 		for _, p := range slices.Sorted(maps.Keys(prefixes)) {
+			if last, err := lastOfEachEdgeStream(ctx, js, name, p+".>"); err == nil {
+				for _, m := range last {
+					t.record(m.Header, m.Time, false)
+				}
+				continue
+			}
+			// No direct get on the stream, or more subjects than one
+			// answer holds: the last message of the edge, of one stream.
 			m, err := s.GetLastMsgForSubject(ctx, p+".>")
 			if errors.Is(err, jetstream.ErrMsgNotFound) {
 				continue
@@ -192,6 +202,30 @@ func (t *EdgeTracker) Seed(ctx context.Context, js jetstream.JetStream, names, s
 		}
 	}
 	return nil
+}
+
+// lastOfEachEdgeStream reads, with one direct get of the last message of
+// each subject matching filter in the hub's stream, the last message of
+// each edge stream there, in the hub's order: an edge may forward several
+// streams under one prefix.
+func lastOfEachEdgeStream(ctx context.Context, js jetstream.JetStream, stream, filter string) ([]*jetstream.RawStreamMsg, error) {
+	msgs, err := jetstreamext.GetLastMsgsFor(ctx, js, stream, []string{filter})
+	if err != nil {
+		return nil, err
+	}
+	last := map[[2]string]*jetstream.RawStreamMsg{}
+	for m, err := range msgs {
+		if err != nil {
+			return nil, err
+		}
+		k := [2]string{m.Header.Get(HeaderOriginServer), m.Header.Get(HeaderOriginStream)}
+		if l := last[k]; l == nil || m.Sequence > l.Sequence {
+			last[k] = m
+		}
+	}
+	return slices.SortedFunc(maps.Values(last), func(a, b *jetstream.RawStreamMsg) int {
+		return cmp.Compare(a.Sequence, b.Sequence)
+	}), nil
 }
 
 // evictOldest drops the least recently seen edge stream; t.mu is held.

@@ -154,6 +154,53 @@ func TestEdgeTrackerSeededFromStream(t *testing.T) {
 	}
 }
 
+// TestEdgeTrackerSeedsEveryStreamOfAnEdge: an edge that forwards two
+// streams under its prefix (ORDERS on two subjects, METRICS) is listed
+// with both after the seed, each at its own last message, not only with
+// the stream that forwarded last.
+func TestEdgeTrackerSeedsEveryStreamOfAnEdge(t *testing.T) {
+	t.Parallel()
+	srv := natstest.RunServer(t)
+	nc := natstest.Connect(t, srv)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := natstest.Context(t)
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"edge.>"}, AllowDirect: true}); err != nil {
+		t.Fatal(err)
+	}
+	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC).Format(time.RFC3339Nano)
+	for _, m := range []struct {
+		stream, subject string
+		seq             int
+	}{{"ORDERS", "orders.created", 1}, {"ORDERS", "orders.paid", 2}, {"ORDERS", "orders.created", 3}, {"METRICS", "metrics.cpu", 1}, {"METRICS", "metrics.cpu", 2}} {
+		msg := nats.NewMsg("edge.edge1." + m.subject)
+		msg.Header.Set(HeaderOriginServer, "edge1")
+		msg.Header.Set(HeaderOriginStream, m.stream)
+		msg.Header.Set(HeaderOriginStreamCreated, created)
+		msg.Header.Set(HeaderOriginSeq, strconv.Itoa(m.seq))
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tr, err := OpenEdgeTracker(nc, []string{"edge.>"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	if err := tr.Seed(ctx, js, []string{"EDGE"}, []string{"edge.>"}); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range tr.Seen() {
+		got = append(got, fmt.Sprintf("%s/%s@%d", e.Edge, e.Stream, e.LastSeq))
+	}
+	if want := "edge1/METRICS@2 edge1/ORDERS@3"; strings.Join(got, " ") != want {
+		t.Fatalf("seen after the seed: %v, want %s", got, want)
+	}
+}
+
 // TestEdgeTrackerPending: the edge's backlog and delay are those of the
 // message with the highest origin sequence; a redelivery of an older one
 // (with the larger backlog it was first sent with) changes neither.
