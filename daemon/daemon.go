@@ -226,6 +226,8 @@ func (d *Daemon) openConsumers(ctx context.Context) error {
 		}
 	}
 	d.workersFrom = make(map[string]*config.ConsumerConfig, len(d.cfg.Consumers))
+	// One wait for an unreachable hub, however many consumers forward.
+	hubBy := time.Now().Add(forward.StartWait)
 	for _, name := range d.cfg.ConsumerNames() {
 		cc := d.cfg.Consumers[name]
 		d.workersFrom[name] = cc
@@ -233,7 +235,7 @@ func (d *Daemon) openConsumers(ctx context.Context) error {
 			d.log.Info("consumer has no in-process workers (workers = 0)", "consumer", name)
 			continue
 		}
-		w, err := d.openWorkers(ctx, d.cfg, name)
+		w, err := d.openWorkers(ctx, d.cfg, name, hubBy)
 		if err != nil {
 			return err
 		}
@@ -658,14 +660,15 @@ func (d *Daemon) Close(ctx context.Context) error {
 }
 
 // openWorkers starts the workers of consumer name as cfg describes them,
-// counting on in the consumer's counters.
-func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string) (*pipeline.Workers, error) {
+// counting on in the consumer's counters; a forward consumer waits for the
+// link to its hub until hubBy (zero: forward.StartWait).
+func (d *Daemon) openWorkers(ctx context.Context, cfg *config.Config, name string, hubBy time.Time) (*pipeline.Workers, error) {
 	cc := cfg.Consumers[name]
 	var h handler.Handler
 	var fw *forward.Forwarder
 	var err error
 	if cc.Handler == "forward" {
-		fw, err = d.openForwarder(ctx, cfg, name)
+		fw, err = d.openForwarder(ctx, cfg, name, hubBy)
 		h = fw
 	} else {
 		h, err = NewHandler(name, cc, d.log)
@@ -968,7 +971,7 @@ func (d *Daemon) reloadWorkers(ctx context.Context, cfg *config.Config, name str
 	var openErr error
 	if cc.Workers > 0 {
 		var err error
-		if w, err = d.openWorkers(ctx, cfg, name); err != nil {
+		if w, err = d.openWorkers(ctx, cfg, name, time.Time{}); err != nil {
 			d.log.Error("reload: cannot start workers: the consumer has none until a reload or a restart starts them", "consumer", name, "err", err)
 			d.workersFrom[name] = nil
 			openErr = fmt.Errorf("cannot start workers: the consumer has none until a reload or a restart starts them: %w", err)

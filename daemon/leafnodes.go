@@ -125,8 +125,9 @@ func (d *Daemon) linkedEdges(ctx context.Context) map[string]bool {
 // openForwarder builds and opens the forward handler of consumer name. A
 // hub that is unreachable or wanting (its stream missing or deduplicating
 // over too short a window) never stops the edge: forwarding waits for it,
-// and the health says why.
-func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string) (*forward.Forwarder, error) {
+// and the health says why. It waits for the link until hubBy (zero:
+// forward.StartWait).
+func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name string, hubBy time.Time) (*forward.Forwarder, error) {
 	cc := cfg.Consumers[name]
 	f, err := forward.New(d.srv.Conn(), forward.Options{
 		ServerName:         cfg.Server.Name,
@@ -139,6 +140,7 @@ func (d *Daemon) openForwarder(ctx context.Context, cfg *config.Config, name str
 		LinkUp:             func() bool { return d.srv.LeafReaches(cc.Forward.Domain) },
 		Clustered:          cfg.Cluster.Enabled(),
 		Domains:            d.srv.LeafDomains,
+		StartBy:            hubBy,
 	}, d.log)
 	if err != nil {
 		return nil, fmt.Errorf("consumers.%s.forward: %w", name, err)

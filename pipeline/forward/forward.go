@@ -99,6 +99,10 @@ type Options struct {
 	// pull from the consumer, so the messages do not go out in order and
 	// the hub's position cannot decide (see MinDuplicateWindow).
 	Clustered bool
+	// StartBy is when Open stops waiting for the link to the hub (zero:
+	// StartWait after Open began): the forwarders opened at one start
+	// share one wait for an unreachable hub.
+	StartBy time.Time
 	// Domains returns the JetStream domains reachable over the leafnode
 	// links now (nil: none but Domain). The check refuses to forward
 	// while a stream of another of them takes the destination subjects
@@ -287,11 +291,11 @@ func New(nc *nats.Conn, opts Options, log *slog.Logger) (*Forwarder, error) {
 	}, nil
 }
 
-// startWait is how long Open waits for the link to the hub, to check the
-// hub's stream before the daemon reports ready.
-const startWait = 5 * time.Second
+// StartWait is how long Open waits for the link to the hub, to check the
+// hub's stream before the daemon reports ready (see Options.StartBy).
+const StartWait = 5 * time.Second
 
-// Open checks the hub's stream when the link comes up within startWait;
+// Open checks the hub's stream when the link comes up by Options.StartBy;
 // while the check fails (the hub unreachable, its stream missing or
 // deduplicating over too short a window) it is repeated in the
 // background until it passes, forwarding waits, and Problem says why:
@@ -311,7 +315,10 @@ func (f *Forwarder) Open(ctx context.Context) error {
 			f.ordered = true
 		}
 	}
-	deadline := time.Now().Add(startWait)
+	deadline := f.opts.StartBy
+	if deadline.IsZero() {
+		deadline = time.Now().Add(StartWait)
+	}
 	for !f.linkUp() && time.Now().Before(deadline) {
 		select {
 		case <-ctx.Done():
