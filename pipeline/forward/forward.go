@@ -498,6 +498,7 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 				"give forward.subject a destination only the hub %q stores, or remove %s's subjects there", name, d, subj, f.opts.Domain, name)
 		}
 	}
+	whole := ctx // for sending again what the hub lost: as long as it takes
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 	defer cancel()
 	dests, positional, err := f.destinations(ctx)
@@ -605,8 +606,13 @@ func (f *Forwarder) lookupHub(ctx context.Context) error {
 	}
 	f.mu.Unlock()
 	if from <= to && to > 0 && created.Equal(pos.created) {
-		// Before forwarding goes on: the lost messages go first, in order.
-		if err := f.resend(ctx, from, to); err != nil {
+		// Before forwarding goes on: the lost messages go first, in order,
+		// each within forward.timeout, all of them for as long as they take
+		// (Problem says so meanwhile).
+		f.mu.Lock()
+		f.checkErr = fmt.Errorf("sending again what the hub lost of this edge (origin sequences %d..%d)", from, to)
+		f.mu.Unlock()
+		if err := f.resend(whole, from, to); err != nil {
 			return fmt.Errorf("sending again what the hub lost of this edge (origin sequences %d..%d): %w", from, to, err)
 		}
 	}

@@ -1071,6 +1071,57 @@ func TestForwardHubStoreLost(t *testing.T) {
 	}
 }
 
+// TestForwardHubStoreLostResendOutlastsTimeout: sending again what the
+// hub lost takes longer than forward.timeout (here 2,000 messages at
+// 200ms). It goes on to the end in one go, Problem saying what it does,
+// never that it failed on a deadline, and then forwarding goes on.
+func TestForwardHubStoreLostResendOutlastsTimeout(t *testing.T) {
+	t.Parallel()
+	hubCfg := jetstream.StreamConfig{Name: "HUB", Subjects: []string{"edge.>"}, Duplicates: time.Minute}
+	e, up := forwardEnv(t, hubCfg)
+	f, err := forwarderWith(e, forward.Options{
+		ServerName: "edge1", Stream: "ORDERS", Consumer: config.DefaultConsumerName,
+		Subject: config.DefaultForwardSubject, Timeout: 200 * time.Millisecond, MinDuplicateWindow: time.Minute,
+		LinkUp: up.Load,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.WorkersWith(f, 1, func(o *pipeline.ConsumerOptions) { o.Paused = func() bool { return !f.Ready() } })
+	const n = 2000
+	for i := range n {
+		e.Publish("orders.created", fmt.Sprint(i), nil)
+	}
+	waitHubMsgs(e, n, 60*time.Second)
+	natstest.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
+		if fl := e.ConsumerInfo().AckFloor.Stream; fl != n {
+			return fmt.Errorf("ack floor %d", fl)
+		}
+		return nil
+	})
+	ctx := context.Background()
+	up.Store(false)
+	if err := e.JS.DeleteStream(ctx, "HUB"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.JS.CreateStream(ctx, hubCfg); err != nil {
+		t.Fatal(err)
+	}
+	up.Store(true)
+	deadline := time.Now().Add(60 * time.Second)
+	for hubMsgs(e) < n && time.Now().Before(deadline) {
+		if p := f.Problem(); strings.Contains(p, "deadline") {
+			t.Fatalf("while sending again (%d on the hub): %s", hubMsgs(e), p)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	e.Publish("orders.created", "after", nil)
+	waitHubMsgs(e, n+1, 10*time.Second)
+	if r := f.Stats().Resent.Load(); r != n {
+		t.Errorf("%d sent again, want %d", r, n)
+	}
+}
+
 // storedMessage is the edge's message at seq as a worker hands it to the
 // forward handler on its first delivery.
 func storedMessage(e *pipelinetest.Env, seq uint64) *handler.Message {
