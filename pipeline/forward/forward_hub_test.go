@@ -107,12 +107,18 @@ func TestEdgeTrackerBounded(t *testing.T) {
 	}
 }
 
-// TestEdgeTrackerSeededFromStream: a hub's tracker started on a stream
-// that holds edges' messages (a hub restarted, another node of a hub
-// cluster) lists each edge with its last message from the stream, before
-// any edge forwards again; a live message after it counts as seen.
-func TestEdgeTrackerSeededFromStream(t *testing.T) {
-	t.Parallel()
+// originMsg is a message an edge forwarded to the hub: the edge, its
+// stream and the stream's subject, and the origin sequence.
+type originMsg struct {
+	edge, stream, subject string
+	seq                   int
+}
+
+// seededTracker stores msgs in a stream EDGE on edge.> (with allow_direct,
+// as a holdfast hub sets it, or without) and returns a tracker seeded
+// from it.
+func seededTracker(t *testing.T, allowDirect bool, msgs []originMsg) *EdgeTracker {
+	t.Helper()
 	srv := natstest.RunServer(t)
 	nc := natstest.Connect(t, srv)
 	js, err := jetstream.New(nc)
@@ -120,17 +126,14 @@ func TestEdgeTrackerSeededFromStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := natstest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"edge.>"}}); err != nil {
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"edge.>"}, AllowDirect: allowDirect}); err != nil {
 		t.Fatal(err)
 	}
 	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC).Format(time.RFC3339Nano)
-	for _, m := range []struct {
-		edge string
-		seq  int
-	}{{"edge1", 1}, {"edge2", 1}, {"edge1", 2}, {"edge2", 2}, {"edge1", 3}} {
-		msg := nats.NewMsg("edge." + m.edge + ".orders.created")
+	for _, m := range msgs {
+		msg := nats.NewMsg("edge." + m.edge + "." + m.subject)
 		msg.Header.Set(HeaderOriginServer, m.edge)
-		msg.Header.Set(HeaderOriginStream, "ORDERS")
+		msg.Header.Set(HeaderOriginStream, m.stream)
 		msg.Header.Set(HeaderOriginStreamCreated, created)
 		msg.Header.Set(HeaderOriginSeq, strconv.Itoa(m.seq))
 		if _, err := js.PublishMsg(ctx, msg); err != nil {
@@ -141,11 +144,27 @@ func TestEdgeTrackerSeededFromStream(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer tr.Close()
+	t.Cleanup(tr.Close)
 	if err := tr.Seed(ctx, js, []string{"EDGE"}, []string{"edge.>"}); err != nil {
 		t.Fatal(err)
 	}
-	seen := tr.Seen()
+	return tr
+}
+
+// TestEdgeTrackerSeededFromStream: a hub's tracker started on a stream
+// that holds edges' messages (a hub restarted, another node of a hub
+// cluster) lists each edge with its last message from the stream, before
+// any edge forwards again; a live message after it counts as seen.
+func TestEdgeTrackerSeededFromStream(t *testing.T) {
+	t.Parallel()
+	var msgs []originMsg
+	for _, m := range []struct {
+		edge string
+		seq  int
+	}{{"edge1", 1}, {"edge2", 1}, {"edge1", 2}, {"edge2", 2}, {"edge1", 3}} {
+		msgs = append(msgs, originMsg{m.edge, "ORDERS", "orders.created", m.seq})
+	}
+	seen := seededTracker(t, false, msgs).Seen()
 	if len(seen) != 2 || seen[0].Edge != "edge1" || seen[0].LastSeq != 3 || seen[1].Edge != "edge2" || seen[1].LastSeq != 2 {
 		t.Fatalf("seen after the seed = %+v, want edge1 at 3 and edge2 at 2", seen)
 	}
@@ -160,38 +179,10 @@ func TestEdgeTrackerSeededFromStream(t *testing.T) {
 // the stream that forwarded last.
 func TestEdgeTrackerSeedsEveryStreamOfAnEdge(t *testing.T) {
 	t.Parallel()
-	srv := natstest.RunServer(t)
-	nc := natstest.Connect(t, srv)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := natstest.Context(t)
-	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "EDGE", Subjects: []string{"edge.>"}, AllowDirect: true}); err != nil {
-		t.Fatal(err)
-	}
-	created := time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC).Format(time.RFC3339Nano)
-	for _, m := range []struct {
-		stream, subject string
-		seq             int
-	}{{"ORDERS", "orders.created", 1}, {"ORDERS", "orders.paid", 2}, {"ORDERS", "orders.created", 3}, {"METRICS", "metrics.cpu", 1}, {"METRICS", "metrics.cpu", 2}} {
-		msg := nats.NewMsg("edge.edge1." + m.subject)
-		msg.Header.Set(HeaderOriginServer, "edge1")
-		msg.Header.Set(HeaderOriginStream, m.stream)
-		msg.Header.Set(HeaderOriginStreamCreated, created)
-		msg.Header.Set(HeaderOriginSeq, strconv.Itoa(m.seq))
-		if _, err := js.PublishMsg(ctx, msg); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tr, err := OpenEdgeTracker(nc, []string{"edge.>"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	if err := tr.Seed(ctx, js, []string{"EDGE"}, []string{"edge.>"}); err != nil {
-		t.Fatal(err)
-	}
+	tr := seededTracker(t, true, []originMsg{
+		{"edge1", "ORDERS", "orders.created", 1}, {"edge1", "ORDERS", "orders.paid", 2}, {"edge1", "ORDERS", "orders.created", 3},
+		{"edge1", "METRICS", "metrics.cpu", 1}, {"edge1", "METRICS", "metrics.cpu", 2},
+	})
 	var got []string
 	for _, e := range tr.Seen() {
 		got = append(got, fmt.Sprintf("%s/%s@%d", e.Edge, e.Stream, e.LastSeq))
