@@ -36,81 +36,102 @@ func restoreCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "stream", Usage: "restore only this stream of the backup (repeatable)"},
 			&cli.BoolFlag{Name: "replace", Usage: "delete existing streams that hold messages and restore the backup in their place (their messages are lost)"},
 			&cli.BoolFlag{Name: "verify-only", Usage: "only verify the backup's files against the manifest; connect to nothing"}},
-		Action: func(c *cli.Context) error {
-			if c.NArg() != 1 {
-				return usageError(errors.New("usage: holdfast restore [flags] DIR"))
-			}
-			dir := c.Args().First()
-			if dir == "" {
-				return usageError(errors.New("DIR is empty: name the directory holdfast backup wrote (usage: holdfast restore [flags] DIR)"))
-			}
-			if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-				what := "is not a directory"
-				if err != nil {
-					what = fmt.Sprintf("cannot be read (%v)", errors.Unwrap(err))
-				}
-				return usageError(fmt.Errorf("%s %s: name the directory holdfast backup wrote", dir, what))
-			}
-			w := c.App.Writer
-			// Verify before connecting: a damaged backup is refused even
-			// when holdfast is not running.
-			verified, err := backup.Verify(dir)
-			if err != nil {
-				return runtimeError(err)
-			}
-			if c.Bool("verify-only") {
-				printManifest(w, verified)
-				fmt.Fprintf(w, "backup %s is complete and intact: %d file(s) match the manifest (written %s by %s)\n",
-					dir, len(verified.Files), verified.Created.Format(time.RFC3339), verified.HoldfastVersion)
-				return nil
-			}
-			if only := c.StringSlice("stream"); len(only) > 0 {
-				if _, err := verified.Select(only); err != nil {
-					return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
-				}
-			}
-			cfg, nc, js, err := connectJetStream(c)
-			if err != nil {
-				return err
-			}
-			defer nc.Close()
-			if err := checkBackupAgainstConfig(cfg, dir, verified, c.StringSlice("stream")); err != nil {
-				return err
-			}
-			bar := newProgressBar(os.Stderr, "restoring")
-			// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
-			// restore ends the server's restore and deletes what it left.
-			ctx, stop := interruptible(c.Context)
-			defer stop()
-			m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
-				Streams:     c.StringSlice("stream"),
-				Replace:     c.Bool("replace"),
-				Replicas:    configuredReplicas(cfg),
-				GroupCommit: configuredGroupCommit(cfg),
-				Verified:    verified,
-				Progress:    bar.update,
-				Notice: func(msg string) {
-					bar.clear()
-					fmt.Fprintln(c.App.ErrWriter, msg)
-				},
-			})
-			bar.done()
-			if len(restored) > 0 {
-				printRestored(w, m, restored)
-			}
-			if err != nil {
-				return runtimeError(err)
-			}
-			if err := awaitFlush(ctx, nc, cfg); err != nil {
-				return runtimeError(fmt.Errorf("restored %d stream(s) from %s, but %w", len(restored), dir, err))
-			}
-			fmt.Fprintf(w, "restored %d stream(s) from %s (written %s)\n", len(restored), dir, m.Created.Format(time.RFC3339))
-			dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-			defer cancel()
-			printKeptSettings(c.App.ErrWriter, cfg, bootstrap.Diff(dctx, js, cfg), restored)
-			return nil
-		},
+		Action: runRestore,
 	}
+}
+
+// runRestore is holdfast restore: the backup verified before anything
+// connects (a damaged backup is refused even when holdfast is not
+// running), then restored unless --verify-only.
+func runRestore(c *cli.Context) error {
+	dir, err := restoreDirArg(c)
+	if err != nil {
+		return err
+	}
+	verified, err := backup.Verify(dir)
+	if err != nil {
+		return runtimeError(err)
+	}
+	if c.Bool("verify-only") {
+		w := c.App.Writer
+		printManifest(w, verified)
+		fmt.Fprintf(w, "backup %s is complete and intact: %d file(s) match the manifest (written %s by %s)\n",
+			dir, len(verified.Files), verified.Created.Format(time.RFC3339), verified.HoldfastVersion)
+		return nil
+	}
+	if only := c.StringSlice("stream"); len(only) > 0 {
+		if _, err := verified.Select(only); err != nil {
+			return usageError(fmt.Errorf("--stream: %w (backup %s)", err, dir))
+		}
+	}
+	return restoreVerified(c, dir, verified)
+}
+
+// restoreDirArg is restore's one argument, DIR: a usage error unless it
+// names a directory.
+func restoreDirArg(c *cli.Context) (string, error) {
+	if c.NArg() != 1 {
+		return "", usageError(errors.New("usage: holdfast restore [flags] DIR"))
+	}
+	dir := c.Args().First()
+	if dir == "" {
+		return "", usageError(errors.New("DIR is empty: name the directory holdfast backup wrote (usage: holdfast restore [flags] DIR)"))
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		what := "is not a directory"
+		if err != nil {
+			what = fmt.Sprintf("cannot be read (%v)", errors.Unwrap(err))
+		}
+		return "", usageError(fmt.Errorf("%s %s: name the directory holdfast backup wrote", dir, what))
+	}
+	return dir, nil
+}
+
+// restoreVerified restores the verified backup in dir into the running
+// holdfast and says what it restored, and where the restored streams
+// keep the backup's settings.
+func restoreVerified(c *cli.Context, dir string, verified *backup.Manifest) error {
+	w := c.App.Writer
+	cfg, nc, js, err := connectJetStream(c)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	if err := checkBackupAgainstConfig(cfg, dir, verified, c.StringSlice("stream")); err != nil {
+		return err
+	}
+	bar := newProgressBar(os.Stderr, "restoring")
+	// Interrupted (Ctrl-C, systemctl stop, a closed terminal), the
+	// restore ends the server's restore and deletes what it left.
+	ctx, stop := interruptible(c.Context)
+	defer stop()
+	m, restored, err := backup.Restore(ctx, nc, dir, backup.RestoreOptions{
+		Streams:     c.StringSlice("stream"),
+		Replace:     c.Bool("replace"),
+		Replicas:    configuredReplicas(cfg),
+		GroupCommit: configuredGroupCommit(cfg),
+		Verified:    verified,
+		Progress:    bar.update,
+		Notice: func(msg string) {
+			bar.clear()
+			fmt.Fprintln(c.App.ErrWriter, msg)
+		},
+	})
+	bar.done()
+	if len(restored) > 0 {
+		printRestored(w, m, restored)
+	}
+	if err != nil {
+		return runtimeError(err)
+	}
+	if err := awaitFlush(ctx, nc, cfg); err != nil {
+		return runtimeError(fmt.Errorf("restored %d stream(s) from %s, but %w", len(restored), dir, err))
+	}
+	fmt.Fprintf(w, "restored %d stream(s) from %s (written %s)\n", len(restored), dir, m.Created.Format(time.RFC3339))
+	dctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	printKeptSettings(c.App.ErrWriter, cfg, bootstrap.Diff(dctx, js, cfg), restored)
+	return nil
 }
 
 // printKeptSettings tells, of diff (bootstrap.Diff after the restore),
