@@ -9,6 +9,7 @@ import (
 	"time"
 
 	paho "github.com/eclipse/paho.mqtt.golang"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/holdfast-io/holdfast/config"
 	"github.com/holdfast-io/holdfast/internal/natstest"
@@ -76,16 +77,11 @@ func TestReloadedStreamTakesDevices(t *testing.T) {
 // barrier passed: the device got its PUBACK for a message in no stream
 // (found 2026-12-05).
 func TestGroupCommitTopicsNotStoredAreRefused(t *testing.T) {
-	d := openWith(t, io.Discard, func(cfg *config.Config) {
-		cfg.MQTT.Listen = "127.0.0.1:0"
+	d, s := openMQTT(t, func(cfg *config.Config) {
 		cfg.Streams["ORDERS"].Subjects = []string{"orders.>"}
 		cfg.Streams["ORDERS"].GroupCommit = true
 	})
 	ctx := natstest.Context(t)
-	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	for i, topic := range []string{"orders/ok", "orders/*", "orders/a/>", "orders/" + strings.Repeat("x", 4100), "orders/x*y"} {
 		acked := devicePublish(t, d, fmt.Sprint("device-", i), topic, false, "21.5")
 		subj := "orders." + strings.TrimPrefix(topic, "orders/")
@@ -122,16 +118,11 @@ func TestMQTTMessageTooLargeForStreamRefused(t *testing.T) {
 
 func testMQTTMessageTooLarge(t *testing.T, groupCommit bool) {
 	const maxPayload = 4096
-	d := openWith(t, io.Discard, func(cfg *config.Config) {
-		cfg.MQTT.Listen = "127.0.0.1:0"
+	d, s := openMQTT(t, func(cfg *config.Config) {
 		cfg.Server.MaxPayload = config.Bytes(maxPayload)
 		cfg.Streams["ORDERS"].GroupCommit = groupCommit
 	})
 	ctx := natstest.Context(t)
-	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	header := "NATS/1.0\r\nNmqtt-Pub:1\r\n\r\n"
 	if groupCommit {
 		header = "NATS/1.0\r\nNmqtt-Pub: 1\r\n\r\n"
@@ -164,17 +155,12 @@ func testMQTTMessageTooLarge(t *testing.T, groupCommit bool) {
 // (found 2026-12-05). A retained message no stream takes still passes.
 func TestMQTTRetainedMessageHeldToItsStream(t *testing.T) {
 	const maxPayload = 4096
-	d := openWith(t, io.Discard, func(cfg *config.Config) {
-		cfg.MQTT.Listen = "127.0.0.1:0"
+	d, s := openMQTT(t, func(cfg *config.Config) {
 		cfg.Server.MaxPayload = config.Bytes(maxPayload)
 		cfg.Streams["ORDERS"].Subjects = []string{"orders.>"}
 		cfg.Streams["ORDERS"].GroupCommit = true
 	})
 	ctx := natstest.Context(t)
-	s, err := d.srv.JetStream().Stream(ctx, "ORDERS")
-	if err != nil {
-		t.Fatal(err)
-	}
 	fits := maxPayload - len("NATS/1.0\r\nNmqtt-Pub: 1\r\n\r\n") // as group commit passes it on
 	for i, tc := range []struct {
 		topic string
@@ -214,4 +200,19 @@ func devicePublish(t *testing.T, d *Daemon, id, topic string, retained bool, pay
 	defer c.Disconnect(100)
 	tok := c.Publish(topic, 1, retained, payload)
 	return tok.WaitTimeout(5*time.Second) && tok.Error() == nil
+}
+
+// openMQTT opens a daemon with [mqtt] on a free loopback port and the
+// config changed by tweak, and returns it with its stream ORDERS.
+func openMQTT(t *testing.T, tweak func(*config.Config)) (*Daemon, jetstream.Stream) {
+	t.Helper()
+	d := openWith(t, io.Discard, func(cfg *config.Config) {
+		cfg.MQTT.Listen = "127.0.0.1:0"
+		tweak(cfg)
+	})
+	s, err := d.srv.JetStream().Stream(natstest.Context(t), "ORDERS")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, s
 }
